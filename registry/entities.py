@@ -1,0 +1,176 @@
+"""Plain entities of the registry. The store converts its ORM rows to these; nothing else
+knows about SQL. All are frozen: a registered pair version never changes what it binds."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+class PairState(str, enum.Enum):
+    REGISTERED = "registered"
+    VALIDATED = "validated"
+    FAILED = "failed"
+    APPROVED = "approved"
+    PROMOTED = "promoted"
+    RETIRED = "retired"
+
+
+class SpecMethod(str, enum.Enum):
+    DRAFT_MODEL = "draft_model"
+    NGRAM = "ngram"
+
+
+@dataclass(frozen=True)
+class ModelFingerprint:
+    """Content identity of one model directory, computed without loading tensors."""
+
+    weights_sha256: str  # digest over the sorted (file name, file digest) list
+    weight_files: dict[str, str]  # file name -> sha256 of its bytes
+    weight_format: str  # "safetensors" or "pickle"
+    config_sha256: str
+    tokenizer_sha256: str | None  # canonical form: vocab, merges, special tokens, pipeline
+    chat_template_sha256: str | None
+    architecture: str | None
+    model_type: str | None
+    vocab_size: int | None  # embedding rows (config.vocab_size)
+    tokenizer_length: int | None  # len(tokenizer), may be < vocab_size (padding ids)
+    parameter_count: int | None
+    dtype: str | None
+    max_position_embeddings: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "weights_sha256": self.weights_sha256,
+            "weight_files": dict(self.weight_files),
+            "weight_format": self.weight_format,
+            "config_sha256": self.config_sha256,
+            "tokenizer_sha256": self.tokenizer_sha256,
+            "chat_template_sha256": self.chat_template_sha256,
+            "architecture": self.architecture,
+            "model_type": self.model_type,
+            "vocab_size": self.vocab_size,
+            "tokenizer_length": self.tokenizer_length,
+            "parameter_count": self.parameter_count,
+            "dtype": self.dtype,
+            "max_position_embeddings": self.max_position_embeddings,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ModelFingerprint":
+        return cls(**{name: data.get(name) for name in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A model as the user named it (``reference``), where it was found, and its fingerprint."""
+
+    reference: str
+    path: str
+    revision: str | None
+    fingerprint: ModelFingerprint
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "reference": self.reference,
+            "path": self.path,
+            "revision": self.revision,
+            "fingerprint": self.fingerprint.to_dict(),
+        }
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """The speculative configuration bound into a pair version."""
+
+    method: SpecMethod
+    num_speculative_tokens: int
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
+    max_batch_size_for_speculation: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method.value,
+            "num_speculative_tokens": self.num_speculative_tokens,
+            "prompt_lookup_min": self.prompt_lookup_min,
+            "prompt_lookup_max": self.prompt_lookup_max,
+            "max_batch_size_for_speculation": self.max_batch_size_for_speculation,
+        }
+
+
+@dataclass(frozen=True)
+class AuditEvent:
+    """One append-only entry of the audit log; ``event_hash`` chains it to ``prev_hash``."""
+
+    id: int
+    pair_name: str
+    version: int | None
+    action: str
+    from_state: str | None
+    to_state: str | None
+    actor: str
+    reason: str | None
+    details: dict[str, Any]
+    created_at: datetime
+    prev_hash: str
+    event_hash: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "pair": self.pair_name,
+            "version": self.version,
+            "action": self.action,
+            "from": self.from_state,
+            "to": self.to_state,
+            "actor": self.actor,
+            "reason": self.reason,
+            "details": self.details,
+            "at": self.created_at.isoformat(),
+            "prev_hash": self.prev_hash,
+            "hash": self.event_hash,
+        }
+
+
+@dataclass(frozen=True)
+class PairVersion:
+    """Draft + target + speculative config as one immutable, versioned unit."""
+
+    id: int
+    name: str
+    version: int
+    target: ModelRef
+    draft: ModelRef | None  # None for model-free drafting (ngram)
+    config: SpecConfig
+    binding_sha256: str  # digest of both fingerprints + config: the identity used for dedupe
+    state: PairState
+    registered_by: str
+    registered_at: datetime
+    notes: str | None = None
+    allow_pickle: bool = False
+    events: tuple[AuditEvent, ...] = field(default=())
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}@{self.version}"
+
+    def to_dict(self, with_events: bool = True) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "name": self.name,
+            "version": self.version,
+            "state": self.state.value,
+            "binding_sha256": self.binding_sha256,
+            "target": self.target.to_dict(),
+            "draft": self.draft.to_dict() if self.draft else None,
+            "config": self.config.to_dict(),
+            "registered_by": self.registered_by,
+            "registered_at": self.registered_at.isoformat(),
+            "notes": self.notes,
+            "allow_pickle": self.allow_pickle,
+        }
+        if with_events:
+            data["events"] = [event.to_dict() for event in self.events]
+        return data

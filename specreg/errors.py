@@ -1,0 +1,51 @@
+"""Errors a user can cause. The CLI turns each into one line and an exit code."""
+
+
+class SpecregError(Exception):
+    """Base of every user-facing error; ``exit_code`` is what the CLI exits with."""
+
+    exit_code = 1
+
+
+class UsageError(SpecregError):
+    """Malformed arguments (bad name, bad NAME@VERSION, k < 1 ...)."""
+
+    exit_code = 2
+
+
+class NotFoundError(SpecregError):
+    """An unknown pair, version, environment or file."""
+
+
+class ModelReferenceError(SpecregError):
+    """A model reference that cannot be read: missing path, config, tokenizer, bad weights."""
+
+
+class ImmutableError(SpecregError):
+    """An attempt to change what a registered version binds (models, fingerprints, config)."""
+
+
+class IllegalTransitionError(SpecregError):
+    """A lifecycle move the state machine does not allow."""
+
+
+class StoreError(SpecregError):
+    """The database cannot be reached or used."""
+
+
+class SchemaOutOfDateError(StoreError):
+    """The database schema is older than this specreg; `specreg db upgrade` fixes it."""
+
+
+class PolicyViolation(SpecregError):
+    """A policy, gate or validation says no (CI exit code 100)."""
+
+    exit_code = 100
+
+
+class GoldenSetError(SpecregError):
+    """A golden prompt file that does not parse or validate."""
+
+
+class RuntimeConfigError(SpecregError):
+    """A speculative runtime setup that cannot run (vocab mismatch, k < 1, prompt too long)."""

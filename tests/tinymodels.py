@@ -1,0 +1,96 @@
+"""Tiny Llama-style models with a locally trained tokenizer, built in the test session.
+
+Nothing is downloaded: the tokenizer is a byte-level BPE trained on a few lines of text made
+here, the models are random LlamaForCausalLM weights saved as safetensors.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}</s>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+CORPUS = [
+    "the quick brown fox jumps over the lazy dog",
+    "hello world, this is a tiny corpus for a tiny tokenizer",
+    "def add(a, b):\n    return a + b\n",
+    "dear customer, thank you for your order. your package ships today.",
+    "speculative decoding proposes tokens with a draft and verifies them with a target",
+    "summary: the meeting moved to friday at noon.",
+] * 20
+
+SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>", "<|user|>", "<|assistant|>", "<|system|>"]
+
+
+def build_tokenizer(directory: Path, vocab_size: int = 300, chat_template: str | None = CHAT_TEMPLATE,
+                    extra_special: list[str] | None = None):
+    """Train a byte-level BPE tokenizer and save it in Hugging Face format; return it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS + list(extra_special or []),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(CORPUS, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+    )
+    if chat_template is not None:
+        fast.chat_template = chat_template
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(directory)
+    return fast
+
+
+def build_llama(directory: Path, tokenizer_dir: Path | None = None, *, seed: int = 0,
+                hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4,
+                num_kv_heads: int = 2, intermediate_size: int = 128, vocab_size: int | None = None,
+                max_position_embeddings: int = 512, tokenizer=None):
+    """Save a random tiny LlamaForCausalLM (safetensors) with the tokenizer beside it."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    if tokenizer is None:
+        if tokenizer_dir is None:
+            tokenizer = build_tokenizer(directory)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer.save_pretrained(directory)
+    config = LlamaConfig(
+        vocab_size=vocab_size or len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(directory, safe_serialization=True)
+    return directory
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(Path(path).read_text())
