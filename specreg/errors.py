@@ -49,3 +49,8 @@ class GoldenSetError(SpecregError):
 
 class RuntimeConfigError(SpecregError):
     """A speculative runtime setup that cannot run (vocab mismatch, k < 1, prompt too long)."""
+
+
+class MlflowUnavailable(SpecregError):
+    """MLflow cannot be reached or used; specreg's own database is still complete and
+    `specreg sync` brings MLflow up to date later."""
