@@ -1,0 +1,129 @@
+"""SQLAlchemy ORM classes: the only description of the schema. Alembic migrations in
+``migrations/versions`` must produce exactly this metadata (a test compares them).
+Rows convert to the plain entities of ``entities.py`` through ``to_entity()``."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import (JSON, Boolean, DateTime, ForeignKey, Integer, String, Text,
+                        UniqueConstraint)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+from specreg.registry.entities import (AuditEvent, ModelFingerprint, ModelRef, PairState,
+                                       PairVersion, SpecConfig, SpecMethod)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class PairRow(Base):
+    __tablename__ = "pairs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime, nullable=False)
+
+    versions: Mapped[list["PairVersionRow"]] = relationship(back_populates="pair", order_by="PairVersionRow.version")
+
+
+class PairVersionRow(Base):
+    __tablename__ = "pair_versions"
+    __table_args__ = (
+        UniqueConstraint("pair_id", "version", name="uq_pair_versions_pair_version"),
+        UniqueConstraint("pair_id", "binding_sha256", name="uq_pair_versions_pair_binding"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    pair_id: Mapped[int] = mapped_column(ForeignKey("pairs.id", ondelete="RESTRICT"), nullable=False, index=True)
+    version: Mapped[int] = mapped_column(Integer, nullable=False)
+    state: Mapped[str] = mapped_column(String(16), nullable=False)
+    binding_sha256: Mapped[str] = mapped_column(String(64), nullable=False)
+    method: Mapped[str] = mapped_column(String(32), nullable=False)
+    num_speculative_tokens: Mapped[int] = mapped_column(Integer, nullable=False)
+    prompt_lookup_min: Mapped[int | None] = mapped_column(Integer)
+    prompt_lookup_max: Mapped[int | None] = mapped_column(Integer)
+    max_batch_size_for_speculation: Mapped[int | None] = mapped_column(Integer)
+    target: Mapped[dict] = mapped_column(JSON, nullable=False)  # ModelRef.to_dict()
+    draft: Mapped[dict | None] = mapped_column(JSON)
+    registered_by: Mapped[str] = mapped_column(String(255), nullable=False)
+    registered_at: Mapped[datetime] = mapped_column(DateTime, nullable=False)
+    notes: Mapped[str | None] = mapped_column(Text)
+    allow_pickle: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False)
+
+    pair: Mapped[PairRow] = relationship(back_populates="versions")
+
+    # Everything but the lifecycle state is bound at registration and never changes.
+    IMMUTABLE_COLUMNS = ("pair_id", "version", "binding_sha256", "method", "num_speculative_tokens",
+                         "prompt_lookup_min", "prompt_lookup_max", "max_batch_size_for_speculation",
+                         "target", "draft", "registered_by", "registered_at", "notes", "allow_pickle")
+
+    def to_entity(self, events: tuple[AuditEvent, ...] = ()) -> PairVersion:
+        return PairVersion(
+            id=self.id,
+            name=self.pair.name,
+            version=self.version,
+            target=model_ref_from_dict(self.target),
+            draft=model_ref_from_dict(self.draft) if self.draft else None,
+            config=SpecConfig(
+                method=SpecMethod(self.method),
+                num_speculative_tokens=self.num_speculative_tokens,
+                prompt_lookup_min=self.prompt_lookup_min,
+                prompt_lookup_max=self.prompt_lookup_max,
+                max_batch_size_for_speculation=self.max_batch_size_for_speculation,
+            ),
+            binding_sha256=self.binding_sha256,
+            state=PairState(self.state),
+            registered_by=self.registered_by,
+            registered_at=self.registered_at,
+            notes=self.notes,
+            allow_pickle=self.allow_pickle,
+            events=events,
+        )
+
+
+class AuditEventRow(Base):
+    """Append-only; ``event_hash`` = sha256(prev_hash + canonical content) chains the log."""
+
+    __tablename__ = "audit_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    pair_name: Mapped[str] = mapped_column(String(64), nullable=False, index=True)
+    version: Mapped[int | None] = mapped_column(Integer)
+    action: Mapped[str] = mapped_column(String(32), nullable=False)
+    from_state: Mapped[str | None] = mapped_column(String(32))
+    to_state: Mapped[str | None] = mapped_column(String(32))
+    actor: Mapped[str] = mapped_column(String(255), nullable=False)
+    reason: Mapped[str | None] = mapped_column(Text)
+    details: Mapped[dict] = mapped_column(JSON, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime, nullable=False)
+    prev_hash: Mapped[str] = mapped_column(String(64), nullable=False)
+    event_hash: Mapped[str] = mapped_column(String(64), nullable=False, unique=True)
+
+    def to_entity(self) -> AuditEvent:
+        return AuditEvent(
+            id=self.id, pair_name=self.pair_name, version=self.version, action=self.action,
+            from_state=self.from_state, to_state=self.to_state, actor=self.actor, reason=self.reason,
+            details=self.details or {}, created_at=self.created_at, prev_hash=self.prev_hash,
+            event_hash=self.event_hash,
+        )
+
+
+class AuditHeadRow(Base):
+    """One row holding the newest event hash: locking it serialises appends to the chain."""
+
+    __tablename__ = "audit_head"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    last_hash: Mapped[str] = mapped_column(String(64), nullable=False)
+    last_event_id: Mapped[int | None] = mapped_column(Integer)
+
+
+def model_ref_from_dict(data: dict) -> ModelRef:
+    return ModelRef(
+        reference=data["reference"],
+        path=data["path"],
+        revision=data.get("revision"),
+        fingerprint=ModelFingerprint.from_dict(data["fingerprint"]),
+    )

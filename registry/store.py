@@ -1,0 +1,331 @@
+"""The registry store: the only place that knows SQL.
+
+One ``Store`` per database URL. ``session()`` is the one session scope: it commits on success
+and rolls back on any error, so a failed operation leaves no rows behind. On SQLite, write
+sessions take the write lock up front (BEGIN IMMEDIATE) with a busy timeout, so concurrent
+writers queue instead of failing; on PostgreSQL, row locks (SELECT ... FOR UPDATE) on the
+pair and on the audit head serialise what must be serial.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+from sqlalchemy import create_engine, event, func, inspect, select
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModuleError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from specreg.errors import NotFoundError, SchemaOutOfDateError, StoreError
+from specreg.registry import audit
+from specreg.registry.entities import AuditEvent, ModelRef, PairState, PairVersion, SpecConfig
+from specreg.registry.lifecycle import check_transition
+from specreg.registry.orm import AuditEventRow, AuditHeadRow, PairRow, PairVersionRow
+
+# The newest migration in migrations/versions; a test checks it equals alembic's head.
+SCHEMA_HEAD = "0001"
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+def utcnow() -> datetime:
+    """Naive UTC with microseconds: stored the same way by SQLite and PostgreSQL."""
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+def safe_url(url: str) -> str:
+    """The URL with any password hidden, for messages."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url
+
+
+def create_db_engine(url: str) -> Engine:
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise StoreError(f"database URL {url!r} is not a valid SQLAlchemy URL") from None
+    try:
+        if parsed.get_backend_name() == "sqlite":
+            if parsed.database and parsed.database != ":memory:":
+                Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            engine = create_engine(parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+            install_sqlite_locking(engine)
+            return engine
+        if parsed.get_backend_name() == "postgresql" and parsed.get_driver_name() in ("psycopg2", "") :
+            parsed = parsed.set(drivername="postgresql+psycopg")
+        return create_engine(parsed, pool_pre_ping=True, connect_args=connect_timeout_args(parsed))
+    except (NoSuchModuleError, ModuleNotFoundError) as exc:
+        raise StoreError(f"database URL {safe_url(url)}: driver not installed ({exc})") from None
+
+
+def connect_timeout_args(parsed) -> dict[str, Any]:
+    return {"connect_timeout": 5} if parsed.get_backend_name() == "postgresql" else {}
+
+
+def install_sqlite_locking(engine: Engine) -> None:
+    """Let SQLAlchemy, not pysqlite, emit BEGIN, so write sessions can BEGIN IMMEDIATE."""
+
+    @event.listens_for(engine, "connect")
+    def on_connect(dbapi_connection, _record):
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA foreign_keys = ON")
+        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def on_begin(connection):
+        immediate = connection.get_execution_options().get("specreg_write", False)
+        connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+def describe_db_error(url: str, exc: Exception) -> str:
+    first_line = str(getattr(exc, "orig", exc)).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return f"database {safe_url(url)}: {first_line}"
+
+
+class Store:
+    """SQL access for the registry. Methods return plain entities, never ORM rows."""
+
+    def __init__(self, url: str, *, auto_create: bool = True, check: bool = True):
+        self.url = url
+        self.engine = create_db_engine(url)
+        self.is_sqlite = self.engine.dialect.name == "sqlite"
+        self._read_sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._write_sessions = sessionmaker(self.engine.execution_options(specreg_write=True), expire_on_commit=False)
+        if check:
+            self.check_schema(auto_create=auto_create)
+
+    # --- schema -------------------------------------------------------------------------
+
+    def current_revision(self) -> str | None:
+        try:
+            with self.engine.connect() as connection:
+                if not inspect(connection).has_table("alembic_version"):
+                    return None
+                return connection.exec_driver_sql("SELECT version_num FROM alembic_version").scalar()
+        except (OperationalError, DBAPIError) as exc:
+            raise StoreError(describe_db_error(self.url, exc)) from None
+
+    def check_schema(self, auto_create: bool = True) -> None:
+        """A fresh database is migrated to the head; an out-of-date one is refused."""
+        revision = self.current_revision()
+        if revision == SCHEMA_HEAD:
+            return
+        if revision is None:
+            with self.engine.connect() as connection:
+                existing = [t for t in inspect(connection).get_table_names() if t in Base_tables()]
+            if existing:
+                raise SchemaOutOfDateError(
+                    f"database {safe_url(self.url)} has specreg tables but no migration record; "
+                    f"run `specreg db upgrade`"
+                )
+            if auto_create:
+                self.upgrade()
+                return
+        raise SchemaOutOfDateError(
+            f"database {safe_url(self.url)} is at schema revision {revision or 'none'}, this specreg "
+            f"needs {SCHEMA_HEAD}: run `specreg db upgrade`"
+        )
+
+    def upgrade(self, revision: str = "head") -> None:
+        from specreg.registry.migrate import run_upgrade
+
+        try:
+            run_upgrade(self.engine, revision)
+        except (OperationalError, DBAPIError) as exc:
+            raise StoreError(describe_db_error(self.url, exc)) from None
+
+    # --- sessions -----------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def session(self, write: bool = False) -> Iterator[Session]:
+        """The one session scope: commit on success, roll back on any error."""
+        factory = self._write_sessions if write else self._read_sessions
+        session = factory()
+        try:
+            yield session
+            session.commit()
+        except (OperationalError, DBAPIError) as exc:
+            session.rollback()
+            if isinstance(exc, IntegrityError):
+                raise
+            raise StoreError(describe_db_error(self.url, exc)) from None
+        except BaseException:
+            session.rollback()
+            raise
+        finally:
+            session.close()
+
+    # --- pair versions ------------------------------------------------------------------
+
+    def find_by_binding(self, name: str, binding_sha256: str) -> PairVersion | None:
+        with self.session() as session:
+            row = session.scalar(
+                select(PairVersionRow).join(PairRow)
+                .where(PairRow.name == name, PairVersionRow.binding_sha256 == binding_sha256)
+            )
+            return row.to_entity() if row else None
+
+    def create_version(self, *, name: str, target: ModelRef, draft: ModelRef | None, config: SpecConfig,
+                       binding_sha256: str, actor: str, notes: str | None, allow_pickle: bool) -> tuple[PairVersion, bool]:
+        """Insert version N+1 of ``name`` (or return the existing one with the same binding)
+        together with its audit event, in one transaction. Returns (version, created)."""
+        for attempt in range(5):
+            try:
+                with self.session(write=True) as session:
+                    pair = session.scalar(select(PairRow).where(PairRow.name == name).with_for_update())
+                    if pair is None:
+                        pair = PairRow(name=name, created_at=utcnow())
+                        session.add(pair)
+                        session.flush()
+                    existing = session.scalar(select(PairVersionRow).where(
+                        PairVersionRow.pair_id == pair.id, PairVersionRow.binding_sha256 == binding_sha256))
+                    if existing is not None:
+                        return existing.to_entity(), False
+                    latest = session.scalar(select(func.max(PairVersionRow.version)).where(PairVersionRow.pair_id == pair.id))
+                    now = utcnow()
+                    row = PairVersionRow(
+                        pair_id=pair.id, version=(latest or 0) + 1, state=PairState.REGISTERED.value,
+                        binding_sha256=binding_sha256, method=config.method.value,
+                        num_speculative_tokens=config.num_speculative_tokens,
+                        prompt_lookup_min=config.prompt_lookup_min, prompt_lookup_max=config.prompt_lookup_max,
+                        max_batch_size_for_speculation=config.max_batch_size_for_speculation,
+                        target=target.to_dict(), draft=draft.to_dict() if draft else None,
+                        registered_by=actor, registered_at=now, notes=notes, allow_pickle=allow_pickle,
+                    )
+                    session.add(row)
+                    session.flush()
+                    self.append_event(session, pair_name=name, version=row.version, action="register",
+                                      from_state=None, to_state=PairState.REGISTERED.value, actor=actor,
+                                      reason=notes, details={"binding_sha256": binding_sha256})
+                    session.flush()
+                    return row.to_entity(), True
+            except IntegrityError:
+                # Another process created the pair or the same version number first: retry.
+                if attempt == 4:
+                    raise StoreError(f"could not register {name}: concurrent registrations kept colliding") from None
+        raise AssertionError("unreachable")
+
+    def _version_row(self, session: Session, name: str, version: int | None, *, lock: bool = False) -> PairVersionRow:
+        query = select(PairVersionRow).join(PairRow).where(PairRow.name == name)
+        if version is None:
+            query = query.order_by(PairVersionRow.version.desc()).limit(1)
+        else:
+            query = query.where(PairVersionRow.version == version)
+        if lock:
+            query = query.with_for_update()
+        row = session.scalar(query)
+        if row is None:
+            if version is None or session.scalar(select(PairRow.id).where(PairRow.name == name)) is None:
+                raise NotFoundError(f"unknown pair {name}")
+            raise NotFoundError(f"unknown version {name}@{version}")
+        return row
+
+    def get_version(self, name: str, version: int | None = None, *, with_events: bool = False) -> PairVersion:
+        """A version (the newest when ``version`` is None). Raises NotFoundError."""
+        with self.session() as session:
+            row = self._version_row(session, name, version)
+            events = tuple(self._events(session, name, row.version)) if with_events else ()
+            return row.to_entity(events)
+
+    def list_versions(self, name: str | None = None) -> list[PairVersion]:
+        with self.session() as session:
+            query = select(PairVersionRow).join(PairRow).order_by(PairRow.name, PairVersionRow.version)
+            if name is not None:
+                query = query.where(PairRow.name == name)
+            rows = session.scalars(query).all()
+            return [row.to_entity() for row in rows]
+
+    def list_summaries(self) -> list[dict[str, Any]]:
+        """Light rows for `specreg list`: no JSON columns decoded, one query."""
+        with self.session() as session:
+            rows = session.execute(
+                select(PairRow.name, PairVersionRow.version, PairVersionRow.state, PairVersionRow.method,
+                       PairVersionRow.num_speculative_tokens, PairVersionRow.registered_by,
+                       PairVersionRow.registered_at)
+                .join(PairRow).order_by(PairRow.name, PairVersionRow.version)
+            ).all()
+            return [
+                {"name": r.name, "version": r.version, "state": r.state, "method": r.method,
+                 "num_speculative_tokens": r.num_speculative_tokens, "registered_by": r.registered_by,
+                 "registered_at": r.registered_at.isoformat(timespec="seconds")}
+                for r in rows
+            ]
+
+    def transition(self, name: str, version: int, to_state: PairState, *, actor: str, action: str,
+                   reason: str | None = None, details: dict[str, Any] | None = None,
+                   session: Session | None = None) -> PairVersion:
+        """Move a version's lifecycle state (checked) and append the audit event, atomically.
+        Pass ``session`` to make the move part of a larger transaction."""
+        if session is None:
+            with self.session(write=True) as own:
+                return self.transition(name, version, to_state, actor=actor, action=action,
+                                       reason=reason, details=details, session=own)
+        row = self._version_row(session, name, version, lock=True)
+        current = PairState(row.state)
+        check_transition(f"{name}@{version}", current, to_state)
+        row.state = to_state.value
+        self.append_event(session, pair_name=name, version=version, action=action, from_state=current.value,
+                          to_state=to_state.value, actor=actor, reason=reason, details=details or {})
+        session.flush()
+        return row.to_entity()
+
+    # --- audit --------------------------------------------------------------------------
+
+    def append_event(self, session: Session, *, pair_name: str, version: int | None, action: str,
+                     from_state: str | None, to_state: str | None, actor: str, reason: str | None,
+                     details: dict[str, Any]) -> AuditEventRow:
+        """Append one event to the hash chain, inside the caller's transaction."""
+        head = session.scalar(select(AuditHeadRow).where(AuditHeadRow.id == 1).with_for_update())
+        if head is None:
+            head = AuditHeadRow(id=1, last_hash=audit.GENESIS_HASH, last_event_id=None)
+            session.add(head)
+            session.flush()
+        created_at = utcnow()
+        digest = audit.event_hash(head.last_hash, pair_name=pair_name, version=version, action=action,
+                                  from_state=from_state, to_state=to_state, actor=actor, reason=reason,
+                                  details=details, created_at=created_at)
+        row = AuditEventRow(pair_name=pair_name, version=version, action=action, from_state=from_state,
+                            to_state=to_state, actor=actor, reason=reason, details=details,
+                            created_at=created_at, prev_hash=head.last_hash, event_hash=digest)
+        session.add(row)
+        session.flush()
+        head.last_hash, head.last_event_id = digest, row.id
+        return row
+
+    def _events(self, session: Session, name: str, version: int | None = None) -> list[AuditEvent]:
+        query = select(AuditEventRow).where(AuditEventRow.pair_name == name).order_by(AuditEventRow.id)
+        if version is not None:
+            query = query.where(AuditEventRow.version == version)
+        return [row.to_entity() for row in session.scalars(query)]
+
+    def history(self, name: str) -> list[AuditEvent]:
+        with self.session() as session:
+            if session.scalar(select(PairRow.id).where(PairRow.name == name)) is None:
+                raise NotFoundError(f"unknown pair {name}")
+            return self._events(session, name)
+
+    def verify_audit(self) -> tuple[int, str | None]:
+        """Check the whole chain and that the head points at its last event."""
+        with self.session() as session:
+            rows = session.scalars(select(AuditEventRow).order_by(AuditEventRow.id)).all()
+            checked, problem = audit.verify_chain(rows)
+            if problem:
+                return checked, problem
+            head = session.get(AuditHeadRow, 1)
+            last_hash = rows[-1].event_hash if rows else audit.GENESIS_HASH
+            if head is not None and head.last_hash != last_hash:
+                return checked, f"the newest event(s) after event {rows[-1].id if rows else 0} were deleted (audit head does not match)"
+            return checked, None
+
+
+def Base_tables() -> set[str]:
+    from specreg.registry.orm import Base
+
+    return set(Base.metadata.tables)

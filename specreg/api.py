@@ -1,0 +1,174 @@
+"""``specreg.Registry``: the Python API. The CLI is a thin layer over it.
+
+    from specreg import Registry
+    registry = Registry("sqlite:///registry.db", user="alice")
+    result = registry.register("chat-pair", target="models/target", draft="models/draft",
+                               num_speculative_tokens=4)
+    registry.get("chat-pair@1")
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from specreg import settings
+from specreg.errors import UsageError
+from specreg.registry.entities import AuditEvent, PairState, PairVersion, SpecConfig, SpecMethod
+from specreg.registry.fingerprint import canonical_json, fingerprint_reference, sha256_hex
+from specreg.registry.store import Store
+
+NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+NGRAM_DEFAULT_LOOKUP = (1, 4)
+
+
+@dataclass(frozen=True)
+class RegisterResult:
+    version: PairVersion
+    created: bool  # False: the same fingerprints + config were already registered
+
+
+@dataclass(frozen=True)
+class PairRef:
+    """``NAME``, ``NAME@VERSION`` or ``NAME@ENV`` as the user wrote it."""
+
+    name: str
+    version: int | None = None
+    environment: str | None = None
+
+    def __str__(self) -> str:
+        if self.version is not None:
+            return f"{self.name}@{self.version}"
+        if self.environment is not None:
+            return f"{self.name}@{self.environment}"
+        return self.name
+
+
+def check_name(name: str) -> str:
+    if not NAME_PATTERN.fullmatch(name or ""):
+        raise UsageError(f"invalid pair name {name!r}: use 1-64 of a-z 0-9 . _ - starting with a letter or digit")
+    return name
+
+
+def parse_ref(text: str) -> PairRef:
+    """Parse NAME, NAME@VERSION (digits, optionally 'v'-prefixed) or NAME@ENV."""
+    name, _, selector = text.partition("@")
+    check_name(name)
+    if not selector:
+        if text.endswith("@"):
+            raise UsageError(f"invalid reference {text!r}: nothing after '@'")
+        return PairRef(name)
+    digits = selector[1:] if selector[:1] == "v" and selector[1:].isdigit() else selector
+    if digits.isdigit():
+        if int(digits) < 1:
+            raise UsageError(f"invalid version in {text!r}: versions start at 1")
+        return PairRef(name, version=int(digits))
+    if re.fullmatch(r"[a-z][a-z0-9_-]{0,31}", selector):
+        return PairRef(name, environment=selector)
+    raise UsageError(f"invalid reference {text!r}: expected NAME, NAME@VERSION or NAME@ENVIRONMENT")
+
+
+def build_spec_config(method: str, num_speculative_tokens: int, prompt_lookup_min: int | None,
+                      prompt_lookup_max: int | None, max_batch_size_for_speculation: int | None,
+                      has_draft: bool) -> SpecConfig:
+    try:
+        spec_method = SpecMethod(method)
+    except ValueError:
+        raise UsageError(f"invalid method {method!r}: use draft_model or ngram") from None
+    if num_speculative_tokens is None or num_speculative_tokens < 1:
+        raise UsageError(f"invalid num_speculative_tokens {num_speculative_tokens}: must be >= 1")
+    if max_batch_size_for_speculation is not None and max_batch_size_for_speculation < 1:
+        raise UsageError(f"invalid max_batch_size_for_speculation {max_batch_size_for_speculation}: must be >= 1")
+    if spec_method is SpecMethod.DRAFT_MODEL:
+        if not has_draft:
+            raise UsageError("method draft_model needs --draft")
+        if prompt_lookup_min is not None or prompt_lookup_max is not None:
+            raise UsageError("prompt_lookup_min/max apply only to method ngram")
+    else:
+        if has_draft:
+            raise UsageError("method ngram drafts from the prompt: do not pass --draft")
+        prompt_lookup_min = prompt_lookup_min or NGRAM_DEFAULT_LOOKUP[0]
+        prompt_lookup_max = prompt_lookup_max or max(prompt_lookup_min, NGRAM_DEFAULT_LOOKUP[1])
+        if prompt_lookup_min < 1 or prompt_lookup_max < prompt_lookup_min:
+            raise UsageError(
+                f"invalid prompt lookup range {prompt_lookup_min}..{prompt_lookup_max}: need 1 <= min <= max")
+    return SpecConfig(spec_method, num_speculative_tokens, prompt_lookup_min, prompt_lookup_max,
+                      max_batch_size_for_speculation)
+
+
+class Registry:
+    """The registry of speculative-decoding pairs over one database.
+
+    ``db_url``: any SQLAlchemy URL (default ``$SPECREG_DB`` or ``$SPECREG_HOME/registry.db``);
+    ``user``: who acts (default ``$SPECREG_USER`` or the OS user).
+    """
+
+    def __init__(self, db_url: str | None = None, user: str | None = None):
+        self.db_url = db_url or settings.default_db_url()
+        self.user = settings.current_user(user)
+        self.store = Store(self.db_url)
+
+    # --- registration -------------------------------------------------------------------
+
+    def register(self, name: str, *, target: str, draft: str | None = None, num_speculative_tokens: int,
+                 method: str = "draft_model", prompt_lookup_min: int | None = None,
+                 prompt_lookup_max: int | None = None, max_batch_size_for_speculation: int | None = None,
+                 notes: str | None = None, allow_pickle: bool = False) -> RegisterResult:
+        """Fingerprint both models and record version N+1 of ``name`` (or return the version
+        that already binds the same fingerprints and config)."""
+        check_name(name)
+        config = build_spec_config(method, num_speculative_tokens, prompt_lookup_min, prompt_lookup_max,
+                                   max_batch_size_for_speculation, has_draft=draft is not None)
+        # Fingerprint before touching the database: a bad model leaves no rows.
+        target_ref = fingerprint_reference(target, allow_pickle=allow_pickle)
+        draft_ref = fingerprint_reference(draft, allow_pickle=allow_pickle) if draft is not None else None
+        binding = sha256_hex(canonical_json({
+            "target": target_ref.fingerprint.to_dict(),
+            "draft": draft_ref.fingerprint.to_dict() if draft_ref else None,
+            "config": config.to_dict(),
+        }))
+        version, created = self.store.create_version(
+            name=name, target=target_ref, draft=draft_ref, config=config, binding_sha256=binding,
+            actor=self.user, notes=notes, allow_pickle=allow_pickle,
+        )
+        return RegisterResult(version, created)
+
+    # --- reading ------------------------------------------------------------------------
+
+    def get(self, ref: str | PairRef, *, with_events: bool = False) -> PairVersion:
+        """The version named by ``NAME``, ``NAME@VERSION`` (or ``NAME@ENV`` once environments exist)."""
+        pair_ref = parse_ref(ref) if isinstance(ref, str) else ref
+        if pair_ref.environment is not None:
+            return self.resolve_environment(pair_ref, with_events=with_events)
+        return self.store.get_version(pair_ref.name, pair_ref.version, with_events=with_events)
+
+    def resolve_environment(self, pair_ref: PairRef, *, with_events: bool = False) -> PairVersion:
+        from specreg.errors import NotFoundError
+
+        raise NotFoundError(f"{pair_ref}: no version holds environment {pair_ref.environment}")
+
+    def list(self, name: str | None = None) -> list[PairVersion]:
+        return self.store.list_versions(check_name(name) if name else None)
+
+    def list_summaries(self) -> list[dict]:
+        return self.store.list_summaries()
+
+    def history(self, name: str) -> list[AuditEvent]:
+        return self.store.history(check_name(name))
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    def move(self, ref: str | PairRef, to_state: PairState, *, action: str, reason: str | None = None,
+             details: dict | None = None) -> PairVersion:
+        """Move a version's lifecycle state; illegal moves raise IllegalTransitionError."""
+        version = self.get(ref)
+        return self.store.transition(version.name, version.version, to_state, actor=self.user,
+                                     action=action, reason=reason, details=details)
+
+    def retire(self, ref: str | PairRef, reason: str | None = None) -> PairVersion:
+        return self.move(ref, PairState.RETIRED, action="retire", reason=reason)
+
+    # --- database -----------------------------------------------------------------------
+
+    def verify_audit(self) -> tuple[int, str | None]:
+        return self.store.verify_audit()
