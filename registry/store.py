@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from sqlalchemy import create_engine, event, func, inspect, select
+from sqlalchemy import inspect as inspect_object
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModuleError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from specreg.errors import NotFoundError, SchemaOutOfDateError, StoreError
+from specreg.errors import ImmutableError, NotFoundError, SchemaOutOfDateError, StoreError
 from specreg.registry import audit
 from specreg.registry.entities import AuditEvent, ModelRef, PairState, PairVersion, SpecConfig
 from specreg.registry.lifecycle import check_transition
@@ -84,6 +85,22 @@ def install_sqlite_locking(engine: Engine) -> None:
         connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
 
+def refuse_changes_to_bound_data(session: Session, _flush_context, _instances) -> None:
+    """A registered version binds its models, fingerprints and config for good; audit events
+    are append-only. Only ``PairVersionRow.state`` may change."""
+    for row in session.dirty:
+        if isinstance(row, PairVersionRow):
+            state = inspect_object(row)
+            changed = [name for name in PairVersionRow.IMMUTABLE_COLUMNS if state.attrs[name].history.has_changes()]
+            if changed:
+                raise ImmutableError(f"pair version {row.version} is immutable: cannot change {', '.join(changed)}")
+        elif isinstance(row, AuditEventRow) and session.is_modified(row):
+            raise ImmutableError(f"audit event {row.id} is append-only")
+    for row in session.deleted:
+        if isinstance(row, (PairVersionRow, AuditEventRow)):
+            raise ImmutableError(f"{type(row).__tablename__} rows are never deleted")
+
+
 def describe_db_error(url: str, exc: Exception) -> str:
     first_line = str(getattr(exc, "orig", exc)).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return f"database {safe_url(url)}: {first_line}"
@@ -98,6 +115,8 @@ class Store:
         self.is_sqlite = self.engine.dialect.name == "sqlite"
         self._read_sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._write_sessions = sessionmaker(self.engine.execution_options(specreg_write=True), expire_on_commit=False)
+        for factory in (self._read_sessions, self._write_sessions):
+            event.listen(factory, "before_flush", refuse_changes_to_bound_data)
         if check:
             self.check_schema(auto_create=auto_create)
 

@@ -1,0 +1,101 @@
+"""Fixtures shared by every part of the suite: databases (SQLite and PostgreSQL), tiny models.
+
+Every store test takes ``db_url`` and so runs on both databases. PostgreSQL: the server at
+127.0.0.1:5432 (override with SPECREG_TEST_PG_URL); each test gets a fresh database that is
+dropped afterwards. With CI=true an unreachable PostgreSQL fails the run instead of skipping.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+TESTS_DIR = Path(__file__).parent
+sys.path.insert(0, str(TESTS_DIR))  # tinymodels and other shared test helpers
+
+PG_ADMIN_URL = os.environ.get("SPECREG_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(tmp_path, monkeypatch):
+    """No test touches ~/.specreg, a real MLflow store or the caller's environment."""
+    monkeypatch.setenv("SPECREG_HOME", str(tmp_path / "specreg-home"))
+    monkeypatch.delenv("SPECREG_DB", raising=False)
+    monkeypatch.delenv("SPECREG_POLICY", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("SPECREG_USER", "tester")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def _pg_connect(dbname: str | None = None):
+    import psycopg
+
+    conninfo = psycopg.conninfo.make_conninfo(PG_ADMIN_URL, **({"dbname": dbname} if dbname else {}))
+    return psycopg.connect(conninfo, autocommit=True, connect_timeout=5)
+
+
+@pytest.fixture(scope="session")
+def postgres_available() -> bool:
+    try:
+        with _pg_connect() as connection:
+            connection.execute("SELECT 1")
+        return True
+    except Exception as exc:  # noqa: BLE001 - any failure means: not reachable
+        if in_ci():
+            pytest.fail(f"PostgreSQL at {PG_ADMIN_URL} is unreachable in CI: {exc}")
+        return False
+
+
+@pytest.fixture
+def postgres_url(postgres_available):
+    """A fresh, empty PostgreSQL database for one test; dropped afterwards."""
+    if not postgres_available:
+        pytest.skip(f"PostgreSQL at {PG_ADMIN_URL} is not reachable (set CI=true to make this a failure)")
+    import psycopg
+
+    name = f"specreg_test_{uuid.uuid4().hex[:12]}"
+    with _pg_connect() as connection:
+        connection.execute(f'CREATE DATABASE "{name}"')
+    info = psycopg.conninfo.conninfo_to_dict(PG_ADMIN_URL)
+    user = info.get("user", "postgres")
+    host = info.get("host", "127.0.0.1")
+    port = info.get("port", 5432)
+    yield f"postgresql+psycopg://{user}@{host}:{port}/{name}"
+    with _pg_connect() as connection:
+        connection.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+            (name,),
+        )
+        connection.execute(f'DROP DATABASE IF EXISTS "{name}"')
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request, tmp_path):
+    """Every store test runs on SQLite and on PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'registry.db'}"
+    return request.getfixturevalue("postgres_url")
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory):
+    """A shared tokenizer and three tiny Llama models: target, draft, and a second draft."""
+    from tinymodels import build_llama, build_tokenizer
+
+    root = tmp_path_factory.mktemp("tiny-models")
+    build_tokenizer(root / "tokenizer")
+    paths = {
+        "tokenizer": root / "tokenizer",
+        "target": build_llama(root / "target", root / "tokenizer", seed=1, hidden_size=96),
+        "draft": build_llama(root / "draft", root / "tokenizer", seed=2),
+        "draft2": build_llama(root / "draft2", root / "tokenizer", seed=3),
+    }
+    return paths

@@ -1,0 +1,110 @@
+"""The CLI as a user runs it: real processes, real databases, one-line errors, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+SPECREG = [sys.executable, "-m", "specreg.cli"]
+
+
+def run(*args, env=None):
+    result = subprocess.run(SPECREG + [str(a) for a in args], capture_output=True, text=True,
+                            env={**os.environ, **(env or {})}, timeout=120)
+    assert "Traceback" not in result.stderr, result.stderr
+    return result
+
+
+def one_line_error(result, code, *fragments):
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
+    assert result.stderr.count("\n") == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr, result.stderr
+
+
+def test_register_list_show_history(db_url, tiny_models):
+    registered = run("register", "chat", "--target", tiny_models["target"], "--draft", tiny_models["draft"],
+                     "-k", "4", "--notes", "first cut", "--db", db_url, "--user", "carol", "--json")
+    assert registered.returncode == 0, registered.stderr
+    data = json.loads(registered.stdout)
+    assert data["created"] is True and data["version"] == 1 and data["registered_by"] == "carol"
+
+    again = run("register", "chat", "--target", tiny_models["target"], "--draft", tiny_models["draft"],
+                "-k", "4", "--db", db_url)
+    assert again.returncode == 0 and "already registered as chat@1" in again.stdout
+
+    listing = run("list", "--db", db_url, "--json")
+    assert [(r["name"], r["version"], r["state"]) for r in json.loads(listing.stdout)] == [("chat", 1, "registered")]
+    table = run("list", "--db", db_url)
+    assert table.stdout.splitlines()[0].split() == ["PAIR", "VERSION", "STATE", "METHOD", "K", "BY", "REGISTERED", "(UTC)"]
+
+    shown = json.loads(run("show", "chat@1", "--db", db_url, "--json").stdout)
+    assert shown["target"]["fingerprint"]["weights_sha256"] == data["target"]["fingerprint"]["weights_sha256"]
+    assert shown["config"]["num_speculative_tokens"] == 4
+    assert [e["action"] for e in shown["events"]] == ["register"]
+    human = run("show", "chat", "--db", db_url).stdout
+    assert "chat@1  state registered" in human and "chat template" in human
+
+    history = json.loads(run("history", "chat", "--db", db_url, "--json").stdout)
+    assert [(e["action"], e["actor"], e["reason"]) for e in history] == [("register", "carol", "first cut")]
+
+
+def test_user_errors_are_one_line(db_url, tiny_models, tmp_path):
+    target = tiny_models["target"]
+    one_line_error(run("register", "x", "--target", tmp_path / "missing", "--draft", target, "-k", "4", "--db", db_url),
+                   1, "missing: no such directory")
+    (tmp_path / "empty").mkdir()
+    one_line_error(run("register", "x", "--target", tmp_path / "empty", "--draft", target, "-k", "4", "--db", db_url),
+                   1, "empty: no config.json")
+    no_tokenizer = tmp_path / "no-tokenizer"
+    shutil.copytree(tiny_models["draft"], no_tokenizer)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (no_tokenizer / name).unlink()
+    one_line_error(run("register", "x", "--target", target, "--draft", no_tokenizer, "-k", "4", "--db", db_url),
+                   1, "no-tokenizer: no tokenizer files")
+    corrupt = tmp_path / "corrupt"
+    shutil.copytree(tiny_models["draft"], corrupt)
+    (corrupt / "model.safetensors").write_bytes(b"\x00" * 4)
+    one_line_error(run("register", "x", "--target", target, "--draft", corrupt, "-k", "4", "--db", db_url),
+                   1, "model.safetensors: corrupt safetensors header")
+    one_line_error(run("register", "Bad Name", "--target", target, "--draft", target, "-k", "4", "--db", db_url),
+                   2, "invalid pair name 'Bad Name'")
+    one_line_error(run("register", "x", "--target", target, "--draft", target, "-k", "0", "--db", db_url),
+                   2, "num_speculative_tokens 0")
+    one_line_error(run("show", "nothing@3", "--db", db_url), 1, "unknown pair nothing")
+    # nothing half-written by any of the failures above
+    assert json.loads(run("list", "--db", db_url, "--json").stdout) == []
+
+
+def test_unreachable_database_is_one_line():
+    result = run("list", "--db", "postgresql+psycopg://nobody@127.0.0.1:9/none")
+    one_line_error(result, 1, "database postgresql+psycopg://nobody@127.0.0.1:9/none")
+    result = run("list", "--db", "not a url")
+    one_line_error(result, 1, "not a valid SQLAlchemy URL")
+
+
+def test_missing_required_option_is_usage_error():
+    result = run("register", "x")
+    assert result.returncode == 2 and "--target" in result.stderr
+
+
+@pytest.mark.parametrize("args", [["--help"], ["list"], ["show", "chat@1"]])
+def test_light_commands_import_no_heavy_library(args, tmp_path, tiny_models):
+    db = f"sqlite:///{tmp_path / 'r.db'}"
+    run("register", "chat", "--target", tiny_models["target"], "--draft", tiny_models["draft"], "-k", "2", "--db", db)
+    probe = (
+        "import sys\n"
+        "from specreg.cli import main\n"
+        f"sys.argv = ['specreg'] + {args!r} + ([] if {args!r} == ['--help'] else ['--db', {db!r}])\n"
+        "try:\n    main()\nexcept SystemExit as exit:\n    assert exit.code in (0, None), exit.code\n"
+        "heavy = sorted(m for m in ('torch', 'transformers', 'mlflow') if m in sys.modules)\n"
+        "print('HEAVY', heavy)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "HEAVY []" in result.stdout

@@ -1,0 +1,112 @@
+"""Fingerprints: content hashes without loading tensors, safe refusal of pickle weights,
+formatting-only changes ignored, hub ids resolved only from the local cache."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+
+import pytest
+
+from specreg.errors import ModelReferenceError
+from specreg.registry.fingerprint import (compare_fingerprints, fingerprint_model, read_safetensors_header,
+                                          resolve_reference, sha256_file)
+
+
+def copy_model(tiny_models, tmp_path, name="model"):
+    path = tmp_path / name
+    shutil.copytree(tiny_models["draft"], path)
+    return path
+
+
+def test_fingerprint_reads_headers_and_hashes_files(tiny_models):
+    fp = fingerprint_model(tiny_models["draft"])
+    path = tiny_models["draft"] / "model.safetensors"
+    assert fp.weight_files == {"model.safetensors": sha256_file(path)}
+    assert fp.weight_format == "safetensors" and fp.dtype == "float32"
+    header = read_safetensors_header(path)
+    expected = 0
+    for name, info in header.items():
+        if name != "__metadata__":
+            count = 1
+            for dim in info["shape"]:
+                count *= dim
+            expected += count
+    assert fp.parameter_count == expected
+    # hidden 64, vocab 300, 2 layers: embed + lm_head alone are 2 * 300 * 64
+    assert fp.parameter_count > 2 * 300 * 64
+    assert (fp.vocab_size, fp.tokenizer_length, fp.max_position_embeddings) == (300, 300, 512)
+
+
+def test_formatting_only_changes_do_not_change_the_hashes(tiny_models, tmp_path):
+    path = copy_model(tiny_models, tmp_path)
+    before = fingerprint_model(path)
+    for name in ("tokenizer.json", "config.json", "tokenizer_config.json"):
+        data = json.loads((path / name).read_text())
+        (path / name).write_text(json.dumps(data, indent=7, sort_keys=True))
+    config = json.loads((path / "config.json").read_text())
+    config["transformers_version"] = "0.0.0"
+    (path / "config.json").write_text(json.dumps(config))
+    assert fingerprint_model(path) == before
+
+
+def test_real_changes_change_the_hashes(tiny_models, tmp_path):
+    path = copy_model(tiny_models, tmp_path)
+    before = fingerprint_model(path)
+    tokenizer = json.loads((path / "tokenizer.json").read_text())
+    vocab = tokenizer["model"]["vocab"]
+    a, b = list(vocab)[100:102]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (path / "tokenizer.json").write_text(json.dumps(tokenizer))
+    (path / "chat_template.jinja").write_text((path / "chat_template.jinja").read_text().replace("\n", "", 1))
+    blob = bytearray((path / "model.safetensors").read_bytes())
+    blob[-1] ^= 0xFF
+    (path / "model.safetensors").write_bytes(bytes(blob))
+    after = fingerprint_model(path)
+    assert after.tokenizer_sha256 != before.tokenizer_sha256
+    assert after.chat_template_sha256 != before.chat_template_sha256
+    assert after.weights_sha256 != before.weights_sha256
+    assert after.config_sha256 == before.config_sha256
+    assert compare_fingerprints(before, after) == [
+        "weight file model.safetensors changed", "tokenizer changed", "chat template changed"]
+
+
+def test_pickle_only_weights_refused_unless_allowed(tiny_models, tmp_path):
+    path = copy_model(tiny_models, tmp_path)
+    (path / "model.safetensors").rename(path / "pytorch_model.bin")
+    with pytest.raises(ModelReferenceError, match="pickle files \\(pytorch_model.bin\\).*--allow-pickle"):
+        fingerprint_model(path)
+    fp = fingerprint_model(path, allow_pickle=True)
+    assert fp.weight_format == "pickle" and fp.parameter_count is None
+
+
+@pytest.mark.parametrize("damage,message", [
+    (lambda p: (p / "config.json").unlink(), "no config.json"),
+    (lambda p: [(p / n).unlink() for n in ("tokenizer.json", "tokenizer_config.json")], "no tokenizer files"),
+    (lambda p: (p / "model.safetensors").unlink(), "no weight files"),
+    (lambda p: (p / "model.safetensors").write_bytes(struct.pack("<Q", 10**9) + b"{}"), "corrupt safetensors header"),
+    (lambda p: (p / "config.json").write_text("{not json"), "config.json: not readable JSON"),
+])
+def test_broken_directories_name_the_problem(tiny_models, tmp_path, damage, message):
+    path = copy_model(tiny_models, tmp_path)
+    damage(path)
+    with pytest.raises(ModelReferenceError, match=message):
+        fingerprint_model(path)
+
+
+def test_hub_reference_resolves_only_from_local_cache(tiny_models, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    commit = "a" * 40
+    snapshot = tmp_path / "hub" / "models--acme--tiny" / "snapshots" / commit
+    shutil.copytree(tiny_models["draft"], snapshot)
+    (tmp_path / "hub" / "models--acme--tiny" / "refs").mkdir()
+    (tmp_path / "hub" / "models--acme--tiny" / "refs" / "main").write_text(commit)
+    assert resolve_reference(f"acme/tiny@{commit}") == (snapshot.resolve(), commit)
+    assert resolve_reference("acme/tiny@main") == (snapshot.resolve(), commit)
+    with pytest.raises(ModelReferenceError, match="not in the local Hugging Face cache.*never downloads"):
+        resolve_reference("acme/tiny@v2")
+    with pytest.raises(ModelReferenceError, match="needs a pinned revision"):
+        resolve_reference("acme/other")
+    with pytest.raises(ModelReferenceError, match="no such directory"):
+        resolve_reference(str(tmp_path / "missing"))
