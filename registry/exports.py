@@ -1,0 +1,596 @@
+"""Deployment exports: a pair version rendered as serving-engine configs that carry its identity
+(name@version, fingerprints) and its acceptance baselines.
+
+Python builds every value (engine argument lists, the speculative-config dict, PromQL
+expressions); the Jinja2 templates in templates/exports/ only lay them out, and every value
+goes through a quoting filter (``shquote``, ``json``, ``yaml``), so that model paths with
+spaces or quotes cannot break a shell line, a JSON document or a YAML file.
+
+Engine names and keys follow DESIGN.md section 4; the schema files in templates/engines/ list
+them for each targeted engine version and the tests hold every output to them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+from specreg.errors import PolicyViolation, SpecregError, UsageError
+from specreg.registry.entities import ModelRef, PairState, PairVersion, SpecMethod
+
+FORMATS = ("vllm", "sglang", "trtllm", "tgi", "k8s-vllm", "prometheus-rules")
+
+# The files each format writes; each is rendered from templates/exports/<file name>.j2.
+FORMAT_FILES = {
+    "vllm": ("vllm-serve.sh", "vllm-speculative-config.json"),
+    "sglang": ("sglang-launch.sh",),
+    "trtllm": ("trtllm-serve.sh", "trtllm-config.yaml"),
+    "tgi": ("tgi-launch.sh",),
+    "k8s-vllm": ("k8s-vllm.yaml",),
+    "prometheus-rules": ("prometheus-rules.yaml",),
+}
+
+# Engine schema files kept in the repository, one per targeted engine version.
+ENGINE_SCHEMAS = {
+    "vllm": "vllm-0.33.json",
+    "sglang": "sglang-0.5.23.json",
+    "trtllm": "trtllm-1.2.json",
+    "tgi": "tgi-3.3.json",
+}
+
+OPTION_DEFAULTS: dict[str, Any] = {
+    "host": "0.0.0.0",
+    "port": 8000,
+    "tensor_parallel_size": 1,
+    "draft_tensor_parallel_size": 1,
+    "served_model_name": None,  # None: the pair name, which is also the `model_name` metric label
+    "model_source": "reference",  # "reference" (as registered) or "path" (where it was found)
+    "tolerance": 0.1,  # alert / auto-off below baseline * (1 - tolerance)
+    "for": "10m",  # how long a Prometheus alert condition must hold
+    "rate_window": "5m",
+    "rules_engine": "all",  # prometheus-rules for "vllm", "sglang" or "all"
+    "image": "vllm/vllm-openai:v0.33.0",
+    "namespace": None,
+    "replicas": 1,
+    "acceptance_window": 128,  # TensorRT-LLM rolling window for acceptance_length_threshold
+}
+
+PROMETHEUS_DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
+EXPORTABLE_STATES = (PairState.VALIDATED, PairState.APPROVED, PairState.PROMOTED)
+
+
+def templates_dir() -> Path:
+    """The folder of the shipped templates (the specreg.templates package)."""
+    import specreg.templates
+
+    return Path(specreg.templates.__file__).parent
+
+
+def engine_schema(engine: str) -> dict[str, Any]:
+    """The schema file of one engine (``vllm``, ``sglang``, ``trtllm``, ``tgi``) as a dict."""
+    if engine not in ENGINE_SCHEMAS:
+        raise UsageError(f"unknown engine {engine!r}; known: {', '.join(ENGINE_SCHEMAS)}")
+    return json.loads((templates_dir() / "engines" / ENGINE_SCHEMAS[engine]).read_text())
+
+
+# ---------------------------------------------------------------------------------------------
+# Quoting filters shared by the shipped and the user templates.
+
+
+def shell_lines(lines: list[list[str]]) -> str:
+    """One command over several lines: each inner list is quoted word by word and the lines are
+    joined with backslash continuations."""
+    return " \\\n    ".join(" ".join(shlex.quote(str(word)) for word in words) for words in lines)
+
+
+def to_json(value: Any, indent: int | None = None) -> str:
+    return json.dumps(value, indent=indent, ensure_ascii=False)
+
+
+def to_yaml_scalar(value: Any) -> str:
+    """A YAML flow value on one line: strings double-quoted by the YAML emitter itself
+    (escapes newlines, quotes and colons), everything else as JSON, which YAML reads too."""
+    import yaml
+
+    if isinstance(value, str):
+        return yaml.safe_dump(value, default_style='"', width=math.inf, allow_unicode=True).strip()
+    return json.dumps(value)
+
+
+def one_line(value: Any) -> str:
+    """Text safe inside a one-line comment: a newline would end the comment."""
+    return re.sub(r"[\r\n\x0b\x0c\x85\u2028\u2029]+", " ", str(value))
+
+
+def promql_string(value: str) -> str:
+    """A PromQL double-quoted string literal (Go escapes; JSON's are a subset)."""
+    return json.dumps(value)
+
+
+FILTERS = {
+    "shquote": lambda value: shlex.quote(str(value)),
+    "shell_lines": shell_lines,
+    "json": to_json,
+    "yaml": to_yaml_scalar,
+    "comment": one_line,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Public entry points.
+
+
+def render_export(
+    pair_version: PairVersion,
+    baselines: dict[str, Any] | None,
+    fmt: str,
+    approved: bool,
+    force: bool = False,
+    template_path: str | Path | None = None,
+    options: dict[str, Any] | None = None,
+) -> list[tuple[str, str]]:
+    """Render one deployment format for a pair version.
+
+    In: the pair version, its recorded baselines (None if never validated), a format of
+    FORMATS, whether the version is approved, ``force`` to export anyway (the output is then
+    marked UNAPPROVED), an optional user template (rendered sandboxed instead of the shipped
+    ones) and options overriding OPTION_DEFAULTS.
+    Out: a list of (relative file name, text). Raises PolicyViolation for an unapproved
+    version without force, UsageError for a format the pair cannot have (TGI + draft model).
+    """
+    if fmt not in FORMATS:
+        raise UsageError(f"unknown export format {fmt!r}; known: {', '.join(FORMATS)}")
+    exportable = approved and baselines is not None and pair_version.state in EXPORTABLE_STATES
+    if not exportable and not force:
+        why = "no recorded baselines" if baselines is None else f"state {pair_version.state.value}"
+        if not approved:
+            why += ", not approved"
+        raise PolicyViolation(
+            f"{pair_version.label} is not validated and approved ({why}); export refused "
+            "(--force exports it marked UNAPPROVED)"
+        )
+    context = build_context(pair_version, baselines, fmt, approved=exportable, options=options)
+    if template_path is not None:
+        return [render_user_template(Path(template_path), context)]
+
+    from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+    env = Environment(
+        loader=FileSystemLoader(str(templates_dir() / "exports")),
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,  # shell, JSON and YAML: quoting is done by the filters
+    )
+    env.filters.update(FILTERS)
+    return [(name, env.get_template(name + ".j2").render(context)) for name in FORMAT_FILES[fmt]]
+
+
+def render_user_template(template_path: Path, context: dict[str, Any]) -> tuple[str, str]:
+    """Render a user template in Jinja2's sandbox; returns (output file name, text).
+
+    The output name is the template's file name without a trailing ``.j2``. HTML and XML
+    outputs are autoescaped. Anything the sandbox refuses (Python internals such as
+    ``''.__class__``), a syntax error or an undefined name becomes one SpecregError line.
+    """
+    from jinja2 import StrictUndefined, TemplateSyntaxError
+    from jinja2.exceptions import SecurityError
+    from jinja2.sandbox import SandboxedEnvironment
+
+    if not template_path.is_file():
+        raise SpecregError(f"template {template_path}: no such file")
+    out_name = template_path.name[: -len(".j2")] if template_path.name.endswith(".j2") else template_path.name
+    escape = out_name.lower().endswith((".html", ".htm", ".xml", ".svg"))
+    env = SandboxedEnvironment(
+        undefined=StrictUndefined, autoescape=escape, trim_blocks=True, lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    env.filters.update(FILTERS)
+    try:
+        text = env.from_string(template_path.read_text(encoding="utf-8")).render(context)
+    except SecurityError as exc:
+        raise SpecregError(f"template {template_path}: refused by the sandbox: {exc}") from None
+    except TemplateSyntaxError as exc:
+        raise SpecregError(f"template {template_path}:{exc.lineno}: syntax error: {exc.message}") from None
+    except Exception as exc:  # a user template is user input: any failure is theirs, one line
+        first_line = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise SpecregError(f"template {template_path}: {type(exc).__name__}: {first_line}") from None
+    return out_name, text
+
+
+def write_export(files: list[tuple[str, str]], out_dir: str | Path, overwrite: bool = False) -> list[Path]:
+    """Write rendered files under ``out_dir`` (created if missing); returns the paths written.
+
+    Refuses (SpecregError, nothing written) any name that is absolute or resolves outside
+    out_dir, and any existing file unless ``overwrite``.
+    """
+    root = Path(out_dir).resolve()
+    targets: list[tuple[Path, str]] = []
+    for name, text in files:
+        if not name or Path(name).is_absolute():
+            raise SpecregError(f"export file name {name!r} must be a relative path inside {root}")
+        path = (root / name).resolve()  # resolves '..' and symlinks already present
+        if path == root or not path.is_relative_to(root):
+            raise SpecregError(f"export file name {name!r} escapes the output folder {root}")
+        if path.exists() and not overwrite:
+            raise SpecregError(f"{path} exists; refusing to overwrite it (use --overwrite)")
+        targets.append((path, text))
+    written = []
+    for path, text in targets:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        written.append(path)
+    return written
+
+
+# ---------------------------------------------------------------------------------------------
+# The template context: every value a template needs, computed here.
+
+
+def merge_options(options: dict[str, Any] | None) -> dict[str, Any]:
+    """OPTION_DEFAULTS overridden by ``options``; unknown names and bad values are UsageErrors."""
+    merged = dict(OPTION_DEFAULTS)
+    for key, value in (options or {}).items():
+        if key not in OPTION_DEFAULTS:
+            raise UsageError(f"unknown export option {key!r}; known: {', '.join(OPTION_DEFAULTS)}")
+        merged[key] = value
+    try:
+        for key in ("port", "tensor_parallel_size", "draft_tensor_parallel_size", "replicas", "acceptance_window"):
+            merged[key] = int(merged[key])
+        merged["tolerance"] = float(merged["tolerance"])
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"export option has a bad value: {exc}") from None
+    if not 0.0 <= merged["tolerance"] < 1.0:
+        raise UsageError(f"export option tolerance={merged['tolerance']} must be in [0, 1)")
+    if merged["draft_tensor_parallel_size"] not in (1, merged["tensor_parallel_size"]):
+        raise UsageError(
+            f"export option draft_tensor_parallel_size={merged['draft_tensor_parallel_size']} must be 1 "
+            f"or the target's tensor_parallel_size={merged['tensor_parallel_size']}"
+        )
+    if merged["model_source"] not in ("reference", "path"):
+        raise UsageError(f"export option model_source={merged['model_source']!r} must be 'reference' or 'path'")
+    if merged["rules_engine"] not in ("vllm", "sglang", "all"):
+        raise UsageError(f"export option rules_engine={merged['rules_engine']!r} must be vllm, sglang or all")
+    for key in ("for", "rate_window"):
+        if not PROMETHEUS_DURATION.match(str(merged[key])):
+            raise UsageError(f"export option {key}={merged[key]!r} is not a Prometheus duration (e.g. 10m)")
+    return merged
+
+
+def build_context(
+    pair_version: PairVersion,
+    baselines: dict[str, Any] | None,
+    fmt: str,
+    approved: bool,
+    options: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The plain (JSON-like) context every template of ``fmt`` renders from.
+
+    Only dicts, lists, strings and numbers go in, never entity objects: a sandboxed user
+    template then has no Python methods to reach through.
+    """
+    opts = merge_options(options)
+    config = pair_version.config
+    draft_model = config.method == SpecMethod.DRAFT_MODEL
+    if draft_model and pair_version.draft is None:
+        raise SpecregError(f"{pair_version.label} is a draft_model pair without a draft model")
+    if fmt == "tgi" and draft_model:
+        raise UsageError(
+            f"{pair_version.label} is a draft_model pair and cannot be exported to tgi: TGI 3.3 has no "
+            "separate-draft mode (--speculate does Medusa or n-gram only); use vllm, sglang or trtllm"
+        )
+    if fmt == "prometheus-rules" and not (baselines and baselines.get("overall")):
+        raise SpecregError(
+            f"{pair_version.label} has no recorded overall baseline: nothing to alert against "
+            "(validate the version first)"
+        )
+
+    source = (lambda ref: ref.reference) if opts["model_source"] == "reference" else (lambda ref: ref.path)
+    served_name = opts["served_model_name"] or pair_version.name
+    target_source = source(pair_version.target)
+    draft_source = source(pair_version.draft) if draft_model else None
+    overall = (baselines or {}).get("overall") or {}
+    floor = 1.0 - opts["tolerance"]
+    thresholds = {
+        key: round(overall[key] * floor, 6)
+        for key in ("acceptance_rate", "mean_acceptance_length")
+        if isinstance(overall.get(key), (int, float))
+    }
+    speculative = vllm_speculative_config(pair_version, draft_source, opts)
+    vllm_lines = vllm_command(target_source, pair_version.target.revision, speculative, served_name, opts)
+
+    return {
+        "format": fmt,
+        "approved": approved,
+        "approval": "approved" if approved else "UNAPPROVED",
+        "pair": {
+            "name": pair_version.name,
+            "version": pair_version.version,
+            "label": pair_version.label,
+            "state": pair_version.state.value,
+            "binding_sha256": pair_version.binding_sha256,
+        },
+        "target": model_context(pair_version.target, target_source),
+        "draft": model_context(pair_version.draft, draft_source) if draft_model else None,
+        "config": config.to_dict(),
+        "baselines": baselines,
+        "thresholds": thresholds,
+        "options": opts,
+        "served_model_name": served_name,
+        "header_lines": header_lines(pair_version, baselines, fmt, approved, thresholds, opts),
+        "speculative_config": speculative,
+        "vllm_command": vllm_lines,
+        "vllm_argv": [word for line in vllm_lines for word in line],
+        "sglang_command": sglang_command(pair_version, target_source, draft_source, served_name, opts),
+        "trtllm_command": trtllm_command(target_source, opts),
+        "trtllm_config": trtllm_config(pair_version, draft_source, thresholds, opts),
+        "tgi_command": tgi_command(pair_version, target_source, opts) if not draft_model else None,
+        "k8s": k8s_context(pair_version, baselines, approved, speculative, opts),
+        "alert_rules": alert_rules(pair_version, overall, thresholds, served_name, opts) if thresholds else [],
+    }
+
+
+def model_context(model: ModelRef, source: str) -> dict[str, Any]:
+    fingerprint = model.fingerprint
+    return {
+        "reference": model.reference,
+        "path": model.path,
+        "source": source,
+        "revision": model.revision,
+        "weights_sha256": fingerprint.weights_sha256,
+        "tokenizer_sha256": fingerprint.tokenizer_sha256,
+        "config_sha256": fingerprint.config_sha256,
+        "chat_template_sha256": fingerprint.chat_template_sha256,
+        "vocab_size": fingerprint.vocab_size,
+        "architecture": fingerprint.architecture,
+    }
+
+
+def format_figures(figures: dict[str, Any]) -> str:
+    parts = []
+    for key in ("acceptance_rate", "mean_acceptance_length"):
+        if isinstance(figures.get(key), (int, float)):
+            parts.append(f"{key}={figures[key]:.4f}")
+    positions = figures.get("per_position_acceptance")
+    if positions:
+        parts.append("per_position_acceptance=[" + ", ".join(f"{p:.3f}" for p in positions) + "]")
+    return " ".join(parts) or "(no figures)"
+
+
+def header_lines(
+    pair_version: PairVersion,
+    baselines: dict[str, Any] | None,
+    fmt: str,
+    approved: bool,
+    thresholds: dict[str, float],
+    opts: dict[str, Any],
+) -> list[str]:
+    """The identity block every output carries as comments: pair, fingerprints, baselines."""
+    lines = [f"specreg export {fmt} of {pair_version.label} (state {pair_version.state.value})"]
+    if not approved:
+        lines.append("UNAPPROVED: exported with --force; this version is not validated and approved")
+    lines.append(f"binding_sha256: {pair_version.binding_sha256}")
+    models = [("target", pair_version.target)]
+    if pair_version.draft is not None:
+        models.append(("draft", pair_version.draft))
+    for role, model in models:
+        fingerprint = model.fingerprint
+        lines.append(
+            f"{role}: {model.reference} (revision {model.revision or 'unknown'}) "
+            f"weights_sha256={fingerprint.weights_sha256} tokenizer_sha256={fingerprint.tokenizer_sha256}"
+        )
+    config = pair_version.config
+    lines.append(
+        f"speculative config: method={config.method.value} num_speculative_tokens={config.num_speculative_tokens}"
+        f" prompt_lookup_min={config.prompt_lookup_min} prompt_lookup_max={config.prompt_lookup_max}"
+        f" max_batch_size_for_speculation={config.max_batch_size_for_speculation}"
+    )
+    if not baselines:
+        lines.append("baselines: none recorded")
+        return lines
+    lines.append(
+        f"baselines: golden set {baselines.get('golden_set')} (sha256 {baselines.get('golden_sha256')}),"
+        f" validated at {baselines.get('validated_at')}"
+    )
+    lines.append(f"  overall: {format_figures(baselines.get('overall') or {})}")
+    for category, figures in sorted((baselines.get("categories") or {}).items()):
+        lines.append(f"  category {category}: {format_figures(figures or {})}")
+    if thresholds:
+        lines.append(
+            f"drift floor (baseline * (1 - {opts['tolerance']})): "
+            + " ".join(f"{key}={value}" for key, value in thresholds.items())
+        )
+    return lines
+
+
+def vllm_speculative_config(pair_version: PairVersion, draft_source: str | None, opts: dict[str, Any]) -> dict[str, Any]:
+    """The dict vLLM 0.33 takes as --speculative-config."""
+    config = pair_version.config
+    k = config.num_speculative_tokens
+    speculative: dict[str, Any] = {"method": config.method.value, "num_speculative_tokens": k}
+    if config.method == SpecMethod.DRAFT_MODEL:
+        speculative["model"] = draft_source
+        speculative["draft_tensor_parallel_size"] = opts["draft_tensor_parallel_size"]
+        if pair_version.draft.revision:
+            speculative["revision"] = pair_version.draft.revision
+    else:
+        if config.prompt_lookup_min is not None:
+            speculative["prompt_lookup_min"] = config.prompt_lookup_min
+        if config.prompt_lookup_max is not None:
+            speculative["prompt_lookup_max"] = config.prompt_lookup_max
+    if config.max_batch_size_for_speculation:
+        # Speculate with k tokens for batch sizes 1..N; vLLM does not speculate outside the ranges.
+        speculative["num_speculative_tokens_per_batch_size"] = [[1, config.max_batch_size_for_speculation, k]]
+    return speculative
+
+
+def vllm_command(target_source: str, revision: str | None, speculative: dict[str, Any], served_name: str,
+                 opts: dict[str, Any]) -> list[list[str]]:
+    lines = [["vllm", "serve", target_source], ["--speculative-config", json.dumps(speculative)]]
+    if revision:
+        lines.append(["--revision", revision])
+    if opts["tensor_parallel_size"] > 1:
+        lines.append(["--tensor-parallel-size", str(opts["tensor_parallel_size"])])
+    # The served name becomes the `model_name` label of the metrics observe and the rules filter on.
+    lines.append(["--served-model-name", served_name])
+    lines.append(["--host", str(opts["host"]), "--port", str(opts["port"])])
+    return lines
+
+
+def sglang_command(pair_version: PairVersion, target_source: str, draft_source: str | None, served_name: str,
+                   opts: dict[str, Any]) -> list[list[str]]:
+    k = pair_version.config.num_speculative_tokens
+    lines = [["python", "-m", "sglang.launch_server"], ["--model-path", target_source]]
+    if pair_version.target.revision:
+        lines.append(["--revision", pair_version.target.revision])
+    if pair_version.config.method == SpecMethod.DRAFT_MODEL:
+        lines.append(["--speculative-algorithm", "STANDALONE"])
+        lines.append(["--speculative-draft-model-path", draft_source])
+        lines.append(["--speculative-num-steps", str(k)])
+        lines.append(["--speculative-eagle-topk", "1"])
+    else:
+        lines.append(["--speculative-algorithm", "NGRAM"])
+    # SGLang counts the verified root token among the draft tokens: with top-k 1 that is k + 1.
+    lines.append(["--speculative-num-draft-tokens", str(k + 1)])
+    if opts["tensor_parallel_size"] > 1:
+        lines.append(["--tp-size", str(opts["tensor_parallel_size"])])
+    lines.append(["--served-model-name", served_name])
+    lines.append(["--host", str(opts["host"]), "--port", str(opts["port"])])
+    return lines
+
+
+def trtllm_command(target_source: str, opts: dict[str, Any]) -> list[list[str]]:
+    lines = [["trtllm-serve", target_source], ["--config", "trtllm-config.yaml"]]
+    if opts["tensor_parallel_size"] > 1:
+        lines.append(["--tp_size", str(opts["tensor_parallel_size"])])
+    lines.append(["--host", str(opts["host"]), "--port", str(opts["port"])])
+    return lines
+
+
+def trtllm_config(pair_version: PairVersion, draft_source: str | None, thresholds: dict[str, float],
+                  opts: dict[str, Any]) -> dict[str, Any]:
+    """The speculative_config mapping of a trtllm-serve YAML (TensorRT-LLM 1.x LLM API)."""
+    config = pair_version.config
+    if config.method == SpecMethod.DRAFT_MODEL:
+        speculative: dict[str, Any] = {
+            "decoding_type": "DraftTarget",
+            "max_draft_len": config.num_speculative_tokens,
+            "speculative_model": draft_source,
+        }
+    else:
+        speculative = {"decoding_type": "NGram", "max_draft_len": config.num_speculative_tokens}
+        if config.prompt_lookup_max is not None:
+            speculative["max_matching_ngram_size"] = config.prompt_lookup_max
+    if config.max_batch_size_for_speculation:
+        speculative["max_concurrency"] = config.max_batch_size_for_speculation
+    if "mean_acceptance_length" in thresholds:
+        # The engine turns speculation off when its rolling acceptance length falls below this.
+        speculative["acceptance_length_threshold"] = thresholds["mean_acceptance_length"]
+        speculative["acceptance_window"] = opts["acceptance_window"]
+    return speculative
+
+
+def tgi_command(pair_version: PairVersion, target_source: str, opts: dict[str, Any]) -> list[list[str]]:
+    lines = [["text-generation-launcher"], ["--model-id", target_source]]
+    if pair_version.target.revision:
+        lines.append(["--revision", pair_version.target.revision])
+    lines.append(["--speculate", str(pair_version.config.num_speculative_tokens)])
+    if opts["tensor_parallel_size"] > 1:
+        lines.append(["--num-shard", str(opts["tensor_parallel_size"])])
+    lines.append(["--hostname", str(opts["host"]), "--port", str(opts["port"])])
+    return lines
+
+
+def dns_label(text: str, limit: int = 63) -> str:
+    """A Kubernetes DNS-1123 label made from free text."""
+    label = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+    return label[:limit].rstrip("-") or "specreg"
+
+
+def k8s_context(pair_version: PairVersion, baselines: dict[str, Any] | None, approved: bool,
+                speculative: dict[str, Any], opts: dict[str, Any]) -> dict[str, Any]:
+    name = dns_label(f"{pair_version.name}-v{pair_version.version}")
+    annotations = {
+        "specreg.io/pair": pair_version.label,
+        "specreg.io/approval": "approved" if approved else "UNAPPROVED",
+        "specreg.io/binding-sha256": pair_version.binding_sha256,
+        "specreg.io/target": pair_version.target.reference,
+        "specreg.io/target-weights-sha256": pair_version.target.fingerprint.weights_sha256,
+        "specreg.io/target-tokenizer-sha256": pair_version.target.fingerprint.tokenizer_sha256 or "",
+        "specreg.io/speculative-config": json.dumps(speculative, sort_keys=True),
+        "specreg.io/baselines": json.dumps(baselines, sort_keys=True) if baselines else "none",
+    }
+    if pair_version.draft is not None:
+        annotations["specreg.io/draft"] = pair_version.draft.reference
+        annotations["specreg.io/draft-weights-sha256"] = pair_version.draft.fingerprint.weights_sha256
+        annotations["specreg.io/draft-tokenizer-sha256"] = pair_version.draft.fingerprint.tokenizer_sha256 or ""
+    requests: dict[str, str] = {}
+    memory = (baselines or {}).get("memory") or {}
+    if isinstance(memory.get("total_bytes"), (int, float)) and memory["total_bytes"] > 0:
+        # Host memory must at least hold both models' weights while the engine loads them.
+        requests["memory"] = f"{math.ceil(memory['total_bytes'] / 2**20)}Mi"
+        annotations["specreg.io/memory-estimate-bytes"] = str(int(memory["total_bytes"]))
+    return {
+        "name": name,
+        "labels": {"app.kubernetes.io/name": name, "app.kubernetes.io/part-of": "specreg",
+                   "specreg.io/version": str(pair_version.version)},
+        "annotations": annotations,
+        "requests": requests,
+        "limits": {"nvidia.com/gpu": str(opts["tensor_parallel_size"])},
+    }
+
+
+def alert_rules(pair_version: PairVersion, overall: dict[str, Any], thresholds: dict[str, float],
+                served_name: str, opts: dict[str, Any]) -> list[dict[str, Any]]:
+    """Alerting rules on the engines' own metrics, firing below baseline * (1 - tolerance).
+
+    vLLM: alpha = rate(accepted) / rate(draft tokens), tau = 1 + rate(accepted) / rate(drafts).
+    SGLang: its gauges already hold both figures. With no traffic the vLLM ratios are NaN and a
+    comparison with NaN is false, so an idle server does not fire.
+    """
+    selector = "{model_name=" + promql_string(served_name) + "}"
+    window = opts["rate_window"]
+
+    def rate(metric: str) -> str:
+        return f"sum(rate({metric}{selector}[{window}]))"
+
+    expressions = {
+        "vllm": {
+            "acceptance_rate": f"{rate('vllm:spec_decode_num_accepted_tokens_total')}"
+                               f" / {rate('vllm:spec_decode_num_draft_tokens_total')}",
+            "mean_acceptance_length": f"1 + {rate('vllm:spec_decode_num_accepted_tokens_total')}"
+                                      f" / {rate('vllm:spec_decode_num_drafts_total')}",
+        },
+        "sglang": {
+            "acceptance_rate": f"avg(sglang:spec_accept_rate{selector})",
+            "mean_acceptance_length": f"avg(sglang:spec_accept_length{selector})",
+        },
+    }
+    engines = ("vllm", "sglang") if opts["rules_engine"] == "all" else (opts["rules_engine"],)
+    alert_names = {"acceptance_rate": "SpecDecodeAcceptanceRateBelowBaseline",
+                   "mean_acceptance_length": "SpecDecodeAcceptanceLengthBelowBaseline"}
+    rules = []
+    for engine in engines:
+        for metric, floor in thresholds.items():
+            rules.append({
+                "alert": alert_names[metric],
+                "expr": f"({expressions[engine][metric]}) < {floor}",
+                "for": opts["for"],
+                "labels": {"severity": "warning", "engine": engine, "specreg_pair": pair_version.name,
+                           "specreg_version": str(pair_version.version)},
+                "annotations": {
+                    "summary": f"{pair_version.label}: live {metric} below its validated baseline on {engine}",
+                    "description": (
+                        f"{metric} of {served_name} has stayed below {floor} (baseline {overall[metric]}"
+                        f" minus {opts['tolerance']:.0%}) for {opts['for']}; binding {pair_version.binding_sha256}"
+                    ),
+                    "baseline": str(overall[metric]),
+                    "floor": str(floor),
+                },
+            })
+    return rules

@@ -1,0 +1,88 @@
+"""Helpers for export tests: plain entities (no store needed), baselines, and the engine
+schema checker."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+
+import jsonschema
+
+from specreg.registry.entities import (
+    ModelFingerprint, ModelRef, PairState, PairVersion, SpecConfig, SpecMethod,
+)
+
+# Model references with a space, both quote kinds and a '$': they must survive every format.
+TARGET_REFERENCE = "/models/Target Model's \"v2\" $HOME"
+DRAFT_REFERENCE = "/models/draft model"
+
+BASELINES = {
+    "golden_set": "default",
+    "golden_sha256": "9" * 64,
+    "validated_at": "2025-01-02T03:04:05+00:00",
+    "overall": {"acceptance_rate": 0.71, "mean_acceptance_length": 3.1,
+                "per_position_acceptance": [0.9, 0.8, 0.7, 0.6]},
+    "categories": {
+        "support": {"acceptance_rate": 0.8, "mean_acceptance_length": 3.5, "per_position_acceptance": [0.95, 0.85]},
+        "code": {"acceptance_rate": 0.6, "mean_acceptance_length": 2.6, "per_position_acceptance": [0.8, 0.6]},
+    },
+    "memory": {"total_bytes": 3 * 2**30 + 1, "target_weight_bytes": 2 * 2**30},
+}
+
+
+def fingerprint(seed: str) -> ModelFingerprint:
+    return ModelFingerprint(
+        weights_sha256=seed * 64, weight_files={"model.safetensors": seed * 64}, weight_format="safetensors",
+        config_sha256="c" * 64, tokenizer_sha256=("t" + seed) * 32, chat_template_sha256=None,
+        architecture="LlamaForCausalLM", model_type="llama", vocab_size=512, tokenizer_length=500,
+        parameter_count=10_000, dtype="float32", max_position_embeddings=256,
+    )
+
+
+def make_pair(method: SpecMethod = SpecMethod.DRAFT_MODEL, state: PairState = PairState.APPROVED,
+              max_batch: int | None = 16, name: str = "chat-pair") -> PairVersion:
+    if method == SpecMethod.DRAFT_MODEL:
+        config = SpecConfig(method, 4, max_batch_size_for_speculation=max_batch)
+        draft = ModelRef(DRAFT_REFERENCE, "/cache/draft", "d1e2f3", fingerprint("b"))
+    else:
+        config = SpecConfig(method, 4, prompt_lookup_min=2, prompt_lookup_max=5, max_batch_size_for_speculation=max_batch)
+        draft = None
+    return PairVersion(
+        id=1, name=name, version=3, target=ModelRef(TARGET_REFERENCE, "/cache/target", "abc123", fingerprint("a")),
+        draft=draft, config=config, binding_sha256="f" * 64, state=state, registered_by="tester",
+        registered_at=datetime(2025, 1, 1, tzinfo=timezone.utc),
+    )
+
+
+def check_command(words: list[str], schema: dict) -> dict[str, str]:
+    """Hold one engine command line to its schema file: the command words, the positional
+    arguments, every flag known with a value of its type; JSON values validated by the JSON
+    schema the flag names. Returns {flag: value}. Unknown names fail."""
+    command = schema["command"]
+    assert words[: len(command)] == command, f"command {words[:len(command)]} is not {command}"
+    positional = list(schema["positional"])
+    flags: dict[str, str] = {}
+    rest = words[len(command):]
+    index = 0
+    while index < len(rest):
+        word = rest[index]
+        if word.startswith("--"):
+            assert word in schema["flags"], f"{schema['engine']} {schema['engine_version']} has no flag {word}"
+            assert index + 1 < len(rest), f"flag {word} has no value"
+            value = rest[index + 1]
+            spec = schema["flags"][word]
+            if spec["type"] == "integer":
+                int(value)
+            elif spec["type"] == "enum":
+                assert value in spec["choices"], f"{word} {value} not in {spec['choices']}"
+            elif spec["type"] == "json":
+                jsonschema.validate(json.loads(value), schema[spec["schema"]])
+            assert word not in flags, f"flag {word} given twice"
+            flags[word] = value
+            index += 2
+        else:
+            assert positional, f"unexpected positional argument {word!r}"
+            positional.pop(0)
+            index += 1
+    assert not positional, f"missing positional arguments {positional}"
+    return flags

@@ -1,0 +1,195 @@
+"""Each export format parsed back (JSON, YAML, shell words run by a real shell) and held to the
+engine schema files in templates/engines/: a name the engine does not know fails."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+import yaml
+from exportcase import BASELINES, DRAFT_REFERENCE, TARGET_REFERENCE, check_command, make_pair
+
+from specreg.errors import UsageError
+from specreg.registry.entities import SpecMethod
+from specreg.registry.exports import FORMATS, engine_schema, render_export
+
+
+def rendered(pair, baselines, fmt, **kwargs):
+    return dict(render_export(pair, baselines, fmt, approved=True, **kwargs))
+
+
+def test_vllm_draft_model_command_and_config(draft_pair, baselines, run_script):
+    files = rendered(draft_pair, baselines, "vllm")
+    schema = engine_schema("vllm")
+    argv = run_script(files["vllm-serve.sh"])
+    flags = check_command(argv, schema)
+    assert argv[2] == TARGET_REFERENCE  # the quotes, space and '$HOME' survived the shell
+    speculative = json.loads(flags["--speculative-config"])
+    assert speculative == json.loads(files["vllm-speculative-config.json"])
+    jsonschema.validate(speculative, schema["speculative_config"])
+    assert speculative == {
+        "method": "draft_model", "model": DRAFT_REFERENCE, "num_speculative_tokens": 4,
+        "draft_tensor_parallel_size": 1, "revision": "d1e2f3",
+        "num_speculative_tokens_per_batch_size": [[1, 16, 4]],
+    }
+    assert flags["--revision"] == "abc123"
+    assert flags["--served-model-name"] == "chat-pair"
+
+
+def test_vllm_ngram_and_options(ngram_pair, baselines, run_script):
+    files = rendered(ngram_pair, baselines, "vllm",
+                     options={"tensor_parallel_size": 2, "port": 9001, "model_source": "path"})
+    flags = check_command(run_script(files["vllm-serve.sh"]), engine_schema("vllm"))
+    speculative = json.loads(flags["--speculative-config"])
+    assert speculative == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
+                           "prompt_lookup_max": 5, "num_speculative_tokens_per_batch_size": [[1, 16, 4]]}
+    assert flags["--tensor-parallel-size"] == "2" and flags["--port"] == "9001"
+
+
+def test_vllm_without_batch_hook_has_no_ranges(baselines):
+    pair = make_pair(SpecMethod.DRAFT_MODEL, max_batch=None)
+    speculative = json.loads(rendered(pair, baselines, "vllm")["vllm-speculative-config.json"])
+    assert "num_speculative_tokens_per_batch_size" not in speculative
+
+
+@pytest.mark.parametrize("method, algorithm", [(SpecMethod.DRAFT_MODEL, "STANDALONE"), (SpecMethod.NGRAM, "NGRAM")])
+def test_sglang_arguments(method, algorithm, baselines, run_script):
+    files = rendered(make_pair(method), baselines, "sglang")
+    argv = run_script(files["sglang-launch.sh"])
+    flags = check_command(argv, engine_schema("sglang"))
+    assert flags["--speculative-algorithm"] == algorithm
+    assert flags["--model-path"] == TARGET_REFERENCE
+    assert flags["--speculative-num-draft-tokens"] == "5"
+    if method == SpecMethod.DRAFT_MODEL:
+        assert flags["--speculative-draft-model-path"] == DRAFT_REFERENCE
+        assert flags["--speculative-num-steps"] == "4"
+        assert flags["--speculative-eagle-topk"] == "1"
+    else:
+        assert "--speculative-draft-model-path" not in flags
+
+
+@pytest.mark.parametrize("method", [SpecMethod.DRAFT_MODEL, SpecMethod.NGRAM])
+def test_trtllm_yaml_and_command(method, baselines, run_script):
+    files = rendered(make_pair(method), baselines, "trtllm")
+    schema = engine_schema("trtllm")
+    config = yaml.safe_load(files["trtllm-config.yaml"])
+    jsonschema.validate(config, schema["config"])
+    speculative = config["speculative_config"]
+    assert speculative["max_draft_len"] == 4
+    assert speculative["max_concurrency"] == 16
+    assert speculative["acceptance_length_threshold"] == pytest.approx(3.1 * 0.9)
+    if method == SpecMethod.DRAFT_MODEL:
+        assert speculative["decoding_type"] == "DraftTarget"
+        assert speculative["speculative_model"] == DRAFT_REFERENCE
+    else:
+        assert speculative["decoding_type"] == "NGram" and speculative["max_matching_ngram_size"] == 5
+    flags = check_command(run_script(files["trtllm-serve.sh"]), schema)
+    assert flags["--config"] == "trtllm-config.yaml"
+
+
+def test_tgi_ngram_speculate(ngram_pair, baselines, run_script):
+    files = rendered(ngram_pair, baselines, "tgi")
+    flags = check_command(run_script(files["tgi-launch.sh"]), engine_schema("tgi"))
+    assert flags["--speculate"] == "4" and flags["--model-id"] == TARGET_REFERENCE
+
+
+def test_tgi_refuses_draft_model_pair(draft_pair, baselines):
+    with pytest.raises(UsageError, match="no separate-draft mode"):
+        render_export(draft_pair, baselines, "tgi", approved=True)
+
+
+def test_k8s_deployment_and_service(draft_pair, baselines):
+    text = rendered(draft_pair, baselines, "k8s-vllm", options={"namespace": "serving"})["k8s-vllm.yaml"]
+    deployment, service = yaml.safe_load_all(text)
+    assert (deployment["apiVersion"], deployment["kind"]) == ("apps/v1", "Deployment")
+    assert (service["apiVersion"], service["kind"]) == ("v1", "Service")
+    annotations = deployment["metadata"]["annotations"]
+    assert annotations["specreg.io/pair"] == "chat-pair@3"
+    assert annotations["specreg.io/approval"] == "approved"
+    assert annotations["specreg.io/target-weights-sha256"] == "a" * 64
+    assert annotations["specreg.io/draft-weights-sha256"] == "b" * 64
+    assert json.loads(annotations["specreg.io/baselines"]) == BASELINES
+    assert all(isinstance(value, str) for value in annotations.values())  # k8s wants string annotations
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert deployment["metadata"]["namespace"] == service["metadata"]["namespace"] == "serving"
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    flags = check_command(container["command"] + container["args"], engine_schema("vllm"))
+    assert container["args"][0] == TARGET_REFERENCE
+    assert json.loads(flags["--speculative-config"])["model"] == DRAFT_REFERENCE
+    assert container["resources"]["requests"]["memory"] == "3073Mi"  # 3 GiB + 1 byte, rounded up
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert service["spec"]["ports"][0]["port"] == container["ports"][0]["containerPort"]
+
+
+def test_k8s_without_memory_estimate_has_no_memory_request(draft_pair, baselines):
+    del baselines["memory"]
+    deployment, _ = yaml.safe_load_all(rendered(draft_pair, baselines, "k8s-vllm")["k8s-vllm.yaml"])
+    assert "requests" not in deployment["spec"]["template"]["spec"]["containers"][0]["resources"]
+
+
+def test_prometheus_rules_use_engine_metric_names(draft_pair, baselines):
+    text = rendered(draft_pair, baselines, "prometheus-rules",
+                    options={"tolerance": 0.2, "for": "15m"})["prometheus-rules.yaml"]
+    document = yaml.safe_load(text)
+    assert list(document) == ["groups"]
+    rules = document["groups"][0]["rules"]
+    known = set(engine_schema("vllm")["metrics"]["counters"]) | set(engine_schema("sglang")["metrics"]["gauges"])
+    floors = {"SpecDecodeAcceptanceRateBelowBaseline": 0.71 * 0.8,
+              "SpecDecodeAcceptanceLengthBelowBaseline": 3.1 * 0.8}
+    assert {(rule["labels"]["engine"], rule["alert"]) for rule in rules} == {
+        (engine, alert) for engine in ("vllm", "sglang") for alert in floors}
+    for rule in rules:
+        assert set(rule) == {"alert", "expr", "for", "labels", "annotations"}
+        assert rule["for"] == "15m"
+        metrics = set(re.findall(r"\b((?:vllm|sglang):[a-z_]+)", rule["expr"]))
+        assert metrics and metrics <= known, metrics - known
+        assert '{model_name="chat-pair"}' in rule["expr"]
+        threshold = float(rule["expr"].rsplit("<", 1)[1])
+        assert threshold == pytest.approx(floors[rule["alert"]])
+    vllm_rate = next(r for r in rules if r["labels"]["engine"] == "vllm" and "Rate" in r["alert"])
+    # alpha = rate(accepted) / rate(draft tokens)
+    assert vllm_rate["expr"].index("accepted_tokens_total") < vllm_rate["expr"].index("draft_tokens_total")
+
+
+def test_prometheus_rules_for_one_engine(draft_pair, baselines):
+    text = rendered(draft_pair, baselines, "prometheus-rules", options={"rules_engine": "sglang"})["prometheus-rules.yaml"]
+    rules = yaml.safe_load(text)["groups"][0]["rules"]
+    assert {rule["labels"]["engine"] for rule in rules} == {"sglang"}
+
+
+@pytest.mark.parametrize("fmt", [f for f in FORMATS if f != "tgi"])
+def test_every_output_names_pair_fingerprints_and_baselines(fmt, draft_pair, baselines):
+    for name, text in render_export(draft_pair, baselines, fmt, approved=True):
+        if name.endswith(".json"):
+            continue  # JSON has no comments: vllm-serve.sh next to it carries the identity
+        for needle in ("chat-pair@3", "f" * 64, "a" * 64, "b" * 64, "category support", "category code",
+                       "acceptance_rate=0.7100", "mean_acceptance_length=3.1000"):
+            assert needle in text, f"{fmt}/{name} lacks {needle}"
+        assert "UNAPPROVED" not in text
+
+
+def test_checker_rejects_unknown_names():
+    """The schema checker itself must fail on names the engine does not know."""
+    schema = engine_schema("vllm")
+    with pytest.raises(AssertionError, match="no flag --speculative-model"):
+        check_command(["vllm", "serve", "m", "--speculative-model", "d"], schema)
+    with pytest.raises(jsonschema.ValidationError):
+        check_command(["vllm", "serve", "m", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2, '
+                       '"disable_by_batch_size": 4}'], schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"speculative_config": {"decoding_type": "DraftTarget", "max_draft_len": 4,
+                                                    "speculative_model_dir": "d"}}, engine_schema("trtllm")["config"])
+
+
+def test_unknown_format_and_option(draft_pair, baselines):
+    with pytest.raises(UsageError, match="unknown export format 'ollama'"):
+        render_export(draft_pair, baselines, "ollama", approved=True)
+    with pytest.raises(UsageError, match="unknown export option 'colour'"):
+        render_export(draft_pair, baselines, "vllm", approved=True, options={"colour": "red"})
+    with pytest.raises(UsageError, match="draft_tensor_parallel_size=3"):
+        render_export(draft_pair, baselines, "vllm", approved=True,
+                      options={"tensor_parallel_size": 4, "draft_tensor_parallel_size": 3})
