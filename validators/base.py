@@ -1,0 +1,93 @@
+"""The one result type every validation check returns, and how statuses combine."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
+STATUSES = (PASS, WARN, FAIL, SKIP)
+
+# Worst wins: fail > warn > pass > skip. A skip never hides a result that was measured, and a
+# combination is "skip" only when every part was skipped.
+_SEVERITY = {SKIP: 0, PASS: 1, WARN: 2, FAIL: 3}
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """Outcome of one check.
+
+    name: the check ("tokenizer", "chat_template", "memory", ...).
+    status: "pass", "warn", "fail" or "skip".
+    summary: one line a reviewer reads first.
+    evidence: JSON-able facts behind the status (a list of findings or a dict).
+    figures: numbers by name (bytes, counts, rates) for tables, baselines and MLflow metrics.
+    """
+
+    name: str
+    status: str
+    summary: str
+    evidence: list | dict = field(default_factory=list)
+    figures: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self):
+        # Programming errors, not user errors: a check must not build a malformed result.
+        if self.status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, got {self.status!r}")
+        if "\n" in self.summary:
+            raise ValueError(f"summary must be one line, got {self.summary!r}")
+        for key, value in self.figures.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+                raise ValueError(f"figure {key!r} must be a number, got {value!r}")
+
+    @property
+    def failed(self) -> bool:
+        return self.status == FAIL
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "status": self.status,
+            "summary": self.summary,
+            "evidence": self.evidence,
+            "figures": dict(self.figures),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "CheckResult":
+        return cls(
+            name=data["name"],
+            status=data["status"],
+            summary=data["summary"],
+            evidence=data.get("evidence", []),
+            figures=dict(data.get("figures", {})),
+        )
+
+
+def combine_statuses(statuses: Iterable[str]) -> str:
+    """Worst status of several (fail > warn > pass > skip); "skip" for none."""
+    worst = SKIP
+    for status in statuses:
+        if status not in _SEVERITY:
+            raise ValueError(f"unknown status {status!r}")
+        if _SEVERITY[status] > _SEVERITY[worst]:
+            worst = status
+    return worst
+
+
+def summarize_findings(findings: list[dict], ok_summary: str) -> tuple[str, str]:
+    """Status and one-line summary from findings ({"status", "message", ...}).
+
+    The summary is the first message of the worst status, with a count of the others, or
+    ok_summary when nothing was found.
+    """
+    status = combine_statuses(f["status"] for f in findings)
+    if not findings:
+        return PASS, ok_summary
+    worst = [f for f in findings if f["status"] == status]
+    summary = worst[0]["message"]
+    others = len(findings) - 1
+    if others:
+        summary += f" (and {others} more finding{'s' if others > 1 else ''})"
+    return status, summary
