@@ -1,0 +1,97 @@
+"""Drafters propose k tokens past the current sequence; the target verifies them.
+
+Both keep the same small interface: propose(tokens, k) -> (draft_token_ids # [<=k],
+draft_probs # [<=k, vocab] or None in greedy mode) and rollback(valid_length).
+"""
+
+from __future__ import annotations
+
+from specreg.runtime.sampling import logits_to_probs, sample
+
+
+class DraftModelDrafter:
+    """A small causal LM decoding k tokens autoregressively with its own KV cache."""
+
+    def __init__(self, model, vocab_size: int, temperature: float = 0.0, top_k=None, top_p=None,
+                 generator=None):
+        self.model = model
+        self.vocab_size = vocab_size
+        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+        self.generator = generator
+        self.cache = None
+        self.cached_length = 0  # tokens of the verified sequence whose keys/values are cached
+        self.forwards = 0
+
+    def propose(self, tokens, k: int):
+        """tokens # [1, n] the verified sequence -> (draft_token_ids # [k], draft_probs # [k, vocab])."""
+        import torch
+        from transformers import DynamicCache
+
+        if self.cache is None:
+            self.cache = DynamicCache(config=self.model.config)
+        # feed what the cache lacks: the whole prompt at first, then 1 or 2 tokens per step
+        next_input = tokens[:, self.cached_length:]
+        draft_ids, draft_probs = [], []
+        for _ in range(k):
+            logits = self.model(input_ids=next_input, cache=self.cache, use_cache=True,
+                                logits_to_keep=1).logits[0, -1:, : self.vocab_size]  # [1, vocab]
+            self.forwards += 1
+            if self.temperature > 0:
+                probs = logits_to_probs(logits, self.temperature, self.top_k, self.top_p)  # [1, vocab]
+                token = sample(probs, self.generator)  # [1]
+                draft_probs.append(probs)
+            else:
+                token = logits.argmax(dim=-1)  # [1]
+            draft_ids.append(token)
+            next_input = token.view(1, 1)
+        self.cached_length = tokens.shape[1] + k - 1  # x_k itself was never fed
+        probs = torch.cat(draft_probs) if draft_probs else None
+        return torch.cat(draft_ids), probs
+
+    def rollback(self, valid_length: int) -> None:
+        """Drop cached positions past the first `valid_length` tokens of the new sequence."""
+        if self.cache is not None and self.cached_length > valid_length:
+            self.cache.crop(-(self.cached_length - valid_length))
+            self.cached_length = valid_length
+
+
+class NgramDrafter:
+    """Prompt lookup: continue the latest earlier occurrence of the last n tokens.
+
+    n runs from prompt_lookup_max down to prompt_lookup_min; the draft distribution is a point
+    mass on each proposed token, so sampling accepts x with probability p(x).
+    """
+
+    def __init__(self, vocab_size: int, prompt_lookup_min: int = 1, prompt_lookup_max: int = 3,
+                 sampling: bool = False):
+        self.vocab_size = vocab_size
+        self.prompt_lookup_min, self.prompt_lookup_max = prompt_lookup_min, prompt_lookup_max
+        self.sampling = sampling
+        self.forwards = 0  # no model, kept for the metrics
+
+    def lookup(self, token_list: list[int], k: int) -> list[int]:
+        """The continuation (<= k tokens) of the latest earlier match, or [] when none."""
+        length = len(token_list)
+        for n in range(min(self.prompt_lookup_max, length - 1), self.prompt_lookup_min - 1, -1):
+            tail = token_list[length - n:]
+            # latest start first; the match must end before the tail starts being its own match
+            for start in range(length - n - 1, -1, -1):
+                if token_list[start:start + n] == tail:
+                    return token_list[start + n:start + n + k]
+        return []
+
+    def propose(self, tokens, k: int, token_list: list[int] | None = None):
+        import torch
+
+        if token_list is None:
+            token_list = tokens[0].tolist()
+        proposal = self.lookup(token_list, k)
+        draft_ids = torch.tensor(proposal, dtype=torch.long, device=tokens.device)  # [<=k]
+        if not self.sampling:
+            return draft_ids, None
+        draft_probs = torch.zeros(len(proposal), self.vocab_size, device=tokens.device)
+        draft_probs[torch.arange(len(proposal)), draft_ids] = 1.0  # point mass q
+        return draft_ids, draft_probs
+
+    def rollback(self, valid_length: int) -> None:
+        """Nothing cached: the lookup reads the verified sequence afresh each step."""

@@ -1,0 +1,76 @@
+"""Safe loading of Hugging Face causal LMs: safetensors only, never remote code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specreg.errors import ModelReferenceError, RuntimeConfigError
+
+DTYPES = ("float32", "bfloat16", "float16")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+
+
+def resolve_device(device: str = "auto") -> str:
+    """'auto' | 'cpu' | 'cuda[:n]' | 'mps' -> a device string that exists on this machine."""
+    import torch
+
+    if device == "auto":
+        if torch.cuda.is_available():
+            return "cuda"
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return "mps"
+        return "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeConfigError(f"device {device!r} requested but CUDA is not available")
+    if device == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise RuntimeConfigError("device 'mps' requested but MPS is not available")
+    if device != "cpu" and not device.startswith("cuda") and device != "mps":
+        raise RuntimeConfigError(f"unknown device {device!r}: use auto, cpu, cuda or mps")
+    return device
+
+
+def resolve_dtype(dtype):
+    """'float32' | 'bfloat16' | 'float16' (or a torch.dtype) -> torch.dtype."""
+    import torch
+
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise RuntimeConfigError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
+    return getattr(torch, dtype)
+
+
+def has_tokenizer(path) -> bool:
+    """True when the model directory carries tokenizer files of its own."""
+    return any((Path(path) / name).is_file() for name in TOKENIZER_FILES)
+
+
+def load_model(path, device: str = "cpu", dtype="float32"):
+    """A model directory -> AutoModelForCausalLM in eval mode on `device` in `dtype`.
+
+    Refuses remote code and pickle weights: only safetensors are read.
+    """
+    from transformers import AutoModelForCausalLM
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise ModelReferenceError(f"{path}: no config.json, not a Hugging Face model directory")
+    if not any(path.glob("*.safetensors")):
+        raise ModelReferenceError(f"{path}: no *.safetensors weights (pickle weights are refused)")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=resolve_dtype(dtype), trust_remote_code=False, use_safetensors=True
+        )
+    except (OSError, ValueError) as exc:
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ModelReferenceError(f"{path}: cannot load model: {message}") from exc
+    return model.to(resolve_device(device)).eval()
+
+
+def load_tokenizer(path):
+    """A model directory -> its tokenizer (never remote code); ModelReferenceError if it has none."""
+    from transformers import AutoTokenizer
+
+    if not has_tokenizer(path):
+        raise ModelReferenceError(f"{path}: no tokenizer files ({', '.join(TOKENIZER_FILES)})")
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=False)

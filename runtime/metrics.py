@@ -1,0 +1,141 @@
+"""Per-generation metrics, named as vLLM names them (DESIGN.md §2), and their aggregate."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear-interpolated percentile q in [0, 100] of values; None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100.0
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+@dataclass
+class GenerationMetrics:
+    """Counters one generation fills as it runs; summary() gives the named figures.
+
+    Counts: drafted / accepted draft tokens; accepted_per_position[i] / reached_per_position[i]
+    (a draft reaches position i when drafts 0..i-1 were all accepted); verify_steps and
+    verify_emitted (tokens emitted by verification forwards, bonus included).
+    Times in seconds. Per-token latency: a step's time shared equally by the tokens it emitted.
+    """
+
+    drafted: int = 0
+    accepted: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    reached_per_position: list[int] = field(default_factory=list)
+    target_forwards: int = 0
+    draft_forwards: int = 0
+    verify_steps: int = 0
+    verify_emitted: int = 0
+    generated_tokens: int = 0
+    prompt_tokens: int = 0
+    total_time_s: float = 0.0
+    ttft_s: float | None = None
+    draft_time_s: float = 0.0
+    verify_time_s: float = 0.0
+    token_latencies_s: list[float] = field(default_factory=list)
+    rejection_run: int = 0
+    longest_rejection_run: int = 0
+    fallbacks: list[dict] = field(default_factory=list)
+    stop_reason: str | None = None
+
+    def record_step(self, num_drafted: int, num_accepted: int, num_emitted: int) -> None:
+        """One verification forward: num_drafted proposals, num_accepted kept, num_emitted out."""
+        self.verify_steps += 1
+        self.target_forwards += 1
+        self.verify_emitted += num_emitted
+        self.drafted += num_drafted
+        self.accepted += num_accepted
+        for position in range(num_drafted):
+            if position >= len(self.reached_per_position):
+                self.reached_per_position.append(0)
+                self.accepted_per_position.append(0)
+            if position > num_accepted:
+                break
+            self.reached_per_position[position] += 1
+            if position < num_accepted:
+                self.accepted_per_position[position] += 1
+        if num_drafted > 0:
+            self.rejection_run = self.rejection_run + 1 if num_accepted == 0 else 0
+            self.longest_rejection_run = max(self.longest_rejection_run, self.rejection_run)
+
+    def record_fallback(self, reason: str, detail) -> None:
+        self.fallbacks.append({"reason": reason, "at_token": self.generated_tokens, "detail": detail})
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        return self.verify_emitted / self.verify_steps if self.verify_steps else None
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        return [a / r if r else 0.0 for a, r in zip(self.accepted_per_position, self.reached_per_position)]
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.generated_tokens / self.total_time_s if self.total_time_s > 0 else None
+
+    def summary(self) -> dict:
+        """The named figures of DESIGN.md §2 as a flat JSON-able dict."""
+        return {
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": self.acceptance_rate,
+            "mean_acceptance_length": self.mean_acceptance_length,
+            "per_position_acceptance": self.per_position_acceptance,
+            "target_forwards": self.target_forwards,
+            "draft_forwards": self.draft_forwards,
+            "generated_tokens": self.generated_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "tokens_per_s": self.tokens_per_s,
+            "ttft_s": self.ttft_s,
+            "latency_p50_s": percentile(self.token_latencies_s, 50),
+            "latency_p95_s": percentile(self.token_latencies_s, 95),
+            "latency_p99_s": percentile(self.token_latencies_s, 99),
+            "longest_rejection_run": self.longest_rejection_run,
+            "draft_time_s": self.draft_time_s,
+            "verify_time_s": self.verify_time_s,
+            "total_time_s": self.total_time_s,
+            "fallbacks": list(self.fallbacks),
+            "stop_reason": self.stop_reason,
+        }
+
+
+def aggregate(metrics: list[GenerationMetrics]) -> dict:
+    """Many generations (e.g. one prompt category) -> the same named figures, pooled.
+
+    Rates are ratios of summed counts (not means of ratios); latencies are pooled; ttft is the mean.
+    """
+    total = GenerationMetrics()
+    ttfts = []
+    for one in metrics:
+        for name in ("drafted", "accepted", "target_forwards", "draft_forwards", "verify_steps",
+                     "verify_emitted", "generated_tokens", "prompt_tokens", "total_time_s",
+                     "draft_time_s", "verify_time_s"):
+            setattr(total, name, getattr(total, name) + getattr(one, name))
+        for position, (accepted, reached) in enumerate(zip(one.accepted_per_position, one.reached_per_position)):
+            if position >= len(total.reached_per_position):
+                total.reached_per_position.append(0)
+                total.accepted_per_position.append(0)
+            total.accepted_per_position[position] += accepted
+            total.reached_per_position[position] += reached
+        total.token_latencies_s.extend(one.token_latencies_s)
+        total.longest_rejection_run = max(total.longest_rejection_run, one.longest_rejection_run)
+        total.fallbacks.extend(one.fallbacks)
+        if one.ttft_s is not None:
+            ttfts.append(one.ttft_s)
+    summary = total.summary()
+    summary["ttft_s"] = sum(ttfts) / len(ttfts) if ttfts else None
+    summary["generations"] = len(metrics)
+    summary.pop("stop_reason")
+    return summary

@@ -1,0 +1,127 @@
+"""Greedy speculative output == target-only output == HF generate, token for token."""
+
+from __future__ import annotations
+
+import pytest
+
+from specreg.runtime.decode import DecodeConfig, speculative_generate, stream_generate, target_only_generate
+from specreg.runtime.pair import make_pair
+
+
+def hf_greedy(target, prompt_ids, max_new_tokens, eos_token_id):
+    import torch
+
+    with torch.inference_mode():
+        output = target.generate(torch.tensor([prompt_ids]), do_sample=False, max_new_tokens=max_new_tokens,
+                                 eos_token_id=eos_token_id, pad_token_id=0)
+    return output[0, len(prompt_ids):].tolist()
+
+
+@pytest.mark.parametrize("draft_name", ["random", "self", "aligned"])
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_greedy_speculative_equals_target_only_and_hf(target, tokenizer, drafts, prompts, draft_name, k):
+    pair = make_pair(target, tokenizer, drafts[draft_name], tokenizer)
+    config = DecodeConfig(k=k, max_new_tokens=24, eos_token_ids=())  # no EOS: full-length outputs
+    for prompt in prompts[:3]:
+        reference = hf_greedy(target, prompt, 24, eos_token_id=None)
+        ours_plain = target_only_generate(pair, prompt, config)
+        ours_spec = speculative_generate(pair, prompt, config)
+        assert ours_plain.token_ids == reference
+        assert ours_spec.token_ids == reference
+        assert ours_spec.metrics.target_forwards <= ours_plain.metrics.target_forwards
+
+
+def test_draft_equal_to_target_accepts_everything(target, tokenizer, prompts):
+    k = 4
+    pair = make_pair(target, tokenizer, target, tokenizer)
+    # 1 token from the prefill, then 5 full steps of k + 1
+    result = speculative_generate(pair, prompts[0], DecodeConfig(k=k, max_new_tokens=1 + 5 * (k + 1), eos_token_ids=()))
+    summary = result.metrics.summary()
+    assert summary["acceptance_rate"] == 1.0
+    assert summary["mean_acceptance_length"] == k + 1
+    assert summary["per_position_acceptance"] == [1.0] * k
+    assert summary["target_forwards"] == 1 + 5
+    assert summary["longest_rejection_run"] == 0
+
+
+def test_random_draft_rarely_accepted_and_aligned_in_between(target, tokenizer, drafts, prompts):
+    config = DecodeConfig(k=4, max_new_tokens=40, eos_token_ids=())
+    rates = {}
+    for name in ("random", "aligned"):
+        pair = make_pair(target, tokenizer, drafts[name], tokenizer)
+        rates[name] = speculative_generate(pair, prompts[1], config).metrics.acceptance_rate
+    assert rates["random"] < 0.3
+    assert rates["random"] < rates["aligned"] < 1.0
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_ngram_greedy_equals_hf(target, tokenizer, prompts, k):
+    pair = make_pair(target, tokenizer)
+    config = DecodeConfig(method="ngram", k=k, max_new_tokens=40, eos_token_ids=(), prompt_lookup_max=3)
+    repetitive = prompts[0] * 3  # gives the lookup something to match
+    for prompt in (repetitive, prompts[2]):
+        result = speculative_generate(pair, prompt, config)
+        assert result.token_ids == hf_greedy(target, prompt, 40, eos_token_id=None)
+    assert result.metrics.draft_forwards == 0
+
+
+def test_eos_inside_a_draft_block_stops_there(target, tokenizer, drafts, prompts):
+    """Use a token the target emits mid-output as EOS: the output ends exactly at it, as HF's."""
+    prompt = prompts[0]
+    free_run = hf_greedy(target, prompt, 24, eos_token_id=None)
+    eos = free_run[9]
+    expected = hf_greedy(target, prompt, 24, eos_token_id=eos)
+    assert expected[-1] == eos and len(expected) <= 10
+    for draft_name in ("self", "aligned"):
+        pair = make_pair(target, tokenizer, drafts[draft_name], tokenizer)
+        for k in (3, 5):
+            result = speculative_generate(pair, prompt, DecodeConfig(k=k, max_new_tokens=24, eos_token_ids=(eos,)))
+            assert result.token_ids == expected
+            assert result.metrics.stop_reason == "eos"
+    # with draft == target the whole block is accepted, yet nothing past EOS comes out
+    pair = make_pair(target, tokenizer, target, tokenizer)
+    assert speculative_generate(pair, prompt, DecodeConfig(k=8, max_new_tokens=24, eos_token_ids=(eos,))).token_ids == expected
+
+
+def test_stream_never_yields_a_rejected_draft(target, tokenizer, drafts, prompts):
+    import torch
+
+    from specreg.runtime import acceptance
+
+    pair = make_pair(target, tokenizer, drafts["random"], tokenizer)
+    proposed, rejected = [], []
+
+    def recording_rule(draft_token_ids, target_token_ids):
+        num_accepted, emitted = acceptance.greedy_accept(draft_token_ids, target_token_ids)
+        proposed.append(draft_token_ids.tolist())
+        rejected.append(draft_token_ids[num_accepted:].tolist())
+        return num_accepted, emitted
+
+    config = DecodeConfig(k=4, max_new_tokens=30, eos_token_ids=())
+    streamed = []
+    for token in stream_generate(pair, prompts[1], config, greedy_rule=recording_rule):
+        streamed.append(token)
+    # every rejected draft differs from what the target put at that position instead
+    position = 1  # first token comes from the prefill
+    for step_proposed, step_rejected in zip(proposed, rejected):
+        accepted = len(step_proposed) - len(step_rejected)
+        assert streamed[position:position + accepted] == step_proposed[:accepted]
+        if step_rejected and position + accepted < len(streamed):
+            assert streamed[position + accepted] != step_rejected[0]
+        position += accepted + 1
+    assert any(rejected), "the random draft should have had rejections"
+    assert streamed == target_only_generate(pair, prompts[1], config).token_ids
+    assert torch.is_tensor(torch.tensor(streamed))
+
+
+def test_stop_string_and_max_new_tokens(target, tokenizer, drafts, prompts):
+    pair = make_pair(target, tokenizer, drafts["aligned"], tokenizer)
+    full = target_only_generate(pair, prompts[0], DecodeConfig(max_new_tokens=20, eos_token_ids=()))
+    assert len(full.token_ids) == 20 and full.metrics.stop_reason == "max_new_tokens"
+    stop = tokenizer.decode(full.token_ids[6:8])
+    result = speculative_generate(pair, prompts[0], DecodeConfig(k=5, max_new_tokens=20, eos_token_ids=(),
+                                                                  stop_strings=(stop,)))
+    assert result.metrics.stop_reason == "stop_string"
+    assert stop in result.text
+    assert stop not in tokenizer.decode(result.token_ids[:-1])
+    assert result.token_ids == full.token_ids[:len(result.token_ids)]
