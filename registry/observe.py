@@ -1,0 +1,222 @@
+"""Live acceptance from a serving engine's Prometheus endpoint, checked against the baselines
+recorded at validation.
+
+vLLM exposes counters, so the live figures are computed from their deltas between two scrapes
+(DESIGN.md section 4): acceptance_rate = d(accepted tokens) / d(draft tokens) and
+mean_acceptance_length = 1 + d(accepted tokens) / d(drafts). SGLang exposes gauges that hold
+both figures already (over its own logging window); the live value is the mean of the two
+scrapes. TensorRT-LLM's trtllm-serve has no Prometheus speculative-decoding metrics specreg
+knows the names of, so observing it is refused with that reason.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any, Callable
+
+from specreg.errors import SpecregError, UsageError
+
+ENGINES = ("vllm", "sglang", "trtllm")
+
+VLLM_DRAFTS = "vllm:spec_decode_num_drafts_total"
+VLLM_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+VLLM_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+VLLM_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+SGLANG_ACCEPT_LENGTH = "sglang:spec_accept_length"
+SGLANG_ACCEPT_RATE = "sglang:spec_accept_rate"
+
+# The live figures compare_with_baseline checks, against baselines["overall"].
+COMPARED = ("acceptance_rate", "mean_acceptance_length")
+
+
+def scrape(url: str, timeout: float = 5.0) -> str:
+    """GET a Prometheus text endpoint; returns the body. Unreachable endpoint or HTTP error ->
+    SpecregError naming the URL."""
+    if urllib.parse.urlparse(url).scheme not in ("http", "https"):
+        raise UsageError(f"metrics URL {url!r} must be http:// or https://")
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.read().decode("utf-8", errors="replace")
+    except urllib.error.HTTPError as exc:
+        raise SpecregError(f"metrics endpoint {url} answered HTTP {exc.code} {exc.reason}") from None
+    except urllib.error.URLError as exc:
+        raise SpecregError(f"cannot reach metrics endpoint {url}: {exc.reason}") from None
+    except (TimeoutError, OSError) as exc:
+        raise SpecregError(f"cannot read metrics endpoint {url}: {exc}") from None
+
+
+def parse_samples(text: str, source: str) -> list[tuple[str, dict[str, str], float]]:
+    """Every sample of a Prometheus text body as (sample name, labels, value).
+
+    Sample names are the exposed names (a counter's sample keeps its ``_total``), which is how
+    the engines document them. A body that is not Prometheus text -> SpecregError naming source.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        return [
+            (sample.name, dict(sample.labels), float(sample.value))
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+        ]
+    except Exception as exc:  # the parser raises ValueError, IndexError, ... on foreign bodies
+        first_line = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        raise SpecregError(f"{source} did not return Prometheus text format: {first_line}") from None
+
+
+def select(samples: list[tuple[str, dict[str, str], float]], name: str, model_name: str | None,
+           source: str) -> list[tuple[dict[str, str], float]]:
+    """The (labels, value) series of one metric, filtered by ``model_name`` when given.
+    Missing metric, or no series for that model -> SpecregError naming which."""
+    series = [(labels, value) for sample_name, labels, value in samples if sample_name == name]
+    if not series:
+        raise SpecregError(f"{source} has no metric {name} (is speculative decoding enabled on this engine?)")
+    if model_name is None:
+        return series
+    matching = [(labels, value) for labels, value in series if labels.get("model_name") == model_name]
+    if not matching:
+        seen = sorted({labels.get("model_name", "<none>") for labels, _ in series})
+        raise SpecregError(f"{source} has {name} but not for model_name={model_name!r} (seen: {', '.join(seen)})")
+    return matching
+
+
+def read_vllm(samples, model_name: str | None, source: str) -> dict[str, Any]:
+    """Counter totals of one vLLM scrape, summed over the remaining series (engines, ranks)."""
+    totals = {
+        "drafts": sum(value for _, value in select(samples, VLLM_DRAFTS, model_name, source)),
+        "draft_tokens": sum(value for _, value in select(samples, VLLM_DRAFT_TOKENS, model_name, source)),
+        "accepted_tokens": sum(value for _, value in select(samples, VLLM_ACCEPTED, model_name, source)),
+    }
+    per_position: dict[int, float] = {}
+    for name, labels, value in samples:
+        # Optional: older or differently configured engines do not export it.
+        if name == VLLM_ACCEPTED_PER_POS and (model_name is None or labels.get("model_name") == model_name):
+            if str(labels.get("position", "")).isdigit():
+                position = int(labels["position"])
+                per_position[position] = per_position.get(position, 0.0) + value
+    totals["accepted_per_position"] = per_position
+    return totals
+
+
+def read_sglang(samples, model_name: str | None, source: str) -> dict[str, Any]:
+    """Gauge values of one SGLang scrape, averaged over the remaining series (e.g. DP ranks)."""
+    figures = {}
+    for key, name in (("mean_acceptance_length", SGLANG_ACCEPT_LENGTH), ("acceptance_rate", SGLANG_ACCEPT_RATE)):
+        series = select(samples, name, model_name, source)
+        figures[key] = sum(value for _, value in series) / len(series)
+    return figures
+
+
+def read_engine(text: str, engine: str, model_name: str | None, source: str) -> dict[str, Any]:
+    """Parse one scrape body and read the engine's speculative-decoding metrics from it."""
+    check_engine(engine)
+    samples = parse_samples(text, source)
+    return read_vllm(samples, model_name, source) if engine == "vllm" else read_sglang(samples, model_name, source)
+
+
+def check_engine(engine: str) -> None:
+    if engine == "trtllm":
+        raise UsageError(
+            "observe --engine trtllm is not supported: trtllm-serve 1.2 exposes no Prometheus "
+            "speculative-decoding metrics with names specreg knows; use its acceptance_length_threshold "
+            "(set by `specreg export --format trtllm`) or observe a vllm or sglang deployment"
+        )
+    if engine not in ENGINES:
+        raise UsageError(f"unknown engine {engine!r}; known: vllm, sglang")
+
+
+def live_figures(first: dict[str, Any], second: dict[str, Any], engine: str, interval_s: float,
+                 source: str) -> dict[str, Any]:
+    """Live figures over the interval between two readings of ``read_engine``.
+
+    Out: {"engine", "interval_s", "acceptance_rate", "mean_acceptance_length",
+    "per_position_acceptance", ...counts}; the figures are None when no drafts happened.
+    """
+    if engine == "sglang":
+        return {
+            "engine": engine,
+            "interval_s": interval_s,
+            "acceptance_rate": (first["acceptance_rate"] + second["acceptance_rate"]) / 2,
+            "mean_acceptance_length": (first["mean_acceptance_length"] + second["mean_acceptance_length"]) / 2,
+            "per_position_acceptance": None,
+            "samples": [first, second],
+        }
+    deltas = {key: second[key] - first[key] for key in ("drafts", "draft_tokens", "accepted_tokens")}
+    if any(delta < 0 for delta in deltas.values()):
+        raise SpecregError(f"{source}: vLLM counters went backwards between scrapes (engine restarted?); observe again")
+    drafts, draft_tokens, accepted = deltas["drafts"], deltas["draft_tokens"], deltas["accepted_tokens"]
+    positions = sorted(second["accepted_per_position"])
+    per_position = None
+    if drafts > 0 and positions:
+        # vLLM proposes k tokens in every draft, so every draft reaches every position.
+        per_position = [
+            (second["accepted_per_position"][p] - first["accepted_per_position"].get(p, 0.0)) / drafts
+            for p in positions
+        ]
+    return {
+        "engine": engine,
+        "interval_s": interval_s,
+        "drafts": drafts,
+        "draft_tokens": draft_tokens,
+        "accepted_tokens": accepted,
+        "acceptance_rate": accepted / draft_tokens if draft_tokens > 0 else None,
+        "mean_acceptance_length": 1.0 + accepted / drafts if drafts > 0 else None,
+        "per_position_acceptance": per_position,
+    }
+
+
+def observe(url: str, engine: str = "vllm", interval: float = 30.0, model_name: str | None = None,
+            sleep: Callable[[float], None] = time.sleep, timeout: float = 5.0) -> dict[str, Any]:
+    """Scrape ``url`` twice, ``interval`` seconds apart, and return the live figures of
+    ``live_figures`` plus "url", "model_name" and "observed_at" (UTC ISO time)."""
+    from datetime import datetime, timezone
+
+    check_engine(engine)
+    if interval <= 0:
+        raise UsageError(f"--interval {interval} must be > 0 seconds")
+    first = read_engine(scrape(url, timeout), engine, model_name, url)
+    started = time.monotonic()
+    sleep(interval)
+    second = read_engine(scrape(url, timeout), engine, model_name, url)
+    live = live_figures(first, second, engine, max(time.monotonic() - started, interval), url)
+    live.update({"url": url, "model_name": model_name,
+                 "observed_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+    return live
+
+
+def compare_with_baseline(live: dict[str, Any], baselines: dict[str, Any] | None, tolerance: float = 0.1) -> dict[str, Any]:
+    """Compare live figures with baselines["overall"].
+
+    A figure drifts when it falls below baseline * (1 - tolerance); higher is never drift.
+    Out: {"verdict": "ok" | "drift" | "no-data", "reasons": [str], "checks": [{"metric", "live",
+    "baseline", "floor", "ok"}], "tolerance"}. "no-data" (no drafts in the interval) cannot be
+    judged: callers fail closed on it.
+    """
+    if not 0.0 <= tolerance < 1.0:
+        raise UsageError(f"tolerance {tolerance} must be in [0, 1)")
+    overall = (baselines or {}).get("overall") or {}
+    if not any(isinstance(overall.get(metric), (int, float)) for metric in COMPARED):
+        raise SpecregError("no recorded acceptance baseline to compare with (validate the version first)")
+    checks, reasons = [], []
+    for metric in COMPARED:
+        baseline = overall.get(metric)
+        if not isinstance(baseline, (int, float)):
+            continue
+        value = live.get(metric)
+        floor = baseline * (1.0 - tolerance)
+        ok = None if value is None else value >= floor
+        checks.append({"metric": metric, "live": value, "baseline": baseline, "floor": floor, "ok": ok})
+        if value is None:
+            reasons.append(f"{metric}: no speculative drafts during the interval, nothing to compare")
+        elif not ok:
+            reasons.append(f"{metric} {value:.4f} is below {floor:.4f} (baseline {baseline:.4f} - {tolerance:.0%})")
+    if any(check["ok"] is False for check in checks):
+        verdict = "drift"
+    elif any(check["ok"] is None for check in checks):
+        verdict = "no-data"
+    else:
+        verdict = "ok"
+    return {"verdict": verdict, "reasons": reasons, "checks": checks, "tolerance": tolerance}
