@@ -191,9 +191,9 @@ def compare_with_baseline(live: dict[str, Any], baselines: dict[str, Any] | None
     """Compare live figures with baselines["overall"].
 
     A figure drifts when it falls below baseline * (1 - tolerance); higher is never drift.
-    Out: {"verdict": "ok" | "drift" | "no-data", "reasons": [str], "checks": [{"metric", "live",
-    "baseline", "floor", "ok"}], "tolerance"}. "no-data" (no drafts in the interval) cannot be
-    judged: callers fail closed on it.
+    Out: {"verdict": "ok" | "drift" | "no-data", "exit_code": 0 | 100 | 1, "reasons": [str],
+    "checks": [{"metric", "live", "baseline", "floor", "ok"}], "tolerance"}. "no-data" (no drafts
+    in the interval) cannot be judged, so its exit code fails closed (1), as DESIGN.md section 7 asks.
     """
     if not 0.0 <= tolerance < 1.0:
         raise UsageError(f"tolerance {tolerance} must be in [0, 1)")
@@ -219,4 +219,5 @@ def compare_with_baseline(live: dict[str, Any], baselines: dict[str, Any] | None
         verdict = "no-data"
     else:
         verdict = "ok"
-    return {"verdict": verdict, "reasons": reasons, "checks": checks, "tolerance": tolerance}
+    exit_code = {"ok": 0, "drift": 100, "no-data": 1}[verdict]
+    return {"verdict": verdict, "exit_code": exit_code, "reasons": reasons, "checks": checks, "tolerance": tolerance}

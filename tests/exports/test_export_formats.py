@@ -193,3 +193,19 @@ def test_unknown_format_and_option(draft_pair, baselines):
     with pytest.raises(UsageError, match="draft_tensor_parallel_size=3"):
         render_export(draft_pair, baselines, "vllm", approved=True,
                       options={"tensor_parallel_size": 4, "draft_tensor_parallel_size": 3})
+
+
+def test_newline_in_a_reference_breaks_no_format(baselines, run_script):
+    """A hostile reference cannot end a comment line or a YAML scalar and inject content."""
+    import dataclasses
+
+    pair = make_pair(SpecMethod.DRAFT_MODEL)
+    hostile = "/models/x\nrm -rf / #\nkind: Secret"
+    pair = dataclasses.replace(pair, target=dataclasses.replace(pair.target, reference=hostile))
+    files = rendered(pair, baselines, "vllm")
+    assert run_script(files["vllm-serve.sh"])[2] == hostile
+    deployment, service = yaml.safe_load_all(rendered(pair, baselines, "k8s-vllm")["k8s-vllm.yaml"])
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["args"][0] == hostile
+    assert deployment["metadata"]["annotations"]["specreg.io/target"] == hostile
+    config = yaml.safe_load(rendered(pair, baselines, "trtllm")["trtllm-config.yaml"])
+    assert list(config) == ["speculative_config"]

@@ -102,7 +102,7 @@ def test_vllm_healthy(server):
     assert (live["drafts"], live["draft_tokens"], live["accepted_tokens"]) == (100, 400, 300)
     assert live["url"] == server.url and live["engine"] == "vllm"
     verdict = compare_with_baseline(live, BASELINES, tolerance=0.1)
-    assert verdict["verdict"] == "ok" and verdict["reasons"] == []
+    assert verdict["verdict"] == "ok" and verdict["reasons"] == [] and verdict["exit_code"] == 0
 
 
 def test_vllm_drift(server):
@@ -112,7 +112,7 @@ def test_vllm_drift(server):
     # 100 drafts of 4, 100 accepted: alpha 0.25 < 0.639, tau 2.0 < 2.79
     live = observe(server.url, "vllm", interval=1, sleep=lambda s: engine.step("chat-pair", 100, 4, [60, 30, 10, 0]))
     verdict = compare_with_baseline(live, BASELINES, tolerance=0.1)
-    assert verdict["verdict"] == "drift"
+    assert verdict["verdict"] == "drift" and verdict["exit_code"] == 100
     assert [check["metric"] for check in verdict["checks"] if not check["ok"]] == [
         "acceptance_rate", "mean_acceptance_length"]
     assert "acceptance_rate 0.2500 is below 0.6390" in verdict["reasons"][0]
@@ -140,7 +140,8 @@ def test_vllm_no_traffic_is_no_data(server):
     server.body = engine.body
     live = observe(server.url, "vllm", interval=1, sleep=lambda s: None)
     assert live["acceptance_rate"] is None and live["mean_acceptance_length"] is None
-    assert compare_with_baseline(live, BASELINES)["verdict"] == "no-data"
+    verdict = compare_with_baseline(live, BASELINES)
+    assert verdict["verdict"] == "no-data" and verdict["exit_code"] == 1
 
 
 def test_vllm_counter_reset_is_an_error(server):
