@@ -84,8 +84,6 @@ def test_eos_inside_a_draft_block_stops_there(target, tokenizer, drafts, prompts
 
 
 def test_stream_never_yields_a_rejected_draft(target, tokenizer, drafts, prompts):
-    import torch
-
     from specreg.runtime import acceptance
 
     pair = make_pair(target, tokenizer, drafts["random"], tokenizer)
@@ -111,7 +109,6 @@ def test_stream_never_yields_a_rejected_draft(target, tokenizer, drafts, prompts
         position += accepted + 1
     assert any(rejected), "the random draft should have had rejections"
     assert streamed == target_only_generate(pair, prompts[1], config).token_ids
-    assert torch.is_tensor(torch.tensor(streamed))
 
 
 def test_stop_string_and_max_new_tokens(target, tokenizer, drafts, prompts):

@@ -1,0 +1,78 @@
+"""Choice of the speculative depth k from measured acceptance and cost (DESIGN.md §2)."""
+
+from __future__ import annotations
+
+import time
+
+
+def acceptance_by_position(per_position_acceptance, k: int) -> list[float]:
+    """A constant alpha or the measured per-position list -> k conditional acceptances.
+
+    Positions past the measured ones reuse the last measured value.
+    """
+    if isinstance(per_position_acceptance, (int, float)):
+        return [float(per_position_acceptance)] * k
+    values = [float(a) for a in per_position_acceptance]
+    if not values:
+        return [0.0] * k
+    return (values + [values[-1]] * k)[:k]
+
+
+def expected_tokens_per_step(per_position_acceptance, k: int) -> float:
+    """Expected tokens emitted per target forward: 1 + sum_j prod_{i<=j} a_i.
+
+    With a constant alpha this is (1 - alpha^(k+1)) / (1 - alpha).
+    """
+    expected, reach = 1.0, 1.0
+    for acceptance in acceptance_by_position(per_position_acceptance, k):
+        reach *= acceptance
+        expected += reach
+    return expected
+
+
+def expected_speedup(per_position_acceptance, k: int, cost_ratio: float) -> float:
+    """Expected wall-clock speedup over target-only: tokens per step / (k * c + 1)."""
+    return expected_tokens_per_step(per_position_acceptance, k) / (k * cost_ratio + 1.0)
+
+
+def choose_k(per_position_acceptance, cost_ratio: float, k_max: int = 8) -> tuple[int, float]:
+    """Measured acceptance (alpha or per-position list) and c = draft/target step cost ->
+    (k in 1..k_max maximising expected speedup, that expected speedup). No closed form: search."""
+    best_k, best = 1, expected_speedup(per_position_acceptance, 1, cost_ratio)
+    for k in range(2, k_max + 1):
+        speedup = expected_speedup(per_position_acceptance, k, cost_ratio)
+        if speedup > best:
+            best_k, best = k, speedup
+    return best_k, best
+
+
+def measure_step_time(model, prompt_ids, steps: int = 16, repeats: int = 3) -> float:
+    """Median seconds of one cached one-token decode step of `model` after a prefill of prompt_ids."""
+    import torch
+    from transformers import DynamicCache
+
+    from specreg.runtime.decode import synchronize
+
+    device = next(model.parameters()).device
+    prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=device).view(1, -1)  # [1, n]
+    timings = []
+    with torch.inference_mode():
+        for _ in range(repeats):
+            cache = DynamicCache(config=model.config)
+            logits = model(input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1).logits
+            token = logits[:, -1].argmax(dim=-1, keepdim=True)  # [1, 1]
+            synchronize(device)
+            start = time.perf_counter()
+            for _ in range(steps):
+                logits = model(input_ids=token, cache=cache, use_cache=True, logits_to_keep=1).logits
+                token = logits[:, -1].argmax(dim=-1, keepdim=True)
+            synchronize(device)
+            timings.append((time.perf_counter() - start) / steps)
+    return sorted(timings)[len(timings) // 2]
+
+
+def measure_cost_ratio(target, draft, prompt_ids, steps: int = 16, repeats: int = 3) -> float:
+    """c = draft step time / target step time, measured on this machine."""
+    measure_step_time(draft, prompt_ids, 2, 1)  # warm-up both
+    measure_step_time(target, prompt_ids, 2, 1)
+    return measure_step_time(draft, prompt_ids, steps, repeats) / measure_step_time(target, prompt_ids, steps, repeats)

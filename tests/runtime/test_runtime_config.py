@@ -1,0 +1,184 @@
+"""Errors before any forward pass, fallbacks, sampling through models, metrics, choice of k."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from specreg.errors import RuntimeConfigError
+from specreg.runtime.choose_k import choose_k, expected_speedup, expected_tokens_per_step, measure_cost_ratio
+from specreg.runtime.decode import DecodeConfig, speculative_generate, target_only_generate
+from specreg.runtime.metrics import GenerationMetrics, aggregate
+from specreg.runtime.pair import load_pair, make_pair
+
+
+class CountingForwards:
+    """Counts forwards of the real model through a forward pre-hook."""
+
+    def __init__(self, model):
+        self.calls = 0
+        self.handle = model.register_forward_pre_hook(self.hook)
+
+    def hook(self, module, args):
+        self.calls += 1
+
+    def remove(self):
+        self.handle.remove()
+
+
+def test_k_below_one_is_refused_before_any_forward(target, tokenizer, drafts, prompts):
+    pair = make_pair(target, tokenizer, drafts["random"], tokenizer)
+    counter = CountingForwards(target)
+    try:
+        with pytest.raises(RuntimeConfigError, match="k = 0"):
+            speculative_generate(pair, prompts[0], DecodeConfig(k=0))
+        with pytest.raises(RuntimeConfigError, match="max_position_embeddings 512"):
+            speculative_generate(pair, list(prompts[0]) * 200, DecodeConfig(k=2))
+    finally:
+        counter.remove()
+    assert counter.calls == 0
+
+
+def test_draft_without_tokenizer_is_refused(tiny_dir):
+    with pytest.raises(RuntimeConfigError, match="no tokenizer"):
+        load_pair(tiny_dir / "target", tiny_dir / "draft_no_tokenizer")
+    from specreg.runtime.loading import load_model, load_tokenizer
+
+    target = load_model(tiny_dir / "target")
+    draft = load_model(tiny_dir / "draft_no_tokenizer")
+    with pytest.raises(RuntimeConfigError, match="no tokenizer"):
+        make_pair(target, load_tokenizer(tiny_dir / "target"), draft, None)
+
+
+def test_different_vocabularies_are_refused(tmp_path, target, tokenizer):
+    from tinymodels import build_llama, build_tokenizer
+
+    other_tokenizer = build_tokenizer(tmp_path / "other", vocab_size=280)
+    build_llama(tmp_path / "other_model", tokenizer=other_tokenizer, num_layers=1, hidden_size=32)
+    with pytest.raises(RuntimeConfigError, match="tokenizer differs"):
+        load_pair(load_tokenizer_dir(target, tokenizer, tmp_path), tmp_path / "other_model")
+
+
+def load_tokenizer_dir(target, tokenizer, tmp_path):
+    directory = tmp_path / "target_copy"
+    target.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def test_padded_draft_vocab_verifies_over_the_shared_ids(tiny_dir, prompts):
+    pair = load_pair(tiny_dir / "target", tiny_dir / "draft_padded")
+    assert pair.vocab_size == len(pair.tokenizer)
+    config = DecodeConfig(k=3, max_new_tokens=20, eos_token_ids=())
+    result = speculative_generate(pair, prompts[0], config)
+    assert result.token_ids == target_only_generate(pair, prompts[0], config).token_ids
+    assert max(result.token_ids) < len(pair.tokenizer)
+
+
+def test_embedding_sizes_differing_beyond_padding_are_refused(target, tokenizer, drafts):
+    import copy
+
+    small = copy.deepcopy(drafts["random"])
+    small.resize_token_embeddings(len(tokenizer) - 10)
+    assert small.get_output_embeddings().weight.shape[0] == len(tokenizer) - 10
+    with pytest.raises(RuntimeConfigError, match="vocab_size differs"):
+        make_pair(target, tokenizer, small, tokenizer)
+
+
+def test_sampling_with_draft_equal_to_target_accepts_all_and_repeats(target, tokenizer, drafts, prompts):
+    pair = make_pair(target, tokenizer, target, tokenizer)
+    config = DecodeConfig(k=3, max_new_tokens=17, temperature=0.8, top_k=50, top_p=0.95, seed=11, eos_token_ids=())
+    first = speculative_generate(pair, prompts[0], config)
+    assert first.metrics.acceptance_rate == 1.0
+    assert speculative_generate(pair, prompts[0], config).token_ids == first.token_ids
+    aligned = make_pair(target, tokenizer, drafts["aligned"], tokenizer)
+    sampled = speculative_generate(aligned, prompts[0], config)
+    assert 0 < sampled.metrics.acceptance_rate < 1
+    ngram = make_pair(target, tokenizer)
+    result = speculative_generate(ngram, prompts[0] * 3, DecodeConfig(method="ngram", k=3, max_new_tokens=20,
+                                                                        temperature=1.0, seed=3, eos_token_ids=()))
+    assert len(result.token_ids) == 20
+
+
+def test_batch_size_fallback(target, tokenizer, drafts, prompts):
+    pair = make_pair(target, tokenizer, drafts["aligned"], tokenizer)
+    config = DecodeConfig(k=3, max_new_tokens=12, disable_above_batch_size=4, eos_token_ids=())
+    busy = speculative_generate(pair, prompts[0], config, batch_size=8)
+    assert busy.metrics.drafted == 0 and busy.metrics.draft_forwards == 0
+    assert [f["reason"] for f in busy.metrics.fallbacks] == ["batch_size"]
+    quiet = speculative_generate(pair, prompts[0], config, batch_size=2)
+    assert quiet.metrics.drafted > 0 and not quiet.metrics.fallbacks
+    assert busy.token_ids == quiet.token_ids
+
+
+def test_low_memory_fallback_with_an_injected_probe(target, tokenizer, drafts, prompts):
+    pair = make_pair(target, tokenizer, drafts["aligned"], tokenizer)
+    free_bytes = iter([10_000, 10_000, 10])  # memory runs out at the third step
+    config = DecodeConfig(k=2, max_new_tokens=20, min_free_memory_bytes=1000, eos_token_ids=())
+    result = speculative_generate(pair, prompts[1], config, memory_probe=lambda: next(free_bytes, 10))
+    fallbacks = result.metrics.fallbacks
+    assert [f["reason"] for f in fallbacks] == ["low_memory"] and fallbacks[0]["detail"] == 10
+    assert result.metrics.drafted <= 2 * 2  # drafting stopped after two steps
+    assert result.token_ids == target_only_generate(pair, prompts[1], config).token_ids
+
+
+def test_low_acceptance_length_fallback(target, tokenizer, drafts, prompts):
+    pair = make_pair(target, tokenizer, drafts["random"], tokenizer)
+    config = DecodeConfig(k=4, max_new_tokens=40, acceptance_length_threshold=2.0, acceptance_window=4,
+                          eos_token_ids=())
+    result = speculative_generate(pair, prompts[1], config)
+    assert [f["reason"] for f in result.metrics.fallbacks] == ["low_acceptance_length"]
+    assert result.metrics.drafted == 4 * 4  # exactly one window of steps was drafted
+    assert result.token_ids == target_only_generate(pair, prompts[1], config).token_ids
+
+
+def test_metrics_summary_and_aggregate(target, tokenizer, drafts, prompts):
+    pair = make_pair(target, tokenizer, drafts["aligned"], tokenizer)
+    config = DecodeConfig(k=3, max_new_tokens=20, eos_token_ids=())
+    runs = [speculative_generate(pair, prompt, config).metrics for prompt in prompts[:2]]
+    for metrics in runs:
+        summary = metrics.summary()
+        assert summary["generated_tokens"] == 20
+        # every target forward after the prefill is a verification; tau counts the bonus token
+        assert summary["mean_acceptance_length"] == pytest.approx(19 / (summary["target_forwards"] - 1))
+        assert summary["mean_acceptance_length"] == pytest.approx(1 + metrics.accepted / (summary["target_forwards"] - 1))
+        assert summary["draft_forwards"] == summary["drafted"]
+        assert summary["latency_p50_s"] <= summary["latency_p95_s"] <= summary["latency_p99_s"]
+        assert summary["ttft_s"] > 0 and summary["tokens_per_s"] > 0
+        assert summary["draft_time_s"] > 0 and summary["verify_time_s"] > 0
+    pooled = aggregate(runs)
+    assert pooled["drafted"] == sum(m.drafted for m in runs)
+    assert pooled["acceptance_rate"] == pytest.approx(sum(m.accepted for m in runs) / sum(m.drafted for m in runs))
+    assert pooled["generations"] == 2
+
+
+def test_per_position_acceptance_and_rejection_runs():
+    metrics = GenerationMetrics()
+    for accepted in (3, 1, 0, 0, 0, 2):
+        metrics.record_step(3, accepted, accepted + 1)
+    # position 0 reached 6 times, accepted 3; position 1 reached 3 times, accepted 2; ...
+    assert metrics.per_position_acceptance == [3 / 6, 2 / 3, 1 / 2]
+    assert metrics.longest_rejection_run == 3
+    assert metrics.acceptance_rate == 6 / 18
+    assert metrics.mean_acceptance_length == 12 / 6
+
+
+def test_expected_speedup_formulas_and_choice_of_k():
+    alpha, c = 0.8, 0.1
+    for k in (1, 3, 6):
+        assert expected_tokens_per_step(alpha, k) == pytest.approx((1 - alpha ** (k + 1)) / (1 - alpha))
+        assert expected_speedup(alpha, k, c) == pytest.approx((1 - alpha ** (k + 1)) / ((1 - alpha) * (k * c + 1)))
+    best_k, best = choose_k(alpha, c, k_max=12)
+    brute = max(range(1, 13), key=lambda k: expected_speedup(alpha, k, c))
+    assert best_k == brute and best == pytest.approx(expected_speedup(alpha, brute, c))
+    assert choose_k(0.2, 0.5, 8)[0] == 1  # a poor draft: shallow
+    assert choose_k(0.95, 0.02, 16)[0] > choose_k(0.6, 0.02, 16)[0]  # a better draft: deeper
+    # per-position lists: acceptance that collapses after position 2 caps k
+    assert choose_k([0.9, 0.9, 0.0, 0.0], 0.05, 8)[0] == 2
+    assert math.isclose(expected_tokens_per_step([0.5, 0.5], 2), 1.75)
+
+
+def test_cost_ratio_is_measured(target, drafts, prompts):
+    ratio = measure_cost_ratio(target, drafts["random"], prompts[0], steps=4, repeats=1)
+    assert 0 < ratio < 2
