@@ -38,10 +38,9 @@ def print_table(headers: list[str], rows: list[list]) -> None:
     """A plain aligned table for people."""
     cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    for index, row in enumerate(cells):
-        click.echo("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
-        if index == 0:
-            click.echo("  ".join("-" * w for w in widths))
+    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    click.echo("\n".join(lines))  # one write: 10,000 separate echoes cost a third of `list`
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
