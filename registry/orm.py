@@ -127,3 +127,86 @@ def model_ref_from_dict(data: dict) -> ModelRef:
         revision=data.get("revision"),
         fingerprint=ModelFingerprint.from_dict(data["fingerprint"]),
     )
+
+
+class ValidationRunRow(Base):
+    """One `specreg validate` of a pair version: what was run, on what, and what it found."""
+
+    __tablename__ = "validation_runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    pair_version_id: Mapped[int] = mapped_column(ForeignKey("pair_versions.id", ondelete="RESTRICT"), nullable=False, index=True)
+    status: Mapped[str] = mapped_column(String(16), nullable=False)  # running|passed|failed|aborted|error
+    golden_set: Mapped[str] = mapped_column(String(255), nullable=False)
+    golden_sha256: Mapped[str] = mapped_column(String(64), nullable=False)
+    binding_sha256: Mapped[str] = mapped_column(String(64), nullable=False)  # the version's binding when run
+    environment: Mapped[dict] = mapped_column(JSON, nullable=False)  # torch/transformers versions, device, dtype
+    options: Mapped[dict] = mapped_column(JSON, nullable=False)  # checks asked for, tolerances
+    summary: Mapped[dict | None] = mapped_column(JSON)  # headline figures
+    baselines: Mapped[dict | None] = mapped_column(JSON)  # acceptance overall + per category, when passed
+    actor: Mapped[str] = mapped_column(String(255), nullable=False)
+    pid: Mapped[int | None] = mapped_column(Integer)  # the validating process, to find dead "running" rows
+    started_at: Mapped[datetime] = mapped_column(DateTime, nullable=False)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime)
+    error: Mapped[str | None] = mapped_column(Text)
+    mlflow_run_id: Mapped[str | None] = mapped_column(String(64))
+
+    checks: Mapped[list["CheckResultRow"]] = relationship(back_populates="run", order_by="CheckResultRow.id")
+
+
+class CheckResultRow(Base):
+    __tablename__ = "check_results"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    validation_run_id: Mapped[int] = mapped_column(ForeignKey("validation_runs.id", ondelete="CASCADE"), nullable=False, index=True)
+    name: Mapped[str] = mapped_column(String(64), nullable=False)
+    status: Mapped[str] = mapped_column(String(8), nullable=False)  # pass|warn|fail|skip
+    summary: Mapped[str] = mapped_column(Text, nullable=False)
+    evidence: Mapped[dict | list | None] = mapped_column(JSON)
+    figures: Mapped[dict | None] = mapped_column(JSON)
+
+    run: Mapped[ValidationRunRow] = relationship(back_populates="checks")
+
+
+class ApprovalRow(Base):
+    """An approval or rejection of a pair version (from the CLI or read back from MLflow)."""
+
+    __tablename__ = "approvals"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    pair_version_id: Mapped[int] = mapped_column(ForeignKey("pair_versions.id", ondelete="RESTRICT"), nullable=False, index=True)
+    decision: Mapped[str] = mapped_column(String(16), nullable=False)  # approved|rejected
+    actor: Mapped[str] = mapped_column(String(255), nullable=False)
+    note: Mapped[str | None] = mapped_column(Text)
+    source: Mapped[str] = mapped_column(String(16), nullable=False)  # cli|mlflow
+    created_at: Mapped[datetime] = mapped_column(DateTime, nullable=False)
+
+
+class EnvironmentPointerRow(Base):
+    """Which version of a pair holds an environment, and which held it before (for rollback)."""
+
+    __tablename__ = "environment_pointers"
+    __table_args__ = (UniqueConstraint("pair_id", "environment", name="uq_environment_pointers_pair_env"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    pair_id: Mapped[int] = mapped_column(ForeignKey("pairs.id", ondelete="RESTRICT"), nullable=False)
+    environment: Mapped[str] = mapped_column(String(32), nullable=False)
+    pair_version_id: Mapped[int | None] = mapped_column(ForeignKey("pair_versions.id", ondelete="RESTRICT"))
+    previous_version_id: Mapped[int | None] = mapped_column(ForeignKey("pair_versions.id", ondelete="RESTRICT"))
+    updated_by: Mapped[str] = mapped_column(String(255), nullable=False)
+    updated_at: Mapped[datetime] = mapped_column(DateTime, nullable=False)
+
+
+class ObservationRow(Base):
+    """Live acceptance scraped from a serving engine, compared with the recorded baseline."""
+
+    __tablename__ = "observations"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    pair_version_id: Mapped[int] = mapped_column(ForeignKey("pair_versions.id", ondelete="RESTRICT"), nullable=False, index=True)
+    environment: Mapped[str | None] = mapped_column(String(32))
+    engine: Mapped[str] = mapped_column(String(16), nullable=False)
+    url: Mapped[str] = mapped_column(Text, nullable=False)
+    observed_at: Mapped[datetime] = mapped_column(DateTime, nullable=False)
+    figures: Mapped[dict] = mapped_column(JSON, nullable=False)
+    verdict: Mapped[str] = mapped_column(String(16), nullable=False)  # ok|drift|no-data

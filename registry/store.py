@@ -27,7 +27,7 @@ from specreg.registry.lifecycle import check_transition
 from specreg.registry.orm import AuditEventRow, AuditHeadRow, PairRow, PairVersionRow
 
 # The newest migration in migrations/versions; a test checks it equals alembic's head.
-SCHEMA_HEAD = "0001"
+SCHEMA_HEAD = "0002"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 
