@@ -45,8 +45,8 @@ def check_chat_template_alignment(draft_dir: str | Path, target_dir: str | Path,
 
     missing = [side for side, t in (("draft", draft_template), ("target", target_template)) if not t]
     if missing:
-        who = "neither model has" if len(missing) == 2 else f"the {missing[0]} has no"
-        summary = (f"{who} a chat template, but golden set '{golden.name}' has "
+        who = "neither model has a" if len(missing) == 2 else f"the {missing[0]} has no"
+        summary = (f"{who} chat template, but golden set '{golden.name}' has "
                    f"{len(conversations)} messages records that must be rendered through one")
         return CheckResult(CHECK_NAME, FAIL, summary, evidence, {"conversations": len(conversations)})
 

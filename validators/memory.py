@@ -12,6 +12,7 @@ what covers activations, the CUDA context and allocator fragmentation.
 from __future__ import annotations
 
 import json
+import math
 import re
 import struct
 from pathlib import Path
@@ -224,7 +225,7 @@ def check_memory_headroom(draft_dir: str | Path, target_dir: str | Path, *,
 
     usable = budget * (1 - headroom)
     figures.update({"budget_bytes": budget, "usable_bytes": int(usable),
-                    "free_after_bytes": int(usable - total), "budget_utilization": total / budget})
+                    "free_after_bytes": math.floor(usable - total), "budget_utilization": total / budget})
     if device_free is not None:
         figures["device_free_bytes"] = device_free
     parts = (f"weights {format_bytes(figures['draft_weight_bytes'] + figures['target_weight_bytes'])} + "
