@@ -221,7 +221,7 @@ def check_memory_headroom(draft_dir: str | Path, target_dir: str | Path, *,
     if budget is None:
         return CheckResult(CHECK_NAME, SKIP,
                            f"no device memory budget given and no CUDA device found; models and caches "
-                           f"need {format_bytes(total)}", evidence, figures)
+                           f"need {format_bytes(total)} (give a budget such as 80GiB)", evidence, figures)
 
     usable = budget * (1 - headroom)
     figures.update({"budget_bytes": budget, "usable_bytes": int(usable),
@@ -246,9 +246,11 @@ def _budget(gpu_memory, device) -> tuple[int | None, str, int | None]:
         return parse_memory_size(gpu_memory), f"given: {gpu_memory}", None
     import torch
 
+    if device is not None and torch.device(device).type != "cuda":
+        return None, f"none: no budget given and device {device} is not a CUDA device", None
     if not torch.cuda.is_available():
         return None, "none: no budget given and no CUDA device", None
-    index = torch.cuda.current_device() if device is None else torch.device(device).index or 0
+    index = torch.cuda.current_device() if device is None else (torch.device(device).index or 0)
     free, total = torch.cuda.mem_get_info(index)
     return total, f"cuda:{index} ({torch.cuda.get_device_name(index)}) total memory", free
 

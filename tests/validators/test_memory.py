@@ -108,6 +108,10 @@ def test_without_a_budget_the_cuda_device_is_used_or_the_check_skips(pair):
     else:
         assert result.status == "skip"
         assert result.summary.startswith("no device memory budget given and no CUDA device found")
+    on_cpu = check_memory_headroom(*pair, max_context_tokens=64, device="cpu")
+    assert on_cpu.status == "skip"
+    assert on_cpu.evidence["budget_source"] == "none: no budget given and device cpu is not a CUDA device"
+    assert on_cpu.figures["total_bytes"] == result.figures["total_bytes"]
 
 
 @pytest.mark.parametrize("text, expected", [
