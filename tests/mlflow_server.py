@@ -39,8 +39,10 @@ class MlflowServer:
     """One `mlflow server` over ``root/mlflow.db`` and ``root/artifacts``. ``kill`` simulates a
     crash; ``start`` again brings the same store back on the same port."""
 
-    def __init__(self, root: Path, port: int | None = None):
+    def __init__(self, root: Path, port: int | None = None, argv: list[str] | None = None):
+        """``argv``: run this command instead (e.g. specreg's own ui_command) on ``port``."""
         self.root = Path(root)
+        self.custom_argv = argv
         self.root.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -48,6 +50,8 @@ class MlflowServer:
         self.process: subprocess.Popen | None = None
 
     def argv(self) -> list[str]:
+        if self.custom_argv:
+            return list(self.custom_argv)
         return [
             *mlflow_executable(), "server",
             "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
