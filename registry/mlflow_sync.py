@@ -272,7 +272,8 @@ class MlflowSync:
         if experiment is None:
             location = None
             if self.artifact_root is not None:
-                location = (self.artifact_root / quote(name, safe="")).as_uri()
+                folder = re.sub(r"[^A-Za-z0-9._-]", "_", name)  # specreg/x -> specreg_x
+                location = (self.artifact_root / folder).as_uri()
             return self.client.create_experiment(name, artifact_location=location)
         if experiment.lifecycle_stage == "deleted":
             self.client.restore_experiment(experiment.experiment_id)

@@ -17,6 +17,8 @@ import pytest
 TESTS_DIR = Path(__file__).parent
 sys.path.insert(0, str(TESTS_DIR))  # tinymodels and other shared test helpers
 
+from mlflow_server import mlflow_server  # noqa: E402,F401  (session fixture: a real MLflow server)
+
 PG_ADMIN_URL = os.environ.get("SPECREG_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
 

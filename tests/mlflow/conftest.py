@@ -1,5 +1,6 @@
-"""Fixtures of the MLflow sync tests: a real MLflow server (session), pair versions built
-directly as entities (made-up fingerprints: this is a unit of the sync), a validation dict."""
+"""Fixtures of the MLflow sync tests: pair versions built directly as entities (made-up
+fingerprints: this is a unit of the sync) and a validation dict. The session MLflow server
+fixture, ``mlflow_server``, comes from tests/conftest.py (defined in tests/mlflow_server.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from datetime import datetime, timezone
 
 import pytest
 
-from mlflow_server import mlflow_server  # noqa: F401  (session fixture: a real server)
 from specreg.registry.entities import (
     ModelFingerprint,
     ModelRef,
