@@ -13,12 +13,14 @@ S = PairState
 
 ALLOWED_TRANSITIONS: dict[PairState, frozenset[PairState]] = {
     S.REGISTERED: frozenset({S.VALIDATED, S.FAILED, S.RETIRED}),
-    S.VALIDATED: frozenset({S.VALIDATED, S.FAILED, S.APPROVED, S.RETIRED}),
+    # validated -> promoted: an environment whose policy needs no approval (e.g. staging)
+    S.VALIDATED: frozenset({S.VALIDATED, S.FAILED, S.APPROVED, S.PROMOTED, S.RETIRED}),
     S.FAILED: frozenset({S.VALIDATED, S.FAILED, S.RETIRED}),
     # an approved version may be re-validated; a failing re-validation withdraws the approval
     S.APPROVED: frozenset({S.APPROVED, S.PROMOTED, S.VALIDATED, S.FAILED, S.RETIRED}),
-    # promoted to another environment, or back to approved when no environment holds it
-    S.PROMOTED: frozenset({S.PROMOTED, S.APPROVED, S.FAILED, S.RETIRED}),
+    # promoted to another environment, or back to approved (validated, if it was never
+    # approved) when no environment holds it any more
+    S.PROMOTED: frozenset({S.PROMOTED, S.APPROVED, S.VALIDATED, S.FAILED, S.RETIRED}),
     S.RETIRED: frozenset(),
 }
 

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 
 from specreg import settings
-from specreg.errors import UsageError
+from specreg.errors import SpecregError, UsageError
 from specreg.registry.entities import AuditEvent, PairState, PairVersion, SpecConfig, SpecMethod
 from specreg.registry.fingerprint import canonical_json, fingerprint_reference, sha256_hex
 from specreg.registry.store import Store
@@ -143,9 +143,14 @@ class Registry:
         return self.store.get_version(pair_ref.name, pair_ref.version, with_events=with_events)
 
     def resolve_environment(self, pair_ref: PairRef, *, with_events: bool = False) -> PairVersion:
+        """The version of ``pair_ref.name`` that holds ``pair_ref.environment`` now."""
         from specreg.errors import NotFoundError
+        from specreg.registry.governance import holder_of
 
-        raise NotFoundError(f"{pair_ref}: no version holds environment {pair_ref.environment}")
+        version = holder_of(self.store, pair_ref.name, pair_ref.environment)
+        if version is None:
+            raise NotFoundError(f"{pair_ref}: no version of {pair_ref.name} holds environment {pair_ref.environment}")
+        return self.store.get_version(pair_ref.name, version, with_events=with_events)
 
     def list(self, name: str | None = None) -> list[PairVersion]:
         return self.store.list_versions(check_name(name) if name else None)
@@ -165,8 +170,89 @@ class Registry:
         return self.store.transition(version.name, version.version, to_state, actor=self.user,
                                      action=action, reason=reason, details=details)
 
-    def retire(self, ref: str | PairRef, reason: str | None = None) -> PairVersion:
-        return self.move(ref, PairState.RETIRED, action="retire", reason=reason)
+    def retire(self, ref: str | PairRef, reason: str | None = None, *, force: bool = False) -> PairVersion:
+        """Retire a version; refused (PolicyViolation) while it holds an environment unless ``force``."""
+        from specreg.registry import governance
+
+        version = self.get(ref)
+        return governance.retire(self.store, version.name, version.version, actor=self.user, reason=reason,
+                                 force=force)
+
+    # --- governance ---------------------------------------------------------------------
+
+    def policy(self, path: str | None = None):
+        """The policy from ``path``, ``$SPECREG_POLICY`` or the built-in default."""
+        from specreg.registry.policy import load_policy
+
+        return load_policy(path)
+
+    def approve(self, ref: str | PairRef, note: str | None = None):
+        """Record this user's approval (four-eyes: never the registrant; only after a passed
+        validation). Returns governance.Approval."""
+        from specreg.registry import governance
+
+        version = self.get(ref)
+        return governance.decide(self.store, version.name, version.version, actor=self.user,
+                                 decision=governance.APPROVED, note=note)
+
+    def reject(self, ref: str | PairRef, note: str | None = None):
+        """Record this user's rejection (withdraws an approved state). Returns governance.Approval."""
+        from specreg.registry import governance
+
+        version = self.get(ref)
+        return governance.decide(self.store, version.name, version.version, actor=self.user,
+                                 decision=governance.REJECTED, note=note)
+
+    def promote(self, ref: str | PairRef, environment: str, *, reason: str | None = None,
+                policy_path: str | None = None, expected_holder: int | None | str = "current"):
+        """Make the version hold ``environment`` under the policy; returns governance.PointerMove.
+
+        ``expected_holder``: the version number you saw holding the environment (None: none);
+        the default reads it now. If another promote moves the pointer before this one commits,
+        ConcurrentUpdateError and nothing changes. PolicyViolation names every failed condition."""
+        from specreg.registry import governance
+
+        version = self.get(ref)
+        policy = self.policy(policy_path)
+        policy.environment(environment)  # unknown environment: fail before any work
+        if expected_holder == "current":
+            expected_holder = governance.holder_of(self.store, version.name, environment)
+        return governance.promote(self.store, policy, version.name, version.version, environment,
+                                  actor=self.user, expected_holder=expected_holder, reason=reason)
+
+    def rollback(self, name: str, environment: str, *, reason: str | None = None):
+        """Point ``environment`` of pair ``name`` back at its previous holder; governance.PointerMove."""
+        from specreg.registry import governance
+
+        return governance.rollback(self.store, check_name(name), environment, actor=self.user, reason=reason)
+
+    def gate(self, ref: str | PairRef, environment: str, *, policy_path: str | None = None, rerun: bool = False):
+        """Evaluate whether the version may hold ``environment`` now; returns governance.GateResult.
+        ``rerun``: validate again first on the policy's golden set."""
+        from specreg.registry import governance
+
+        policy = self.policy(policy_path)
+        env = policy.environment(environment)
+        version = self.get(ref)
+        if rerun:
+            validate = getattr(self, "validate", None)
+            if validate is None:
+                raise SpecregError("gate --rerun needs Registry.validate, which this specreg does not have")
+            validate(version.label, golden=env.golden_set)
+        return governance.gate(self.store, policy, version, environment)
+
+    def diff(self, ref_a: str | PairRef, ref_b: str | PairRef) -> list[dict]:
+        """Models, fingerprints, config and validation figures of two versions side by side."""
+        from specreg.registry import governance
+
+        return governance.diff(self.store, self.get(ref_a), self.get(ref_b))
+
+    def environments(self, name: str | None = None) -> list[dict]:
+        """Environment pointers: which version holds each environment, and which did before."""
+        from specreg.registry import governance
+
+        return governance.environment_pointers(self.store, check_name(name) if name else None)
+
 
     # --- database -----------------------------------------------------------------------
 

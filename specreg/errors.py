@@ -54,3 +54,8 @@ class RuntimeConfigError(SpecregError):
 class MlflowUnavailable(SpecregError):
     """MLflow cannot be reached or used; specreg's own database is still complete and
     `specreg sync` brings MLflow up to date later."""
+
+
+class ConcurrentUpdateError(SpecregError):
+    """Someone else changed what this operation was based on (e.g. another promote moved the
+    environment pointer first); nothing was changed, run it again to act on the new state."""

@@ -1,0 +1,59 @@
+"""The gate's machine outputs: JUnit XML (one testcase per condition, so CI systems list each
+requirement) and a Markdown summary for ``$GITHUB_STEP_SUMMARY`` / merge-request notes.
+
+Built with xml.etree so every reason is escaped correctly; no template can produce invalid XML.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+from specreg.registry.governance import GateResult
+
+
+def junit_xml(result: GateResult | None, error: str | None = None, subject: str = "") -> str:
+    """JUnit XML for a gate result; with ``error`` (the gate could not be evaluated) one
+    errored testcase, so a pipeline reading only the XML still fails closed."""
+    suite_name = (f"specreg gate {result.pair}@{result.version} -> {result.environment}" if result is not None
+                  else f"specreg gate {subject}".strip())
+    suite = ET.Element("testsuite", name=suite_name)
+    if error is not None or result is None:
+        case = ET.SubElement(suite, "testcase", classname="specreg.gate", name="evaluate")
+        ET.SubElement(case, "error", message=error or "gate not evaluated", type="error").text = error
+        counts = {"tests": "1", "failures": "0", "errors": "1"}
+    else:
+        failures = 0
+        for condition in result.conditions:
+            case = ET.SubElement(suite, "testcase", classname=f"specreg.gate.{result.environment}", name=condition.name)
+            if condition.passed:
+                ET.SubElement(case, "system-out").text = condition.reason
+            else:
+                failures += 1
+                ET.SubElement(case, "failure", message=condition.reason, type="refused").text = condition.reason
+        counts = {"tests": str(len(result.conditions)), "failures": str(failures), "errors": "0"}
+    for key, value in counts.items():
+        suite.set(key, value)
+    suites = ET.Element("testsuites")
+    suites.append(suite)
+    ET.indent(suites)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
+
+
+def markdown_summary(result: GateResult | None, error: str | None = None, subject: str = "") -> str:
+    """A Markdown table of the conditions with the verdict on top."""
+    if error is not None or result is None:
+        return f"## specreg gate {subject}: ERROR\n\n{escape_cell(error or 'gate not evaluated')}\n\nThe gate fails closed.\n"
+    verdict = "PASS" if result.passed else "REFUSED"
+    lines = [f"## specreg gate {result.pair}@{result.version} → {result.environment}: {verdict}", "",
+             f"Policy: `{result.policy_source}`"
+             + (f" · validation run {result.validation_run_id}" if result.validation_run_id is not None else ""), "",
+             "| | condition | reason |", "|---|---|---|"]
+    for condition in result.conditions:
+        mark = "✅" if condition.passed else "❌"
+        lines.append(f"| {mark} | `{condition.name}` | {escape_cell(condition.reason)} |")
+    return "\n".join(lines) + "\n"
+
+
+def escape_cell(text: str) -> str:
+    """Keep a reason inside its table cell: no pipes or newlines break the row."""
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\r", " ").replace("\n", " ")

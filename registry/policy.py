@@ -1,0 +1,174 @@
+"""The promotion policy: which environments exist and what a pair version needs to hold one.
+
+A policy file is TOML (``specreg.toml``, read with tomllib) or YAML (``.yaml``/``.yml``), found
+via ``--policy FILE`` or ``$SPECREG_POLICY``; without one the built-in ``DEFAULT_POLICY_TOML``
+below applies. Top-level keys are defaults for every environment; each
+``[environments.NAME]`` table may override them:
+
+    golden_set              the golden set (shipped name or path) the validation must have used
+    required_checks         checks of that validation that must have passed
+    allow_warnings          accept "warn" (e.g. an fp16 near-tie) for a required check
+    approval_required       an approval by someone other than the registrant is needed
+    approvers               who may approve for this environment; [] = anyone but the registrant
+    acceptance_tolerance    relative drop of acceptance allowed against the baseline (0.1 = 10%)
+    max_validation_age_days a validation older than this no longer counts (omit: no limit)
+
+Unknown keys are errors, so a misspelt ``aproval_required`` cannot silently weaken the policy.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specreg.errors import NotFoundError, UsageError
+
+DEFAULT_POLICY_TOML = """\
+# specreg built-in policy (used when neither --policy nor $SPECREG_POLICY names a file)
+golden_set = "default"
+required_checks = ["integrity", "tokenizer", "chat_template", "equivalence", "acceptance"]
+allow_warnings = false
+acceptance_tolerance = 0.10
+max_validation_age_days = 30
+
+[environments.staging]
+approval_required = false
+
+[environments.production]
+approval_required = true
+approvers = []   # anyone but the registrant (four-eyes)
+"""
+
+ENVIRONMENT_KEYS = {
+    "golden_set": str, "required_checks": list, "allow_warnings": bool, "approval_required": bool,
+    "approvers": list, "acceptance_tolerance": (int, float), "max_validation_age_days": (int, float),
+}
+ENVIRONMENT_DEFAULTS: dict[str, Any] = {
+    "golden_set": "default", "required_checks": ["integrity", "equivalence", "acceptance"],
+    "allow_warnings": False, "approval_required": False, "approvers": [],
+    "acceptance_tolerance": 0.10, "max_validation_age_days": None,
+}
+
+
+@dataclass(frozen=True)
+class EnvironmentPolicy:
+    """What a version needs to hold one environment."""
+
+    name: str
+    golden_set: str
+    required_checks: tuple[str, ...]
+    allow_warnings: bool
+    approval_required: bool
+    approvers: tuple[str, ...]  # empty: anyone but the registrant
+    acceptance_tolerance: float
+    max_validation_age_days: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "golden_set": self.golden_set, "required_checks": list(self.required_checks),
+            "allow_warnings": self.allow_warnings, "approval_required": self.approval_required,
+            "approvers": list(self.approvers), "acceptance_tolerance": self.acceptance_tolerance,
+            "max_validation_age_days": self.max_validation_age_days,
+        }
+
+
+@dataclass(frozen=True)
+class Policy:
+    """All environments of one policy; ``source`` names the file (or the built-in default)."""
+
+    environments: dict[str, EnvironmentPolicy]
+    source: str
+
+    def environment(self, name: str) -> EnvironmentPolicy:
+        """The policy of environment ``name``; NotFoundError names the known ones."""
+        if name not in self.environments:
+            known = ", ".join(sorted(self.environments)) or "none"
+            raise NotFoundError(f"unknown environment {name!r}: policy {self.source} defines {known}")
+        return self.environments[name]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "environments": {n: e.to_dict() for n, e in self.environments.items()}}
+
+
+def load_policy(path: str | os.PathLike | None = None) -> Policy:
+    """The policy from ``path``, else ``$SPECREG_POLICY``, else the built-in default.
+
+    Raises UsageError (one line naming the file and key) for a missing or malformed file."""
+    chosen = path or os.environ.get("SPECREG_POLICY") or None
+    if chosen is None:
+        return parse_policy(tomllib.loads(DEFAULT_POLICY_TOML), "built-in default")
+    file = Path(chosen).expanduser()
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"policy file {file} not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"policy file {file}: cannot read ({exc})") from None
+    if file.suffix in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            document = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid YAML"
+            raise UsageError(f"policy file {file}: invalid YAML ({first})") from None
+    else:
+        try:
+            document = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise UsageError(f"policy file {file}: invalid TOML ({exc})") from None
+    return parse_policy(document, str(file))
+
+
+def parse_policy(document: Any, source: str) -> Policy:
+    """Check and build a Policy from a parsed TOML/YAML document."""
+    if not isinstance(document, dict):
+        raise UsageError(f"policy {source}: expected a table/mapping at the top")
+    defaults = dict(ENVIRONMENT_DEFAULTS)
+    for key, value in document.items():
+        if key == "environments":
+            continue
+        defaults[key] = check_value(source, key, value)
+    environments = document.get("environments")
+    if not isinstance(environments, dict) or not environments:
+        raise UsageError(f"policy {source}: needs at least one [environments.NAME] table")
+    built: dict[str, EnvironmentPolicy] = {}
+    for name, table in environments.items():
+        if not isinstance(name, str) or not name or len(name) > 32 or not name[0].isalpha() \
+                or not all(c.isalnum() or c in "_-" for c in name) or name != name.lower():
+            raise UsageError(f"policy {source}: invalid environment name {name!r} (a-z 0-9 _ -, starting with a letter)")
+        if table is None:
+            table = {}
+        if not isinstance(table, dict):
+            raise UsageError(f"policy {source}: environments.{name} must be a table/mapping")
+        merged = dict(defaults)
+        for key, value in table.items():
+            merged[key] = check_value(source, f"environments.{name}.{key}", value, key)
+        built[name] = EnvironmentPolicy(
+            name=name, golden_set=merged["golden_set"], required_checks=tuple(merged["required_checks"]),
+            allow_warnings=merged["allow_warnings"], approval_required=merged["approval_required"],
+            approvers=tuple(merged["approvers"]), acceptance_tolerance=float(merged["acceptance_tolerance"]),
+            max_validation_age_days=(float(merged["max_validation_age_days"])
+                                     if merged["max_validation_age_days"] is not None else None),
+        )
+    return Policy(built, source)
+
+
+def check_value(source: str, where: str, value: Any, key: str | None = None) -> Any:
+    key = key or where
+    expected = ENVIRONMENT_KEYS.get(key)
+    if expected is None:
+        raise UsageError(f"policy {source}: unknown key {where!r} (known: {', '.join(sorted(ENVIRONMENT_KEYS))}, environments)")
+    # bool is an int in Python: a `true` tolerance is an error, not 1.0
+    if not isinstance(value, expected) or (expected != bool and isinstance(value, bool)):
+        raise UsageError(f"policy {source}: {where} = {value!r} has the wrong type")
+    if key in ("required_checks", "approvers") and not all(isinstance(v, str) and v for v in value):
+        raise UsageError(f"policy {source}: {where} must be a list of non-empty strings")
+    if key == "acceptance_tolerance" and not 0 <= value < 1:
+        raise UsageError(f"policy {source}: {where} = {value} must be in [0, 1)")
+    if key == "max_validation_age_days" and value <= 0:
+        raise UsageError(f"policy {source}: {where} = {value} must be > 0")
+    return value

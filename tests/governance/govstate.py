@@ -1,0 +1,81 @@
+"""Governance test state: validated versions built as database rows.
+
+``record_validation`` writes the rows a finished `specreg validate` leaves behind (a
+ValidationRunRow, its CheckResultRows, the state move and its audit event) through the Store's
+own session, so promotion, approval and the gate are tested against real database state
+without running the speculative runtime (the runtime is tested in tests/runtime and
+tests/validation; one end-to-end test here runs the real validation).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from specreg.api import Registry
+from specreg.golden_prompts.loader import load_golden_set
+from specreg.registry.entities import PairState
+from specreg.registry.orm import CheckResultRow, ValidationRunRow
+
+POLICY_TOML = """\
+golden_set = "smoke"
+required_checks = ["integrity", "tokenizer", "equivalence", "acceptance"]
+acceptance_tolerance = 0.10
+max_validation_age_days = 30
+
+[environments.staging]
+approval_required = false
+
+[environments.production]
+approval_required = true
+approvers = []
+"""
+DEFAULT_CHECKS = {"integrity": "pass", "tokenizer": "pass", "equivalence": "pass", "acceptance": "pass"}
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+def record_validation(registry: Registry, ref: str, *, status: str = "passed", golden: str = "smoke",
+                      golden_sha256: str | None = None, acceptance_rate: float = 0.8,
+                      mean_acceptance_length: float = 3.0, checks: dict[str, str] | None = None,
+                      finished_at: datetime | None = None, binding_sha256: str | None = None) -> int:
+    """Insert a finished validation run of ``ref`` and move its state; returns the run id."""
+    version = registry.get(ref)
+    finished_at = finished_at or utcnow()
+    baselines = {
+        "overall": {"acceptance_rate": acceptance_rate, "mean_acceptance_length": mean_acceptance_length,
+                    "per_position_acceptance": [acceptance_rate, acceptance_rate * 0.9]},
+        "categories": {"code": {"acceptance_rate": acceptance_rate + 0.05}},
+    } if status == "passed" else None
+    store = registry.store
+    with store.session(write=True) as session:
+        run = ValidationRunRow(
+            pair_version_id=version.id, status=status, golden_set=golden,
+            golden_sha256=golden_sha256 or load_golden_set(golden).content_sha256,
+            binding_sha256=binding_sha256 or version.binding_sha256,
+            environment={"device": "cpu", "dtype": "float32"}, options={}, summary={}, baselines=baselines,
+            actor="validator", pid=None, started_at=finished_at - timedelta(seconds=5), finished_at=finished_at,
+        )
+        session.add(run)
+        session.flush()
+        for name, check_status in (checks or DEFAULT_CHECKS).items():
+            session.add(CheckResultRow(validation_run_id=run.id, name=name, status=check_status,
+                                       summary=f"{name} {check_status}", evidence=None, figures=None))
+        session.flush()
+        if version.state is not PairState.PROMOTED:
+            store.transition(version.name, version.version,
+                             PairState.VALIDATED if status == "passed" else PairState.FAILED,
+                             actor="validator", action="validate", details={"validation_run": run.id},
+                             session=session)
+        return run.id
+
+
+def register_versions(registry: Registry, tiny_models, name: str, count: int, target=None, draft=None) -> list[str]:
+    """``count`` versions of ``name`` over the same tiny models (k = 1..count)."""
+    refs = []
+    for k in range(1, count + 1):
+        result = registry.register(name, target=str(target or tiny_models["target"]),
+                                   draft=str(draft or tiny_models["draft"]), num_speculative_tokens=k)
+        refs.append(result.version.label)
+    return refs
