@@ -172,15 +172,25 @@ def validation_params(pair_version: PairVersion, validation: dict[str, Any]) -> 
         "k": settings.get("k") or config.num_speculative_tokens,
         "prompt_lookup_min": config.prompt_lookup_min,
         "prompt_lookup_max": config.prompt_lookup_max,
-        "golden_set": golden_set.get("name"),
-        "golden_set_sha256": golden_set.get("sha256"),
-        "golden_set_prompts": golden_set.get("prompts"),
     }
+    for key, value in golden_set.items():  # name -> golden_set, sha256 -> golden_set_sha256 ...
+        params["golden_set" if key == "name" else f"golden_set_{key}"] = value
     for key, value in settings.items():
         params.setdefault(key, value)
     for package, version in (validation.get("runtime") or {}).items():
         params[f"runtime.{package}"] = version
     return {key: str(value)[:6000] for key, value in params.items() if value is not None}
+
+
+def _check_statuses(checks: Any) -> dict[str, str]:
+    """check name -> status, from ``{name: status}`` or ``[{"name", "status", ...}]``."""
+    if isinstance(checks, dict):
+        return {str(name): str(status) for name, status in checks.items() if status}
+    return {
+        str(check["name"]): str(check["status"])
+        for check in checks or []
+        if check.get("name") and check.get("status")
+    }
 
 
 def _approval_record(status: str, note: str | None) -> dict[str, Any]:
@@ -309,7 +319,8 @@ class MlflowSync:
               "verdict": "pass" | "warn" | "fail",
               "settings": {"k": 4, "method": "draft_model", "dtype": "float32",
                            "device": "cpu", "temperature": 0.0, "seed": 0},   # -> params
-              "golden_set": {"name": "smoke", "sha256": "...", "prompts": 12},  # -> params
+              "golden_set": {"name": "smoke", "version": 1, "sha256": "...",
+                             "prompts": 12},   # -> params golden_set, golden_set_<key>
               "runtime": {"torch": "2.13.0", "transformers": "5.24.0",
                           "specreg": "0.1.0"},              # -> params runtime.<package>
               "acceptance": {                                # -> metrics
@@ -326,8 +337,8 @@ class MlflowSync:
                 "latency_ms": {"p50": 7.0, "p95": 9.0, "p99": 11.0}},  # latency_ms_p50 ...
               "equivalence": {"prompts": 12, "exact": 11, "near_tie": 1,
                               "fail": 0},                    # equivalence_exact ...
-              "checks": [{"name": "tokenizer", "status": "pass", "message": "..."}],
-                                                             # tags specreg.check.<name>
+              "checks": {"tokenizer": "pass", "equivalence": "warn"},
+                        # or [{"name": ..., "status": ...}]  -> tags specreg.check.<name>
             }
 
         ``artifacts``: name -> content, logged under ``pair/<name>`` (names may hold
@@ -366,9 +377,8 @@ class MlflowSync:
             "specreg.verdict": verdict,
             "specreg.validation_id": validation_id,
         }
-        for check in validation.get("checks") or []:
-            if check.get("name") and check.get("status"):
-                tags[f"specreg.check.{check['name']}"] = str(check["status"])
+        for check_name, status in _check_statuses(validation.get("checks")).items():
+            tags[f"specreg.check.{check_name}"] = status
         # The validation id goes in with the creation, so a retry always finds this run.
         run = self.client.create_run(
             self._experiment_id(pair_version.name),

@@ -72,6 +72,7 @@ def test_validation_run_params_metrics_tags_artifacts(
     assert params["dtype"] == "float32" and params["device"] == "cpu"
     assert params["golden_set"] == "smoke"
     assert params["golden_set_sha256"] == validation["golden_set"]["sha256"]
+    assert params["golden_set_version"] == "2" and params["golden_set_prompts"] == "12"
     assert params["runtime.torch"] == "2.13.0" and params["runtime.transformers"] == "5.24.0"
     assert "target.revision" not in params  # None values are left out, not logged as "None"
 
@@ -92,6 +93,7 @@ def test_validation_run_params_metrics_tags_artifacts(
     assert tags["specreg.verdict"] == "warn"
     assert tags["specreg.validation_id"] == validation["id"]
     assert tags["specreg.check.tokenizer"] == "pass"
+    assert tags["specreg.check.equivalence"] == "warn"
 
     assert _artifact_paths(mlflow_server, run_id, "pair") == {
         "pair/pair.yaml", "pair/validation.json", "pair/report.html", "pair/summary.md",
@@ -200,6 +202,7 @@ def test_half_written_run_is_replaced(mlflow_server, pair_name, make_pair_versio
     sync = MlflowSync(mlflow_server.url)
     pair_version = make_pair_version(pair_name)
     validation = make_validation()
+    validation["checks"] = [{"name": "tokenizer", "status": "fail", "message": "merges differ"}]
     experiment_id = mlflow_server.post(
         "experiments/create", {"name": f"specreg/{pair_name}"}
     )["experiment_id"]
@@ -212,7 +215,9 @@ def test_half_written_run_is_replaced(mlflow_server, pair_name, make_pair_versio
 
     assert run_id != stale
     assert mlflow_server.get("runs/get", run_id=stale)["run"]["info"]["lifecycle_stage"] == "deleted"
-    assert _tags(mlflow_server.get("runs/get", run_id=run_id)["run"])["specreg.synced"] == "true"
+    tags = _tags(mlflow_server.get("runs/get", run_id=run_id)["run"])
+    assert tags["specreg.synced"] == "true"
+    assert tags["specreg.check.tokenizer"] == "fail"  # checks given as a list work too
     assert sync.log_validation(pair_version, validation) == run_id
 
 
