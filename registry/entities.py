@@ -174,3 +174,76 @@ class PairVersion:
         if with_events:
             data["events"] = [event.to_dict() for event in self.events]
         return data
+
+
+@dataclass(frozen=True)
+class CheckRecord:
+    """One persisted check result of a validation run (see validators/base.py CheckResult)."""
+
+    name: str
+    status: str  # pass | warn | fail | skip
+    summary: str
+    evidence: Any = None
+    figures: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "status": self.status, "summary": self.summary,
+                "evidence": self.evidence, "figures": dict(self.figures or {})}
+
+
+@dataclass(frozen=True)
+class ValidationRun:
+    """One `specreg validate` of a pair version: what ran, where, and what each check found.
+
+    status: running | passed | failed | aborted | error. baselines (acceptance overall and per
+    category) are set only on passed runs; they are what later versions and `observe` compare with.
+    """
+
+    id: int
+    pair_name: str
+    version: int
+    status: str
+    golden_set: str
+    golden_sha256: str
+    binding_sha256: str
+    environment: dict[str, Any]
+    options: dict[str, Any]
+    summary: dict[str, Any] | None
+    baselines: dict[str, Any] | None
+    actor: str
+    pid: int | None
+    started_at: datetime
+    finished_at: datetime | None
+    error: str | None
+    mlflow_run_id: str | None = None
+    checks: tuple[CheckRecord, ...] = field(default=())
+
+    @property
+    def label(self) -> str:
+        return f"{self.pair_name}@{self.version}"
+
+    @property
+    def failed_checks(self) -> list[str]:
+        return [check.name for check in self.checks if check.status == "fail"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "pair": self.pair_name,
+            "version": self.version,
+            "status": self.status,
+            "golden_set": self.golden_set,
+            "golden_sha256": self.golden_sha256,
+            "binding_sha256": self.binding_sha256,
+            "environment": self.environment,
+            "options": self.options,
+            "summary": self.summary,
+            "baselines": self.baselines,
+            "actor": self.actor,
+            "pid": self.pid,
+            "started_at": self.started_at.isoformat(),
+            "finished_at": self.finished_at.isoformat() if self.finished_at else None,
+            "error": self.error,
+            "mlflow_run_id": self.mlflow_run_id,
+            "checks": [check.to_dict() for check in self.checks],
+        }

@@ -1,0 +1,309 @@
+"""Persistence of validation runs and their check results, over the Store's one session scope.
+
+A run is written as ``running`` (with the validating process's pid) before the first check,
+each check as it finishes, and the end (passed/failed + the pair's state move + its audit event)
+in one transaction. A run interrupted by Ctrl-C or SIGTERM is marked ``aborted`` by the process
+itself; a run whose process was killed outright (SIGKILL, power loss) stays ``running`` until
+``reap_dead_runs`` finds its pid gone and marks it ``aborted``. Aborted and errored runs never
+move the pair's state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+
+from specreg.errors import IllegalTransitionError
+from specreg.registry.entities import CheckRecord, PairState, PairVersion, ValidationRun
+from specreg.registry.orm import CheckResultRow, PairRow, PairVersionRow, ValidationRunRow
+from specreg.registry.store import Store, utcnow
+
+RUNNING, PASSED, FAILED, ABORTED, ERROR = "running", "passed", "failed", "aborted", "error"
+FINISHED = (PASSED, FAILED)
+
+
+def run_to_entity(row: ValidationRunRow, pair_name: str, version: int) -> ValidationRun:
+    return ValidationRun(
+        id=row.id, pair_name=pair_name, version=version, status=row.status, golden_set=row.golden_set,
+        golden_sha256=row.golden_sha256, binding_sha256=row.binding_sha256,
+        environment=row.environment or {}, options=row.options or {}, summary=row.summary,
+        baselines=row.baselines, actor=row.actor, pid=row.pid, started_at=row.started_at,
+        finished_at=row.finished_at, error=row.error, mlflow_run_id=row.mlflow_run_id,
+        checks=tuple(CheckRecord(c.name, c.status, c.summary, c.evidence, c.figures or {}) for c in row.checks),
+    )
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """The start time of process ``pid`` in clock ticks since boot (Linux), to tell a live
+    validating process from a later one that reused its pid; None where /proc is absent."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+            # the command name (field 2) may hold spaces: split after its closing parenthesis
+            return int(handle.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def process_identity() -> dict[str, Any]:
+    """What identifies this process for ``reap_dead_runs``: host, pid, start ticks."""
+    pid = os.getpid()
+    return {"hostname": socket.gethostname(), "pid": pid, "pid_start_ticks": process_start_ticks(pid)}
+
+
+def process_alive(pid: int, start_ticks: int | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, owned by someone else
+    if start_ticks is not None:
+        now = process_start_ticks(pid)
+        if now is not None and now != start_ticks:
+            return False  # the pid was reused by another process
+        if _is_zombie(pid):
+            return False
+    return True
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
+class ValidationStore:
+    """Validation runs of pair versions in one registry database."""
+
+    def __init__(self, store: Store):
+        self.store = store
+
+    def _version_row(self, session, pair_version: PairVersion) -> PairVersionRow:
+        return self.store._version_row(session, pair_version.name, pair_version.version)
+
+    def start(self, pair_version: PairVersion, *, golden_set: str, golden_sha256: str,
+              environment: dict[str, Any], options: dict[str, Any], actor: str) -> ValidationRun:
+        """Insert a ``running`` run for ``pair_version`` owned by this process -> the run."""
+        identity = process_identity()
+        with self.store.session(write=True) as session:
+            version_row = self._version_row(session, pair_version)
+            row = ValidationRunRow(
+                pair_version_id=version_row.id, status=RUNNING, golden_set=golden_set,
+                golden_sha256=golden_sha256, binding_sha256=version_row.binding_sha256,
+                environment={**environment, "hostname": identity["hostname"],
+                             "pid_start_ticks": identity["pid_start_ticks"]},
+                options=options, actor=actor, pid=identity["pid"], started_at=utcnow(),
+            )
+            session.add(row)
+            session.flush()
+            return run_to_entity(row, pair_version.name, pair_version.version)
+
+    def record_check(self, run_id: int, check) -> None:
+        """Persist one CheckResult of a running run, as soon as it is known."""
+        with self.store.session(write=True) as session:
+            session.add(CheckResultRow(validation_run_id=run_id, name=check.name, status=check.status,
+                                       summary=check.summary, evidence=check.evidence,
+                                       figures=dict(check.figures)))
+
+    def finish(self, run_id: int, pair_version: PairVersion, *, passed: bool, summary: dict[str, Any],
+               baselines: dict[str, Any] | None, actor: str) -> tuple[ValidationRun, PairVersion]:
+        """Close a run as passed or failed and move the pair in the same transaction.
+
+        passed: registered/validated/failed -> validated; approved and promoted keep their
+        state (a passing re-validation does not withdraw an approval) but still log the event.
+        failed: -> failed. The audit event names the validation run id.
+        Returns (the run, the pair version after the move).
+        """
+        with self.store.session(write=True) as session:
+            row = session.get(ValidationRunRow, run_id, with_for_update=True)
+            version_row = self._version_row(session, pair_version)
+            current = PairState(version_row.state)
+            if passed:
+                to_state = current if current in (PairState.APPROVED, PairState.PROMOTED) else PairState.VALIDATED
+            else:
+                to_state = PairState.FAILED
+            row.status = PASSED if passed else FAILED
+            row.summary = summary
+            row.baselines = baselines if passed else None
+            row.finished_at = utcnow()
+            failed = [c.name for c in row.checks if c.status == "fail"]
+            reason = "validation passed" if passed else f"validation failed: {', '.join(failed) or 'see run'}"
+            moved = self.store.transition(
+                pair_version.name, pair_version.version, to_state, actor=actor, action="validate",
+                reason=reason, details={"validation_run_id": row.id, "golden_set": row.golden_set,
+                                        "golden_sha256": row.golden_sha256, "failed_checks": failed},
+                session=session)
+            session.flush()
+            return run_to_entity(row, pair_version.name, pair_version.version), moved
+
+    def abort(self, run_id: int, status: str, reason: str) -> None:
+        """Mark a still-running run ``aborted`` or ``error`` with the reason; the pair's state is
+        left as it was. A run that already finished is left alone."""
+        with self.store.session(write=True) as session:
+            row = session.get(ValidationRunRow, run_id, with_for_update=True)
+            if row is None or row.status != RUNNING:
+                return
+            row.status = status
+            row.error = reason[:2000]
+            row.finished_at = utcnow()
+
+    def reap_dead_runs(self) -> int:
+        """Mark ``running`` runs of this host whose process is gone as ``aborted`` -> how many.
+
+        Runs started on another host (a shared PostgreSQL) are left to that host."""
+        hostname = socket.gethostname()
+        with self.store.session() as session:
+            running = session.execute(
+                select(ValidationRunRow.id, ValidationRunRow.pid, ValidationRunRow.environment)
+                .where(ValidationRunRow.status == RUNNING)).all()
+        dead = [run_id for run_id, pid, environment in running
+                if (environment or {}).get("hostname") == hostname and pid is not None
+                and not process_alive(pid, (environment or {}).get("pid_start_ticks"))]
+        for run_id in dead:
+            self.abort(run_id, ABORTED, "the validating process died (killed) before finishing")
+        return len(dead)
+
+    def _runs_query(self):
+        return (select(ValidationRunRow, PairRow.name, PairVersionRow.version)
+                .join(PairVersionRow, ValidationRunRow.pair_version_id == PairVersionRow.id)
+                .join(PairRow, PairVersionRow.pair_id == PairRow.id))
+
+    def get(self, run_id: int) -> ValidationRun:
+        from specreg.errors import NotFoundError
+
+        with self.store.session() as session:
+            found = session.execute(self._runs_query().where(ValidationRunRow.id == run_id)).first()
+            if found is None:
+                raise NotFoundError(f"unknown validation run {run_id}")
+            return run_to_entity(*found)
+
+    def list_runs(self, name: str, version: int | None = None) -> list[ValidationRun]:
+        """Runs of a pair (of one version when given), oldest first."""
+        query = self._runs_query().where(PairRow.name == name)
+        if version is not None:
+            query = query.where(PairVersionRow.version == version)
+        with self.store.session() as session:
+            return [run_to_entity(*found) for found in session.execute(query.order_by(ValidationRunRow.id)).all()]
+
+    def latest_passed(self, name: str, version: int) -> ValidationRun | None:
+        """The newest passed run of one version (its baselines are the version's baselines)."""
+        query = (self._runs_query().where(PairRow.name == name, PairVersionRow.version == version,
+                                          ValidationRunRow.status == PASSED)
+                 .order_by(ValidationRunRow.id.desc()).limit(1))
+        with self.store.session() as session:
+            found = session.execute(query).first()
+            return run_to_entity(*found) if found else None
+
+    def baselines(self, name: str, version: int) -> dict[str, Any] | None:
+        run = self.latest_passed(name, version)
+        return run.baselines if run else None
+
+    def previous_baselines(self, name: str, version: int) -> tuple[int, dict[str, Any]] | None:
+        """(version, baselines) of the newest lower version of ``name`` with a passed run, or
+        None: what a new version's acceptance is compared with."""
+        query = (self._runs_query().where(PairRow.name == name, PairVersionRow.version < version,
+                                          ValidationRunRow.status == PASSED,
+                                          ValidationRunRow.baselines.is_not(None))
+                 .order_by(PairVersionRow.version.desc(), ValidationRunRow.id.desc()).limit(1))
+        with self.store.session() as session:
+            found = session.execute(query).first()
+            if found is None:
+                return None
+            row, _, found_version = found
+            return found_version, row.baselines
+
+    def set_mlflow_run_id(self, run_id: int, mlflow_run_id: str) -> None:
+        with self.store.session(write=True) as session:
+            session.get(ValidationRunRow, run_id).mlflow_run_id = mlflow_run_id
+
+
+# --- one validation, end to end -----------------------------------------------------------
+
+class ValidationInterrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM arrived during a validation; the run is marked aborted."""
+
+    def __init__(self, signal_name: str, signal_number: int):
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+        self.signal_number = signal_number
+
+
+@contextlib.contextmanager
+def interrupt_on_signals():
+    """Turn SIGINT and SIGTERM into ValidationInterrupted for the duration, so the run can be
+    marked aborted before the process ends (main thread only; elsewhere a no-op)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, _frame):
+        raise ValidationInterrupted(signal.Signals(signum).name, signum)
+
+    previous = {number: signal.signal(number, handler) for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for number, old in previous.items():
+            signal.signal(number, old)
+
+
+@dataclass(frozen=True)
+class ValidationOutcome:
+    run: ValidationRun
+    version: PairVersion  # after the state move (unchanged when the run did not finish)
+    checks: tuple  # the CheckResults, in suite order
+
+    @property
+    def passed(self) -> bool:
+        return self.run.status == PASSED
+
+
+def validate_version(store: Store, version: PairVersion, golden, options, *, actor: str,
+                     progress=None, hooks: dict | None = None) -> ValidationOutcome:
+    """Run the validation suite on ``version`` and persist it -> ValidationOutcome.
+
+    golden: a loaded GoldenSet; options: validators.suite.ValidationOptions; progress, hooks:
+    see run_suite. The run row is written before the first check and each check as it ends;
+    the pair moves (validated / failed) with the run's end in one transaction. On SIGINT /
+    SIGTERM the run is marked aborted and ValidationInterrupted propagates; on any other error
+    it is marked error and the error propagates; the pair's state is unchanged in both cases.
+    """
+    from specreg.runtime.loading import resolve_device
+    from specreg.validators.suite import environment, run_suite
+
+    runs = ValidationStore(store)
+    runs.reap_dead_runs()
+    if version.state is PairState.RETIRED:
+        raise IllegalTransitionError(f"{version.label} is retired: it cannot be validated")
+    device = resolve_device(options.device)
+    env = environment(device, options.dtype)
+    previous = runs.previous_baselines(version.name, version.version)
+    run = runs.start(version, golden_set=golden.name, golden_sha256=golden.content_sha256,
+                     environment=env, options=options.to_dict(), actor=actor)
+    try:
+        with interrupt_on_signals():
+            result = run_suite(version, golden, options, device=device, previous_baselines=previous,
+                               on_check=lambda check: runs.record_check(run.id, check),
+                               progress=progress, hooks=hooks)
+            finished, moved = runs.finish(run.id, version, passed=result.passed, summary=result.summary,
+                                          baselines=result.baselines, actor=actor)
+    except ValidationInterrupted as exc:
+        runs.abort(run.id, ABORTED, f"interrupted by {exc.signal_name}")
+        raise
+    except KeyboardInterrupt:
+        runs.abort(run.id, ABORTED, "interrupted")
+        raise
+    except BaseException as exc:
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        runs.abort(run.id, ERROR, f"{type(exc).__name__}: {message}")
+        raise
+    return ValidationOutcome(finished, moved, tuple(result.checks))

@@ -1,0 +1,95 @@
+"""Acceptance (DESIGN.md §2): alpha-hat, tau and per-position acceptance, overall and per
+category, measured on the golden prompts decoded as their records ask (greedy or sampled), and
+compared with the baselines of the previous validated version of the same pair name.
+
+A relative drop beyond the tolerance (default 10%) of alpha-hat or tau, overall or in any
+category both runs measured, fails: a new draft that accepts less loses the speedup the
+platform planned for. When the run passes, ``acceptance_baselines`` becomes this version's
+baselines (what `observe`, exports and the next version compare with).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specreg.validators.base import FAIL, PASS, SKIP, CheckResult
+
+CHECK_NAME = "acceptance"
+DEFAULT_TOLERANCE = 0.10
+COMPARED = ("acceptance_rate", "mean_acceptance_length")
+BASELINE_KEYS = ("acceptance_rate", "mean_acceptance_length", "per_position_acceptance", "drafted",
+                 "accepted", "generated_tokens", "target_forwards", "longest_rejection_run", "generations")
+
+
+def acceptance_baselines(decodes) -> dict[str, Any]:
+    """GoldenDecodes -> {"overall": figures, "per_category": {category: figures}} with the
+    names vLLM uses (acceptance_rate, mean_acceptance_length, per_position_acceptance ...)."""
+    from specreg.runtime.metrics import aggregate
+
+    def figures(runs) -> dict[str, Any]:
+        summary = aggregate([run.acceptance_generation.metrics for run in runs])
+        return {key: summary.get(key) for key in BASELINE_KEYS}
+
+    categories: dict[str, list] = {}
+    for run in decodes.runs:
+        categories.setdefault(run.category, []).append(run)
+    return {"overall": figures(decodes.runs),
+            "per_category": {category: figures(runs) for category, runs in categories.items()}}
+
+
+def compare_baselines(current: dict[str, Any], previous: dict[str, Any], tolerance: float) -> list[dict]:
+    """Every compared figure (overall and per shared category) -> list of
+    {scope, metric, current, baseline, floor, relative_change, ok}."""
+    rows = []
+    scopes = [("overall", current.get("overall") or {}, previous.get("overall") or {})]
+    for category, figures in (current.get("per_category") or {}).items():
+        before = (previous.get("per_category") or {}).get(category)
+        if before:
+            scopes.append((category, figures, before))
+    for scope, now, before in scopes:
+        for metric in COMPARED:
+            value, baseline = now.get(metric), before.get(metric)
+            if not isinstance(value, (int, float)) or not isinstance(baseline, (int, float)) or baseline <= 0:
+                continue
+            floor = baseline * (1.0 - tolerance)
+            rows.append({"scope": scope, "metric": metric, "current": value, "baseline": baseline,
+                         "floor": floor, "relative_change": value / baseline - 1.0, "ok": value >= floor})
+    return rows
+
+
+def check_acceptance(decodes, *, previous: tuple[int, dict[str, Any]] | None = None,
+                     tolerance: float = DEFAULT_TOLERANCE, k: int | None = None) -> CheckResult:
+    """Acceptance figures of this run, checked against the previous version's baselines.
+
+    decodes: GoldenDecodes; previous: (version, baselines) of the previous validated version
+    of the same pair name, or None; tolerance: relative drop allowed. Returns a CheckResult
+    "acceptance" whose evidence holds the would-be baselines ("baselines") and the comparison.
+    """
+    baselines = acceptance_baselines(decodes)
+    overall = baselines["overall"]
+    evidence: dict[str, Any] = {"baselines": baselines, "tolerance": tolerance, "k": k,
+                                "compared_with_version": previous[0] if previous else None, "comparison": []}
+    if not decodes.runs or not overall.get("drafted"):
+        return CheckResult(CHECK_NAME, SKIP, "no draft token was proposed on the golden prompts: nothing to measure",
+                           evidence, {"drafted": overall.get("drafted") or 0})
+    figures = {"acceptance_rate": overall["acceptance_rate"], "mean_acceptance_length": overall["mean_acceptance_length"],
+               "drafted": overall["drafted"], "accepted": overall["accepted"]}
+    for position, rate in enumerate(overall["per_position_acceptance"] or []):
+        figures[f"acceptance_rate_pos_{position}"] = rate
+    headline = (f"alpha {overall['acceptance_rate']:.3f}, tau {overall['mean_acceptance_length']:.2f}"
+                + (f" (k={k})" if k else ""))
+    if previous is None:
+        return CheckResult(CHECK_NAME, PASS, f"{headline}; no previous validated version: these figures become "
+                           f"the baseline", evidence, figures)
+    version, previous_baselines = previous
+    comparison = compare_baselines(baselines, previous_baselines, tolerance)
+    evidence["comparison"] = comparison
+    drops = [row for row in comparison if not row["ok"]]
+    if drops:
+        worst = min(drops, key=lambda row: row["relative_change"])
+        summary = (f"{headline}; {worst['metric']} ({worst['scope']}) {worst['current']:.3f} is "
+                   f"{-worst['relative_change']:.0%} below v{version}'s {worst['baseline']:.3f} "
+                   f"(tolerance {tolerance:.0%}; {len(drops)} figure(s) dropped)")
+        return CheckResult(CHECK_NAME, FAIL, summary, evidence, figures)
+    return CheckResult(CHECK_NAME, PASS, f"{headline}; within {tolerance:.0%} of v{version}'s baseline "
+                       f"({len(comparison)} figures compared)", evidence, figures)

@@ -1,0 +1,197 @@
+"""Distribution preservation (DESIGN.md §3): speculative sampling must emit tokens distributed
+exactly as the target's own sampling.
+
+For each golden prompt with temperature > 0, at a few fixed prefixes (the prompt, and the
+prompt followed by the first tokens of its greedy continuation), the real next-token
+distributions of the target (p) and the draft (q) are computed once, with the prompt's
+temperature / top-k / top-p applied to both. Then, with fixed seeds, ``samples`` single-step
+draws go through the runtime's acceptance rule (draft token x ~ q, a uniform, the rule's
+accepted-or-recovered token) and as many draws come from p directly (target-only sampling).
+Two chi-square tests per prefix: speculative vs target-only counts (homogeneity) and
+speculative counts vs the exact p (goodness of fit). Sparse tokens are pooled into one bin so
+every expected count is large enough for the chi-square approximation. A p-value below
+``alpha`` / number of tests fails, as does any emitted token whose target probability is 0.
+
+One step per draw (not whole generations) keeps this cheap enough for a CPU while each draw
+still exercises the full rule: acceptance test, recovery from norm(max(0, p - q)).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from specreg.validators.base import FAIL, PASS, SKIP, CheckResult
+
+CHECK_NAME = "distribution"
+DEFAULT_SAMPLES = 4000
+DEFAULT_ALPHA = 1e-3
+PREFIX_OFFSETS = (0, 4, 8)  # tokens of the greedy continuation appended to the prompt
+MAX_RECORDS = 4
+MIN_TWO_SAMPLE_BIN = 10  # pooled count a+b per kept bin (expected 5 per side)
+MIN_EXPECTED = 5.0
+
+
+def chi2_sf(statistic: float, dof: int) -> float:
+    """P(X >= statistic) for X ~ chi-square(dof): the regularized upper incomplete gamma."""
+    import torch
+
+    if dof <= 0:
+        return 1.0
+    return float(torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64),
+                                         torch.tensor(statistic / 2.0, dtype=torch.float64)))
+
+
+def two_sample_chi2(counts_a, counts_b) -> tuple[float, int, float]:
+    """Chi-square homogeneity test of two count vectors with equal totals # [vocab] each ->
+    (statistic, degrees of freedom, p-value). Bins with a+b < MIN_TWO_SAMPLE_BIN are pooled."""
+    import torch
+
+    a, b = counts_a.double(), counts_b.double()
+    total = a + b
+    keep = total >= MIN_TWO_SAMPLE_BIN
+    a_bins, b_bins = [a[keep]], [b[keep]]
+    if (~keep).any() and total[~keep].sum() > 0:
+        a_bins.append(a[~keep].sum().view(1))
+        b_bins.append(b[~keep].sum().view(1))
+    a, b = torch.cat(a_bins), torch.cat(b_bins)
+    n_a, n_b = a.sum(), b.sum()
+    # the general two-sample form (also right when the totals differ)
+    statistic = float((((a * (n_b / n_a).sqrt() - b * (n_a / n_b).sqrt()) ** 2) / (a + b)).sum())
+    dof = int(a.shape[0]) - 1
+    return statistic, dof, chi2_sf(statistic, dof)
+
+
+def goodness_of_fit_chi2(counts, probs) -> tuple[float, int, float]:
+    """Chi-square goodness of fit of counts # [vocab] to exact probs # [vocab] ->
+    (statistic, degrees of freedom, p-value). Tokens with expected count < 5 are pooled."""
+    import torch
+
+    counts, probs = counts.double(), probs.double()
+    expected = probs * counts.sum()
+    keep = expected >= MIN_EXPECTED
+    observed_bins, expected_bins = [counts[keep]], [expected[keep]]
+    rest_expected = expected[~keep].sum()
+    if rest_expected > 0:
+        observed_bins.append(counts[~keep].sum().view(1))
+        expected_bins.append(rest_expected.view(1))
+    observed, expected = torch.cat(observed_bins), torch.cat(expected_bins)
+    statistic = float(((observed - expected) ** 2 / expected).sum())
+    dof = int(observed.shape[0]) - 1
+    return statistic, dof, chi2_sf(statistic, dof)
+
+
+def next_token_probs(model, token_ids: list[int], vocab_size: int, record):
+    """probs # [vocab] of ``model`` after token_ids, with the record's sampling settings."""
+    import torch
+
+    from specreg.runtime.sampling import logits_to_probs
+
+    with torch.inference_mode():
+        input_ids = torch.tensor([token_ids], dtype=torch.long, device=next(model.parameters()).device)
+        logits = model(input_ids=input_ids, use_cache=False).logits[0, -1:, :vocab_size]  # [1, vocab]
+    return logits_to_probs(logits.float(), record.temperature, record.top_k, record.top_p)[0]
+
+
+def sample_one_step(draft_probs, target_probs, samples: int, seed: int, acceptance_rule: Callable):
+    """Draw ``samples`` first tokens through the acceptance rule and as many from the target.
+
+    draft_probs   # [vocab] q at the prefix
+    target_probs  # [vocab] p at the prefix
+    Returns (speculative_tokens # [samples], target_only_tokens # [samples]).
+    """
+    import torch
+
+    generator = torch.Generator(device=target_probs.device).manual_seed(seed)
+    draft_ids = torch.multinomial(draft_probs, samples, replacement=True, generator=generator)  # [samples]
+    uniforms = torch.rand(samples, generator=generator, device=target_probs.device)  # [samples]
+    q = draft_probs.view(1, -1)  # [k=1, vocab]
+    # row 1 (the bonus distribution) only matters after the first token; any law will do there
+    p = torch.stack([target_probs, target_probs])  # [k+1=2, vocab]
+    speculative = torch.empty(samples, dtype=torch.long)
+    for index in range(samples):
+        _, emitted = acceptance_rule(q, p, draft_ids[index:index + 1], uniforms[index:index + 1], generator)
+        speculative[index] = emitted[0]
+    target_generator = torch.Generator(device=target_probs.device).manual_seed(seed + 1)
+    target_only = torch.multinomial(target_probs, samples, replacement=True, generator=target_generator)
+    return speculative, target_only.cpu()
+
+
+def check_distribution(pair, golden, decodes, *, method: str = "draft_model", samples: int = DEFAULT_SAMPLES,
+                       alpha: float = DEFAULT_ALPHA, seed: int = 0, acceptance_rule: Callable | None = None,
+                       max_records: int = MAX_RECORDS) -> CheckResult:
+    """Statistical check that speculative sampling preserves the target's distribution.
+
+    pair: runtime ModelPair; golden: the GoldenSet; decodes: GoldenDecodes of decode_golden
+    (their greedy continuations give the fixed prefixes); method: "draft_model" (q from the
+    draft model) or "ngram" (deterministic proposals: q is one-hot on the target's top token);
+    acceptance_rule: the runtime's rule (default acceptance.rejection_sample; tests inject a
+    broken one). Returns a CheckResult "distribution"; skip when no prompt samples.
+    """
+    import torch
+
+    from specreg.runtime.acceptance import rejection_sample
+
+    rule = acceptance_rule or rejection_sample
+    records = {record.id: record for record in golden}
+    sampled = [run for run in decodes.runs if run.temperature > 0][:max_records]
+    if not sampled:
+        return CheckResult(CHECK_NAME, SKIP, f"golden set '{golden.name}' has no prompt with temperature > 0",
+                           {"prefixes": []}, {"prefixes": 0})
+    vocab = pair.vocab_size
+    prefixes = []
+    for run in sampled:
+        continuation = run.target_only.token_ids
+        for offset in PREFIX_OFFSETS:
+            if offset <= len(continuation) - 1 or offset == 0:
+                prefixes.append((run, offset, run.prompt_ids + continuation[:offset]))
+    tests = 2 * len(prefixes)
+    threshold = alpha / tests
+    results, zero_probability = [], 0
+    for index, (run, offset, token_ids) in enumerate(prefixes):
+        record = records[run.record_id]
+        target_probs = next_token_probs(pair.target, token_ids, vocab, record)  # [vocab]
+        if method == "ngram" or pair.draft is None:
+            draft_probs = torch.zeros_like(target_probs)
+            draft_probs[target_probs.argmax()] = 1.0
+        else:
+            draft_probs = next_token_probs(pair.draft, token_ids, vocab, record)
+        speculative, target_only = sample_one_step(draft_probs, target_probs, samples, seed + 1000 * index, rule)
+        target_cpu = target_probs.double().cpu()
+        spec_counts = torch.bincount(speculative, minlength=vocab)[:vocab]
+        target_counts = torch.bincount(target_only, minlength=vocab)[:vocab]
+        zeros = int(spec_counts[target_cpu == 0].sum())
+        zero_probability += zeros
+        _, _, p_homogeneity = two_sample_chi2(spec_counts, target_counts)
+        statistic, dof, p_fit = goodness_of_fit_chi2(spec_counts, target_cpu)
+        empirical = spec_counts.double() / samples
+        results.append({
+            "record": run.record_id, "category": run.category, "prefix_tokens": len(token_ids),
+            "continuation_offset": offset, "samples": samples,
+            "p_value_vs_target_sampling": p_homogeneity, "p_value_vs_target_probs": p_fit,
+            "chi2_vs_target_probs": statistic, "dof": dof,
+            "total_variation": float((empirical - target_cpu).abs().sum() / 2),
+            "expected_acceptance": float(torch.minimum(target_probs, draft_probs).sum()),
+            "zero_probability_emitted": zeros,
+            "ok": zeros == 0 and min(p_homogeneity, p_fit) >= threshold,
+        })
+    min_p = min(min(r["p_value_vs_target_sampling"], r["p_value_vs_target_probs"]) for r in results)
+    figures = {"prefixes": len(prefixes), "samples_per_prefix": samples, "min_p_value": min_p,
+               "threshold": threshold, "zero_probability_emitted": zero_probability,
+               "max_total_variation": max(r["total_variation"] for r in results)}
+    evidence = {"prefixes": results, "alpha": alpha, "tests": tests,
+                "method": "single-step draws through the acceptance rule vs target sampling, chi-square"}
+    if zero_probability:
+        bad = next(r for r in results if r["zero_probability_emitted"])
+        return CheckResult(CHECK_NAME, FAIL, f"speculative sampling emitted {zero_probability} token(s) the target "
+                           f"gives probability 0 ('{bad['record']}', prefix of {bad['prefix_tokens']} tokens)",
+                           evidence, figures)
+    failing = [r for r in results if not r["ok"]]
+    if failing:
+        bad = failing[0]
+        return CheckResult(CHECK_NAME, FAIL, f"speculative sampling does not match the target's distribution: "
+                           f"'{bad['record']}' prefix of {bad['prefix_tokens']} tokens, p = "
+                           f"{min(bad['p_value_vs_target_sampling'], bad['p_value_vs_target_probs']):.2e} < "
+                           f"{threshold:.1e} ({len(failing)} of {len(results)} prefixes fail)", evidence, figures)
+    return CheckResult(CHECK_NAME, PASS, f"{len(prefixes)} prefixes x {samples} draws: speculative sampling matches "
+                       f"the target (min p = {min_p:.3g} >= {threshold:.1e}), no zero-probability token",
+                       evidence, figures)

@@ -1,0 +1,196 @@
+"""Golden-prompt equivalence (DESIGN.md §3): speculative greedy decoding must emit exactly the
+tokens of target-only greedy decoding, on the same device and dtype.
+
+``decode_golden`` is the one pass over the golden prompts that the runtime checks share: per
+prompt, target-only greedy, speculative greedy and (for sampled prompts) speculative sampling
+with the prompt's own settings. ``check_equivalence`` compares the greedy pairs; at the first
+divergence it recomputes the target's logits by plain decoding (one full forward, no cache) and
+records both tokens and the top-1/top-2 margin there: a margin below the tolerance with the
+speculative token in the top two is a numerical near-tie (warn, with evidence); anything else
+is a real difference (fail).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from specreg.errors import ModelReferenceError
+from specreg.validators.base import FAIL, PASS, SKIP, WARN, CheckResult
+
+CHECK_NAME = "equivalence"
+# Logit margins under which fp rounding between one-position and (k+1)-position forwards can
+# flip an argmax: float32 rounding is ~1e-6 relative; half precisions are coarser.
+NEAR_TIE_TOLERANCE = {"float32": 1e-3, "float16": 5e-2, "bfloat16": 2.5e-1}
+MAX_EVIDENCE = 20
+
+
+@dataclass(frozen=True)
+class SpeculativeSettings:
+    """The pair's speculative configuration as the runtime needs it."""
+
+    method: str = "draft_model"
+    k: int = 4
+    prompt_lookup_min: int = 1
+    prompt_lookup_max: int = 3
+
+
+@dataclass
+class PromptRun:
+    """The decodes of one golden prompt. ``sampled`` is None for greedy prompts, whose
+    acceptance is that of ``speculative``."""
+
+    record_id: str
+    category: str
+    prompt_ids: list[int]
+    temperature: float
+    speculative: Any  # runtime Generation, greedy
+    target_only: Any  # runtime Generation, greedy
+    sampled: Any = None  # runtime Generation with the record's temperature/top-p/top-k/seed
+
+    @property
+    def acceptance_generation(self):
+        """The generation whose acceptance counts: the prompt decoded as its record asks."""
+        return self.sampled if self.sampled is not None else self.speculative
+
+
+@dataclass
+class GoldenDecodes:
+    runs: list[PromptRun] = field(default_factory=list)
+    skipped: list[dict] = field(default_factory=list)  # records that could not be encoded
+
+
+def decode_config(record, settings: SpeculativeSettings, *, greedy: bool, seed: int = 0):
+    from specreg.runtime.decode import DecodeConfig
+
+    return DecodeConfig(
+        method=settings.method, k=settings.k, max_new_tokens=record.max_new_tokens,
+        temperature=0.0 if greedy else float(record.temperature or 0.0),
+        top_k=None if greedy else record.top_k, top_p=None if greedy else record.top_p,
+        seed=record.seed if record.seed is not None else seed,
+        prompt_lookup_min=settings.prompt_lookup_min, prompt_lookup_max=settings.prompt_lookup_max,
+    )
+
+
+def decode_golden(pair, golden, settings: SpeculativeSettings, *, seed: int = 0,
+                  progress: Callable[[str], None] | None = None, hooks: dict | None = None) -> GoldenDecodes:
+    """Decode every golden record on the runtime -> GoldenDecodes.
+
+    pair: a runtime ModelPair; golden: a GoldenSet; hooks: passed to speculative_generate
+    (acceptance_rule / greedy_rule: tests inject broken rules). progress(record_id) is called
+    after each record. Records the target's tokenizer cannot encode (a chat record and no chat
+    template) are skipped and listed; the chat_template check reports why.
+    """
+    import jinja2
+
+    from specreg.runtime.decode import speculative_generate, target_only_generate
+
+    hooks = hooks or {}
+    decodes = GoldenDecodes()
+    warmed = False
+    for record in golden:
+        try:
+            prompt_ids = record.encode(pair.tokenizer)
+        except (ModelReferenceError, jinja2.TemplateError) as exc:
+            decodes.skipped.append({"record": record.id, "reason": " ".join(str(exc).split())[:200]})
+            if progress:
+                progress(record.id)
+            continue
+        greedy = decode_config(record, settings, greedy=True, seed=seed)
+        if not warmed:
+            # first calls pay one-off allocation and kernel selection: keep them out of the timings
+            short = decode_config(record, settings, greedy=True, seed=seed)
+            short.max_new_tokens = min(4, short.max_new_tokens)
+            target_only_generate(pair, prompt_ids, short)
+            speculative_generate(pair, prompt_ids, short, **hooks)
+            warmed = True
+        target_only = target_only_generate(pair, prompt_ids, greedy)
+        speculative = speculative_generate(pair, prompt_ids, greedy, **hooks)
+        sampled = None
+        if not record.is_greedy:
+            sampled = speculative_generate(pair, prompt_ids, decode_config(record, settings, greedy=False, seed=seed),
+                                           **hooks)
+        decodes.runs.append(PromptRun(record.id, record.category, list(prompt_ids), float(record.temperature or 0.0),
+                                      speculative, target_only, sampled))
+        if progress:
+            progress(record.id)
+    return decodes
+
+
+def plain_next_token_logits(pair, token_ids: list[int]):
+    """The target's next-token logits after ``token_ids`` by one full forward without any
+    cache -> logits # [vocab] (float32): the reference a near-tie is judged against."""
+    import torch
+
+    with torch.inference_mode():
+        input_ids = torch.tensor([token_ids], dtype=torch.long, device=pair.device)  # [1, n]
+        return pair.target(input_ids=input_ids, use_cache=False).logits[0, -1, :pair.vocab_size].float()
+
+
+def describe_divergence(pair, run: PromptRun, tolerance: float) -> dict:
+    """Where speculative and target-only greedy outputs first differ, with the target's
+    top-1/top-2 margin there recomputed by plain decoding -> evidence dict with "near_tie"."""
+    spec, plain = run.speculative.token_ids, run.target_only.token_ids
+    position = next((i for i, (a, b) in enumerate(zip(spec, plain)) if a != b), min(len(spec), len(plain)))
+    spec_token = spec[position] if position < len(spec) else None
+    target_token = plain[position] if position < len(plain) else None
+    logits = plain_next_token_logits(pair, run.prompt_ids + plain[:position])  # [vocab]
+    top = logits.topk(2)
+    top_ids = [int(i) for i in top.indices]
+    margin = float(top.values[0] - top.values[1])
+    tokenizer = pair.tokenizer
+
+    def label(token_id):
+        return "<end>" if token_id is None else tokenizer.convert_ids_to_tokens(int(token_id))
+
+    near_tie = margin < tolerance and spec_token in top_ids and target_token in top_ids
+    return {
+        "record": run.record_id, "category": run.category, "position": position,
+        "speculative_token_id": spec_token, "speculative_token": label(spec_token),
+        "target_only_token_id": target_token, "target_only_token": label(target_token),
+        "plain_top2_ids": top_ids, "plain_top2_tokens": [label(i) for i in top_ids],
+        "plain_top2_logits": [float(v) for v in top.values],
+        "margin": margin, "tolerance": tolerance, "near_tie": near_tie,
+        "speculative_length": len(spec), "target_only_length": len(plain),
+    }
+
+
+def check_equivalence(pair, decodes: GoldenDecodes, *, tolerance: float) -> CheckResult:
+    """Exact token equality of speculative vs target-only greedy decoding of every prompt.
+
+    pair: the runtime ModelPair the decodes ran on; decodes: from decode_golden; tolerance:
+    the logit margin under which a divergence is a near-tie. Returns a CheckResult
+    "equivalence": pass when every prompt matches, warn when all divergences are near-ties,
+    fail otherwise (or when no prompt could be decoded).
+    """
+    divergences = []
+    for run in decodes.runs:
+        if run.speculative.token_ids != run.target_only.token_ids:
+            divergences.append(describe_divergence(pair, run, tolerance))
+    prompts = len(decodes.runs)
+    near_ties = sum(1 for d in divergences if d["near_tie"])
+    figures = {"prompts": prompts, "exact": prompts - len(divergences), "near_tie": near_ties,
+               "fail": len(divergences) - near_ties, "skipped": len(decodes.skipped),
+               "tokens_compared": sum(len(r.target_only.token_ids) for r in decodes.runs)}
+    evidence = {"divergences": divergences[:MAX_EVIDENCE], "skipped": decodes.skipped, "tolerance": tolerance}
+    if prompts == 0:
+        return CheckResult(CHECK_NAME, SKIP if not decodes.skipped else FAIL,
+                           "no golden prompt could be decoded", evidence, figures)
+    hard = [d for d in divergences if not d["near_tie"]]
+    if hard:
+        first = hard[0]
+        more = f" ({len(divergences)} of {prompts} prompts diverge)" if len(divergences) > 1 else ""
+        summary = (f"'{first['record']}' diverges at token {first['position']}: speculative "
+                   f"{first['speculative_token']!r} (id {first['speculative_token_id']}) vs target-only "
+                   f"{first['target_only_token']!r} (id {first['target_only_token_id']}), "
+                   f"top-1/top-2 margin {first['margin']:.4g} >= tolerance {tolerance:g}{more}")
+        return CheckResult(CHECK_NAME, FAIL, summary, evidence, figures)
+    if divergences:
+        first = divergences[0]
+        summary = (f"near-tie: {len(divergences)} of {prompts} prompts diverge only where the target's "
+                   f"top-1/top-2 margin is below {tolerance:g} (first '{first['record']}' at token "
+                   f"{first['position']}, margin {first['margin']:.3g})")
+        return CheckResult(CHECK_NAME, WARN, summary, evidence, figures)
+    skipped = f"; {len(decodes.skipped)} skipped" if decodes.skipped else ""
+    return CheckResult(CHECK_NAME, PASS, f"{prompts} prompts, {figures['tokens_compared']} tokens: speculative "
+                       f"output identical to target-only{skipped}", evidence, figures)

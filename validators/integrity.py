@@ -1,0 +1,47 @@
+"""Integrity (static): are the models on disk still the ones that were registered?
+
+Both directories are fingerprinted again (weights file by file, config, tokenizer, chat
+template; no tensor is loaded) and compared with the fingerprints bound into the pair version.
+Any change fails and names the file: a validation of other weights than the registered ones
+would certify the wrong models.
+"""
+
+from __future__ import annotations
+
+from specreg.errors import ModelReferenceError
+from specreg.registry.entities import ModelRef
+from specreg.registry.fingerprint import compare_fingerprints, fingerprint_model
+from specreg.validators.base import FAIL, PASS, CheckResult
+
+CHECK_NAME = "integrity"
+
+
+def check_integrity(models: dict[str, ModelRef | None], allow_pickle: bool = False) -> CheckResult:
+    """Re-fingerprint each registered model and compare.
+
+    models: role ("target", "draft") -> the ModelRef recorded at registration (None: no such
+    model, e.g. ngram drafting). Returns a CheckResult "integrity": fail naming the role, the
+    directory and each changed file; pass when every fingerprint is unchanged.
+    """
+    findings = []
+    checked = 0
+    for role, ref in models.items():
+        if ref is None:
+            continue
+        checked += 1
+        try:
+            current = fingerprint_model(ref.path, allow_pickle=allow_pickle)
+        except ModelReferenceError as exc:
+            findings.append({"model": role, "path": ref.path, "change": f"unreadable: {exc}"})
+            continue
+        for change in compare_fingerprints(ref.fingerprint, current):
+            findings.append({"model": role, "path": ref.path, "change": change})
+    figures = {"models_checked": checked, "changes": len(findings)}
+    if findings:
+        first = findings[0]
+        more = f" (and {len(findings) - 1} more change{'s' if len(findings) > 2 else ''})" if len(findings) > 1 else ""
+        summary = f"{first['model']} {first['path']}: {first['change']} since registration{more}"
+        return CheckResult(CHECK_NAME, FAIL, summary, {"changes": findings}, figures)
+    roles = " and ".join(role for role, ref in models.items() if ref is not None)
+    return CheckResult(CHECK_NAME, PASS, f"{roles} unchanged since registration (weights, config, "
+                       f"tokenizer, chat template)", {"changes": []}, figures)

@@ -1,0 +1,83 @@
+"""Performance: what speculation buys on this device, and the k the measurements recommend.
+
+Speedup = target-only decode time / speculative decode time over the greedy decodes of every
+golden prompt (same prompts, same tokens: equivalence holds them equal). Per-token latency
+p50/p95/p99 and the longest run of fully rejected steps come from the speculative decodes. The
+recommended k is the runtime's choose_k over the measured per-position acceptance and the
+measured draft/target step-cost ratio. A speedup below 1 warns (speculation slows this pair
+down here); it does not fail, since CPU figures say little about the serving accelerator.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specreg.validators.base import PASS, SKIP, WARN, CheckResult
+
+CHECK_NAME = "performance"
+HISTOGRAM_BINS = 20
+
+
+def latency_histogram(latencies_s: list[float], bins: int = HISTOGRAM_BINS) -> dict[str, Any]:
+    """Per-token latencies -> {"edges_ms": [bins+1], "counts": [bins]} over [min, max]."""
+    if not latencies_s:
+        return {"edges_ms": [], "counts": []}
+    low, high = min(latencies_s) * 1000, max(latencies_s) * 1000
+    width = (high - low) / bins or 1e-9
+    counts = [0] * bins
+    for value in latencies_s:
+        counts[min(int((value * 1000 - low) / width), bins - 1)] += 1
+    return {"edges_ms": [low + i * width for i in range(bins + 1)], "counts": counts}
+
+
+def check_performance(pair, decodes, *, method: str = "draft_model", k: int = 4, k_max: int = 8,
+                      cost_ratio: float | None = None) -> CheckResult:
+    """Speedup, latency percentiles, longest rejection run and recommended k.
+
+    pair: runtime ModelPair; decodes: GoldenDecodes; method, k: the pair's configuration;
+    cost_ratio: draft/target step cost (measured here with measure_cost_ratio when None; 0 for
+    ngram, whose drafting has no forward pass). Returns a CheckResult "performance".
+    """
+    from specreg.runtime.choose_k import choose_k, measure_cost_ratio
+    from specreg.runtime.metrics import aggregate
+
+    if not decodes.runs:
+        return CheckResult(CHECK_NAME, SKIP, "no golden prompt was decoded", {}, {})
+    speculative = aggregate([run.speculative.metrics for run in decodes.runs])
+    target_only = aggregate([run.target_only.metrics for run in decodes.runs])
+    speedup = target_only["total_time_s"] / speculative["total_time_s"] if speculative["total_time_s"] > 0 else 0.0
+    if cost_ratio is None:
+        if method == "ngram" or pair.draft is None:
+            cost_ratio = 0.0
+        else:
+            cost_ratio = measure_cost_ratio(pair.target, pair.draft, decodes.runs[0].prompt_ids, steps=8, repeats=3)
+    per_position = speculative["per_position_acceptance"] or [speculative["acceptance_rate"] or 0.0]
+    best_k, expected = choose_k(per_position, cost_ratio, k_max=max(k_max, k))
+    latencies = [s for run in decodes.runs for s in run.speculative.metrics.token_latencies_s]
+    figures = {
+        "speedup": speedup,
+        "tokens_per_s": speculative["tokens_per_s"] or 0.0,
+        "baseline_tokens_per_s": target_only["tokens_per_s"] or 0.0,
+        "ttft_ms": (speculative["ttft_s"] or 0.0) * 1000,
+        "latency_p50_ms": speculative["latency_p50_s"] * 1000,
+        "latency_p95_ms": speculative["latency_p95_s"] * 1000,
+        "latency_p99_ms": speculative["latency_p99_s"] * 1000,
+        "baseline_latency_p50_ms": target_only["latency_p50_s"] * 1000,
+        "longest_rejection_run": speculative["longest_rejection_run"],
+        "cost_ratio": cost_ratio,
+        "k": k,
+        "recommended_k": best_k,
+        "expected_speedup_at_recommended_k": expected,
+    }
+    evidence = {"latency_histogram": latency_histogram(latencies),
+                "speculative_time_s": speculative["total_time_s"], "target_only_time_s": target_only["total_time_s"],
+                "generated_tokens": speculative["generated_tokens"], "fallbacks": speculative["fallbacks"],
+                "device": str(pair.device)}
+    headline = (f"speedup {speedup:.2f}x at k={k} ({figures['tokens_per_s']:.1f} vs "
+                f"{figures['baseline_tokens_per_s']:.1f} tokens/s), p50/p95/p99 "
+                f"{figures['latency_p50_ms']:.2f}/{figures['latency_p95_ms']:.2f}/{figures['latency_p99_ms']:.2f} ms, "
+                f"longest rejection run {figures['longest_rejection_run']}, recommended k={best_k} "
+                f"(cost ratio {cost_ratio:.2f})")
+    if speedup < 1.0:
+        return CheckResult(CHECK_NAME, WARN, f"slower than target-only on {pair.device}: {headline}", evidence, figures)
+    return CheckResult(CHECK_NAME, PASS, headline, evidence, figures)

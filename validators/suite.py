@@ -1,0 +1,238 @@
+"""The validation suite: static checks first, then one decode pass over the golden prompts on
+the runtime, then the runtime checks over its results. Knows the runtime and the registry's
+plain entities, never the store: the caller persists each result through ``on_check``.
+"""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from specreg.errors import RuntimeConfigError, UsageError
+from specreg.validators.base import FAIL, PASS, SKIP, CheckResult, combine_statuses
+
+STATIC_CHECKS = ("integrity", "tokenizer", "chat_template", "memory")
+RUNTIME_CHECKS = ("equivalence", "distribution", "acceptance", "performance")
+CHECK_NAMES = STATIC_CHECKS + RUNTIME_CHECKS
+
+
+@dataclass(frozen=True)
+class ValidationOptions:
+    """How to validate. checks None: all of CHECK_NAMES. near_tie_tolerance None: by dtype."""
+
+    device: str = "auto"
+    dtype: str = "float32"
+    checks: tuple[str, ...] | None = None
+    gpu_memory: str | None = None
+    max_context_tokens: int | None = None
+    batch_size: int = 1
+    acceptance_tolerance: float = 0.10
+    near_tie_tolerance: float | None = None
+    distribution_samples: int = 4000
+    seed: int = 0
+
+    @property
+    def selected(self) -> tuple[str, ...]:
+        return tuple(self.checks) if self.checks else CHECK_NAMES
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["checks"] = list(self.selected)
+        return data
+
+
+def parse_checks(text: str | None) -> tuple[str, ...] | None:
+    """"equivalence,acceptance" -> ("equivalence", "acceptance") in suite order; None for all.
+    Raises UsageError naming an unknown check."""
+    if not text:
+        return None
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in CHECK_NAMES]
+    if unknown:
+        raise UsageError(f"unknown check {unknown[0]!r} in --checks: use any of {', '.join(CHECK_NAMES)}")
+    return tuple(name for name in CHECK_NAMES if name in names)
+
+
+@dataclass
+class SuiteResult:
+    checks: list[CheckResult] = field(default_factory=list)
+    baselines: dict[str, Any] | None = None  # this run's acceptance figures (kept if it passes)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def verdict(self) -> str:
+        status = combine_statuses(check.status for check in self.checks)
+        return PASS if status == SKIP else status
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict != FAIL
+
+
+def environment(device: str, dtype: str) -> dict[str, Any]:
+    """Versions and hardware a validation ran on (recorded with the run)."""
+    import torch
+    import transformers
+
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        specreg_version = version("specreg")
+    except PackageNotFoundError:
+        specreg_version = None
+    env = {"torch": torch.__version__, "transformers": transformers.__version__, "specreg": specreg_version,
+           "python": platform.python_version(), "platform": platform.platform(), "device": device, "dtype": dtype}
+    if device.startswith("cuda"):
+        env["device_name"] = torch.cuda.get_device_name(torch.device(device))
+    return env
+
+
+def default_near_tie_tolerance(dtype: str) -> float:
+    from specreg.validators.equivalence import NEAR_TIE_TOLERANCE
+
+    return NEAR_TIE_TOLERANCE.get(dtype, NEAR_TIE_TOLERANCE["bfloat16"])
+
+
+def run_suite(pair_version, golden, options: ValidationOptions, *, device: str,
+              previous_baselines: tuple[int, dict] | None = None,
+              on_check: Callable[[CheckResult], None] | None = None,
+              progress: Callable[[int, int, str], None] | None = None,
+              hooks: dict | None = None) -> SuiteResult:
+    """Run the selected checks on a pair version -> SuiteResult.
+
+    pair_version: registry PairVersion (its recorded model paths and fingerprints); golden: a
+    GoldenSet; device: resolved device string; previous_baselines: (version, baselines) of the
+    previous validated version of this pair name; on_check(result) after each check (persist it);
+    progress(done, total, record_id) after each golden prompt is decoded; hooks: acceptance_rule /
+    greedy_rule handed to the runtime (tests inject broken rules). Model errors raise
+    (ModelReferenceError); a pair the runtime refuses fails the runtime checks instead.
+    """
+    from specreg.validators import acceptance, distribution, equivalence, integrity, performance
+
+    selected = options.selected
+    result = SuiteResult()
+    hooks = hooks or {}
+
+    def emit(check: CheckResult) -> None:
+        result.checks.append(check)
+        if on_check:
+            on_check(check)
+
+    target_dir = pair_version.target.path
+    draft_dir = pair_version.draft.path if pair_version.draft else None
+    no_draft = "ngram drafting has no draft model to compare"
+    if "integrity" in selected:
+        emit(integrity.check_integrity({"target": pair_version.target, "draft": pair_version.draft},
+                                       allow_pickle=pair_version.allow_pickle))
+    if "tokenizer" in selected:
+        if draft_dir is None:
+            emit(CheckResult("tokenizer", SKIP, no_draft))
+        else:
+            from specreg.validators.tokenizer import check_tokenizer_alignment
+
+            emit(check_tokenizer_alignment(draft_dir, target_dir, golden))
+    if "chat_template" in selected:
+        if draft_dir is None:
+            emit(CheckResult("chat_template", SKIP, no_draft))
+        else:
+            from specreg.validators.chat_template import check_chat_template_alignment
+
+            emit(check_chat_template_alignment(draft_dir, target_dir, golden))
+    if "memory" in selected:
+        if draft_dir is None:
+            emit(CheckResult("memory", SKIP, "memory headroom is computed for draft + target; ngram has no draft"))
+        else:
+            from specreg.validators.memory import check_memory_headroom
+
+            emit(check_memory_headroom(draft_dir, target_dir, gpu_memory=options.gpu_memory,
+                                       max_context_tokens=options.max_context_tokens, batch_size=options.batch_size,
+                                       dtype=options.dtype, device=device if device.startswith("cuda") else None))
+
+    runtime_checks = [name for name in RUNTIME_CHECKS if name in selected]
+    if runtime_checks:
+        from specreg.runtime.pair import load_pair
+
+        config = pair_version.config
+        settings = equivalence.SpeculativeSettings(
+            method=config.method.value, k=config.num_speculative_tokens,
+            prompt_lookup_min=config.prompt_lookup_min or 1, prompt_lookup_max=config.prompt_lookup_max or 3)
+        try:
+            pair = load_pair(target_dir, draft_dir, device=device, dtype=options.dtype)
+        except RuntimeConfigError as exc:
+            # the runtime refuses to verify one model against the other: the pair cannot serve
+            for name in runtime_checks:
+                status, summary = (FAIL, f"the runtime refuses this pair: {exc}") if name == runtime_checks[0] else \
+                    (SKIP, "not run: the runtime refuses this pair")
+                emit(CheckResult(name, status, summary, {"error": str(exc)}))
+            result.summary = build_summary(result, golden, options, device)
+            return result
+
+        total = len(golden)
+        done = [0]
+
+        def advance(record_id: str) -> None:
+            done[0] += 1
+            if progress:
+                progress(done[0], total, record_id)
+
+        decodes = equivalence.decode_golden(pair, golden, settings, seed=options.seed, progress=advance, hooks=hooks)
+        if "equivalence" in selected:
+            tolerance = options.near_tie_tolerance
+            if tolerance is None:
+                tolerance = default_near_tie_tolerance(options.dtype)
+            emit(equivalence.check_equivalence(pair, decodes, tolerance=tolerance))
+        if "distribution" in selected:
+            emit(distribution.check_distribution(pair, golden, decodes, method=settings.method,
+                                                 samples=options.distribution_samples, seed=options.seed,
+                                                 acceptance_rule=hooks.get("acceptance_rule")))
+        baselines = acceptance.acceptance_baselines(decodes)
+        if "acceptance" in selected:
+            emit(acceptance.check_acceptance(decodes, previous=previous_baselines,
+                                             tolerance=options.acceptance_tolerance, k=settings.k))
+            result.baselines = baselines
+        if "performance" in selected:
+            emit(performance.check_performance(pair, decodes, method=settings.method, k=settings.k))
+    result.summary = build_summary(result, golden, options, device)
+    return result
+
+
+def build_summary(result: SuiteResult, golden, options: ValidationOptions, device: str) -> dict[str, Any]:
+    """Headline figures of a run in the sections MlflowSync.log_validation reads
+    (acceptance, performance, equivalence, golden_set, settings, checks)."""
+    by_name = {check.name: check for check in result.checks}
+    summary: dict[str, Any] = {
+        "verdict": result.verdict,
+        "checks": {check.name: check.status for check in result.checks},
+        "golden_set": {"name": golden.name, "version": golden.version, "sha256": golden.content_sha256,
+                       "prompts": len(golden)},
+        "settings": {"device": device, "dtype": options.dtype, "seed": options.seed,
+                     "acceptance_tolerance": options.acceptance_tolerance},
+    }
+    if result.baselines:
+        overall = result.baselines["overall"]
+        summary["acceptance"] = {
+            "acceptance_rate": overall.get("acceptance_rate"),
+            "mean_acceptance_length": overall.get("mean_acceptance_length"),
+            "per_position": overall.get("per_position_acceptance") or [],
+            "per_category": {category: {"acceptance_rate": figures.get("acceptance_rate"),
+                                        "mean_acceptance_length": figures.get("mean_acceptance_length")}
+                             for category, figures in result.baselines["per_category"].items()},
+            "drafted_tokens": overall.get("drafted"), "accepted_tokens": overall.get("accepted"),
+            "longest_rejection_run": overall.get("longest_rejection_run"),
+        }
+    if "performance" in by_name and by_name["performance"].figures:
+        figures = by_name["performance"].figures
+        summary["performance"] = {
+            "speedup": figures["speedup"], "tokens_per_s": figures["tokens_per_s"],
+            "baseline_tokens_per_s": figures["baseline_tokens_per_s"], "ttft_ms": figures["ttft_ms"],
+            "latency_ms": {"p50": figures["latency_p50_ms"], "p95": figures["latency_p95_ms"],
+                           "p99": figures["latency_p99_ms"]},
+            "recommended_k": figures["recommended_k"], "cost_ratio": figures["cost_ratio"],
+        }
+    if "equivalence" in by_name and by_name["equivalence"].figures:
+        figures = by_name["equivalence"].figures
+        summary["equivalence"] = {key: figures[key] for key in ("prompts", "exact", "near_tie", "fail")
+                                  if key in figures}
+    return summary
+
