@@ -253,6 +253,55 @@ class Registry:
 
         return governance.environment_pointers(self.store, check_name(name) if name else None)
 
+    # --- validation ---------------------------------------------------------------------
+
+    def validate(self, ref: str | PairRef, *, golden: str = "default", device: str = "auto",
+                 dtype: str = "float32", checks: str | list[str] | None = None, gpu_memory: str | None = None,
+                 acceptance_tolerance: float = 0.10, near_tie_tolerance: float | None = None,
+                 distribution_samples: int = 4000, seed: int = 0, progress=None, hooks: dict | None = None):
+        """Validate a pair version on golden set ``golden`` (a shipped name or a file path) and
+        record the run; the version moves to validated or failed.
+
+        checks: "a,b" or a list (default: all of validators.suite.CHECK_NAMES); progress(done,
+        total, record_id) per golden prompt; hooks: runtime rule overrides (tests only).
+        Returns registry.validations.ValidationOutcome (run, version after the move, checks).
+        A failing check does not raise: look at ``outcome.passed``. Errors raise SpecregError;
+        SIGINT/SIGTERM raise ValidationInterrupted; both leave the run aborted/error and the
+        state unchanged.
+        """
+        from specreg.golden_prompts.loader import load_golden_set
+        from specreg.registry.validations import validate_version
+        from specreg.validators.suite import ValidationOptions, parse_checks
+
+        if not 0 <= acceptance_tolerance < 1:
+            raise UsageError(f"invalid acceptance tolerance {acceptance_tolerance!r}: use a fraction in [0, 1)")
+        if distribution_samples < 100:
+            raise UsageError(f"invalid distribution samples {distribution_samples!r}: use at least 100")
+        selected = parse_checks(checks if isinstance(checks, str) or checks is None else ",".join(checks))
+        options = ValidationOptions(device=device, dtype=dtype, checks=selected, gpu_memory=gpu_memory,
+                                    acceptance_tolerance=acceptance_tolerance, near_tie_tolerance=near_tie_tolerance,
+                                    distribution_samples=distribution_samples, seed=seed)
+        version = self.get(ref)
+        golden_set = load_golden_set(golden)
+        return validate_version(self.store, version, golden_set, options, actor=self.user,
+                                progress=progress, hooks=hooks)
+
+    def validation_runs(self, ref: str | PairRef) -> list:
+        """Validation runs (registry.entities.ValidationRun) of a version, oldest first; runs
+        whose process died are marked aborted first."""
+        from specreg.registry.validations import ValidationStore
+
+        version = self.get(ref)
+        runs = ValidationStore(self.store)
+        runs.reap_dead_runs()
+        return runs.list_runs(version.name, version.version)
+
+    def baselines(self, ref: str | PairRef) -> dict | None:
+        """Acceptance baselines of a version: those of its newest passed validation run, or None."""
+        from specreg.registry.validations import ValidationStore
+
+        version = self.get(ref)
+        return ValidationStore(self.store).baselines(version.name, version.version)
 
     # --- database -----------------------------------------------------------------------
 
