@@ -1,0 +1,164 @@
+"""`Registry.validate` end to end on tiny pairs: each check's pass and fail path, the state
+move, the persisted run and the baselines."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from specreg.errors import GoldenSetError, NotFoundError
+from specreg.registry.entities import PairState
+
+
+
+def copy_model(source, destination) -> Path:
+    return Path(shutil.copytree(source, destination))
+
+
+FAST = "integrity,tokenizer,chat_template,equivalence,acceptance"
+
+
+def statuses(outcome) -> dict[str, str]:
+    return {check.name: check.status for check in outcome.checks}
+
+
+def test_good_pair_passes_every_check_and_is_validated(registry, models, golden_path):
+    registry.register("good", target=str(models["target"]), draft=str(models["draft"]), num_speculative_tokens=3)
+    outcome = registry.validate("good@1", golden=str(golden_path), device="cpu", gpu_memory="1GiB",
+                                distribution_samples=2000)
+    found = statuses(outcome)
+    assert list(found) == ["integrity", "tokenizer", "chat_template", "memory", "equivalence", "distribution",
+                           "acceptance", "performance"]
+    assert all(status in ("pass", "warn") for status in found.values()), outcome.checks
+    assert found["equivalence"] == "pass" and found["distribution"] == "pass"
+    assert outcome.passed and outcome.version.state is PairState.VALIDATED
+    run = registry.validation_runs("good@1")[-1]
+    assert run.status == "passed" and run.golden_set == "tiny" and len(run.golden_sha256) == 64
+    assert run.environment["device"] == "cpu" and run.environment["torch"] and run.environment["transformers"]
+    assert [c.name for c in run.checks] == list(found)
+    baselines = registry.baselines("good@1")
+    assert set(baselines["per_category"]) == {"support", "code", "creative"}
+    assert 0 <= baselines["overall"]["acceptance_rate"] <= 1
+    performance = next(c for c in run.checks if c.name == "performance").figures
+    assert performance["latency_p50_ms"] <= performance["latency_p95_ms"] <= performance["latency_p99_ms"]
+    assert 1 <= performance["recommended_k"] <= 8
+    event = registry.history("good")[-1]
+    assert event.action == "validate" and event.to_state == "validated"
+    assert event.details["validation_run_id"] == run.id
+
+
+def test_self_draft_accepts_everything_then_random_draft_drops_against_its_baseline(registry, models, golden_path):
+    registry.register("drop", target=str(models["target"]), draft=str(models["self"]), num_speculative_tokens=3)
+    first = registry.validate("drop@1", golden=str(golden_path), device="cpu", checks="equivalence,acceptance")
+    overall = registry.baselines("drop@1")["overall"]
+    assert first.passed and overall["acceptance_rate"] == pytest.approx(1.0)
+    assert overall["mean_acceptance_length"] > 2.5  # k + 1 = 4 except where max_new_tokens cuts a step short
+
+    registry.register("drop", target=str(models["target"]), draft=str(models["draft"]), num_speculative_tokens=3)
+    second = registry.validate("drop@2", golden=str(golden_path), device="cpu", checks="equivalence,acceptance")
+    acceptance = next(c for c in second.checks if c.name == "acceptance")
+    assert acceptance.status == "fail" and "below v1's" in acceptance.summary
+    assert acceptance.evidence["compared_with_version"] == 1
+    assert any(not row["ok"] and row["scope"] == "overall" for row in acceptance.evidence["comparison"])
+    assert not second.passed and second.version.state is PairState.FAILED
+    assert registry.baselines("drop@2") is None  # a failed run sets no baselines
+
+
+def test_swapped_token_id_fails_tokenizer_and_runtime_refuses(registry, models, golden_path, tmp_path):
+    draft = copy_model(models["draft"], tmp_path / "swapped")
+    data = json.loads((draft / "tokenizer.json").read_text())
+    vocab = data["model"]["vocab"]
+    a, b = sorted(token for token in vocab if len(token) > 2)[:2]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (draft / "tokenizer.json").write_text(json.dumps(data))
+    registry.register("swap", target=str(models["target"]), draft=str(draft), num_speculative_tokens=3)
+    outcome = registry.validate("swap@1", golden=str(golden_path), device="cpu", checks=FAST)
+    found = statuses(outcome)
+    assert found["tokenizer"] == "fail" and found["equivalence"] == "fail" and found["acceptance"] == "skip"
+    tokenizer = next(c for c in outcome.checks if c.name == "tokenizer")
+    assert a in tokenizer.summary or b in tokenizer.summary
+    assert "runtime refuses" in next(c for c in outcome.checks if c.name == "equivalence").summary
+    assert outcome.version.state is PairState.FAILED
+
+
+def test_extra_special_token_fails(registry, models, golden_path, tmp_path):
+    from transformers import AutoTokenizer
+
+    draft = copy_model(models["draft"], tmp_path / "extra")
+    tokenizer = AutoTokenizer.from_pretrained(draft)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|tool|>"]})
+    tokenizer.save_pretrained(draft)
+    registry.register("extra", target=str(models["target"]), draft=str(draft), num_speculative_tokens=3)
+    outcome = registry.validate("extra@1", golden=str(golden_path), device="cpu", checks="tokenizer,equivalence")
+    tokenizer_check = next(c for c in outcome.checks if c.name == "tokenizer")
+    assert tokenizer_check.status == "fail" and "<|tool|>" in tokenizer_check.summary
+    assert not outcome.passed
+
+
+def test_chat_template_missing_newline_fails_while_runtime_checks_run(registry, models, golden_path, tmp_path):
+    draft = copy_model(models["draft"], tmp_path / "template")
+    template = draft / "chat_template.jinja"  # where transformers 5 saves it
+    assert "<|assistant|>\n" in template.read_text()
+    template.write_text(template.read_text().replace("<|assistant|>\n", "<|assistant|>"))
+    registry.register("tmpl", target=str(models["target"]), draft=str(draft), num_speculative_tokens=3)
+    outcome = registry.validate("tmpl@1", golden=str(golden_path), device="cpu", checks=FAST)
+    found = statuses(outcome)
+    assert found["chat_template"] == "fail" and found["equivalence"] == "pass"
+    assert "<|assistant|>" in next(c for c in outcome.checks if c.name == "chat_template").summary
+    assert outcome.version.state is PairState.FAILED
+
+
+def test_padded_vocabulary_warns_but_passes(registry, models, golden_path):
+    registry.register("padded", target=str(models["target"]), draft=str(models["padded"]), num_speculative_tokens=3)
+    outcome = registry.validate("padded@1", golden=str(golden_path), device="cpu", checks=FAST)
+    found = statuses(outcome)
+    assert found["tokenizer"] == "warn" and found["equivalence"] == "pass"
+    assert outcome.passed and outcome.version.state is PairState.VALIDATED
+
+
+def test_weights_modified_after_registration_fail_integrity_naming_the_file(registry, models, golden_path, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    draft = copy_model(models["draft"], tmp_path / "tampered")
+    registry.register("tamper", target=str(models["target"]), draft=str(draft), num_speculative_tokens=3)
+    weights = load_file(draft / "model.safetensors")
+    name = sorted(weights)[0]
+    weights[name] = weights[name] + 0.01
+    save_file(weights, draft / "model.safetensors", metadata={"format": "pt"})
+    outcome = registry.validate("tamper@1", golden=str(golden_path), device="cpu", checks="integrity")
+    integrity = outcome.checks[0]
+    assert integrity.status == "fail" and "model.safetensors" in integrity.summary and str(draft) in integrity.summary
+    assert outcome.version.state is PairState.FAILED
+
+
+def test_corrupt_weights_are_an_error_that_leaves_state_unchanged(registry, models, golden_path, tmp_path):
+    from specreg.errors import SpecregError
+
+    draft = copy_model(models["draft"], tmp_path / "corrupt")
+    registry.register("corrupt", target=str(models["target"]), draft=str(draft), num_speculative_tokens=3)
+    (draft / "model.safetensors").write_bytes(b"\x00" * 64)
+    with pytest.raises(SpecregError) as raised:
+        registry.validate("corrupt@1", golden=str(golden_path), device="cpu", checks="memory")
+    assert "model.safetensors" in str(raised.value) and "\n" not in str(raised.value)
+    run = registry.validation_runs("corrupt@1")[-1]
+    assert run.status == "error" and "model.safetensors" in run.error
+    assert registry.get("corrupt@1").state is PairState.REGISTERED
+
+
+def test_user_errors_before_any_run(registry, models, golden_path, tmp_path):
+    with pytest.raises(NotFoundError, match="unknown pair nope"):
+        registry.validate("nope@1", golden=str(golden_path))
+    registry.register("errs", target=str(models["target"]), draft=str(models["draft"]), num_speculative_tokens=3)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\nversion: 1\nrecords:\n  - id: a\n    category: x\n    max_new_tokens: 4\n")
+    with pytest.raises(GoldenSetError, match="bad.yaml"):
+        registry.validate("errs@1", golden=str(bad))
+    from specreg.errors import UsageError
+
+    with pytest.raises(UsageError, match="unknown check 'speed'"):
+        registry.validate("errs@1", golden=str(golden_path), checks="speed")
+    assert registry.validation_runs("errs@1") == []
+    assert registry.get("errs@1").state is PairState.REGISTERED
