@@ -1,0 +1,111 @@
+"""The runtime checks against deliberately broken runtimes: a broken acceptance rule must fail
+the distribution check, a broken greedy rule the equivalence check; a divergence at a real
+near-tie of the target is a warning only below the tolerance."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def runtime(models, golden_path):
+    """(pair, golden, decodes) of the tiny target + random draft, k = 3."""
+    from specreg.golden_prompts.loader import load_golden_set
+    from specreg.runtime.pair import load_pair
+    from specreg.validators.equivalence import SpeculativeSettings, decode_golden
+
+    pair = load_pair(models["target"], models["draft"], device="cpu")
+    golden = load_golden_set(golden_path)
+    return pair, golden, decode_golden(pair, golden, SpeculativeSettings(k=3))
+
+
+def recover_from_target(draft_probs, target_probs, draft_token_ids, uniforms, generator=None):
+    """A classic bug: on rejection resample from p instead of norm(max(0, p - q)). Emits
+    min(p, q) + (1 - alpha) p, not p."""
+    import torch
+
+    k = draft_token_ids.shape[0]
+    positions = torch.arange(k)
+    p, q = target_probs[positions, draft_token_ids], draft_probs[positions, draft_token_ids]
+    num_accepted = int(((q > 0) & (uniforms * q < p)).to(torch.int64).cumprod(0).sum())
+    next_token = torch.multinomial(target_probs[num_accepted], 1, generator=generator)
+    return num_accepted, torch.cat([draft_token_ids[:num_accepted], next_token])
+
+
+def accept_every_draft(draft_probs, target_probs, draft_token_ids, uniforms, generator=None):
+    """Another bug: no acceptance test at all (emits q, including tokens top-p removed from p)."""
+    import torch
+
+    bonus = torch.multinomial(target_probs[-1], 1, generator=generator)
+    return draft_token_ids.shape[0], torch.cat([draft_token_ids, bonus])
+
+
+def test_correct_rule_passes_distribution(runtime):
+    from specreg.validators.distribution import check_distribution
+
+    pair, golden, decodes = runtime
+    result = check_distribution(pair, golden, decodes, samples=4000)
+    assert result.status == "pass", result.summary
+    assert result.figures["prefixes"] == 3 and result.figures["zero_probability_emitted"] == 0
+
+
+def test_resampling_from_target_on_rejection_fails_distribution(runtime):
+    from specreg.validators.distribution import check_distribution
+
+    pair, golden, decodes = runtime
+    result = check_distribution(pair, golden, decodes, samples=4000, acceptance_rule=recover_from_target)
+    assert result.status == "fail", result.summary
+    assert "does not match the target's distribution" in result.summary
+
+
+def test_accepting_every_draft_emits_zero_probability_tokens(runtime):
+    from specreg.validators.distribution import check_distribution
+
+    pair, golden, decodes = runtime
+    result = check_distribution(pair, golden, decodes, samples=1000, acceptance_rule=accept_every_draft)
+    assert result.status == "fail" and result.figures["zero_probability_emitted"] > 0
+
+
+def test_broken_rule_through_validate_fails_the_pair(registry, models, golden_path):
+    registry.register("broken", target=str(models["target"]), draft=str(models["draft"]), num_speculative_tokens=3)
+    outcome = registry.validate("broken@1", golden=str(golden_path), device="cpu", checks="distribution",
+                                hooks={"acceptance_rule": recover_from_target})
+    assert outcome.checks[0].status == "fail" and not outcome.passed
+
+
+def test_broken_greedy_rule_fails_equivalence_with_the_divergence(runtime):
+    import torch
+
+    from specreg.validators.equivalence import SpeculativeSettings, check_equivalence, decode_golden
+
+    def accept_all_drafts(draft_token_ids, target_token_ids):
+        k = draft_token_ids.shape[0]
+        return k, torch.cat([draft_token_ids, target_token_ids[k:]])
+
+    pair, golden, _ = runtime
+    decodes = decode_golden(pair, golden, SpeculativeSettings(k=3), hooks={"greedy_rule": accept_all_drafts})
+    result = check_equivalence(pair, decodes, tolerance=1e-3)
+    assert result.status == "fail", result.summary
+    divergence = result.evidence["divergences"][0]
+    assert divergence["speculative_token_id"] != divergence["target_only_token_id"]
+    assert divergence["margin"] >= 0 and not divergence["near_tie"]
+    assert "diverges at token" in result.summary
+
+
+def test_divergence_to_the_runner_up_is_a_near_tie_only_below_the_tolerance(runtime):
+    from copy import deepcopy
+
+    from specreg.validators.equivalence import GoldenDecodes, check_equivalence, plain_next_token_logits
+
+    pair, _, decodes = runtime
+    run = deepcopy(decodes.runs[1])
+    position = 2
+    prefix = run.prompt_ids + run.target_only.token_ids[:position]
+    top = plain_next_token_logits(pair, prefix).topk(2)
+    margin = float(top.values[0] - top.values[1])
+    assert run.target_only.token_ids[position] == int(top.indices[0])
+    run.speculative.token_ids = run.target_only.token_ids[:position] + [int(top.indices[1])]
+    one = GoldenDecodes(runs=[run])
+    assert check_equivalence(pair, one, tolerance=margin * 2 + 1e-6).status == "warn"
+    strict = check_equivalence(pair, one, tolerance=margin / 2)
+    assert strict.status == "fail" and strict.evidence["divergences"][0]["position"] == position
