@@ -230,3 +230,18 @@ def test_diff_side_by_side(db_url, tiny_models, policy_file):
     assert (rows[("validation", "acceptance_rate")]["a"], rows[("validation", "acceptance_rate")]["b"]) == (0.8, 0.6)
     assert rows[("validation", "acceptance_rate.code")]["b"] == pytest.approx(0.65)
     assert rows[("checks", "equivalence")]["same"]
+
+
+def test_imported_approval_by_the_registrant_does_not_count(db_url, tiny_models, policy_file):
+    """An approval arriving from outside the CLI (e.g. an MLflow tag read back) by the
+    registrant still fails four-eyes."""
+    from specreg.registry.orm import ApprovalRow
+
+    registry = Registry(db_url, user="alice")
+    (ref,) = register_versions(registry, tiny_models, "imp", 1)
+    record_validation(registry, ref)
+    with registry.store.session(write=True) as session:
+        session.add(ApprovalRow(pair_version_id=registry.get(ref).id, decision="approved", actor="alice",
+                                note=None, source="mlflow", created_at=utcnow()))
+    reasons = failed(registry.gate(ref, "production"))
+    assert reasons["approval"] == "approved only by the registrant alice (four-eyes: another person must approve)"

@@ -1,0 +1,130 @@
+"""The governance commands as a pipeline runs them: real processes, exit codes 0/100/1/2,
+JSON reasons as fields, JUnit XML and Markdown outputs, a tampered audit log caught."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+from govstate import record_validation, register_versions
+from sqlalchemy import create_engine, text
+
+from specreg.api import Registry
+
+SPECREG = [sys.executable, "-m", "specreg.cli"]
+
+
+def run(*args, user="alice"):
+    result = subprocess.run(SPECREG + [str(a) for a in args], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "SPECREG_USER": user})
+    assert "Traceback" not in result.stderr, result.stderr
+    return result
+
+
+def test_gate_promote_rollback_from_the_command_line(tiny_models, policy_file, tmp_path):
+    db_url = f"sqlite:///{tmp_path / 'registry.db'}"  # the same logic runs on PostgreSQL in test_governance.py
+    registry = Registry(db_url, user="alice")
+    v1, v2 = register_versions(registry, tiny_models, "cli", 2)
+    record_validation(registry, v1)
+    record_validation(registry, v2, acceptance_rate=0.5)
+
+    junit, markdown = tmp_path / "gate.xml", tmp_path / "gate.md"
+    refused = run("gate", v1, "--env", "production", "--db", db_url, "--json", "--junit", junit, "--markdown", markdown)
+    assert refused.returncode == 100, refused.stderr
+    data = json.loads(refused.stdout)
+    assert data["passed"] is False and data["verdict"] == "refused"
+    assert data["reasons"] == ["approval: production needs an approval by someone other than the registrant alice"]
+    assert refused.stderr.count("\n") == 1 and "gate refused cli@1 for production: approval:" in refused.stderr
+    suite = ET.parse(junit).getroot().find("testsuite")
+    cases = {case.get("name"): case for case in suite.iter("testcase")}
+    assert len(cases) == len(data["conditions"]) == int(suite.get("tests"))
+    assert suite.get("failures") == "1" and cases["approval"].find("failure") is not None
+    assert cases["validation"].find("failure") is None
+    assert "REFUSED" in markdown.read_text() and "| ❌ | `approval` |" in markdown.read_text()
+
+    assert run("approve", v1, "--db", db_url).returncode == 100  # alice registered it
+    approved = run("approve", v1, "--note", "ok", "--db", db_url, "--json", user="bob")
+    assert approved.returncode == 0 and json.loads(approved.stdout)["actor"] == "bob"
+    passed = run("gate", v1, "--env", "production", "--db", db_url, "--markdown", markdown)
+    assert passed.returncode == 0, passed.stderr
+    assert "PASS" in passed.stdout and "PASS" in markdown.read_text()
+
+    promoted = run("promote", v1, "--to", "production", "--reason", "launch", "--db", db_url)
+    assert promoted.returncode == 0 and "promoted cli@1 to production" in promoted.stdout
+    held = run("gate", "cli@production", "--env", "production", "--db", db_url, "--json")
+    assert held.returncode == 0 and json.loads(held.stdout)["version"] == 1
+
+    run("approve", v2, "--db", db_url, user="bob")
+    worse = run("promote", v2, "--to", "production", "--db", db_url)
+    assert worse.returncode == 100 and worse.stderr.count("\n") == 1
+    assert "acceptance: acceptance_rate 0.500 < 0.720 (production holder cli@1" in worse.stderr
+    assert run("promote", v2, "--to", "staging", "--db", db_url).returncode == 0
+    stale = run("promote", v1, "--to", "staging", "--expect", "none", "--db", db_url)
+    assert stale.returncode == 1 and "cli@staging is now held by version 2" in stale.stderr
+    assert run("promote", v1, "--to", "staging", "--expect", "2", "--db", db_url).returncode == 0
+    back = run("rollback", "cli", "--env", "staging", "--db", db_url, "--json")
+    assert back.returncode == 0 and json.loads(back.stdout) == {
+        "pair": "cli", "environment": "staging", "version": 2, "previous_version": 1, "action": "rollback"}
+
+    envs = json.loads(run("env", "list", "cli", "--db", db_url, "--json").stdout)
+    assert {(e["environment"], e["version"]) for e in envs} == {("production", 1), ("staging", 2)}
+    refused_retire = run("retire", v1, "--db", db_url)
+    assert refused_retire.returncode == 100 and "cli@1 holds production" in refused_retire.stderr
+    diff = run("diff", v1, v2, "--db", db_url)
+    assert diff.returncode == 0 and "num_speculative_tokens" in diff.stdout and "acceptance_rate" in diff.stdout
+    verify = run("audit", "verify", "--db", db_url)
+    assert verify.returncode == 0 and "audit log intact" in verify.stdout
+
+
+def test_gate_fails_closed_and_usage_errors(tmp_path, tiny_models, policy_file):
+    db_url = f"sqlite:///{tmp_path / 'registry.db'}"
+    registry = Registry(db_url, user="alice")
+    (ref,) = register_versions(registry, tiny_models, "fc", 1)
+    record_validation(registry, ref)
+    assert run("gate", ref, "--env", "staging", "--db", db_url).returncode == 0
+
+    unknown_env = run("gate", ref, "--env", "prod", "--db", db_url, "--json")
+    assert unknown_env.returncode == 1 and "unknown environment 'prod'" in unknown_env.stderr
+    assert json.loads(unknown_env.stdout)["error"].startswith("unknown environment 'prod'")
+
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"this is not a database" * 100)
+    junit = tmp_path / "error.xml"
+    unreadable = run("gate", ref, "--env", "staging", "--db", f"sqlite:///{garbage}", "--junit", junit)
+    assert unreadable.returncode == 1 and unreadable.stderr.count("\n") == 1
+    suite = ET.parse(junit).getroot().find("testsuite")
+    assert suite.get("errors") == "1" and suite.find("testcase/error") is not None
+
+    bad_policy = tmp_path / "bad.toml"
+    bad_policy.write_text("[environments.production]\naproval_required = true\n")
+    typo = run("gate", ref, "--env", "production", "--db", db_url, "--policy", bad_policy)
+    assert typo.returncode == 2 and "unknown key 'environments.production.aproval_required'" in typo.stderr
+    assert run("gate", "fc@@1", "--env", "staging", "--db", db_url).returncode == 2
+    assert run("gate", ref, "--db", db_url).returncode == 2  # --env missing
+
+
+def test_audit_verify_catches_an_edited_and_a_deleted_event(db_url, tiny_models, policy_file):
+    registry = Registry(db_url, user="alice")
+    (ref,) = register_versions(registry, tiny_models, "au", 1)
+    record_validation(registry, ref)
+    registry.promote(ref, "staging")
+    assert run("audit", "verify", "--db", db_url).returncode == 0
+    engine = create_engine(db_url)
+    with engine.begin() as connection:
+        connection.execute(text("UPDATE audit_events SET reason = 'nothing to see' WHERE id = 2"))
+    edited = run("audit", "verify", "--db", db_url, "--json")
+    assert edited.returncode == 1 and "event 2: content does not match its hash" in edited.stderr
+    assert json.loads(edited.stdout) == {"intact": False, "checked": 1,
+                                         "problem": "event 2: content does not match its hash (the row was edited)"}
+    with engine.begin() as connection:
+        connection.execute(text("UPDATE audit_events SET reason = NULL WHERE id = 2"))
+    assert run("audit", "verify", "--db", db_url).returncode == 0
+    with engine.begin() as connection:
+        connection.execute(text("DELETE FROM audit_events WHERE id = 2"))
+    deleted = run("audit", "verify", "--db", db_url)
+    assert deleted.returncode == 1 and deleted.stderr.count("\n") == 1
+    assert "event 3: prev_hash does not match the event before it" in deleted.stderr
+    engine.dispose()

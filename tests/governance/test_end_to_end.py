@@ -1,0 +1,50 @@
+"""The whole path on the real runtime: validate (real decoding of the smoke golden set) ->
+gate -> four-eyes approval -> promote -> gate --rerun, with the audit chain intact."""
+
+from __future__ import annotations
+
+import pytest
+
+from specreg.api import Registry
+from specreg.registry.entities import PairState
+
+CHECKS = ["integrity", "tokenizer", "equivalence", "acceptance"]
+# two short prompts keep two real validations on CPU within seconds
+GOLDEN_YAML = """\
+name: gov-e2e
+version: 1
+records:
+  - {id: code-01, category: code, prompt: "def add(a, b):", max_new_tokens: 12}
+  - {id: chat-01, category: support, messages: [{role: user, content: "how do i reset my password?"}], max_new_tokens: 12}
+"""
+
+
+def test_validate_approve_promote_and_rerun_gate(tmp_path, tiny_models, policy_file):
+    if not hasattr(Registry, "validate"):
+        pytest.skip("Registry.validate is not in this build")
+    golden = tmp_path / "gov-e2e.yaml"
+    golden.write_text(GOLDEN_YAML)
+    policy_file.write_text(policy_file.read_text().replace('golden_set = "smoke"', f'golden_set = "{golden}"'))
+    db_url = f"sqlite:///{tmp_path / 'registry.db'}"
+    alice, bob = Registry(db_url, user="alice"), Registry(db_url, user="bob")
+    ref = alice.register("e2e", target=str(tiny_models["target"]), draft=str(tiny_models["draft"]),
+                         num_speculative_tokens=3).version.label
+    outcome = alice.validate(ref, golden=str(golden), device="cpu", checks=CHECKS)
+    assert outcome.passed, [(c.name, c.status, c.summary) for c in outcome.checks]
+
+    staging = alice.gate(ref, "staging")
+    assert staging.passed, staging.reasons
+    assert [c.name for c in staging.conditions if c.name.startswith("check.")] == [f"check.{c}" for c in CHECKS]
+    assert alice.gate(ref, "production").reasons == [
+        "approval: production needs an approval by someone other than the registrant alice"]
+    bob.approve(ref)
+    alice.promote(ref, "production")
+    assert alice.get("e2e@production").state is PairState.PROMOTED
+
+    # a fresh validation of the same binding on the same golden set passes the gate again,
+    # compared against the first run's baseline; it makes bob's approval stale
+    rerun = alice.gate("e2e@production", "production", rerun=True)
+    assert [c.name for c in rerun.conditions if not c.passed] == ["approval"]
+    acceptance = next(c for c in rerun.conditions if c.name == "acceptance")
+    assert acceptance.passed and "of this version" in acceptance.reason
+    assert alice.verify_audit()[1] is None

@@ -1,0 +1,80 @@
+"""The policy file: built-in default, TOML and YAML, strict keys, environment lookup."""
+
+from __future__ import annotations
+
+import pytest
+
+from specreg.errors import NotFoundError, UsageError
+from specreg.registry.policy import load_policy
+
+TOML = """\
+golden_set = "smoke"
+acceptance_tolerance = 0.05
+
+[environments.staging]
+
+[environments.production]
+approval_required = true
+approvers = ["carol", "dave"]
+max_validation_age_days = 7
+required_checks = ["equivalence"]
+"""
+YAML = """\
+golden_set: smoke
+acceptance_tolerance: 0.05
+environments:
+  staging: {}
+  production:
+    approval_required: true
+    approvers: [carol, dave]
+    max_validation_age_days: 7
+    required_checks: [equivalence]
+"""
+
+
+def test_built_in_default_requires_approval_for_production_only(monkeypatch):
+    policy = load_policy()
+    assert policy.source == "built-in default"
+    assert sorted(policy.environments) == ["production", "staging"]
+    production, staging = policy.environment("production"), policy.environment("staging")
+    assert production.approval_required and production.approvers == ()
+    assert not staging.approval_required
+    assert production.golden_set == "default" and "equivalence" in production.required_checks
+    assert production.acceptance_tolerance == 0.10 and production.max_validation_age_days == 30
+
+
+def test_toml_and_yaml_mean_the_same_and_env_var_selects_the_file(tmp_path, monkeypatch):
+    (tmp_path / "p.toml").write_text(TOML)
+    (tmp_path / "p.yaml").write_text(YAML)
+    from_toml, from_yaml = load_policy(tmp_path / "p.toml"), load_policy(tmp_path / "p.yaml")
+    assert from_toml.to_dict()["environments"] == from_yaml.to_dict()["environments"]
+    production = from_toml.environment("production")
+    assert production.approvers == ("carol", "dave") and production.required_checks == ("equivalence",)
+    assert from_toml.environment("staging").acceptance_tolerance == 0.05  # top level is the default
+    assert from_toml.environment("staging").max_validation_age_days is None
+    monkeypatch.setenv("SPECREG_POLICY", str(tmp_path / "p.yaml"))
+    assert load_policy().source == str(tmp_path / "p.yaml")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[environments.prod]\naproval_required = true\n", "unknown key 'environments.prod.aproval_required'"),
+    ("[environments.prod]\napproval_required = 'yes'\n", "environments.prod.approval_required = 'yes' has the wrong type"),
+    ("acceptance_tolerance = 1.5\n[environments.prod]\n", "acceptance_tolerance = 1.5 must be in [0, 1)"),
+    ("acceptance_tolerance = true\n[environments.prod]\n", "acceptance_tolerance = True has the wrong type"),
+    ("golden_set = 'x'\n", "needs at least one [environments.NAME] table"),
+    ("[environments.Prod]\n", "invalid environment name 'Prod'"),
+    ("[environments\n", "invalid TOML"),
+])
+def test_malformed_policies_are_one_line_usage_errors(tmp_path, text, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(UsageError) as error:
+        load_policy(path)
+    assert message in str(error.value) and str(path) in str(error.value) and "\n" not in str(error.value)
+
+
+def test_missing_file_and_unknown_environment(tmp_path):
+    with pytest.raises(UsageError, match="policy file .*missing.toml not found"):
+        load_policy(tmp_path / "missing.toml")
+    with pytest.raises(NotFoundError, match="unknown environment 'qa': policy built-in default defines production, staging"):
+        load_policy().environment("qa")
