@@ -1,0 +1,104 @@
+"""Benchmark of the speculative runtime on the demo pair (run by hand; prints a table).
+
+Greedy decoding of the shipped golden prompts, side by side, interleaved prompt by prompt so
+machine load hits every method alike: ours target-only, HF `generate` target-only, HF assisted
+generation with the same draft and k (constant schedule, no confidence threshold), ours
+speculative. Reports tokens/s and ratios, alpha-hat, tau, c, the theoretical speedup of
+DESIGN.md §2 and our efficiency = measured / theoretical.
+
+    .venv/bin/python benchmarks/bench_runtime.py [--dir .demo/pair] [--k 4] [--max-new-tokens 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def hf_generate(pair, prompt_ids, max_new_tokens, assistant=None, k=4):
+    import torch
+
+    input_ids = torch.tensor([prompt_ids])
+    extra = {}
+    if assistant is not None:
+        extra = dict(assistant_model=assistant, num_assistant_tokens=k,
+                     num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0)
+    with torch.inference_mode():
+        output = pair.target.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
+                                      max_new_tokens=max_new_tokens,
+                                      pad_token_id=pair.tokenizer.pad_token_id, **extra)
+    return output[0, len(prompt_ids):].tolist()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", default=".demo/pair", help="demo pair folder (built on first use)")
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--golden-set", default="default")
+    args = parser.parse_args()
+
+    from specreg.golden_prompts.loader import load_golden_set
+    from specreg.runtime.choose_k import choose_k, expected_speedup, measure_cost_ratio
+    from specreg.runtime.decode import DecodeConfig, speculative_generate, target_only_generate
+    from specreg.runtime.demo_pair import build_demo_pair
+    from specreg.runtime.metrics import aggregate
+    from specreg.runtime.pair import load_pair
+
+    target_dir, draft_dir = build_demo_pair(args.dir, log=print)
+    pair = load_pair(target_dir, draft_dir)
+    prompts = [record.encode(pair.tokenizer) for record in load_golden_set(args.golden_set)]
+    config = DecodeConfig(k=args.k, max_new_tokens=args.max_new_tokens)
+
+    methods = {
+        "ours target-only": lambda ids: target_only_generate(pair, ids, config).token_ids,
+        "HF generate target-only": lambda ids: hf_generate(pair, ids, args.max_new_tokens),
+        f"HF assisted (k={args.k})": lambda ids: hf_generate(pair, ids, args.max_new_tokens, pair.draft, args.k),
+        f"ours speculative (k={args.k})": lambda ids: speculative_generate(pair, ids, config).token_ids,
+    }
+    for run in methods.values():  # warm-up
+        run(prompts[0])
+    seconds = dict.fromkeys(methods, 0.0)
+    tokens = dict.fromkeys(methods, 0)
+    outputs = {name: [] for name in methods}
+    for _ in range(args.repeats):
+        for prompt in prompts:
+            for name, run in methods.items():
+                start = time.perf_counter()
+                output = run(prompt)
+                seconds[name] += time.perf_counter() - start
+                tokens[name] += len(output)
+                outputs[name].append(output)
+    spec_metrics = [speculative_generate(pair, prompt, config).metrics for prompt in prompts]
+    summary = aggregate(spec_metrics)
+    cost_ratio = measure_cost_ratio(pair.target, pair.draft, prompts[0])
+    theoretical = expected_speedup(summary["per_position_acceptance"], args.k, cost_ratio)
+    best_k, best_speedup = choose_k(summary["per_position_acceptance"], cost_ratio, k_max=12)
+
+    names = list(methods)
+    rate = {name: tokens[name] / seconds[name] for name in names}
+    base = rate[names[0]]
+    reference = outputs[names[0]]
+    print(f"\n{len(prompts)} golden prompts x {args.repeats}, greedy, max_new_tokens {args.max_new_tokens}, "
+          f"fp32 CPU, target {target_dir}, draft {draft_dir}\n")
+    print(f"{'method':<28} {'tokens/s':>9} {'vs ours target-only':>20} {'same output':>12}")
+    for name in names:
+        same = sum(a == b for a, b in zip(outputs[name], reference))
+        print(f"{name:<28} {rate[name]:9.1f} {rate[name] / base:19.2f}x {same:>6}/{len(reference)}")
+    measured = rate[names[3]] / base
+    print()
+    print(f"alpha-hat (acceptance rate)        {summary['acceptance_rate']:.3f}")
+    print(f"tau (mean acceptance length)       {summary['mean_acceptance_length']:.2f}")
+    print("per-position acceptance            " + ", ".join(f"{a:.2f}" for a in summary["per_position_acceptance"]))
+    print(f"c (draft step / target step)       {cost_ratio:.3f}  (target {1 / cost_ratio:.1f}x the draft)")
+    print(f"theoretical speedup (k={args.k})        {theoretical:.2f}x")
+    print(f"measured speedup                   {measured:.2f}x")
+    print(f"efficiency = measured/theoretical  {measured / theoretical:.2f}   (target >= 0.8)")
+    print(f"ours spec / HF assisted            {rate[names[3]] / rate[names[2]]:.2f}x  (target >= 1.25)")
+    print(f"ours / HF target-only              {base / rate[names[1]]:.2f}x  (target within 10%)")
+    print(f"choose_k suggests k={best_k}, expected speedup {best_speedup:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

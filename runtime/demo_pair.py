@@ -1,0 +1,250 @@
+"""A demo target/draft pair trained here, in minutes, on a corpus this file generates.
+
+The pair is real (two Llama models, one shared byte-level BPE tokenizer with a chat template)
+but tiny: the target is deep and narrow so that one decode step costs about 10x the one-layer
+draft's on a CPU, and both learn the same formulaic text (support replies, summaries, code,
+business mail, short stories), so the draft agrees with the target most of the time. Its
+speedup demonstrates the runtime, not a real model. The build is cached in the output folder
+under a key from this file's source and the shipped golden prompts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import time
+from pathlib import Path
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}</s>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>", "<|user|>", "<|assistant|>", "<|system|>"]
+VOCAB_SIZE = 1024
+SEQUENCE_LENGTH = 128
+TARGET_SHAPE = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=20, num_attention_heads=4,
+                    num_key_value_heads=2)
+DRAFT_SHAPE = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=1, num_attention_heads=4,
+                   num_key_value_heads=2)
+# (steps, batch of SEQUENCE_LENGTH windows): about 2.5 minutes on 2 CPU cores in all
+TARGET_TRAINING = (150, 8)
+DRAFT_TRAINING = (250, 16)
+
+# ---- the corpus: five formulaic workloads, as raw text and as chat turns -------------------
+
+ITEMS = ["order", "package", "invoice", "refund", "subscription", "account", "password", "parcel"]
+PEOPLE = ["mr smith", "ms jones", "dr brown", "mrs white", "mr green", "ms taylor"]
+DAYS = ["monday", "tuesday", "wednesday", "thursday", "friday", "saturday"]
+TIMES = ["at nine", "at ten", "at noon", "at two", "at four"]
+TOPICS = ["the launch", "the meeting", "the budget", "the office move", "the new price list",
+          "the sales numbers", "the server upgrade", "the hiring plan"]
+PLACES = ["the sea", "a small town", "the city of glass", "an old lighthouse", "a green door",
+          "the forest", "a quiet river"]
+CREATURES = ["a small robot", "a fox", "a cat", "an old keeper", "a young girl", "a tired dog"]
+FUNCTIONS = [
+    ("add", "a, b", "return a + b"),
+    ("subtract", "a, b", "return a - b"),
+    ("square", "x", "return x * x"),
+    ("is_even", "n", "return n % 2 == 0"),
+    ("reverse_string", "s", "return s[::-1]"),
+    ("count_words", "text", "return len(text.split())"),
+    ("max_of_list", "items", "return max(items)"),
+    ("mean", "values", "return sum(values) / len(values)"),
+]
+
+
+def support_reply(rng: random.Random) -> tuple[str, str]:
+    item = rng.choice(ITEMS)
+    question = rng.choice([
+        f"my {item} has not arrived yet. what should i do?",
+        f"how do i reset my {item}?",
+        f"i was charged twice for the same {item}. can you help?",
+        f"can i change the shipping address after i place an {item}?",
+        f"where can i find my {item}?",
+        f"the app crashes when i open my {item}. what can i try?",
+        f"do you ship to {rng.choice(['canada', 'france', 'spain', 'japan'])}?",
+        f"my {item} arrived damaged.",
+        f"how do i cancel my {item}?",
+    ])
+    answer = (f"thank you for reaching out. i am sorry for the trouble with your {item}. "
+              f"please check your email for a link, and we will help you within one day.")
+    return question, answer
+
+
+def summary(rng: random.Random) -> tuple[str, str]:
+    topic, day = rng.choice(TOPICS), rng.choice(DAYS)
+    text = (f"the team met on {rng.choice(DAYS)}. they agreed to move {topic} to {day} because the "
+            f"tests were not done. {rng.choice(['sales', 'support', 'the manager'])} will tell the customers.")
+    return f"summarize: {text}", f"the team moved {topic} to {day}."
+
+
+def code(rng: random.Random) -> tuple[str, str]:
+    name, args, body = rng.choice(FUNCTIONS)
+    prompt = f"def {name}({args}):\n"
+    completion = f'    """{name.replace("_", " ")} of {args}."""\n    {body}\n'
+    if rng.random() < 0.3:
+        completion += f"\n\nprint({name}({', '.join('1' for _ in args.split(','))}))\n"
+    return prompt, completion
+
+
+def business_mail(rng: random.Random) -> tuple[str, str]:
+    person, day, at, topic = rng.choice(PEOPLE), rng.choice(DAYS), rng.choice(TIMES), rng.choice(TOPICS)
+    request = rng.choice([f"write a short mail to {person}: {topic} moved to {day} {at}.",
+                          f"write a mail to confirm a meeting on {day} {at}.",
+                          "write a short mail to a customer: your package ships today.",
+                          "write a mail to a supplier asking for a new price list."])
+    mail = (f"dear {person},\n\nthank you for your message. this is a reminder that {topic} is on {day} "
+            f"{at}. please let me know if you have any questions.\n\nbest regards,\nthe team")
+    return request, mail
+
+
+def creative(rng: random.Random) -> tuple[str, str]:
+    creature, place = rng.choice(CREATURES), rng.choice(PLACES)
+    request = rng.choice([f"tell me a story about {creature} in {place}.", f"write a short poem about {place}.",
+                          f"describe a dream about {place}."])
+    story = (f"once upon a time, {creature} lived near {place}. every morning it looked at the sky and "
+             f"dreamed of {rng.choice(PLACES)}. one day the rain stopped, and {creature} found a lost key.")
+    return request, story
+
+
+WORKLOADS = [support_reply, summary, code, business_mail, creative]
+
+
+def render_chat(messages: list[dict]) -> str:
+    from jinja2 import Template
+
+    return Template(CHAT_TEMPLATE).render(messages=messages, add_generation_prompt=False)
+
+
+def demo_corpus(documents: int = 6000, seed: int = 0, golden_texts: list[str] | None = None) -> list[str]:
+    """Generated training text: the five workloads as chat turns (through the chat template)
+    and as raw text, plus each golden prompt text followed by its category's templated answer."""
+    rng = random.Random(seed)
+    corpus = []
+    for index in range(documents):
+        workload = WORKLOADS[index % len(WORKLOADS)]
+        prompt, answer = workload(rng)
+        if rng.random() < 0.6 and workload is not code:
+            messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]
+            if rng.random() < 0.3:
+                messages.insert(0, {"role": "system", "content": "you are a helpful assistant."})
+            corpus.append(render_chat(messages))
+        elif workload is code:
+            corpus.append(prompt + answer + "</s>\n")
+        else:
+            corpus.append(f"{prompt}\n{answer}</s>\n")
+    for text in golden_texts or []:
+        corpus.append(text)
+    rng.shuffle(corpus)
+    return corpus
+
+
+def golden_texts() -> list[str]:
+    """The shipped golden prompts, each rendered as it will be decoded and followed by a
+    templated answer of its category, so the demo pair knows the domain it is validated on."""
+    import yaml
+
+    folder = Path(__file__).resolve().parent.parent / "golden_prompts"
+    answers = {"support": support_reply, "summarization": summary, "code": code,
+               "business_mail": business_mail, "creative": creative}
+    rng = random.Random(1)
+    texts = []
+    for path in sorted(folder.glob("*.yaml")):
+        data = yaml.safe_load(path.read_text()) or {}
+        for record in data.get("records", []):
+            workload = answers.get(record.get("category"), support_reply)
+            for _ in range(8):
+                answer = workload(rng)[1]
+                if record.get("messages"):
+                    texts.append(render_chat(list(record["messages"]) + [{"role": "assistant", "content": answer}]))
+                elif record.get("prompt"):
+                    texts.append(record["prompt"] + answer + "</s>\n")
+    return texts
+
+
+def cache_key() -> str:
+    """Changes when this builder or the golden prompts change."""
+    digest = hashlib.sha256(Path(__file__).read_bytes())
+    folder = Path(__file__).resolve().parent.parent / "golden_prompts"
+    for path in sorted(folder.glob("*.yaml")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+# ---- building ----------------------------------------------------------------------------
+
+def train_tokenizer(corpus: list[str]):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tokenizer.train_from_iterator(corpus, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>",
+                                   pad_token="<pad>", unk_token="<unk>")
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def train_model(shape: dict, tokenizer, stream, steps: int, batch_size: int, seed: int, log=None):
+    """A Llama of `shape` trained for `steps` AdamW steps on random windows of `stream` # [tokens]."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(tokenizer), max_position_embeddings=1024, tie_word_embeddings=False,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id, **shape)
+    model = LlamaForCausalLM(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0, betas=(0.9, 0.95))
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=3e-3, total_steps=steps, pct_start=0.1)
+    generator = torch.Generator().manual_seed(seed)
+    model.train()
+    for step in range(steps):
+        starts = torch.randint(0, stream.shape[0] - SEQUENCE_LENGTH - 1, (batch_size,), generator=generator)
+        batch = torch.stack([stream[s:s + SEQUENCE_LENGTH] for s in starts.tolist()])  # [batch, seq]
+        loss = model(input_ids=batch, labels=batch).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        if log and (step % 50 == 0 or step == steps - 1):
+            log(f"step {step:4d}/{steps} loss {loss.item():.3f}")
+    return model.eval()
+
+
+def build_demo_pair(directory, *, force: bool = False, log=None) -> tuple[Path, Path]:
+    """Build (or reuse the cached) demo pair under `directory` -> (target_dir, draft_dir).
+
+    Both are Hugging Face directories (config, safetensors, the same tokenizer files).
+    """
+    import torch
+
+    directory = Path(directory)
+    target_dir, draft_dir = directory / "target", directory / "draft"
+    stamp = directory / "demo-pair.json"
+    key = cache_key()
+    if not force and stamp.is_file() and json.loads(stamp.read_text()).get("cache_key") == key \
+            and (target_dir / "model.safetensors").is_file() and (draft_dir / "model.safetensors").is_file():
+        return target_dir, draft_dir
+    started = time.perf_counter()
+    corpus = demo_corpus(golden_texts=golden_texts())
+    tokenizer = train_tokenizer(corpus)
+    ids = tokenizer("".join(corpus), add_special_tokens=False)["input_ids"]
+    stream = torch.tensor(ids, dtype=torch.long)  # [tokens]
+    if log:
+        log(f"corpus: {len(corpus)} documents, {stream.shape[0]} tokens, vocab {len(tokenizer)}")
+    target = train_model(TARGET_SHAPE, tokenizer, stream, *TARGET_TRAINING, seed=1, log=log)
+    draft = train_model(DRAFT_SHAPE, tokenizer, stream, *DRAFT_TRAINING, seed=2, log=log)
+    for model, folder in ((target, target_dir), (draft, draft_dir)):
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+        model.save_pretrained(folder, safe_serialization=True)
+        tokenizer.save_pretrained(folder)
+    stamp.write_text(json.dumps({"cache_key": key, "build_seconds": round(time.perf_counter() - started, 1),
+                                 "target_shape": TARGET_SHAPE, "draft_shape": DRAFT_SHAPE}, indent=2))
+    return target_dir, draft_dir

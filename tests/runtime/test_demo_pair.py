@@ -1,0 +1,39 @@
+"""The demo pair builder: corpus coverage, a (shrunken) full build, the cache."""
+
+from __future__ import annotations
+
+from specreg.runtime import demo_pair
+
+
+def test_corpus_covers_the_five_workloads_and_the_golden_prompts():
+    corpus = demo_pair.demo_corpus(documents=500, seed=3)
+    assert corpus == demo_pair.demo_corpus(documents=500, seed=3)
+    text = "\n".join(corpus)
+    for marker in ("thank you for reaching out", "summarize:", "def ", "dear ", "once upon a time"):
+        assert marker in text
+    assert "<|user|>\n" in text and "<|assistant|>\n" in text  # chat turns through the template
+    golden = demo_pair.golden_texts()
+    assert any("do you ship to canada?" in t for t in golden)
+    assert any(t.startswith("def add(a, b):\n") for t in golden)
+
+
+def test_build_then_reuse_the_cache(tmp_path, monkeypatch):
+    # the real shapes and step counts take minutes; the same code path with a tiny budget
+    monkeypatch.setattr(demo_pair, "TARGET_SHAPE", dict(demo_pair.DRAFT_SHAPE, num_hidden_layers=2))
+    monkeypatch.setattr(demo_pair, "TARGET_TRAINING", (2, 2))
+    monkeypatch.setattr(demo_pair, "DRAFT_TRAINING", (2, 2))
+    target_dir, draft_dir = demo_pair.build_demo_pair(tmp_path / "pair")
+    from specreg.runtime.decode import DecodeConfig, speculative_generate
+    from specreg.runtime.pair import load_pair
+
+    pair = load_pair(target_dir, draft_dir)
+    assert pair.tokenizer.chat_template == demo_pair.CHAT_TEMPLATE
+    assert pair.target.config.num_hidden_layers == 2 and pair.draft.config.num_hidden_layers == 1
+    ids = pair.tokenizer.apply_chat_template([{"role": "user", "content": "how do i reset my password?"}],
+                                             tokenize=False, add_generation_prompt=True)
+    result = speculative_generate(pair, pair.tokenizer(ids)["input_ids"], DecodeConfig(k=3, max_new_tokens=8))
+    assert 1 <= len(result.token_ids) <= 8
+    weights = target_dir / "model.safetensors"
+    built_at = weights.stat().st_mtime_ns
+    assert demo_pair.build_demo_pair(tmp_path / "pair") == (target_dir, draft_dir)
+    assert weights.stat().st_mtime_ns == built_at  # reused, not retrained
