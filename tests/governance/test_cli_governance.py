@@ -98,6 +98,15 @@ def test_gate_fails_closed_and_usage_errors(tmp_path, tiny_models, policy_file):
     suite = ET.parse(junit).getroot().find("testsuite")
     assert suite.get("errors") == "1" and suite.find("testcase/error") is not None
 
+    # bad data in the database makes the gate crash: it still fails closed, in one line
+    engine = create_engine(db_url)
+    with engine.begin() as connection:
+        connection.execute(text("""UPDATE validation_runs SET baselines = '{"overall": "garbage"}'"""))
+    engine.dispose()
+    crashed = run("gate", ref, "--env", "staging", "--db", db_url, "--json")
+    assert crashed.returncode == 1 and crashed.stderr.count("\n") == 1
+    assert "gate failed closed: AttributeError" in json.loads(crashed.stdout)["error"]
+
     bad_policy = tmp_path / "bad.toml"
     bad_policy.write_text("[environments.production]\naproval_required = true\n")
     typo = run("gate", ref, "--env", "production", "--db", db_url, "--policy", bad_policy)
