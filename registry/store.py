@@ -24,7 +24,7 @@ from specreg.errors import ImmutableError, NotFoundError, SchemaOutOfDateError, 
 from specreg.registry import audit
 from specreg.registry.entities import AuditEvent, ModelRef, PairState, PairVersion, SpecConfig
 from specreg.registry.lifecycle import check_transition
-from specreg.registry.orm import AuditEventRow, AuditHeadRow, PairRow, PairVersionRow
+from specreg.registry.orm import AuditEventRow, AuditHeadRow, ObservationRow, PairRow, PairVersionRow
 
 # The newest migration in migrations/versions; a test checks it equals alembic's head.
 SCHEMA_HEAD = "0002"
@@ -342,6 +342,34 @@ class Store:
             if head is not None and head.last_hash != last_hash:
                 return checked, f"the newest event(s) after event {rows[-1].id if rows else 0} were deleted (audit head does not match)"
             return checked, None
+
+
+    # --- observations -------------------------------------------------------------------
+
+    def add_observation(self, name: str, version: int, *, environment: str | None, engine: str, url: str,
+                        figures: dict[str, Any], verdict: str) -> dict[str, Any]:
+        """Store one live observation of a version served by an engine."""
+        with self.session(write=True) as session:
+            row = self._version_row(session, name, version)
+            observation = ObservationRow(pair_version_id=row.id, environment=environment, engine=engine, url=url,
+                                         observed_at=utcnow(), figures=figures, verdict=verdict)
+            session.add(observation)
+            session.flush()
+            return observation_dict(observation)
+
+    def observations(self, name: str, version: int, limit: int = 5) -> list[dict[str, Any]]:
+        """The newest observations of a version, newest first."""
+        with self.session() as session:
+            row = self._version_row(session, name, version)
+            rows = session.scalars(select(ObservationRow).where(ObservationRow.pair_version_id == row.id)
+                                   .order_by(ObservationRow.id.desc()).limit(limit))
+            return [observation_dict(o) for o in rows]
+
+
+def observation_dict(row: ObservationRow) -> dict[str, Any]:
+    return {"id": row.id, "environment": row.environment, "engine": row.engine, "url": row.url,
+            "observed_at": row.observed_at.isoformat(timespec="seconds"), "verdict": row.verdict,
+            "figures": row.figures}
 
 
 def Base_tables() -> set[str]:

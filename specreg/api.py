@@ -303,6 +303,51 @@ class Registry:
         version = self.get(ref)
         return ValidationStore(self.store).baselines(version.name, version.version)
 
+    # --- deployment -------------------------------------------------------------------
+
+    def export(self, ref: str | PairRef, fmt: str, *, out_dir: str | None = None, force: bool = False,
+               overwrite: bool = False, template: str | None = None, options: dict | None = None):
+        """Render deployment files for a validated + approved version (``force``: any version,
+        marked UNAPPROVED). Returns [(file name, text)], written under ``out_dir`` when given."""
+        from specreg.registry.exports import render_export, write_export
+
+        version = self.get(ref)
+        approved = version.state in (PairState.APPROVED, PairState.PROMOTED)
+        files = render_export(version, self.baselines(version.label), fmt, approved=approved, force=force,
+                              template_path=template, options=options)
+        if out_dir is not None:
+            write_export(files, out_dir, overwrite=overwrite)
+        return files
+
+    def observe(self, ref: str | PairRef, metrics_url: str, *, engine: str = "vllm", interval: float = 30.0,
+                model_name: str | None = None, tolerance: float | None = None, policy_path: str | None = None,
+                sleep=None) -> dict:
+        """Scrape the engine's metrics twice, compare live acceptance with the version's
+        baselines and store the observation. ``tolerance`` defaults to the policy's drift
+        tolerance of the environment in ``NAME@ENV`` (else 0.1). Returns the observation with
+        "verdict" (ok|drift|no-data) and "exit_code" (0|100|1)."""
+        import time
+
+        from specreg.registry.observe import compare_with_baseline, observe
+
+        pair_ref = parse_ref(ref) if isinstance(ref, str) else ref
+        version = self.get(pair_ref)
+        if tolerance is None:
+            tolerance = (self.policy(policy_path).environment(pair_ref.environment).acceptance_tolerance
+                         if pair_ref.environment else 0.1)
+        baselines = self.baselines(version.label)
+        live = observe(metrics_url, engine=engine, interval=interval, model_name=model_name,
+                       sleep=sleep or time.sleep)
+        verdict = compare_with_baseline(live, baselines, tolerance)
+        stored = self.store.add_observation(version.name, version.version, environment=pair_ref.environment,
+                                            engine=engine, url=metrics_url, figures={**live, **verdict},
+                                            verdict=verdict["verdict"])
+        return {"pair": version.label, **stored, **verdict, "live": live}
+
+    def observations(self, ref: str | PairRef, limit: int = 5) -> list[dict]:
+        version = self.get(ref)
+        return self.store.observations(version.name, version.version, limit)
+
     # --- database -----------------------------------------------------------------------
 
     def verify_audit(self) -> tuple[int, str | None]:
