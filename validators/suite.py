@@ -151,7 +151,11 @@ def run_suite(pair_version, golden, options: ValidationOptions, *, device: str,
 
     runtime_checks = [name for name in RUNTIME_CHECKS if name in selected]
     if runtime_checks:
+        from transformers.utils import logging as transformers_logging
+
         from specreg.runtime.pair import load_pair
+
+        transformers_logging.disable_progress_bar()  # the suite reports its own progress
 
         config = pair_version.config
         settings = equivalence.SpeculativeSettings(

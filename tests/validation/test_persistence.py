@@ -1,0 +1,88 @@
+"""Validation runs in the store, on SQLite and PostgreSQL: start/record/finish, state moves with
+an audit event naming the run, abort and error leave the state alone, dead runs are reaped,
+baselines of the previous validated version."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from specreg.registry.entities import PairState
+from specreg.validators.base import CheckResult
+
+
+@pytest.fixture
+def store_registry(db_url, models):
+    from specreg.api import Registry
+
+    registry = Registry(db_url, user="tester")
+    registry.register("p", target=str(models["target"]), draft=str(models["draft"]), num_speculative_tokens=3)
+    registry.register("p", target=str(models["target"]), draft=str(models["self"]), num_speculative_tokens=3)
+    return registry
+
+
+def start(runs, version):
+    return runs.start(version, golden_set="tiny", golden_sha256="a" * 64, environment={"device": "cpu"},
+                      options={"checks": ["acceptance"]}, actor="tester")
+
+
+def test_run_lifecycle_and_baselines(store_registry):
+    from specreg.registry.validations import ValidationStore
+
+    runs = ValidationStore(store_registry.store)
+    v1, v2 = store_registry.get("p@1"), store_registry.get("p@2")
+    run = start(runs, v1)
+    assert run.status == "running" and run.pid is not None
+    runs.record_check(run.id, CheckResult("acceptance", "pass", "ok", {"x": [1]}, {"acceptance_rate": 0.8}))
+    baselines = {"overall": {"acceptance_rate": 0.8, "mean_acceptance_length": 2.5}, "per_category": {}}
+    finished, moved = runs.finish(run.id, v1, passed=True, summary={"verdict": "pass"}, baselines=baselines,
+                                  actor="tester")
+    assert finished.status == "passed" and finished.finished_at is not None
+    assert finished.checks[0].figures == {"acceptance_rate": 0.8} and finished.checks[0].evidence == {"x": [1]}
+    assert moved.state is PairState.VALIDATED
+    assert store_registry.baselines("p@1") == baselines
+    assert runs.previous_baselines("p", 2) == (1, baselines)
+    assert runs.previous_baselines("p", 1) is None
+    event = store_registry.history("p")[-1]
+    assert event.details["validation_run_id"] == run.id and event.to_state == "validated"
+
+    failing = start(runs, v2)
+    runs.record_check(failing.id, CheckResult("acceptance", "fail", "dropped"))
+    finished, moved = runs.finish(failing.id, v2, passed=False, summary={}, baselines=baselines, actor="tester")
+    assert finished.status == "failed" and finished.baselines is None and moved.state is PairState.FAILED
+    assert "acceptance" in store_registry.history("p")[-1].reason
+    assert store_registry.verify_audit()[1] is None
+
+
+def test_abort_and_reap_leave_state_unchanged(store_registry):
+    from specreg.registry.validations import ValidationStore
+
+    runs = ValidationStore(store_registry.store)
+    v1 = store_registry.get("p@1")
+    aborted = start(runs, v1)
+    runs.abort(aborted.id, "aborted", "interrupted by SIGTERM")
+    assert runs.get(aborted.id).status == "aborted"
+    # a run whose process is gone (a child that has exited and been reaped) is found and aborted
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    orphan = start(runs, v1)
+    with store_registry.store.session(write=True) as session:
+        from specreg.registry.orm import ValidationRunRow
+
+        session.get(ValidationRunRow, orphan.id).pid = child.pid
+    alive = start(runs, v1)  # this process: alive
+    assert runs.reap_dead_runs() == 1
+    assert runs.get(orphan.id).status == "aborted" and "died" in runs.get(orphan.id).error
+    assert runs.get(alive.id).status == "running"
+    assert store_registry.get("p@1").state is PairState.REGISTERED
+    assert [e.action for e in store_registry.history("p")] == ["register", "register"]
+
+
+def test_validate_on_this_database(store_registry, golden_path):
+    outcome = store_registry.validate("p@1", golden=str(golden_path), checks="integrity,tokenizer")
+    assert outcome.passed and outcome.version.state is PairState.VALIDATED
+    runs = store_registry.validation_runs("p@1")
+    assert [run.status for run in runs] == ["passed"]
+    assert [check.name for check in runs[0].checks] == ["integrity", "tokenizer"]
