@@ -124,8 +124,11 @@ def show(ref, db_url, as_json):
     registry = open_registry(db_url)
     version = registry.get(ref, with_events=True)
     observations = registry.observations(version.label)
+    validations = registry.validation_runs(version.label)  # also marks runs of dead processes aborted
     if as_json:
-        print_json({**version.to_dict(), "observations": observations})
+        print_json({**version.to_dict(), "observations": observations,
+                    "validations": [{key: value for key, value in run.to_dict().items() if key != "checks"}
+                                    | {"checks": {c.name: c.status for c in run.checks}} for run in validations]})
         return
     config = version.config
     lines = [f"{version.label}  state {version.state.value}  binding {version.binding_sha256}",
@@ -139,6 +142,13 @@ def show(ref, db_url, as_json):
     lines += describe_model("target", version.target)
     if version.draft:
         lines += describe_model("draft", version.draft)
+    if validations:
+        lines.append("validations:")
+        for run in validations:
+            failed = f"  failed: {', '.join(run.failed_checks)}" if run.failed_checks else ""
+            lines.append(f"  run {run.id}  {run.started_at.isoformat(timespec='seconds')}  {run.status:<8} golden "
+                         f"{run.golden_set}  {run.environment.get('device')}/{run.environment.get('dtype')}{failed}"
+                         + (f"  ({run.error})" if run.error else ""))
     if observations:
         lines.append("observations (newest first):")
         for o in observations:
