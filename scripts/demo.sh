@@ -19,3 +19,8 @@ specreg register demo-chat --target "$DEMO_DIR/pair/target" --draft "$DEMO_DIR/p
   --num-speculative-tokens 4 --max-batch-size-for-speculation 32 --notes "demo pair built by specreg demo-pair"
 specreg list
 specreg show demo-chat@1
+
+step "validate the pair on the shipped smoke golden set (HTML report + Markdown summary)"
+specreg validate demo-chat@1 --golden smoke --device cpu --gpu-memory 1GiB \
+  --report "$DEMO_DIR/validation.html" --markdown "$DEMO_DIR/validation.md"
+specreg show demo-chat@1
