@@ -262,7 +262,7 @@ def evaluate(session: Session, row: PairVersionRow, env: EnvironmentPolicy, *, g
                                 else "no acceptance baselines recorded" + (f" in run {run.id}" if run else ""),
                                 {"overall": figures} if figures else {}))
     conditions.append(acceptance_condition(session, row, run, figures, env, golden_sha256, holder))
-    conditions.append(approval_condition(session, row, run, env))
+    conditions.append(approval_condition(session, row, env))
     return conditions, run
 
 
@@ -302,16 +302,17 @@ def acceptance_condition(session: Session, row: PairVersionRow, run: ValidationR
                      + ", ".join(source for source, _ in references), {"compared": compared})
 
 
-def approval_condition(session: Session, row: PairVersionRow, run: ValidationRunRow | None,
-                       env: EnvironmentPolicy) -> Condition:
-    """Four-eyes: the newest decision by an allowed approver other than the registrant, made
-    after the validation it judges, must be an approval."""
+def approval_condition(session: Session, row: PairVersionRow, env: EnvironmentPolicy) -> Condition:
+    """Four-eyes: the newest decision by an allowed approver other than the registrant must be
+    an approval. A failed validation withdraws earlier approvals (as the lifecycle does); a
+    passing re-validation of the same binding keeps them, so `gate --rerun` can pass."""
     if not env.approval_required:
         return Condition("approval", True, f"not required for {env.name}")
     registrant = row.registered_by
     decisions = approvals_of(session, row.id)
     allowed = [a for a in decisions if a.actor != registrant and (not env.approvers or a.actor in env.approvers)]
-    since = run.finished_at if run is not None else None
+    last_failure = next((r for r in finished_runs(session, row.id) if r.status == "failed"), None)
+    since = last_failure.finished_at if last_failure is not None else None
     current = [a for a in allowed if since is None or a.created_at >= since]
     who = f" from one of {', '.join(env.approvers)}" if env.approvers else ""
     if current:
@@ -329,7 +330,7 @@ def approval_condition(session: Session, row: PairVersionRow, run: ValidationRun
     if fresh_approvals:  # only possible through an imported (e.g. MLflow) decision
         return Condition("approval", False, f"approved only by the registrant {registrant} (four-eyes: another person must approve)")
     if allowed:
-        return Condition("approval", False, f"approval by {allowed[-1].actor} predates validation run {run.id}: approve again")
+        return Condition("approval", False, f"approval by {allowed[-1].actor} predates failed validation run {last_failure.id}: approve again")
     return Condition("approval", False, f"{env.name} needs an approval by someone other than the registrant {registrant}{who}")
 
 
@@ -559,7 +560,7 @@ def latest_validation_summary(store: Store, version: PairVersion) -> dict[str, A
             "mean_acceptance_length": overall.get("mean_acceptance_length"),
             "per_position_acceptance": overall.get("per_position_acceptance"),
             "categories": {cat: (figs or {}).get("acceptance_rate")
-                           for cat, figs in (baselines.get("categories") or {}).items()},
+                           for cat, figs in (baselines.get("per_category") or {}).items()},
             "checks": {c.name: c.status for c in run.checks},
         }
 

@@ -46,7 +46,7 @@ def record_validation(registry: Registry, ref: str, *, status: str = "passed", g
     baselines = {
         "overall": {"acceptance_rate": acceptance_rate, "mean_acceptance_length": mean_acceptance_length,
                     "per_position_acceptance": [acceptance_rate, acceptance_rate * 0.9]},
-        "categories": {"code": {"acceptance_rate": acceptance_rate + 0.05}},
+        "per_category": {"code": {"acceptance_rate": acceptance_rate + 0.05}},
     } if status == "passed" else None
     store = registry.store
     with store.session(write=True) as session:

@@ -156,9 +156,13 @@ def test_approval_rules_rejection_and_stale_approval(db_url, tiny_models, policy
     assert failed(alice.gate(ref, "production"))["approval"] == "rejected by carol: latency regression"
     bob.approve(ref)
     assert alice.gate(ref, "production").passed
-    # a new validation makes earlier approvals stale
+    # a passing re-validation keeps the approval; a failed one withdraws it
     record_validation(alice, ref)
-    assert "approval by bob predates validation run 2" in failed(alice.gate(ref, "production"))["approval"]
+    assert alice.gate(ref, "production").passed
+    record_validation(alice, ref, status="failed", checks={"equivalence": "fail"})
+    record_validation(alice, ref)
+    assert failed(alice.gate(ref, "production")) == {
+        "approval": "approval by bob predates failed validation run 3: approve again"}
     bob.approve(ref)
 
     restricted = tmp_path / "restricted.yaml"
