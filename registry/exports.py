@@ -398,7 +398,7 @@ def header_lines(
         f" validated at {baselines.get('validated_at')}"
     )
     lines.append(f"  overall: {format_figures(baselines.get('overall') or {})}")
-    for category, figures in sorted((baselines.get("categories") or {}).items()):
+    for category, figures in sorted((baselines.get("per_category") or {}).items()):
         lines.append(f"  category {category}: {format_figures(figures or {})}")
     if thresholds:
         lines.append(

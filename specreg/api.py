@@ -311,9 +311,17 @@ class Registry:
         marked UNAPPROVED). Returns [(file name, text)], written under ``out_dir`` when given."""
         from specreg.registry.exports import render_export, write_export
 
+        from specreg.registry.validations import ValidationStore
+
         version = self.get(ref)
         approved = version.state in (PairState.APPROVED, PairState.PROMOTED)
-        files = render_export(version, self.baselines(version.label), fmt, approved=approved, force=force,
+        run = ValidationStore(self.store).latest_passed(version.name, version.version)
+        baselines = None
+        if run is not None and run.baselines is not None:
+            # the memory check's estimate sizes the Kubernetes resource requests
+            memory = next((c.figures for c in run.checks if c.name == "memory" and c.figures), None)
+            baselines = {**run.baselines, **({"memory": memory} if memory else {})}
+        files = render_export(version, baselines, fmt, approved=approved, force=force,
                               template_path=template, options=options)
         if out_dir is not None:
             write_export(files, out_dir, overwrite=overwrite)

@@ -22,7 +22,7 @@ BASELINES = {
     "validated_at": "2025-01-02T03:04:05+00:00",
     "overall": {"acceptance_rate": 0.71, "mean_acceptance_length": 3.1,
                 "per_position_acceptance": [0.9, 0.8, 0.7, 0.6]},
-    "categories": {
+    "per_category": {
         "support": {"acceptance_rate": 0.8, "mean_acceptance_length": 3.5, "per_position_acceptance": [0.95, 0.85]},
         "code": {"acceptance_rate": 0.6, "mean_acceptance_length": 2.6, "per_position_acceptance": [0.8, 0.6]},
     },

@@ -15,7 +15,7 @@ from metrics_server import FakeVllm, MetricsServer
 BASELINES = {"golden_set": "default", "golden_sha256": "9" * 64, "validated_at": "2025-01-02T03:04:05+00:00",
              "overall": {"acceptance_rate": 0.71, "mean_acceptance_length": 3.1,
                          "per_position_acceptance": [0.9, 0.8, 0.7, 0.6]},
-             "categories": {}}
+             "per_category": {}}
 
 
 @pytest.fixture
