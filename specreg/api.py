@@ -275,8 +275,9 @@ class Registry:
 
         if not 0 <= acceptance_tolerance < 1:
             raise UsageError(f"invalid acceptance tolerance {acceptance_tolerance!r}: use a fraction in [0, 1)")
-        if distribution_samples < 100:
-            raise UsageError(f"invalid distribution samples {distribution_samples!r}: use at least 100")
+        if distribution_samples < 1000:
+            # below ~1000 draws sparse tokens make the chi-square approximation too loose
+            raise UsageError(f"invalid distribution samples {distribution_samples!r}: use at least 1000")
         selected = parse_checks(checks if isinstance(checks, str) or checks is None else ",".join(checks))
         options = ValidationOptions(device=device, dtype=dtype, checks=selected, gpu_memory=gpu_memory,
                                     acceptance_tolerance=acceptance_tolerance, near_tie_tolerance=near_tie_tolerance,
