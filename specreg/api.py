@@ -100,13 +100,21 @@ class Registry:
     """The registry of speculative-decoding pairs over one database.
 
     ``db_url``: any SQLAlchemy URL (default ``$SPECREG_DB`` or ``$SPECREG_HOME/registry.db``);
-    ``user``: who acts (default ``$SPECREG_USER`` or the OS user).
+    ``user``: who acts (default ``$SPECREG_USER`` or the OS user); ``mlflow_uri``: the MLflow
+    review surface (default ``$MLFLOW_TRACKING_URI`` or the embedded store under
+    ``$SPECREG_HOME/mlflow``; ``SPECREG_MLFLOW=off`` turns the mirror off).
+
+    After a validation, approval or promotion, MLflow is brought up to date; when it cannot be
+    reached the registry operation still completes and ``warnings`` says MLflow is behind.
     """
 
-    def __init__(self, db_url: str | None = None, user: str | None = None):
+    def __init__(self, db_url: str | None = None, user: str | None = None, mlflow_uri: str | None = None):
         self.db_url = db_url or settings.default_db_url()
         self.user = settings.current_user(user)
         self.store = Store(self.db_url)
+        self.mlflow_uri = mlflow_uri
+        self.warnings: list[str] = []
+        self._review = None
 
     # --- registration -------------------------------------------------------------------
 
@@ -175,8 +183,10 @@ class Registry:
         from specreg.registry import governance
 
         version = self.get(ref)
-        return governance.retire(self.store, version.name, version.version, actor=self.user, reason=reason,
-                                 force=force)
+        retired = governance.retire(self.store, version.name, version.version, actor=self.user, reason=reason,
+                                    force=force)
+        self.mirror(version.label)
+        return retired
 
     # --- governance ---------------------------------------------------------------------
 
@@ -192,16 +202,20 @@ class Registry:
         from specreg.registry import governance
 
         version = self.get(ref)
-        return governance.decide(self.store, version.name, version.version, actor=self.user,
-                                 decision=governance.APPROVED, note=note)
+        approval = governance.decide(self.store, version.name, version.version, actor=self.user,
+                                     decision=governance.APPROVED, note=note)
+        self.mirror(version.label)
+        return approval
 
     def reject(self, ref: str | PairRef, note: str | None = None):
         """Record this user's rejection (withdraws an approved state). Returns governance.Approval."""
         from specreg.registry import governance
 
         version = self.get(ref)
-        return governance.decide(self.store, version.name, version.version, actor=self.user,
-                                 decision=governance.REJECTED, note=note)
+        rejection = governance.decide(self.store, version.name, version.version, actor=self.user,
+                                      decision=governance.REJECTED, note=note)
+        self.mirror(version.label)
+        return rejection
 
     def promote(self, ref: str | PairRef, environment: str, *, reason: str | None = None,
                 policy_path: str | None = None, expected_holder: int | None | str = "current"):
@@ -215,16 +229,21 @@ class Registry:
         version = self.get(ref)
         policy = self.policy(policy_path)
         policy.environment(environment)  # unknown environment: fail before any work
+        self.mirror(version.label)  # an approval given in the MLflow UI counts for this promote
         if expected_holder == "current":
             expected_holder = governance.holder_of(self.store, version.name, environment)
-        return governance.promote(self.store, policy, version.name, version.version, environment,
+        move = governance.promote(self.store, policy, version.name, version.version, environment,
                                   actor=self.user, expected_holder=expected_holder, reason=reason)
+        self.mirror(version.label)
+        return move
 
     def rollback(self, name: str, environment: str, *, reason: str | None = None):
         """Point ``environment`` of pair ``name`` back at its previous holder; governance.PointerMove."""
         from specreg.registry import governance
 
-        return governance.rollback(self.store, check_name(name), environment, actor=self.user, reason=reason)
+        move = governance.rollback(self.store, check_name(name), environment, actor=self.user, reason=reason)
+        self.mirror(name)
+        return move
 
     def gate(self, ref: str | PairRef, environment: str, *, policy_path: str | None = None, rerun: bool = False):
         """Evaluate whether the version may hold ``environment`` now; returns governance.GateResult.
@@ -284,8 +303,10 @@ class Registry:
                                     distribution_samples=distribution_samples, seed=seed)
         version = self.get(ref)
         golden_set = load_golden_set(golden)
-        return validate_version(self.store, version, golden_set, options, actor=self.user,
-                                progress=progress, hooks=hooks)
+        outcome = validate_version(self.store, version, golden_set, options, actor=self.user,
+                                   progress=progress, hooks=hooks)
+        self.mirror(version.label)
+        return outcome
 
     def validation_runs(self, ref: str | PairRef) -> list:
         """Validation runs (registry.entities.ValidationRun) of a version, oldest first; runs
@@ -356,6 +377,49 @@ class Registry:
     def observations(self, ref: str | PairRef, limit: int = 5) -> list[dict]:
         version = self.get(ref)
         return self.store.observations(version.name, version.version, limit)
+
+    # --- MLflow review surface ----------------------------------------------------------
+
+    def review(self):
+        """The MLflow mirror (registry.review.Review), or None when SPECREG_MLFLOW=off."""
+        from specreg.registry.review import Review, mlflow_enabled
+
+        if not mlflow_enabled():
+            return None
+        if self._review is None:
+            self._review = Review(self.store, self.mlflow_uri, actor=self.user)
+        return self._review
+
+    def mirror(self, ref: str | PairRef) -> None:
+        """Bring MLflow up to date for a version (or every version of a pair); never fails the
+        registry operation that called it: an unreachable MLflow becomes a warning."""
+        from specreg.errors import MlflowUnavailable
+        from specreg.registry.review import behind_warning
+
+        review = self.review()
+        if review is None:
+            return
+        pair_ref = parse_ref(ref) if isinstance(ref, str) else ref
+        versions = [self.get(pair_ref)] if (pair_ref.version or pair_ref.environment) else self.list(pair_ref.name)
+        try:
+            for version in versions:
+                review.sync_version(version)
+        except MlflowUnavailable as exc:
+            self.warnings.append(behind_warning(review.tracking_uri, exc))
+        self.warnings.extend(review.notes)
+        review.notes.clear()
+
+    def sync(self, name: str | None = None) -> list[dict]:
+        """Replay the registry (one pair or all) into MLflow and read approvals back.
+        Idempotent. Raises MlflowUnavailable when MLflow cannot be reached."""
+        review = self.review()
+        if review is None:
+            raise UsageError("MLflow is turned off (SPECREG_MLFLOW=off): nothing to sync")
+        review.mlflow.ping()
+        done = [review.sync_version(version) for version in self.list(name)]
+        self.warnings.extend(review.notes)
+        review.notes.clear()
+        return done
 
     # --- database -----------------------------------------------------------------------
 

@@ -24,10 +24,24 @@ user_option = click.option(
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
 
 
+OPENED_REGISTRIES: list = []  # their warnings (e.g. "MLflow is behind") are printed at exit
+
+
 def open_registry(db_url: str | None, user: str | None = None):
     from specreg.api import Registry
 
-    return Registry(db_url, user=user)
+    context = click.get_current_context(silent=True)
+    mlflow_uri = context.find_root().params.get("mlflow_uri") if context else None
+    registry = Registry(db_url, user=user, mlflow_uri=mlflow_uri)
+    OPENED_REGISTRIES.append(registry)
+    return registry
+
+
+def print_warnings() -> None:
+    for registry in OPENED_REGISTRIES:
+        for warning in registry.warnings:
+            click.echo(f"specreg: warning: {warning}", err=True)
+        registry.warnings.clear()
 
 
 def print_json(data) -> None:
@@ -45,7 +59,9 @@ def print_table(headers: list[str], rows: list[list]) -> None:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="specreg")
-def cli() -> None:
+@click.option("--mlflow-uri", envvar="MLFLOW_TRACKING_URI", default=None, metavar="URI",
+              help="MLflow tracking URI for review (default: the local store in $SPECREG_HOME/mlflow).")
+def cli(mlflow_uri) -> None:
     """specreg: register, validate, approve, promote and export speculative-decoding pairs."""
 
 
@@ -580,6 +596,47 @@ def fmt_number(value) -> str:
     return "-" if value is None else f"{value:.4f}"
 
 
+# --- MLflow review ------------------------------------------------------------------------
+
+@cli.command()
+@click.argument("name", required=False)
+@db_option
+@user_option
+@json_option
+def sync(name, db_url, user, as_json):
+    """Bring MLflow up to date with the registry and read approvals set in the MLflow UI back."""
+    registry = open_registry(db_url, user)
+    done = registry.sync(name)
+    if as_json:
+        print_json(done)
+        return
+    for item in done:
+        aliases = ", ".join(f"{env}->v{mv}" for env, mv in item["aliases"].items() if mv) or "-"
+        click.echo(f"{item['pair']}: {len(item['runs'])} validation run(s), model version "
+                   f"{item['model_version'] or '-'}, approval {item['approval'] or '-'}, aliases {aliases}")
+    click.echo(f"MLflow at {registry.review().tracking_uri} is up to date")
+
+
+@cli.command()
+@click.argument("name", required=False)
+@click.option("--port", type=int, default=5000, show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True)
+def ui(name, port, host):
+    """Serve the MLflow UI on the embedded store and print the URL of pair NAME's model."""
+    import os
+    import subprocess
+
+    from specreg.registry.mlflow_sync import MlflowSync, registered_model_url, ui_command
+
+    mlflow = MlflowSync(click.get_current_context().find_root().params.get("mlflow_uri"))
+    argv = ui_command(mlflow.tracking_uri, host=host, port=port)
+    base = f"http://{host}:{port}"
+    click.echo(f"MLflow UI: {registered_model_url(base, mlflow.registered_model_name(name)) if name else base}")
+    if os.name == "posix":
+        os.execv(argv[0], argv)  # the server replaces this process: Ctrl-C stops it directly
+    sys.exit(subprocess.run(argv, check=False).returncode)
+
+
 # --- database -----------------------------------------------------------------------------
 
 @cli.group()
@@ -616,7 +673,10 @@ def demo_pair(directory, force):
 def main() -> None:
     """Entry point: user errors become one line on stderr and an exit code, never a traceback."""
     try:
-        code = cli.main(standalone_mode=False)
+        try:
+            code = cli.main(standalone_mode=False)
+        finally:
+            print_warnings()
     except click.exceptions.Abort:
         click.echo("specreg: aborted", err=True)
         sys.exit(130)

@@ -35,6 +35,9 @@ def isolated_home(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setenv("SPECREG_USER", "tester")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # The MLflow mirror is exercised by tests/mlflow against a real server; elsewhere it is off
+    # so that each registry test does not also initialise an MLflow store.
+    monkeypatch.setenv("SPECREG_MLFLOW", "off")
 
 
 def _pg_connect(dbname: str | None = None):

@@ -1,0 +1,132 @@
+"""Keeps MLflow, the review surface, in step with the registry, which stays the source of truth.
+
+``Review.sync_version`` replays everything the registry knows about one pair version into
+MLflow (validation runs with reports, the model version with its gate summary, the state tag,
+approvals, environment aliases) and reads back the one thing reviewers write there: an
+approval tag set in the MLflow UI, which becomes a registry approval with its audit event.
+Every step is idempotent (MlflowSync finds what exists by tag), so a sync after MLflow was
+down creates only what is missing, and running it twice creates nothing twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from specreg.errors import MlflowUnavailable, SpecregError
+from specreg.registry.entities import PairVersion
+from specreg.registry.store import Store
+
+FINISHED = ("passed", "failed")
+
+
+def mlflow_enabled() -> bool:
+    """``SPECREG_MLFLOW=off`` turns the MLflow mirror off (the registry works without it)."""
+    return os.environ.get("SPECREG_MLFLOW", "on").strip().lower() not in ("off", "0", "false", "no")
+
+
+def validation_key(run) -> str:
+    """The idempotency key of a validation run in MLflow."""
+    return f"{run.pair_name}@{run.version}/validation-{run.id}"
+
+
+class Review:
+    """The registry's side of the MLflow sync: what to write for a version, from the store."""
+
+    def __init__(self, store: Store, tracking_uri: str | None = None, actor: str = "specreg"):
+        from specreg.registry.mlflow_sync import MlflowSync
+
+        self.store = store
+        self.actor = actor
+        self.mlflow = MlflowSync(tracking_uri, model_prefix=os.environ.get("SPECREG_MLFLOW_PREFIX", "specreg."))
+        self.notes: list[str] = []  # approvals read back or skipped, for the CLI to print
+
+    @property
+    def tracking_uri(self) -> str:
+        return self.mlflow.tracking_uri
+
+    def sync_version(self, version: PairVersion) -> dict:
+        """Bring MLflow up to date for one version; returns what was done (for --json)."""
+        from specreg.registry.reports import render_html, render_markdown
+        from specreg.registry.validations import ValidationStore
+
+        validations = ValidationStore(self.store)
+        runs = [run for run in validations.list_runs(version.name, version.version) if run.status in FINISHED]
+        done: dict = {"pair": version.label, "runs": [], "model_version": None, "approval": None, "aliases": {}}
+        latest_passed = None
+        for run in runs:
+            summary = dict(run.summary or {})
+            record = {**summary, "id": validation_key(run),
+                      "verdict": summary.get("verdict") or ("pass" if run.status == "passed" else "fail"),
+                      "runtime": {k: v for k, v in (run.environment or {}).items() if isinstance(v, str)}}
+            artifacts = {"report.html": render_html(run, version), "summary.md": render_markdown(run, version),
+                         "results.json": json.dumps(run.to_dict(), indent=2, default=str)}
+            mlflow_run_id = self.mlflow.log_validation(version, record, artifacts)
+            if run.mlflow_run_id != mlflow_run_id:
+                validations.set_mlflow_run_id(run.id, mlflow_run_id)
+            done["runs"].append(mlflow_run_id)
+            if run.status == "passed":
+                latest_passed = (run, mlflow_run_id)
+        if runs:
+            latest, latest_run_id = runs[-1], done["runs"][-1]
+            baselines = latest_passed[0].baselines if latest_passed else None
+            done["model_version"] = self.mlflow.ensure_model_version(
+                version, latest_run_id, render_markdown(latest, version),
+                tags={"specreg.validation": validation_key(latest)}, baselines=baselines)
+            self.mlflow.mirror_state(version)
+            done["approval"] = self.sync_approval(version)
+        done["aliases"] = self.sync_aliases(version.name)
+        return done
+
+    def sync_approval(self, version: PairVersion) -> str | None:
+        """Registry decisions go to MLflow; a decision made in the MLflow UI comes back as a
+        registry approval (four-eyes and validation rules apply) with its audit event."""
+        from specreg.registry import governance
+
+        with self.store.session() as session:
+            row = self.store._version_row(session, version.name, version.version)
+            decisions = governance.approvals_of(session, row.id)
+            latest = (decisions[-1].decision, decisions[-1].note, decisions[-1].actor, decisions[-1].source) \
+                if decisions else None
+        in_mlflow = self.mlflow.read_approval(version)
+        ui_decision = in_mlflow is not None and in_mlflow.get("user") is None  # not written by specreg
+        if ui_decision and (latest is None or latest[0] != in_mlflow["status"]):
+            actor = self.actor
+            try:
+                governance.decide(self.store, version.name, version.version, actor=actor,
+                                  decision=in_mlflow["status"], note=in_mlflow.get("note"), source="mlflow")
+            except SpecregError as exc:
+                self.notes.append(f"MLflow {in_mlflow['status']} of {version.label} not recorded: {exc}")
+                return None
+            self.notes.append(f"recorded {in_mlflow['status']} of {version.label} from MLflow (as {actor})")
+            # write it back as specreg's record so the tag and the registry agree from now on
+            self.mlflow.set_approval(version, in_mlflow["status"], in_mlflow.get("note"), actor)
+            return in_mlflow["status"]
+        if latest is not None and (in_mlflow is None or in_mlflow["status"] != latest[0]
+                                   or in_mlflow.get("user") != latest[2]):
+            self.mlflow.set_approval(version, latest[0], latest[1], latest[2])
+        return latest[0] if latest else None
+
+    def sync_aliases(self, pair_name: str) -> dict[str, int | None]:
+        """MLflow aliases follow the registry's environment pointers."""
+        from specreg.registry import governance
+
+        pointers = governance.environment_pointers(self.store, pair_name)
+        current = self.mlflow.aliases(pair_name) if pointers else {}
+        result: dict[str, int | None] = {}
+        for pointer in pointers:
+            environment, holder = pointer["environment"], pointer.get("version")
+            if holder is None:
+                if environment in current:
+                    self.mlflow.delete_alias(pair_name, environment)
+                result[environment] = None
+                continue
+            holder_version = self.store.get_version(pair_name, holder)
+            if self.mlflow.find_model_version(holder_version) is None:
+                continue  # never validated into MLflow: nothing to point at yet
+            result[environment] = self.mlflow.set_alias(pair_name, environment, holder_version)
+        return result
+
+
+def behind_warning(uri: str, exc: MlflowUnavailable) -> str:
+    return f"MLflow ({uri}) is behind: {exc}; the registry is up to date, run `specreg sync` once MLflow is reachable"

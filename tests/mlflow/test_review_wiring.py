@@ -1,0 +1,133 @@
+"""The registry keeps MLflow in step: validate -> run + model version, approval in the MLflow
+UI -> registry approval via `specreg sync`, promote -> alias; MLflow down -> the registry
+operation completes with a warning and `specreg sync` catches up. Real registry databases
+(SQLite and PostgreSQL), a real MLflow server, read back through its REST API."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from mlflow_server import free_port
+from specreg.api import Registry
+from specreg.registry.entities import PairState
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "governance"))
+from govstate import POLICY_TOML, record_validation  # noqa: E402
+
+SPECREG = [sys.executable, "-m", "specreg.cli"]
+
+
+@pytest.fixture
+def mirror_on(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECREG_MLFLOW", "on")
+    policy = tmp_path / "specreg.toml"
+    policy.write_text(POLICY_TOML)
+    monkeypatch.setenv("SPECREG_POLICY", str(policy))
+
+
+def cli(*args):
+    result = subprocess.run(SPECREG + [str(a) for a in args], capture_output=True, text=True, timeout=180,
+                            env=dict(os.environ))
+    assert "Traceback" not in result.stderr, result.stderr
+    return result
+
+
+def model_versions(server, pair):
+    return server.get("model-versions/search", filter=f"name='specreg.{pair}'")["model_versions"]
+
+
+def runs_of(server, pair):
+    experiment = server.get("experiments/get-by-name", experiment_name=f"specreg/{pair}")
+    return server.post("runs/search", {"experiment_ids": [experiment["experiment"]["experiment_id"]]}).get("runs", [])
+
+
+def test_sync_ui_approval_and_promotion_alias(db_url, tiny_models, mlflow_server, mirror_on):
+    pair = f"rv-{uuid.uuid4().hex[:8]}"
+    alice = Registry(db_url, user="alice", mlflow_uri=mlflow_server.url)
+    alice.register(pair, target=str(tiny_models["target"]), draft=str(tiny_models["draft"]), num_speculative_tokens=3)
+    run_id = record_validation(alice, f"{pair}@1", acceptance_rate=0.75)
+
+    synced = cli("--mlflow-uri", mlflow_server.url, "sync", pair, "--db", db_url, "--json")
+    assert synced.returncode == 0, synced.stderr
+    [version] = model_versions(mlflow_server, pair)
+    [run] = runs_of(mlflow_server, pair)
+    assert version["source"] == f"runs:/{run['info']['run_id']}/pair"
+    tags = {t["key"]: t["value"] for t in version["tags"]}
+    assert tags["specreg.status"] == "validated" and tags["specreg.version"] == "1"
+    assert tags["specreg.validation"] == f"{pair}@1/validation-{run_id}"
+    assert json.loads(tags["specreg.baselines"])["overall"]["acceptance_rate"] == 0.75
+    assert f"{pair}@1" in version["description"]
+    artifacts = {f["path"] for f in mlflow_server.get("artifacts/list", run_id=run["info"]["run_id"], path="pair")["files"]}
+    assert {"pair/report.html", "pair/summary.md", "pair/results.json", "pair/pair.yaml"} <= artifacts
+    assert alice.validation_runs(f"{pair}@1")[-1].mlflow_run_id == run["info"]["run_id"]
+
+    # A reviewer approves in the MLflow UI (the UI's own REST call); sync records it.
+    mlflow_server.post("model-versions/set-tag", {"name": f"specreg.{pair}", "version": "1",
+                                                  "key": "specreg.approval", "value": "approved"})
+    picked = cli("--mlflow-uri", mlflow_server.url, "sync", pair, "--db", db_url, "--user", "bob")
+    assert picked.returncode == 0, picked.stderr
+    assert f"recorded approved of {pair}@1 from MLflow (as bob)" in picked.stderr
+    assert alice.get(f"{pair}@1").state is PairState.APPROVED
+    approve_events = [e for e in alice.history(pair) if e.action == "approve"]
+    assert [(e.actor, e.to_state) for e in approve_events] == [("bob", "approved")]
+
+    promoted = cli("--mlflow-uri", mlflow_server.url, "promote", f"{pair}@1", "--to", "production",
+                   "--db", db_url, "--user", "carol")
+    assert promoted.returncode == 0, promoted.stderr
+    alias = mlflow_server.get("registered-models/alias", name=f"specreg.{pair}", alias="production")
+    assert alias["model_version"]["version"] == "1"
+    [version] = model_versions(mlflow_server, pair)
+    assert {t["key"]: t["value"] for t in version["tags"]}["specreg.status"] == "promoted"
+
+    # Twice more: nothing is created twice and no approval is recorded twice.
+    for _ in range(2):
+        assert cli("--mlflow-uri", mlflow_server.url, "sync", pair, "--db", db_url).returncode == 0
+    assert len(runs_of(mlflow_server, pair)) == 1 and len(model_versions(mlflow_server, pair)) == 1
+    assert len([e for e in alice.history(pair) if e.action == "approve"]) == 1
+
+
+def test_mlflow_down_warns_and_sync_catches_up(db_url, tiny_models, mlflow_server, mirror_on):
+    pair = f"rv-{uuid.uuid4().hex[:8]}"
+    down = f"http://127.0.0.1:{free_port()}"
+    alice = Registry(db_url, user="alice", mlflow_uri=down)
+    alice.register(pair, target=str(tiny_models["target"]), draft=str(tiny_models["draft"]), num_speculative_tokens=2)
+    record_validation(alice, f"{pair}@1")
+
+    approved = cli("--mlflow-uri", down, "approve", f"{pair}@1", "--db", db_url, "--user", "bob")
+    assert approved.returncode == 0, approved.stderr
+    assert f"specreg: warning: MLflow ({down}) is behind" in approved.stderr
+    assert "run `specreg sync`" in approved.stderr
+    assert alice.get(f"{pair}@1").state is PairState.APPROVED  # the registry did not wait for MLflow
+
+    unreachable = cli("--mlflow-uri", down, "sync", "--db", db_url)
+    assert unreachable.returncode == 1 and unreachable.stderr.count("\n") == 1
+
+    caught_up = cli("--mlflow-uri", mlflow_server.url, "sync", "--db", db_url, "--json")
+    assert caught_up.returncode == 0, caught_up.stderr
+    [version] = model_versions(mlflow_server, pair)
+    tags = {t["key"]: t["value"] for t in version["tags"]}
+    assert tags["specreg.approval"] == "approved" and tags["specreg.status"] == "approved"
+    assert json.loads(tags["specreg.approval_record"])["user"] == "bob"
+
+
+def test_real_validation_lands_in_mlflow(tmp_path, tiny_models, mlflow_server, mirror_on):
+    pair = f"rv-{uuid.uuid4().hex[:8]}"
+    registry = Registry(f"sqlite:///{tmp_path / 'r.db'}", user="alice", mlflow_uri=mlflow_server.url)
+    registry.register(pair, target=str(tiny_models["target"]), draft=str(tiny_models["target"]),
+                      num_speculative_tokens=3)
+    outcome = registry.validate(f"{pair}@1", golden="smoke", device="cpu", checks="integrity,equivalence,acceptance")
+    assert outcome.passed and registry.warnings == []
+    [run] = runs_of(mlflow_server, pair)
+    metrics = {m["key"]: m["value"] for m in run["data"]["metrics"]}
+    # the draft is the target itself: every drafted token is accepted, tau = k + 1
+    assert metrics["acceptance_rate"] == 1.0 and metrics["mean_acceptance_length"] == pytest.approx(4.0, abs=0.5)
+    params = {p["key"]: p["value"] for p in run["data"]["params"]}
+    assert params["golden_set"] == "smoke"
+    assert {t["key"]: t["value"] for t in run["data"]["tags"]}["specreg.verdict"] in ("pass", "warn")
