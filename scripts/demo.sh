@@ -1,26 +1,68 @@
 #!/usr/bin/env bash
-# `make demo`: the whole chain on the embedded defaults (SQLite + local MLflow store) with the
-# demo pair that specreg builds itself (no downloads). Re-runnable: the pair is cached in
-# $DEMO_DIR/pair; the registry and MLflow store start fresh in $DEMO_DIR/home each time.
+# `make demo`: the whole chain register -> validate -> approve -> promote -> export -> gate on
+# the embedded defaults (SQLite registry + local MLflow store in $SPECREG_HOME) with the demo
+# pair that specreg builds itself (no downloads). Re-runnable: the pair is cached in
+# $DEMO_DIR/pair; the registry, MLflow store and outputs start fresh each time.
 set -euo pipefail
 DEMO_DIR=${DEMO_DIR:-$PWD/.demo}
 export SPECREG_HOME="$DEMO_DIR/home"
-export SPECREG_USER=${SPECREG_USER:-alice}
-rm -rf "$SPECREG_HOME"
+export SPECREG_USER=alice            # the registrant; bob reviews (four-eyes)
+export SPECREG_POLICY="$DEMO_DIR/specreg.toml"
+rm -rf "$SPECREG_HOME" "$DEMO_DIR/exports" "$DEMO_DIR"/gate.* "$DEMO_DIR"/validation.*
 mkdir -p "$DEMO_DIR"
 
 step() { printf '\n== %s\n' "$*"; }
 
-step "build (or reuse) the demo pair"
+# The built-in policy validates on the 43-prompt default set; the demo uses the 7-prompt
+# smoke set so that it runs in a few minutes on a laptop CPU.
+cat > "$SPECREG_POLICY" <<'TOML'
+golden_set = "smoke"
+required_checks = ["integrity", "tokenizer", "chat_template", "equivalence", "distribution", "acceptance"]
+acceptance_tolerance = 0.10
+max_validation_age_days = 30
+
+[environments.staging]
+approval_required = false
+
+[environments.production]
+approval_required = true
+approvers = ["bob"]
+TOML
+
+step "build (or reuse) the demo pair: a 20-layer target and a 1-layer draft sharing one tokenizer"
 specreg demo-pair "$DEMO_DIR/pair"
 
-step "register the pair"
+step "register the pair (fingerprints of both models + the speculative config, version 1)"
 specreg register demo-chat --target "$DEMO_DIR/pair/target" --draft "$DEMO_DIR/pair/draft" \
   --num-speculative-tokens 4 --max-batch-size-for-speculation 32 --notes "demo pair built by specreg demo-pair"
 specreg list
-specreg show demo-chat@1
 
-step "validate the pair on the shipped smoke golden set (HTML report + Markdown summary)"
+step "validate on the smoke golden set with our speculative runtime (HTML report + Markdown summary)"
 specreg validate demo-chat@1 --golden smoke --device cpu --gpu-memory 1GiB \
   --report "$DEMO_DIR/validation.html" --markdown "$DEMO_DIR/validation.md"
+
+step "approve: bob reviews (alice registered it, so she may not approve it)"
+specreg approve demo-chat@1 --user bob --note "acceptance and equivalence look right"
+
+step "promote to staging, then production"
+specreg promote demo-chat@1 --to staging --reason "demo rollout"
+specreg promote demo-chat@1 --to production --reason "demo rollout"
+specreg env list demo-chat
+
+step "export deployment configs carrying the pair's identity and baselines"
+for format in vllm sglang trtllm k8s-vllm prometheus-rules; do
+  specreg export demo-chat@production --format "$format" -o "$DEMO_DIR/exports/$format"
+done
+cat "$DEMO_DIR/exports/vllm/vllm-serve.sh"
+
+step "CI/CD gate before rollout (exit 0 pass, 100 refused, 1 error)"
+specreg gate demo-chat@production --env production \
+  --junit "$DEMO_DIR/gate.xml" --markdown "$DEMO_DIR/gate.md"
+specreg audit verify
 specreg show demo-chat@1
+
+step "done"
+cat <<TEXT
+Outputs in $DEMO_DIR: validation.html, validation.md, exports/, gate.xml, gate.md.
+Review in the MLflow UI: SPECREG_HOME=$SPECREG_HOME .venv/bin/specreg ui demo-chat
+TEXT
