@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -35,15 +36,17 @@ def test_embedded_store_keeps_artifacts_in_specreg_home_and_ui_serves_it(
     assert not (workdir / "mlruns").exists()
     assert os.listdir(workdir) == []
 
-    # `specreg ui`: the argv it runs serves this very store.
+    # `specreg ui`: the argv it runs serves this very store; the real command runs it.
     port = free_port()
     argv = ui_command(sync.tracking_uri, "127.0.0.1", port)
     assert argv[1:4] == ["-m", "mlflow", "server"]
     assert argv[argv.index("--backend-store-uri") + 1] == sync.tracking_uri
     assert argv[argv.index("--default-artifact-root") + 1] == str(sync.artifact_root)
     assert argv[argv.index("--host") + 1] == "127.0.0.1"
-    server = MlflowServer(tmp_path / "ui", port=port, argv=argv).start()
+    cli = [sys.executable, "-m", "specreg.cli", "ui", pair_name, "--port", str(port)]
+    server = MlflowServer(tmp_path / "ui", port=port, argv=cli).start()
     try:
+        assert f"MLflow UI: http://127.0.0.1:{port}/#/models/specreg.{pair_name}" in server.log_tail()
         name = sync.registered_model_name(pair_name)
         model_version = server.get("model-versions/get", name=name, version=number)["model_version"]
         assert model_version["source"] == f"runs:/{run_id}/pair"
