@@ -21,9 +21,9 @@ from typing import Any
 
 from specreg.errors import ModelReferenceError
 from specreg.registry.entities import ModelFingerprint, ModelRef
+from specreg.runtime.loading import TOKENIZER_FILES
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 # Fields that record the saving library, not the model.
 CONFIG_VOLATILE_KEYS = ("transformers_version", "_name_or_path")
 # safetensors dtype name -> bytes per element
@@ -110,8 +110,8 @@ def resolve_reference(reference: str) -> tuple[Path, str | None]:
 
 def read_safetensors_header(path: Path) -> dict[str, Any]:
     """Parse and check a safetensors header: {tensor name: {dtype, shape, data_offsets}}."""
-    size = path.stat().st_size
     try:
+        size = path.stat().st_size
         with open(path, "rb") as handle:
             prefix = handle.read(8)
             if len(prefix) < 8:
@@ -119,7 +119,10 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
             (header_len,) = struct.unpack("<Q", prefix)
             if header_len > min(size - 8, MAX_HEADER_BYTES):
                 raise ValueError(f"header length {header_len} exceeds the file")
-            header = json.loads(handle.read(header_len).decode("utf-8"))
+            try:
+                header = json.loads(handle.read(header_len).decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                raise ValueError("not JSON") from None
         if not isinstance(header, dict):
             raise ValueError("header is not a JSON object")
         data_size = size - 8 - header_len
@@ -135,7 +138,9 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
             start, end = int(offsets[0]), int(offsets[1])
             if not 0 <= start <= end <= data_size or end - start != elements * SAFETENSORS_DTYPE_BYTES[dtype]:
                 raise ValueError(f"tensor {name}: data offsets {offsets} do not fit the file")
-    except (ValueError, KeyError, TypeError, IndexError, UnicodeDecodeError) as exc:
+    except OSError as exc:
+        raise ModelReferenceError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
         raise ModelReferenceError(f"{path}: corrupt safetensors header ({exc})") from None
     return header
 

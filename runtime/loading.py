@@ -7,7 +7,8 @@ from pathlib import Path
 from specreg.errors import ModelReferenceError, RuntimeConfigError
 
 DTYPES = ("float32", "bfloat16", "float16")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+# A directory holds a tokenizer when it has one of these (tokenizer_config.json alone is not one).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spm.model")
 
 
 def resolve_device(device: str = "auto") -> str:
@@ -68,9 +69,20 @@ def load_model(path, device: str = "cpu", dtype="float32"):
 
 
 def load_tokenizer(path):
-    """A model directory -> its tokenizer (never remote code); ModelReferenceError if it has none."""
+    """A local model directory -> its tokenizer (no hub, never remote code).
+
+    Raises ModelReferenceError naming the directory when it, its tokenizer files or the
+    tokenizer itself cannot be read.
+    """
     from transformers import AutoTokenizer
 
+    path = Path(path)
+    if not path.is_dir():
+        raise ModelReferenceError(f"{path}: model directory not found")
     if not has_tokenizer(path):
-        raise ModelReferenceError(f"{path}: no tokenizer files ({', '.join(TOKENIZER_FILES)})")
-    return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+        raise ModelReferenceError(f"{path}: no tokenizer files (expected one of {', '.join(TOKENIZER_FILES)})")
+    try:
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=False, local_files_only=True)
+    except Exception as exc:  # transformers raises many types for a broken tokenizer folder
+        reason = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise ModelReferenceError(f"{path}: cannot load tokenizer: {reason}") from None

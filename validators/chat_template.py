@@ -12,7 +12,8 @@ import hashlib
 from pathlib import Path
 
 from specreg.validators.base import FAIL, SKIP, CheckResult, summarize_findings
-from specreg.validators.tokenizer import first_token_difference, load_tokenizer
+from specreg.runtime.loading import load_tokenizer
+from specreg.validators.tokenizer import first_token_difference
 
 CHECK_NAME = "chat_template"
 CONTEXT_CHARS = 20

@@ -14,11 +14,11 @@ from __future__ import annotations
 import json
 import math
 import re
-import struct
 from pathlib import Path
 from typing import Any
 
 from specreg.errors import ModelReferenceError, UsageError
+from specreg.registry.fingerprint import read_safetensors_header
 from specreg.validators.base import FAIL, PASS, SKIP, CheckResult
 
 CHECK_NAME = "memory"
@@ -41,7 +41,6 @@ UNITS = {
     "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40,
 }
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]+)\s*$")
-_MAX_HEADER_BYTES = 100 * 2**20
 
 
 def parse_memory_size(value: str | int) -> int:
@@ -74,29 +73,6 @@ def format_bytes(count: float) -> str:
         if abs(count) >= size:
             return f"{count / size:.2f} {unit}"
     return f"{int(count)} B"
-
-
-def read_safetensors_header(path: Path) -> dict[str, Any]:
-    """The JSON header of a safetensors file (tensor name -> dtype, shape, data_offsets).
-
-    Reads only the header, never the tensors. Raises ModelReferenceError naming the file.
-    """
-    try:
-        with open(path, "rb") as handle:
-            head = handle.read(8)
-            if len(head) < 8:
-                raise ModelReferenceError(f"{path}: not a safetensors file (shorter than 8 bytes)")
-            (length,) = struct.unpack("<Q", head)
-            if length > min(_MAX_HEADER_BYTES, path.stat().st_size - 8):
-                raise ModelReferenceError(f"{path}: corrupt safetensors header (claims {length} bytes)")
-            header = json.loads(handle.read(length))
-    except OSError as exc:
-        raise ModelReferenceError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except (UnicodeDecodeError, ValueError):
-        raise ModelReferenceError(f"{path}: corrupt safetensors header (not JSON)") from None
-    if not isinstance(header, dict):
-        raise ModelReferenceError(f"{path}: corrupt safetensors header (not a mapping)")
-    return header
 
 
 def weight_files(model_dir: Path) -> list[Path]:

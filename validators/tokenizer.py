@@ -19,38 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from specreg.errors import ModelReferenceError
+from specreg.runtime.loading import load_tokenizer
 from specreg.validators.base import FAIL, WARN, CheckResult, summarize_findings
 
 CHECK_NAME = "tokenizer"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spm.model")
 TOKENIZER_JSON_PARTS = ("normalizer", "pre_tokenizer", "post_processor", "decoder")
 # tokenizer_config.json keys that change how text becomes ids (or ids become text).
 ENCODING_SETTINGS = ("add_bos_token", "add_eos_token", "add_prefix_space", "do_lower_case",
                      "legacy", "clean_up_tokenization_spaces", "split_special_tokens")
 SPECIAL_TOKEN_ROLES = ("bos", "eos", "pad", "unk")
 MAX_EXAMPLES = 10
-
-
-def load_tokenizer(model_dir: str | Path):
-    """Load the Hugging Face tokenizer of a local model directory (no hub, no remote code).
-
-    Raises ModelReferenceError naming the directory when it or its tokenizer files are missing
-    or unreadable.
-    """
-    model_dir = Path(model_dir)
-    if not model_dir.is_dir():
-        raise ModelReferenceError(f"{model_dir}: model directory not found")
-    if not any((model_dir / name).is_file() for name in TOKENIZER_FILES):
-        raise ModelReferenceError(
-            f"{model_dir}: no tokenizer files (expected one of {', '.join(TOKENIZER_FILES)})"
-        )
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False, local_files_only=True)
-    except Exception as exc:  # transformers raises many types for a broken tokenizer folder
-        reason = " ".join(str(exc).split())[:200] or type(exc).__name__
-        raise ModelReferenceError(f"{model_dir}: cannot load tokenizer: {reason}") from None
 
 
 def check_tokenizer_alignment(draft_dir: str | Path, target_dir: str | Path, golden=None, *,
