@@ -50,7 +50,7 @@ def check_performance(pair, decodes, *, method: str = "draft_model", k: int = 4,
         if method == "ngram" or pair.draft is None:
             cost_ratio = 0.0
         else:
-            cost_ratio = measure_cost_ratio(pair.target, pair.draft, decodes.runs[0].prompt_ids, steps=8, repeats=3)
+            cost_ratio = measure_cost_ratio(pair.target, pair.draft, decodes.runs[0].prompt_ids, steps=8)
     per_position = speculative["per_position_acceptance"] or [speculative["acceptance_rate"] or 0.0]
     best_k, expected = choose_k(per_position, cost_ratio, k_max=max(k_max, k))
     latencies = [s for run in decodes.runs for s in run.speculative.metrics.token_latencies_s]
