@@ -143,11 +143,13 @@ def kv_cache_bytes(model_dir: str | Path, tokens: int, batch_size: int, bytes_pe
             "bytes": int(per_token * tokens * batch_size)}
 
 
-def check_memory_headroom(draft_dir: str | Path, target_dir: str | Path, *,
+def check_memory_headroom(draft_dir: str | Path | None, target_dir: str | Path, *,
                           gpu_memory: str | int | None = None, max_context_tokens: int | None = None,
                           batch_size: int = 1, dtype: str | None = None,
                           headroom: float = DEFAULT_HEADROOM, device: int | str | None = None) -> CheckResult:
     """Do both models' weights plus both KV caches fit the device memory budget with headroom?
+
+    draft_dir None: model-free drafting (ngram), only the target is counted.
 
     gpu_memory: budget as "80GiB"/"24GB"/bytes; None uses the CUDA device's total memory
         (device picks which) and skips the check when there is no CUDA device.
@@ -161,7 +163,7 @@ def check_memory_headroom(draft_dir: str | Path, target_dir: str | Path, *,
         raise UsageError(f"invalid memory headroom {headroom!r}: use a fraction in [0, 1), e.g. 0.1")
     if batch_size < 1:
         raise UsageError(f"invalid batch size {batch_size!r}: must be at least 1")
-    draft_dir, target_dir = Path(draft_dir), Path(target_dir)
+    target_dir = Path(target_dir)
     if max_context_tokens is None:
         max_context_tokens = _text_config(target_dir).get("max_position_embeddings")
         if not max_context_tokens:
@@ -171,17 +173,19 @@ def check_memory_headroom(draft_dir: str | Path, target_dir: str | Path, *,
 
     budget, budget_source, device_free = _budget(gpu_memory, device)
     models = {}
-    for side, model_dir in (("draft", draft_dir), ("target", target_dir)):
+    sides = [("target", target_dir)] if draft_dir is None else [("draft", Path(draft_dir)), ("target", target_dir)]
+    for side, model_dir in sides:
         weights = weight_bytes(model_dir, dtype)
         element = dtype_bytes(dtype) if dtype is not None else _widest_float(weights["stored_dtypes"])
         models[side] = {"weights": weights,
                         "kv_cache": kv_cache_bytes(model_dir, max_context_tokens, batch_size, element)}
     total = sum(m["weights"]["bytes"] + m["kv_cache"]["bytes"] for m in models.values())
 
+    no_model = {"weights": {"bytes": 0}, "kv_cache": {"bytes": 0}}
     figures: dict[str, float] = {
-        "draft_weight_bytes": models["draft"]["weights"]["bytes"],
+        "draft_weight_bytes": models.get("draft", no_model)["weights"]["bytes"],
         "target_weight_bytes": models["target"]["weights"]["bytes"],
-        "draft_kv_cache_bytes": models["draft"]["kv_cache"]["bytes"],
+        "draft_kv_cache_bytes": models.get("draft", no_model)["kv_cache"]["bytes"],
         "target_kv_cache_bytes": models["target"]["kv_cache"]["bytes"],
         "total_bytes": total,
         "max_context_tokens": max_context_tokens,

@@ -140,14 +140,11 @@ def run_suite(pair_version, golden, options: ValidationOptions, *, device: str,
 
             emit(check_chat_template_alignment(draft_dir, target_dir, golden))
     if "memory" in selected:
-        if draft_dir is None:
-            emit(CheckResult("memory", SKIP, "memory headroom is computed for draft + target; ngram has no draft"))
-        else:
-            from specreg.validators.memory import check_memory_headroom
+        from specreg.validators.memory import check_memory_headroom
 
-            emit(check_memory_headroom(draft_dir, target_dir, gpu_memory=options.gpu_memory,
-                                       max_context_tokens=options.max_context_tokens, batch_size=options.batch_size,
-                                       dtype=options.dtype, device=device if device.startswith("cuda") else None))
+        emit(check_memory_headroom(draft_dir, target_dir, gpu_memory=options.gpu_memory,
+                                   max_context_tokens=options.max_context_tokens, batch_size=options.batch_size,
+                                   dtype=options.dtype, device=device if device.startswith("cuda") else None))
 
     runtime_checks = [name for name in RUNTIME_CHECKS if name in selected]
     if runtime_checks:

@@ -155,3 +155,13 @@ def test_corrupt_or_missing_weights_name_the_file(pair, draft_copy):
     with pytest.raises(ModelReferenceError) as info:
         check_memory_headroom(draft_copy, pair[1], gpu_memory="1GiB")
     assert str(info.value) == f"{draft_copy}: no .safetensors weights (only safetensors are supported)"
+
+
+def test_ngram_pair_counts_the_target_alone(pair):
+    both = check_memory_headroom(*pair, gpu_memory="1GiB")
+    target_only = check_memory_headroom(None, pair[1], gpu_memory="1GiB")
+    assert target_only.status == "pass"
+    assert target_only.figures["draft_weight_bytes"] == 0 and target_only.figures["draft_kv_cache_bytes"] == 0
+    assert target_only.figures["total_bytes"] == (
+        both.figures["target_weight_bytes"] + both.figures["target_kv_cache_bytes"])
+    assert list(target_only.evidence["models"]) == ["target"]
