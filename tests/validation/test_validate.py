@@ -162,3 +162,17 @@ def test_user_errors_before_any_run(registry, models, golden_path, tmp_path):
         registry.validate("errs@1", golden=str(golden_path), checks="speed")
     assert registry.validation_runs("errs@1") == []
     assert registry.get("errs@1").state is PairState.REGISTERED
+
+
+def test_ngram_pair_validates_without_a_draft_model(registry, models, golden_path):
+    registry.register("lookup", target=str(models["target"]), method="ngram", num_speculative_tokens=3,
+                      prompt_lookup_max=3)
+    outcome = registry.validate("lookup@1", golden=str(golden_path), device="cpu", gpu_memory="1GiB",
+                                checks="integrity,tokenizer,chat_template,memory,equivalence,acceptance")
+    found = statuses(outcome)
+    assert found == {"integrity": "pass", "tokenizer": "skip", "chat_template": "skip", "memory": "pass",
+                     "equivalence": "pass", "acceptance": "pass"}
+    memory = next(c for c in outcome.checks if c.name == "memory").figures
+    assert memory["draft_weight_bytes"] == 0 and memory["target_weight_bytes"] > 0
+    assert outcome.passed and outcome.version.state is PairState.VALIDATED
+    assert registry.baselines("lookup@1")["overall"]["drafted"] >= 0
