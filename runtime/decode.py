@@ -1,6 +1,8 @@
 """The decode loop: draft k tokens, verify them in one target forward, roll both KV caches
-back to the accepted length, repeat. Target-only decoding is the same loop with no drafts
-(k = 0: every step is a one-token verification), so both share one cache code path.
+back to the accepted length, repeat. The first step's target forward is the prefill: it runs
+over the prompt and the first k drafts at once, so no forward is spent on the prompt alone.
+Target-only decoding is the same loop with no drafts (k = 0: the prefill, then one-token
+steps), so both share one cache code path.
 """
 
 from __future__ import annotations
@@ -88,11 +90,13 @@ def eos_ids_of(pair: ModelPair, config: DecodeConfig) -> set[int]:
 
 def synchronize(device) -> None:
     """Make wall-clock timings honest on asynchronous devices."""
-    import torch
-
     if device.type == "cuda":
+        import torch
+
         torch.cuda.synchronize(device)
     elif device.type == "mps":
+        import torch
+
         torch.mps.synchronize()
 
 
@@ -161,49 +165,17 @@ def stream_generate(pair: ModelPair, prompt_ids, config: DecodeConfig, *, specul
             return sample(logits_to_probs(logits, config.temperature, config.top_k, config.top_p), generator)
         return logits.argmax(dim=-1)
 
-    tokens = prompt  # [1, length] the verified sequence; the target cache holds all but the last
+    tokens = prompt  # [1, length] the verified sequence
     token_list = prompt[0].tolist()
     metrics.prompt_tokens = prompt_length
     cache = DynamicCache(config=pair.target.config)
+    cached_length = 0  # leading tokens of `tokens` whose keys/values the target cache holds
     generated = []
     start = time.perf_counter()
     try:
         with torch.inference_mode():
-            # prefill: the prompt's last position gives the first token
-            logits = pair.target(input_ids=prompt, cache=cache, use_cache=True,
-                                 logits_to_keep=1).logits[0, -1:, :vocab_size]  # [1, vocab]
-            emitted = next_tokens(logits)  # [1]
-            metrics.target_forwards += 1
-            step_start = start
             while True:
-                # emit the verified tokens of this step, stopping at EOS / stop string / budget
-                emitted_list = emitted.tolist()
-                now = time.perf_counter()
-                if metrics.ttft_s is None:
-                    metrics.ttft_s = now - start
-                share = (now - step_start) / len(emitted_list)
-                stop = None
-                for token in emitted_list:
-                    generated.append(token)
-                    token_list.append(token)
-                    metrics.generated_tokens += 1
-                    metrics.token_latencies_s.append(share)
-                    yield token
-                    if token in eos_ids:
-                        stop = "eos"
-                    elif stop_strings and any(s in pair.tokenizer.decode(generated[-stop_window:])
-                                              for s in stop_strings):
-                        stop = "stop_string"
-                    elif len(token_list) >= max_length:
-                        stop = "max_new_tokens" if len(generated) >= config.max_new_tokens else "max_position"
-                    if stop:
-                        break
-                if stop:
-                    metrics.stop_reason = stop
-                    break
-                tokens = torch.cat([tokens, emitted.view(1, -1)], dim=1)  # [1, length]
                 step_start = time.perf_counter()
-
                 # fallbacks: each switches to target-only for the rest of the generation
                 if drafter is not None and memory_probe is not None and config.min_free_memory_bytes is not None:
                     free = memory_probe()
@@ -234,9 +206,13 @@ def stream_generate(pair: ModelPair, prompt_ids, config: DecodeConfig, *, specul
                 else:
                     verify_start = step_start
 
-                # verify: one target forward over the pending token and the k drafts
-                verify_input = tokens[:, -1:] if k == 0 else torch.cat([tokens[:, -1:], draft_ids.view(1, -1)], dim=1)
-                logits = pair.target(input_ids=verify_input, cache=cache, use_cache=True).logits[0, :, :vocab_size]  # [k+1, vocab]
+                # verify: one target forward over what its cache lacks (the whole prompt on the first
+                # step, so the prefill verifies the first drafts too; then the last emitted token)
+                # followed by the k drafts; only the last k+1 positions need logits
+                pending = tokens[:, cached_length:]  # [1, n]
+                verify_input = pending if k == 0 else torch.cat([pending, draft_ids.view(1, -1)], dim=1)
+                logits = pair.target(input_ids=verify_input, cache=cache, use_cache=True,
+                                     logits_to_keep=k + 1).logits[0, :, :vocab_size]  # [k+1, vocab]
                 if k == 0:
                     num_accepted, emitted = 0, next_tokens(logits)
                 elif sampling:
@@ -245,16 +221,44 @@ def stream_generate(pair: ModelPair, prompt_ids, config: DecodeConfig, *, specul
                     num_accepted, emitted = acceptance_rule(draft_probs, target_probs, draft_ids, uniforms, generator)
                 else:
                     num_accepted, emitted = greedy_rule(draft_ids, logits.argmax(dim=-1))
-                # roll back: keep the pending token and the accepted drafts, drop the rejected ones
+                # roll back: keep the verified tokens and the accepted drafts, drop the rejected ones;
+                # the emitted recovered/bonus token is fed with the next step
                 if k > num_accepted:
                     cache.crop(-(k - num_accepted))
+                cached_length = len(token_list) + num_accepted
                 if drafter is not None:
-                    drafter.rollback(len(token_list) + num_accepted)
-                synchronize(device)
-                metrics.verify_time_s += time.perf_counter() - verify_start
-                metrics.record_step(k, num_accepted, int(emitted.shape[0]))
+                    drafter.rollback(cached_length)
+                emitted_list = emitted.tolist()  # syncs, so the verify time below is honest
+                now = time.perf_counter()
+                metrics.verify_time_s += now - verify_start
+                metrics.record_step(k, num_accepted, len(emitted_list))
                 if k > 0:
                     rolling_tau.append(num_accepted + 1)
+
+                # emit the verified tokens of this step, stopping at EOS / stop string / budget
+                if metrics.ttft_s is None:
+                    metrics.ttft_s = now - start
+                share = (now - step_start) / len(emitted_list)
+                stop = None
+                for token in emitted_list:
+                    generated.append(token)
+                    token_list.append(token)
+                    metrics.generated_tokens += 1
+                    metrics.token_latencies_s.append(share)
+                    yield token
+                    if token in eos_ids:
+                        stop = "eos"
+                    elif stop_strings and any(s in pair.tokenizer.decode(generated[-stop_window:])
+                                              for s in stop_strings):
+                        stop = "stop_string"
+                    elif len(token_list) >= max_length:
+                        stop = "max_new_tokens" if len(generated) >= config.max_new_tokens else "max_position"
+                    if stop:
+                        break
+                if stop:
+                    metrics.stop_reason = stop
+                    break
+                tokens = torch.cat([tokens, emitted.view(1, -1)], dim=1)  # [1, length]
     finally:
         metrics.total_time_s = time.perf_counter() - start
 

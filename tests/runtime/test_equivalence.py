@@ -34,13 +34,15 @@ def test_greedy_speculative_equals_target_only_and_hf(target, tokenizer, drafts,
 def test_draft_equal_to_target_accepts_everything(target, tokenizer, prompts):
     k = 4
     pair = make_pair(target, tokenizer, target, tokenizer)
-    # 1 token from the prefill, then 5 full steps of k + 1
-    result = speculative_generate(pair, prompts[0], DecodeConfig(k=k, max_new_tokens=1 + 5 * (k + 1), eos_token_ids=()))
+    # 6 full steps of k + 1; the first one's target forward is the prefill over prompt + drafts
+    result = speculative_generate(pair, prompts[0], DecodeConfig(k=k, max_new_tokens=6 * (k + 1), eos_token_ids=()))
     summary = result.metrics.summary()
     assert summary["acceptance_rate"] == 1.0
     assert summary["mean_acceptance_length"] == k + 1
     assert summary["per_position_acceptance"] == [1.0] * k
-    assert summary["target_forwards"] == 1 + 5
+    assert summary["target_forwards"] == 6
+    # the first k + 1 tokens arrive at once, when the first verification is done
+    assert result.metrics.ttft_s == pytest.approx(sum(result.metrics.token_latencies_s[:k + 1]), abs=1e-3)
     assert summary["longest_rejection_run"] == 0
 
 

@@ -140,9 +140,9 @@ def test_metrics_summary_and_aggregate(target, tokenizer, drafts, prompts):
     for metrics in runs:
         summary = metrics.summary()
         assert summary["generated_tokens"] == 20
-        # every target forward after the prefill is a verification; tau counts the bonus token
-        assert summary["mean_acceptance_length"] == pytest.approx(19 / (summary["target_forwards"] - 1))
-        assert summary["mean_acceptance_length"] == pytest.approx(1 + metrics.accepted / (summary["target_forwards"] - 1))
+        # every target forward is a verification (the first over prompt + drafts); tau counts the bonus
+        assert summary["mean_acceptance_length"] == pytest.approx(20 / summary["target_forwards"])
+        assert summary["mean_acceptance_length"] == pytest.approx(1 + metrics.accepted / summary["target_forwards"])
         assert summary["draft_forwards"] == summary["drafted"]
         assert summary["latency_p50_s"] <= summary["latency_p95_s"] <= summary["latency_p99_s"]
         assert summary["ttft_s"] > 0 and summary["tokens_per_s"] > 0
