@@ -662,7 +662,7 @@ def upgrade(db_url):
 @click.argument("directory", type=click.Path(file_okay=False))
 @click.option("--force", is_flag=True, help="Rebuild even when a cached build matches.")
 def demo_pair(directory, force):
-    """Build (or reuse) the tiny demo target/draft pair in DIRECTORY (about 3 minutes on 2 CPU cores)."""
+    """Build (or reuse) the tiny demo target/draft pair in DIRECTORY (about 30 s on 2 idle CPU cores)."""
     from specreg.runtime.demo_pair import build_demo_pair
 
     target_dir, draft_dir = build_demo_pair(directory, force=force, log=lambda line: click.echo(line, err=True))

@@ -37,3 +37,29 @@ def test_build_then_reuse_the_cache(tmp_path, monkeypatch):
     built_at = weights.stat().st_mtime_ns
     assert demo_pair.build_demo_pair(tmp_path / "pair") == (target_dir, draft_dir)
     assert weights.stat().st_mtime_ns == built_at  # reused, not retrained
+
+
+def test_cache_key_follows_code_settings_and_golden_prompts(tmp_path, monkeypatch):
+    import shutil
+    from pathlib import Path
+
+    key = demo_pair.cache_key()
+    assert key == demo_pair.cache_key()
+    monkeypatch.setattr(demo_pair, "DRAFT_TRAINING", (1, 1))
+    assert demo_pair.cache_key() != key  # a changed budget is a different pair
+    monkeypatch.undo()
+
+    # copies of the builder and the golden prompts laid out as in the repo: editing either changes the key
+    source = Path(demo_pair.__file__)
+    shutil.copytree(source.parent.parent / "golden_prompts", tmp_path / "golden_prompts")
+    (tmp_path / "runtime").mkdir()
+    copy = tmp_path / "runtime" / "demo_pair.py"
+    copy.write_bytes(source.read_bytes())
+    monkeypatch.setattr(demo_pair, "__file__", str(copy))
+    assert demo_pair.cache_key() == key
+    copy.write_text(source.read_text() + "\n# a changed line\n")
+    edited_code = demo_pair.cache_key()
+    assert edited_code != key
+    golden = tmp_path / "golden_prompts" / "default.yaml"
+    golden.write_text(golden.read_text() + "\n")
+    assert demo_pair.cache_key() not in (key, edited_code)
