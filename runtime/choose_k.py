@@ -46,8 +46,12 @@ def choose_k(per_position_acceptance, cost_ratio: float, k_max: int = 8) -> tupl
     return best_k, best
 
 
-def measure_step_time(model, prompt_ids, steps: int = 16, repeats: int = 3) -> float:
-    """Median seconds of one cached one-token decode step of `model` after a prefill of prompt_ids."""
+def measure_step_time(model, prompt_ids, steps: int = 16, repeats: int = 3, width: int = 1) -> float:
+    """Median seconds of one cached decode step of `model` after a prefill of prompt_ids.
+
+    width > 1 times a verification-shaped step instead: a forward over `width` tokens, then the
+    cache cropped back to one new token (what a step that accepts nothing costs).
+    """
     import torch
     from transformers import DynamicCache
 
@@ -64,7 +68,10 @@ def measure_step_time(model, prompt_ids, steps: int = 16, repeats: int = 3) -> f
             synchronize(device)
             start = time.perf_counter()
             for _ in range(steps):
-                logits = model(input_ids=token, cache=cache, use_cache=True, logits_to_keep=1).logits
+                logits = model(input_ids=token.expand(1, width), cache=cache, use_cache=True,
+                               logits_to_keep=width).logits
+                if width > 1:
+                    cache.crop(-(width - 1))
                 token = logits[:, -1].argmax(dim=-1, keepdim=True)
             synchronize(device)
             timings.append((time.perf_counter() - start) / steps)
