@@ -34,12 +34,11 @@ class Review:
     """The registry's side of the MLflow sync: what to write for a version, from the store."""
 
     def __init__(self, store: Store, tracking_uri: str | None = None, actor: str = "specreg"):
-        import logging
-
         from specreg.registry.mlflow_sync import MlflowSync
 
-        # MLflow logs its store set-up at INFO on the CLI's stderr; the registry reports itself.
-        logging.getLogger("mlflow").setLevel(logging.WARNING)
+        # MLflow logs its store set-up at INFO on the CLI's stderr (it reads this when imported,
+        # later); the registry reports what it did itself. The user's own setting wins.
+        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
         self.store = store
         self.actor = actor
         self.mlflow = MlflowSync(tracking_uri, model_prefix=os.environ.get("SPECREG_MLFLOW_PREFIX", "specreg."))
