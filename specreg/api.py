@@ -342,7 +342,9 @@ class Registry:
         if run is not None and run.baselines is not None:
             # the memory check's estimate sizes the Kubernetes resource requests
             memory = next((c.figures for c in run.checks if c.name == "memory" and c.figures), None)
-            baselines = {**run.baselines, **({"memory": memory} if memory else {})}
+            baselines = {**run.baselines, "golden_set": run.golden_set, "golden_sha256": run.golden_sha256,
+                         "validated_at": run.finished_at.isoformat(timespec="seconds") + "Z",
+                         **({"memory": memory} if memory else {})}
         files = render_export(version, baselines, fmt, approved=approved, force=force,
                               template_path=template, options=options)
         if out_dir is not None:

@@ -57,6 +57,9 @@ def test_export_writes_engine_configs_with_identity(approved_pair, tmp_path, tin
     script = (out / "vllm-serve.sh").read_text()
     version = Registry(approved_pair).get("deploy@1")
     assert "deploy@1" in script and version.target.fingerprint.weights_sha256 in script
+    validation = Registry(approved_pair).validation_runs("deploy@1")[-1]
+    assert f"golden set smoke (sha256 {validation.golden_sha256})" in script
+    assert "category code: acceptance_rate=0.8500" in script
     assert "UNAPPROVED" not in script
 
     k8s = run("export", "deploy@1", "--format", "k8s-vllm", "--db", approved_pair, "--json")
