@@ -56,6 +56,7 @@ def measure_step_time(model, prompt_ids, steps: int = 16, repeats: int = 3, widt
     from transformers import DynamicCache
 
     from specreg.runtime.decode import synchronize
+    from specreg.runtime.pair import forward_logits
 
     device = next(model.parameters()).device
     prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=device).view(1, -1)  # [1, n]
@@ -63,13 +64,12 @@ def measure_step_time(model, prompt_ids, steps: int = 16, repeats: int = 3, widt
     with torch.inference_mode():
         for _ in range(repeats):
             cache = DynamicCache(config=model.config)
-            logits = model(input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1).logits
+            logits = forward_logits(model, prompt, cache)
             token = logits[:, -1].argmax(dim=-1, keepdim=True)  # [1, 1]
             synchronize(device)
             start = time.perf_counter()
             for _ in range(steps):
-                logits = model(input_ids=token.expand(1, width), cache=cache, use_cache=True,
-                               logits_to_keep=width).logits
+                logits = forward_logits(model, token.expand(1, width), cache, width)
                 if width > 1:
                     cache.crop(-(width - 1))
                 token = logits[:, -1].argmax(dim=-1, keepdim=True)

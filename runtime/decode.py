@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 from specreg.errors import RuntimeConfigError
 from specreg.runtime.acceptance import greedy_accept, rejection_sample
 from specreg.runtime.metrics import GenerationMetrics
-from specreg.runtime.pair import ModelPair
+from specreg.runtime.pair import ModelPair, forward_logits
 from specreg.runtime.sampling import logits_to_probs, sample
 
 METHODS = ("draft_model", "ngram")
@@ -211,8 +211,7 @@ def stream_generate(pair: ModelPair, prompt_ids, config: DecodeConfig, *, specul
                 # followed by the k drafts; only the last k+1 positions need logits
                 pending = tokens[:, cached_length:]  # [1, n]
                 verify_input = pending if k == 0 else torch.cat([pending, draft_ids.view(1, -1)], dim=1)
-                logits = pair.target(input_ids=verify_input, cache=cache, use_cache=True,
-                                     logits_to_keep=k + 1).logits[0, :, :vocab_size]  # [k+1, vocab]
+                logits = forward_logits(pair.target, verify_input, cache, k + 1)[0, :, :vocab_size]  # [k+1, vocab]
                 if k == 0:
                     num_accepted, emitted = 0, next_tokens(logits)
                 elif sampling:

@@ -6,6 +6,7 @@ draft_probs # [<=k, vocab] or None in greedy mode) and rollback(valid_length).
 
 from __future__ import annotations
 
+from specreg.runtime.pair import forward_logits
 from specreg.runtime.sampling import logits_to_probs, sample
 
 
@@ -33,8 +34,7 @@ class DraftModelDrafter:
         next_input = tokens[:, self.cached_length:]
         draft_ids, draft_probs = [], []
         for _ in range(k):
-            logits = self.model(input_ids=next_input, cache=self.cache, use_cache=True,
-                                logits_to_keep=1).logits[0, -1:, : self.vocab_size]  # [1, vocab]
+            logits = forward_logits(self.model, next_input, self.cache)[0, :, : self.vocab_size]  # [1, vocab]
             self.forwards += 1
             if self.temperature > 0:
                 probs = logits_to_probs(logits, self.temperature, self.top_k, self.top_p)  # [1, vocab]
