@@ -303,6 +303,14 @@ class MlflowSync:
             )
         return runs[0] if runs else None
 
+    def synced_run_id(self, pair_name: str, validation_id: str) -> str | None:
+        """The run id of a completely written run for ``validation_id``, or None (absent or
+        half-written): callers skip building artifacts for what MLflow already has."""
+        existing = self.find_validation_run(pair_name, validation_id)
+        if existing is not None and existing.data.tags.get("specreg.synced") == "true":
+            return existing.info.run_id
+        return None
+
     def log_validation(
         self,
         pair_version: PairVersion,

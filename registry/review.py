@@ -58,13 +58,15 @@ class Review:
         done: dict = {"pair": version.label, "runs": [], "model_version": None, "approval": None, "aliases": {}}
         latest_passed = None
         for run in runs:
-            summary = dict(run.summary or {})
-            record = {**summary, "id": validation_key(run),
-                      "verdict": summary.get("verdict") or ("pass" if run.status == "passed" else "fail"),
-                      "runtime": {k: v for k, v in (run.environment or {}).items() if isinstance(v, str)}}
-            artifacts = {"report.html": render_html(run, version), "summary.md": render_markdown(run, version),
-                         "results.json": json.dumps(run.to_dict(), indent=2, default=str)}
-            mlflow_run_id = self.mlflow.log_validation(version, record, artifacts)
+            mlflow_run_id = self.mlflow.synced_run_id(version.name, validation_key(run))
+            if mlflow_run_id is None:  # render the reports only for runs MLflow does not have yet
+                summary = dict(run.summary or {})
+                record = {**summary, "id": validation_key(run),
+                          "verdict": summary.get("verdict") or ("pass" if run.status == "passed" else "fail"),
+                          "runtime": {k: v for k, v in (run.environment or {}).items() if isinstance(v, str)}}
+                artifacts = {"report.html": render_html(run, version), "summary.md": render_markdown(run, version),
+                             "results.json": json.dumps(run.to_dict(), indent=2, default=str)}
+                mlflow_run_id = self.mlflow.log_validation(version, record, artifacts)
             if run.mlflow_run_id != mlflow_run_id:
                 validations.set_mlflow_run_id(run.id, mlflow_run_id)
             done["runs"].append(mlflow_run_id)
