@@ -125,20 +125,21 @@ def run_suite(pair_version, golden, options: ValidationOptions, *, device: str,
     if "integrity" in selected:
         emit(integrity.check_integrity({"target": pair_version.target, "draft": pair_version.draft},
                                        allow_pickle=pair_version.allow_pickle))
-    if "tokenizer" in selected:
-        if draft_dir is None:
-            emit(CheckResult("tokenizer", SKIP, no_draft))
-        else:
-            from specreg.validators.tokenizer import check_tokenizer_alignment
+    static_pair_checks = [name for name in ("tokenizer", "chat_template") if name in selected]
+    if static_pair_checks and draft_dir is None:
+        for name in static_pair_checks:
+            emit(CheckResult(name, SKIP, no_draft))
+    elif static_pair_checks:
+        from specreg.runtime.loading import load_tokenizer
+        from specreg.validators.chat_template import check_chat_template_alignment
+        from specreg.validators.tokenizer import check_tokenizer_alignment
 
-            emit(check_tokenizer_alignment(draft_dir, target_dir, golden))
-    if "chat_template" in selected:
-        if draft_dir is None:
-            emit(CheckResult("chat_template", SKIP, no_draft))
-        else:
-            from specreg.validators.chat_template import check_chat_template_alignment
-
-            emit(check_chat_template_alignment(draft_dir, target_dir, golden))
+        # both checks compare the same two tokenizers: load them once
+        tokenizers = {"draft_tokenizer": load_tokenizer(draft_dir), "target_tokenizer": load_tokenizer(target_dir)}
+        if "tokenizer" in selected:
+            emit(check_tokenizer_alignment(draft_dir, target_dir, golden, **tokenizers))
+        if "chat_template" in selected:
+            emit(check_chat_template_alignment(draft_dir, target_dir, golden, **tokenizers))
     if "memory" in selected:
         from specreg.validators.memory import check_memory_headroom
 
