@@ -342,7 +342,7 @@ def gate(store: Store, policy: Policy, version: PairVersion, environment: str) -
     changes = fingerprint_changes(version)
     golden_sha256 = golden_set_sha256(env.golden_set)
     with store.session() as session:
-        row = store._version_row(session, version.name, version.version)
+        row = store.version_row(session, version.name, version.version)
         pointer = pointer_row(session, row.pair_id, environment)
         holder = session.get(PairVersionRow, pointer.pair_version_id) if pointer and pointer.pair_version_id else None
         conditions, run = evaluate(session, row, env, golden_sha256=golden_sha256, changes=changes,
@@ -382,7 +382,7 @@ def promote(store: Store, policy: Policy, name: str, version: int, environment: 
     label = f"{name}@{version}"
     with store.session(write=True) as session:
         pair = lock_pair(session, name)
-        row = store._version_row(session, name, version, lock=True)
+        row = store.version_row(session, name, version, lock=True)
         pointer = pointer_row(session, pair.id, environment, lock=True)
         holder = session.get(PairVersionRow, pointer.pair_version_id) if pointer and pointer.pair_version_id else None
         holder_version = holder.version if holder else None
@@ -461,7 +461,7 @@ def retire(store: Store, name: str, version: int, *, actor: str, reason: str | N
     label = f"{name}@{version}"
     with store.session(write=True) as session:
         lock_pair(session, name)
-        row = store._version_row(session, name, version, lock=True)
+        row = store.version_row(session, name, version, lock=True)
         held = list(session.scalars(select(EnvironmentPointerRow).where(
             EnvironmentPointerRow.pair_version_id == row.id).with_for_update()))
         environments = sorted(p.environment for p in held)
@@ -492,7 +492,7 @@ def decide(store: Store, name: str, version: int, *, actor: str, decision: str, 
     label = f"{name}@{version}"
     with store.session(write=True) as session:
         lock_pair(session, name)
-        row = store._version_row(session, name, version, lock=True)
+        row = store.version_row(session, name, version, lock=True)
         state = PairState(row.state)
         if state is PairState.RETIRED:
             raise PolicyViolation(f"{label} is retired: nothing to {decision[:-1]}")

@@ -89,7 +89,7 @@ class Review:
         from specreg.registry import governance
 
         with self.store.session() as session:
-            row = self.store._version_row(session, version.name, version.version)
+            row = self.store.version_row(session, version.name, version.version)
             decisions = governance.approvals_of(session, row.id)
             latest = (decisions[-1].decision, decisions[-1].note, decisions[-1].actor, decisions[-1].source) \
                 if decisions else None

@@ -231,7 +231,9 @@ class Store:
                     raise StoreError(f"could not register {name}: concurrent registrations kept colliding") from None
         raise AssertionError("unreachable")
 
-    def _version_row(self, session: Session, name: str, version: int | None, *, lock: bool = False) -> PairVersionRow:
+    def version_row(self, session: Session, name: str, version: int | None, *, lock: bool = False) -> PairVersionRow:
+        """The ORM row of ``name@version`` (the newest when None) inside the caller's session,
+        for the registry modules that write next to it; ``lock``: SELECT ... FOR UPDATE."""
         query = select(PairVersionRow).join(PairRow).where(PairRow.name == name)
         if version is None:
             query = query.order_by(PairVersionRow.version.desc()).limit(1)
@@ -249,7 +251,7 @@ class Store:
     def get_version(self, name: str, version: int | None = None, *, with_events: bool = False) -> PairVersion:
         """A version (the newest when ``version`` is None). Raises NotFoundError."""
         with self.session() as session:
-            row = self._version_row(session, name, version)
+            row = self.version_row(session, name, version)
             events = tuple(self._events(session, name, row.version)) if with_events else ()
             return row.to_entity(events)
 
@@ -286,7 +288,7 @@ class Store:
             with self.session(write=True) as own:
                 return self.transition(name, version, to_state, actor=actor, action=action,
                                        reason=reason, details=details, session=own)
-        row = self._version_row(session, name, version, lock=True)
+        row = self.version_row(session, name, version, lock=True)
         current = PairState(row.state)
         check_transition(f"{name}@{version}", current, to_state)
         row.state = to_state.value
@@ -350,7 +352,7 @@ class Store:
                         figures: dict[str, Any], verdict: str) -> dict[str, Any]:
         """Store one live observation of a version served by an engine."""
         with self.session(write=True) as session:
-            row = self._version_row(session, name, version)
+            row = self.version_row(session, name, version)
             observation = ObservationRow(pair_version_id=row.id, environment=environment, engine=engine, url=url,
                                          observed_at=utcnow(), figures=figures, verdict=verdict)
             session.add(observation)
@@ -360,7 +362,7 @@ class Store:
     def observations(self, name: str, version: int, limit: int = 5) -> list[dict[str, Any]]:
         """The newest observations of a version, newest first."""
         with self.session() as session:
-            row = self._version_row(session, name, version)
+            row = self.version_row(session, name, version)
             rows = session.scalars(select(ObservationRow).where(ObservationRow.pair_version_id == row.id)
                                    .order_by(ObservationRow.id.desc()).limit(limit))
             return [observation_dict(o) for o in rows]

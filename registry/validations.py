@@ -87,15 +87,12 @@ class ValidationStore:
     def __init__(self, store: Store):
         self.store = store
 
-    def _version_row(self, session, pair_version: PairVersion) -> PairVersionRow:
-        return self.store._version_row(session, pair_version.name, pair_version.version)
-
     def start(self, pair_version: PairVersion, *, golden_set: str, golden_sha256: str,
               environment: dict[str, Any], options: dict[str, Any], actor: str) -> ValidationRun:
         """Insert a ``running`` run for ``pair_version`` owned by this process -> the run."""
         identity = process_identity()
         with self.store.session(write=True) as session:
-            version_row = self._version_row(session, pair_version)
+            version_row = self.store.version_row(session, pair_version.name, pair_version.version)
             row = ValidationRunRow(
                 pair_version_id=version_row.id, status=RUNNING, golden_set=golden_set,
                 golden_sha256=golden_sha256, binding_sha256=version_row.binding_sha256,
@@ -125,7 +122,7 @@ class ValidationStore:
         """
         with self.store.session(write=True) as session:
             row = session.get(ValidationRunRow, run_id, with_for_update=True)
-            version_row = self._version_row(session, pair_version)
+            version_row = self.store.version_row(session, pair_version.name, pair_version.version)
             current = PairState(version_row.state)
             if passed:
                 to_state = current if current in (PairState.APPROVED, PairState.PROMOTED) else PairState.VALIDATED
