@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from specreg.validators.base import CheckResult
+
 
 class PairState(str, enum.Enum):
     REGISTERED = "registered"
@@ -177,21 +179,6 @@ class PairVersion:
 
 
 @dataclass(frozen=True)
-class CheckRecord:
-    """One persisted check result of a validation run (see validators/base.py CheckResult)."""
-
-    name: str
-    status: str  # pass | warn | fail | skip
-    summary: str
-    evidence: Any = None
-    figures: dict[str, float] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "status": self.status, "summary": self.summary,
-                "evidence": self.evidence, "figures": dict(self.figures or {})}
-
-
-@dataclass(frozen=True)
 class ValidationRun:
     """One `specreg validate` of a pair version: what ran, where, and what each check found.
 
@@ -216,7 +203,7 @@ class ValidationRun:
     finished_at: datetime | None
     error: str | None
     mlflow_run_id: str | None = None
-    checks: tuple[CheckRecord, ...] = field(default=())
+    checks: tuple[CheckResult, ...] = field(default=())  # as each check returned it
 
     @property
     def label(self) -> str:

@@ -21,9 +21,10 @@ from typing import Any
 from sqlalchemy import select
 
 from specreg.errors import IllegalTransitionError
-from specreg.registry.entities import CheckRecord, PairState, PairVersion, ValidationRun
+from specreg.registry.entities import PairState, PairVersion, ValidationRun
 from specreg.registry.orm import CheckResultRow, PairRow, PairVersionRow, ValidationRunRow
 from specreg.registry.store import Store, utcnow
+from specreg.validators.base import CheckResult
 
 RUNNING, PASSED, FAILED, ABORTED, ERROR = "running", "passed", "failed", "aborted", "error"
 FINISHED = (PASSED, FAILED)
@@ -36,7 +37,7 @@ def run_to_entity(row: ValidationRunRow, pair_name: str, version: int) -> Valida
         environment=row.environment or {}, options=row.options or {}, summary=row.summary,
         baselines=row.baselines, actor=row.actor, pid=row.pid, started_at=row.started_at,
         finished_at=row.finished_at, error=row.error, mlflow_run_id=row.mlflow_run_id,
-        checks=tuple(CheckRecord(c.name, c.status, c.summary, c.evidence, c.figures or {}) for c in row.checks),
+        checks=tuple(CheckResult(c.name, c.status, c.summary, c.evidence, c.figures or {}) for c in row.checks),
     )
 
 
