@@ -280,12 +280,3 @@ def speculative_generate(pair: ModelPair, prompt_ids, config: DecodeConfig, **ho
 def target_only_generate(pair: ModelPair, prompt_ids, config: DecodeConfig, **hooks) -> Generation:
     """Plain target decoding through the same loop and cache code -> Generation."""
     return _generate(pair, prompt_ids, config, False, **hooks)
-
-
-def encode_prompt(tokenizer, prompt: str | list[dict], chat: bool | None = None) -> list[int]:
-    """A text prompt, or chat messages rendered through the tokenizer's chat template -> ids."""
-    if isinstance(prompt, str) and not chat:
-        return tokenizer(prompt, add_special_tokens=True)["input_ids"]
-    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return tokenizer(rendered, add_special_tokens=False)["input_ids"]
