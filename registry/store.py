@@ -183,14 +183,6 @@ class Store:
 
     # --- pair versions ------------------------------------------------------------------
 
-    def find_by_binding(self, name: str, binding_sha256: str) -> PairVersion | None:
-        with self.session() as session:
-            row = session.scalar(
-                select(PairVersionRow).join(PairRow)
-                .where(PairRow.name == name, PairVersionRow.binding_sha256 == binding_sha256)
-            )
-            return row.to_entity() if row else None
-
     def create_version(self, *, name: str, target: ModelRef, draft: ModelRef | None, config: SpecConfig,
                        binding_sha256: str, actor: str, notes: str | None, allow_pickle: bool) -> tuple[PairVersion, bool]:
         """Insert version N+1 of ``name`` (or return the existing one with the same binding)
