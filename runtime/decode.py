@@ -235,7 +235,8 @@ def stream_generate(pair: ModelPair, prompt_ids, config: DecodeConfig, *, specul
                     rolling_tau.append(num_accepted + 1)
 
                 # emit the verified tokens of this step, stopping at EOS / stop string / budget
-                if metrics.ttft_s is None:
+                first_step = metrics.ttft_s is None
+                if first_step:
                     metrics.ttft_s = now - start
                 share = (now - step_start) / len(emitted_list)
                 stop = None
@@ -243,6 +244,8 @@ def stream_generate(pair: ModelPair, prompt_ids, config: DecodeConfig, *, specul
                     generated.append(token)
                     token_list.append(token)
                     metrics.generated_tokens += 1
+                    if first_step:
+                        metrics.ttft_tokens += 1
                     metrics.token_latencies_s.append(share)
                     yield token
                     if token in eos_ids:

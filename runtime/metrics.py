@@ -22,8 +22,11 @@ class GenerationMetrics:
 
     Counts: drafted / accepted draft tokens; accepted_per_position[i] / reached_per_position[i]
     (a draft reaches position i when drafts 0..i-1 were all accepted); verify_steps and
-    verify_emitted (tokens emitted by verification forwards, bonus included).
-    Times in seconds. Per-token latency: a step's time shared equally by the tokens it emitted.
+    verify_emitted (tokens emitted by verification forwards, bonus included); ttft_tokens: the
+    tokens that came with the first one (the first step's, prefill included: up to k+1 when it
+    verified drafts). Decode phase: everything after that first step, the part DESIGN.md §2's
+    speedup formula models (prefill is outside it). Times in seconds. Per-token latency: a
+    step's time shared equally by the tokens it emitted.
     """
 
     drafted: int = 0
@@ -38,6 +41,7 @@ class GenerationMetrics:
     prompt_tokens: int = 0
     total_time_s: float = 0.0
     ttft_s: float | None = None
+    ttft_tokens: int = 0
     draft_time_s: float = 0.0
     verify_time_s: float = 0.0
     token_latencies_s: list[float] = field(default_factory=list)
@@ -85,6 +89,11 @@ class GenerationMetrics:
     def tokens_per_s(self) -> float | None:
         return self.generated_tokens / self.total_time_s if self.total_time_s > 0 else None
 
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """Tokens per second after the first step (TTFT and its tokens left out); None without one."""
+        return decode_rate(self.generated_tokens - self.ttft_tokens, self.total_time_s - (self.ttft_s or 0.0))
+
     def summary(self) -> dict:
         """The named figures of DESIGN.md §2 as a flat JSON-able dict."""
         return {
@@ -99,6 +108,7 @@ class GenerationMetrics:
             "prompt_tokens": self.prompt_tokens,
             "tokens_per_s": self.tokens_per_s,
             "ttft_s": self.ttft_s,
+            "decode_tokens_per_s": self.decode_tokens_per_s,
             "latency_p50_s": percentile(self.token_latencies_s, 50),
             "latency_p95_s": percentile(self.token_latencies_s, 95),
             "latency_p99_s": percentile(self.token_latencies_s, 99),
@@ -111,13 +121,19 @@ class GenerationMetrics:
         }
 
 
+def decode_rate(tokens: int, seconds: float) -> float | None:
+    return tokens / seconds if tokens > 0 and seconds > 0 else None
+
+
 def aggregate(metrics: list[GenerationMetrics]) -> dict:
     """Many generations (e.g. one prompt category) -> the same named figures, pooled.
 
-    Rates are ratios of summed counts (not means of ratios); latencies are pooled; ttft is the mean.
+    Rates are ratios of summed counts (not means of ratios); latencies are pooled; ttft is the mean;
+    decode_tokens_per_s is the decode-phase tokens over the decode-phase time of all of them.
     """
     total = GenerationMetrics()
     ttfts = []
+    decode_tokens, decode_seconds = 0, 0.0
     for one in metrics:
         for name in ("drafted", "accepted", "target_forwards", "draft_forwards", "verify_steps",
                      "verify_emitted", "generated_tokens", "prompt_tokens", "total_time_s",
@@ -134,8 +150,11 @@ def aggregate(metrics: list[GenerationMetrics]) -> dict:
         total.fallbacks.extend(one.fallbacks)
         if one.ttft_s is not None:
             ttfts.append(one.ttft_s)
+            decode_tokens += one.generated_tokens - one.ttft_tokens
+            decode_seconds += one.total_time_s - one.ttft_s
     summary = total.summary()
     summary["ttft_s"] = sum(ttfts) / len(ttfts) if ttfts else None
+    summary["decode_tokens_per_s"] = decode_rate(decode_tokens, decode_seconds)
     summary["generations"] = len(metrics)
     summary.pop("stop_reason")
     return summary

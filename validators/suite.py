@@ -226,7 +226,8 @@ def build_summary(result: SuiteResult, golden, options: ValidationOptions, devic
     if "performance" in by_name and by_name["performance"].figures:
         figures = by_name["performance"].figures
         summary["performance"] = {
-            "speedup": figures["speedup"], "tokens_per_s": figures["tokens_per_s"],
+            "speedup": figures["speedup"], "decode_speedup": figures.get("decode_speedup"),
+            "tokens_per_s": figures["tokens_per_s"],
             "baseline_tokens_per_s": figures["baseline_tokens_per_s"], "ttft_ms": figures["ttft_ms"],
             "latency_ms": {"p50": figures["latency_p50_ms"], "p95": figures["latency_p95_ms"],
                            "p99": figures["latency_p99_ms"]},

@@ -153,6 +153,25 @@ def test_metrics_summary_and_aggregate(target, tokenizer, drafts, prompts):
     assert pooled["generations"] == 2
 
 
+def test_decode_phase_leaves_out_the_first_step(target, tokenizer, drafts, prompts):
+    pair = make_pair(target, tokenizer, drafts["self"], tokenizer)
+    config = DecodeConfig(k=3, max_new_tokens=20, eos_token_ids=())
+    speculative = speculative_generate(pair, prompts[0], config).metrics
+    plain = target_only_generate(pair, prompts[0], config).metrics
+    # draft = target: the first step (prefill + 3 drafts) emits k+1 tokens; target-only emits one
+    assert (speculative.ttft_tokens, plain.ttft_tokens) == (4, 1)
+    for metrics in (speculative, plain):
+        expected = (20 - metrics.ttft_tokens) / (metrics.total_time_s - metrics.ttft_s)
+        assert metrics.summary()["decode_tokens_per_s"] == pytest.approx(expected)
+    pooled = aggregate([speculative, plain])
+    assert pooled["decode_tokens_per_s"] == pytest.approx(
+        (40 - 5) / (speculative.total_time_s - speculative.ttft_s + plain.total_time_s - plain.ttft_s))
+    # a generation that ends in its first step has no decode phase
+    one_step = speculative_generate(pair, prompts[0], DecodeConfig(k=3, max_new_tokens=4, eos_token_ids=())).metrics
+    assert one_step.ttft_tokens == one_step.generated_tokens == 4
+    assert one_step.decode_tokens_per_s is None
+
+
 def test_per_position_acceptance_and_rejection_runs():
     metrics = GenerationMetrics()
     for accepted in (3, 1, 0, 0, 0, 2):

@@ -45,6 +45,7 @@ def test_good_pair_passes_every_check_and_is_validated(registry, models, golden_
     performance = next(c for c in run.checks if c.name == "performance").figures
     assert performance["latency_p50_ms"] <= performance["latency_p95_ms"] <= performance["latency_p99_ms"]
     assert 1 <= performance["recommended_k"] <= 8
+    assert performance["decode_speedup"] > 0 and performance["speedup"] > 0
     event = registry.history("good")[-1]
     assert event.action == "validate" and event.to_state == "validated"
     assert event.details["validation_run_id"] == run.id
