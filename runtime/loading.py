@@ -47,11 +47,14 @@ def has_tokenizer(path) -> bool:
 
 
 def load_model(path, device: str = "cpu", dtype="float32"):
-    """A model directory -> AutoModelForCausalLM in eval mode on `device` in `dtype`.
+    """A model directory -> AutoModelForCausalLM in eval mode on `device` in `dtype`, with the
+    runtime's attention (attention.py) where it would run transformers' sdpa.
 
     Refuses remote code and pickle weights: only safetensors are read.
     """
     from transformers import AutoModelForCausalLM
+
+    from specreg.runtime.attention import use_runtime_attention
 
     path = Path(path)
     if not (path / "config.json").is_file():
@@ -65,6 +68,7 @@ def load_model(path, device: str = "cpu", dtype="float32"):
     except (OSError, ValueError) as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ModelReferenceError(f"{path}: cannot load model: {message}") from exc
+    use_runtime_attention(model)
     return model.to(resolve_device(device)).eval()
 
 

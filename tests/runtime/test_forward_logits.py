@@ -43,3 +43,46 @@ def test_forward_logits_equals_model_call(target, hooked):
     for mine, theirs in zip(ours, reference):
         assert mine.shape == theirs.shape
         assert mine.equal(theirs)
+
+
+def test_runtime_attention_equals_stock_sdpa_and_keeps_gqa_in_the_kernel(tiny_dir, target, monkeypatch):
+    """load_model's attention (runtime/attention.py) gives stock sdpa's logits bit for bit, and
+    a verification block over the cache runs grouped-query attention inside the kernel."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    stock = AutoModelForCausalLM.from_pretrained(tiny_dir / "target", dtype=torch.float32).eval()
+    assert stock.config._attn_implementation == "sdpa"
+    assert target.config._attn_implementation == "specreg_sdpa"
+    assert target.config.num_attention_heads > target.config.num_key_value_heads  # a GQA model
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    grouped_calls = []
+
+    def spy(*args, **kwargs):
+        if kwargs.get("enable_gqa") and kwargs.get("attn_mask") is not None:
+            grouped_calls.append(args[0].shape)  # query # [b, heads, q, d]
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    blocks = [(0, [31]), (0, [4, 60, 12, 9, 77]), (3, [50, 51])]
+    ours, _ = run_both(target, [1, 17, 42, 99, 5, 23, 8], blocks)
+    layers = target.config.num_hidden_layers
+    # the two blocks of more than one token over a cache, each through forward_logits and model();
+    # the prefill (no mask: causal) and the single token take stock's paths
+    assert [shape[2] for shape in grouped_calls] == [5] * 2 * layers + [2] * 2 * layers
+    reference, _ = run_both(stock, [1, 17, 42, 99, 5, 23, 8], blocks)
+    for mine, theirs in zip(ours, reference):
+        assert mine.equal(theirs)
+
+
+def test_runtime_attention_leaves_other_implementations_alone(tiny_dir):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specreg.runtime.attention import use_runtime_attention
+
+    eager = AutoModelForCausalLM.from_pretrained(tiny_dir / "target", dtype=torch.float32,
+                                                 attn_implementation="eager")
+    use_runtime_attention(eager)
+    assert eager.config._attn_implementation == "eager"
