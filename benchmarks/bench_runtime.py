@@ -54,7 +54,7 @@ def main() -> None:
 
     from specreg.golden_prompts.loader import load_golden_set
     from specreg.runtime.choose_k import (choose_k, expected_speedup, expected_tokens_per_step,
-                                          measure_cost_ratio, measure_step_time)
+                                          measure_cost_ratio, measure_step_time, median_ratio)
     from specreg.runtime.decode import DecodeConfig, speculative_generate, target_only_generate
     from specreg.runtime.demo_pair import build_demo_pair
     from specreg.runtime.metrics import aggregate
@@ -121,9 +121,8 @@ def main() -> None:
     # the formula prices a verification like a one-token step; on a CPU a forward over k+1 tokens
     # costs more (wider matmuls, a materialised mask): measured here to explain the gap, not to move it
     # back to back, median of the ratios (as measure_cost_ratio does): one burst of load skews one ratio
-    ratios = sorted(measure_step_time(pair.target, prompts[0], width=args.k + 1, repeats=1)
-                    / measure_step_time(pair.target, prompts[0], repeats=1) for _ in range(9))
-    verify_cost = ratios[len(ratios) // 2]
+    verify_cost = median_ratio(lambda: measure_step_time(pair.target, prompts[0], width=args.k + 1, repeats=1),
+                               lambda: measure_step_time(pair.target, prompts[0], repeats=1), 9)
     with_verify_cost = expected_tokens_per_step(summary["per_position_acceptance"], args.k) / (
         verify_cost + args.k * cost_ratio)
     best_k, best_speedup = choose_k(summary["per_position_acceptance"], cost_ratio, k_max=12)

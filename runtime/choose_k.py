@@ -88,6 +88,11 @@ def measure_cost_ratio(target, draft, prompt_ids, steps: int = 16, repeats: int 
     """
     measure_step_time(draft, prompt_ids, 2, 1)  # warm-up both
     measure_step_time(target, prompt_ids, 2, 1)
-    ratios = sorted(measure_step_time(draft, prompt_ids, steps, 1) / measure_step_time(target, prompt_ids, steps, 1)
-                    for _ in range(repeats))
+    return median_ratio(lambda: measure_step_time(draft, prompt_ids, steps, 1),
+                        lambda: measure_step_time(target, prompt_ids, steps, 1), repeats)
+
+
+def median_ratio(numerator, denominator, repeats: int) -> float:
+    """Median over `repeats` of numerator() / denominator(), each pair timed back to back."""
+    ratios = sorted(numerator() / denominator() for _ in range(repeats))
     return ratios[len(ratios) // 2]
