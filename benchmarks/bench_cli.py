@@ -16,8 +16,9 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from specreg.registry.entities import ModelFingerprint, ModelRef, SpecConfig, SpecMethod
-from specreg.registry.store import Store
+from specreg.core.types import ModelFingerprint, ModelRef
+from specreg.registry.store.entities import SpecConfig, SpecMethod
+from specreg.registry.store.store import Store
 
 SPECREG = [str(Path(sys.executable).with_name("specreg"))]
 VERSIONS = 10_000

@@ -4,7 +4,7 @@ or on ``sqlalchemy.url``; batch mode so that SQLite can alter tables."""
 from alembic import context
 from sqlalchemy import create_engine
 
-from specreg.registry.orm import Base
+from specreg.registry.store.orm import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specreg.core.fingerprint import TOKENIZER_FILES
 from specreg.errors import ModelReferenceError, RuntimeConfigError
 
 DTYPES = ("float32", "bfloat16", "float16")
-# A directory holds a tokenizer when it has one of these (tokenizer_config.json alone is not one).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spm.model")
 
 
 def resolve_device(device: str = "auto") -> str:

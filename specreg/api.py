@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 from specreg import settings
 from specreg.errors import SpecregError, UsageError
-from specreg.registry.entities import AuditEvent, PairState, PairVersion, SpecConfig, SpecMethod
-from specreg.registry.fingerprint import canonical_json, fingerprint_reference, sha256_hex
-from specreg.registry.store import Store
+from specreg.registry.store.entities import AuditEvent, PairState, PairVersion, SpecConfig, SpecMethod
+from specreg.core.fingerprint import canonical_json, fingerprint_reference, sha256_hex
+from specreg.registry.store.store import Store
 
 NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 NGRAM_DEFAULT_LOOKUP = (1, 4)
@@ -153,7 +153,7 @@ class Registry:
     def resolve_environment(self, pair_ref: PairRef, *, with_events: bool = False) -> PairVersion:
         """The version of ``pair_ref.name`` that holds ``pair_ref.environment`` now."""
         from specreg.errors import NotFoundError
-        from specreg.registry.governance import holder_of
+        from specreg.registry.governance.decisions import holder_of
 
         version = holder_of(self.store, pair_ref.name, pair_ref.environment)
         if version is None:
@@ -180,10 +180,10 @@ class Registry:
 
     def retire(self, ref: str | PairRef, reason: str | None = None, *, force: bool = False) -> PairVersion:
         """Retire a version; refused (PolicyViolation) while it holds an environment unless ``force``."""
-        from specreg.registry import governance
+        from specreg.registry.governance import decisions
 
         version = self.get(ref)
-        retired = governance.retire(self.store, version.name, version.version, actor=self.user, reason=reason,
+        retired = decisions.retire(self.store, version.name, version.version, actor=self.user, reason=reason,
                                     force=force)
         self.mirror(version.label)
         return retired
@@ -192,63 +192,63 @@ class Registry:
 
     def policy(self, path: str | None = None):
         """The policy from ``path``, ``$SPECREG_POLICY`` or the built-in default."""
-        from specreg.registry.policy import load_policy
+        from specreg.registry.governance.policy import load_policy
 
         return load_policy(path)
 
     def approve(self, ref: str | PairRef, note: str | None = None):
         """Record this user's approval (four-eyes: never the registrant; only after a passed
-        validation). Returns governance.Approval."""
-        from specreg.registry import governance
+        validation). Returns decisions.Approval."""
+        from specreg.registry.governance import decisions
 
         version = self.get(ref)
-        approval = governance.decide(self.store, version.name, version.version, actor=self.user,
-                                     decision=governance.APPROVED, note=note)
+        approval = decisions.decide(self.store, version.name, version.version, actor=self.user,
+                                     decision=decisions.APPROVED, note=note)
         self.mirror(version.label)
         return approval
 
     def reject(self, ref: str | PairRef, note: str | None = None):
-        """Record this user's rejection (withdraws an approved state). Returns governance.Approval."""
-        from specreg.registry import governance
+        """Record this user's rejection (withdraws an approved state). Returns decisions.Approval."""
+        from specreg.registry.governance import decisions
 
         version = self.get(ref)
-        rejection = governance.decide(self.store, version.name, version.version, actor=self.user,
-                                      decision=governance.REJECTED, note=note)
+        rejection = decisions.decide(self.store, version.name, version.version, actor=self.user,
+                                      decision=decisions.REJECTED, note=note)
         self.mirror(version.label)
         return rejection
 
     def promote(self, ref: str | PairRef, environment: str, *, reason: str | None = None,
                 policy_path: str | None = None, expected_holder: int | None | str = "current"):
-        """Make the version hold ``environment`` under the policy; returns governance.PointerMove.
+        """Make the version hold ``environment`` under the policy; returns decisions.PointerMove.
 
         ``expected_holder``: the version number you saw holding the environment (None: none);
         the default reads it now. If another promote moves the pointer before this one commits,
         ConcurrentUpdateError and nothing changes. PolicyViolation names every failed condition."""
-        from specreg.registry import governance
+        from specreg.registry.governance import decisions
 
         version = self.get(ref)
         policy = self.policy(policy_path)
         policy.environment(environment)  # unknown environment: fail before any work
         self.mirror(version.label)  # an approval given in the MLflow UI counts for this promote
         if expected_holder == "current":
-            expected_holder = governance.holder_of(self.store, version.name, environment)
-        move = governance.promote(self.store, policy, version.name, version.version, environment,
+            expected_holder = decisions.holder_of(self.store, version.name, environment)
+        move = decisions.promote(self.store, policy, version.name, version.version, environment,
                                   actor=self.user, expected_holder=expected_holder, reason=reason)
         self.mirror(version.label)
         return move
 
     def rollback(self, name: str, environment: str, *, reason: str | None = None):
-        """Point ``environment`` of pair ``name`` back at its previous holder; governance.PointerMove."""
-        from specreg.registry import governance
+        """Point ``environment`` of pair ``name`` back at its previous holder; decisions.PointerMove."""
+        from specreg.registry.governance import decisions
 
-        move = governance.rollback(self.store, check_name(name), environment, actor=self.user, reason=reason)
+        move = decisions.rollback(self.store, check_name(name), environment, actor=self.user, reason=reason)
         self.mirror(name)
         return move
 
     def gate(self, ref: str | PairRef, environment: str, *, policy_path: str | None = None, rerun: bool = False):
-        """Evaluate whether the version may hold ``environment`` now; returns governance.GateResult.
+        """Evaluate whether the version may hold ``environment`` now; returns decisions.GateResult.
         ``rerun``: validate again first on the policy's golden set."""
-        from specreg.registry import governance
+        from specreg.registry.governance import decisions
 
         policy = self.policy(policy_path)
         env = policy.environment(environment)
@@ -258,19 +258,19 @@ class Registry:
             if validate is None:
                 raise SpecregError("gate --rerun needs Registry.validate, which this specreg does not have")
             validate(version.label, golden=env.golden_set)
-        return governance.gate(self.store, policy, version, environment)
+        return decisions.gate(self.store, policy, version, environment)
 
     def diff(self, ref_a: str | PairRef, ref_b: str | PairRef) -> list[dict]:
         """Models, fingerprints, config and validation figures of two versions side by side."""
-        from specreg.registry import governance
+        from specreg.registry.governance import decisions
 
-        return governance.diff(self.store, self.get(ref_a), self.get(ref_b))
+        return decisions.diff(self.store, self.get(ref_a), self.get(ref_b))
 
     def environments(self, name: str | None = None) -> list[dict]:
         """Environment pointers: which version holds each environment, and which did before."""
-        from specreg.registry import governance
+        from specreg.registry.governance import decisions
 
-        return governance.environment_pointers(self.store, check_name(name) if name else None)
+        return decisions.environment_pointers(self.store, check_name(name) if name else None)
 
     # --- validation ---------------------------------------------------------------------
 
@@ -289,7 +289,7 @@ class Registry:
         state unchanged.
         """
         from specreg.golden_prompts.loader import load_golden_set
-        from specreg.registry.validations import validate_version
+        from specreg.validation import validate_version
         from specreg.validators.suite import ValidationOptions, parse_checks
 
         if not 0 <= acceptance_tolerance < 1:
@@ -311,7 +311,7 @@ class Registry:
     def validation_runs(self, ref: str | PairRef) -> list:
         """Validation runs (registry.entities.ValidationRun) of a version, oldest first; runs
         whose process died are marked aborted first."""
-        from specreg.registry.validations import ValidationStore
+        from specreg.registry.store.validations import ValidationStore
 
         version = self.get(ref)
         runs = ValidationStore(self.store)
@@ -320,7 +320,7 @@ class Registry:
 
     def baselines(self, ref: str | PairRef) -> dict | None:
         """Acceptance baselines of a version: those of its newest passed validation run, or None."""
-        from specreg.registry.validations import ValidationStore
+        from specreg.registry.store.validations import ValidationStore
 
         version = self.get(ref)
         return ValidationStore(self.store).baselines(version.name, version.version)
@@ -331,9 +331,9 @@ class Registry:
                overwrite: bool = False, template: str | None = None, options: dict | None = None):
         """Render deployment files for a validated + approved version (``force``: any version,
         marked UNAPPROVED). Returns [(file name, text)], written under ``out_dir`` when given."""
-        from specreg.registry.exports import render_export, write_export
+        from specreg.registry.deploy.exports import render_export, write_export
 
-        from specreg.registry.validations import ValidationStore
+        from specreg.registry.store.validations import ValidationStore
 
         version = self.get(ref)
         approved = version.state in (PairState.APPROVED, PairState.PROMOTED)
@@ -360,7 +360,7 @@ class Registry:
         "verdict" (ok|drift|no-data) and "exit_code" (0|100|1)."""
         import time
 
-        from specreg.registry.observe import compare_with_baseline, observe
+        from specreg.registry.deploy.observe import compare_with_baseline, observe
 
         pair_ref = parse_ref(ref) if isinstance(ref, str) else ref
         version = self.get(pair_ref)
@@ -384,7 +384,7 @@ class Registry:
 
     def review(self):
         """The MLflow mirror (registry.review.Review), or None when SPECREG_MLFLOW=off."""
-        from specreg.registry.review import Review, mlflow_enabled
+        from specreg.registry.review.replay import Review, mlflow_enabled
 
         if not mlflow_enabled():
             return None
@@ -396,7 +396,7 @@ class Registry:
         """Bring MLflow up to date for a version (or every version of a pair); never fails the
         registry operation that called it: an unreachable MLflow becomes a warning."""
         from specreg.errors import MlflowUnavailable
-        from specreg.registry.review import behind_warning
+        from specreg.registry.review.replay import behind_warning
 
         review = self.review()
         if review is None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specreg.validators.base import FAIL, PASS, SKIP, CheckResult
+from specreg.core.types import FAIL, PASS, SKIP, CheckResult
 
 CHECK_NAME = "acceptance"
 DEFAULT_TOLERANCE = 0.10

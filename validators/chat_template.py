@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from specreg.validators.base import FAIL, SKIP, CheckResult, summarize_findings
+from specreg.core.types import FAIL, SKIP, CheckResult, summarize_findings
 from specreg.runtime.loading import load_tokenizer
 from specreg.validators.tokenizer import first_token_difference
 

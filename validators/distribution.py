@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from specreg.validators.base import FAIL, PASS, SKIP, CheckResult
+from specreg.core.types import FAIL, PASS, SKIP, CheckResult
 
 CHECK_NAME = "distribution"
 DEFAULT_SAMPLES = 4000

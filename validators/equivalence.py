@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from specreg.errors import ModelReferenceError
-from specreg.validators.base import FAIL, PASS, SKIP, WARN, CheckResult
+from specreg.core.types import FAIL, PASS, SKIP, WARN, CheckResult
 
 CHECK_NAME = "equivalence"
 # Logit margins under which fp rounding between one-position and (k+1)-position forwards can

@@ -9,9 +9,9 @@ would certify the wrong models.
 from __future__ import annotations
 
 from specreg.errors import ModelReferenceError
-from specreg.registry.entities import ModelRef
-from specreg.registry.fingerprint import compare_fingerprints, fingerprint_model
-from specreg.validators.base import FAIL, PASS, CheckResult
+from specreg.core.types import ModelRef
+from specreg.core.fingerprint import compare_fingerprints, fingerprint_model
+from specreg.core.types import FAIL, PASS, CheckResult
 
 CHECK_NAME = "integrity"
 

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from specreg.errors import ModelReferenceError, UsageError
-from specreg.registry.fingerprint import read_safetensors_header
-from specreg.validators.base import FAIL, PASS, SKIP, CheckResult
+from specreg.core.fingerprint import read_safetensors_header
+from specreg.core.types import FAIL, PASS, SKIP, CheckResult
 
 CHECK_NAME = "memory"
 DEFAULT_HEADROOM = 0.10

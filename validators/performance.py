@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specreg.validators.base import PASS, SKIP, WARN, CheckResult
+from specreg.core.types import PASS, SKIP, WARN, CheckResult
 
 CHECK_NAME = "performance"
 HISTOGRAM_BINS = 20

@@ -20,7 +20,7 @@ from typing import Any
 
 from specreg.errors import ModelReferenceError
 from specreg.runtime.loading import load_tokenizer
-from specreg.validators.base import FAIL, WARN, CheckResult, summarize_findings
+from specreg.core.types import FAIL, WARN, CheckResult, summarize_findings
 
 CHECK_NAME = "tokenizer"
 TOKENIZER_JSON_PARTS = ("normalizer", "pre_tokenizer", "post_processor", "decoder")

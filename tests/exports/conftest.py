@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # exportcase, the helpers shared
 
 from exportcase import BASELINES, make_pair
 
-from specreg.registry.entities import PairVersion, SpecMethod
+from specreg.registry.store.entities import PairVersion, SpecMethod
 
 
 @pytest.fixture

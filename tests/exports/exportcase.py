@@ -8,9 +8,8 @@ from datetime import datetime, timezone
 
 import jsonschema
 
-from specreg.registry.entities import (
-    ModelFingerprint, ModelRef, PairState, PairVersion, SpecConfig, SpecMethod,
-)
+from specreg.core.types import ModelFingerprint, ModelRef
+from specreg.registry.store.entities import PairState, PairVersion, SpecConfig, SpecMethod
 
 # Model references with a space, both quote kinds and a '$': they must survive every format.
 TARGET_REFERENCE = "/models/Target Model's \"v2\" $HOME"

@@ -12,8 +12,8 @@ import yaml
 from exportcase import BASELINES, DRAFT_REFERENCE, TARGET_REFERENCE, check_command, make_pair
 
 from specreg.errors import UsageError
-from specreg.registry.entities import SpecMethod
-from specreg.registry.exports import FORMATS, engine_schema, render_export
+from specreg.registry.store.entities import SpecMethod
+from specreg.registry.deploy.exports import FORMATS, engine_schema, render_export
 
 
 def rendered(pair, baselines, fmt, **kwargs):

@@ -9,8 +9,8 @@ import yaml
 from exportcase import make_pair
 
 from specreg.errors import PolicyViolation, SpecregError
-from specreg.registry.entities import PairState, SpecMethod
-from specreg.registry.exports import render_export, write_export
+from specreg.registry.store.entities import PairState, SpecMethod
+from specreg.registry.deploy.exports import render_export, write_export
 
 
 def test_unapproved_refused_without_force(draft_pair, baselines):

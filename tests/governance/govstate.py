@@ -13,8 +13,8 @@ from datetime import datetime, timedelta, timezone
 
 from specreg.api import Registry
 from specreg.golden_prompts.loader import load_golden_set
-from specreg.registry.entities import PairState
-from specreg.registry.orm import CheckResultRow, ValidationRunRow
+from specreg.registry.store.entities import PairState
+from specreg.registry.store.orm import CheckResultRow, ValidationRunRow
 
 POLICY_TOML = """\
 golden_set = "smoke"

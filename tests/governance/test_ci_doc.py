@@ -15,7 +15,7 @@ import yaml
 from govstate import record_validation, register_versions
 
 from specreg.api import Registry
-from specreg.registry.policy import DEFAULT_POLICY_TOML
+from specreg.registry.governance.policy import DEFAULT_POLICY_TOML
 
 DOC = Path(__file__).parents[2] / "docs" / "ci.md"
 

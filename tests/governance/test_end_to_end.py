@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from specreg.api import Registry
-from specreg.registry.entities import PairState
+from specreg.registry.store.entities import PairState
 
 CHECKS = ["integrity", "tokenizer", "equivalence", "acceptance"]
 # two short prompts keep two real validations on CPU within seconds

@@ -12,7 +12,7 @@ from govstate import record_validation, register_versions, utcnow
 from specreg.api import Registry
 from specreg.errors import (ConcurrentUpdateError, IllegalTransitionError, NotFoundError, PolicyViolation,
                             ModelReferenceError)
-from specreg.registry.entities import PairState
+from specreg.registry.store.entities import PairState
 
 
 def failed(result) -> dict[str, str]:
@@ -239,7 +239,7 @@ def test_diff_side_by_side(db_url, tiny_models, policy_file):
 def test_imported_approval_by_the_registrant_does_not_count(db_url, tiny_models, policy_file):
     """An approval arriving from outside the CLI (e.g. an MLflow tag read back) by the
     registrant still fails four-eyes."""
-    from specreg.registry.orm import ApprovalRow
+    from specreg.registry.store.orm import ApprovalRow
 
     registry = Registry(db_url, user="alice")
     (ref,) = register_versions(registry, tiny_models, "imp", 1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from specreg.errors import NotFoundError, UsageError
-from specreg.registry.policy import load_policy
+from specreg.registry.governance.policy import load_policy
 
 TOML = """\
 golden_set = "smoke"

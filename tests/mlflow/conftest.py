@@ -10,14 +10,8 @@ from datetime import datetime, timezone
 
 import pytest
 
-from specreg.registry.entities import (
-    ModelFingerprint,
-    ModelRef,
-    PairState,
-    PairVersion,
-    SpecConfig,
-    SpecMethod,
-)
+from specreg.core.types import ModelFingerprint, ModelRef
+from specreg.registry.store.entities import PairState, PairVersion, SpecConfig, SpecMethod
 
 _ids = itertools.count(1)
 

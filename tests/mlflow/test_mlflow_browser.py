@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from specreg.registry.mlflow_sync import MlflowSync, model_version_url
+from specreg.registry.review.mlflow_sync import MlflowSync, model_version_url
 
 
 def _chromium() -> str | None:

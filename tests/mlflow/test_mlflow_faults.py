@@ -8,7 +8,7 @@ import pytest
 
 from mlflow_server import MlflowServer
 from specreg.errors import MlflowUnavailable, SpecregError
-from specreg.registry.mlflow_sync import MlflowSync
+from specreg.registry.review.mlflow_sync import MlflowSync
 
 
 def _count_model_versions(server: MlflowServer, name: str) -> int:

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from specreg.errors import NotFoundError, UsageError
-from specreg.registry.entities import PairState
-from specreg.registry.mlflow_sync import MlflowSync, model_version_url
+from specreg.registry.store.entities import PairState
+from specreg.registry.review.mlflow_sync import MlflowSync, model_version_url
 
 GATE_SUMMARY = "## specreg gate summary\n\n| check | result |\n|---|---|\n| acceptance | pass 0.71 |\n"
 

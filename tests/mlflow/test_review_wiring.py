@@ -16,7 +16,7 @@ import pytest
 
 from mlflow_server import free_port
 from specreg.api import Registry
-from specreg.registry.entities import PairState
+from specreg.registry.store.entities import PairState
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "governance"))
 from govstate import POLICY_TOML, record_validation  # noqa: E402

@@ -10,8 +10,8 @@ import struct
 import pytest
 
 from specreg.errors import ModelReferenceError
-from specreg.registry.fingerprint import (compare_fingerprints, fingerprint_model, read_safetensors_header,
-                                          resolve_reference, sha256_file)
+from specreg.core.fingerprint import (compare_fingerprints, fingerprint_model, read_safetensors_header,
+                                      resolve_reference, sha256_file)
 
 
 def copy_model(tiny_models, tmp_path, name="model"):

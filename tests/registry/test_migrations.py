@@ -12,9 +12,9 @@ from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, inspect
 
 from specreg.errors import SchemaOutOfDateError
-from specreg.registry.migrate import head_revision, run_downgrade, run_upgrade
-from specreg.registry.orm import Base
-from specreg.registry.store import SCHEMA_HEAD, Store
+from specreg.registry.store.migrate import head_revision, run_downgrade, run_upgrade
+from specreg.registry.store.orm import Base
+from specreg.registry.store.store import SCHEMA_HEAD, Store
 
 
 def schema_diff(url: str) -> list:

@@ -12,8 +12,8 @@ from sqlalchemy.orm import Session
 from specreg.api import Registry, parse_ref
 from specreg.errors import (IllegalTransitionError, ImmutableError, ModelReferenceError, NotFoundError,
                             UsageError)
-from specreg.registry.entities import PairState
-from specreg.registry.orm import AuditEventRow, PairRow, PairVersionRow
+from specreg.registry.store.entities import PairState
+from specreg.registry.store.orm import AuditEventRow, PairRow, PairVersionRow
 
 
 def count_rows(url: str) -> dict[str, int]:

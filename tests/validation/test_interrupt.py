@@ -10,8 +10,8 @@ import subprocess
 import sys
 import time
 
-from specreg.registry.entities import PairState
-from specreg.registry.validations import ValidationStore
+from specreg.registry.store.entities import PairState
+from specreg.registry.store.validations import ValidationStore
 
 
 def wait_for_running_run(registry, ref, process, timeout=90.0):

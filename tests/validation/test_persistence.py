@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from specreg.registry.entities import PairState
-from specreg.validators.base import CheckResult
+from specreg.registry.store.entities import PairState
+from specreg.core.types import CheckResult
 
 
 @pytest.fixture
@@ -29,7 +29,7 @@ def start(runs, version):
 
 
 def test_run_lifecycle_and_baselines(store_registry):
-    from specreg.registry.validations import ValidationStore
+    from specreg.registry.store.validations import ValidationStore
 
     runs = ValidationStore(store_registry.store)
     v1, v2 = store_registry.get("p@1"), store_registry.get("p@2")
@@ -57,7 +57,7 @@ def test_run_lifecycle_and_baselines(store_registry):
 
 
 def test_abort_and_reap_leave_state_unchanged(store_registry):
-    from specreg.registry.validations import ValidationStore
+    from specreg.registry.store.validations import ValidationStore
 
     runs = ValidationStore(store_registry.store)
     v1 = store_registry.get("p@1")
@@ -69,7 +69,7 @@ def test_abort_and_reap_leave_state_unchanged(store_registry):
     child.wait()
     orphan = start(runs, v1)
     with store_registry.store.session(write=True) as session:
-        from specreg.registry.orm import ValidationRunRow
+        from specreg.registry.store.orm import ValidationRunRow
 
         session.get(ValidationRunRow, orphan.id).pid = child.pid
     alive = start(runs, v1)  # this process: alive

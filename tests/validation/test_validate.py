@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from specreg.errors import GoldenSetError, NotFoundError
-from specreg.registry.entities import PairState
+from specreg.registry.store.entities import PairState
 
 
 

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from specreg.validators.base import CheckResult, combine_statuses, summarize_findings
+from specreg.core.types import CheckResult, combine_statuses, summarize_findings
 
 
 def test_check_result_round_trips_through_json():

@@ -10,8 +10,8 @@ from sqlalchemy import (JSON, Boolean, DateTime, ForeignKey, Integer, String, Te
                         UniqueConstraint)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-from specreg.registry.entities import (AuditEvent, ModelFingerprint, ModelRef, PairState,
-                                       PairVersion, SpecConfig, SpecMethod)
+from specreg.core.types import ModelFingerprint, ModelRef
+from specreg.registry.store.entities import AuditEvent, PairState, PairVersion, SpecConfig, SpecMethod
 
 
 class Base(DeclarativeBase):

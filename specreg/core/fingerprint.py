@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from specreg.errors import ModelReferenceError
-from specreg.registry.entities import ModelFingerprint, ModelRef
-from specreg.runtime.loading import TOKENIZER_FILES
+from specreg.core.types import ModelFingerprint, ModelRef
 
+# A directory holds a tokenizer when it has one of these (tokenizer_config.json alone is not one).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spm.model")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl")
 # Fields that record the saving library, not the model.
 CONFIG_VOLATILE_KEYS = ("transformers_version", "_name_or_path")

@@ -35,7 +35,8 @@ from urllib.parse import quote, unquote, urlparse
 import yaml
 
 from specreg.errors import MlflowUnavailable, NotFoundError, UsageError
-from specreg.registry.entities import ModelRef, PairVersion
+from specreg.core.types import ModelRef
+from specreg.registry.store.entities import PairVersion
 from specreg.settings import default_mlflow_uri
 
 APPROVAL_TAG = "specreg.approval"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Iterable
 
-from specreg.registry.fingerprint import canonical_json, sha256_hex
+from specreg.core.fingerprint import canonical_json, sha256_hex
 
 GENESIS_HASH = "0" * 64
 

@@ -7,7 +7,7 @@ validated again (its figures move to the new run), and any state but retired can
 from __future__ import annotations
 
 from specreg.errors import IllegalTransitionError
-from specreg.registry.entities import PairState
+from specreg.registry.store.entities import PairState
 
 S = PairState
 

@@ -3,28 +3,23 @@
 A run is written as ``running`` (with the validating process's pid) before the first check,
 each check as it finishes, and the end (passed/failed + the pair's state move + its audit event)
 in one transaction. A run interrupted by Ctrl-C or SIGTERM is marked ``aborted`` by the process
-itself; a run whose process was killed outright (SIGKILL, power loss) stays ``running`` until
+itself (specreg/validation.py); a run whose process was killed outright (SIGKILL, power loss) stays ``running`` until
 ``reap_dead_runs`` finds its pid gone and marks it ``aborted``. Aborted and errored runs never
 move the pair's state.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import socket
-import threading
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select
 
-from specreg.errors import IllegalTransitionError
-from specreg.registry.entities import PairState, PairVersion, ValidationRun
-from specreg.registry.orm import CheckResultRow, PairRow, PairVersionRow, ValidationRunRow
-from specreg.registry.store import Store, utcnow
-from specreg.validators.base import CheckResult
+from specreg.core.types import CheckResult
+from specreg.registry.store.entities import PairState, PairVersion, ValidationRun
+from specreg.registry.store.orm import CheckResultRow, PairRow, PairVersionRow, ValidationRunRow
+from specreg.registry.store.store import Store, utcnow
 
 RUNNING, PASSED, FAILED, ABORTED, ERROR = "running", "passed", "failed", "aborted", "error"
 FINISHED = (PASSED, FAILED)
@@ -222,86 +217,3 @@ class ValidationStore:
     def set_mlflow_run_id(self, run_id: int, mlflow_run_id: str) -> None:
         with self.store.session(write=True) as session:
             session.get(ValidationRunRow, run_id).mlflow_run_id = mlflow_run_id
-
-
-# --- one validation, end to end -----------------------------------------------------------
-
-class ValidationInterrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM arrived during a validation; the run is marked aborted."""
-
-    def __init__(self, signal_name: str, signal_number: int):
-        super().__init__(signal_name)
-        self.signal_name = signal_name
-        self.signal_number = signal_number
-
-
-@contextlib.contextmanager
-def interrupt_on_signals():
-    """Turn SIGINT and SIGTERM into ValidationInterrupted for the duration, so the run can be
-    marked aborted before the process ends (main thread only; elsewhere a no-op)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, _frame):
-        raise ValidationInterrupted(signal.Signals(signum).name, signum)
-
-    previous = {number: signal.signal(number, handler) for number in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for number, old in previous.items():
-            signal.signal(number, old)
-
-
-@dataclass(frozen=True)
-class ValidationOutcome:
-    run: ValidationRun
-    version: PairVersion  # after the state move (unchanged when the run did not finish)
-    checks: tuple  # the CheckResults, in suite order
-
-    @property
-    def passed(self) -> bool:
-        return self.run.status == PASSED
-
-
-def validate_version(store: Store, version: PairVersion, golden, options, *, actor: str,
-                     progress=None, hooks: dict | None = None) -> ValidationOutcome:
-    """Run the validation suite on ``version`` and persist it -> ValidationOutcome.
-
-    golden: a loaded GoldenSet; options: validators.suite.ValidationOptions; progress, hooks:
-    see run_suite. The run row is written before the first check and each check as it ends;
-    the pair moves (validated / failed) with the run's end in one transaction. On SIGINT /
-    SIGTERM the run is marked aborted and ValidationInterrupted propagates; on any other error
-    it is marked error and the error propagates; the pair's state is unchanged in both cases.
-    """
-    from specreg.runtime.loading import resolve_device
-    from specreg.validators.suite import environment, run_suite
-
-    runs = ValidationStore(store)
-    runs.reap_dead_runs()
-    if version.state is PairState.RETIRED:
-        raise IllegalTransitionError(f"{version.label} is retired: it cannot be validated")
-    device = resolve_device(options.device)
-    env = environment(device, options.dtype)
-    previous = runs.previous_baselines(version.name, version.version)
-    run = runs.start(version, golden_set=golden.name, golden_sha256=golden.content_sha256,
-                     environment=env, options=options.to_dict(), actor=actor)
-    try:
-        with interrupt_on_signals():
-            result = run_suite(version, golden, options, device=device, previous_baselines=previous,
-                               on_check=lambda check: runs.record_check(run.id, check),
-                               progress=progress, hooks=hooks)
-            finished, moved = runs.finish(run.id, version, passed=result.passed, summary=result.summary,
-                                          baselines=result.baselines, actor=actor)
-    except ValidationInterrupted as exc:
-        runs.abort(run.id, ABORTED, f"interrupted by {exc.signal_name}")
-        raise
-    except KeyboardInterrupt:
-        runs.abort(run.id, ABORTED, "interrupted")
-        raise
-    except BaseException as exc:
-        message = " ".join(str(exc).split()) or type(exc).__name__
-        runs.abort(run.id, ERROR, f"{type(exc).__name__}: {message}")
-        raise
-    return ValidationOutcome(finished, moved, tuple(result.checks))

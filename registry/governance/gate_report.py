@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from specreg.registry.governance import GateResult
+from specreg.registry.governance.decisions import GateResult
 
 
 def junit_xml(result: GateResult | None, error: str | None = None, subject: str = "") -> str:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from specreg.validators.base import CheckResult
+from specreg.core.types import CheckResult, ModelRef
 
 
 class PairState(str, enum.Enum):
@@ -23,64 +23,6 @@ class PairState(str, enum.Enum):
 class SpecMethod(str, enum.Enum):
     DRAFT_MODEL = "draft_model"
     NGRAM = "ngram"
-
-
-@dataclass(frozen=True)
-class ModelFingerprint:
-    """Content identity of one model directory, computed without loading tensors."""
-
-    weights_sha256: str  # digest over the sorted (file name, file digest) list
-    weight_files: dict[str, str]  # file name -> sha256 of its bytes
-    weight_format: str  # "safetensors" or "pickle"
-    config_sha256: str
-    tokenizer_sha256: str | None  # canonical form: vocab, merges, special tokens, pipeline
-    chat_template_sha256: str | None
-    architecture: str | None
-    model_type: str | None
-    vocab_size: int | None  # embedding rows (config.vocab_size)
-    tokenizer_length: int | None  # len(tokenizer), may be < vocab_size (padding ids)
-    parameter_count: int | None
-    dtype: str | None
-    max_position_embeddings: int | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "weights_sha256": self.weights_sha256,
-            "weight_files": dict(self.weight_files),
-            "weight_format": self.weight_format,
-            "config_sha256": self.config_sha256,
-            "tokenizer_sha256": self.tokenizer_sha256,
-            "chat_template_sha256": self.chat_template_sha256,
-            "architecture": self.architecture,
-            "model_type": self.model_type,
-            "vocab_size": self.vocab_size,
-            "tokenizer_length": self.tokenizer_length,
-            "parameter_count": self.parameter_count,
-            "dtype": self.dtype,
-            "max_position_embeddings": self.max_position_embeddings,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ModelFingerprint":
-        return cls(**{name: data.get(name) for name in cls.__dataclass_fields__})
-
-
-@dataclass(frozen=True)
-class ModelRef:
-    """A model as the user named it (``reference``), where it was found, and its fingerprint."""
-
-    reference: str
-    path: str
-    revision: str | None
-    fingerprint: ModelFingerprint
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "reference": self.reference,
-            "path": self.path,
-            "revision": self.revision,
-            "fingerprint": self.fingerprint.to_dict(),
-        }
 
 
 @dataclass(frozen=True)

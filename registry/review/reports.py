@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from specreg.registry.entities import PairVersion, ValidationRun
+from specreg.registry.store.entities import PairVersion, ValidationRun
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates" / "reports"
 STATUS_MARK = {"pass": "✅", "warn": "⚠️", "fail": "❌", "skip": "⏭️"}

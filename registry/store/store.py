@@ -21,10 +21,11 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModu
 from sqlalchemy.orm import Session, sessionmaker
 
 from specreg.errors import ImmutableError, NotFoundError, SchemaOutOfDateError, StoreError
-from specreg.registry import audit
-from specreg.registry.entities import AuditEvent, ModelRef, PairState, PairVersion, SpecConfig
-from specreg.registry.lifecycle import check_transition
-from specreg.registry.orm import AuditEventRow, AuditHeadRow, ObservationRow, PairRow, PairVersionRow
+from specreg.registry.store import audit
+from specreg.core.types import ModelRef
+from specreg.registry.store.entities import AuditEvent, PairState, PairVersion, SpecConfig
+from specreg.registry.store.lifecycle import check_transition
+from specreg.registry.store.orm import AuditEventRow, AuditHeadRow, ObservationRow, PairRow, PairVersionRow
 
 # The newest migration in migrations/versions; a test checks it equals alembic's head.
 SCHEMA_HEAD = "0002"
@@ -153,7 +154,7 @@ class Store:
         )
 
     def upgrade(self, revision: str = "head") -> None:
-        from specreg.registry.migrate import run_upgrade
+        from specreg.registry.store.migrate import run_upgrade
 
         try:
             run_upgrade(self.engine, revision)
@@ -367,6 +368,6 @@ def observation_dict(row: ObservationRow) -> dict[str, Any]:
 
 
 def Base_tables() -> set[str]:
-    from specreg.registry.orm import Base
+    from specreg.registry.store.orm import Base
 
     return set(Base.metadata.tables)

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from specreg.errors import PolicyViolation, SpecregError, UsageError
-from specreg.registry.entities import ModelRef, PairState, PairVersion, SpecMethod
+from specreg.core.types import ModelRef
+from specreg.registry.store.entities import PairState, PairVersion, SpecMethod
 
 FORMATS = ("vllm", "sglang", "trtllm", "tgi", "k8s-vllm", "prometheus-rules")
 

@@ -14,8 +14,8 @@ import json
 import os
 
 from specreg.errors import MlflowUnavailable, SpecregError
-from specreg.registry.entities import PairVersion
-from specreg.registry.store import Store
+from specreg.registry.store.entities import PairVersion
+from specreg.registry.store.store import Store
 
 FINISHED = ("passed", "failed")
 
@@ -34,7 +34,7 @@ class Review:
     """The registry's side of the MLflow sync: what to write for a version, from the store."""
 
     def __init__(self, store: Store, tracking_uri: str | None = None, actor: str = "specreg"):
-        from specreg.registry.mlflow_sync import MlflowSync
+        from specreg.registry.review.mlflow_sync import MlflowSync
 
         # MLflow logs its store set-up at INFO on the CLI's stderr (it reads this when imported,
         # later); the registry reports what it did itself. The user's own setting wins.
@@ -50,8 +50,8 @@ class Review:
 
     def sync_version(self, version: PairVersion) -> dict:
         """Bring MLflow up to date for one version; returns what was done (for --json)."""
-        from specreg.registry.reports import render_html, render_markdown
-        from specreg.registry.validations import ValidationStore
+        from specreg.registry.review.reports import render_html, render_markdown
+        from specreg.registry.store.validations import ValidationStore
 
         validations = ValidationStore(self.store)
         runs = [run for run in validations.list_runs(version.name, version.version) if run.status in FINISHED]
@@ -86,19 +86,19 @@ class Review:
     def sync_approval(self, version: PairVersion) -> str | None:
         """Registry decisions go to MLflow; a decision made in the MLflow UI comes back as a
         registry approval (four-eyes and validation rules apply) with its audit event."""
-        from specreg.registry import governance
+        from specreg.registry.governance import decisions
 
         with self.store.session() as session:
             row = self.store.version_row(session, version.name, version.version)
-            decisions = governance.approvals_of(session, row.id)
-            latest = (decisions[-1].decision, decisions[-1].note, decisions[-1].actor, decisions[-1].source) \
-                if decisions else None
+            approvals = decisions.approvals_of(session, row.id)
+            latest = (approvals[-1].decision, approvals[-1].note, approvals[-1].actor, approvals[-1].source) \
+                if approvals else None
         in_mlflow = self.mlflow.read_approval(version)
         ui_decision = in_mlflow is not None and in_mlflow.get("user") is None  # not written by specreg
         if ui_decision and (latest is None or latest[0] != in_mlflow["status"]):
             actor = self.actor
             try:
-                governance.decide(self.store, version.name, version.version, actor=actor,
+                decisions.decide(self.store, version.name, version.version, actor=actor,
                                   decision=in_mlflow["status"], note=in_mlflow.get("note"), source="mlflow")
             except SpecregError as exc:
                 self.notes.append(f"MLflow {in_mlflow['status']} of {version.label} not recorded: {exc}")
@@ -114,9 +114,9 @@ class Review:
 
     def sync_aliases(self, pair_name: str) -> dict[str, int | None]:
         """MLflow aliases follow the registry's environment pointers."""
-        from specreg.registry import governance
+        from specreg.registry.governance import decisions
 
-        pointers = governance.environment_pointers(self.store, pair_name)
+        pointers = decisions.environment_pointers(self.store, pair_name)
         current = self.mlflow.aliases(pair_name) if pointers else {}
         result: dict[str, int | None] = {}
         for pointer in pointers:

@@ -21,12 +21,12 @@ from sqlalchemy.orm import Session
 
 from specreg.errors import (ConcurrentUpdateError, IllegalTransitionError, NotFoundError,
                             PolicyViolation)
-from specreg.registry.entities import PairState, PairVersion
-from specreg.registry.fingerprint import compare_fingerprints, fingerprint_model
-from specreg.registry.orm import (ApprovalRow, CheckResultRow, EnvironmentPointerRow, PairRow,
-                                  PairVersionRow, ValidationRunRow)
-from specreg.registry.policy import EnvironmentPolicy, Policy
-from specreg.registry.store import Store, utcnow
+from specreg.core.fingerprint import compare_fingerprints, fingerprint_model
+from specreg.registry.governance.policy import EnvironmentPolicy, Policy
+from specreg.registry.store.entities import PairState, PairVersion
+from specreg.registry.store.orm import (ApprovalRow, EnvironmentPointerRow, PairRow, PairVersionRow,
+                                        ValidationRunRow)
+from specreg.registry.store.store import Store, utcnow
 
 FINISHED_STATUSES = ("passed", "failed")  # running/aborted/error runs judged nothing
 APPROVED, REJECTED = "approved", "rejected"

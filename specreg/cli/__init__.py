@@ -1,0 +1,38 @@
+"""The `specreg` command line, split by command group: each command parses, calls the Python
+API (``specreg.Registry``) and prints (tables for people, ``--json`` for machines).
+
+``main`` is the entry point: user errors become one line on stderr and an exit code.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from specreg.cli import deploy, governance, registration, review, validation  # noqa: F401  (register commands)
+from specreg.cli.common import cli, print_warnings
+from specreg.errors import SpecregError
+
+
+def main() -> None:
+    """Entry point: user errors become one line on stderr and an exit code, never a traceback."""
+    try:
+        try:
+            code = cli.main(standalone_mode=False)
+        finally:
+            print_warnings()
+    except click.exceptions.Abort:
+        click.echo("specreg: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except SpecregError as exc:
+        click.echo(f"specreg: error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("specreg: interrupted", err=True)
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
+

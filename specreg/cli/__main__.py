@@ -1,0 +1,5 @@
+"""`python -m specreg.cli`: the same as the `specreg` command."""
+
+from specreg.cli import main
+
+main()

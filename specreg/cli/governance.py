@@ -1,0 +1,231 @@
+"""Governance: approve, reject, promote, rollback, retire, the gate, the audit log, environments, policy."""
+
+from __future__ import annotations
+
+import click
+
+from specreg.cli.common import (cli, db_option, user_option, json_option, policy_option,
+                                open_registry, print_json, print_table)
+from specreg.errors import SpecregError
+
+
+@cli.command()
+@click.argument("ref", metavar="NAME@VERSION")
+@click.option("--note", default=None, help="Why; kept with the approval.")
+@db_option
+@user_option
+@json_option
+def approve(ref, note, db_url, user, as_json):
+    """Approve a validated version (four-eyes: never by its registrant)."""
+    approval = open_registry(db_url, user).approve(ref, note=note)
+    if as_json:
+        print_json(approval.to_dict())
+    else:
+        click.echo(f"{approval.pair}@{approval.version} approved by {approval.actor}")
+
+
+@cli.command()
+@click.argument("ref", metavar="NAME@VERSION")
+@click.option("--note", default=None, help="Why; kept with the rejection.")
+@db_option
+@user_option
+@json_option
+def reject(ref, note, db_url, user, as_json):
+    """Reject a version: a promotion needing approval is refused until someone approves again."""
+    approval = open_registry(db_url, user).reject(ref, note=note)
+    if as_json:
+        print_json(approval.to_dict())
+    else:
+        click.echo(f"{approval.pair}@{approval.version} rejected by {approval.actor}")
+
+
+def parse_expected_holder(value: str | None):
+    if value is None:
+        return "current"
+    if value.lower() == "none":
+        return None
+    digits = value[1:] if value[:1] == "v" else value
+    if not digits.isdigit():
+        raise click.BadParameter(f"{value!r}: a version number or 'none'", param_hint="--expect")
+    return int(digits)
+
+
+@cli.command()
+@click.argument("ref", metavar="NAME@VERSION")
+@click.option("--to", "environment", required=True, metavar="ENV", help="Environment to hold (e.g. staging, production).")
+@click.option("--reason", default=None, help="Why; kept in the audit log.")
+@click.option("--expect", "expected", default=None, metavar="VERSION|none",
+              help="Only promote if this version (or none) holds ENV now (default: whatever holds it when the command starts).")
+@policy_option
+@db_option
+@user_option
+@json_option
+def promote(ref, environment, reason, expected, policy_path, db_url, user, as_json):
+    """Make a version hold ENV if the policy allows it (exit 100 with every reason if not)."""
+    move = open_registry(db_url, user).promote(ref, environment, reason=reason, policy_path=policy_path,
+                                               expected_holder=parse_expected_holder(expected))
+    if as_json:
+        print_json(move.to_dict())
+    else:
+        before = f" (previous holder {move.pair}@{move.previous_version})" if move.previous_version else ""
+        click.echo(f"promoted {move.pair}@{move.version} to {move.environment}{before}")
+
+
+@cli.command()
+@click.argument("name")
+@click.option("--env", "environment", required=True, metavar="ENV", help="Environment to roll back.")
+@click.option("--reason", default=None, help="Why; kept in the audit log.")
+@db_option
+@user_option
+@json_option
+def rollback(name, environment, reason, db_url, user, as_json):
+    """Point ENV of pair NAME back at the version that held it before, in one step."""
+    move = open_registry(db_url, user).rollback(name, environment, reason=reason)
+    if as_json:
+        print_json(move.to_dict())
+    else:
+        click.echo(f"{move.pair}@{move.environment} rolled back to version {move.version}"
+                   + (f" (from version {move.previous_version})" if move.previous_version else ""))
+
+
+@cli.command()
+@click.argument("ref", metavar="NAME@VERSION")
+@click.option("--reason", default=None, help="Why; kept in the audit log.")
+@click.option("--force", is_flag=True, help="Retire even while it holds an environment (that environment is left empty).")
+@db_option
+@user_option
+@json_option
+def retire(ref, reason, force, db_url, user, as_json):
+    """Retire a version (refused while it holds an environment, unless --force)."""
+    version = open_registry(db_url, user).retire(ref, reason=reason, force=force)
+    if as_json:
+        print_json(version.to_dict(with_events=False))
+    else:
+        click.echo(f"retired {version.label}")
+
+
+@cli.command()
+@click.argument("ref", metavar="NAME@VERSION|NAME@ENV")
+@click.option("--env", "environment", required=True, metavar="ENV", help="Environment the version should hold.")
+@click.option("--rerun", is_flag=True, help="Validate again (on the policy's golden set) before judging.")
+@click.option("--junit", "junit_path", default=None, metavar="FILE", help="Write JUnit XML: one testcase per condition.")
+@click.option("--markdown", "markdown_path", default=None, metavar="FILE", help="Write a Markdown summary (e.g. $GITHUB_STEP_SUMMARY).")
+@policy_option
+@db_option
+@user_option
+@json_option
+def gate(ref, environment, rerun, junit_path, markdown_path, policy_path, db_url, user, as_json):
+    """CI/CD gate: exit 0 if REF may hold ENV now, 100 if refused, 1 on any error (fail closed)."""
+    from specreg.errors import PolicyViolation
+
+    result, error, code = None, None, 0
+    try:
+        result = open_registry(db_url, user).gate(ref, environment, policy_path=policy_path, rerun=rerun)
+        code = 0 if result.passed else PolicyViolation.exit_code
+    except SpecregError as exc:
+        error, code = str(exc), exc.exit_code
+    except Exception as exc:  # noqa: BLE001 - fail closed: a crash must never pass the gate
+        error, code = f"gate failed closed: {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}", 1
+    write_gate_outputs(result, error, ref, junit_path, markdown_path)
+    if as_json:
+        print_json(result.to_dict() if result is not None else
+                   {"ref": ref, "environment": environment, "passed": False, "verdict": "error", "error": error})
+    elif result is not None:
+        click.echo(f"gate {result.pair}@{result.version} -> {environment}: {'PASS' if result.passed else 'REFUSED'}"
+                   f"  (policy {result.policy_source})")
+        print_table(["", "CONDITION", "REASON"],
+                    [["ok" if c.passed else "NO", c.name, c.reason] for c in result.conditions])
+    if error is not None:
+        raise GateError(error, code)
+    if code:
+        raise PolicyViolation(f"gate refused {result.pair}@{result.version} for {environment}: "
+                              + "; ".join(result.reasons))
+
+
+class GateError(SpecregError):
+    """An error inside the gate, carrying the exit code of the error it wraps."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def write_gate_outputs(result, error, ref, junit_path, markdown_path) -> None:
+    from specreg.registry.governance.gate_report import junit_xml, markdown_summary
+
+    for path, text in ((junit_path, lambda: junit_xml(result, error, subject=ref)),
+                       (markdown_path, lambda: markdown_summary(result, error, subject=ref))):
+        if path:
+            try:
+                with open(path, "w", encoding="utf-8") as handle:
+                    handle.write(text())
+            except OSError as exc:
+                raise SpecregError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+@cli.group()
+def audit() -> None:
+    """The tamper-evident audit log."""
+
+
+@audit.command(name="verify")
+@db_option
+@json_option
+def audit_verify(db_url, as_json):
+    """Check the whole hash chain; exit 1 naming the first broken event."""
+    checked, problem = open_registry(db_url).verify_audit()
+    if as_json:
+        print_json({"intact": problem is None, "checked": checked, "problem": problem})
+    if problem is not None:
+        raise SpecregError(f"audit log broken after {checked} good event(s): {problem}")
+    if not as_json:
+        click.echo(f"audit log intact: {checked} event(s), every hash links")
+
+
+@cli.group(name="env")
+def env_group() -> None:
+    """Environments and which version holds each."""
+
+
+@env_group.command(name="list")
+@click.argument("name", required=False)
+@db_option
+@json_option
+def env_list(name, db_url, as_json):
+    """Every environment pointer (of pair NAME or of all pairs)."""
+    rows = open_registry(db_url).environments(name)
+    if as_json:
+        print_json(rows)
+        return
+    if not rows:
+        click.echo("no environment holds a version yet")
+        return
+    print_table(["PAIR", "ENV", "VERSION", "PREVIOUS", "BY", "AT (UTC)"],
+                [[r["pair"], r["environment"], r["version"] or "(none)", r["previous_version"], r["updated_by"],
+                  r["updated_at"]] for r in rows])
+
+
+@cli.group(name="policy")
+def policy_group() -> None:
+    """The promotion policy."""
+
+
+@policy_group.command(name="show")
+@policy_option
+@json_option
+def policy_show(policy_path, as_json):
+    """Print the effective policy (file or built-in default)."""
+    from specreg.registry.governance.policy import DEFAULT_POLICY_TOML, load_policy
+
+    policy = load_policy(policy_path)
+    if as_json:
+        print_json(policy.to_dict())
+        return
+    if policy.source == "built-in default":
+        click.echo(DEFAULT_POLICY_TOML.rstrip())
+        return
+    click.echo(f"# {policy.source}")
+    print_table(["ENV", "GOLDEN SET", "APPROVAL", "APPROVERS", "TOLERANCE", "MAX AGE (DAYS)", "REQUIRED CHECKS"],
+                [[e.name, e.golden_set, "required" if e.approval_required else "-", ", ".join(e.approvers) or "anyone but registrant",
+                  f"{e.acceptance_tolerance:.0%}", e.max_validation_age_days or "-", ", ".join(e.required_checks)]
+                 for e in policy.environments.values()])

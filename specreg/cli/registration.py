@@ -1,0 +1,203 @@
+"""Registration and inspection: register, list, show, history, diff; the database schema and the demo pair."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from specreg.cli.common import (cli, db_option, user_option, json_option, open_registry,
+                                fmt_number, print_json, print_table)
+
+
+@cli.command()
+@click.argument("name")
+@click.option("--target", required=True, metavar="REF", help="Target model: local HF directory or ORG/NAME@REVISION in the local cache.")
+@click.option("--draft", default=None, metavar="REF", help="Draft model (method draft_model).")
+@click.option("--num-speculative-tokens", "-k", "num_speculative_tokens", type=int, required=True, help="Draft tokens per step (k).")
+@click.option("--method", type=click.Choice(["draft_model", "ngram"]), default="draft_model", show_default=True)
+@click.option("--prompt-lookup-min", type=int, default=None, help="ngram: shortest n-gram to match.")
+@click.option("--prompt-lookup-max", type=int, default=None, help="ngram: longest n-gram to match.")
+@click.option("--max-batch-size-for-speculation", type=int, default=None, help="Speculation off above this batch size.")
+@click.option("--notes", default=None, help="Free text kept with the version.")
+@click.option("--allow-pickle", is_flag=True, help="Accept pickle-only weights (.bin/.pt); recorded on the version.")
+@db_option
+@user_option
+@json_option
+def register(name, target, draft, num_speculative_tokens, method, prompt_lookup_min, prompt_lookup_max,
+             max_batch_size_for_speculation, notes, allow_pickle, db_url, user, as_json):
+    """Register draft + target + speculative config as version N+1 of pair NAME."""
+    registry = open_registry(db_url, user)
+    result = registry.register(
+        name, target=target, draft=draft, num_speculative_tokens=num_speculative_tokens, method=method,
+        prompt_lookup_min=prompt_lookup_min, prompt_lookup_max=prompt_lookup_max,
+        max_batch_size_for_speculation=max_batch_size_for_speculation, notes=notes, allow_pickle=allow_pickle,
+    )
+    version = result.version
+    if as_json:
+        print_json({"created": result.created, **version.to_dict(with_events=False)})
+    elif result.created:
+        click.echo(f"registered {version.label} (binding {version.binding_sha256[:12]})")
+    else:
+        click.echo(f"already registered as {version.label}: same fingerprints and config, nothing new recorded")
+
+
+@cli.command(name="list")
+@db_option
+@json_option
+def list_command(db_url, as_json):
+    """List every pair version."""
+    rows = open_registry(db_url).list_summaries()
+    if as_json:
+        print_json(rows)
+        return
+    if not rows:
+        click.echo("no pairs registered")
+        return
+    print_table(["PAIR", "VERSION", "STATE", "METHOD", "K", "BY", "REGISTERED (UTC)"],
+                [[r["name"], r["version"], r["state"], r["method"], r["num_speculative_tokens"],
+                  r["registered_by"], r["registered_at"]] for r in rows])
+
+
+def describe_model(role: str, model) -> list[str]:
+    fp = model.fingerprint
+    params = f"{fp.parameter_count:,}" if fp.parameter_count is not None else "?"
+    return [
+        f"{role}: {model.reference}" + (f" (revision {model.revision})" if model.revision else ""),
+        f"  path            {model.path}",
+        f"  architecture    {fp.architecture}  vocab {fp.vocab_size} (tokenizer {fp.tokenizer_length})  "
+        f"params {params}  dtype {fp.dtype}  max positions {fp.max_position_embeddings}",
+        f"  weights         {fp.weights_sha256}  ({fp.weight_format}, {len(fp.weight_files)} file(s))",
+        f"  config          {fp.config_sha256}",
+        f"  tokenizer       {fp.tokenizer_sha256}",
+        f"  chat template   {fp.chat_template_sha256 or '(none)'}",
+    ]
+
+
+@cli.command()
+@click.argument("ref", metavar="NAME[@VERSION]")
+@db_option
+@json_option
+def show(ref, db_url, as_json):
+    """Show one pair version: models, fingerprints, config, state and events."""
+    registry = open_registry(db_url)
+    version = registry.get(ref, with_events=True)
+    observations = registry.observations(version.label)
+    validations = registry.validation_runs(version.label)  # also marks runs of dead processes aborted
+    if as_json:
+        print_json({**version.to_dict(), "observations": observations,
+                    "validations": [{key: value for key, value in run.to_dict().items() if key != "checks"}
+                                    | {"checks": {c.name: c.status for c in run.checks}} for run in validations]})
+        return
+    config = version.config
+    lines = [f"{version.label}  state {version.state.value}  binding {version.binding_sha256}",
+             f"registered by {version.registered_by} at {version.registered_at.isoformat(timespec='seconds')} UTC"]
+    if version.notes:
+        lines.append(f"notes: {version.notes}")
+    lines.append(f"config: method {config.method.value}, k {config.num_speculative_tokens}"
+                 + (f", prompt lookup {config.prompt_lookup_min}..{config.prompt_lookup_max}" if config.prompt_lookup_max else "")
+                 + (f", speculation off above batch {config.max_batch_size_for_speculation}" if config.max_batch_size_for_speculation else "")
+                 + (", pickle weights allowed" if version.allow_pickle else ""))
+    lines += describe_model("target", version.target)
+    if version.draft:
+        lines += describe_model("draft", version.draft)
+    if validations:
+        lines.append("validations:")
+        for run in validations:
+            failed = f"  failed: {', '.join(run.failed_checks)}" if run.failed_checks else ""
+            lines.append(f"  run {run.id}  {run.started_at.isoformat(timespec='seconds')}  {run.status:<8} golden "
+                         f"{run.golden_set}  {run.environment.get('device')}/{run.environment.get('dtype')}{failed}"
+                         + (f"  ({run.error})" if run.error else ""))
+    if observations:
+        lines.append("observations (newest first):")
+        for o in observations:
+            figures = o["figures"]
+            lines.append(f"  {o['observed_at']}  {o['engine']:<7} {o['verdict']:<8} acceptance rate "
+                         f"{fmt_number(figures.get('acceptance_rate'))}  mean acceptance length "
+                         f"{fmt_number(figures.get('mean_acceptance_length'))}  {o['url']}")
+    lines.append("events:")
+    for event in version.events:
+        move = f"{event.from_state or '-'} -> {event.to_state or '-'}"
+        lines.append(f"  {event.created_at.isoformat(timespec='seconds')}  {event.action:<10} {move:<26} {event.actor}"
+                     + (f"  {event.reason}" if event.reason else ""))
+    click.echo("\n".join(lines))
+
+
+@cli.command()
+@click.argument("name")
+@db_option
+@json_option
+def history(name, db_url, as_json):
+    """Every audit event of pair NAME, oldest first."""
+    events = open_registry(db_url).history(name)
+    if as_json:
+        print_json([event.to_dict() for event in events])
+        return
+    print_table(["AT (UTC)", "VERSION", "ACTION", "FROM", "TO", "BY", "REASON"],
+                [[e.created_at.isoformat(timespec="seconds"), e.version, e.action, e.from_state, e.to_state,
+                  e.actor, e.reason] for e in events])
+
+
+
+@cli.command()
+@click.argument("ref_a", metavar="NAME@A")
+@click.argument("ref_b", metavar="NAME@B")
+@click.option("--all", "show_all", is_flag=True, help="Show equal rows too.")
+@db_option
+@json_option
+def diff(ref_a, ref_b, show_all, db_url, as_json):
+    """Models, fingerprints, config and validation figures of two versions side by side."""
+    registry = open_registry(db_url)
+    rows = registry.diff(ref_a, ref_b)
+    if as_json:
+        print_json({"a": ref_a, "b": ref_b, "rows": rows})
+        return
+    shown = [r for r in rows if show_all or not r["same"]]
+    if not shown:
+        click.echo(f"{ref_a} and {ref_b} do not differ")
+        return
+    print_table(["", "SECTION", "FIELD", ref_a.upper(), ref_b.upper()],
+                [["=" if r["same"] else "≠", r["section"], r["field"], short_value(r["a"]), short_value(r["b"])]
+                 for r in shown])
+
+
+def short_value(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4f}"
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, default=str)
+    text = str(value)
+    return text[:16] if len(text) == 64 and all(c in "0123456789abcdef" for c in text) else text
+
+
+@cli.group()
+def db() -> None:
+    """Database schema commands."""
+
+
+@db.command()
+@db_option
+def upgrade(db_url):
+    """Migrate the registry database to this specreg's schema."""
+    from specreg import settings
+    from specreg.registry.store.store import Store, safe_url
+
+    url = db_url or settings.default_db_url()
+    store = Store(url, check=False)
+    before = store.current_revision()
+    store.upgrade()
+    click.echo(f"database {safe_url(url)}: schema {before or 'empty'} -> {store.current_revision()}")
+
+
+@cli.command(name="demo-pair")
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--force", is_flag=True, help="Rebuild even when a cached build matches.")
+def demo_pair(directory, force):
+    """Build (or reuse) the tiny demo target/draft pair in DIRECTORY (about 30 s on 2 idle CPU cores)."""
+    from specreg.runtime.demo_pair import build_demo_pair
+
+    target_dir, draft_dir = build_demo_pair(directory, force=force, log=lambda line: click.echo(line, err=True))
+    click.echo(f"target: {target_dir}")
+    click.echo(f"draft:  {draft_dir}")

@@ -1,0 +1,48 @@
+"""Review in MLflow: sync the registry into MLflow and open its UI."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from specreg.cli.common import cli, db_option, user_option, json_option, open_registry, print_json
+
+
+@cli.command()
+@click.argument("name", required=False)
+@db_option
+@user_option
+@json_option
+def sync(name, db_url, user, as_json):
+    """Bring MLflow up to date with the registry and read approvals set in the MLflow UI back."""
+    registry = open_registry(db_url, user)
+    done = registry.sync(name)
+    if as_json:
+        print_json(done)
+        return
+    for item in done:
+        aliases = ", ".join(f"{env}->v{mv}" for env, mv in item["aliases"].items() if mv) or "-"
+        click.echo(f"{item['pair']}: {len(item['runs'])} validation run(s), model version "
+                   f"{item['model_version'] or '-'}, approval {item['approval'] or '-'}, aliases {aliases}")
+    click.echo(f"MLflow at {registry.review().tracking_uri} is up to date")
+
+
+@cli.command()
+@click.argument("name", required=False)
+@click.option("--port", type=int, default=5000, show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True)
+def ui(name, port, host):
+    """Serve the MLflow UI on the embedded store and print the URL of pair NAME's model."""
+    import os
+    import subprocess
+
+    from specreg.registry.review.mlflow_sync import MlflowSync, registered_model_url, ui_command
+
+    mlflow = MlflowSync(click.get_current_context().find_root().params.get("mlflow_uri"))
+    argv = ui_command(mlflow.tracking_uri, host=host, port=port)
+    base = f"http://{host}:{port}"
+    click.echo(f"MLflow UI: {registered_model_url(base, mlflow.registered_model_name(name)) if name else base}")
+    if os.name == "posix":
+        os.execv(argv[0], argv)  # the server replaces this process: Ctrl-C stops it directly
+    sys.exit(subprocess.run(argv, check=False).returncode)

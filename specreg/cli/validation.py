@@ -1,0 +1,73 @@
+"""Validation: `specreg validate` runs the checks on a pair version and writes its reports."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from specreg.cli.common import (cli, db_option, user_option, json_option, open_registry,
+                                print_json, print_table)
+
+
+@cli.command()
+@click.argument("ref", metavar="NAME@VERSION")
+@click.option("--golden", default="default", show_default=True, metavar="SET|PATH", help="Shipped golden set name or a .yaml/.jsonl file.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda", "mps"]), default="auto", show_default=True)
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
+@click.option("--checks", default=None, metavar="LIST", help="Comma-separated subset: integrity,tokenizer,chat_template,memory,equivalence,distribution,acceptance,performance.")
+@click.option("--gpu-memory", default=None, metavar="SIZE", help="Device memory budget, e.g. 80GiB (default: the CUDA device's).")
+@click.option("--acceptance-tolerance", type=float, default=0.10, show_default=True, help="Relative acceptance drop vs the previous validated version that fails.")
+@click.option("--near-tie-tolerance", type=float, default=None, help="Logit margin below which a greedy divergence is a near-tie (default by dtype).")
+@click.option("--distribution-samples", type=int, default=4000, show_default=True, help="Draws per prefix for the distribution check.")
+@click.option("--report", "report_path", default=None, metavar="FILE", help="Write the HTML report.")
+@click.option("--markdown", "markdown_path", default=None, metavar="FILE", help="Write a Markdown summary (e.g. $GITHUB_STEP_SUMMARY).")
+@click.option("--junit", "junit_path", default=None, metavar="FILE", help="Write JUnit XML: one testcase per check.")
+@db_option
+@user_option
+@json_option
+def validate(ref, golden, device, dtype, checks, gpu_memory, acceptance_tolerance, near_tie_tolerance,
+             distribution_samples, report_path, markdown_path, junit_path, db_url, user, as_json):
+    """Validate a pair version on golden prompts; exit 0 pass, 100 a check failed, 1 error."""
+    from specreg.errors import PolicyViolation
+    from specreg.registry.review import reports
+    from specreg.validation import ValidationInterrupted
+
+    registry = open_registry(db_url, user)
+    stderr = sys.stderr
+    bar = None
+
+    def progress(done, total, record_id):
+        nonlocal bar
+        if not stderr.isatty():
+            return
+        if bar is None:
+            bar = click.progressbar(length=total, label="decoding golden prompts", file=stderr, show_pos=True)
+            bar.__enter__()
+        bar.update(1)
+
+    try:
+        outcome = registry.validate(ref, golden=golden, device=device, dtype=dtype, checks=checks,
+                                    gpu_memory=gpu_memory, acceptance_tolerance=acceptance_tolerance,
+                                    near_tie_tolerance=near_tie_tolerance,
+                                    distribution_samples=distribution_samples, progress=progress)
+    except ValidationInterrupted as exc:
+        click.echo(f"specreg: validation aborted by {exc.signal_name}; the pair's state is unchanged", err=True)
+        sys.exit(128 + exc.signal_number)
+    finally:
+        if bar is not None:
+            bar.__exit__(None, None, None)
+            bar = None
+    run, version = outcome.run, outcome.version
+    for path, render in ((report_path, lambda: reports.render_html(run, version)),
+                         (markdown_path, lambda: reports.render_markdown(run, version)),
+                         (junit_path, lambda: reports.render_junit(run))):
+        if path:
+            reports.write_text(path, render())
+    if as_json:
+        print_json({**run.to_dict(), "state": version.state.value})
+    else:
+        print_table(["CHECK", "STATUS", "SUMMARY"], [[c.name, c.status, c.summary] for c in run.checks])
+        click.echo(f"{run.label}: validation run {run.id} {run.status}; state {version.state.value}")
+    if not outcome.passed:
+        raise PolicyViolation(f"{run.label} failed validation run {run.id}: {', '.join(run.failed_checks)} failed")

@@ -1,0 +1,192 @@
+"""The house's one-way dependencies (issue 13), checked by walking every module's imports,
+lazy ones inside functions included:
+
+    core <- runtime <- validators <- front door (api, validation, cli) -> registry -> core
+
+and inside the registry: store <- governance <- review, deploy. A new import that breaks a
+rule, or closes a cycle between these parts, fails here with the file and line.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# import-name prefix -> folder, as pyproject.toml maps them
+FOLDERS = {
+    "specreg": ROOT / "specreg",
+    "specreg.registry": ROOT / "registry",
+    "specreg.validators": ROOT / "validators",
+    "specreg.runtime": ROOT / "runtime",
+    "specreg.migrations": ROOT / "migrations",
+    "specreg.golden_prompts": ROOT / "golden_prompts",
+    "specreg.templates": ROOT / "templates",
+}
+# A module belongs to the longest of these prefixes; its part may import only the parts listed.
+ALLOWED = {
+    "specreg.errors": set(),
+    "specreg.settings": set(),
+    "specreg.core": {"specreg.errors"},
+    "specreg.golden_prompts": {"specreg.errors", "specreg.core"},
+    "specreg.runtime": {"specreg.errors", "specreg.core"},
+    "specreg.validators": {"specreg.errors", "specreg.core", "specreg.runtime", "specreg.golden_prompts"},
+    "specreg.registry.store": {"specreg.errors", "specreg.core", "specreg.settings"},
+    "specreg.registry.governance": {"specreg.errors", "specreg.core", "specreg.golden_prompts",
+                                    "specreg.registry.store"},
+    "specreg.registry.review": {"specreg.errors", "specreg.core", "specreg.settings", "specreg.templates",
+                                "specreg.registry.store", "specreg.registry.governance"},
+    "specreg.registry.deploy": {"specreg.errors", "specreg.core", "specreg.templates",
+                                "specreg.registry.store", "specreg.registry.governance"},
+    "specreg.registry": {"specreg.registry.store", "specreg.registry.governance", "specreg.registry.review",
+                         "specreg.registry.deploy"},
+    "specreg.templates": set(),
+}
+# The schema's migration scripts are the store's own: env.py reads the ORM metadata, the store runs them.
+SAME_PART = {"specreg.migrations": "specreg.registry.store"}
+FRONT_DOOR = ("specreg.api", "specreg.validation", "specreg.cli", "specreg")  # may import anything
+HEAVY = ("torch", "transformers", "mlflow", "sqlalchemy", "alembic", "numpy")
+
+
+def module_files() -> dict[str, Path]:
+    """Import name -> file, for every module of the package."""
+    modules = {}
+    for prefix, folder in FOLDERS.items():
+        for path in folder.rglob("*.py"):
+            relative = path.relative_to(folder).with_suffix("")
+            parts = [p for p in relative.parts if p != "__init__"]
+            name = ".".join([prefix, *parts])
+            # a sub-folder mapped to its own prefix (registry/ inside specreg/) is listed there
+            if prefix == "specreg" and parts and f"specreg.{parts[0]}" in FOLDERS:
+                continue
+            modules[name] = path
+    return modules
+
+
+def imports_of(path: Path, module: str) -> list[tuple[str, int]]:
+    """Every module that ``path`` imports (absolute names) with its line, lazy imports included."""
+    found = []
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                name = f"{base}.{node.module}" if node.module else base
+            else:
+                name = node.module or ""
+            found.append((name, node.lineno))
+            # `from specreg.registry import store` imports the sub-module specreg.registry.store
+            found += [(f"{name}.{alias.name}", node.lineno) for alias in node.names]
+    return found
+
+
+def part_of(name: str) -> str | None:
+    """The part (longest ALLOWED or FRONT_DOOR prefix) a specreg module belongs to."""
+    candidates = [p for p in (*ALLOWED, *FRONT_DOOR, *SAME_PART) if name == p or name.startswith(p + ".")]
+    part = max(candidates, key=len) if candidates else None
+    return SAME_PART.get(part, part)
+
+
+def violations(modules: dict[str, Path], root: Path = ROOT) -> list[str]:
+    problems = []
+    for module, path in sorted(modules.items()):
+        part = part_of(module)
+        if part in FRONT_DOOR:
+            continue
+        reported = set()  # one problem a line (`from a.b import c` also yields a.b.c)
+        for imported, line in imports_of(path, module):
+            where = f"{path.relative_to(root)}:{line}"
+            if line in reported:
+                continue
+            if part == "specreg.core" and imported.split(".")[0] in HEAVY:
+                problems.append(f"{where}: specreg.core imports {imported} (core stays light)")
+                reported.add(line)
+            if not imported.startswith("specreg."):
+                continue
+            target = part_of(imported)
+            if target is None or target == part or imported not in modules and target in FRONT_DOOR:
+                continue
+            if target not in ALLOWED[part]:
+                problems.append(f"{where}: {part} imports {imported} ({target} is not below it)")
+                reported.add(line)
+    return problems
+
+
+def part_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        part = part_of(module)
+        for imported, _ in imports_of(path, module):
+            target = part_of(imported) if imported.startswith("specreg.") else None
+            if part and target and target != part and not imported == "specreg":
+                graph.setdefault(part, set()).add(target)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A list of parts forming a cycle, or None (depth-first search with colours)."""
+    colour: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        colour[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if colour.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if colour.get(nxt) is None and (cycle := visit(nxt)):
+                return cycle
+        colour[node] = 2
+        stack.pop()
+        return None
+
+    for node in sorted(graph):
+        if colour.get(node) is None and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_every_module_is_in_a_part():
+    modules = module_files()
+    assert "specreg.registry.store.store" in modules and "specreg.core.types" in modules
+    assert [m for m in modules if part_of(m) is None] == []
+
+
+def test_dependencies_run_one_way():
+    assert violations(module_files()) == []
+
+
+def test_no_import_cycle_between_parts():
+    graph = part_graph(module_files())
+    assert graph.get("specreg.registry.store"), "the walk found no imports: the checker is broken"
+    assert find_cycle(graph) is None
+
+
+def test_checker_catches_a_reintroduced_cycle(tmp_path):
+    """The walk sees a lazy import inside a function: the defect issue 13 found
+    (registry importing validators) is reported with its file and line, and closes a cycle."""
+    fake = tmp_path / "registry" / "store"
+    fake.mkdir(parents=True)
+    (fake / "entities.py").write_text("def f():\n    from specreg.validators.suite import run_suite\n")
+    modules = {**module_files(), "specreg.registry.store.entities": fake / "entities.py"}
+    problems = violations({"specreg.registry.store.entities": fake / "entities.py"}, root=tmp_path)
+    assert problems == ["registry/store/entities.py:2: specreg.registry.store imports "
+                        "specreg.validators.suite (specreg.validators is not below it)"]
+    graph = part_graph(modules)
+    graph.setdefault("specreg.validators", set()).add("specreg.registry.store")  # validators -> store too
+    assert find_cycle(graph) is not None
+
+
+@pytest.mark.parametrize("module", ["specreg.core.types", "specreg.core.fingerprint"])
+def test_core_imports_nothing_heavy(module):
+    import subprocess
+    import sys
+
+    code = (f"import sys, {module}; heavy = [m for m in {HEAVY!r} if m in sys.modules]; "
+            "print(','.join(heavy))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
