@@ -59,3 +59,9 @@ class MlflowUnavailable(SpecregError):
 class ConcurrentUpdateError(SpecregError):
     """Someone else changed what this operation was based on (e.g. another promote moved the
     environment pointer first); nothing was changed, run it again to act on the new state."""
+
+
+class HeadMismatchError(SpecregError):
+    """A speculative head (EAGLE-3, Medusa, MTP) that does not fit its target: hidden size,
+    layer count and aux layer ids, vocabulary, draft-to-target map or declared verifier. The
+    message names the field."""

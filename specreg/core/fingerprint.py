@@ -60,6 +60,8 @@ def read_json_file(path: Path) -> dict[str, Any]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ModelReferenceError(f"{path}: not readable JSON ({exc.__class__.__name__}: {exc})") from None
+    except RecursionError:  # json's decoder recurses once per nesting level
+        raise ModelReferenceError(f"{path}: not readable JSON (nested too deeply)") from None
     if not isinstance(data, dict):
         raise ModelReferenceError(f"{path}: expected a JSON object")
     return data
@@ -124,6 +126,8 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
                 header = json.loads(handle.read(header_len).decode("utf-8"))
             except (UnicodeDecodeError, json.JSONDecodeError):
                 raise ValueError("not JSON") from None
+            except RecursionError:
+                raise ValueError("JSON nested too deeply") from None
         if not isinstance(header, dict):
             raise ValueError("header is not a JSON object")
         data_size = size - 8 - header_len
