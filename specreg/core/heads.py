@@ -18,7 +18,8 @@ vllm-project/speculators main at c05b95b, the others their GitHub sources):
   speculators_config.proposal_methods[0].speculative_tokens, verifier.name_or_path and a dict
   transformer_layer_config (vllm/transformers_utils/configs/speculators/base.py:77-94), copies
   draft_vocab_size, target_hidden_size and eagle_aux_hidden_state_layer_ids from the top level
-  (speculators/algos.py:152-187) and knows no other head kind than eagle3/peagle/dflash/dspark.
+  (speculators/algos.py:15-50) and knows no other speculators type than eagle3, peagle, dflash,
+  dflash2, dspark (algos.py:15, 53, 90, 129, 152).
   VerifierConfig has no model_config, so pydantic ignores extra keys: specreg's export may add
   the verifier's fingerprint under VERIFIER_FINGERPRINT_KEY (speculators config.py:40-113).
 - Original EAGLE-3 layout: a LlamaConfig of the head with `draft_vocab_size` (SafeAILab/EAGLE
@@ -32,20 +33,21 @@ vllm-project/speculators main at c05b95b, the others their GitHub sources):
   without ids the target's default is (2, N // 2, N - 3) (interfaces.py:1771,
   speculators models/utils.py:52).
 - d2t holds int64 offsets, target id = i + d2t[i] (speculators train/vocab_mapping.py:88-91,
-  SafeAILab/EAGLE traineagle3/cnets.py scandata, vLLM llama_eagle3.py:385-392, SGLang
+  SafeAILab/EAGLE traineagle3/cnets.py scandata, vLLM llama_eagle3.py:385-394, SGLang
   srt/models/llama_eagle3.py:350-352); t2d is a bool mask over the target vocabulary with
   draft_vocab_size entries set (speculators model.py:104-119). vLLM keeps d2t only when
   draft_vocab_size differs from the target's vocabulary and ignores t2d (llama_eagle3.py:
-  338-344, 417-421); without d2t in the checkpoint its map stays all zeros (llama_eagle3.py:
-  440-441), i.e. draft id i = target id i.
+  338-345, 426-427); without d2t in the checkpoint its map stays all zeros (llama_eagle3.py:
+  458-459), i.e. draft id i = target id i.
 - vLLM shares the target's embed_tokens with a head that has none (v1/spec_decode/
   llm_base_proposer.py:1437-1441), so such a head must have the target's hidden size.
 - Medusa: config.json `medusa_num_heads`, `medusa_num_layers` (default 1),
   `base_model_name_or_path` (FasterDecoding/Medusa medusa/model/medusa_model.py MedusaConfig);
   TGI reads medusa_lm_head.safetensors with head i = ResBlocks `{i}.{j}.linear.{weight,bias}`
   (H x H) then `{i}.{medusa_num_layers}.weight` (vocab x H) (text-generation-inference
-  server/text_generation_server/layers/medusa.py, models/__init__.py); the Medusa-2 layout puts
-  the same names under `medusa_head.`. vLLM 0.33 has no Medusa.
+  server/text_generation_server/layers/medusa.py, models/__init__.py); Medusa's training saves
+  exactly `medusa_head.state_dict()` there, and a whole-model save holds the same names under
+  `medusa_head.` (MedusaModel.medusa_head, medusa_model.py). vLLM 0.33 has no Medusa.
 - MTP inside the target, per vLLM 0.33 config/speculative.py hf_config_override (711-1005) and
   each MTP model's load_weights: DeepSeek-V3/V3.2, GLM-5 (glm_moe_dsa) and GLM-4.5
   (Glm4MoeForCausalLM) count `num_nextn_predict_layers` and store layer i as
@@ -464,7 +466,7 @@ def _eagle3_spec(directory: Path, config_path: Path, layout: str, config: dict[s
             raise ModelReferenceError(f"{directory / t2d.file}: tensor {t2d.name} is {t2d.dtype} {list(t2d.shape)}, "
                                       f"expected bool [{vocab}] (a mask over the {layer_prefix}vocab_size ids)")
     if layout == "speculators" and "norm_before_residual" not in config:
-        # vLLM speculators/algos.py:170-172 defaults it to True, speculators eagle3/config.py:43-46 to False
+        # vLLM speculators/algos.py:33-35 defaults it to True, speculators eagle3/config.py:43-46 to False
         notes.append("norm_before_residual absent: vLLM reads true, speculators false")
     name, architectures, fingerprint = verifier
     layer_type = layer.get("model_type") if isinstance(layer.get("model_type"), str) else None
