@@ -737,3 +737,78 @@ def test_malformed_medusa_and_target_configs_are_named(tmp_path):
     mtp = write_target(tmp_path / "mtp", config_extra={"model_type": "deepseek_v3", "num_nextn_predict_layers": "1"})
     with pytest.raises(ModelReferenceError, match="num_nextn_predict_layers must be a positive integer, got '1'"):
         read_mtp(mtp)
+
+
+ODD_VALUES = [None, True, -1, 0, 2**70, 1.5, float("nan"), "16", "", [], [1, "a"], {}, {"a": [None]}]
+
+
+def field_paths(value, path=()):
+    """Every key path of a JSON object, nested objects and list items included."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield path + (key,)
+            yield from field_paths(item, path + (key,))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield path + (index,)
+            yield from field_paths(item, path + (index,))
+
+
+def read_and_fit(head_dir: Path, target: Path, method: str | None = None) -> None:
+    """read_head + check_head_fits; anything but success or a SpecregError fails the test."""
+    from specreg.errors import SpecregError
+
+    try:
+        check_head_fits(read_head(head_dir, method=method), target)
+    except SpecregError as exc:
+        assert "\n" not in str(exc) and str(exc)
+
+
+@pytest.mark.parametrize("kind", ["speculators", "medusa", "mtp", "tokenizer"])
+def test_any_odd_config_value_is_a_specreg_error_never_a_traceback(tmp_path, kind):
+    target = write_target(tmp_path / "target", vocab=8 if kind == "tokenizer" else VOCAB)
+    edited = "config.json"
+    if kind == "tokenizer":  # the head's tokenizer.json, read for the draft token strings
+        head_dir = write_eagle3(tmp_path / "head", vocab=8, draft_vocab=8, vocab_map=False, verifier=str(target),
+                                strings=token_vocab(8))
+        edited = "tokenizer.json"
+    elif kind == "speculators":
+        head_dir = write_eagle3(tmp_path / "head", verifier=str(target), strings=token_vocab())
+    elif kind == "medusa":
+        head_dir = write_medusa(tmp_path / "head", base=str(target))
+    else:
+        config, names = MTP_CASES["deepseek"]
+        head_dir = target = write_target(tmp_path / "mtp", config_extra=config,
+                                         extra_tensors={name: np.zeros(4, np.float32) for name in names})
+    read_head(head_dir, method="mtp" if kind == "mtp" else None)
+    check_head_fits(read_head(head_dir, method="mtp" if kind == "mtp" else None), target)
+    original = json.loads((head_dir / edited).read_text())
+    paths = list(field_paths(original))
+    tried = 0
+    for path in paths:
+        for odd in ODD_VALUES:
+            config = json.loads(json.dumps(original))
+            holder = config
+            for key in path[:-1]:
+                holder = holder[key]
+            holder[path[-1]] = odd
+            (head_dir / edited).write_text(json.dumps(config))
+            read_and_fit(head_dir, target, "mtp" if kind == "mtp" else None)
+            tried += 1
+    assert tried == len(paths) * len(ODD_VALUES) and len(paths) >= 3
+
+
+def test_any_truncated_or_flipped_weight_file_is_a_specreg_error(tmp_path):
+    target = write_target(tmp_path / "target")
+    head_dir = write_eagle3(tmp_path / "head", verifier=str(target))
+    weights = head_dir / "model.safetensors"
+    data = weights.read_bytes()
+    (header_length,) = struct.unpack("<Q", data[:8])
+    for cut in [0, 4, 8, 9, header_length // 2, header_length + 8, len(data) - 1]:
+        weights.write_bytes(data[:cut])
+        read_and_fit(head_dir, target)
+    for position in range(0, 8 + header_length, 7):  # every 7th header byte changed
+        flipped = bytearray(data)
+        flipped[position] ^= 0x5A
+        weights.write_bytes(bytes(flipped))
+        read_and_fit(head_dir, target)
