@@ -833,6 +833,9 @@ def check_head_fits(head: HeadSpec, target_directory: str | Path, *, target_refe
             raise HeadMismatchError(f"MTP layers: read from {head.path}, but the target is {target.path}; MTP "
                                     "layers belong to the target's own checkpoint")
         return HeadFit(aux_layer_ids=(), verifier_matched=True, compared_token_strings=0, notes=tuple(notes))
+    # first: a head made for another model is named as such before its sizes are compared
+    matched, verifier_notes = _check_verifier(head, target, target_reference, target_fingerprint,
+                                              allow_verifier_mismatch)
 
     if head.target_hidden_size != target.hidden_size:
         source = "target_hidden_size" if head.target_hidden_size != head.hidden_size else "hidden_size"
@@ -865,7 +868,5 @@ def check_head_fits(head: HeadSpec, target_directory: str | Path, *, target_refe
     compared, note = _check_token_strings(head, vocab_map, target, draft_token_strings, target_token_strings)
     if note:
         notes.append(note)
-    matched, verifier_notes = _check_verifier(head, target, target_reference, target_fingerprint,
-                                              allow_verifier_mismatch)
     return HeadFit(aux_layer_ids=aux, verifier_matched=matched, compared_token_strings=compared,
                    notes=tuple(notes + verifier_notes))

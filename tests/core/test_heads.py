@@ -341,7 +341,7 @@ def test_target_hidden_size_is_what_must_fit(tmp_path):
         check_head_fits(shared, target)
     wide = write_target(tmp_path / "wide", hidden=32)
     with pytest.raises(HeadMismatchError, match=r"the head reads 16-wide target states \(target_hidden_size\)"):
-        check_head_fits(head, wide)
+        check_head_fits(head, wide, allow_verifier_mismatch=True)  # declared for `target`, not `wide`
 
 
 @pytest.mark.parametrize("aux, message", [
@@ -441,7 +441,7 @@ def test_t2d_for_another_vocabulary_is_named(tmp_path):
     check_head_fits(head, target)  # the same map over a 48-id target fits
     narrow = write_target(tmp_path / "narrow", vocab=40)
     with pytest.raises(HeadMismatchError, match="^vocabulary size"):
-        check_head_fits(head, narrow)
+        check_head_fits(head, narrow, allow_verifier_mismatch=True)  # declared for `target`, not `narrow`
 
 
 def test_a_reduced_draft_vocabulary_without_d2t_is_named(tmp_path):
@@ -549,6 +549,15 @@ def test_a_head_for_another_verifier_is_refused_unless_allowed(pair):
     assert not fit.verifier_matched
     assert fit.notes[-1] == ("verifier mismatch allowed: the head declares verifier "
                              "'meta-llama/Llama-3.1-8B-Instruct', the target is 'models/target'")
+
+
+def test_a_head_for_another_model_is_named_by_its_verifier_first(pair):
+    target, _ = pair
+    head = read_head(write_eagle3(Path("wide-head"), hidden=32, verifier="acme/big-model"))
+    with pytest.raises(HeadMismatchError, match="^verifier: the head declares verifier 'acme/big-model'"):
+        check_head_fits(head, target)
+    with pytest.raises(HeadMismatchError, match="^hidden size: the head reads 32-wide target states"):
+        check_head_fits(head, target, allow_verifier_mismatch=True)  # allowing it skips no other check
 
 
 def test_the_verifier_name_matches_the_reference_path_or_recorded_name(tmp_path, monkeypatch):
