@@ -9,13 +9,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 
 from specreg import settings
+from specreg.core.fingerprint import canonical_json, fingerprint_reference, sha256_hex
+from specreg.core.types import ModelRef
 from specreg.errors import SpecregError, UsageError
 from specreg.registry.store.entities import AuditEvent, PairState, PairVersion, SpecConfig, SpecMethod
-from specreg.core.fingerprint import canonical_json, fingerprint_reference, sha256_hex
 from specreg.registry.store.store import Store
 
 NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
@@ -68,22 +70,70 @@ def parse_ref(text: str) -> PairRef:
     raise UsageError(f"invalid reference {text!r}: expected NAME, NAME@VERSION or NAME@ENVIRONMENT")
 
 
-def build_spec_config(method: str, num_speculative_tokens: int, prompt_lookup_min: int | None,
-                      prompt_lookup_max: int | None, max_batch_size_for_speculation: int | None,
-                      has_draft: bool) -> SpecConfig:
+def parse_method(method: str) -> SpecMethod:
     try:
-        spec_method = SpecMethod(method)
+        return SpecMethod(method)
     except ValueError:
-        raise UsageError(f"invalid method {method!r}: use draft_model or ngram") from None
+        raise UsageError(f"invalid method {method!r}: use one of {', '.join(m.value for m in SpecMethod)}") from None
+
+
+MAX_TREE_NODES = 256  # a verification forward over the whole tree: engines use up to ~64
+
+
+def parse_tree(tree) -> tuple[tuple[int, ...], ...]:
+    """A candidate tree as JSON text or a list of paths (``[[0],[1],[0,0]]``: each path the top-i
+    choice per depth) -> a tuple of paths. Every path's parent must be in the tree too."""
+    import json
+
+    if isinstance(tree, str):
+        try:
+            tree = json.loads(tree)
+        except (ValueError, RecursionError):
+            raise UsageError(f"invalid --tree {tree[:80]!r}: not JSON (expected e.g. [[0],[1],[0,0]])") from None
+    if not isinstance(tree, (list, tuple)) or not tree:
+        raise UsageError("invalid --tree: a non-empty list of paths, e.g. [[0],[1],[0,0]]")
+    if len(tree) > MAX_TREE_NODES:
+        raise UsageError(f"invalid --tree: {len(tree)} nodes, at most {MAX_TREE_NODES}")
+    paths = []
+    for path in tree:
+        if (not isinstance(path, (list, tuple)) or not path
+                or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < MAX_TREE_NODES for i in path)):
+            raise UsageError(f"invalid --tree node {path!r}: a non-empty list of top-i indices (integers >= 0)")
+        paths.append(tuple(path))
+    if len(set(paths)) != len(paths):
+        raise UsageError("invalid --tree: a path is listed twice")
+    known = set(paths)
+    for path in paths:
+        if len(path) > 1 and path[:-1] not in known:
+            raise UsageError(f"invalid --tree node {list(path)}: its parent {list(path[:-1])} is not in the tree")
+    return tuple(sorted(paths, key=lambda p: (len(p), p)))
+
+
+def build_spec_config(method: str, num_speculative_tokens: int | None, prompt_lookup_min: int | None,
+                      prompt_lookup_max: int | None, max_batch_size_for_speculation: int | None,
+                      has_draft: bool, tree=None) -> SpecConfig:
+    spec_method = parse_method(method)
+    paths = parse_tree(tree) if tree is not None else None
+    if paths is not None:
+        if spec_method not in (SpecMethod.MEDUSA, SpecMethod.EAGLE3):
+            raise UsageError(f"--tree applies to methods medusa and eagle3, not {spec_method.value}")
+        depth = max(len(path) for path in paths)
+        if num_speculative_tokens is not None and num_speculative_tokens != depth:
+            raise UsageError(f"num_speculative_tokens {num_speculative_tokens} differs from the tree's depth {depth}")
+        num_speculative_tokens = depth
     if num_speculative_tokens is None or num_speculative_tokens < 1:
         raise UsageError(f"invalid num_speculative_tokens {num_speculative_tokens}: must be >= 1")
     if max_batch_size_for_speculation is not None and max_batch_size_for_speculation < 1:
         raise UsageError(f"invalid max_batch_size_for_speculation {max_batch_size_for_speculation}: must be >= 1")
-    if spec_method is SpecMethod.DRAFT_MODEL:
+    if spec_method is not SpecMethod.NGRAM and (prompt_lookup_min is not None or prompt_lookup_max is not None):
+        raise UsageError("prompt_lookup_min/max apply only to method ngram")
+    if spec_method in (SpecMethod.DRAFT_MODEL, SpecMethod.EAGLE3, SpecMethod.MEDUSA):
         if not has_draft:
-            raise UsageError("method draft_model needs --draft")
-        if prompt_lookup_min is not None or prompt_lookup_max is not None:
-            raise UsageError("prompt_lookup_min/max apply only to method ngram")
+            what = "a draft model" if spec_method is SpecMethod.DRAFT_MODEL else f"the {spec_method.value} head directory"
+            raise UsageError(f"method {spec_method.value} needs --draft ({what})")
+    elif spec_method is SpecMethod.MTP:
+        if has_draft:
+            raise UsageError("method mtp drafts with the layers inside the target: do not pass --draft")
     else:
         if has_draft:
             raise UsageError("method ngram drafts from the prompt: do not pass --draft")
@@ -93,7 +143,30 @@ def build_spec_config(method: str, num_speculative_tokens: int, prompt_lookup_mi
             raise UsageError(
                 f"invalid prompt lookup range {prompt_lookup_min}..{prompt_lookup_max}: need 1 <= min <= max")
     return SpecConfig(spec_method, num_speculative_tokens, prompt_lookup_min, prompt_lookup_max,
-                      max_batch_size_for_speculation)
+                      max_batch_size_for_speculation, tree=paths)
+
+
+def describe_head(config: SpecConfig, target: ModelRef, draft: ModelRef | None, *,
+                  allow_verifier_mismatch: bool) -> dict:
+    """Read the head (or the target's MTP layers) and check it fits the target -> what the binding
+    records: the head's description (no path: a location is not an identity) and the fit's
+    findings. HeadMismatchError / ModelReferenceError name the field that does not fit."""
+    from specreg.core.heads import check_head_fits, read_head
+
+    method = config.method.value
+    head = read_head(draft.path if draft is not None else target.path, method=method)
+    fit = check_head_fits(head, target.path, target_reference=target.reference,
+                          target_fingerprint=target.fingerprint, allow_verifier_mismatch=allow_verifier_mismatch)
+    if config.method is SpecMethod.MEDUSA:
+        depth = max(len(path) for path in config.tree) if config.tree else config.num_speculative_tokens
+        if depth > head.num_heads:
+            raise UsageError(f"{'tree depth' if config.tree else 'num_speculative_tokens'} {depth} needs "
+                             f"{depth} Medusa heads; {draft.path} has medusa_num_heads = {head.num_heads}")
+    description = {name: value for name, value in head.to_dict().items() if name != "path"}
+    description["fit"] = {"aux_layer_ids": list(fit.aux_layer_ids), "verifier_matched": fit.verifier_matched,
+                          "compared_token_strings": fit.compared_token_strings, "notes": list(fit.notes),
+                          "allow_verifier_mismatch": allow_verifier_mismatch}
+    return description
 
 
 class Registry:
@@ -118,18 +191,29 @@ class Registry:
 
     # --- registration -------------------------------------------------------------------
 
-    def register(self, name: str, *, target: str, draft: str | None = None, num_speculative_tokens: int,
+    def register(self, name: str, *, target: str, draft: str | None = None, num_speculative_tokens: int | None = None,
                  method: str = "draft_model", prompt_lookup_min: int | None = None,
                  prompt_lookup_max: int | None = None, max_batch_size_for_speculation: int | None = None,
-                 notes: str | None = None, allow_pickle: bool = False) -> RegisterResult:
+                 notes: str | None = None, allow_pickle: bool = False, tree=None,
+                 allow_verifier_mismatch: bool = False) -> RegisterResult:
         """Fingerprint both models and record version N+1 of ``name`` (or return the version
-        that already binds the same fingerprints and config)."""
+        that already binds the same fingerprints and config).
+
+        method eagle3 / medusa: ``draft`` is the head directory; mtp: the target's own layers.
+        The head must fit the target (hidden size, aux layers, vocabulary and its map, declared
+        verifier; see specreg.core.heads); ``tree`` is a Medusa / EAGLE candidate tree."""
         check_name(name)
         config = build_spec_config(method, num_speculative_tokens, prompt_lookup_min, prompt_lookup_max,
-                                   max_batch_size_for_speculation, has_draft=draft is not None)
+                                   max_batch_size_for_speculation, has_draft=draft is not None, tree=tree)
         # Fingerprint before touching the database: a bad model leaves no rows.
         target_ref = fingerprint_reference(target, allow_pickle=allow_pickle)
-        draft_ref = fingerprint_reference(draft, allow_pickle=allow_pickle) if draft is not None else None
+        draft_ref = fingerprint_reference(draft, allow_pickle=allow_pickle,
+                                          require_tokenizer=not config.method.has_head) if draft is not None else None
+        if config.method.has_head:
+            head = describe_head(config, target_ref, draft_ref, allow_verifier_mismatch=allow_verifier_mismatch)
+            config = dataclasses.replace(config, head=head)
+        elif allow_verifier_mismatch:
+            raise UsageError("--allow-verifier-mismatch applies to methods eagle3, medusa and mtp")
         binding = sha256_hex(canonical_json({
             "target": target_ref.fingerprint.to_dict(),
             "draft": draft_ref.fingerprint.to_dict() if draft_ref else None,

@@ -30,7 +30,9 @@ def check_integrity(models: dict[str, ModelRef | None], allow_pickle: bool = Fal
             continue
         checked += 1
         try:
-            current = fingerprint_model(ref.path, allow_pickle=allow_pickle)
+            # a head recorded without a tokenizer is re-read the same way
+            current = fingerprint_model(ref.path, allow_pickle=allow_pickle,
+                                        require_tokenizer=ref.fingerprint.tokenizer_sha256 is not None)
         except ModelReferenceError as exc:
             findings.append({"model": role, "path": ref.path, "change": f"unreadable: {exc}"})
             continue

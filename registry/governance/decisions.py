@@ -117,7 +117,8 @@ def fingerprint_changes(version: PairVersion) -> list[str]:
     for role, model in (("target", version.target), ("draft", version.draft)):
         if model is None:
             continue
-        current = fingerprint_model(Path(model.path), allow_pickle=version.allow_pickle)
+        current = fingerprint_model(Path(model.path), allow_pickle=version.allow_pickle,
+                                    require_tokenizer=model.fingerprint.tokenizer_sha256 is not None)
         changes += [f"{role} {change}" for change in compare_fingerprints(model.fingerprint, current)]
     return changes
 

@@ -51,13 +51,16 @@ class PairVersionRow(Base):
     registered_at: Mapped[datetime] = mapped_column(DateTime, nullable=False)
     notes: Mapped[str | None] = mapped_column(Text)
     allow_pickle: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False)
+    tree: Mapped[list | None] = mapped_column(JSON)  # SpecConfig.tree as lists
+    head: Mapped[dict | None] = mapped_column(JSON)  # SpecConfig.head
 
     pair: Mapped[PairRow] = relationship(back_populates="versions")
 
     # Everything but the lifecycle state is bound at registration and never changes.
     IMMUTABLE_COLUMNS = ("pair_id", "version", "binding_sha256", "method", "num_speculative_tokens",
                          "prompt_lookup_min", "prompt_lookup_max", "max_batch_size_for_speculation",
-                         "target", "draft", "registered_by", "registered_at", "notes", "allow_pickle")
+                         "target", "draft", "registered_by", "registered_at", "notes", "allow_pickle", "tree",
+                         "head")
 
     def to_entity(self, events: tuple[AuditEvent, ...] = ()) -> PairVersion:
         return PairVersion(
@@ -72,6 +75,8 @@ class PairVersionRow(Base):
                 prompt_lookup_min=self.prompt_lookup_min,
                 prompt_lookup_max=self.prompt_lookup_max,
                 max_batch_size_for_speculation=self.max_batch_size_for_speculation,
+                tree=tuple(tuple(path) for path in self.tree) if self.tree is not None else None,
+                head=self.head,
             ),
             binding_sha256=self.binding_sha256,
             state=PairState(self.state),

@@ -28,7 +28,7 @@ from specreg.registry.store.lifecycle import check_transition
 from specreg.registry.store.orm import AuditEventRow, AuditHeadRow, ObservationRow, PairRow, PairVersionRow
 
 # The newest migration in migrations/versions; a test checks it equals alembic's head.
-SCHEMA_HEAD = "0002"
+SCHEMA_HEAD = "0003"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 
@@ -208,6 +208,8 @@ class Store:
                         num_speculative_tokens=config.num_speculative_tokens,
                         prompt_lookup_min=config.prompt_lookup_min, prompt_lookup_max=config.prompt_lookup_max,
                         max_batch_size_for_speculation=config.max_batch_size_for_speculation,
+                        tree=[list(path) for path in config.tree] if config.tree is not None else None,
+                        head=config.head,
                         target=target.to_dict(), draft=draft.to_dict() if draft else None,
                         registered_by=actor, registered_at=now, notes=notes, allow_pickle=allow_pickle,
                     )

@@ -13,9 +13,13 @@ from specreg.cli.common import (cli, db_option, user_option, json_option, open_r
 @cli.command()
 @click.argument("name")
 @click.option("--target", required=True, metavar="REF", help="Target model: local HF directory or ORG/NAME@REVISION in the local cache.")
-@click.option("--draft", default=None, metavar="REF", help="Draft model (method draft_model).")
-@click.option("--num-speculative-tokens", "-k", "num_speculative_tokens", type=int, required=True, help="Draft tokens per step (k).")
-@click.option("--method", type=click.Choice(["draft_model", "ngram"]), default="draft_model", show_default=True)
+@click.option("--draft", default=None, metavar="REF", help="Draft model (draft_model), or the head directory (eagle3, medusa).")
+@click.option("--num-speculative-tokens", "-k", "num_speculative_tokens", type=int, default=None,
+              help="Draft tokens per step (k); with --tree, the tree's depth.")
+@click.option("--method", type=click.Choice(["draft_model", "ngram", "eagle3", "medusa", "mtp"]), default="draft_model",
+              show_default=True, help="eagle3/medusa: --draft is the head; mtp: the target's own MTP layers.")
+@click.option("--tree", default=None, metavar="JSON", help='Candidate tree (medusa, eagle3), e.g. "[[0],[1],[0,0]]".')
+@click.option("--allow-verifier-mismatch", is_flag=True, help="Accept a head whose declared verifier is another model (recorded).")
 @click.option("--prompt-lookup-min", type=int, default=None, help="ngram: shortest n-gram to match.")
 @click.option("--prompt-lookup-max", type=int, default=None, help="ngram: longest n-gram to match.")
 @click.option("--max-batch-size-for-speculation", type=int, default=None, help="Speculation off above this batch size.")
@@ -24,14 +28,15 @@ from specreg.cli.common import (cli, db_option, user_option, json_option, open_r
 @db_option
 @user_option
 @json_option
-def register(name, target, draft, num_speculative_tokens, method, prompt_lookup_min, prompt_lookup_max,
-             max_batch_size_for_speculation, notes, allow_pickle, db_url, user, as_json):
+def register(name, target, draft, num_speculative_tokens, method, tree, allow_verifier_mismatch, prompt_lookup_min,
+             prompt_lookup_max, max_batch_size_for_speculation, notes, allow_pickle, db_url, user, as_json):
     """Register draft + target + speculative config as version N+1 of pair NAME."""
     registry = open_registry(db_url, user)
     result = registry.register(
         name, target=target, draft=draft, num_speculative_tokens=num_speculative_tokens, method=method,
         prompt_lookup_min=prompt_lookup_min, prompt_lookup_max=prompt_lookup_max,
         max_batch_size_for_speculation=max_batch_size_for_speculation, notes=notes, allow_pickle=allow_pickle,
+        tree=tree, allow_verifier_mismatch=allow_verifier_mismatch,
     )
     version = result.version
     if as_json:
@@ -74,6 +79,18 @@ def describe_model(role: str, model) -> list[str]:
     ]
 
 
+def describe_head(head: dict) -> list[str]:
+    fit = head.get("fit") or {}
+    where = "target tensors" if head.get("method") == "mtp" else "tensors"
+    lines = [f"  head            {head.get('layout')}: hidden {head.get('hidden_size')}, draft vocab "
+             f"{head.get('draft_vocab_size')}, aux layers {fit.get('aux_layer_ids')}, heads {head.get('num_heads')}, "
+             f"layers {head.get('num_layers')}, {len(head.get('tensors') or [])} {where}",
+             f"  verifier        {head.get('verifier_name_or_path')} "
+             + ("(matches the target)" if fit.get("verifier_matched") else "(MISMATCH allowed at registration)")]
+    lines += [f"  note            {note}" for note in fit.get("notes") or []]
+    return lines
+
+
 @cli.command()
 @click.argument("ref", metavar="NAME[@VERSION]")
 @db_option
@@ -98,9 +115,14 @@ def show(ref, db_url, as_json):
                  + (f", prompt lookup {config.prompt_lookup_min}..{config.prompt_lookup_max}" if config.prompt_lookup_max else "")
                  + (f", speculation off above batch {config.max_batch_size_for_speculation}" if config.max_batch_size_for_speculation else "")
                  + (", pickle weights allowed" if version.allow_pickle else ""))
+    if config.tree:
+        lines.append(f"tree: {len(config.tree)} nodes, depth {config.num_speculative_tokens}: "
+                     + json.dumps([list(path) for path in config.tree], separators=(",", ":")))
     lines += describe_model("target", version.target)
     if version.draft:
-        lines += describe_model("draft", version.draft)
+        lines += describe_model("head" if config.method.has_head else "draft", version.draft)
+    if config.head:
+        lines += describe_head(config.head)
     if validations:
         lines.append("validations:")
         for run in validations:

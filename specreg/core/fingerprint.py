@@ -223,14 +223,17 @@ def read_chat_template(directory: Path) -> str | None:
 
 # --- the fingerprint ----------------------------------------------------------------------
 
-def fingerprint_model(directory: Path, allow_pickle: bool = False) -> ModelFingerprint:
-    """Fingerprint a Hugging Face model directory. Raises ModelReferenceError naming the problem."""
+def fingerprint_model(directory: Path, allow_pickle: bool = False, require_tokenizer: bool = True) -> ModelFingerprint:
+    """Fingerprint a Hugging Face model directory. Raises ModelReferenceError naming the problem.
+
+    require_tokenizer=False for a speculative head (EAGLE-3, Medusa), which drafts in the target's
+    vocabulary and usually ships no tokenizer of its own."""
     directory = Path(directory)
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise ModelReferenceError(f"{directory}: no config.json (not a Hugging Face model directory)")
     config = read_json_file(config_path)
-    if not any((directory / name).is_file() for name in TOKENIZER_FILES):
+    if require_tokenizer and not any((directory / name).is_file() for name in TOKENIZER_FILES):
         raise ModelReferenceError(f"{directory}: no tokenizer files (expected one of {', '.join(TOKENIZER_FILES)})")
 
     safetensors_files = sorted(p for p in directory.glob("*.safetensors") if p.is_file())
@@ -289,14 +292,14 @@ def fingerprint_model(directory: Path, allow_pickle: bool = False) -> ModelFinge
     )
 
 
-def fingerprint_reference(reference: str, allow_pickle: bool = False) -> ModelRef:
+def fingerprint_reference(reference: str, allow_pickle: bool = False, require_tokenizer: bool = True) -> ModelRef:
     """Resolve a reference (local dir or cached hub id@revision) and fingerprint it."""
     directory, revision = resolve_reference(reference)
     return ModelRef(
         reference=reference,
         path=str(directory),
         revision=revision,
-        fingerprint=fingerprint_model(directory, allow_pickle=allow_pickle),
+        fingerprint=fingerprint_model(directory, allow_pickle=allow_pickle, require_tokenizer=require_tokenizer),
     )
 
 

@@ -1,0 +1,119 @@
+"""Head directories written as the formats lay them out (speculators EAGLE-3, Medusa as TGI reads
+it) over a tiny target, with numpy arrays in real safetensors files: for registration tests that
+need no forward pass. Heads that run come from runtime/ (trained or random torch modules)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import save_file
+
+HIDDEN, LAYERS, VOCAB, DRAFT_VOCAB = 16, 6, 40, 24
+# draft id i -> target id: every other id from 3 to 29, then 30..39 (ascending, one to one)
+DRAFT_IDS = list(range(3, 30, 2)) + list(range(30, 40))
+assert len(set(DRAFT_IDS)) == DRAFT_VOCAB
+
+
+def token_vocab(vocab: int = VOCAB, renamed: dict[int, str] | None = None) -> dict[int, str]:
+    strings = {i: f"tok{i}" for i in range(vocab)}
+    strings.update(renamed or {})
+    return strings
+
+
+def write_tokenizer(directory: Path, strings: dict[int, str]) -> None:
+    """A tokenizer.json as the tokenizers library lays it out (BPE vocab + added special tokens)."""
+    added = [{"id": 0, "content": strings[0], "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": True}]
+    data = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+            "model": {"type": "BPE", "vocab": {token: i for i, token in strings.items() if i != 0}, "merges": []}}
+    (directory / "tokenizer.json").write_text(json.dumps(data))
+
+
+def write_target(directory: Path, *, hidden: int = HIDDEN, layers: int = LAYERS, vocab: int = VOCAB,
+                 config_extra: dict | None = None, extra_tensors: dict | None = None,
+                 strings: dict[int, str] | None = None) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden,
+              "num_hidden_layers": layers, "vocab_size": vocab, "intermediate_size": 2 * hidden,
+              "num_attention_heads": 2, "num_key_value_heads": 2}
+    config.update(config_extra or {})
+    (directory / "config.json").write_text(json.dumps(config))
+    tensors = {"model.embed_tokens.weight": np.zeros((vocab, hidden), np.float32),
+               "lm_head.weight": np.zeros((vocab, hidden), np.float32),
+               "model.norm.weight": np.ones(hidden, np.float32)}
+    for layer in range(layers):
+        tensors[f"model.layers.{layer}.input_layernorm.weight"] = np.ones(hidden, np.float32)
+    tensors.update(extra_tensors or {})
+    save_file(tensors, str(directory / "model.safetensors"))
+    write_tokenizer(directory, strings or token_vocab(vocab))
+    return directory
+
+
+def vocab_maps(draft_ids=DRAFT_IDS, vocab: int = VOCAB):
+    d2t = np.array(draft_ids, np.int64) - np.arange(len(draft_ids), dtype=np.int64)
+    t2d = np.zeros(vocab, bool)
+    t2d[[i for i in draft_ids if 0 <= i < vocab]] = True
+    return d2t, t2d
+
+
+def write_eagle3(directory: Path, *, hidden: int = HIDDEN, vocab: int = VOCAB, draft_vocab: int = DRAFT_VOCAB,
+                 aux: list[int] | None = (1, 3, 4), target_hidden: int | None = None, d2t=None, t2d=None,
+                 vocab_map: bool = True, verifier: str | None = "models/target",
+                 architectures: list[str] | None = ("LlamaForCausalLM",), fingerprint: dict | None = None,
+                 config_extra: dict | None = None, tensor_extra: dict | None = None,
+                 strings: dict[int, str] | None = None) -> Path:
+    """A speculators-format EAGLE-3 head, laid out as speculators' save_pretrained writes it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    aux_count = len(aux) if aux else 3
+    reads = target_hidden or hidden
+    tensors = {"fc.weight": np.zeros((hidden, aux_count * reads), np.float32),
+               "layers.0.self_attn.q_proj.weight": np.zeros((hidden, 2 * hidden), np.float32),
+               "layers.0.hidden_norm.weight": np.ones(hidden, np.float32),
+               "norm.weight": np.ones(hidden, np.float32),
+               "lm_head.weight": np.zeros((draft_vocab, hidden), np.float32)}
+    if vocab_map:
+        default_d2t, default_t2d = vocab_maps()
+        tensors["d2t"] = default_d2t if d2t is None else d2t
+        tensors["t2d"] = default_t2d if t2d is None else t2d
+    tensors.update(tensor_extra or {})
+    save_file({k: v for k, v in tensors.items() if v is not None}, str(directory / "model.safetensors"))
+    verifier_config = {"name_or_path": verifier, "architectures": list(architectures or [])}
+    if fingerprint is not None:
+        verifier_config["specreg"] = fingerprint
+    config = {
+        "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3", "speculators_version": "0.9.0",
+        "draft_vocab_size": draft_vocab, "norm_before_residual": False, "target_hidden_size": target_hidden,
+        "eagle_aux_hidden_state_layer_ids": list(aux) if aux is not None else None,
+        "transformer_layer_config": {"model_type": "llama", "hidden_size": hidden, "vocab_size": vocab,
+                                     "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2,
+                                     "intermediate_size": 2 * hidden, "rms_norm_eps": 1e-6},
+        "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
+                               "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3,
+                                                     "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+                               "verifier": verifier_config},
+    }
+    config.update(config_extra or {})
+    (directory / "config.json").write_text(json.dumps(config))
+    if strings is not None:
+        write_tokenizer(directory, strings)
+    return directory
+
+
+def write_medusa(directory: Path, *, heads: int = 3, layers: int = 1, hidden: int = HIDDEN, vocab: int = VOCAB,
+                 prefix: str = "", base: str | None = "models/target") -> Path:
+    """Medusa heads as TGI reads them: config.json + medusa_lm_head.safetensors."""
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for head in range(heads):
+        for block in range(layers):
+            tensors[f"{prefix}{head}.{block}.linear.weight"] = np.zeros((hidden, hidden), np.float16)
+            tensors[f"{prefix}{head}.{block}.linear.bias"] = np.zeros(hidden, np.float16)
+        tensors[f"{prefix}{head}.{layers}.weight"] = np.zeros((vocab, hidden), np.float16)
+    save_file(tensors, str(directory / "medusa_lm_head.safetensors"))
+    config = {"medusa_num_heads": heads, "medusa_num_layers": layers}
+    if base is not None:
+        config["base_model_name_or_path"] = base
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
