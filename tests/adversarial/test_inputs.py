@@ -283,3 +283,83 @@ def test_gate_on_a_scheme_one_registration_still_passes_integrity(tiny_models, t
     version = registry.get(version.label)
     assert version.target.fingerprint.scheme is None and version.draft.fingerprint.behaviour_files is None
     assert decisions.fingerprint_changes(version) == []
+
+
+# --- register on malformed configs and tokenizers: one line naming the file and field ----------
+
+def write(name, content):
+    def change(path: Path):
+        target = path / name
+        target.write_bytes(content if isinstance(content, bytes) else content.encode())
+    return change
+
+
+def json_edit(name, change):
+    return lambda path: edit_json(path / name, change)
+
+
+DEEP = "[" * 100000 + "]" * 100000
+MALFORMED_MODELS = {
+    "vocab_size NaN": (json_edit("config.json", lambda d: d.update(vocab_size=float("nan"))), "config.json: field 'vocab_size'"),
+    "vocab_size 1e400": (lambda p: (p / "config.json").write_text((p / "config.json").read_text().replace(
+        '"vocab_size": 300', '"vocab_size": 1e400')), "config.json: field 'vocab_size'"),
+    "vocab_size a string": (json_edit("config.json", lambda d: d.update(vocab_size="300")), "field 'vocab_size'"),
+    "vocab_size negative": (json_edit("config.json", lambda d: d.update(vocab_size=-1)), "field 'vocab_size'"),
+    "num_hidden_layers a float": (json_edit("config.json", lambda d: d.update(num_hidden_layers=2.5)), "field 'num_hidden_layers'"),
+    "max_position_embeddings huge": (json_edit("config.json", lambda d: d.update(max_position_embeddings=10 ** 30)),
+                                     "field 'max_position_embeddings'"),
+    "architectures a string": (json_edit("config.json", lambda d: d.update(architectures="LlamaForCausalLM")),
+                               "field 'architectures'"),
+    "text_config a string": (json_edit("config.json", lambda d: d.update(text_config="x")), "field 'text_config'"),
+    "text_config vocab NaN": (json_edit("config.json", lambda d: d.update(text_config={"vocab_size": float("nan")})),
+                              "field 'text_config.vocab_size'"),
+    "config nested 100000 deep": (write("config.json", '{"a": ' + DEEP + "}"), "config.json: not readable JSON"),
+    "config nested 100 deep": (write("config.json", '{"a": ' + "[" * 100 + "]" * 100 + "}"), "nested deeper than 64"),
+    "config an array": (write("config.json", "[1]"), "config.json: expected a JSON object"),
+    "config not UTF-8": (write("config.json", b'{"a": "\xff"}'), "config.json: not readable JSON"),
+    "config a 5000-digit integer": (write("config.json", '{"vocab_size": ' + "9" * 5000 + "}"), "config.json: not readable JSON"),
+    "config empty": (write("config.json", ""), "config.json: not readable JSON"),
+    "tokenizer model a list": (json_edit("tokenizer.json", lambda d: d.update(model=[1, 2])), "field 'model'"),
+    "tokenizer merges numbers": (json_edit("tokenizer.json", lambda d: d["model"].update(merges=[1, 2])), "field 'model.merges'"),
+    "tokenizer vocab id a string": (json_edit("tokenizer.json", lambda d: d["model"]["vocab"].update({"hello": "7"})),
+                                    "field 'model.vocab': token 'hello' has id '7'"),
+    "tokenizer added_tokens numbers": (json_edit("tokenizer.json", lambda d: d.update(added_tokens=[1])), "field 'added_tokens'"),
+    "tokenizer added_tokens id NaN": (json_edit("tokenizer.json", lambda d: d.update(added_tokens=[{"id": float("nan")}])),
+                                      "field 'added_tokens'"),
+    "tokenizer nested 100000 deep": (write("tokenizer.json", '{"a": ' + DEEP + "}"), "tokenizer.json: not readable JSON"),
+    "tokenizer not UTF-8": (write("tokenizer.json", b"\xff\xfe"), "tokenizer.json: not readable JSON"),
+    "chat_template a number": (lambda p: ((p / "chat_template.jinja").unlink(missing_ok=True),
+                                          edit_json(p / "tokenizer_config.json", lambda d: d.update(chat_template=5))),
+                               "tokenizer_config.json: field 'chat_template'"),
+    "chat_template.jinja not UTF-8": (write("chat_template.jinja", b"{{ \xff }}"), "chat_template.jinja: cannot read"),
+    "special_tokens_map an array": (write("special_tokens_map.json", "[]"), "special_tokens_map.json: expected a JSON object"),
+    "generation_config not JSON": (write("generation_config.json", "{eos"), "generation_config.json: not readable JSON"),
+    "weights a directory only": (lambda p: ((p / "model.safetensors").unlink(), (p / "w.safetensors").mkdir()),
+                                 "no weight files"),
+    "transformers_weights a number": (json_edit("config.json", lambda d: d.update(transformers_weights=5)),
+                                      "field 'transformers_weights'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED_MODELS))
+def test_register_on_a_malformed_model_names_file_and_field(tiny_models, tmp_path, case):
+    from specreg import Registry
+
+    change, message = MALFORMED_MODELS[case]
+    model = copy_model(tiny_models, tmp_path)
+    change(model)
+    registry = Registry(f"sqlite:///{tmp_path / 'r.db'}")
+    with pytest.raises(ModelReferenceError) as caught:
+        registry.register("p", target=str(tiny_models["target"]), draft=str(model), num_speculative_tokens=2)
+    assert message in str(caught.value)
+    assert "\n" not in str(caught.value) and len(str(caught.value)) < 400
+    assert registry.list() == []
+
+
+def test_cli_register_on_nan_vocab_size_is_one_line(tiny_models, tmp_path):
+    model = copy_model(tiny_models, tmp_path)
+    text = (model / "config.json").read_text().replace('"vocab_size": 300', '"vocab_size": NaN')
+    (model / "config.json").write_text(text)
+    result = run_cli("register", "p", "--target", tiny_models["target"], "--draft", model, "-k", "2",
+                     "--db", f"sqlite:///{tmp_path / 'r.db'}")
+    one_line_error(result, 1, "config.json: field 'vocab_size' must be a positive integer, got nan")
