@@ -16,10 +16,12 @@ import json
 import os
 import struct
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from specreg.errors import ModelReferenceError
+from specreg.core.documents import depth_problem
 from specreg.core.types import ModelFingerprint, ModelRef
 
 # A directory holds a tokenizer when it has one of these (tokenizer_config.json alone is not one).
@@ -71,18 +73,6 @@ def sha256_file(path: Path, chunk_size: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-def json_depth_exceeds(value: Any, limit: int) -> bool:
-    """True when containers nest deeper than ``limit`` (checked without recursion)."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, (dict, list)):
-            if depth > limit:
-                return True
-            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
-    return False
-
-
 def read_json_file(path: Path, data: bytes | None = None) -> dict[str, Any]:
     """A JSON object from a model file (or its already read bytes); ModelReferenceError naming
     the file for anything else: unreadable, too large, not JSON, nested too deeply."""
@@ -101,8 +91,9 @@ def read_json_file(path: Path, data: bytes | None = None) -> dict[str, Any]:
         raise ModelReferenceError(f"{path}: not readable JSON ({exc.__class__.__name__}: {reason})") from None
     if not isinstance(parsed, dict):
         raise ModelReferenceError(f"{path}: expected a JSON object, got {type(parsed).__name__}")
-    if json_depth_exceeds(parsed, MAX_JSON_DEPTH):
-        raise ModelReferenceError(f"{path}: JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    problem = depth_problem(parsed, MAX_JSON_DEPTH)
+    if problem:
+        raise ModelReferenceError(f"{path}: JSON {problem}")
     return parsed
 
 
@@ -589,3 +580,19 @@ def compare_fingerprints(recorded: ModelFingerprint, current: ModelFingerprint) 
             elif before[name] != now[name]:
                 changes.append(f"{name} changed")
     return changes
+
+
+def metadata_changes(recorded: ModelFingerprint, directory: Path) -> list[str]:
+    """What changed in a folder's config, tokenizer, chat template and (scheme >= 2) behaviour
+    files since ``recorded`` (weights are not read): compare_fingerprints' messages."""
+    directory = Path(directory)
+    tokenizer_form = canonical_tokenizer(directory)
+    chat_template = read_chat_template(directory)
+    current = replace(
+        recorded,
+        config_sha256=config_sha256(read_json_file(directory / "config.json")),
+        tokenizer_sha256=sha256_hex(canonical_json(tokenizer_form)) if tokenizer_form is not None else None,
+        chat_template_sha256=sha256_hex(chat_template.encode()) if chat_template else None,
+        behaviour_files=behaviour_files(directory),
+    )
+    return compare_fingerprints(recorded, current)

@@ -363,3 +363,228 @@ def test_cli_register_on_nan_vocab_size_is_one_line(tiny_models, tmp_path):
     result = run_cli("register", "p", "--target", tiny_models["target"], "--draft", model, "-k", "2",
                      "--db", f"sqlite:///{tmp_path / 'r.db'}")
     one_line_error(result, 1, "config.json: field 'vocab_size' must be a positive integer, got nan")
+
+
+# --- item 4: files swapped between the integrity check and the model load ---------------------
+
+@pytest.mark.parametrize("swapped", ["model.safetensors", "config.json", "tokenizer.json"])
+def test_files_swapped_after_the_integrity_check_are_not_validated(tiny_models, tmp_path, swapped):
+    from specreg import Registry
+    from specreg.golden_prompts.loader import load_golden_set
+    from specreg.validators.suite import ValidationOptions, run_suite
+
+    draft = copy_model(tiny_models, tmp_path, "draft")
+    registry = Registry(f"sqlite:///{tmp_path / 'r.db'}")
+    version = registry.register("p", target=str(tiny_models["target"]), draft=str(draft),
+                                num_speculative_tokens=2).version
+    replacements = {
+        "model.safetensors": lambda: shutil.copy(tiny_models["draft2"] / "model.safetensors", draft / "model.safetensors"),
+        "config.json": lambda: edit_json(draft / "config.json", lambda d: d.update(rms_norm_eps=0.5)),
+        "tokenizer.json": lambda: edit_json(draft / "tokenizer.json",
+                                            lambda d: d["model"]["vocab"].update({"hello": 7, "world": 5})),
+    }
+    seen = []
+
+    def swap_after(check):
+        seen.append((check.name, check.status))
+        if check.name == "integrity":
+            replacements[swapped]()  # the attacker's moment: after the hash, before the load
+
+    options = ValidationOptions(device="cpu", checks=("integrity", "tokenizer", "equivalence"))
+    with pytest.raises(ModelReferenceError, match=f"{draft}.*changed since the model was fingerprinted"):
+        run_suite(version, load_golden_set("smoke"), options, device="cpu", on_check=swap_after)
+    assert seen[0] == ("integrity", "pass")
+    assert all(name != "equivalence" for name, _ in seen)  # nothing ran on the swapped files
+
+
+def test_verified_load_gives_the_same_model_as_transformers(tiny_models):
+    import torch
+
+    from specreg.runtime.loading import load_model, load_tokenizer
+
+    expected = fingerprint_model(tiny_models["draft"])
+    verified = load_model(tiny_models["draft"], "cpu", "float32", expected=expected)
+    plain = load_model(tiny_models["draft"], "cpu", "float32")
+    ids = torch.tensor([[1, 5, 9, 20, 33]])
+    assert torch.equal(verified(ids).logits, plain(ids).logits)
+    tokenizer = load_tokenizer(tiny_models["draft"], expected=expected)
+    assert tokenizer.get_vocab() == load_tokenizer(tiny_models["draft"]).get_vocab()
+    assert tokenizer.name_or_path == str(tiny_models["draft"])
+
+
+# --- item 13: billion laughs and deep nesting in golden sets and policies --------------------
+
+BILLION_LAUGHS = "\n".join(
+    ["name: lol", "version: '1'", 'a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    + [f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 10)]
+    + ["records: [{id: x, category: c, max_new_tokens: 1, prompt: *a9}]"])
+DEEP_YAML = "name: deep\nversion: '1'\nrecords: " + "[" * 5000 + "]" * 5000 + "\n"
+
+
+def test_billion_laughs_golden_set_is_refused_before_expansion(tmp_path):
+    import time
+
+    from specreg.errors import GoldenSetError
+    from specreg.golden_prompts.loader import load_golden_set
+
+    path = tmp_path / "lol.yaml"
+    path.write_text(BILLION_LAUGHS)
+    started = time.perf_counter()
+    with pytest.raises(GoldenSetError, match=r"lol.yaml: YAML alias \*a0 at line 4: aliases are not allowed"):
+        load_golden_set(str(path))
+    assert time.perf_counter() - started < 5
+
+
+@pytest.mark.parametrize("suffix,text", [
+    (".yaml", DEEP_YAML),
+    (".json", '{"name": "deep", "version": "1", "records": ' + "[" * 100000 + "]" * 100000 + "}"),
+    (".json", '{"name": "deep", "version": "1", "records": ' + "[" * 40 + "]" * 40 + "}"),
+    (".jsonl", '{"name": "deep", "version": "1"}\n' + "[" * 100000 + "]" * 100000 + "\n"),
+    (".json", '{"name": "deep", "version": ' + "9" * 5000 + ', "records": []}'),
+])
+def test_deeply_nested_golden_sets_are_one_line_errors(tmp_path, suffix, text):
+    from specreg.errors import GoldenSetError
+    from specreg.golden_prompts.loader import load_golden_set
+
+    path = tmp_path / f"deep{suffix}"
+    path.write_text(text)
+    with pytest.raises(GoldenSetError) as caught:
+        load_golden_set(str(path))
+    assert str(caught.value).startswith(f"{path}:") and "\n" not in str(caught.value)
+    assert len(str(caught.value)) < 300
+
+
+def test_oversized_golden_set_is_refused_without_reading_it(tmp_path):
+    from specreg.errors import GoldenSetError
+    from specreg.golden_prompts.loader import load_golden_set
+
+    path = tmp_path / "huge.yaml"
+    with open(path, "wb") as handle:
+        handle.truncate(17 * 1024 * 1024)  # sparse: nothing to read if the size is checked first
+    with pytest.raises(GoldenSetError, match="huge.yaml: 17825792 bytes, over the limit"):
+        load_golden_set(str(path))
+
+
+@pytest.mark.parametrize("name,text,message", [
+    ("lol.yaml", BILLION_LAUGHS.replace("records:", "environments:"), "aliases are not allowed"),
+    ("deep.yaml", "environments: " + "[" * 5000 + "]" * 5000, "nested deeper than 32 levels"),
+    ("deep.toml", "a = " + "[" * 5000 + "]" * 5000, "invalid TOML"),
+    ("deep2.toml", "a = " + "[" * 40 + "]" * 40, "nested deeper than 32 levels"),
+    ("nan.yaml", "max_validation_age_days: .nan\nenvironments: {prod: {}}", "must be a finite number"),
+])
+def test_hostile_policies_are_one_line_errors(tmp_path, name, text, message):
+    from specreg.errors import UsageError
+    from specreg.registry.governance.policy import load_policy
+
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(UsageError, match=message) as caught:
+        load_policy(str(path))
+    assert "\n" not in str(caught.value) and len(str(caught.value)) < 300
+
+
+def test_cli_policy_billion_laughs_is_one_line(tmp_path):
+    path = tmp_path / "lol.yaml"
+    path.write_text(BILLION_LAUGHS.replace("records:", "environments:"))
+    result = run_cli("policy", "show", "--policy", path)
+    one_line_error(result, 2, "aliases are not allowed")
+
+
+# --- item 16: a stray file named like a shipped golden set ------------------------------------
+
+@pytest.mark.parametrize("name", ["smoke", "default"])
+def test_a_file_in_the_working_directory_does_not_shadow_a_shipped_set(tmp_path, monkeypatch, name):
+    from specreg.golden_prompts.loader import SHIPPED_DIR, load_golden_set
+
+    (tmp_path / name).write_text("name: evil\nversion: '1'\nrecords: []\n")
+    monkeypatch.chdir(tmp_path)
+    golden = load_golden_set(name)
+    assert golden.source == SHIPPED_DIR / f"{name}.yaml" and golden.name == name and len(golden) > 0
+    # a file is still loaded by path
+    (tmp_path / "mine.yaml").write_text((SHIPPED_DIR / "smoke.yaml").read_text())
+    assert load_golden_set("mine.yaml").source == Path("mine.yaml")
+    assert load_golden_set("./mine.yaml").content_sha256 == load_golden_set("smoke").content_sha256
+
+
+# --- chat templates that raise, loop or explode ------------------------------------------------
+
+HOSTILE_TEMPLATES = {
+    "division by zero": ("{{ 1/0 }}", "raised ZeroDivisionError"),
+    "range too big": ("{% for i in range(10**12) %}x{% endfor %}", "raised OverflowError"),
+    "loops for ever": ("{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}",
+                       "did not render record"),
+    "huge output": ("{% for i in range(99999) %}{{ 'x' * 99999 }}{% endfor %}", "rendered more than 1000000"),
+    "type error": ("{{ messages + 1 }}", "raised TypeError"),
+    "raise_exception": ("{{ raise_exception('no system role') }}", "no system role"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_TEMPLATES))
+def test_hostile_chat_templates_fail_the_check_in_bounded_time(tiny_models, tmp_path, case):
+    import time
+
+    from specreg.golden_prompts.loader import load_golden_set
+    from specreg.validators.chat_template import check_chat_template_alignment
+
+    template, message = HOSTILE_TEMPLATES[case]
+    draft = copy_model(tiny_models, tmp_path)
+    (draft / "chat_template.jinja").write_text(template)
+    started = time.perf_counter()
+    result = check_chat_template_alignment(draft, tiny_models["target"], load_golden_set("smoke"))
+    assert time.perf_counter() - started < 60
+    assert result.status == "fail"
+    errors = result.evidence["render_errors"]
+    assert errors and all(error["side"] == "draft" for error in errors)
+    assert message in errors[0]["error"], errors[0]
+
+
+# --- item 17: the same limits on SQLite and PostgreSQL, checked in the application ------------
+
+@pytest.mark.parametrize("change,message", [
+    ({"num_speculative_tokens": 99999999999}, "invalid num_speculative_tokens 99999999999: use 1 to 64"),
+    ({"num_speculative_tokens": 65}, "invalid num_speculative_tokens 65"),
+    ({"max_batch_size_for_speculation": 2 ** 40}, "invalid max_batch_size_for_speculation"),
+    ({"notes": "n" * 10_001}, "notes is 10001 characters long, over the limit of 10000"),
+    ({"method": "ngram", "draft": None, "prompt_lookup_min": 1, "prompt_lookup_max": 2 ** 33},
+     "invalid prompt_lookup_max 8589934592: use 1 to 64"),
+])
+def test_out_of_range_registrations_refused_on_both_databases(tiny_models, db_url, change, message):
+    from specreg import Registry
+    from specreg.errors import UsageError
+
+    registry = Registry(db_url)
+    arguments = {"target": str(tiny_models["target"]), "draft": str(tiny_models["draft"]), "num_speculative_tokens": 2,
+                 **change}
+    with pytest.raises(UsageError, match=message):
+        registry.register("p", **arguments)
+    assert registry.list() == []
+
+
+def test_user_name_limits_are_the_same_on_both_databases(tiny_models, db_url):
+    from specreg import Registry
+    from specreg.errors import UsageError
+
+    with pytest.raises(UsageError, match="is 300 characters long, over the limit of 255"):
+        Registry(db_url, user="u" * 300)
+    longest = Registry(db_url, user="u" * 255)  # the actor column's size: accepted on both
+    version = longest.register("p", target=str(tiny_models["target"]), draft=str(tiny_models["draft"]),
+                               num_speculative_tokens=64, notes="n" * 10_000).version
+    assert version.registered_by == "u" * 255 and version.config.num_speculative_tokens == 64
+
+
+def test_cli_huge_k_is_one_line(tiny_models, tmp_path):
+    result = run_cli("register", "p", "--target", tiny_models["target"], "--draft", tiny_models["draft"],
+                     "-k", "99999999999", "--db", f"sqlite:///{tmp_path / 'r.db'}")
+    one_line_error(result, 2, "invalid num_speculative_tokens 99999999999: use 1 to 64")
+
+
+@pytest.mark.parametrize("option,value,message", [
+    ("--distribution-samples", "99999999999", "invalid distribution samples 99999999999"),
+    ("--near-tie-tolerance", "nan", "invalid near-tie tolerance nan"),
+    ("--acceptance-tolerance", "nan", "invalid acceptance tolerance nan"),
+])
+def test_cli_validate_out_of_range_options_are_one_line(tiny_models, tmp_path, option, value, message):
+    db = f"sqlite:///{tmp_path / 'r.db'}"
+    run_cli("register", "p", "--target", tiny_models["target"], "--draft", tiny_models["draft"], "-k", "2", "--db", db)
+    result = run_cli("validate", "p@1", option, value, "--device", "cpu", "--db", db)
+    one_line_error(result, 2, message)
