@@ -588,3 +588,41 @@ def test_cli_validate_out_of_range_options_are_one_line(tiny_models, tmp_path, o
     run_cli("register", "p", "--target", tiny_models["target"], "--draft", tiny_models["draft"], "-k", "2", "--db", db)
     result = run_cli("validate", "p@1", option, value, "--device", "cpu", "--db", db)
     one_line_error(result, 2, message)
+
+
+# --- report paths checked before the run; --db / SPECREG_HOME paths --------------------------
+
+@pytest.mark.parametrize("option,where,message", [
+    ("--report", "adir", "--report {tmp}/adir: is a directory"),
+    ("--junit", "afile/x.xml", "--junit {tmp}/afile/x.xml: {tmp}/afile is not a directory"),
+    ("--markdown", "adir/../afile/y.md", "--markdown {tmp}/adir/../afile/y.md: {tmp}/adir/../afile is not a directory"),
+])
+def test_bad_report_paths_fail_before_the_run_is_recorded(tiny_models, tmp_path, option, where, message):
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "afile").write_text("x")
+    db = f"sqlite:///{tmp_path / 'r.db'}"
+    run_cli("register", "p", "--target", tiny_models["target"], "--draft", tiny_models["draft"], "-k", "2", "--db", db)
+    path = str(tmp_path / where) if where else ""
+    result = run_cli("validate", "p@1", "--checks", "integrity", "--device", "cpu", option, path, "--db", db)
+    one_line_error(result, 2, message.format(tmp=tmp_path))
+    shown = json.loads(run_cli("show", "p@1", "--json", "--db", db).stdout)
+    assert shown["validations"] == [] and shown["state"] == "registered"
+
+
+@pytest.mark.parametrize("how,value,message", [
+    ("--db", "sqlite:///{tmp}/afile/x.db", "cannot create its folder {tmp}/afile: a file is in the way"),
+    ("--db", "sqlite:///{tmp}/x%00y.db", "the file name holds a NUL byte"),
+    ("--db", "sqlite:///{tmp}/adir", "unable to open database file"),
+    ("--db", "notaurl", "database URL 'notaurl' is not a valid SQLAlchemy URL"),
+    ("SPECREG_HOME", "{tmp}/afile", "cannot create its folder {tmp}/afile: a file is in the way"),
+    ("SPECREG_HOME", "{tmp}/afile/sub", "cannot create its folder {tmp}/afile/sub: Not a directory"),
+])
+def test_bad_database_locations_are_one_line(tmp_path, how, value, message):
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "afile").write_text("x")
+    value = value.format(tmp=tmp_path)
+    if how == "--db":
+        result = run_cli("list", "--db", value)
+    else:
+        result = run_cli("list", env={"SPECREG_HOME": value})
+    one_line_error(result, 1, message.format(tmp=tmp_path))
