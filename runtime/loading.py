@@ -173,7 +173,10 @@ def load_tokenizer(path, expected=None):
         for name in TOKENIZER_READS:
             if (path / name).is_file():
                 (copy / name).write_bytes(read_verified(path / name, None, name))
-        changes = metadata_changes(expected, copy)
+        try:
+            changes = metadata_changes(expected, copy)
+        except ModelReferenceError as exc:  # name the model's files, not the private copy
+            raise ModelReferenceError(str(exc).replace(str(copy), str(path))) from None
         if changes:
             raise ModelReferenceError(f"{path}: {changes[0]} since the model was fingerprinted; not loading it")
         return _load_tokenizer_from(copy, path)

@@ -125,6 +125,13 @@ def run_suite(pair_version, golden, options: ValidationOptions, *, device: str,
     if "integrity" in selected:
         emit(integrity.check_integrity({"target": pair_version.target, "draft": pair_version.draft},
                                        allow_pickle=pair_version.allow_pickle))
+        if result.checks[-1].failed:
+            # the files are not the registered ones: nothing measured on them would be about this version
+            for name in selected[1:]:
+                emit(CheckResult(name, SKIP, "not run: integrity failed, the models on disk are not the "
+                                             "registered ones"))
+            result.summary = build_summary(result, golden, options, device)
+            return result
     static_pair_checks = [name for name in ("tokenizer", "chat_template") if name in selected]
     if static_pair_checks and draft_dir is None:
         for name in static_pair_checks:

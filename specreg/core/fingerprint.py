@@ -158,23 +158,23 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
             if len(prefix) < 8:
                 raise ValueError("file shorter than the 8-byte header length")
             (header_len,) = struct.unpack("<Q", prefix)
-            if header_len > MAX_HEADER_BYTES:
-                raise ValueError(f"header length {header_len} is over the library's limit of {MAX_HEADER_BYTES}")
             if header_len > size - 8:
                 raise ValueError(f"header length {header_len} exceeds the file")
+            if header_len > MAX_HEADER_BYTES:
+                raise ValueError(f"header length {header_len} is over the library's limit of {MAX_HEADER_BYTES}")
             raw = handle.read(header_len)
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
             raise ValueError("header is not UTF-8") from None
-        if not text.startswith("{"):
-            raise ValueError("header does not start with '{'")
         try:
             header = json.loads(text, object_pairs_hook=_refuse_duplicate_keys)
         except RecursionError:
-            raise ValueError("header JSON nested too deeply") from None
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"header is not JSON ({exc.msg} at column {exc.colno})") from None
+            raise ValueError("JSON nested too deeply") from None
+        except json.JSONDecodeError:
+            raise ValueError("not JSON") from None
+        if not text.startswith("{"):
+            raise ValueError("header does not start with '{'")
         if not isinstance(header, dict):
             raise ValueError("header is not a JSON object")
         metadata = header.get("__metadata__")

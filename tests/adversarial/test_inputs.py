@@ -626,3 +626,20 @@ def test_bad_database_locations_are_one_line(tmp_path, how, value, message):
     else:
         result = run_cli("list", env={"SPECREG_HOME": value})
     one_line_error(result, 1, message.format(tmp=tmp_path))
+
+
+# --- validate on models changed after registration ------------------------------------------
+
+def test_validate_after_nan_vocab_size_fails_integrity_and_runs_nothing_else(tiny_models, tmp_path):
+    draft = copy_model(tiny_models, tmp_path)
+    db = f"sqlite:///{tmp_path / 'r.db'}"
+    run_cli("register", "p", "--target", tiny_models["target"], "--draft", draft, "-k", "2", "--db", db)
+    text = (draft / "config.json").read_text().replace('"vocab_size": 300', '"vocab_size": NaN')
+    (draft / "config.json").write_text(text)
+    result = run_cli("validate", "p@1", "--golden", "smoke", "--device", "cpu", "--json", "--db", db)
+    assert result.returncode == 100, result.stderr
+    checks = {check["name"]: check for check in json.loads(result.stdout)["checks"]}
+    assert checks["integrity"]["status"] == "fail" and "field 'vocab_size' must be a positive integer, got nan" in checks["integrity"]["summary"]
+    assert {name for name, check in checks.items() if check["status"] != "skip"} == {"integrity"}
+    result = run_cli("validate", "p@1", "--golden", "smoke", "--device", "cpu", "--checks", "equivalence", "--db", db)
+    one_line_error(result, 1, f"{draft}: config.json changed since the model was fingerprinted; not loading it")
