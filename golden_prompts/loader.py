@@ -12,16 +12,75 @@ from __future__ import annotations
 
 import hashlib
 import json
+import signal
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
 
+from specreg.core.documents import MAX_DOCUMENT_BYTES, depth_problem, yaml_problem
 from specreg.errors import GoldenSetError, ModelReferenceError
 
 SHIPPED_DIR = Path(__file__).parent
 SCHEMA_PATH = SHIPPED_DIR / "schema.json"
 SUFFIXES = (".yaml", ".yml", ".json", ".jsonl")
+
+
+# A chat template is code from the model folder: its render is bounded in time and size.
+RENDER_SECONDS = 5.0
+RENDER_MAX_CHARS = 1_000_000
+
+
+class RenderTimeout(Exception):
+    """A chat template ran past RENDER_SECONDS."""
+
+
+@contextmanager
+def time_limit(seconds: float):
+    """Raise RenderTimeout in the block after ``seconds`` (SIGALRM: main thread only; elsewhere
+    the block runs unbounded, as before)."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def expire(_signum, _frame):
+        raise RenderTimeout()
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def bound_output(template: str) -> None:
+    """Make the render of ``template`` stop past RENDER_MAX_CHARS characters instead of building
+    the whole output first: transformers compiles each chat template once (cached) in its own
+    sandboxed environment, whose ``concat`` joins the rendered pieces; a bounded join replaces it.
+    (One expression that builds a huge string at once, "x" * 10**10, is still Python's allocation.)"""
+    if not isinstance(template, str):
+        return
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    environment = _compile_jinja_template(template).environment
+    if getattr(environment, "concat", None) is not bounded_concat:
+        environment.concat = bounded_concat
+
+
+def bounded_concat(pieces) -> str:
+    import jinja2
+
+    parts, total = [], 0
+    for piece in pieces:
+        total += len(piece)
+        if total > RENDER_MAX_CHARS:
+            raise jinja2.TemplateRuntimeError(f"rendered more than {RENDER_MAX_CHARS} characters")
+        parts.append(piece)
+    return "".join(parts)
 
 
 @dataclass(frozen=True)
@@ -71,9 +130,30 @@ class GoldenRecord:
                 f"tokenizer {tokenizer.name_or_path!r} has no chat template; golden record "
                 f"'{self.id}' uses messages"
             )
-        return tokenizer.apply_chat_template(
-            self.message_dicts(), tokenize=False, add_generation_prompt=add_generation_prompt
-        )
+        import jinja2
+
+        name = getattr(tokenizer, "name_or_path", "")
+        try:
+            bound_output(tokenizer.chat_template)
+            with time_limit(RENDER_SECONDS):
+                text = tokenizer.apply_chat_template(
+                    self.message_dicts(), tokenize=False, add_generation_prompt=add_generation_prompt
+                )
+        except jinja2.TemplateError:
+            raise
+        except RenderTimeout:
+            raise jinja2.TemplateRuntimeError(
+                f"chat template of {name} did not render record '{self.id}' within {RENDER_SECONDS:g} s") from None
+        except Exception as exc:  # a template is user code: 1/0, range(10**9), a TypeError are its failures
+            raise jinja2.TemplateRuntimeError(
+                f"chat template of {name} raised {type(exc).__name__} on record '{self.id}': "
+                f"{_one_line(str(exc), 160)}") from None
+        if not isinstance(text, str) or len(text) > RENDER_MAX_CHARS:
+            size = len(text) if isinstance(text, str) else type(text).__name__
+            raise jinja2.TemplateRuntimeError(
+                f"chat template of {name} rendered record '{self.id}' to {size} characters, over the limit "
+                f"of {RENDER_MAX_CHARS}")
+        return text
 
     def encode(self, tokenizer, add_generation_prompt: bool = True) -> list[int]:
         """Prompt token ids as a server would build them.
@@ -160,9 +240,9 @@ def load_golden_set(name_or_path: str | Path) -> GoldenSet:
     Returns a GoldenSet; raises GoldenSetError (one line: file, record, field) on any problem.
     """
     path = Path(name_or_path)
-    if path.is_file():
-        return load_golden_file(path)
     text = str(name_or_path)
+    # A bare name is a shipped set, never a file of that name in the working directory (which
+    # would shadow it); a file is named by a path: with a folder or a golden file suffix.
     if "/" not in text and "\\" not in text and path.suffix not in SUFFIXES:
         for suffix in (".yaml", ".jsonl"):
             shipped = SHIPPED_DIR / f"{text}{suffix}"
@@ -172,6 +252,8 @@ def load_golden_set(name_or_path: str | Path) -> GoldenSet:
             f"unknown golden set '{text}': shipped sets are {', '.join(shipped_set_names())}; "
             "or pass the path of a .yaml or .jsonl file"
         )
+    if path.is_file():
+        return load_golden_file(path)
     raise GoldenSetError(f"{path}: golden set file not found")
 
 
@@ -183,6 +265,9 @@ def load_golden_file(path: str | Path) -> GoldenSet:
             f"{path}: unknown golden set format '{path.suffix}' (use .yaml, .yml, .json or .jsonl)"
         )
     try:
+        size = path.stat().st_size
+        if size > MAX_DOCUMENT_BYTES:
+            raise GoldenSetError(f"{path}: {size} bytes, over the limit of {MAX_DOCUMENT_BYTES} for a golden set")
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise GoldenSetError(f"{path}: golden set file not found") from None
@@ -289,6 +374,9 @@ def _parse_yaml(text: str, path: Path) -> Any:
 
     UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
     try:
+        problem = yaml_problem(text)  # before anything is built: aliases could expand to gigabytes
+        if problem:
+            raise GoldenSetError(f"{path}: {problem}")
         document = yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
@@ -304,11 +392,17 @@ def _parse_json(text: str, path: Path) -> Any:
     if not text.strip():
         raise GoldenSetError(f"{path}: empty golden set file")
     try:
-        return json.loads(text)
+        document = json.loads(text)
     except json.JSONDecodeError as exc:
         raise GoldenSetError(
             f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
         ) from None
+    except (RecursionError, ValueError) as exc:  # deep nesting; integers over 4300 digits
+        raise GoldenSetError(f"{path}: invalid JSON: {_one_line(str(exc) or 'nested too deeply', 120)}") from None
+    problem = depth_problem(document)
+    if problem:
+        raise GoldenSetError(f"{path}: {problem}")
+    return document
 
 
 def _parse_jsonl(text: str, path: Path) -> tuple[dict, list[int]]:
@@ -323,6 +417,12 @@ def _parse_jsonl(text: str, path: Path) -> tuple[dict, list[int]]:
             value = json.loads(line)
         except json.JSONDecodeError as exc:
             raise GoldenSetError(f"{path}: line {number}: invalid JSON at column {exc.colno}: {exc.msg}") from None
+        except (RecursionError, ValueError) as exc:  # deep nesting; integers over 4300 digits
+            raise GoldenSetError(f"{path}: line {number}: invalid JSON: "
+                                 f"{_one_line(str(exc) or 'nested too deeply', 120)}") from None
+        problem = depth_problem(value)
+        if problem:
+            raise GoldenSetError(f"{path}: line {number}: {problem}")
         if header is None:
             if not isinstance(value, dict) or "id" in value or "records" in value:
                 raise GoldenSetError(

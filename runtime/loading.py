@@ -45,11 +45,15 @@ def has_tokenizer(path) -> bool:
     return any((Path(path) / name).is_file() for name in TOKENIZER_FILES)
 
 
-def load_model(path, device: str = "cpu", dtype="float32"):
+def load_model(path, device: str = "cpu", dtype="float32", expected=None):
     """A model directory -> AutoModelForCausalLM in eval mode on `device` in `dtype`, with the
     runtime's attention (attention.py) where it would run transformers' sdpa.
 
-    Refuses remote code and pickle weights: only safetensors are read.
+    Refuses remote code and pickle weights: only safetensors are read. ``expected`` (the
+    ModelFingerprint recorded at registration): config and weights are read once into memory,
+    hashed and compared with it, and the model is built from those very bytes, so a file
+    swapped after the integrity check is never loaded as the registered one
+    (ModelReferenceError naming the file).
     """
     from transformers import AutoModelForCausalLM
 
@@ -61,9 +65,12 @@ def load_model(path, device: str = "cpu", dtype="float32"):
     if not any(path.glob("*.safetensors")):
         raise ModelReferenceError(f"{path}: no *.safetensors weights (pickle weights are refused)")
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=resolve_dtype(dtype), trust_remote_code=False, use_safetensors=True
-        )
+        if expected is None:
+            model = AutoModelForCausalLM.from_pretrained(
+                path, dtype=resolve_dtype(dtype), trust_remote_code=False, use_safetensors=True
+            )
+        else:
+            model = load_verified_model(path, expected, resolve_dtype(dtype))
     except (OSError, ValueError) as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ModelReferenceError(f"{path}: cannot load model: {message}") from exc
@@ -71,21 +78,118 @@ def load_model(path, device: str = "cpu", dtype="float32"):
     return model.to(resolve_device(device)).eval()
 
 
-def load_tokenizer(path):
+def read_verified(path: Path, digest: str | None, what: str) -> bytes:
+    """The bytes of one file, read once, whose sha256 must be ``digest`` (None: not recorded)."""
+    from specreg.core.fingerprint import sha256_hex
+
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ModelReferenceError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if digest is not None and sha256_hex(data) != digest:
+        raise ModelReferenceError(f"{path}: {what} changed since the model was fingerprinted; not loading it")
+    return data
+
+
+def load_verified_model(path: Path, expected, torch_dtype):
+    """Build the model from config and safetensors bytes checked against ``expected``.
+
+    The files read are those transformers' from_pretrained(use_safetensors=True) would read
+    (modeling_utils._get_resolved_checkpoint_files): config.json's ``transformers_weights``,
+    else model.safetensors, else the shards model.safetensors.index.json names.
+    """
+    from safetensors.torch import load as load_safetensors
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    from specreg.core.fingerprint import config_sha256, read_json_file
+
+    config_path = path / "config.json"
+    config_dict = read_json_file(config_path, data=read_verified(config_path, None, "config.json"))
+    if config_sha256(config_dict) != expected.config_sha256:
+        raise ModelReferenceError(f"{config_path}: config.json changed since the model was fingerprinted; "
+                                  "not loading it")
+    explicit = config_dict.get("transformers_weights")
+    if explicit and not explicit.endswith(".index.json"):
+        names = [explicit]
+    elif not explicit and (path / "model.safetensors").is_file():
+        names = ["model.safetensors"]
+    else:
+        index_name = explicit or "model.safetensors.index.json"
+        index_digest = (expected.behaviour_files or {}).get(index_name) if expected.scheme else None
+        index_bytes = read_verified(path / index_name, None, index_name)
+        index = read_json_file(path / index_name, data=index_bytes)
+        if index_digest is not None and config_sha256(index) != index_digest:
+            raise ModelReferenceError(f"{path / index_name}: {index_name} changed since the model was fingerprinted; "
+                                      "not loading it")
+        names = list(dict.fromkeys((index.get("weight_map") or {}).values()))
+    state_dict = {}
+    for name in names:
+        if not isinstance(name, str) or name not in expected.weight_files:
+            raise ModelReferenceError(f"{path}: weight file {name!r} is not one the fingerprint covers; not loading it")
+        if not name.endswith(".safetensors"):
+            raise ModelReferenceError(f"{path / name}: not safetensors (pickle weights are refused)")
+        data = read_verified(path / name, expected.weight_files[name], f"weight file {name}")
+        state_dict.update(load_safetensors(data))
+        del data
+    model_type = config_dict.get("model_type")
+    if model_type not in CONFIG_MAPPING:
+        raise ModelReferenceError(f"{config_path}: unknown model_type {model_type!r}")
+    config = CONFIG_MAPPING[model_type].from_dict(config_dict)
+    model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
+    if model_class is None:
+        raise ModelReferenceError(f"{config_path}: model_type {model_type!r} has no causal LM in transformers")
+    return model_class.from_pretrained(None, config=config, state_dict=state_dict, dtype=torch_dtype)
+
+
+# Files a tokenizer (and AutoTokenizer's choice of class) may read: copied, then checked.
+TOKENIZER_READS = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "added_tokens.json", "generation_config.json", "chat_template.jinja", "chat_template.json",
+                   "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model", "spm.model")
+
+
+def load_tokenizer(path, expected=None):
     """A local model directory -> its tokenizer (no hub, never remote code).
 
-    Raises ModelReferenceError naming the directory when it, its tokenizer files or the
-    tokenizer itself cannot be read.
+    ``expected`` (the registered ModelFingerprint): the tokenizer's files are copied into a
+    private folder, checked there against it (config, tokenizer, chat template and, from
+    fingerprint scheme 2, the option files) and loaded from that copy, so files swapped after
+    the check are never used. Raises ModelReferenceError naming the directory when it, its
+    tokenizer files or the tokenizer itself cannot be read, or a file changed.
     """
-    from transformers import AutoTokenizer
-
     path = Path(path)
     if not path.is_dir():
         raise ModelReferenceError(f"{path}: model directory not found")
     if not has_tokenizer(path):
         raise ModelReferenceError(f"{path}: no tokenizer files (expected one of {', '.join(TOKENIZER_FILES)})")
+    if expected is None:
+        return _load_tokenizer_from(path, path)
+    import tempfile
+
+    from specreg.core.fingerprint import metadata_changes
+
+    with tempfile.TemporaryDirectory(prefix="specreg-tokenizer-") as private:
+        copy = Path(private)
+        for name in TOKENIZER_READS:
+            if (path / name).is_file():
+                (copy / name).write_bytes(read_verified(path / name, None, name))
+        try:
+            changes = metadata_changes(expected, copy)
+        except ModelReferenceError as exc:  # name the model's files, not the private copy
+            raise ModelReferenceError(str(exc).replace(str(copy), str(path))) from None
+        if changes:
+            raise ModelReferenceError(f"{path}: {changes[0]} since the model was fingerprinted; not loading it")
+        return _load_tokenizer_from(copy, path)
+
+
+def _load_tokenizer_from(directory: Path, path: Path):
+    from transformers import AutoTokenizer
+
     try:
-        return AutoTokenizer.from_pretrained(path, trust_remote_code=False, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(directory, trust_remote_code=False, local_files_only=True)
     except Exception as exc:  # transformers raises many types for a broken tokenizer folder
         reason = " ".join(str(exc).split())[:200] or type(exc).__name__
         raise ModelReferenceError(f"{path}: cannot load tokenizer: {reason}") from None
+    if directory != path:
+        tokenizer.name_or_path = str(path)  # messages name the model, not the private copy
+    return tokenizer

@@ -78,21 +78,25 @@ def check_same_vocabulary(tokenizer, draft_tokenizer, draft_name: str = "draft")
                              f"the target's {tokenizer.eos_token_id}")
 
 
-def load_pair(target_path, draft_path=None, device: str = "cpu", dtype="float32") -> ModelPair:
-    """Load a target (and a draft model) from directories and check them -> ModelPair."""
+def load_pair(target_path, draft_path=None, device: str = "cpu", dtype="float32", *,
+              target_fingerprint=None, draft_fingerprint=None) -> ModelPair:
+    """Load a target (and a draft model) from directories and check them -> ModelPair.
+
+    *_fingerprint: the ModelFingerprint each model was registered with; when given, what is
+    loaded is checked against it as it is read (loading.load_model / load_tokenizer)."""
     from specreg.runtime.loading import has_tokenizer, load_model, load_tokenizer, resolve_device
 
     device = resolve_device(device)
-    tokenizer = load_tokenizer(target_path)
-    target = load_model(target_path, device, dtype)
+    tokenizer = load_tokenizer(target_path, expected=target_fingerprint)
+    target = load_model(target_path, device, dtype, expected=target_fingerprint)
     if draft_path is None:
         return make_pair(target, tokenizer)
     if not has_tokenizer(draft_path):
         raise RuntimeConfigError(f"{draft_path}: the draft model has no tokenizer files")
-    draft_tokenizer = load_tokenizer(draft_path)
+    draft_tokenizer = load_tokenizer(draft_path, expected=draft_fingerprint)
     # check tokenizers before spending time on the draft's weights
     check_same_vocabulary(tokenizer, draft_tokenizer, str(draft_path))
-    draft = load_model(draft_path, device, dtype)
+    draft = load_model(draft_path, device, dtype, expected=draft_fingerprint)
     return make_pair(target, tokenizer, draft, draft_tokenizer, draft_name=str(draft_path))
 
 

@@ -22,6 +22,15 @@ from specreg.registry.store.store import Store
 
 NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 NGRAM_DEFAULT_LOOKUP = (1, 4)
+# Limits checked here, so that SQLite (which stores anything) and PostgreSQL (which refuses
+# what does not fit a column) accept the same inputs: actors are String(255) columns, numbers
+# Integer (32-bit on PostgreSQL); notes and reasons are Text on both, capped to stay readable.
+MAX_USER_LENGTH = 255
+MAX_TEXT_LENGTH = 10_000
+MAX_SPECULATIVE_TOKENS = 64  # acceptance falls as alpha^k: no engine drafts more per step
+MAX_PROMPT_LOOKUP = 64
+MAX_BATCH_SIZE = 1_000_000
+MAX_DISTRIBUTION_SAMPLES = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -50,6 +59,30 @@ def check_name(name: str) -> str:
     if not NAME_PATTERN.fullmatch(name or ""):
         raise UsageError(f"invalid pair name {name!r}: use 1-64 of a-z 0-9 . _ - starting with a letter or digit")
     return name
+
+
+def check_text(field: str, value: str | None, limit: int = MAX_TEXT_LENGTH) -> str | None:
+    """Refuse a free-text value (notes, reason) longer than ``limit`` characters."""
+    if value is not None and len(value) > limit:
+        raise UsageError(f"{field} is {len(value)} characters long, over the limit of {limit}")
+    return value
+
+
+def check_user(user: str) -> str:
+    """Refuse an acting user name that is empty or longer than the actor columns hold."""
+    if not user or not user.strip():
+        raise UsageError("the acting user name is empty: pass --user NAME or set SPECREG_USER")
+    if len(user) > MAX_USER_LENGTH:
+        raise UsageError(f"user name {user[:20]!r}... is {len(user)} characters long, over the limit of "
+                         f"{MAX_USER_LENGTH}")
+    return user
+
+
+def check_range(field: str, value: int | None, low: int, high: int) -> int | None:
+    """Refuse an integer option outside [low, high] (None passes: not given)."""
+    if value is not None and not low <= value <= high:
+        raise UsageError(f"invalid {field} {value}: use {low} to {high}")
+    return value
 
 
 def parse_ref(text: str) -> PairRef:
@@ -123,8 +156,12 @@ def build_spec_config(method: str, num_speculative_tokens: int | None, prompt_lo
         num_speculative_tokens = depth
     if num_speculative_tokens is None or num_speculative_tokens < 1:
         raise UsageError(f"invalid num_speculative_tokens {num_speculative_tokens}: must be >= 1")
+    check_range("num_speculative_tokens", num_speculative_tokens, 1, MAX_SPECULATIVE_TOKENS)
     if max_batch_size_for_speculation is not None and max_batch_size_for_speculation < 1:
         raise UsageError(f"invalid max_batch_size_for_speculation {max_batch_size_for_speculation}: must be >= 1")
+    check_range("max_batch_size_for_speculation", max_batch_size_for_speculation, 1, MAX_BATCH_SIZE)
+    check_range("prompt_lookup_min", prompt_lookup_min, 1, MAX_PROMPT_LOOKUP)
+    check_range("prompt_lookup_max", prompt_lookup_max, 1, MAX_PROMPT_LOOKUP)
     if spec_method is not SpecMethod.NGRAM and (prompt_lookup_min is not None or prompt_lookup_max is not None):
         raise UsageError("prompt_lookup_min/max apply only to method ngram")
     if spec_method in (SpecMethod.DRAFT_MODEL, SpecMethod.EAGLE3, SpecMethod.MEDUSA):
@@ -183,7 +220,7 @@ class Registry:
 
     def __init__(self, db_url: str | None = None, user: str | None = None, mlflow_uri: str | None = None):
         self.db_url = db_url or settings.default_db_url()
-        self.user = settings.current_user(user)
+        self.user = check_user(settings.current_user(user))
         self.store = Store(self.db_url)
         self.mlflow_uri = mlflow_uri
         self.warnings: list[str] = []
@@ -203,6 +240,7 @@ class Registry:
         The head must fit the target (hidden size, aux layers, vocabulary and its map, declared
         verifier; see specreg.core.heads); ``tree`` is a Medusa / EAGLE candidate tree."""
         check_name(name)
+        check_text("notes", notes)
         config = build_spec_config(method, num_speculative_tokens, prompt_lookup_min, prompt_lookup_max,
                                    max_batch_size_for_speculation, has_draft=draft is not None, tree=tree)
         # Fingerprint before touching the database: a bad model leaves no rows.
@@ -258,12 +296,14 @@ class Registry:
     def move(self, ref: str | PairRef, to_state: PairState, *, action: str, reason: str | None = None,
              details: dict | None = None) -> PairVersion:
         """Move a version's lifecycle state; illegal moves raise IllegalTransitionError."""
+        check_text("reason", reason)
         version = self.get(ref)
         return self.store.transition(version.name, version.version, to_state, actor=self.user,
                                      action=action, reason=reason, details=details)
 
     def retire(self, ref: str | PairRef, reason: str | None = None, *, force: bool = False) -> PairVersion:
         """Retire a version; refused (PolicyViolation) while it holds an environment unless ``force``."""
+        check_text("reason", reason)
         from specreg.registry.governance import decisions
 
         version = self.get(ref)
@@ -283,6 +323,7 @@ class Registry:
     def approve(self, ref: str | PairRef, note: str | None = None):
         """Record this user's approval (four-eyes: never the registrant; only after a passed
         validation). Returns decisions.Approval."""
+        check_text("note", note)
         from specreg.registry.governance import decisions
 
         version = self.get(ref)
@@ -293,6 +334,7 @@ class Registry:
 
     def reject(self, ref: str | PairRef, note: str | None = None):
         """Record this user's rejection (withdraws an approved state). Returns decisions.Approval."""
+        check_text("note", note)
         from specreg.registry.governance import decisions
 
         version = self.get(ref)
@@ -308,6 +350,7 @@ class Registry:
         ``expected_holder``: the version number you saw holding the environment (None: none);
         the default reads it now. If another promote moves the pointer before this one commits,
         ConcurrentUpdateError and nothing changes. PolicyViolation names every failed condition."""
+        check_text("reason", reason)
         from specreg.registry.governance import decisions
 
         version = self.get(ref)
@@ -323,6 +366,7 @@ class Registry:
 
     def rollback(self, name: str, environment: str, *, reason: str | None = None):
         """Point ``environment`` of pair ``name`` back at its previous holder; decisions.PointerMove."""
+        check_text("reason", reason)
         from specreg.registry.governance import decisions
 
         move = decisions.rollback(self.store, check_name(name), environment, actor=self.user, reason=reason)
@@ -381,6 +425,9 @@ class Registry:
         if distribution_samples < 1000:
             # below ~1000 draws sparse tokens make the chi-square approximation too loose
             raise UsageError(f"invalid distribution samples {distribution_samples!r}: use at least 1000")
+        check_range("distribution samples", distribution_samples, 1000, MAX_DISTRIBUTION_SAMPLES)
+        if near_tie_tolerance is not None and not 0 <= near_tie_tolerance < float("inf"):
+            raise UsageError(f"invalid near-tie tolerance {near_tie_tolerance!r}: use a finite number >= 0")
         selected = parse_checks(checks if isinstance(checks, str) or checks is None else ",".join(checks))
         options = ValidationOptions(device=device, dtype=dtype, checks=selected, gpu_memory=gpu_memory,
                                     acceptance_tolerance=acceptance_tolerance, near_tie_tolerance=near_tie_tolerance,

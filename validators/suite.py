@@ -125,6 +125,13 @@ def run_suite(pair_version, golden, options: ValidationOptions, *, device: str,
     if "integrity" in selected:
         emit(integrity.check_integrity({"target": pair_version.target, "draft": pair_version.draft},
                                        allow_pickle=pair_version.allow_pickle))
+        if result.checks[-1].failed:
+            # the files are not the registered ones: nothing measured on them would be about this version
+            for name in selected[1:]:
+                emit(CheckResult(name, SKIP, "not run: integrity failed, the models on disk are not the "
+                                             "registered ones"))
+            result.summary = build_summary(result, golden, options, device)
+            return result
     static_pair_checks = [name for name in ("tokenizer", "chat_template") if name in selected]
     if static_pair_checks and draft_dir is None:
         for name in static_pair_checks:
@@ -135,7 +142,8 @@ def run_suite(pair_version, golden, options: ValidationOptions, *, device: str,
         from specreg.validators.tokenizer import check_tokenizer_alignment
 
         # both checks compare the same two tokenizers: load them once
-        tokenizers = {"draft_tokenizer": load_tokenizer(draft_dir), "target_tokenizer": load_tokenizer(target_dir)}
+        tokenizers = {"draft_tokenizer": load_tokenizer(draft_dir, expected=pair_version.draft.fingerprint),
+                      "target_tokenizer": load_tokenizer(target_dir, expected=pair_version.target.fingerprint)}
         if "tokenizer" in selected:
             emit(check_tokenizer_alignment(draft_dir, target_dir, golden, **tokenizers))
         if "chat_template" in selected:
@@ -160,7 +168,11 @@ def run_suite(pair_version, golden, options: ValidationOptions, *, device: str,
             method=config.method.value, k=config.num_speculative_tokens,
             prompt_lookup_min=config.prompt_lookup_min or 1, prompt_lookup_max=config.prompt_lookup_max or 3)
         try:
-            pair = load_pair(target_dir, draft_dir, device=device, dtype=options.dtype)
+            # loaded from what is checked against the registered fingerprints while it is read:
+            # files swapped since the integrity check are never validated as the registered ones
+            pair = load_pair(target_dir, draft_dir, device=device, dtype=options.dtype,
+                             target_fingerprint=pair_version.target.fingerprint,
+                             draft_fingerprint=pair_version.draft.fingerprint if pair_version.draft else None)
         except RuntimeConfigError as exc:
             # the runtime refuses to verify one model against the other: the pair cannot serve
             for name in runtime_checks:

@@ -18,13 +18,17 @@ Unknown keys are errors, so a misspelt ``aproval_required`` cannot silently weak
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specreg.core.documents import depth_problem, yaml_problem
 from specreg.errors import NotFoundError, UsageError
+
+MAX_POLICY_BYTES = 1024 * 1024  # a policy is a few environments: a megabyte is plenty
 
 DEFAULT_POLICY_TOML = """\
 # specreg built-in policy (used when neither --policy nor $SPECREG_POLICY names a file)
@@ -102,6 +106,9 @@ def load_policy(path: str | os.PathLike | None = None) -> Policy:
         return parse_policy(tomllib.loads(DEFAULT_POLICY_TOML), "built-in default")
     file = Path(chosen).expanduser()
     try:
+        size = file.stat().st_size
+        if size > MAX_POLICY_BYTES:
+            raise UsageError(f"policy file {file}: {size} bytes, over the limit of {MAX_POLICY_BYTES}")
         text = file.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise UsageError(f"policy file {file} not found") from None
@@ -111,6 +118,9 @@ def load_policy(path: str | os.PathLike | None = None) -> Policy:
         import yaml
 
         try:
+            problem = yaml_problem(text)  # before anything is built: aliases could expand to gigabytes
+            if problem:
+                raise UsageError(f"policy file {file}: {problem}")
             document = yaml.safe_load(text)
         except yaml.YAMLError as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid YAML"
@@ -119,7 +129,12 @@ def load_policy(path: str | os.PathLike | None = None) -> Policy:
         try:
             document = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
-            raise UsageError(f"policy file {file}: invalid TOML ({exc})") from None
+            raise UsageError(f"policy file {file}: invalid TOML ({' '.join(str(exc).split())})") from None
+        except RecursionError:
+            raise UsageError(f"policy file {file}: invalid TOML (nested too deeply)") from None
+    problem = depth_problem(document)
+    if problem:
+        raise UsageError(f"policy file {file}: {problem}")
     return parse_policy(document, str(file))
 
 
@@ -169,6 +184,8 @@ def check_value(source: str, where: str, value: Any, key: str | None = None) -> 
         raise UsageError(f"policy {source}: {where} must be a list of non-empty strings")
     if key == "acceptance_tolerance" and not 0 <= value < 1:
         raise UsageError(f"policy {source}: {where} = {value} must be in [0, 1)")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UsageError(f"policy {source}: {where} = {value} must be a finite number")
     if key == "max_validation_age_days" and value <= 0:
         raise UsageError(f"policy {source}: {where} = {value} must be > 0")
     return value

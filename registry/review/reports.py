@@ -10,7 +10,8 @@ from typing import Any
 
 from specreg.registry.store.entities import PairVersion, ValidationRun
 
-TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates" / "reports"
+# the specreg.templates package is templates/ at the top (registry/ has no templates of its own)
+TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "templates" / "reports"
 STATUS_MARK = {"pass": "✅", "warn": "⚠️", "fail": "❌", "skip": "⏭️"}
 CHART_WIDTH, CHART_HEIGHT, CHART_MARGIN = 560, 200, 36
 
@@ -104,8 +105,40 @@ def render_junit(run: ValidationRun) -> str:
     return _environment(True).get_template("validation.junit.xml.j2").render(**report_context(run))
 
 
-def write_text(path: str | Path, text: str) -> Path:
+def check_writable(path: str | Path, option: str) -> Path:
+    """Refuse, before any work is done, a report path that cannot be written: a directory, a
+    file under a file, a folder without write permission. UsageError naming the option."""
+    import os
+
+    from specreg.errors import UsageError
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
+    if not str(path).strip() or "\0" in str(path):
+        raise UsageError(f"{option} {str(path)!r}: not a file path")
+    if path.is_dir():
+        raise UsageError(f"{option} {path}: is a directory")
+    if path.exists():
+        if not os.access(path, os.W_OK):
+            raise UsageError(f"{option} {path}: not writable")
+        return path
+    ancestor = path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise UsageError(f"{option} {path}: {ancestor} is not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise UsageError(f"{option} {path}: cannot create files in {ancestor}")
+    return path
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    """Write a report; an OSError becomes one line (SpecregError) naming the path."""
+    from specreg.errors import SpecregError
+
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise SpecregError(f"cannot write {path}: {exc.strerror or exc}") from None
     return path

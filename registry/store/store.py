@@ -52,8 +52,16 @@ def create_db_engine(url: str) -> Engine:
         raise StoreError(f"database URL {url!r} is not a valid SQLAlchemy URL") from None
     try:
         if parsed.get_backend_name() == "sqlite":
+            if parsed.database and "\0" in parsed.database:
+                raise StoreError(f"database {safe_url(url)}: the file name holds a NUL byte")
             if parsed.database and parsed.database != ":memory:":
-                Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+                folder = Path(parsed.database).expanduser().parent
+                try:  # $SPECREG_HOME or --db under a file, in /proc, with a NUL byte: one line
+                    folder.mkdir(parents=True, exist_ok=True)
+                except (OSError, ValueError) as exc:
+                    reason = "a file is in the way" if isinstance(exc, FileExistsError) else \
+                        getattr(exc, "strerror", None) or str(exc)
+                    raise StoreError(f"database {safe_url(url)}: cannot create its folder {folder}: {reason}") from None
             engine = create_engine(parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
             install_sqlite_locking(engine)
             return engine

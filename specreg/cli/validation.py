@@ -33,6 +33,10 @@ def validate(ref, golden, device, dtype, checks, gpu_memory, acceptance_toleranc
     from specreg.registry.review import reports
     from specreg.validation import ValidationInterrupted
 
+    # a report path that cannot be written fails now, not after the run was recorded
+    for option, path in (("--report", report_path), ("--markdown", markdown_path), ("--junit", junit_path)):
+        if path:
+            reports.check_writable(path, option)
     registry = open_registry(db_url, user)
     stderr = sys.stderr
     bar = None

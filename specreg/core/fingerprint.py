@@ -16,10 +16,12 @@ import json
 import os
 import struct
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from specreg.errors import ModelReferenceError
+from specreg.core.documents import depth_problem
 from specreg.core.types import ModelFingerprint, ModelRef
 
 # A directory holds a tokenizer when it has one of these (tokenizer_config.json alone is not one).
@@ -27,15 +29,31 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spm.model
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl")
 # Fields that record the saving library, not the model.
 CONFIG_VOLATILE_KEYS = ("transformers_version", "_name_or_path")
-# safetensors dtype name -> bytes per element
-SAFETENSORS_DTYPE_BYTES = {
-    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-    "U16": 2, "U32": 4, "U64": 8, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1,
+# safetensors dtype name -> bits per element: the dtypes the safetensors library (0.8) reads
+SAFETENSORS_DTYPE_BITS = {
+    "BOOL": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8,
+    "F8_E8M0": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8, "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
+    "I32": 32, "U32": 32, "F32": 32, "C64": 64, "F64": 64, "I64": 64, "U64": 64,
 }
 SAFETENSORS_DTYPE_NAMES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
                            "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
                            "BOOL": "bool", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
-MAX_HEADER_BYTES = 100 * 1024 * 1024
+MAX_HEADER_BYTES = 100_000_000  # the safetensors library's MAX_HEADER_SIZE
+MAX_JSON_BYTES = 256 * 1024 * 1024  # a tokenizer.json of a 256k vocabulary is ~30 MB
+MAX_JSON_DEPTH = 64
+U64_LIMIT = 1 << 64  # safetensors reads shapes and offsets as usize
+# What a scheme-2 fingerprint covers beyond weights, config, tokenizer and chat template: every
+# file transformers reads that changes tokenization (options, special tokens, added tokens, the
+# slow tokenizers' vocabularies) or generation (eos, sampling defaults), and the shard indexes
+# that decide which weights load. Scheme 1 (recorded without ``scheme``) had none of these.
+FINGERPRINT_SCHEME = 2
+BEHAVIOUR_JSON_FILES = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                        "generation_config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json")
+BEHAVIOUR_RAW_FILES = ("tokenizer.model", "spm.model", "vocab.json", "merges.txt", "vocab.txt")
+SHARD_INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+# config.json fields read as sizes (by the memory check, the runtime, engines): positive integers
+CONFIG_SIZE_KEYS = ("vocab_size", "max_position_embeddings", "hidden_size", "num_hidden_layers",
+                    "num_attention_heads", "num_key_value_heads", "intermediate_size", "head_dim")
 
 
 def sha256_hex(data: bytes) -> str:
@@ -55,16 +73,28 @@ def sha256_file(path: Path, chunk_size: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-def read_json_file(path: Path) -> dict[str, Any]:
+def read_json_file(path: Path, data: bytes | None = None) -> dict[str, Any]:
+    """A JSON object from a model file (or its already read bytes); ModelReferenceError naming
+    the file for anything else: unreadable, too large, not JSON, nested too deeply."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelReferenceError(f"{path}: not readable JSON ({exc.__class__.__name__}: {exc})") from None
-    except RecursionError:  # json's decoder recurses once per nesting level
+        if data is None:
+            if path.stat().st_size > MAX_JSON_BYTES:
+                raise ValueError(f"larger than {MAX_JSON_BYTES // (1024 * 1024)} MiB")
+            data = path.read_bytes()
+        parsed = json.loads(data.decode("utf-8"))
+    except OSError as exc:
+        raise ModelReferenceError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except RecursionError:
         raise ModelReferenceError(f"{path}: not readable JSON (nested too deeply)") from None
-    if not isinstance(data, dict):
-        raise ModelReferenceError(f"{path}: expected a JSON object")
-    return data
+    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is a ValueError
+        reason = " ".join(str(exc).split())[:160]
+        raise ModelReferenceError(f"{path}: not readable JSON ({exc.__class__.__name__}: {reason})") from None
+    if not isinstance(parsed, dict):
+        raise ModelReferenceError(f"{path}: expected a JSON object, got {type(parsed).__name__}")
+    problem = depth_problem(parsed, MAX_JSON_DEPTH)
+    if problem:
+        raise ModelReferenceError(f"{path}: JSON {problem}")
+    return parsed
 
 
 # --- model references ---------------------------------------------------------------------
@@ -112,7 +142,15 @@ def resolve_reference(reference: str) -> tuple[Path, str | None]:
 # --- safetensors headers ------------------------------------------------------------------
 
 def read_safetensors_header(path: Path) -> dict[str, Any]:
-    """Parse and check a safetensors header: {tensor name: {dtype, shape, data_offsets}}."""
+    """Parse and check a safetensors header: {tensor name: {dtype, shape, data_offsets}}.
+
+    As strict as the safetensors library's reader (safetensors/src/tensor.rs ``read_metadata``
+    and ``Metadata::validate``), without loading a tensor: header length <= 100,000,000 and
+    inside the file; a UTF-8 JSON object; ``__metadata__`` a map of strings; every tensor a
+    known dtype, a shape of non-negative integers and two non-negative integer offsets; tensors,
+    sorted by offsets, tile the data from 0 with no gap or overlap, each exactly shape x dtype
+    bytes (no overflow past 64 bits); and the last one ends where the file ends.
+    """
     try:
         size = path.stat().st_size
         with open(path, "rb") as handle:
@@ -120,44 +158,131 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
             if len(prefix) < 8:
                 raise ValueError("file shorter than the 8-byte header length")
             (header_len,) = struct.unpack("<Q", prefix)
-            if header_len > min(size - 8, MAX_HEADER_BYTES):
+            if header_len > size - 8:
                 raise ValueError(f"header length {header_len} exceeds the file")
-            try:
-                header = json.loads(handle.read(header_len).decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError):
-                raise ValueError("not JSON") from None
-            except RecursionError:
-                raise ValueError("JSON nested too deeply") from None
+            if header_len > MAX_HEADER_BYTES:
+                raise ValueError(f"header length {header_len} is over the library's limit of {MAX_HEADER_BYTES}")
+            raw = handle.read(header_len)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError("header is not UTF-8") from None
+        try:
+            header = json.loads(text, object_pairs_hook=_refuse_duplicate_keys)
+        except RecursionError:
+            raise ValueError("JSON nested too deeply") from None
+        except json.JSONDecodeError:
+            raise ValueError("not JSON") from None
+        if not text.startswith("{"):
+            raise ValueError("header does not start with '{'")
         if not isinstance(header, dict):
             raise ValueError("header is not a JSON object")
-        data_size = size - 8 - header_len
+        metadata = header.get("__metadata__")
+        if metadata is not None and (not isinstance(metadata, dict)
+                                     or not all(isinstance(v, str) for v in metadata.values())):
+            raise ValueError("__metadata__ must map strings to strings")
+        spans = []
         for name, info in header.items():
             if name == "__metadata__":
                 continue
+            if not isinstance(info, dict):
+                raise ValueError(f"tensor {name}: expected an object with dtype, shape, data_offsets")
+            for key in ("dtype", "shape", "data_offsets"):
+                if key not in info:
+                    raise ValueError(f"tensor {name}: missing {key}")
             dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
-            if dtype not in SAFETENSORS_DTYPE_BYTES:
-                raise ValueError(f"tensor {name}: unknown dtype {dtype}")
+            if not isinstance(dtype, str) or dtype not in SAFETENSORS_DTYPE_BITS:
+                raise ValueError(f"tensor {name}: unknown dtype {dtype!r}")
+            if not isinstance(shape, list) or not all(_is_u64(dim) for dim in shape):
+                raise ValueError(f"tensor {name}: shape {shape!r} is not a list of non-negative integers")
+            if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_u64(o) for o in offsets):
+                raise ValueError(f"tensor {name}: data_offsets {offsets!r} are not two non-negative integers")
             elements = 1
             for dim in shape:
-                elements *= int(dim)
-            start, end = int(offsets[0]), int(offsets[1])
-            if not 0 <= start <= end <= data_size or end - start != elements * SAFETENSORS_DTYPE_BYTES[dtype]:
-                raise ValueError(f"tensor {name}: data offsets {offsets} do not fit the file")
+                elements *= dim
+                if elements >= U64_LIMIT:
+                    raise ValueError(f"tensor {name}: shape {shape} overflows 64 bits")
+            bits = elements * SAFETENSORS_DTYPE_BITS[dtype]
+            if bits >= U64_LIMIT * 8:
+                raise ValueError(f"tensor {name}: shape {shape} x {dtype} overflows 64 bits")
+            if bits % 8:
+                raise ValueError(f"tensor {name}: {elements} x {dtype} does not end on a byte boundary")
+            spans.append((offsets[0], offsets[1], name, bits // 8))
+        spans.sort()
+        position = 0
+        for start, end, name, nbytes in spans:
+            if start != position or end < start:
+                raise ValueError(f"tensor {name}: data offsets [{start}, {end}] overlap or leave a gap "
+                                 f"(expected to start at {position})")
+            if end - start != nbytes:
+                raise ValueError(f"tensor {name}: data offsets [{start}, {end}] hold {end - start} bytes, "
+                                 f"its shape and dtype need {nbytes}")
+            position = end
+        if position + 8 + header_len != size:
+            raise ValueError(f"tensors cover {position} data bytes, the file has {size - 8 - header_len}")
     except OSError as exc:
         raise ModelReferenceError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except (ValueError, KeyError, TypeError, IndexError) as exc:
-        raise ModelReferenceError(f"{path}: corrupt safetensors header ({exc})") from None
+    except ValueError as exc:
+        raise ModelReferenceError(f"{path}: corrupt safetensors header ({_one_line(str(exc))})") from None
     return header
 
 
+def _is_u64(value: Any) -> bool:
+    return type(value) is int and 0 <= value < U64_LIMIT
+
+
+def _refuse_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # serde keeps one of two equal keys, Python the last: a header that says two things is corrupt
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise ValueError(f"duplicate key {key!r}")
+        seen[key] = value
+    return seen
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 # --- tokenizer and chat template ----------------------------------------------------------
+
+def read_tokenizer_json(path: Path) -> dict[str, Any]:
+    """tokenizer.json, with the fields the fingerprint reads checked for type: ``model`` an
+    object whose ``merges`` are strings or string pairs and whose ``vocab`` maps tokens to
+    integer ids (or lists [token, score]), ``added_tokens`` objects with an integer ``id``."""
+    data = read_json_file(path)
+    model = data.get("model")
+    if model is not None and not isinstance(model, dict):
+        raise ModelReferenceError(f"{path}: field 'model' must be an object, got {type(model).__name__}")
+    model = model or {}
+    merges = model.get("merges")
+    if merges is not None and not (isinstance(merges, list) and all(
+            isinstance(m, str) or (isinstance(m, list) and all(isinstance(part, str) for part in m)) for m in merges)):
+        raise ModelReferenceError(f"{path}: field 'model.merges' must be a list of strings or string pairs")
+    vocab = model.get("vocab")
+    if isinstance(vocab, dict):
+        bad = next((token for token, token_id in vocab.items() if type(token_id) is not int or token_id < 0), None)
+        if bad is not None:
+            raise ModelReferenceError(f"{path}: field 'model.vocab': token {bad[:40]!r} has id {vocab[bad]!r}, "
+                                      "not a non-negative integer")
+    elif vocab is not None and not isinstance(vocab, list):
+        raise ModelReferenceError(f"{path}: field 'model.vocab' must be an object or a list")
+    added = data.get("added_tokens")
+    if added is not None and not (isinstance(added, list) and all(
+            isinstance(t, dict) and type(t.get("id", 0)) is int and t.get("id", 0) >= 0 for t in added)):
+        raise ModelReferenceError(f"{path}: field 'added_tokens' must be a list of objects with a "
+                                  "non-negative integer 'id'")
+    return data
+
 
 def canonical_tokenizer(directory: Path) -> dict[str, Any] | None:
     """What defines tokenization, independent of file formatting; None when there is none."""
     form: dict[str, Any] = {}
     tokenizer_json = directory / "tokenizer.json"
     if tokenizer_json.is_file():
-        data = read_json_file(tokenizer_json)
+        data = read_tokenizer_json(tokenizer_json)
         model = dict(data.get("model") or {})
         merges = model.pop("merges", None) or []
         # merges are written as "a b" (old) or ["a", "b"] (new): one form for both
@@ -195,9 +320,9 @@ def tokenizer_length(directory: Path) -> int | None:
     path = directory / "tokenizer.json"
     if not path.is_file():
         return None
-    data = read_json_file(path)
-    ids = list((data.get("model") or {}).get("vocab", {}).values()) if isinstance(
-        (data.get("model") or {}).get("vocab"), dict) else []
+    data = read_tokenizer_json(path)
+    vocab = (data.get("model") or {}).get("vocab")
+    ids = list(vocab.values()) if isinstance(vocab, dict) else []
     ids += [token.get("id", -1) for token in data.get("added_tokens") or []]
     return max(ids) + 1 if ids else None
 
@@ -206,7 +331,10 @@ def read_chat_template(directory: Path) -> str | None:
     """The chat template string, wherever this transformers generation saved it."""
     jinja = directory / "chat_template.jinja"
     if jinja.is_file():
-        return jinja.read_text(encoding="utf-8")
+        try:
+            return jinja.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ModelReferenceError(f"{jinja}: cannot read ({_one_line(str(exc))})") from None
     as_json = directory / "chat_template.json"
     if as_json.is_file():
         template = read_json_file(as_json).get("chat_template")
@@ -217,14 +345,122 @@ def read_chat_template(directory: Path) -> str | None:
         template = read_json_file(config_path).get("chat_template")
         if isinstance(template, list):  # named templates: [{"name":..., "template":...}]
             return json.dumps(template, sort_keys=True)
+        if template is not None and not isinstance(template, str):
+            raise ModelReferenceError(f"{config_path}: field 'chat_template' must be a string or a list of "
+                                      f"named templates, got {type(template).__name__}")
         return template
     return None
+
+
+# --- config and weight files --------------------------------------------------------------
+
+def config_sha256(config: dict[str, Any]) -> str:
+    """Digest of config.json as parsed, without the fields that only record who saved it."""
+    return sha256_hex(canonical_json({key: value for key, value in config.items() if key not in CONFIG_VOLATILE_KEYS}))
+
+
+def check_config(config: dict[str, Any], path: Path) -> None:
+    """Refuse a config.json whose fields the registry, the checks or an engine read as sizes or
+    names when they are not: ``architectures`` a list of names, ``text_config`` an object, and
+    each of CONFIG_SIZE_KEYS (at the top or in ``text_config``) a positive integer."""
+    architectures = config.get("architectures")
+    if architectures is not None and not (isinstance(architectures, list)
+                                          and all(isinstance(name, str) for name in architectures)):
+        raise ModelReferenceError(f"{path}: field 'architectures' must be a list of names, got {architectures!r:.60}")
+    for key in ("model_type", "transformers_weights"):
+        if config.get(key) is not None and not isinstance(config[key], str):
+            raise ModelReferenceError(f"{path}: field '{key}' must be a string, got {config[key]!r:.60}")
+    text_config = config.get("text_config")
+    if text_config is not None and not isinstance(text_config, dict):
+        raise ModelReferenceError(f"{path}: field 'text_config' must be an object, got {type(text_config).__name__}")
+    for prefix, section in (("", config), ("text_config.", text_config or {})):
+        for key in CONFIG_SIZE_KEYS:
+            value = section.get(key)
+            if value is not None and not (type(value) is int and 0 < value < 1 << 63):
+                raise ModelReferenceError(f"{path}: field '{prefix}{key}' must be a positive integer, got {value!r:.60}")
+
+
+def _inside_model(directory: Path, path: Path) -> bool:
+    """True when ``path`` (followed through symlinks) stays in the model folder, or, for a
+    Hugging Face cache snapshot (snapshots/COMMIT/), in that repository's blobs/ folder."""
+    root = directory.resolve()
+    target = path.resolve()
+    roots = [root]
+    if root.parent.name == "snapshots":
+        roots.append(root.parent.parent / "blobs")
+    return any(target == r or r in target.parents for r in roots)
+
+
+def _shard_file(directory: Path, name: Any, source: str, allow_pickle: bool) -> Path:
+    """A weight file named by an index or by config.json's ``transformers_weights``, checked:
+    a plain file name in the model folder (no '..', no absolute path, no subfolder, no symlink
+    out), present, and safetensors unless pickle is allowed."""
+    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name \
+            or Path(name).is_absolute():
+        raise ModelReferenceError(f"{directory / source}: names weight file {name!r:.80}, which is not a file "
+                                  "inside the model folder")
+    path = directory / name
+    if not name.endswith(".safetensors") and not name.endswith(".safetensors.index.json"):
+        if not allow_pickle:
+            raise ModelReferenceError(f"{directory / source}: names weight file {name!r}, which is not safetensors "
+                                      "(pickle weights can run code when loaded); pass --allow-pickle to accept it")
+    if not path.is_file():
+        raise ModelReferenceError(f"{directory / source}: names weight file {name!r}, which does not exist")
+    if not _inside_model(directory, path):
+        raise ModelReferenceError(f"{directory / source}: weight file {name!r} is a symlink to "
+                                  f"{path.resolve()}, outside the model folder")
+    return path
+
+
+def loaded_weight_files(directory: Path, config: dict[str, Any], allow_pickle: bool) -> list[Path]:
+    """The weight files transformers would read from this folder beyond its top-level
+    ``*.safetensors``: what config.json's ``transformers_weights`` and the shard indexes
+    (model.safetensors.index.json, pytorch_model.bin.index.json) name. transformers
+    (modeling_utils._get_resolved_checkpoint_files, utils/hub.get_checkpoint_shard_files) joins
+    index entries to the folder unchecked, so each is checked here (see _shard_file)."""
+    named: list[Path] = []
+    indexes = []
+    if (directory / "model.safetensors.index.json").is_file():
+        indexes.append("model.safetensors.index.json")
+    elif not any(directory.glob("*.safetensors")) and (directory / "pytorch_model.bin.index.json").is_file():
+        indexes.append("pytorch_model.bin.index.json")  # read by transformers only without safetensors
+    explicit = config.get("transformers_weights")
+    if explicit is not None:
+        path = _shard_file(directory, explicit, "config.json", allow_pickle)
+        if explicit.endswith(".index.json"):
+            indexes.append(explicit)
+        else:
+            named.append(path)
+    for index_name in dict.fromkeys(indexes):
+        index_path = _shard_file(directory, index_name, index_name, allow_pickle=True)
+        weight_map = read_json_file(index_path).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(key, str) for key in weight_map):
+            raise ModelReferenceError(f"{index_path}: field 'weight_map' must map tensor names to file names")
+        for shard in dict.fromkeys(weight_map.values()):
+            named.append(_shard_file(directory, shard, index_name, allow_pickle))
+    return named
+
+
+def behaviour_files(directory: Path) -> dict[str, str]:
+    """File name -> digest of each file of BEHAVIOUR_JSON_FILES (canonical JSON, without the
+    saving library's version) and BEHAVIOUR_RAW_FILES (bytes) present in the folder."""
+    digests = {}
+    for name in BEHAVIOUR_JSON_FILES:
+        path = directory / name
+        if path.is_file():
+            digests[name] = config_sha256(read_json_file(path))
+    for name in BEHAVIOUR_RAW_FILES:
+        path = directory / name
+        if path.is_file():
+            digests[name] = sha256_file(path)
+    return digests
 
 
 # --- the fingerprint ----------------------------------------------------------------------
 
 def fingerprint_model(directory: Path, allow_pickle: bool = False, require_tokenizer: bool = True) -> ModelFingerprint:
-    """Fingerprint a Hugging Face model directory. Raises ModelReferenceError naming the problem.
+    """Fingerprint a Hugging Face model directory (scheme FINGERPRINT_SCHEME). Raises
+    ModelReferenceError naming the file, field or value that is wrong.
 
     require_tokenizer=False for a speculative head (EAGLE-3, Medusa), which drafts in the target's
     vocabulary and usually ships no tokenizer of its own."""
@@ -233,12 +469,14 @@ def fingerprint_model(directory: Path, allow_pickle: bool = False, require_token
     if not config_path.is_file():
         raise ModelReferenceError(f"{directory}: no config.json (not a Hugging Face model directory)")
     config = read_json_file(config_path)
+    check_config(config, config_path)
     if require_tokenizer and not any((directory / name).is_file() for name in TOKENIZER_FILES):
         raise ModelReferenceError(f"{directory}: no tokenizer files (expected one of {', '.join(TOKENIZER_FILES)})")
 
     safetensors_files = sorted(p for p in directory.glob("*.safetensors") if p.is_file())
     pickle_files = sorted(p for p in directory.iterdir() if p.is_file() and p.suffix in PICKLE_SUFFIXES
                           and not p.name.startswith("training_args"))
+    named_files = loaded_weight_files(directory, config, allow_pickle)
     if safetensors_files:
         weight_files, weight_format = safetensors_files, "safetensors"
     elif pickle_files:
@@ -250,6 +488,11 @@ def fingerprint_model(directory: Path, allow_pickle: bool = False, require_token
         weight_files, weight_format = pickle_files, "pickle"
     else:
         raise ModelReferenceError(f"{directory}: no weight files (*.safetensors)")
+    for path in weight_files:
+        if not _inside_model(directory, path):
+            raise ModelReferenceError(f"{path}: a symlink to {path.resolve()}, outside the model folder")
+    # every file an index names is hashed too (e.g. a .bin shard accepted with --allow-pickle)
+    weight_files = sorted(set(weight_files) | set(named_files))
 
     parameter_count: int | None = None
     dtype: str | None = None
@@ -257,6 +500,8 @@ def fingerprint_model(directory: Path, allow_pickle: bool = False, require_token
         parameter_count = 0
         dtype_elements: Counter[str] = Counter()
         for path in weight_files:
+            if path.suffix != ".safetensors":
+                continue
             for name, info in read_safetensors_header(path).items():
                 if name == "__metadata__":
                     continue
@@ -270,7 +515,6 @@ def fingerprint_model(directory: Path, allow_pickle: bool = False, require_token
             dtype = SAFETENSORS_DTYPE_NAMES.get(dominant, dominant.lower())
 
     file_digests = {path.name: sha256_file(path) for path in weight_files}
-    config_form = {key: value for key, value in config.items() if key not in CONFIG_VOLATILE_KEYS}
     tokenizer_form = canonical_tokenizer(directory)
     chat_template = read_chat_template(directory)
     architectures = config.get("architectures") or [None]
@@ -279,7 +523,7 @@ def fingerprint_model(directory: Path, allow_pickle: bool = False, require_token
         weights_sha256=sha256_hex(canonical_json(sorted(file_digests.items()))),
         weight_files=file_digests,
         weight_format=weight_format,
-        config_sha256=sha256_hex(canonical_json(config_form)),
+        config_sha256=config_sha256(config),
         tokenizer_sha256=sha256_hex(canonical_json(tokenizer_form)) if tokenizer_form is not None else None,
         chat_template_sha256=sha256_hex(chat_template.encode()) if chat_template else None,
         architecture=architectures[0],
@@ -289,6 +533,8 @@ def fingerprint_model(directory: Path, allow_pickle: bool = False, require_token
         parameter_count=parameter_count,
         dtype=dtype or config.get("torch_dtype") or config.get("dtype"),
         max_position_embeddings=config.get("max_position_embeddings", text_config.get("max_position_embeddings")),
+        scheme=FINGERPRINT_SCHEME,
+        behaviour_files=behaviour_files(directory),
     )
 
 
@@ -304,7 +550,12 @@ def fingerprint_reference(reference: str, allow_pickle: bool = False, require_to
 
 
 def compare_fingerprints(recorded: ModelFingerprint, current: ModelFingerprint) -> list[str]:
-    """Human-readable differences between two fingerprints (empty when identical)."""
+    """Human-readable differences between two fingerprints (empty when identical).
+
+    Only what the recorded fingerprint's scheme covered is compared: a version registered
+    under scheme 1 (no ``scheme`` recorded) still verifies against a scheme-2 fingerprint of
+    the same files; from scheme 2 on, every file of ``behaviour_files`` is compared too.
+    """
     changes: list[str] = []
     for name, digest in recorded.weight_files.items():
         now = current.weight_files.get(name)
@@ -318,4 +569,33 @@ def compare_fingerprints(recorded: ModelFingerprint, current: ModelFingerprint) 
                          ("chat_template_sha256", "chat template")):
         if getattr(recorded, field) != getattr(current, field):
             changes.append(f"{label} changed")
+    scheme = recorded.scheme or 1
+    if scheme > FINGERPRINT_SCHEME:
+        changes.append(f"recorded with fingerprint scheme {scheme}, this specreg knows up to {FINGERPRINT_SCHEME}: "
+                       "upgrade specreg to verify it")
+    elif scheme >= 2:
+        before, now = recorded.behaviour_files or {}, current.behaviour_files or {}
+        for name in sorted(before.keys() | now.keys()):
+            if name not in now:
+                changes.append(f"{name} is missing")
+            elif name not in before:
+                changes.append(f"{name} was added")
+            elif before[name] != now[name]:
+                changes.append(f"{name} changed")
     return changes
+
+
+def metadata_changes(recorded: ModelFingerprint, directory: Path) -> list[str]:
+    """What changed in a folder's config, tokenizer, chat template and (scheme >= 2) behaviour
+    files since ``recorded`` (weights are not read): compare_fingerprints' messages."""
+    directory = Path(directory)
+    tokenizer_form = canonical_tokenizer(directory)
+    chat_template = read_chat_template(directory)
+    current = replace(
+        recorded,
+        config_sha256=config_sha256(read_json_file(directory / "config.json")),
+        tokenizer_sha256=sha256_hex(canonical_json(tokenizer_form)) if tokenizer_form is not None else None,
+        chat_template_sha256=sha256_hex(chat_template.encode()) if chat_template else None,
+        behaviour_files=behaviour_files(directory),
+    )
+    return compare_fingerprints(recorded, current)

@@ -112,8 +112,14 @@ class ModelFingerprint:
     parameter_count: int | None
     dtype: str | None
     max_position_embeddings: int | None
+    # None: scheme 1, recorded before these existed (specreg.core.fingerprint.FINGERPRINT_SCHEME)
+    scheme: int | None = None
+    behaviour_files: dict[str, str] | None = None  # tokenizer/generation options, shard indexes
 
     def to_dict(self) -> dict[str, Any]:
+        # a scheme-1 fingerprint serialises exactly as it was recorded (its binding digest holds)
+        later = {} if self.scheme is None else {"scheme": self.scheme,
+                                                "behaviour_files": dict(self.behaviour_files or {})}
         return {
             "weights_sha256": self.weights_sha256,
             "weight_files": dict(self.weight_files),
@@ -128,6 +134,7 @@ class ModelFingerprint:
             "parameter_count": self.parameter_count,
             "dtype": self.dtype,
             "max_position_embeddings": self.max_position_embeddings,
+            **later,
         }
 
     @classmethod

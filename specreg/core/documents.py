@@ -1,0 +1,47 @@
+"""Bounds on user documents (golden sets, policies) checked before a parser builds them.
+
+A YAML file of a few hundred bytes can expand to gigabytes through aliases ("billion laughs"),
+and deeply nested YAML, JSON or TOML ends in a RecursionError. Each document is refused with
+one line naming the file unless it is at most ``max_bytes`` long, nests at most ``max_depth``
+containers and, for YAML, uses no aliases (nothing specreg reads needs them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
+MAX_DOCUMENT_DEPTH = 32
+
+
+def yaml_problem(text: str, max_depth: int = MAX_DOCUMENT_DEPTH) -> str | None:
+    """Scan YAML events (no objects are built) for aliases and nesting deeper than
+    ``max_depth``; a one-line reason or None. Raises yaml.YAMLError for malformed YAML, which
+    the caller reports as it already does."""
+    import yaml
+
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.AliasEvent):
+            line = event.start_mark.line + 1 if event.start_mark else "?"
+            return f"YAML alias *{event.anchor} at line {line}: aliases are not allowed"
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > max_depth:
+                line = event.start_mark.line + 1 if event.start_mark else "?"
+                return f"nested deeper than {max_depth} levels at line {line}"
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+    return None
+
+
+def depth_problem(value: Any, max_depth: int = MAX_DOCUMENT_DEPTH) -> str | None:
+    """Nesting of a parsed document (checked without recursion): a reason or None."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > max_depth:
+                return f"nested deeper than {max_depth} levels"
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return None
