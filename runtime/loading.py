@@ -71,9 +71,12 @@ def load_model(path, device: str = "cpu", dtype="float32"):
     return model.to(resolve_device(device)).eval()
 
 
-def load_tokenizer(path):
+def load_tokenizer(path, tokenizer_class=None):
     """A local model directory -> its tokenizer (no hub, never remote code).
 
+    tokenizer_class: read the directory's tokenizer files with this class (e.g. the target's,
+    as an engine does for a draft) instead of the one AutoTokenizer picks, which in
+    transformers 5 may follow config.json's model_type rather than the files.
     Raises ModelReferenceError naming the directory when it, its tokenizer files or the
     tokenizer itself cannot be read.
     """
@@ -85,6 +88,8 @@ def load_tokenizer(path):
     if not has_tokenizer(path):
         raise ModelReferenceError(f"{path}: no tokenizer files (expected one of {', '.join(TOKENIZER_FILES)})")
     try:
+        if tokenizer_class is not None:
+            return tokenizer_class.from_pretrained(path, local_files_only=True)
         return AutoTokenizer.from_pretrained(path, trust_remote_code=False, local_files_only=True)
     except Exception as exc:  # transformers raises many types for a broken tokenizer folder
         reason = " ".join(str(exc).split())[:200] or type(exc).__name__

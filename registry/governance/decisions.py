@@ -299,24 +299,30 @@ def acceptance_condition(session: Session, row: PairVersionRow, run: ValidationR
     on the same golden set (drift) and (b) the environment's current holder."""
     if figures is None:
         return Condition("acceptance", False, "no acceptance figures to compare")
-    references: list[tuple[str, dict[str, float]]] = []
+    references: list[tuple[str, ValidationRunRow]] = []
     earlier = [r for r in finished_runs(session, row.id)
                if r.id < run.id and r.status == "passed" and r.golden_sha256 == golden_sha256]
     if earlier and overall_figures(earlier[0]):
-        references.append((f"run {earlier[0].id} of this version", overall_figures(earlier[0])))
+        references.append((f"run {earlier[0].id} of this version", earlier[0]))
     if holder is not None and holder.id != row.id:
         holder_runs = [r for r in finished_runs(session, holder.id)
                        if r.status == "passed" and r.golden_sha256 == golden_sha256]
         if holder_runs and overall_figures(holder_runs[0]):
-            references.append((f"{env.name} holder {holder.pair.name}@{holder.version}", overall_figures(holder_runs[0])))
+            references.append((f"{env.name} holder {holder.pair.name}@{holder.version}", holder_runs[0]))
     if not references:
         return Condition("acceptance", True,
                          f"acceptance rate {figures['acceptance_rate']:.3f}; no earlier baseline on this golden set",
                          {"figures": figures})
     drops: list[str] = []
     compared: list[dict[str, Any]] = []
-    for source, baseline in references:
+    k = (run.baselines or {}).get("k")
+    for source, reference in references:
+        baseline = overall_figures(reference)
+        # tau counts up to k + 1 tokens a step: comparable only at the same k; alpha-hat always
+        same_k = k is not None and (reference.baselines or {}).get("k") == k
         for key, value in figures.items():
+            if key == "mean_acceptance_length" and not same_k:
+                continue
             floor = baseline[key] * (1 - env.acceptance_tolerance)
             compared.append({"reference": source, "figure": key, "value": value, "baseline": baseline[key], "floor": floor})
             if value < floor:
