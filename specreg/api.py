@@ -272,6 +272,19 @@ class Registry:
 
         return decisions.environment_pointers(self.store, check_name(name) if name else None)
 
+    def environment_history(self, name: str, environment: str, *, at: str | None = None) -> list:
+        """Which version of ``name`` held ``environment`` when, from the audit log: a list of
+        registry.governance.environment_history.Tenure, oldest first. ``at`` (ISO 8601, UTC
+        without an offset): only the span covering that time (empty: no version held it)."""
+        from specreg.registry.governance.environment_history import environment_history, holder_at, parse_time
+
+        when = parse_time(at) if at is not None else None  # a bad time fails before the database
+        tenures = environment_history(self.store, check_name(name), environment)
+        if when is None:
+            return tenures
+        found = holder_at(tenures, when)
+        return [found] if found is not None and found.version is not None else []
+
     # --- validation ---------------------------------------------------------------------
 
     def validate(self, ref: str | PairRef, *, golden: str = "default", device: str = "auto",
