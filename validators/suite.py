@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from specreg.errors import RuntimeConfigError, UsageError
-from specreg.core.types import FAIL, PASS, SKIP, CheckResult, combine_statuses
+from specreg.core.types import FAIL, SKIP, CheckResult, combine_statuses
 
 STATIC_CHECKS = ("integrity", "tokenizer", "chat_template", "memory")
 RUNTIME_CHECKS = ("equivalence", "distribution", "acceptance", "performance")
