@@ -8,7 +8,8 @@ import time
 def acceptance_by_position(per_position_acceptance, k: int) -> list[float]:
     """A constant alpha or the measured per-position list -> k conditional acceptances.
 
-    Positions past the measured ones reuse the last measured value.
+    Positions past the measured ones reuse the last measured value: an extrapolation, which
+    callers must name as such (validators/performance.py recommends within the measured depth).
     """
     if isinstance(per_position_acceptance, (int, float)):
         return [float(per_position_acceptance)] * k

@@ -148,8 +148,12 @@ TOKENIZER_READS = ("config.json", "tokenizer.json", "tokenizer_config.json", "sp
                    "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model", "spm.model")
 
 
-def load_tokenizer(path, expected=None):
+def load_tokenizer(path, expected=None, tokenizer_class=None):
     """A local model directory -> its tokenizer (no hub, never remote code).
+
+    tokenizer_class: read the directory's tokenizer files with this class (e.g. the target's,
+    as an engine does for a draft) instead of the one AutoTokenizer picks, which in
+    transformers 5 may follow config.json's model_type rather than the files.
 
     ``expected`` (the registered ModelFingerprint): the tokenizer's files are copied into a
     private folder, checked there against it (config, tokenizer, chat template and, from
@@ -163,7 +167,7 @@ def load_tokenizer(path, expected=None):
     if not has_tokenizer(path):
         raise ModelReferenceError(f"{path}: no tokenizer files (expected one of {', '.join(TOKENIZER_FILES)})")
     if expected is None:
-        return _load_tokenizer_from(path, path)
+        return _load_tokenizer_from(path, path, tokenizer_class)
     import tempfile
 
     from specreg.core.fingerprint import metadata_changes
@@ -179,14 +183,17 @@ def load_tokenizer(path, expected=None):
             raise ModelReferenceError(str(exc).replace(str(copy), str(path))) from None
         if changes:
             raise ModelReferenceError(f"{path}: {changes[0]} since the model was fingerprinted; not loading it")
-        return _load_tokenizer_from(copy, path)
+        return _load_tokenizer_from(copy, path, tokenizer_class)
 
 
-def _load_tokenizer_from(directory: Path, path: Path):
+def _load_tokenizer_from(directory: Path, path: Path, tokenizer_class=None):
     from transformers import AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(directory, trust_remote_code=False, local_files_only=True)
+        if tokenizer_class is not None:
+            tokenizer = tokenizer_class.from_pretrained(directory, local_files_only=True)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(directory, trust_remote_code=False, local_files_only=True)
     except Exception as exc:  # transformers raises many types for a broken tokenizer folder
         reason = " ".join(str(exc).split())[:200] or type(exc).__name__
         raise ModelReferenceError(f"{path}: cannot load tokenizer: {reason}") from None

@@ -93,7 +93,10 @@ def load_pair(target_path, draft_path=None, device: str = "cpu", dtype="float32"
         return make_pair(target, tokenizer)
     if not has_tokenizer(draft_path):
         raise RuntimeConfigError(f"{draft_path}: the draft model has no tokenizer files")
-    draft_tokenizer = load_tokenizer(draft_path, expected=draft_fingerprint)
+    # Engines tokenize with the target's tokenizer and feed the draft those ids (vLLM's draft
+    # ModelConfig takes tokenizer=target's): read the draft's files with the target's class, so
+    # that a class transformers picks from the draft's model_type adds no phantom tokens.
+    draft_tokenizer = load_tokenizer(draft_path, expected=draft_fingerprint, tokenizer_class=type(tokenizer))
     # check tokenizers before spending time on the draft's weights
     check_same_vocabulary(tokenizer, draft_tokenizer, str(draft_path))
     draft = load_model(draft_path, device, dtype, expected=draft_fingerprint)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from specreg import settings
 from specreg.core.fingerprint import canonical_json, fingerprint_reference, sha256_hex
 from specreg.core.types import ModelRef
-from specreg.errors import SpecregError, UsageError
+from specreg.errors import PolicyViolation, SpecregError, UsageError
 from specreg.registry.store.entities import AuditEvent, PairState, PairVersion, SpecConfig, SpecMethod
 from specreg.registry.store.store import Store
 
@@ -400,6 +400,19 @@ class Registry:
 
         return decisions.environment_pointers(self.store, check_name(name) if name else None)
 
+    def environment_history(self, name: str, environment: str, *, at: str | None = None) -> list:
+        """Which version of ``name`` held ``environment`` when, from the audit log: a list of
+        registry.governance.environment_history.Tenure, oldest first. ``at`` (ISO 8601, UTC
+        without an offset): only the span covering that time (empty: no version held it)."""
+        from specreg.registry.governance.environment_history import environment_history, holder_at, parse_time
+
+        when = parse_time(at) if at is not None else None  # a bad time fails before the database
+        tenures = environment_history(self.store, check_name(name), environment)
+        if when is None:
+            return tenures
+        found = holder_at(tenures, when)
+        return [found] if found is not None and found.version is not None else []
+
     # --- validation ---------------------------------------------------------------------
 
     def validate(self, ref: str | PairRef, *, golden: str = "default", device: str = "auto",
@@ -461,13 +474,17 @@ class Registry:
     def export(self, ref: str | PairRef, fmt: str, *, out_dir: str | None = None, force: bool = False,
                overwrite: bool = False, template: str | None = None, options: dict | None = None):
         """Render deployment files for a validated + approved version (``force``: any version,
-        marked UNAPPROVED). Returns [(file name, text)], written under ``out_dir`` when given."""
+        marked UNAPPROVED). Approved means the standing decisions say so (the gate's rule, with
+        the approvers of ENV for ``NAME@ENV``), not the lifecycle state. Returns [(file name,
+        text)], written under ``out_dir`` when given (an existing file only with ``overwrite``)."""
         from specreg.registry.deploy.exports import render_export, write_export
-
+        from specreg.registry.governance.decisions import approval_standing
         from specreg.registry.store.validations import ValidationStore
 
-        version = self.get(ref)
-        approved = version.state in (PairState.APPROVED, PairState.PROMOTED)
+        pair_ref = parse_ref(ref) if isinstance(ref, str) else ref
+        version = self.get(pair_ref)
+        env = self.policy().environment(pair_ref.environment) if pair_ref.environment else None
+        standing = approval_standing(self.store, version.name, version.version, env)
         run = ValidationStore(self.store).latest_passed(version.name, version.version)
         baselines = None
         if run is not None and run.baselines is not None:
@@ -476,7 +493,10 @@ class Registry:
             baselines = {**run.baselines, "golden_set": run.golden_set, "golden_sha256": run.golden_sha256,
                          "validated_at": run.finished_at.isoformat(timespec="seconds") + "Z",
                          **({"memory": memory} if memory else {})}
-        files = render_export(version, baselines, fmt, approved=approved, force=force,
+        if not standing.passed and not force:
+            raise PolicyViolation(f"{version.label} is not validated and approved ({standing.reason}); export refused "
+                                  f"(--force exports it marked UNAPPROVED)")
+        files = render_export(version, baselines, fmt, approved=standing.passed, force=force,
                               template_path=template, options=options)
         if out_dir is not None:
             write_export(files, out_dir, overwrite=overwrite)

@@ -1,7 +1,8 @@
 """Tiny Llama-style models with a locally trained tokenizer, built in the test session.
 
 Nothing is downloaded: the tokenizer is a byte-level BPE trained on a few lines of text made
-here, the models are random LlamaForCausalLM weights saved as safetensors.
+here, the models are random LlamaForCausalLM weights saved as safetensors. ``build_other``
+makes a GPT-2 or Qwen2 architecture model over the same tokenizer files (copied byte for byte).
 """
 
 from __future__ import annotations
@@ -89,6 +90,46 @@ def build_llama(directory: Path, tokenizer_dir: Path | None = None, *, seed: int
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
     model.save_pretrained(directory, safe_serialization=True)
+    return directory
+
+
+def build_other(directory: Path, tokenizer_dir: Path, architecture: str, *, seed: int = 0,
+                hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4,
+                max_position_embeddings: int = 512):
+    """Save a random tiny ``gpt2`` (GPT2LMHeadModel: n_layer/n_head/n_embd config names) or
+    ``qwen2`` (Qwen2ForCausalLM) model; the tokenizer files of ``tokenizer_dir`` are copied as
+    they are, so both sides of a pair hold byte-identical tokenizer files."""
+    import shutil
+
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer_files = [p for p in Path(tokenizer_dir).iterdir()
+                       if p.is_file() and p.name not in ("config.json", "generation_config.json")
+                       and not p.name.endswith(".safetensors")]
+    for path in tokenizer_files:
+        shutil.copyfile(path, directory / path.name)
+    vocab = json.loads((Path(tokenizer_dir) / "tokenizer.json").read_text())
+    vocab_size = max([*vocab["model"]["vocab"].values(), *(t["id"] for t in vocab["added_tokens"])]) + 1
+    ids = {t["content"]: t["id"] for t in vocab["added_tokens"]}
+    common = dict(vocab_size=vocab_size, bos_token_id=ids["<s>"], eos_token_id=ids["</s>"],
+                  tie_word_embeddings=False)
+    if architecture == "gpt2":
+        config = GPT2Config(n_embd=hidden_size, n_layer=num_layers, n_head=num_heads,
+                            n_positions=max_position_embeddings, **common)
+        model_class = GPT2LMHeadModel
+    elif architecture == "qwen2":
+        config = Qwen2Config(hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                             num_hidden_layers=num_layers, num_attention_heads=num_heads,
+                             num_key_value_heads=num_heads // 2,
+                             max_position_embeddings=max_position_embeddings, **common)
+        model_class = Qwen2ForCausalLM
+    else:
+        raise ValueError(f"architecture must be gpt2 or qwen2, not {architecture!r}")
+    torch.manual_seed(seed)
+    model_class(config).save_pretrained(directory, safe_serialization=True)
     return directory
 
 

@@ -3,7 +3,8 @@ category, measured on the golden prompts decoded as their records ask (greedy or
 compared with the baselines of the previous validated version of the same pair name.
 
 A relative drop beyond the tolerance (default 10%) of alpha-hat or tau, overall or in any
-category both runs measured, fails: a new draft that accepts less loses the speedup the
+category both runs measured, fails. Tau counts up to k + 1 tokens per step, so it is compared
+only between runs at the same k (baselines record k); alpha-hat is compared always: a new draft that accepts less loses the speedup the
 platform planned for. When the run passes, ``acceptance_baselines`` becomes this version's
 baselines (what `observe`, exports and the next version compare with).
 """
@@ -21,9 +22,10 @@ BASELINE_KEYS = ("acceptance_rate", "mean_acceptance_length", "per_position_acce
                  "accepted", "generated_tokens", "target_forwards", "longest_rejection_run", "generations")
 
 
-def acceptance_baselines(decodes) -> dict[str, Any]:
-    """GoldenDecodes -> {"overall": figures, "per_category": {category: figures}} with the
-    names vLLM uses (acceptance_rate, mean_acceptance_length, per_position_acceptance ...)."""
+def acceptance_baselines(decodes, k: int | None = None) -> dict[str, Any]:
+    """GoldenDecodes -> {"k": k, "overall": figures, "per_category": {category: figures}} with
+    the names vLLM uses (acceptance_rate, mean_acceptance_length, per_position_acceptance ...);
+    k is the speculative depth the figures were measured at."""
     from specreg.runtime.metrics import aggregate
 
     def figures(runs) -> dict[str, Any]:
@@ -33,21 +35,33 @@ def acceptance_baselines(decodes) -> dict[str, Any]:
     categories: dict[str, list] = {}
     for run in decodes.runs:
         categories.setdefault(run.category, []).append(run)
-    return {"overall": figures(decodes.runs),
+    return {"k": k, "overall": figures(decodes.runs),
             "per_category": {category: figures(runs) for category, runs in categories.items()}}
 
 
+def comparable_metrics(current: dict[str, Any], previous: dict[str, Any]) -> tuple[tuple[str, ...], list[str]]:
+    """(metrics of COMPARED that two baselines can be compared on, why any other is not):
+    tau (mean_acceptance_length) only when both recorded the same k."""
+    k_now, k_before = current.get("k"), previous.get("k")
+    if k_now is not None and k_now == k_before:
+        return COMPARED, []
+    why = (f"mean_acceptance_length not compared: measured at k={k_now}, the baseline at k={k_before}"
+           if k_before is not None else "mean_acceptance_length not compared: the baseline does not record its k")
+    return ("acceptance_rate",), [why]
+
+
 def compare_baselines(current: dict[str, Any], previous: dict[str, Any], tolerance: float) -> list[dict]:
-    """Every compared figure (overall and per shared category) -> list of
-    {scope, metric, current, baseline, floor, relative_change, ok}."""
+    """Every compared figure (overall and per shared category; tau only at the same k, see
+    comparable_metrics) -> list of {scope, metric, current, baseline, floor, relative_change, ok}."""
     rows = []
+    metrics, _ = comparable_metrics(current, previous)
     scopes = [("overall", current.get("overall") or {}, previous.get("overall") or {})]
     for category, figures in (current.get("per_category") or {}).items():
         before = (previous.get("per_category") or {}).get(category)
         if before:
             scopes.append((category, figures, before))
     for scope, now, before in scopes:
-        for metric in COMPARED:
+        for metric in metrics:
             value, baseline = now.get(metric), before.get(metric)
             if not isinstance(value, (int, float)) or not isinstance(baseline, (int, float)) or baseline <= 0:
                 continue
@@ -65,7 +79,7 @@ def check_acceptance(decodes, *, previous: tuple[int, dict[str, Any]] | None = N
     of the same pair name, or None; tolerance: relative drop allowed. Returns a CheckResult
     "acceptance" whose evidence holds the would-be baselines ("baselines") and the comparison.
     """
-    baselines = acceptance_baselines(decodes)
+    baselines = acceptance_baselines(decodes, k=k)
     overall = baselines["overall"]
     evidence: dict[str, Any] = {"baselines": baselines, "tolerance": tolerance, "k": k,
                                 "compared_with_version": previous[0] if previous else None, "comparison": []}
@@ -84,6 +98,7 @@ def check_acceptance(decodes, *, previous: tuple[int, dict[str, Any]] | None = N
     version, previous_baselines = previous
     comparison = compare_baselines(baselines, previous_baselines, tolerance)
     evidence["comparison"] = comparison
+    evidence["not_compared"] = comparable_metrics(baselines, previous_baselines)[1]
     drops = [row for row in comparison if not row["ok"]]
     if drops:
         worst = min(drops, key=lambda row: row["relative_change"])

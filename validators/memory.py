@@ -135,8 +135,8 @@ def kv_cache_bytes(model_dir: str | Path, tokens: int, batch_size: int, bytes_pe
     path = Path(model_dir) / "config.json"
     layers = _config_int(config, "num_hidden_layers", path)
     heads = _config_int(config, "num_attention_heads", path)
-    kv_heads = config.get("num_key_value_heads") or heads  # absent: plain multi-head attention
-    head_dim = config.get("head_dim") or _config_int(config, "hidden_size", path) // heads
+    kv_heads = config_value(config, "num_key_value_heads") or heads  # absent: plain multi-head attention
+    head_dim = config_value(config, "head_dim") or _config_int(config, "hidden_size", path) // heads
     per_token = 2 * layers * kv_heads * head_dim * bytes_per_element
     return {"layers": layers, "kv_heads": kv_heads, "head_dim": head_dim,
             "bytes_per_element": bytes_per_element, "bytes_per_token": per_token,
@@ -165,7 +165,7 @@ def check_memory_headroom(draft_dir: str | Path | None, target_dir: str | Path, 
         raise UsageError(f"invalid batch size {batch_size!r}: must be at least 1")
     target_dir = Path(target_dir)
     if max_context_tokens is None:
-        max_context_tokens = _text_config(target_dir).get("max_position_embeddings")
+        max_context_tokens = config_value(_text_config(target_dir), "max_position_embeddings")
         if not max_context_tokens:
             raise UsageError(f"{target_dir / 'config.json'}: no max_position_embeddings; give the max context length")
     if max_context_tokens < 1:
@@ -240,6 +240,31 @@ def _widest_float(stored_dtypes: dict[str, float]) -> float:
     return max(sizes) if sizes else 2  # no float weights at all (fully quantized): fp16 cache
 
 
+def config_value(config: dict, name: str):
+    """``config[name]`` under its standard transformers name or the architecture's own one:
+    GPT-2 says ``n_layer`` for ``num_hidden_layers``. The renames come from the config class's
+    ``attribute_map`` (PretrainedConfig), looked up by ``model_type`` without instantiating it."""
+    if config.get(name) is not None:
+        return config[name]
+    own_name = attribute_map(config.get("model_type")).get(name)
+    return config.get(own_name) if own_name else None
+
+
+def attribute_map(model_type) -> dict[str, str]:
+    """Standard name -> this architecture's name, from transformers' config class (empty for a
+    model_type transformers does not know)."""
+    if not isinstance(model_type, str) or not model_type:
+        return {}
+    from transformers import CONFIG_MAPPING
+
+    try:
+        config_class = CONFIG_MAPPING[model_type]
+    except (KeyError, ValueError):
+        return {}
+    mapping = getattr(config_class, "attribute_map", None)
+    return {k: v for k, v in mapping.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(mapping, dict) else {}
+
+
 def _text_config(model_dir: Path) -> dict:
     path = model_dir / "config.json"
     try:
@@ -248,12 +273,18 @@ def _text_config(model_dir: Path) -> dict:
         raise ModelReferenceError(f"{path}: missing") from None
     except (OSError, ValueError) as exc:
         raise ModelReferenceError(f"{path}: not valid JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise ModelReferenceError(f"{path}: not a JSON object")
     text_config = config.get("text_config")
-    return text_config if isinstance(text_config, dict) and "num_hidden_layers" in text_config else config
+    if isinstance(text_config, dict) and config_value(text_config, "num_hidden_layers") is not None:
+        return text_config
+    return config
 
 
 def _config_int(config: dict, key: str, path: Path) -> int:
-    value = config.get(key)
-    if not isinstance(value, int) or value < 1:
-        raise ModelReferenceError(f"{path}: field '{key}' missing or not a positive integer")
+    value = config_value(config, key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        own_name = attribute_map(config.get("model_type")).get(key)
+        named = f"'{key}'" + (f" ('{own_name}' in {config.get('model_type')} configs)" if own_name else "")
+        raise ModelReferenceError(f"{path}: field {named} missing or not a positive integer")
     return value

@@ -6,7 +6,8 @@ speedup leaves out each generation's first step (prefill, TTFT) on both sides: t
 DESIGN.md §2's formula models, which short golden outputs would otherwise dilute. Per-token latency
 p50/p95/p99 and the longest run of fully rejected steps come from the speculative decodes. The
 recommended k is the runtime's choose_k over the measured per-position acceptance and the
-measured draft/target step-cost ratio. A speedup below 1 warns (speculation slows this pair
+measured draft/target step-cost ratio, searched only up to the deepest measured position; a
+better k beyond it is reported as extrapolated, never as the recommendation. A speedup below 1 warns (speculation slows this pair
 down here); it does not fail, since CPU figures say little about the serving accelerator.
 """
 
@@ -53,8 +54,12 @@ def check_performance(pair, decodes, *, method: str = "draft_model", k: int = 4,
             cost_ratio = 0.0
         else:
             cost_ratio = measure_cost_ratio(pair.target, pair.draft, decodes.runs[0].prompt_ids, steps=8)
-    per_position = speculative["per_position_acceptance"] or [speculative["acceptance_rate"] or 0.0]
-    best_k, expected = choose_k(per_position, cost_ratio, k_max=max(k_max, k))
+    measured = speculative["per_position_acceptance"] or []
+    per_position = measured or [speculative["acceptance_rate"] or 0.0]
+    # Past the measured positions choose_k can only assume the last one's acceptance holds:
+    # recommend within what was measured, and name a deeper optimum as an extrapolation.
+    best_k, expected = choose_k(per_position, cost_ratio, k_max=max(1, min(max(k_max, k), len(measured))))
+    extrapolated_k, extrapolated = choose_k(per_position, cost_ratio, k_max=max(k_max, k))
     latencies = [s for run in decodes.runs for s in run.speculative.metrics.token_latencies_s]
     decode_speedup = None
     if speculative["decode_tokens_per_s"] and target_only["decode_tokens_per_s"]:
@@ -74,6 +79,9 @@ def check_performance(pair, decodes, *, method: str = "draft_model", k: int = 4,
         "k": k,
         "recommended_k": best_k,
         "expected_speedup_at_recommended_k": expected,
+        "measured_positions": len(measured),
+        "extrapolated_k": extrapolated_k,
+        "expected_speedup_at_extrapolated_k": extrapolated,
     }
     evidence = {"latency_histogram": latency_histogram(latencies),
                 "speculative_time_s": speculative["total_time_s"], "target_only_time_s": target_only["total_time_s"],
@@ -84,6 +92,9 @@ def check_performance(pair, decodes, *, method: str = "draft_model", k: int = 4,
                 f"{figures['latency_p50_ms']:.2f}/{figures['latency_p95_ms']:.2f}/{figures['latency_p99_ms']:.2f} ms, "
                 f"longest rejection run {figures['longest_rejection_run']}, recommended k={best_k} "
                 f"(cost ratio {cost_ratio:.2f})")
+    if extrapolated_k > best_k:
+        headline += (f"; k={extrapolated_k} is extrapolated (expected {extrapolated:.2f}x, assuming positions past the "
+                     f"{len(measured)} measured accept like the last): validate at that k before choosing it")
     if speedup < 1.0:
         return CheckResult(CHECK_NAME, WARN, f"slower than target-only on {pair.device}: {headline}", evidence, figures)
     return CheckResult(CHECK_NAME, PASS, headline, evidence, figures)

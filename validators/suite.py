@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from specreg.errors import RuntimeConfigError, UsageError
-from specreg.core.types import FAIL, PASS, SKIP, CheckResult, combine_statuses
+from specreg.core.types import FAIL, SKIP, CheckResult, combine_statuses
 
 STATIC_CHECKS = ("integrity", "tokenizer", "chat_template", "memory")
 RUNTIME_CHECKS = ("equivalence", "distribution", "acceptance", "performance")
@@ -62,12 +62,44 @@ class SuiteResult:
 
     @property
     def verdict(self) -> str:
+        """The worst check status; a run in which no check ran (all skipped, or none) fails:
+        it measured nothing, so it must not make a version validated."""
         status = combine_statuses(check.status for check in self.checks)
-        return PASS if status == SKIP else status
+        return FAIL if status == SKIP else status
 
     @property
     def passed(self) -> bool:
         return self.verdict != FAIL
+
+    @property
+    def reason(self) -> str | None:
+        """Why the run did not pass, in one line (None when it passed)."""
+        failed = [check.name for check in self.checks if check.status == FAIL]
+        if failed:
+            return f"{', '.join(failed)} failed"
+        if self.verdict == FAIL:
+            skipped = ", ".join(check.name for check in self.checks) or "none selected"
+            return f"no check ran (every selected check was skipped: {skipped})"
+        return None
+
+
+def guarded(name: str, check: Callable[[], CheckResult]) -> CheckResult:
+    """Run one check; an exception inside it becomes that check's ``fail`` with a one-line
+    reason, so one broken check never takes the others (or the recorded run) down. Interrupts
+    (KeyboardInterrupt, SystemExit) still propagate."""
+    try:
+        return check()
+    except UsageError:
+        raise  # the user's arguments, not the pair: exit 2 before anything is judged
+    except Exception as exc:  # noqa: BLE001 - any failure of a check is that check's verdict
+        return error_result(name, exc)
+
+
+def error_result(name: str, exc: Exception) -> CheckResult:
+    """A ``fail`` for check ``name`` that could not run because of ``exc`` (one-line reason)."""
+    message = " ".join(str(exc).split())[:300] or type(exc).__name__
+    return CheckResult(name, FAIL, f"the check could not run: {message}",
+                       {"error": {"type": type(exc).__name__, "message": message}})
 
 
 def environment(device: str, dtype: str) -> dict[str, Any]:
@@ -123,8 +155,8 @@ def run_suite(pair_version, golden, options: ValidationOptions, *, device: str,
     draft_dir = pair_version.draft.path if pair_version.draft else None
     no_draft = "ngram drafting has no draft model to compare"
     if "integrity" in selected:
-        emit(integrity.check_integrity({"target": pair_version.target, "draft": pair_version.draft},
-                                       allow_pickle=pair_version.allow_pickle))
+        emit(guarded("integrity", lambda: integrity.check_integrity(
+            {"target": pair_version.target, "draft": pair_version.draft}, allow_pickle=pair_version.allow_pickle)))
         if result.checks[-1].failed:
             # the files are not the registered ones: nothing measured on them would be about this version
             for name in selected[1:]:
@@ -137,23 +169,27 @@ def run_suite(pair_version, golden, options: ValidationOptions, *, device: str,
         for name in static_pair_checks:
             emit(CheckResult(name, SKIP, no_draft))
     elif static_pair_checks:
-        from specreg.runtime.loading import load_tokenizer
         from specreg.validators.chat_template import check_chat_template_alignment
-        from specreg.validators.tokenizer import check_tokenizer_alignment
+        from specreg.validators.tokenizer import check_tokenizer_alignment, load_pair_tokenizers
 
-        # both checks compare the same two tokenizers: load them once
-        tokenizers = {"draft_tokenizer": load_tokenizer(draft_dir, expected=pair_version.draft.fingerprint),
-                      "target_tokenizer": load_tokenizer(target_dir, expected=pair_version.target.fingerprint)}
-        if "tokenizer" in selected:
-            emit(check_tokenizer_alignment(draft_dir, target_dir, golden, **tokenizers))
-        if "chat_template" in selected:
-            emit(check_chat_template_alignment(draft_dir, target_dir, golden, **tokenizers))
+        tokenizers, load_error = None, None
+        try:
+            # both checks compare the same two tokenizers: load them once, checked against the
+            # registered fingerprints while they are read
+            tokenizers = load_pair_tokenizers(draft_dir, target_dir, draft_expected=pair_version.draft.fingerprint,
+                                              target_expected=pair_version.target.fingerprint)
+        except Exception as exc:  # noqa: BLE001 - a tokenizer that cannot load fails both checks
+            load_error = exc
+        for name, check in (("tokenizer", check_tokenizer_alignment), ("chat_template", check_chat_template_alignment)):
+            if name in selected:
+                emit(error_result(name, load_error) if load_error is not None else
+                     guarded(name, lambda check=check: check(draft_dir, target_dir, golden, **tokenizers)))
     if "memory" in selected:
         from specreg.validators.memory import check_memory_headroom
 
-        emit(check_memory_headroom(draft_dir, target_dir, gpu_memory=options.gpu_memory,
-                                   max_context_tokens=options.max_context_tokens, batch_size=options.batch_size,
-                                   dtype=options.dtype, device=device if device.startswith("cuda") else None))
+        emit(guarded("memory", lambda: check_memory_headroom(
+            draft_dir, target_dir, gpu_memory=options.gpu_memory, max_context_tokens=options.max_context_tokens,
+            batch_size=options.batch_size, dtype=options.dtype, device=device if device.startswith("cuda") else None)))
 
     runtime_checks = [name for name in RUNTIME_CHECKS if name in selected]
     if runtime_checks:
@@ -167,21 +203,6 @@ def run_suite(pair_version, golden, options: ValidationOptions, *, device: str,
         settings = equivalence.SpeculativeSettings(
             method=config.method.value, k=config.num_speculative_tokens,
             prompt_lookup_min=config.prompt_lookup_min or 1, prompt_lookup_max=config.prompt_lookup_max or 3)
-        try:
-            # loaded from what is checked against the registered fingerprints while it is read:
-            # files swapped since the integrity check are never validated as the registered ones
-            pair = load_pair(target_dir, draft_dir, device=device, dtype=options.dtype,
-                             target_fingerprint=pair_version.target.fingerprint,
-                             draft_fingerprint=pair_version.draft.fingerprint if pair_version.draft else None)
-        except RuntimeConfigError as exc:
-            # the runtime refuses to verify one model against the other: the pair cannot serve
-            for name in runtime_checks:
-                status, summary = (FAIL, f"the runtime refuses this pair: {exc}") if name == runtime_checks[0] else \
-                    (SKIP, "not run: the runtime refuses this pair")
-                emit(CheckResult(name, status, summary, {"error": str(exc)}))
-            result.summary = build_summary(result, golden, options, device)
-            return result
-
         total = len(golden)
         done = [0]
 
@@ -190,23 +211,45 @@ def run_suite(pair_version, golden, options: ValidationOptions, *, device: str,
             if progress:
                 progress(done[0], total, record_id)
 
-        decodes = equivalence.decode_golden(pair, golden, settings, seed=options.seed, progress=advance, hooks=hooks)
+        try:
+            # loaded from what is checked against the registered fingerprints while it is read:
+            # files swapped since the integrity check are never validated as the registered ones
+            pair = load_pair(target_dir, draft_dir, device=device, dtype=options.dtype,
+                             target_fingerprint=pair_version.target.fingerprint,
+                             draft_fingerprint=pair_version.draft.fingerprint if pair_version.draft else None)
+            decodes = equivalence.decode_golden(pair, golden, settings, seed=options.seed, progress=advance,
+                                                hooks=hooks)
+        except UsageError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every runtime check needs the decodes
+            # RuntimeConfigError: the runtime refuses to verify one model against the other
+            refused = "refuses" if isinstance(exc, RuntimeConfigError) else "cannot run"
+            message = " ".join(str(exc).split())[:300] or type(exc).__name__
+            for name in runtime_checks:
+                status, summary = (FAIL, f"the runtime {refused} this pair: {message}") if name == runtime_checks[0] \
+                    else (SKIP, f"not run: the runtime {refused} this pair")
+                emit(CheckResult(name, status, summary, {"error": {"type": type(exc).__name__, "message": message}}))
+            result.summary = build_summary(result, golden, options, device)
+            return result
+
         if "equivalence" in selected:
             tolerance = options.near_tie_tolerance
             if tolerance is None:
                 tolerance = default_near_tie_tolerance(options.dtype)
-            emit(equivalence.check_equivalence(pair, decodes, tolerance=tolerance))
+            emit(guarded("equivalence", lambda: equivalence.check_equivalence(pair, decodes, tolerance=tolerance)))
         if "distribution" in selected:
-            emit(distribution.check_distribution(pair, golden, decodes, method=settings.method,
-                                                 samples=options.distribution_samples, seed=options.seed,
-                                                 acceptance_rule=hooks.get("acceptance_rule")))
-        baselines = acceptance.acceptance_baselines(decodes)
+            emit(guarded("distribution", lambda: distribution.check_distribution(
+                pair, golden, decodes, method=settings.method, samples=options.distribution_samples,
+                seed=options.seed, acceptance_rule=hooks.get("acceptance_rule"))))
         if "acceptance" in selected:
-            emit(acceptance.check_acceptance(decodes, previous=previous_baselines,
-                                             tolerance=options.acceptance_tolerance, k=settings.k))
-            result.baselines = baselines
+            check = guarded("acceptance", lambda: acceptance.check_acceptance(
+                decodes, previous=previous_baselines, tolerance=options.acceptance_tolerance, k=settings.k))
+            emit(check)
+            if isinstance(check.evidence, dict) and "baselines" in check.evidence:
+                result.baselines = check.evidence["baselines"]  # kept only if the run passes
         if "performance" in selected:
-            emit(performance.check_performance(pair, decodes, method=settings.method, k=settings.k))
+            emit(guarded("performance", lambda: performance.check_performance(
+                pair, decodes, method=settings.method, k=settings.k)))
     result.summary = build_summary(result, golden, options, device)
     return result
 
@@ -217,6 +260,7 @@ def build_summary(result: SuiteResult, golden, options: ValidationOptions, devic
     by_name = {check.name: check for check in result.checks}
     summary: dict[str, Any] = {
         "verdict": result.verdict,
+        "reason": result.reason,
         "checks": {check.name: check.status for check in result.checks},
         "golden_set": {"name": golden.name, "version": golden.version, "sha256": golden.content_sha256,
                        "prompts": len(golden)},

@@ -10,6 +10,14 @@ token passes there and silently lowers acceptance (or corrupts sampling). Here w
 - encoding settings in tokenizer_config.json (warn: their effect is checked on real prompts);
 - embedding sizes (config.json vocab_size): extra rows beyond the tokenizer are padding -> warn;
 - every golden prompt encoded by both sides, showing the first differing token.
+
+The draft's files are read the way a serving engine uses them: engines tokenize with the
+target's tokenizer and feed the draft those ids (vLLM's draft ModelConfig takes the target's
+tokenizer), so the draft's tokenizer files are loaded with the target's tokenizer class. What
+transformers' AutoTokenizer builds for the draft on its own (in transformers 5 it may pick the
+class from config.json's model_type, e.g. a Qwen2Tokenizer that adds '<|endoftext|>') is
+compared too and a difference is a warning: only a peer that loads the draft's tokenizer
+itself (HF assisted generation) would see it.
 """
 
 from __future__ import annotations
@@ -42,10 +50,11 @@ def check_tokenizer_alignment(draft_dir: str | Path, target_dir: str | Path, gol
     embeddings or differing encoding settings whose effect the golden prompts did not show.
     """
     draft_dir, target_dir = Path(draft_dir), Path(target_dir)
-    draft = draft_tokenizer if draft_tokenizer is not None else load_tokenizer(draft_dir)
     target = target_tokenizer if target_tokenizer is not None else load_tokenizer(target_dir)
+    draft = draft_tokenizer if draft_tokenizer is not None else load_tokenizer(draft_dir, type(target))
     findings: list[dict] = []
     notes: list[str] = []
+    findings += _compare_loaders(draft_dir, draft)
 
     findings += _compare_vocab(draft.get_vocab(), target.get_vocab())
 
@@ -88,7 +97,54 @@ def check_tokenizer_alignment(draft_dir: str | Path, target_dir: str | Path, gol
     return CheckResult(CHECK_NAME, status, summary, evidence, figures)
 
 
+def load_pair_tokenizers(draft_dir: str | Path, target_dir: str | Path, *, draft_expected=None,
+                         target_expected=None) -> dict[str, Any]:
+    """Both tokenizers as an engine uses them: the target's, and the draft's files read with
+    the target's tokenizer class -> {"draft_tokenizer", "target_tokenizer"} (the keyword
+    arguments of the tokenizer and chat-template checks). *_expected: the registered
+    fingerprints, checked while the files are read (runtime.loading.load_tokenizer)."""
+    target = load_tokenizer(target_dir, expected=target_expected)
+    return {"draft_tokenizer": load_tokenizer(draft_dir, expected=draft_expected, tokenizer_class=type(target)),
+            "target_tokenizer": target}
+
+
 # --- the comparisons ------------------------------------------------------------------
+
+
+def _compare_loaders(draft_dir: Path, draft) -> list[dict]:
+    """A warning when AutoTokenizer, left to itself, builds the draft's tokenizer differently
+    from its files read as the engine reads them (``draft``): another class, extra tokens,
+    other special tokens."""
+    try:
+        own = load_tokenizer(draft_dir)
+    except ModelReferenceError as exc:
+        return [{"aspect": "loader", "status": WARN,
+                 "message": f"transformers cannot load the draft's tokenizer on its own ({exc}); engines use the "
+                            "target's tokenizer, so this matters only to peers that load the draft's"}]
+    if type(own) is type(draft):
+        return []
+    differences = []
+    ours, engine = own.get_vocab(), draft.get_vocab()
+    extra = sorted((t for t in ours if t not in engine), key=ours.get)
+    if extra:
+        differences.append("adds " + ", ".join(f"{t!r} (id {ours[t]})" for t in extra[:3])
+                           + (f" and {len(extra) - 3} more" if len(extra) > 3 else ""))
+    moved = [t for t in engine if t in ours and ours[t] != engine[t]]
+    if moved or len(extra) < len(ours) - len(engine):
+        differences.append(f"maps {len(moved) or 'some'} token(s) to other ids")
+    for role in SPECIAL_TOKEN_ROLES:
+        mine, theirs = getattr(own, f"{role}_token", None), getattr(draft, f"{role}_token", None)
+        if mine != theirs:
+            differences.append(f"sets {role} token {mine!r} (files: {theirs!r})")
+    if not differences:
+        return []
+    model_type = (_read_json(draft_dir / "config.json") or {}).get("model_type")
+    return [{"aspect": "loader", "status": WARN, "loader_class": type(own).__name__,
+             "engine_class": type(draft).__name__,
+             "message": f"transformers builds a {type(own).__name__} for the draft (from its model_type "
+                        f"{model_type!r}) that {'; '.join(differences)}; engines feed the draft the target's "
+                        f"token ids ({type(draft).__name__} over the same files), so only a peer loading the "
+                        "draft's own tokenizer (HF assisted generation) would see this"}]
 
 
 def _compare_vocab(draft_vocab: dict[str, int], target_vocab: dict[str, int]) -> list[dict]:

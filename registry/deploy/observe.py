@@ -11,6 +11,7 @@ knows the names of, so observing it is refused with that reason.
 
 from __future__ import annotations
 
+import math
 import time
 import urllib.error
 import urllib.parse
@@ -30,16 +31,24 @@ SGLANG_ACCEPT_RATE = "sglang:spec_accept_rate"
 
 # The live figures compare_with_baseline checks, against baselines["overall"].
 COMPARED = ("acceptance_rate", "mean_acceptance_length")
+# A vLLM /metrics page is some hundred KB (histograms per model and engine); 16 MiB bounds the
+# memory and parse time a wrong or hostile endpoint can cost.
+MAX_RESPONSE_BYTES = 16 * 2**20
+MAX_INTERVAL_S = 86_400.0  # a day between the two scrapes at most
 
 
-def scrape(url: str, timeout: float = 5.0) -> str:
-    """GET a Prometheus text endpoint; returns the body. Unreachable endpoint or HTTP error ->
-    SpecregError naming the URL."""
+def scrape(url: str, timeout: float = 5.0, max_bytes: int = MAX_RESPONSE_BYTES) -> str:
+    """GET a Prometheus text endpoint; returns the body. Unreachable endpoint, HTTP error or a
+    body over ``max_bytes`` (read no further) -> SpecregError naming the URL."""
     if urllib.parse.urlparse(url).scheme not in ("http", "https"):
         raise UsageError(f"metrics URL {url!r} must be http:// or https://")
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
-            return response.read().decode("utf-8", errors="replace")
+            body = response.read(max_bytes + 1)
+            if len(body) > max_bytes:
+                raise SpecregError(f"metrics endpoint {url} sent more than {max_bytes} bytes; a metrics page "
+                                   f"is far smaller: is this the engine's /metrics?")
+            return body.decode("utf-8", errors="replace")
     except urllib.error.HTTPError as exc:
         raise SpecregError(f"metrics endpoint {url} answered HTTP {exc.code} {exc.reason}") from None
     except urllib.error.URLError as exc:
@@ -175,8 +184,7 @@ def observe(url: str, engine: str = "vllm", interval: float = 30.0, model_name: 
     from datetime import datetime, timezone
 
     check_engine(engine)
-    if interval <= 0:
-        raise UsageError(f"--interval {interval} must be > 0 seconds")
+    check_interval(interval)
     first = read_engine(scrape(url, timeout), engine, model_name, url)
     started = time.monotonic()
     sleep(interval)
@@ -185,6 +193,14 @@ def observe(url: str, engine: str = "vllm", interval: float = 30.0, model_name: 
     live.update({"url": url, "model_name": model_name,
                  "observed_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
     return live
+
+
+def check_interval(interval: float) -> None:
+    """UsageError unless the interval is a finite number of seconds in (0, MAX_INTERVAL_S]:
+    NaN, inf and 1e300 would crash time.sleep."""
+    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not math.isfinite(interval) \
+            or not 0 < interval <= MAX_INTERVAL_S:
+        raise UsageError(f"--interval {interval!r} must be a number of seconds above 0 and at most {MAX_INTERVAL_S:g}")
 
 
 def compare_with_baseline(live: dict[str, Any], baselines: dict[str, Any] | None, tolerance: float = 0.1) -> dict[str, Any]:

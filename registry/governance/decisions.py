@@ -183,6 +183,32 @@ def approvals_of(session: Session, pair_version_id: int) -> list[ApprovalRow]:
                                 .order_by(ApprovalRow.created_at, ApprovalRow.id)))
 
 
+def latest_decision(session: Session, row: PairVersionRow) -> ApprovalRow | None:
+    """The newest approval or rejection of ``row`` by someone other than its registrant that a
+    later failed validation has not withdrawn (None: no standing decision)."""
+    last_failure = next((r for r in finished_runs(session, row.id) if r.status == "failed"), None)
+    standing = [a for a in approvals_of(session, row.id) if a.actor != row.registered_by
+                and (last_failure is None or a.created_at >= last_failure.finished_at)]
+    return standing[-1] if standing else None
+
+
+def approval_standing(store: Store, name: str, version: int, env: EnvironmentPolicy | None = None) -> Condition:
+    """Whether ``name@version`` stands approved now, by the gate's approval rule (four-eyes, the
+    latest decision wins, a failed validation withdraws), whatever its lifecycle state says.
+    ``env``: whose approvers count (None: anyone but the registrant). An environment that needs
+    no approval does not make a version approved: the Condition passes only on an approval."""
+    from dataclasses import replace
+
+    from specreg.registry.governance.policy import ENVIRONMENT_DEFAULTS
+
+    if env is None:
+        env = EnvironmentPolicy(name="export", **{**ENVIRONMENT_DEFAULTS, "required_checks": (),
+                                                            "approvers": ()})
+    with store.session() as session:
+        return approval_condition(session, store.version_row(session, name, version),
+                                  replace(env, approval_required=True))
+
+
 # --- the conditions ----------------------------------------------------------------------------
 
 def evaluate(session: Session, row: PairVersionRow, env: EnvironmentPolicy, *, golden_sha256: str,
@@ -274,24 +300,30 @@ def acceptance_condition(session: Session, row: PairVersionRow, run: ValidationR
     on the same golden set (drift) and (b) the environment's current holder."""
     if figures is None:
         return Condition("acceptance", False, "no acceptance figures to compare")
-    references: list[tuple[str, dict[str, float]]] = []
+    references: list[tuple[str, ValidationRunRow]] = []
     earlier = [r for r in finished_runs(session, row.id)
                if r.id < run.id and r.status == "passed" and r.golden_sha256 == golden_sha256]
     if earlier and overall_figures(earlier[0]):
-        references.append((f"run {earlier[0].id} of this version", overall_figures(earlier[0])))
+        references.append((f"run {earlier[0].id} of this version", earlier[0]))
     if holder is not None and holder.id != row.id:
         holder_runs = [r for r in finished_runs(session, holder.id)
                        if r.status == "passed" and r.golden_sha256 == golden_sha256]
         if holder_runs and overall_figures(holder_runs[0]):
-            references.append((f"{env.name} holder {holder.pair.name}@{holder.version}", overall_figures(holder_runs[0])))
+            references.append((f"{env.name} holder {holder.pair.name}@{holder.version}", holder_runs[0]))
     if not references:
         return Condition("acceptance", True,
                          f"acceptance rate {figures['acceptance_rate']:.3f}; no earlier baseline on this golden set",
                          {"figures": figures})
     drops: list[str] = []
     compared: list[dict[str, Any]] = []
-    for source, baseline in references:
+    k = (run.baselines or {}).get("k")
+    for source, reference in references:
+        baseline = overall_figures(reference)
+        # tau counts up to k + 1 tokens a step: comparable only at the same k; alpha-hat always
+        same_k = k is not None and (reference.baselines or {}).get("k") == k
         for key, value in figures.items():
+            if key == "mean_acceptance_length" and not same_k:
+                continue
             floor = baseline[key] * (1 - env.acceptance_tolerance)
             compared.append({"reference": source, "figure": key, "value": value, "baseline": baseline[key], "floor": floor})
             if value < floor:
@@ -427,9 +459,20 @@ def describe_holder(version: int | None) -> str:
 def rollback(store: Store, name: str, environment: str, *, actor: str, reason: str | None = None) -> PointerMove:
     """Point ``environment`` back at the version that held it before, in one transaction.
 
-    The rolled-back version releases the environment; the previous one becomes the holder
-    (it must not be retired). Afterwards no earlier holder is remembered: a second rollback
-    is refused rather than flipping back to the version just rolled back."""
+    The rolled-back version releases the environment; the previous one becomes the holder. It
+    is refused (PolicyViolation) when the previous one is retired or failed, when the latest
+    decision on it is a rejection, or when its models changed since registration (re-hashed
+    here, before the transaction). Afterwards no earlier holder is remembered: a second
+    rollback is refused rather than flipping back to the version just rolled back."""
+    seen_previous, changes = None, []
+    with store.session() as session:
+        pair_id = session.scalar(select(PairRow.id).where(PairRow.name == name))
+        pointer = pointer_row(session, pair_id, environment) if pair_id is not None else None
+        if pointer is not None and pointer.previous_version_id is not None:
+            seen_previous = version_number(session, pointer.previous_version_id)
+    if seen_previous is not None:
+        # slow (hashes every weight file): outside the transaction, re-checked against the pointer below
+        changes = fingerprint_changes(store.get_version(name, seen_previous))
     with store.session(write=True) as session:
         pair = lock_pair(session, name)
         pointer = pointer_row(session, pair.id, environment, lock=True)
@@ -439,8 +482,18 @@ def rollback(store: Store, name: str, environment: str, *, actor: str, reason: s
             raise IllegalTransitionError(f"{name}@{environment}: no previous holder recorded to roll back to; "
                                          f"promote a version explicitly")
         previous = session.get(PairVersionRow, pointer.previous_version_id, with_for_update=True)
-        if previous.state == PairState.RETIRED.value:
-            raise PolicyViolation(f"cannot roll back {name}@{environment} to {name}@{previous.version}: it is retired")
+        if previous.version != seen_previous:
+            raise ConcurrentUpdateError(f"{name}@{environment}: the previous holder changed while rolling back "
+                                        f"(now {name}@{previous.version}): nothing changed, run it again")
+        target = f"cannot roll back {name}@{environment} to {name}@{previous.version}"
+        if previous.state in (PairState.RETIRED.value, PairState.FAILED.value):
+            raise PolicyViolation(f"{target}: it is {previous.state}")
+        latest = latest_decision(session, previous)
+        if latest is not None and latest.decision == REJECTED:
+            note = f": {latest.note}" if latest.note else ""
+            raise PolicyViolation(f"{target}: it was rejected by {latest.actor}{note}")
+        if changes:
+            raise PolicyViolation(f"{target}: its models changed since registration: {', '.join(changes)}")
         current = session.get(PairVersionRow, pointer.pair_version_id) if pointer.pair_version_id else None
         current_version = current.version if current else None
         pointer.pair_version_id, pointer.previous_version_id = previous.id, None

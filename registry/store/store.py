@@ -141,31 +141,56 @@ class Store:
             raise StoreError(describe_db_error(self.url, exc)) from None
 
     def check_schema(self, auto_create: bool = True) -> None:
-        """A fresh database is migrated to the head; an out-of-date one is refused."""
+        """A fresh database is migrated to the head; an out-of-date one is refused. Several
+        processes starting on one fresh database queue on the migration lock: the first
+        migrates, the others find the head when they get the lock."""
         revision = self.current_revision()
         if revision == SCHEMA_HEAD:
             return
-        if revision is None:
-            with self.engine.connect() as connection:
-                existing = [t for t in inspect(connection).get_table_names() if t in Base_tables()]
-            if existing:
-                raise SchemaOutOfDateError(
-                    f"database {safe_url(self.url)} has specreg tables but no migration record; "
-                    f"run `specreg db upgrade`"
-                )
-            if auto_create:
-                self.upgrade()
+        if revision is None and auto_create:
+            from specreg.registry.store.migrate import migration_lock
+
+            with self._errors(), migration_lock(self.engine):
+                revision = self.current_revision()
+                if revision is None:
+                    self.refuse_unrecorded_tables()
+                    self._upgrade()
+                    return
+            if revision == SCHEMA_HEAD:
                 return
+        if revision is None:
+            self.refuse_unrecorded_tables()
         raise SchemaOutOfDateError(
             f"database {safe_url(self.url)} is at schema revision {revision or 'none'}, this specreg "
             f"needs {SCHEMA_HEAD}: run `specreg db upgrade`"
         )
 
+    def refuse_unrecorded_tables(self) -> None:
+        with self._errors(), self.engine.connect() as connection:
+            existing = [t for t in inspect(connection).get_table_names() if t in Base_tables()]
+        if existing:
+            raise SchemaOutOfDateError(
+                f"database {safe_url(self.url)} has specreg tables but no migration record; "
+                f"run `specreg db upgrade`"
+            )
+
     def upgrade(self, revision: str = "head") -> None:
+        """Migrate to ``revision`` under the migration lock."""
+        from specreg.registry.store.migrate import migration_lock
+
+        with self._errors(), migration_lock(self.engine):
+            self._upgrade(revision)
+
+    def _upgrade(self, revision: str = "head") -> None:
         from specreg.registry.store.migrate import run_upgrade
 
+        run_upgrade(self.engine, revision)
+
+    @contextlib.contextmanager
+    def _errors(self) -> Iterator[None]:
+        """Database errors as StoreError naming the database (no password)."""
         try:
-            run_upgrade(self.engine, revision)
+            yield
         except (OperationalError, DBAPIError) as exc:
             raise StoreError(describe_db_error(self.url, exc)) from None
 

@@ -129,7 +129,8 @@ class ValidationStore:
             row.baselines = baselines if passed else None
             row.finished_at = utcnow()
             failed = [c.name for c in row.checks if c.status == "fail"]
-            reason = "validation passed" if passed else f"validation failed: {', '.join(failed) or 'see run'}"
+            why = f"{', '.join(failed)} failed" if failed else (summary or {}).get("reason") or "see run"
+            reason = "validation passed" if passed else f"validation failed: {why}"
             moved = self.store.transition(
                 pair_version.name, pair_version.version, to_state, actor=actor, action="validate",
                 reason=reason, details={"validation_run_id": row.id, "golden_set": row.golden_set,

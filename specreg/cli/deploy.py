@@ -17,10 +17,11 @@ from specreg.cli.common import cli, db_option, fmt_number, json_option, open_reg
 @click.option("--template", default=None, metavar="PATH", help="Render this Jinja2 template (sandboxed) instead.")
 @click.option("--option", "option_pairs", multiple=True, metavar="KEY=VALUE",
               help="Override an export option (port, tensor_parallel_size, tolerance, for, image, ...).")
-@click.option("--force", is_flag=True, help="Export a version that is not validated and approved (marked UNAPPROVED); overwrite files.")
+@click.option("--force", is_flag=True, help="Export a version that is not validated and approved (marked UNAPPROVED).")
+@click.option("--overwrite", is_flag=True, help="Replace files that already exist in the output folder.")
 @db_option
 @json_option
-def export(ref, fmt, out_dir, template, option_pairs, force, db_url, as_json):
+def export(ref, fmt, out_dir, template, option_pairs, force, overwrite, db_url, as_json):
     """Write deployment configs for a serving engine, with the pair's identity and baselines."""
     from specreg.errors import UsageError
 
@@ -30,7 +31,7 @@ def export(ref, fmt, out_dir, template, option_pairs, force, db_url, as_json):
         if not sep or not key:
             raise UsageError(f"invalid --option {pair!r}: use KEY=VALUE")
         options[key] = yaml_scalar(value)
-    files = open_registry(db_url).export(ref, fmt, out_dir=out_dir, force=force, overwrite=force,
+    files = open_registry(db_url).export(ref, fmt, out_dir=out_dir, force=force, overwrite=overwrite,
                                          template=template, options=options or None)
     if as_json:
         print_json([{"file": name, "text": text} for name, text in files])

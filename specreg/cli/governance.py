@@ -205,6 +205,35 @@ def env_list(name, db_url, as_json):
                   r["updated_at"]] for r in rows])
 
 
+@env_group.command(name="history")
+@click.argument("name")
+@click.option("--env", "environment", required=True, metavar="ENV", help="The environment.")
+@click.option("--at", "at", default=None, metavar="TIME",
+              help="Only the version that held ENV at TIME (ISO 8601; UTC when no offset is given).")
+@db_option
+@json_option
+def env_history(name, environment, at, db_url, as_json):
+    """Which version of pair NAME held ENV when (from the audit log of promote, rollback, retire)."""
+    tenures = open_registry(db_url).environment_history(name, environment, at=at)
+    if as_json:
+        print_json([t.to_dict() for t in tenures])
+        return
+    if at is not None:
+        if not tenures:
+            click.echo(f"no version of {name} held {environment} at {at}")
+        else:
+            t = tenures[0]
+            click.echo(f"{name}@{t.version} held {environment} at {at} (since {t.to_dict()['since']}, "
+                       f"{t.action} by {t.actor})")
+        return
+    if not tenures:
+        click.echo(f"no version of {name} has held {environment}")
+        return
+    print_table(["VERSION", "SINCE (UTC)", "UNTIL (UTC)", "BY", "ACTION", "REASON"],
+                [[t.version if t.version is not None else "(none)", t.to_dict()["since"], t.to_dict()["until"] or "now",
+                  t.actor, t.action, t.reason] for t in tenures])
+
+
 @cli.group(name="policy")
 def policy_group() -> None:
     """The promotion policy."""

@@ -74,4 +74,5 @@ def validate(ref, golden, device, dtype, checks, gpu_memory, acceptance_toleranc
         print_table(["CHECK", "STATUS", "SUMMARY"], [[c.name, c.status, c.summary] for c in run.checks])
         click.echo(f"{run.label}: validation run {run.id} {run.status}; state {version.state.value}")
     if not outcome.passed:
-        raise PolicyViolation(f"{run.label} failed validation run {run.id}: {', '.join(run.failed_checks)} failed")
+        why = f"{', '.join(run.failed_checks)} failed" if run.failed_checks else (run.summary or {}).get("reason")
+        raise PolicyViolation(f"{run.label} failed validation run {run.id}: {why or 'see the run'}")

@@ -49,7 +49,7 @@ def record_validation(registry: Registry, ref: str, *, status: str = "passed", g
                 "per_position_acceptance": [rate, rate * 0.9], "drafted": 100, "accepted": round(100 * rate),
                 "generated_tokens": 64, "target_forwards": 20, "longest_rejection_run": 1, "generations": 4}
 
-    baselines = {"overall": figures(acceptance_rate),
+    baselines = {"k": version.config.num_speculative_tokens, "overall": figures(acceptance_rate),
                  "per_category": {"code": figures(acceptance_rate + 0.05)}} if status == "passed" else None
     store = registry.store
     with store.session(write=True) as session:

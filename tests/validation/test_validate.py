@@ -135,18 +135,17 @@ def test_weights_modified_after_registration_fail_integrity_naming_the_file(regi
     assert outcome.version.state is PairState.FAILED
 
 
-def test_corrupt_weights_are_an_error_that_leaves_state_unchanged(registry, models, golden_path, tmp_path):
-    from specreg.errors import SpecregError
-
+def test_corrupt_weights_fail_the_check_that_reads_them(registry, models, golden_path, tmp_path):
+    # issue 14: an exception inside one check is that check's failure, never the run's abort
     draft = copy_model(models["draft"], tmp_path / "corrupt")
     registry.register("corrupt", target=str(models["target"]), draft=str(draft), num_speculative_tokens=3)
     (draft / "model.safetensors").write_bytes(b"\x00" * 64)
-    with pytest.raises(SpecregError) as raised:
-        registry.validate("corrupt@1", golden=str(golden_path), device="cpu", checks="memory")
-    assert "model.safetensors" in str(raised.value) and "\n" not in str(raised.value)
+    outcome = registry.validate("corrupt@1", golden=str(golden_path), device="cpu", checks="memory")
+    memory = outcome.checks[0]
+    assert memory.status == "fail" and "model.safetensors" in memory.summary and "\n" not in memory.summary
     run = registry.validation_runs("corrupt@1")[-1]
-    assert run.status == "error" and "model.safetensors" in run.error
-    assert registry.get("corrupt@1").state is PairState.REGISTERED
+    assert run.status == "failed" and run.error is None
+    assert registry.get("corrupt@1").state is PairState.FAILED
 
 
 def test_user_errors_before_any_run(registry, models, golden_path, tmp_path):

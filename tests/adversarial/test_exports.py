@@ -1,0 +1,203 @@
+"""Exports and rollback against the approval decisions, and export paths (issue 14 items 6, 14).
+
+Real `specreg` processes on real database rows (SQLite and PostgreSQL); validations are the
+recorded rows of tests/governance/govstate.py, so no speculative runtime runs here.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from specreg.api import Registry
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "governance"))
+from govstate import POLICY_TOML, record_validation  # noqa: E402
+
+SPECREG = [sys.executable, "-m", "specreg.cli"]
+
+
+def run(*args):
+    result = subprocess.run(SPECREG + [str(a) for a in args], capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in result.stderr, result.stderr
+    return result
+
+
+def one_line_error(result, code: int, *needles: str) -> None:
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
+    assert result.stderr.count("\n") == 1, result.stderr
+    for needle in needles:
+        assert needle in result.stderr, result.stderr
+
+
+@pytest.fixture
+def pair(db_url, tiny_models, tmp_path, monkeypatch):
+    """Copies of the tiny models (so a test may change them) and a policy on the smoke set;
+    returns (db_url, {"target": dir, "draft": dir})."""
+    policy = tmp_path / "specreg.toml"
+    policy.write_text(POLICY_TOML)
+    monkeypatch.setenv("SPECREG_POLICY", str(policy))
+    models = {role: shutil.copytree(tiny_models[role], tmp_path / "models" / role) for role in ("target", "draft")}
+    return db_url, models
+
+
+def register(db_url, models, k: int) -> str:
+    return Registry(db_url, user="alice").register(
+        "ship", target=str(models["target"]), draft=str(models["draft"]), num_speculative_tokens=k).version.label
+
+
+def approved_in_production(db_url, models, k: int) -> str:
+    """ship@N registered by alice, validated, approved by bob, promoted to production."""
+    label = register(db_url, models, k)
+    alice = Registry(db_url, user="alice")
+    record_validation(alice, label)
+    Registry(db_url, user="bob").approve(label)
+    alice.promote(label, "production")
+    return label
+
+
+def k8s_approval(stdout: str) -> str:
+    """The specreg.io/approval annotation of the exported Deployment."""
+    documents = [d for d in yaml.safe_load_all(stdout.split("\n", 1)[1]) if d]
+    deployment = next(d for d in documents if d["kind"] == "Deployment")
+    return deployment["metadata"]["annotations"]["specreg.io/approval"]
+
+
+# --- item 6: export reads the decisions --------------------------------------------------------
+
+def test_export_of_never_approved_version_is_refused_and_forced_marked_unapproved(pair, tmp_path):
+    db_url, models = pair
+    label = register(db_url, models, 4)
+    alice = Registry(db_url, user="alice")
+    record_validation(alice, label)
+    alice.promote(label, "staging")  # staging needs no approval: state promoted, no decision
+    assert alice.get(label).state.value == "promoted"
+
+    refused = run("export", label, "--format", "k8s-vllm", "--db", db_url)
+    one_line_error(refused, 100, "ship@1", "not validated and approved", "needs an approval")
+    forced = run("export", label, "--format", "k8s-vllm", "--force", "--db", db_url)
+    assert forced.returncode == 0, forced.stderr
+    assert k8s_approval(forced.stdout) == "UNAPPROVED"
+    assert "UNAPPROVED: exported with --force" in forced.stdout
+
+
+def test_export_of_rejected_version_is_unapproved(pair):
+    db_url, models = pair
+    label = approved_in_production(db_url, models, 4)
+    Registry(db_url, user="carol").reject(label, note="acceptance regressed on code prompts")
+    assert Registry(db_url).get(label).state.value == "promoted"  # a rejection keeps a promoted state
+
+    refused = run("export", label, "--format", "vllm", "--db", db_url)
+    one_line_error(refused, 100, "rejected by carol")
+    forced = run("export", label, "--format", "vllm", "--force", "--db", db_url)
+    assert forced.returncode == 0, forced.stderr
+    assert "UNAPPROVED" in forced.stdout
+
+
+def test_export_of_approved_version_after_rejection_and_reapproval(pair):
+    db_url, models = pair
+    label = approved_in_production(db_url, models, 4)
+    Registry(db_url, user="carol").reject(label)
+    Registry(db_url, user="dave").approve(label, note="re-checked")  # latest decision wins
+    result = run("export", label, "--format", "k8s-vllm", "--db", db_url)
+    assert result.returncode == 0, result.stderr
+    assert k8s_approval(result.stdout) == "approved" and "UNAPPROVED" not in result.stdout
+
+
+# --- item 6: rollback re-checks ---------------------------------------------------------------
+
+def two_holders(db_url, models) -> tuple[str, str]:
+    first = approved_in_production(db_url, models, 4)
+    second = approved_in_production(db_url, models, 3)
+    return first, second
+
+
+def test_rollback_refuses_a_rejected_version(pair):
+    db_url, models = pair
+    first, second = two_holders(db_url, models)
+    Registry(db_url, user="carol").reject(first, note="leaks the system prompt")
+    refused = run("rollback", "ship", "--env", "production", "--db", db_url, "--user", "alice")
+    one_line_error(refused, 100, "ship@1", "rejected by carol")
+    assert Registry(db_url).get("ship@production").label == second  # nothing moved
+
+
+def test_rollback_refuses_a_failed_version(pair):
+    db_url, models = pair
+    first, second = two_holders(db_url, models)
+    record_validation(Registry(db_url, user="alice"), first, status="failed")
+    refused = run("rollback", "ship", "--env", "production", "--db", db_url, "--user", "alice")
+    one_line_error(refused, 100, "ship@1", "failed")
+    assert Registry(db_url).get("ship@production").label == second
+
+
+def test_rollback_refuses_changed_fingerprints(pair):
+    db_url, models = pair
+    first, second = two_holders(db_url, models)
+    weights = next(models["draft"].glob("*.safetensors"))
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF  # one flipped bit in the last tensor's data
+    weights.write_bytes(bytes(data))
+    refused = run("rollback", "ship", "--env", "production", "--db", db_url, "--user", "alice")
+    one_line_error(refused, 100, "ship@1", "draft weight file")
+    assert Registry(db_url).get("ship@production").label == second
+
+
+def test_rollback_to_an_intact_approved_version_still_works(pair):
+    db_url, models = pair
+    first, second = two_holders(db_url, models)
+    result = run("rollback", "ship", "--env", "production", "--db", db_url, "--user", "alice")
+    assert result.returncode == 0, result.stderr
+    assert Registry(db_url).get("ship@production").label == first
+
+
+# --- item 6 / 14: --force is not --overwrite; paths are checked first and written atomically ----
+
+def test_force_does_not_overwrite_and_overwrite_exists(pair, tmp_path):
+    db_url, models = pair
+    label = approved_in_production(db_url, models, 4)
+    out = tmp_path / "out"
+    assert run("export", label, "--format", "vllm", "-o", out, "--db", db_url).returncode == 0
+    script = out / "vllm-serve.sh"
+    script.write_text("# edited by hand\n")
+    forced = run("export", label, "--format", "vllm", "-o", out, "--force", "--db", db_url)
+    one_line_error(forced, 1, "exists", "--overwrite")
+    assert script.read_text() == "# edited by hand\n"
+    overwritten = run("export", label, "--format", "vllm", "-o", out, "--overwrite", "--db", db_url)
+    assert overwritten.returncode == 0, overwritten.stderr
+    assert "ship@1" in script.read_text() and "UNAPPROVED" not in script.read_text()
+
+
+def test_export_onto_a_directory_name_writes_nothing(pair, tmp_path):
+    db_url, models = pair
+    label = approved_in_production(db_url, models, 4)
+    out = tmp_path / "out"
+    (out / "vllm-speculative-config.json").mkdir(parents=True)  # the second file's name is a folder
+    result = run("export", label, "--format", "vllm", "-o", out, "--overwrite", "--db", db_url)
+    one_line_error(result, 1, "vllm-speculative-config.json", "directory")
+    assert sorted(p.name for p in out.iterdir()) == ["vllm-speculative-config.json"]  # no half set
+
+
+def test_export_to_a_file_or_below_a_file(pair, tmp_path):
+    db_url, models = pair
+    label = approved_in_production(db_url, models, 4)
+    plain = tmp_path / "plain.txt"
+    plain.write_text("keep me\n")
+    for out in (plain, plain / "sub"):
+        result = run("export", label, "--format", "vllm", "-o", out, "--db", db_url)
+        one_line_error(result, 1, str(plain), "not a directory")
+    assert plain.read_text() == "keep me\n"
+
+
+def test_export_leaves_no_temporary_files(pair, tmp_path):
+    db_url, models = pair
+    label = approved_in_production(db_url, models, 4)
+    out = tmp_path / "out"
+    for extra in ([], ["--overwrite"]):
+        result = run("export", label, "--format", "trtllm", "-o", out, "--db", db_url, *extra)
+        assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["trtllm-config.yaml", "trtllm-serve.sh"]
