@@ -51,7 +51,7 @@ def check_tokenizer_alignment(draft_dir: str | Path, target_dir: str | Path, gol
     """
     draft_dir, target_dir = Path(draft_dir), Path(target_dir)
     target = target_tokenizer if target_tokenizer is not None else load_tokenizer(target_dir)
-    draft = draft_tokenizer if draft_tokenizer is not None else load_tokenizer(draft_dir, type(target))
+    draft = draft_tokenizer if draft_tokenizer is not None else load_tokenizer(draft_dir, tokenizer_class=type(target))
     findings: list[dict] = []
     notes: list[str] = []
     findings += _compare_loaders(draft_dir, draft)
