@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from specreg import settings
 from specreg.errors import SpecregError, UsageError
 from specreg.registry.store.entities import AuditEvent, PairState, PairVersion, SpecConfig, SpecMethod
+from specreg.core.identity import normalize_user
 from specreg.core.fingerprint import canonical_json, fingerprint_reference, sha256_hex
 from specreg.registry.store.store import Store
 
@@ -110,7 +111,7 @@ class Registry:
 
     def __init__(self, db_url: str | None = None, user: str | None = None, mlflow_uri: str | None = None):
         self.db_url = db_url or settings.default_db_url()
-        self.user = settings.current_user(user)
+        self.user = normalize_user(settings.current_user(user))
         self.store = Store(self.db_url)
         self.mlflow_uri = mlflow_uri
         self.warnings: list[str] = []
@@ -335,8 +336,14 @@ class Registry:
 
         from specreg.registry.store.validations import ValidationStore
 
+        from specreg.errors import PolicyViolation
+        from specreg.registry.governance.decisions import audit_check
+
         version = self.get(ref)
-        approved = version.state in (PairState.APPROVED, PairState.PROMOTED)
+        audited = audit_check(self.store, version)
+        if not audited.passed and not force:
+            raise PolicyViolation(f"export of {version.label} refused: {audited.reason}")
+        approved = version.state in (PairState.APPROVED, PairState.PROMOTED) and audited.passed
         run = ValidationStore(self.store).latest_passed(version.name, version.version)
         baselines = None
         if run is not None and run.baselines is not None:
@@ -346,7 +353,8 @@ class Registry:
                          "validated_at": run.finished_at.isoformat(timespec="seconds") + "Z",
                          **({"memory": memory} if memory else {})}
         files = render_export(version, baselines, fmt, approved=approved, force=force,
-                              template_path=template, options=options)
+                              template_path=template, options=options,
+                              audit_head=audited.details.get("audit_head") or self.store.audit_head())
         if out_dir is not None:
             write_export(files, out_dir, overwrite=overwrite)
         return files

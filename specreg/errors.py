@@ -59,3 +59,8 @@ class MlflowUnavailable(SpecregError):
 class ConcurrentUpdateError(SpecregError):
     """Someone else changed what this operation was based on (e.g. another promote moved the
     environment pointer first); nothing was changed, run it again to act on the new state."""
+
+
+class IdentityError(UsageError):
+    """A user name that cannot identify one person (control characters, confusable
+    spellings), or a claimed identity the database's authentication does not back."""

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specreg.errors import NotFoundError, UsageError
+from specreg.core.identity import normalize_user
+from specreg.errors import IdentityError, NotFoundError, UsageError
 
 DEFAULT_POLICY_TOML = """\
 # specreg built-in policy (used when neither --policy nor $SPECREG_POLICY names a file)
@@ -167,6 +168,11 @@ def check_value(source: str, where: str, value: Any, key: str | None = None) -> 
         raise UsageError(f"policy {source}: {where} = {value!r} has the wrong type")
     if key in ("required_checks", "approvers") and not all(isinstance(v, str) and v for v in value):
         raise UsageError(f"policy {source}: {where} must be a list of non-empty strings")
+    if key == "approvers":
+        try:
+            value = [normalize_user(v, what="approver") for v in value]
+        except IdentityError as exc:
+            raise UsageError(f"policy {source}: {where}: {exc}") from None
     if key == "acceptance_tolerance" and not 0 <= value < 1:
         raise UsageError(f"policy {source}: {where} = {value} must be in [0, 1)")
     if key == "max_validation_age_days" and value <= 0:

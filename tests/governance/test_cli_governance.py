@@ -126,7 +126,7 @@ def test_audit_verify_catches_an_edited_and_a_deleted_event(db_url, tiny_models,
         connection.execute(text("UPDATE audit_events SET reason = 'nothing to see' WHERE id = 2"))
     edited = run("audit", "verify", "--db", db_url, "--json")
     assert edited.returncode == 1 and "event 2: content does not match its hash" in edited.stderr
-    assert json.loads(edited.stdout) == {"intact": False, "checked": 1,
+    assert {k: v for k, v in json.loads(edited.stdout).items() if k != "head"} == {"intact": False, "checked": 1,
                                          "problem": "event 2: content does not match its hash (the row was edited)"}
     with engine.begin() as connection:
         connection.execute(text("UPDATE audit_events SET reason = NULL WHERE id = 2"))
