@@ -109,13 +109,50 @@ class Registry:
     reached the registry operation still completes and ``warnings`` says MLflow is behind.
     """
 
-    def __init__(self, db_url: str | None = None, user: str | None = None, mlflow_uri: str | None = None):
+    def __init__(self, db_url: str | None = None, user: str | None = None, mlflow_uri: str | None = None,
+                 policy_path: str | None = None):
         self.db_url = db_url or settings.default_db_url()
-        self.user = normalize_user(settings.current_user(user))
         self.store = Store(self.db_url)
+        self._claimed_user = user
+        self._policy_path = policy_path  # its [identity] table decides whether a claimed user is allowed
+        self._user: str | None = None
         self.mlflow_uri = mlflow_uri
         self.warnings: list[str] = []
         self._review = None
+
+    @property
+    def user(self) -> str:
+        """Who acts, normalised (specreg.core.identity). SQLite: ``--user``, ``$SPECREG_USER``
+        or the OS user (advisory). PostgreSQL: the authenticated role (``session_user``); a
+        ``--user``/``$SPECREG_USER`` naming someone else is refused (PolicyViolation) unless the
+        policy says ``[identity] allow_claimed_user = true``, and is then recorded as claimed
+        beside the role in every audit event. Resolved on first use: reading needs no identity."""
+        if self._user is None:
+            self._user = self.resolve_user()
+        return self._user
+
+    def resolve_user(self) -> str:
+        import os
+
+        from specreg.core.identity import same_user
+        from specreg.errors import PolicyViolation
+
+        role = self.store.authenticated_role()
+        if role is None:
+            return normalize_user(settings.current_user(self._claimed_user))
+        role_name = normalize_user(role, what="database role")
+        claimed = self._claimed_user or os.environ.get("SPECREG_USER") or None
+        if claimed is not None:
+            claimed = normalize_user(claimed)  # a confusable claim is refused, not matched
+        if claimed is None or same_user(claimed, role_name):
+            return role_name
+        if not self.policy(self._policy_path).allow_claimed_user:
+            raise PolicyViolation(
+                f"identity: connected to PostgreSQL as role {role_name}, but --user/$SPECREG_USER says "
+                f"{claimed!r}; on PostgreSQL the actor is the authenticated role (a policy with "
+                f"[identity] allow_claimed_user = true records claimed users beside the role)")
+        self.store.event_details = {"claimed_user": claimed, "authenticated_role": role_name}
+        return claimed
 
     # --- registration -------------------------------------------------------------------
 

@@ -115,6 +115,8 @@ class Store:
         self.url = url
         self.engine = create_db_engine(url)
         self.is_sqlite = self.engine.dialect.name == "sqlite"
+        # merged into every audit event this Store appends (e.g. a claimed user beside the role)
+        self.event_details: dict[str, Any] = {}
         self._read_sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._write_sessions = sessionmaker(self.engine.execution_options(specreg_write=True), expire_on_commit=False)
         for factory in (self._read_sessions, self._write_sessions):
@@ -153,6 +155,14 @@ class Store:
             f"database {safe_url(self.url)} is at schema revision {revision or 'none'}, this specreg "
             f"needs {SCHEMA_HEAD}: run `specreg db upgrade`"
         )
+
+    def authenticated_role(self) -> str | None:
+        """The database role this connection authenticated as (PostgreSQL ``session_user``);
+        None on SQLite, which has no authentication."""
+        if self.is_sqlite:
+            return None
+        with self.engine.connect() as connection:
+            return connection.exec_driver_sql("SELECT session_user").scalar()
 
     def upgrade(self, revision: str = "head") -> None:
         from specreg.registry.store.migrate import run_upgrade
@@ -299,6 +309,7 @@ class Store:
                      details: dict[str, Any]) -> AuditEventRow:
         """Append one event to the hash chain, inside the caller's transaction."""
         actor = normalize_user(actor, what="actor")
+        details = {**details, **self.event_details}
         head = session.scalar(select(AuditHeadRow).where(AuditHeadRow.id == 1).with_for_update())
         if head is None:
             head = AuditHeadRow(id=1, last_hash=audit.GENESIS_HASH, last_event_id=None)

@@ -29,12 +29,12 @@ policy_option = click.option(
 OPENED_REGISTRIES: list = []  # their warnings (e.g. "MLflow is behind") are printed at exit
 
 
-def open_registry(db_url: str | None, user: str | None = None):
+def open_registry(db_url: str | None, user: str | None = None, policy_path: str | None = None):
     from specreg.api import Registry
 
     context = click.get_current_context(silent=True)
     mlflow_uri = context.find_root().params.get("mlflow_uri") if context else None
-    registry = Registry(db_url, user=user, mlflow_uri=mlflow_uri)
+    registry = Registry(db_url, user=user, mlflow_uri=mlflow_uri, policy_path=policy_path)
     OPENED_REGISTRIES.append(registry)
     return registry
 

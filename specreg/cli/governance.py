@@ -62,7 +62,7 @@ def parse_expected_holder(value: str | None):
 @json_option
 def promote(ref, environment, reason, expected, policy_path, db_url, user, as_json):
     """Make a version hold ENV if the policy allows it (exit 100 with every reason if not)."""
-    move = open_registry(db_url, user).promote(ref, environment, reason=reason, policy_path=policy_path,
+    move = open_registry(db_url, user, policy_path).promote(ref, environment, reason=reason, policy_path=policy_path,
                                                expected_holder=parse_expected_holder(expected))
     if as_json:
         print_json(move.to_dict())
@@ -120,7 +120,7 @@ def gate(ref, environment, rerun, junit_path, markdown_path, policy_path, db_url
 
     result, error, code = None, None, 0
     try:
-        result = open_registry(db_url, user).gate(ref, environment, policy_path=policy_path, rerun=rerun)
+        result = open_registry(db_url, user, policy_path).gate(ref, environment, policy_path=policy_path, rerun=rerun)
         code = 0 if result.passed else PolicyViolation.exit_code
     except SpecregError as exc:
         error, code = str(exc), exc.exit_code
@@ -240,8 +240,10 @@ def policy_show(policy_path, as_json):
         return
     if policy.source == "built-in default":
         click.echo(DEFAULT_POLICY_TOML.rstrip())
+        click.echo(f"# {policy.identity_text()}")
         return
     click.echo(f"# {policy.source}")
+    click.echo(f"# {policy.identity_text()}")
     print_table(["ENV", "GOLDEN SET", "APPROVAL", "APPROVERS", "TOLERANCE", "MAX AGE (DAYS)", "REQUIRED CHECKS"],
                 [[e.name, e.golden_set, "required" if e.approval_required else "-", ", ".join(e.approvers) or "anyone but registrant",
                   f"{e.acceptance_tolerance:.0%}", e.max_validation_age_days or "-", ", ".join(e.required_checks)]
