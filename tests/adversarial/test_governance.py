@@ -245,3 +245,75 @@ def test_a_ui_approval_naming_a_user_is_unattributed_without_an_auth_app(db_url,
     # syncing again records nothing twice
     assert run(*uri, "sync", pair, "--db", db_url).returncode == 0
     assert len([e for e in registry.history(pair) if e.action == "approve"]) == 1
+
+
+def test_a_ui_approval_is_attributed_where_the_auth_app_confirms_the_user(tmp_path, tiny_models, policy_file,
+                                                                          monkeypatch):
+    """A real `mlflow server --app-name basic-auth`: carol holds EDIT on the model, dave only
+    the default READ. ``approved:dave`` stays unattributed, ``approved:carol`` is carol's."""
+    import base64
+    import urllib.request
+
+    from mlflow_server import MlflowServer, free_port, mlflow_executable
+
+    root, port, password = tmp_path / "auth-mlflow", free_port(), "admin-pass-1234"
+    root.mkdir()
+    config = root / "basic_auth.ini"
+    config.write_text(f"[mlflow]\ndefault_permission = READ\ndatabase_uri = sqlite:///{root / 'auth.db'}\n"
+                      f"admin_username = admin\nadmin_password = {password}\n"
+                      "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+                      "grant_default_workspace_access = false\n")
+    monkeypatch.setenv("MLFLOW_AUTH_CONFIG_PATH", str(config))
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "admin")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", password)
+    monkeypatch.setenv("MLFLOW_FLASK_SERVER_SECRET_KEY", "specreg-test-secret")
+    server = MlflowServer(root, port=port, argv=[
+        *mlflow_executable(), "server", "--app-name", "basic-auth",
+        "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--serve-artifacts",
+        "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
+        "--workers", "1"]).start(timeout_s=180)
+
+    def call(path: str, body: dict) -> dict:
+        request = urllib.request.Request(
+            f"{server.url}{path}", data=json.dumps(body).encode(), method="POST",
+            headers={"Content-Type": "application/json",
+                     "Authorization": "Basic " + base64.b64encode(f"admin:{password}".encode()).decode()})
+        with urllib.request.urlopen(request, timeout=20) as response:
+            return json.loads(response.read() or b"{}")
+
+    try:
+        pair = f"auth-{uuid.uuid4().hex[:8]}"
+        db_url = f"sqlite:///{tmp_path / 'registry.db'}"
+        registry = validated_pair(db_url, tiny_models, pair)
+        uri = ("--mlflow-uri", server.url)
+        monkeypatch.setenv("SPECREG_MLFLOW", "on")
+        synced = run(*uri, "sync", pair, "--db", db_url)
+        assert synced.returncode == 0, synced.stderr
+        for user in ("carol", "dave"):
+            call("/api/2.0/mlflow/users/create", {"username": user, "password": f"{user}-pass-1234"})
+        call("/api/3.0/mlflow/users/permissions/grant", {"username": "carol", "resource_type": "registered_model",
+                                                         "resource_id": f"specreg.{pair}", "permission": "EDIT"})
+
+        def tag(value: str) -> None:
+            call("/api/2.0/mlflow/model-versions/set-tag", {"name": f"specreg.{pair}", "version": "1",
+                                                            "key": "specreg.approval", "value": value})
+
+        tag("approved:dave")
+        dave = run(*uri, "sync", pair, "--db", db_url, "--user", "bob")
+        assert dave.returncode == 0, dave.stderr
+        assert f"as unattributed (dave holds READ on specreg.{pair}, not EDIT or MANAGE)" in dave.stderr
+        assert registry.get(f"{pair}@1").state is PairState.VALIDATED
+
+        tag("approved:carol")
+        carol = run(*uri, "sync", pair, "--db", db_url, "--user", "bob")
+        assert carol.returncode == 0, carol.stderr
+        assert (f"recorded approved of {pair}@1 from MLflow by carol (EDIT on the model, confirmed by the MLflow "
+                f"auth app; synced by bob)") in carol.stderr
+        assert registry.get(f"{pair}@1").state is PairState.APPROVED
+        [*_, event] = [e for e in registry.history(pair) if e.action == "approve"]
+        assert (event.actor, event.details["approver"], event.details["permission"]) == ("bob", "carol", "EDIT")
+        assert registry.gate(f"{pair}@1", "production").passed
+        assert run(*uri, "sync", pair, "--db", db_url).returncode == 0  # nothing recorded twice
+        assert len([e for e in registry.history(pair) if e.action == "approve"]) == 2
+    finally:
+        server.stop()
