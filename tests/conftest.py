@@ -33,6 +33,7 @@ def isolated_home(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECREG_HOME", str(tmp_path / "specreg-home"))
     monkeypatch.delenv("SPECREG_DB", raising=False)
     monkeypatch.delenv("SPECREG_POLICY", raising=False)
+    monkeypatch.delenv("SPECREG_AUDIT_KEY", raising=False)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setenv("SPECREG_USER", "tester")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -315,13 +315,22 @@ class Store:
             head = AuditHeadRow(id=1, last_hash=audit.GENESIS_HASH, last_event_id=None)
             session.add(head)
             session.flush()
+        key = audit.audit_key()
+        keyed = session.scalar(select(AuditEventRow.id).where(AuditEventRow.action == audit.KEY_ACTION).limit(1))
+        if keyed is not None and key is None:
+            raise StoreError(f"the audit chain is keyed (event {keyed}): set {audit.KEY_ENV} to write to it")
+        if keyed is None and key is not None:
+            # the first write with a key: from this event on every hash is an HMAC under it
+            self._append(session, head, key, pair_name="-", version=None, action=audit.KEY_ACTION, from_state=None,
+                         to_state=None, actor=actor, reason=None, details={"scheme": "hmac-sha256"})
+        return self._append(session, head, key, pair_name=pair_name, version=version, action=action,
+                            from_state=from_state, to_state=to_state, actor=actor, reason=reason, details=details)
+
+    @staticmethod
+    def _append(session: Session, head: AuditHeadRow, key: bytes | None, **content: Any) -> AuditEventRow:
         created_at = utcnow()
-        digest = audit.event_hash(head.last_hash, pair_name=pair_name, version=version, action=action,
-                                  from_state=from_state, to_state=to_state, actor=actor, reason=reason,
-                                  details=details, created_at=created_at)
-        row = AuditEventRow(pair_name=pair_name, version=version, action=action, from_state=from_state,
-                            to_state=to_state, actor=actor, reason=reason, details=details,
-                            created_at=created_at, prev_hash=head.last_hash, event_hash=digest)
+        digest = audit.event_hash(head.last_hash, created_at=created_at, key=key, **content)
+        row = AuditEventRow(**content, created_at=created_at, prev_hash=head.last_hash, event_hash=digest)
         session.add(row)
         session.flush()
         head.last_hash, head.last_event_id = digest, row.id
@@ -388,7 +397,7 @@ def verified_chain(session: Session) -> tuple[list[AuditEventRow], str | None]:
     """Every audit event, in order, up to the first broken link; and the problem found (None:
     the whole chain links and the head row points at its last event)."""
     rows = session.scalars(select(AuditEventRow).order_by(AuditEventRow.id)).all()
-    checked, problem = audit.verify_chain(rows)
+    checked, problem = audit.verify_chain(rows, key=audit.audit_key())
     if problem:
         return list(rows[:checked]), problem
     head = session.get(AuditHeadRow, 1)

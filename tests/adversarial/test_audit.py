@@ -30,9 +30,9 @@ from govstate import policy_file, record_validation  # noqa: E402,F401
 SPECREG = [sys.executable, "-m", "specreg.cli"]
 
 
-def run(*args):
+def run(*args, env_extra: dict | None = None):
     result = subprocess.run(SPECREG + [str(a) for a in args], capture_output=True, text=True, timeout=180,
-                            env=dict(os.environ))
+                            env={**os.environ, **(env_extra or {})})
     assert "Traceback" not in result.stderr, result.stderr
     return result
 
@@ -196,3 +196,61 @@ def test_a_database_from_before_the_link_upgrades_with_its_approvals_linked(db_u
     assert [tuple(row) for row in linked] == [("bob", True), ("mallory", False)]
     gate = Registry(db_url).gate("upgrade@1", "production")
     assert gate.passed, gate.reasons  # bob's approval (in the log) counts; mallory's row does not
+
+
+def rehash_plain(db_url: str, edit_action: str, new_reason: str, drop_key_event: bool = False) -> None:
+    """What someone without the key can do: edit one event and recompute every sha256 after it."""
+    engine = create_engine(db_url)
+    with engine.begin() as connection:
+        if drop_key_event:
+            connection.execute(text(f"DELETE FROM audit_events WHERE action = '{audit.KEY_ACTION}'"))
+        prev = audit.GENESIS_HASH
+        for row in connection.execute(text("SELECT * FROM audit_events ORDER BY id")).mappings().all():
+            reason = new_reason if row["action"] == edit_action else row["reason"]
+            details = row["details"] if isinstance(row["details"], dict) else json.loads(row["details"])
+            created_at = row["created_at"]
+            created_at = created_at if isinstance(created_at, datetime) else datetime.fromisoformat(created_at)
+            digest = audit.event_hash(prev, pair_name=row["pair_name"], version=row["version"], action=row["action"],
+                                      from_state=row["from_state"], to_state=row["to_state"], actor=row["actor"],
+                                      reason=reason, details=details, created_at=created_at)
+            connection.execute(text("UPDATE audit_events SET reason = :reason, prev_hash = :prev, event_hash = :digest "
+                                    "WHERE id = :id"), {"reason": reason, "prev": prev, "digest": digest, "id": row["id"]})
+            prev = digest
+        connection.execute(text("UPDATE audit_head SET last_hash = :prev"), {"prev": prev})
+    engine.dispose()
+
+
+def test_with_an_audit_key_a_rehash_without_the_key_is_caught(db_url, tiny_models, policy_file, monkeypatch):
+    monkeypatch.setenv("SPECREG_AUDIT_KEY", "team-secret-0123456789")
+    approved_pair(db_url, tiny_models, "keyed")
+    assert run("audit", "verify", "--db", db_url).returncode == 0
+    engine = create_engine(db_url)
+    with engine.connect() as connection:
+        actions = [row[0] for row in connection.execute(text("SELECT action FROM audit_events ORDER BY id"))]
+    engine.dispose()
+    assert actions == ["audit-key", "register", "validate", "approve"]  # the first keyed write starts the chain
+
+    rehash_plain(db_url, "approve", "approved after a thorough review")
+    caught = run("audit", "verify", "--db", db_url)
+    assert caught.returncode == 1 and caught.stderr.count("\n") == 1
+    assert "content does not match its hash (the row was edited, or re-hashed without SPECREG_AUDIT_KEY)" in caught.stderr
+    gate = Registry(db_url).gate("keyed@1", "production")
+    assert not gate.passed and gate.reasons[0].startswith("audit: audit log broken: event 1:")
+
+    rehash_plain(db_url, "approve", "approved after a thorough review", drop_key_event=True)
+    dropped = run("audit", "verify", "--db", db_url)
+    assert dropped.returncode == 1
+    assert "SPECREG_AUDIT_KEY is set but the chain has no audit-key event: it was re-hashed without the key" in dropped.stderr
+
+
+def test_a_keyed_chain_needs_the_key_to_verify_and_to_write(db_url, tiny_models, policy_file, monkeypatch):
+    monkeypatch.setenv("SPECREG_AUDIT_KEY", "team-secret-0123456789")
+    approved_pair(db_url, tiny_models, "needkey")
+    monkeypatch.delenv("SPECREG_AUDIT_KEY")
+    unverified = run("audit", "verify", "--db", db_url)
+    assert unverified.returncode == 1
+    assert "the chain is keyed from here on; set SPECREG_AUDIT_KEY to verify it" in unverified.stderr
+    refused = run("reject", "needkey@1", "--db", as_user(db_url, "bob"), "--user", "bob")
+    assert refused.returncode == 1 and "the audit chain is keyed (event 1): set SPECREG_AUDIT_KEY" in refused.stderr
+    wrong = run("audit", "verify", "--db", db_url, env_extra={"SPECREG_AUDIT_KEY": "another-key"})
+    assert wrong.returncode == 1 and "re-hashed without SPECREG_AUDIT_KEY" in wrong.stderr
