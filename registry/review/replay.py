@@ -99,9 +99,12 @@ class Review:
         ignored."""
         from specreg.registry.governance import decisions
 
+        from specreg.registry.store.store import verified_chain
+
         with self.store.session() as session:
             row = self.store.version_row(session, version.name, version.version)
-            approvals = decisions.approvals_of(session, row.id)
+            # only decisions the audit chain vouches for reach MLflow (a forged row does not)
+            approvals = decisions.chained_approvals(session, row, verified_chain(session)[0])
         latest = approvals[-1].decision if approvals else None
         attributed = [a for a in approvals if a.source != decisions.UNATTRIBUTED]
         from_ui = [a for a in approvals if a.source in ("mlflow", decisions.UNATTRIBUTED)]
