@@ -265,11 +265,14 @@ def test_a_ui_approval_is_attributed_where_the_auth_app_confirms_the_user(tmp_pa
     config.write_text(f"[mlflow]\ndefault_permission = READ\ndatabase_uri = sqlite:///{root / 'auth.db'}\n"
                       f"admin_username = admin\nadmin_password = {password}\n"
                       "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
-                      "grant_default_workspace_access = false\n")
+                      "grant_default_workspace_access = false\n"
+                      # without the cache every request re-runs PBKDF2: seconds each on a loaded machine
+                      "auth_cache_ttl_seconds = 600\n")
     monkeypatch.setenv("MLFLOW_AUTH_CONFIG_PATH", str(config))
     monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "admin")
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", password)
     monkeypatch.setenv("MLFLOW_FLASK_SERVER_SECRET_KEY", "specreg-test-secret")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "120")  # the user's setting wins over specreg's 5 s
     server = MlflowServer(root, port=port, argv=[
         *mlflow_executable(), "server", "--app-name", "basic-auth",
         "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--serve-artifacts",

@@ -246,7 +246,14 @@ def test_imported_approval_by_the_registrant_does_not_count(db_url, tiny_models,
     (ref,) = register_versions(registry, tiny_models, "imp", 1)
     record_validation(registry, ref)
     with registry.store.session(write=True) as session:
-        session.add(ApprovalRow(pair_version_id=registry.get(ref).id, decision="approved", actor="alice",
-                                note=None, source="mlflow", created_at=utcnow()))
+        # recorded with its audit event, as any import must be to count at all (a bare row never does)
+        approval = ApprovalRow(pair_version_id=registry.get(ref).id, decision="approved", actor="alice",
+                               note=None, source="mlflow", created_at=utcnow())
+        session.add(approval)
+        session.flush()
+        event = registry.store.append_event(
+            session, pair_name="imp", version=1, action="approve", from_state="validated", to_state="validated",
+            actor="alice", reason=None, details={"approval": approval.id, "decision": "approved", "source": "mlflow"})
+        approval.event_hash = event.event_hash
     reasons = failed(registry.gate(ref, "production"))
     assert reasons["approval"] == "approved only by the registrant alice (four-eyes: another person must approve)"
