@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from specreg import settings
 from specreg.core.fingerprint import canonical_json, fingerprint_reference, sha256_hex
+from specreg.core.identity import normalize_user
 from specreg.core.types import ModelRef
 from specreg.errors import PolicyViolation, SpecregError, UsageError
 from specreg.registry.store.entities import AuditEvent, PairState, PairVersion, SpecConfig, SpecMethod
@@ -25,7 +26,6 @@ NGRAM_DEFAULT_LOOKUP = (1, 4)
 # Limits checked here, so that SQLite (which stores anything) and PostgreSQL (which refuses
 # what does not fit a column) accept the same inputs: actors are String(255) columns, numbers
 # Integer (32-bit on PostgreSQL); notes and reasons are Text on both, capped to stay readable.
-MAX_USER_LENGTH = 255
 MAX_TEXT_LENGTH = 10_000
 MAX_SPECULATIVE_TOKENS = 64  # acceptance falls as alpha^k: no engine drafts more per step
 MAX_PROMPT_LOOKUP = 64
@@ -66,16 +66,6 @@ def check_text(field: str, value: str | None, limit: int = MAX_TEXT_LENGTH) -> s
     if value is not None and len(value) > limit:
         raise UsageError(f"{field} is {len(value)} characters long, over the limit of {limit}")
     return value
-
-
-def check_user(user: str) -> str:
-    """Refuse an acting user name that is empty or longer than the actor columns hold."""
-    if not user or not user.strip():
-        raise UsageError("the acting user name is empty: pass --user NAME or set SPECREG_USER")
-    if len(user) > MAX_USER_LENGTH:
-        raise UsageError(f"user name {user[:20]!r}... is {len(user)} characters long, over the limit of "
-                         f"{MAX_USER_LENGTH}")
-    return user
 
 
 def check_range(field: str, value: int | None, low: int, high: int) -> int | None:
@@ -218,13 +208,50 @@ class Registry:
     reached the registry operation still completes and ``warnings`` says MLflow is behind.
     """
 
-    def __init__(self, db_url: str | None = None, user: str | None = None, mlflow_uri: str | None = None):
+    def __init__(self, db_url: str | None = None, user: str | None = None, mlflow_uri: str | None = None,
+                 policy_path: str | None = None):
         self.db_url = db_url or settings.default_db_url()
-        self.user = check_user(settings.current_user(user))
         self.store = Store(self.db_url)
+        self._claimed_user = user
+        self._policy_path = policy_path  # its [identity] table decides whether a claimed user is allowed
+        self._user: str | None = None
         self.mlflow_uri = mlflow_uri
         self.warnings: list[str] = []
         self._review = None
+
+    @property
+    def user(self) -> str:
+        """Who acts, normalised (specreg.core.identity). SQLite: ``--user``, ``$SPECREG_USER``
+        or the OS user (advisory). PostgreSQL: the authenticated role (``session_user``); a
+        ``--user``/``$SPECREG_USER`` naming someone else is refused (PolicyViolation) unless the
+        policy says ``[identity] allow_claimed_user = true``, and is then recorded as claimed
+        beside the role in every audit event. Resolved on first use: reading needs no identity."""
+        if self._user is None:
+            self._user = self.resolve_user()
+        return self._user
+
+    def resolve_user(self) -> str:
+        import os
+
+        from specreg.core.identity import same_user
+        from specreg.errors import PolicyViolation
+
+        role = self.store.authenticated_role()
+        if role is None:
+            return normalize_user(settings.current_user(self._claimed_user))
+        role_name = normalize_user(role, what="database role")
+        claimed = self._claimed_user or os.environ.get("SPECREG_USER") or None
+        if claimed is not None:
+            claimed = normalize_user(claimed)  # a confusable claim is refused, not matched
+        if claimed is None or same_user(claimed, role_name):
+            return role_name
+        if not self.policy(self._policy_path).allow_claimed_user:
+            raise PolicyViolation(
+                f"identity: connected to PostgreSQL as role {role_name}, but --user/$SPECREG_USER says "
+                f"{claimed!r}; on PostgreSQL the actor is the authenticated role (a policy with "
+                f"[identity] allow_claimed_user = true records claimed users beside the role)")
+        self.store.event_details = {"claimed_user": claimed, "authenticated_role": role_name}
+        return claimed
 
     # --- registration -------------------------------------------------------------------
 
@@ -481,10 +508,16 @@ class Registry:
         from specreg.registry.governance.decisions import approval_standing
         from specreg.registry.store.validations import ValidationStore
 
+        from specreg.registry.governance.decisions import audit_check
+
         pair_ref = parse_ref(ref) if isinstance(ref, str) else ref
         version = self.get(pair_ref)
+        audited = audit_check(self.store, version)
+        if not audited.passed and not force:
+            raise PolicyViolation(f"export of {version.label} refused: {audited.reason}")
         env = self.policy().environment(pair_ref.environment) if pair_ref.environment else None
         standing = approval_standing(self.store, version.name, version.version, env)
+        approved = standing.passed and audited.passed
         run = ValidationStore(self.store).latest_passed(version.name, version.version)
         baselines = None
         if run is not None and run.baselines is not None:
@@ -493,11 +526,12 @@ class Registry:
             baselines = {**run.baselines, "golden_set": run.golden_set, "golden_sha256": run.golden_sha256,
                          "validated_at": run.finished_at.isoformat(timespec="seconds") + "Z",
                          **({"memory": memory} if memory else {})}
-        if not standing.passed and not force:
+        if not approved and not force:
             raise PolicyViolation(f"{version.label} is not validated and approved ({standing.reason}); export refused "
                                   f"(--force exports it marked UNAPPROVED)")
-        files = render_export(version, baselines, fmt, approved=standing.passed, force=force,
-                              template_path=template, options=options)
+        files = render_export(version, baselines, fmt, approved=approved, force=force,
+                              template_path=template, options=options,
+                              audit_head=audited.details.get("audit_head") or self.store.audit_head())
         if out_dir is not None:
             write_export(files, out_dir, overwrite=overwrite)
         return files

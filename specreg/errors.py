@@ -65,3 +65,8 @@ class HeadMismatchError(SpecregError):
     """A speculative head (EAGLE-3, Medusa, MTP) that does not fit its target: hidden size,
     layer count and aux layer ids, vocabulary, draft-to-target map or declared verifier. The
     message names the field."""
+
+
+class IdentityError(UsageError):
+    """A user name that cannot identify one person (control characters, confusable
+    spellings), or a claimed identity the database's authentication does not back."""

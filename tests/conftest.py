@@ -18,6 +18,7 @@ TESTS_DIR = Path(__file__).parent
 sys.path.insert(0, str(TESTS_DIR))  # tinymodels and other shared test helpers
 
 from mlflow_server import mlflow_server  # noqa: E402,F401  (session fixture: a real MLflow server)
+from pgroles import ensure_role  # noqa: E402
 
 PG_ADMIN_URL = os.environ.get("SPECREG_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -32,6 +33,7 @@ def isolated_home(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECREG_HOME", str(tmp_path / "specreg-home"))
     monkeypatch.delenv("SPECREG_DB", raising=False)
     monkeypatch.delenv("SPECREG_POLICY", raising=False)
+    monkeypatch.delenv("SPECREG_AUDIT_KEY", raising=False)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setenv("SPECREG_USER", "tester")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -61,16 +63,19 @@ def postgres_available() -> bool:
 
 @pytest.fixture
 def postgres_url(postgres_available):
-    """A fresh, empty PostgreSQL database for one test; dropped afterwards."""
+    """A fresh, empty PostgreSQL database for one test, owned by and connected as role
+    ``tester`` (on PostgreSQL the actor is the database role: $SPECREG_USER is tester too);
+    dropped afterwards. ``pgroles.as_user(url, NAME)`` connects as another role."""
     if not postgres_available:
         pytest.skip(f"PostgreSQL at {PG_ADMIN_URL} is not reachable (set CI=true to make this a failure)")
     import psycopg
 
     name = f"specreg_test_{uuid.uuid4().hex[:12]}"
+    user = "tester"
+    ensure_role(user)
     with _pg_connect() as connection:
-        connection.execute(f'CREATE DATABASE "{name}"')
+        connection.execute(f'CREATE DATABASE "{name}" OWNER "{user}"')
     info = psycopg.conninfo.conninfo_to_dict(PG_ADMIN_URL)
-    user = info.get("user", "postgres")
     host = info.get("host", "127.0.0.1")
     port = info.get("port", 5432)
     yield f"postgresql+psycopg://{user}@{host}:{port}/{name}"

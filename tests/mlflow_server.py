@@ -62,7 +62,7 @@ class MlflowServer:
             "--workers", "1",
         ]
 
-    def start(self, timeout_s: float = 90.0) -> "MlflowServer":
+    def start(self, timeout_s: float = 240.0) -> "MlflowServer":  # a loaded 2-core machine needs minutes
         env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", DO_NOT_TRACK="true")
         env.pop("MLFLOW_TRACKING_URI", None)
         with open(self.log_path, "ab") as log:

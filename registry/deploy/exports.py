@@ -135,6 +135,7 @@ def render_export(
     force: bool = False,
     template_path: str | Path | None = None,
     options: dict[str, Any] | None = None,
+    audit_head: str | None = None,
 ) -> list[tuple[str, str]]:
     """Render one deployment format for a pair version.
 
@@ -144,6 +145,8 @@ def render_export(
     ones) and options overriding OPTION_DEFAULTS.
     Out: a list of (relative file name, text). Raises PolicyViolation for an unapproved
     version without force, UsageError for a format the pair cannot have (TGI + draft model).
+    ``audit_head``: the registry's audit chain head, carried in the header comments so the
+    export anchors the chain outside the database (`specreg audit verify --expect-head`).
     """
     if fmt not in FORMATS:
         raise UsageError(f"unknown export format {fmt!r}; known: {', '.join(FORMATS)}")
@@ -157,6 +160,10 @@ def render_export(
             "(--force exports it marked UNAPPROVED)"
         )
     context = build_context(pair_version, baselines, fmt, approved=exportable, options=options)
+    if audit_head:
+        context["audit_head"] = audit_head
+        context["header_lines"] = [*context["header_lines"],
+                                   f"audit_head: {audit_head} (check: specreg audit verify --expect-head)"]
     if template_path is not None:
         return [render_user_template(Path(template_path), context)]
 

@@ -22,14 +22,20 @@ from sqlalchemy.orm import Session
 from specreg.errors import (ConcurrentUpdateError, IllegalTransitionError, NotFoundError,
                             PolicyViolation)
 from specreg.core.fingerprint import compare_fingerprints, fingerprint_model
+from specreg.core.identity import normalize_user, same_user
 from specreg.registry.governance.policy import EnvironmentPolicy, Policy
 from specreg.registry.store.entities import PairState, PairVersion
-from specreg.registry.store.orm import (ApprovalRow, EnvironmentPointerRow, PairRow, PairVersionRow,
-                                        ValidationRunRow)
-from specreg.registry.store.store import Store, utcnow
+from specreg.registry.store.orm import (ApprovalRow, AuditEventRow, AuditHeadRow, EnvironmentPointerRow, PairRow,
+                                        PairVersionRow, ValidationRunRow)
+from specreg.registry.store.store import Store, utcnow, verified_chain
 
 FINISHED_STATUSES = ("passed", "failed")  # running/aborted/error runs judged nothing
 APPROVED, REJECTED = "approved", "rejected"
+# A decision read from MLflow whose approver could not be confirmed (no name in the tag, or no
+# auth app saying that user may edit the model): recorded, but an approval of this kind never
+# satisfies four-eyes (a named approver confirms it with `specreg approve`).
+UNATTRIBUTED = "unattributed"  # ApprovalRow.source
+UNATTRIBUTED_ACTOR = "(unattributed)"  # ApprovalRow.actor: no user name can be spelled so
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,7 @@ class GateResult:
     policy_source: str
     conditions: tuple[Condition, ...]
     validation_run_id: int | None
+    audit_head: str | None = None  # the verified chain's newest hash when judged: anchor it
 
     @property
     def passed(self) -> bool:
@@ -70,7 +77,7 @@ class GateResult:
             "pair": self.pair, "version": self.version, "environment": self.environment,
             "passed": self.passed, "verdict": "pass" if self.passed else "refused",
             "policy": self.policy_source, "validation_run_id": self.validation_run_id,
-            "reasons": self.reasons, "conditions": [c.to_dict() for c in self.conditions],
+            "audit_head": self.audit_head, "reasons": self.reasons, "conditions": [c.to_dict() for c in self.conditions],
         }
 
 
@@ -179,15 +186,19 @@ def overall_figures(run: ValidationRunRow | None) -> dict[str, float] | None:
 
 
 def approvals_of(session: Session, pair_version_id: int) -> list[ApprovalRow]:
+    """Every decision row of a version, oldest first, whether or not an event vouches for it."""
     return list(session.scalars(select(ApprovalRow).where(ApprovalRow.pair_version_id == pair_version_id)
                                 .order_by(ApprovalRow.created_at, ApprovalRow.id)))
 
 
 def latest_decision(session: Session, row: PairVersionRow) -> ApprovalRow | None:
-    """The newest approval or rejection of ``row`` by someone other than its registrant that a
-    later failed validation has not withdrawn (None: no standing decision)."""
+    """The newest approval or rejection of ``row`` that the verified audit chain vouches for,
+    by a confirmed person other than its registrant, that a later failed validation has not
+    withdrawn (None: no standing decision)."""
+    chain, _ = verified_chain(session)
     last_failure = next((r for r in finished_runs(session, row.id) if r.status == "failed"), None)
-    standing = [a for a in approvals_of(session, row.id) if a.actor != row.registered_by
+    standing = [a for a in chained_approvals(session, row, chain)
+                if a.source != UNATTRIBUTED and not same_user(a.actor, row.registered_by)
                 and (last_failure is None or a.created_at >= last_failure.finished_at)]
     return standing[-1] if standing else None
 
@@ -205,8 +216,62 @@ def approval_standing(store: Store, name: str, version: int, env: EnvironmentPol
         env = EnvironmentPolicy(name="export", **{**ENVIRONMENT_DEFAULTS, "required_checks": (),
                                                             "approvers": ()})
     with store.session() as session:
+        chain, _ = verified_chain(session)  # a broken chain vouches for nothing: no approval counts
         return approval_condition(session, store.version_row(session, name, version),
-                                  replace(env, approval_required=True))
+                                  replace(env, approval_required=True), chain)
+
+
+def chained_approvals(session: Session, row: PairVersionRow, chain: list[AuditEventRow]) -> list[ApprovalRow]:
+    """The decisions of ``row`` that the verified audit chain vouches for: the row names an
+    event (``event_hash``) of the chain, and that event records this very decision (same
+    version, approval id, decision, approver, source, note). A row written straight into the
+    table, or one edited after its event, does not count."""
+    events = {e.event_hash: e for e in chain}
+    counted = []
+    for approval in approvals_of(session, row.id):
+        event = events.get(approval.event_hash) if approval.event_hash else None
+        if event is None:
+            continue
+        details = event.details or {}
+        if (event.pair_name == row.pair.name and event.version == row.version
+                and event.action == ("approve" if approval.decision == APPROVED else "reject")
+                and details.get("approval") == approval.id and details.get("decision") == approval.decision
+                and details.get("source") == approval.source and event.reason == approval.note
+                and same_user(details.get("approver", event.actor), approval.actor)):
+            counted.append(approval)
+    return counted
+
+
+def replayed_state(row: PairVersionRow, chain: list[AuditEventRow]) -> tuple[str | None, str | None]:
+    """The state of ``row`` replayed from its events in the verified chain, and the first
+    disagreement between the row and its events (None: they agree). The first event must be
+    the registration, by the recorded registrant, of the recorded binding."""
+    mine = [e for e in chain if e.pair_name == row.pair.name and e.version == row.version]
+    label = f"{row.pair.name}@{row.version}"
+    if not mine or mine[0].action != "register":
+        return None, f"{label} has no registration event in the audit chain (a row written outside specreg)"
+    register = mine[0]
+    if (register.details or {}).get("binding_sha256") != row.binding_sha256:
+        return None, f"{label}: binding differs from its registration event"
+    if not same_user(register.actor, row.registered_by):
+        return None, (f"{label}: registrant {row.registered_by!r} differs from its registration event's actor "
+                      f"{register.actor!r}")
+    state = mine[-1].to_state
+    if state != row.state:
+        return state, f"{label} is {row.state} in its row but {state} by its audit events"
+    return state, None
+
+
+def audit_condition(row: PairVersionRow, chain: list[AuditEventRow], problem: str | None) -> Condition:
+    """The audit chain links, and the version's row agrees with what its events say."""
+    if problem is not None:
+        return Condition("audit", False, f"audit log broken: {problem}")
+    _, disagreement = replayed_state(row, chain)
+    if disagreement is not None:
+        return Condition("audit", False, disagreement)
+    head = chain[-1].event_hash if chain else None
+    return Condition("audit", True, f"chain of {len(chain)} event(s) intact; state {row.state} as its events say",
+                     {"audit_head": head})
 
 
 # --- the conditions ----------------------------------------------------------------------------
@@ -220,6 +285,8 @@ def evaluate(session: Session, row: PairVersionRow, env: EnvironmentPolicy, *, g
     Returns (conditions, the validation run they are based on)."""
     label = f"{row.pair.name}@{row.version}"
     conditions: list[Condition] = []
+    chain, problem = verified_chain(session)
+    conditions.append(audit_condition(row, chain, problem))
     conditions.append(Condition("not_retired", row.state != PairState.RETIRED.value,
                                 f"{label} is retired" if row.state == PairState.RETIRED.value
                                 else f"{label} is {row.state}"))
@@ -289,7 +356,7 @@ def evaluate(session: Session, row: PairVersionRow, env: EnvironmentPolicy, *, g
                                 else "no acceptance baselines recorded" + (f" in run {run.id}" if run else ""),
                                 {"overall": figures} if figures else {}))
     conditions.append(acceptance_condition(session, row, run, figures, env, golden_sha256, holder))
-    conditions.append(approval_condition(session, row, env))
+    conditions.append(approval_condition(session, row, env, chain))
     return conditions, run
 
 
@@ -335,15 +402,23 @@ def acceptance_condition(session: Session, row: PairVersionRow, run: ValidationR
                      + ", ".join(source for source, _ in references), {"compared": compared})
 
 
-def approval_condition(session: Session, row: PairVersionRow, env: EnvironmentPolicy) -> Condition:
+def approval_condition(session: Session, row: PairVersionRow, env: EnvironmentPolicy,
+                       chain: list[AuditEventRow]) -> Condition:
     """Four-eyes: the newest decision by an allowed approver other than the registrant must be
-    an approval. A failed validation withdraws earlier approvals (as the lifecycle does); a
-    passing re-validation of the same binding keeps them, so `gate --rerun` can pass."""
+    an approval. Only decisions the verified audit chain vouches for count, and an approval
+    whose approver MLflow could not confirm (source unattributed) never does. A failed
+    validation withdraws earlier approvals (as the lifecycle does); a passing re-validation of
+    the same binding keeps them, so `gate --rerun` can pass."""
     if not env.approval_required:
         return Condition("approval", True, f"not required for {env.name}")
     registrant = row.registered_by
-    decisions = approvals_of(session, row.id)
-    allowed = [a for a in decisions if a.actor != registrant and (not env.approvers or a.actor in env.approvers)]
+    recorded = approvals_of(session, row.id)
+    chained = chained_approvals(session, row, chain)
+    unattributed = [a for a in chained if a.source == UNATTRIBUTED and a.decision == APPROVED]
+    decisions = [a for a in chained if a not in unattributed]
+    allowed = [a for a in decisions if not same_user(a.actor, registrant)
+               and (a.source == UNATTRIBUTED or not env.approvers
+                    or any(same_user(a.actor, who) for who in env.approvers))]
     last_failure = next((r for r in finished_runs(session, row.id) if r.status == "failed"), None)
     since = last_failure.finished_at if last_failure is not None else None
     current = [a for a in allowed if since is None or a.created_at >= since]
@@ -356,7 +431,7 @@ def approval_condition(session: Session, row: PairVersionRow, env: EnvironmentPo
         note = f": {latest.note}" if latest.note else ""
         return Condition("approval", False, f"rejected by {latest.actor}{note}", details)
     fresh_approvals = [a for a in decisions if a.decision == APPROVED and (since is None or a.created_at >= since)]
-    outsiders = [a for a in fresh_approvals if a.actor != registrant]
+    outsiders = [a for a in fresh_approvals if not same_user(a.actor, registrant)]
     if outsiders:
         return Condition("approval", False,
                          f"approved by {outsiders[-1].actor}, who may not approve for {env.name}{who}")
@@ -364,7 +439,23 @@ def approval_condition(session: Session, row: PairVersionRow, env: EnvironmentPo
         return Condition("approval", False, f"approved only by the registrant {registrant} (four-eyes: another person must approve)")
     if allowed:
         return Condition("approval", False, f"approval by {allowed[-1].actor} predates failed validation run {last_failure.id}: approve again")
+    if unattributed:
+        return Condition("approval", False, f"approved in MLflow without a confirmed approver (approval "
+                         f"{unattributed[-1].id}): a named approver must confirm it with `specreg approve`")
+    unvouched = [a for a in recorded if a not in chained]
+    if unvouched:
+        return Condition("approval", False, f"{len(unvouched)} decision row(s) (approval {unvouched[-1].id} by "
+                         f"{unvouched[-1].actor}) have no matching event in the verified audit chain and do not count; "
+                         f"{env.name} needs an approval by someone other than the registrant {registrant}{who}")
     return Condition("approval", False, f"{env.name} needs an approval by someone other than the registrant {registrant}{who}")
+
+
+def audit_check(store: Store, version: PairVersion) -> Condition:
+    """``audit_condition`` of one version in a read session (for export and sync)."""
+    with store.session() as session:
+        row = store.version_row(session, version.name, version.version)
+        chain, problem = verified_chain(session)
+        return audit_condition(row, chain, problem)
 
 
 # --- the gate ----------------------------------------------------------------------------------
@@ -380,8 +471,9 @@ def gate(store: Store, policy: Policy, version: PairVersion, environment: str) -
         holder = session.get(PairVersionRow, pointer.pair_version_id) if pointer and pointer.pair_version_id else None
         conditions, run = evaluate(session, row, env, golden_sha256=golden_sha256, changes=changes,
                                    holder=holder, now=utcnow())
+        head = next((c.details.get("audit_head") for c in conditions if c.name == "audit"), None)
         return GateResult(version.name, version.version, environment, policy.source, tuple(conditions),
-                          run.id if run is not None else None)
+                          run.id if run is not None else None, head)
 
 
 # --- state changes -----------------------------------------------------------------------------
@@ -394,7 +486,9 @@ def release(store: Store, session: Session, row: PairVersionRow, *, actor: str, 
         EnvironmentPointerRow.pair_version_id == row.id, EnvironmentPointerRow.environment != environment))
     if still_holds is not None or row.state != PairState.PROMOTED.value:
         return
-    approved = any(a.decision == APPROVED and a.actor != row.registered_by for a in approvals_of(session, row.id))
+    chain, _ = verified_chain(session)
+    approved = any(a.decision == APPROVED and a.source != UNATTRIBUTED and not same_user(a.actor, row.registered_by)
+                   for a in chained_approvals(session, row, chain))
     store.transition(row.pair.name, row.version, PairState.APPROVED if approved else PairState.VALIDATED,
                      actor=actor, action="release", reason=reason,
                      details={"environment": environment, "replaced_by": replaced_by}, session=session)
@@ -535,14 +629,26 @@ def retire(store: Store, name: str, version: int, *, actor: str, reason: str | N
 
 
 def decide(store: Store, name: str, version: int, *, actor: str, decision: str, note: str | None = None,
-           source: str = "cli") -> Approval:
-    """Record an approval or rejection of ``name@version`` with its audit event.
+           source: str = "cli", recorded_by: str | None = None, details: dict[str, Any] | None = None) -> Approval:
+    """Record an approval or rejection of ``name@version`` with its audit event; the
+    approval row carries that event's hash (a decision counts only while the chain vouches
+    for it).
 
-    Approval is refused (PolicyViolation) for the registrant (four-eyes), for a version whose
-    latest validation did not pass, and for a retired version. An approval moves validated ->
-    approved; a rejection moves approved -> validated; a promoted version keeps its state."""
+    ``actor``: who decided; ``recorded_by``: who put it into the registry when that is someone
+    else (``specreg sync`` reading an MLflow tag; the audit event's actor, the approver goes in
+    its details); ``source``: cli, mlflow (approver confirmed) or unattributed (approver
+    unknown: ``actor`` is UNATTRIBUTED_ACTOR; such an approval moves no state and never
+    satisfies four-eyes). Approval is refused (PolicyViolation) for the registrant
+    (four-eyes), for a version whose latest validation did not pass, and for a retired
+    version. An approval moves validated -> approved; a rejection moves approved ->
+    validated; a promoted version keeps its state."""
     if decision not in (APPROVED, REJECTED):
         raise ValueError(f"decision must be {APPROVED} or {REJECTED}, not {decision!r}")
+    unattributed = source == UNATTRIBUTED
+    actor = UNATTRIBUTED_ACTOR if unattributed else normalize_user(actor, what="approver")
+    recorded_by = normalize_user(recorded_by, what="actor") if recorded_by else None
+    if unattributed and recorded_by is None:
+        raise ValueError("an unattributed decision needs recorded_by")
     label = f"{name}@{version}"
     with store.session(write=True) as session:
         lock_pair(session, name)
@@ -552,7 +658,7 @@ def decide(store: Store, name: str, version: int, *, actor: str, decision: str, 
             raise PolicyViolation(f"{label} is retired: nothing to {decision[:-1]}")
         runs = finished_runs(session, row.id)
         if decision == APPROVED:
-            if actor == row.registered_by:
+            if not unattributed and same_user(actor, row.registered_by):
                 raise PolicyViolation(f"four-eyes: {actor} registered {label} and cannot approve it")
             if not runs or runs[0].status != "passed":
                 latest = f"run {runs[0].id} {runs[0].status}" if runs else "never validated"
@@ -561,22 +667,28 @@ def decide(store: Store, name: str, version: int, *, actor: str, decision: str, 
                                created_at=utcnow())
         session.add(approval)
         session.flush()
-        details = {"approval": approval.id, "decision": decision, "source": source,
-                   "validation_run": runs[0].id if runs else None}
+        event_details = {**(details or {}), "approval": approval.id, "decision": decision, "source": source,
+                         "validation_run": runs[0].id if runs else None}
+        if recorded_by is not None:
+            event_details["approver"] = actor
         action = "approve" if decision == APPROVED else "reject"
-        if decision == APPROVED and state is PairState.VALIDATED:
+        if decision == APPROVED and state is PairState.VALIDATED and not unattributed:
             to_state = PairState.APPROVED
         elif decision == REJECTED and state is PairState.APPROVED:
             to_state = PairState.VALIDATED
         else:
             to_state = state
-        if state is PairState.REGISTERED:
-            # registered -> registered is no lifecycle move, but the decision is still an event
+        event_actor = recorded_by or actor
+        if to_state is state and state in (PairState.REGISTERED, PairState.VALIDATED):
+            # no lifecycle move (registered/validated -> same), but the decision is still an event
             store.append_event(session, pair_name=name, version=version, action=action, from_state=state.value,
-                               to_state=state.value, actor=actor, reason=note, details=details)
+                               to_state=state.value, actor=event_actor, reason=note, details=event_details)
         else:
-            store.transition(name, version, to_state, actor=actor, action=action, reason=note, details=details,
-                             session=session)
+            store.transition(name, version, to_state, actor=event_actor, action=action, reason=note,
+                             details=event_details, session=session)
+        # the event just appended is the chain's head: this transaction holds the head's lock
+        approval.event_hash = session.get(AuditHeadRow, 1).last_hash
+        session.flush()
         return Approval(approval.id, name, version, decision, actor, note, source, approval.created_at)
 
 

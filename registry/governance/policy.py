@@ -13,6 +13,14 @@ below applies. Top-level keys are defaults for every environment; each
     acceptance_tolerance    relative drop of acceptance allowed against the baseline (0.1 = 10%)
     max_validation_age_days a validation older than this no longer counts (omit: no limit)
 
+A top-level ``[identity]`` table says who may act:
+
+    allow_claimed_user      on PostgreSQL the actor is the authenticated database role
+                            (session_user); true lets ``--user``/``$SPECREG_USER`` name someone
+                            else, recorded as claimed beside the role in every audit event
+                            (default false: refused). On SQLite identity is advisory: whatever
+                            --user / $SPECREG_USER / the OS user says (no authentication).
+
 Unknown keys are errors, so a misspelt ``aproval_required`` cannot silently weaken the policy.
 """
 
@@ -26,7 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from specreg.core.documents import depth_problem, yaml_problem
-from specreg.errors import NotFoundError, UsageError
+from specreg.core.identity import normalize_user
+from specreg.errors import IdentityError, NotFoundError, UsageError
 
 MAX_POLICY_BYTES = 1024 * 1024  # a policy is a few environments: a megabyte is plenty
 
@@ -37,6 +46,9 @@ required_checks = ["integrity", "tokenizer", "chat_template", "equivalence", "ac
 allow_warnings = false
 acceptance_tolerance = 0.10
 max_validation_age_days = 30
+
+[identity]
+allow_claimed_user = false   # PostgreSQL: the actor is the database role; SQLite: advisory
 
 [environments.staging]
 approval_required = false
@@ -85,6 +97,7 @@ class Policy:
 
     environments: dict[str, EnvironmentPolicy]
     source: str
+    allow_claimed_user: bool = False  # [identity]: --user may differ from the PostgreSQL role
 
     def environment(self, name: str) -> EnvironmentPolicy:
         """The policy of environment ``name``; NotFoundError names the known ones."""
@@ -94,7 +107,16 @@ class Policy:
         return self.environments[name]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "environments": {n: e.to_dict() for n, e in self.environments.items()}}
+        return {"source": self.source, "identity": {"allow_claimed_user": self.allow_claimed_user},
+                "environments": {n: e.to_dict() for n, e in self.environments.items()}}
+
+    def identity_text(self) -> str:
+        """How the acting user is established under this policy, for `specreg policy show`."""
+        claimed = ("--user/$SPECREG_USER may name someone else (recorded as claimed beside the role)"
+                   if self.allow_claimed_user else "--user/$SPECREG_USER naming anyone else is refused")
+        return ("identity: on PostgreSQL the actor is the authenticated database role (session_user); "
+                f"{claimed}. On SQLite identity is advisory: whatever --user, $SPECREG_USER or the OS user "
+                "says, with no authentication behind it.")
 
 
 def load_policy(path: str | os.PathLike | None = None) -> Policy:
@@ -144,9 +166,15 @@ def parse_policy(document: Any, source: str) -> Policy:
         raise UsageError(f"policy {source}: expected a table/mapping at the top")
     defaults = dict(ENVIRONMENT_DEFAULTS)
     for key, value in document.items():
-        if key == "environments":
+        if key in ("environments", "identity"):
             continue
         defaults[key] = check_value(source, key, value)
+    identity = document.get("identity", {})
+    if not isinstance(identity, dict) or set(identity) - {"allow_claimed_user"}:
+        raise UsageError(f"policy {source}: [identity] takes only allow_claimed_user = true|false")
+    allow_claimed_user = identity.get("allow_claimed_user", False)
+    if not isinstance(allow_claimed_user, bool):
+        raise UsageError(f"policy {source}: identity.allow_claimed_user = {allow_claimed_user!r} must be true or false")
     environments = document.get("environments")
     if not isinstance(environments, dict) or not environments:
         raise UsageError(f"policy {source}: needs at least one [environments.NAME] table")
@@ -169,19 +197,24 @@ def parse_policy(document: Any, source: str) -> Policy:
             max_validation_age_days=(float(merged["max_validation_age_days"])
                                      if merged["max_validation_age_days"] is not None else None),
         )
-    return Policy(built, source)
+    return Policy(built, source, allow_claimed_user)
 
 
 def check_value(source: str, where: str, value: Any, key: str | None = None) -> Any:
     key = key or where
     expected = ENVIRONMENT_KEYS.get(key)
     if expected is None:
-        raise UsageError(f"policy {source}: unknown key {where!r} (known: {', '.join(sorted(ENVIRONMENT_KEYS))}, environments)")
+        raise UsageError(f"policy {source}: unknown key {where!r} (known: {', '.join(sorted(ENVIRONMENT_KEYS))}, environments, identity)")
     # bool is an int in Python: a `true` tolerance is an error, not 1.0
     if not isinstance(value, expected) or (expected != bool and isinstance(value, bool)):
         raise UsageError(f"policy {source}: {where} = {value!r} has the wrong type")
     if key in ("required_checks", "approvers") and not all(isinstance(v, str) and v for v in value):
         raise UsageError(f"policy {source}: {where} must be a list of non-empty strings")
+    if key == "approvers":
+        try:
+            value = [normalize_user(v, what="approver") for v in value]
+        except IdentityError as exc:
+            raise UsageError(f"policy {source}: {where}: {exc}") from None
     if key == "acceptance_tolerance" and not 0 <= value < 1:
         raise UsageError(f"policy {source}: {where} = {value} must be in [0, 1)")
     if isinstance(value, float) and not math.isfinite(value):

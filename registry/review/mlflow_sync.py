@@ -12,7 +12,8 @@ What goes where:
                        ``runs:/<run_id>/pair``; description = Markdown gate summary; tags carry
                        ``specreg.version``, ``specreg.status``, fingerprints, baselines
 - a promotion       -> an alias (``staging``, ``production`` ...) on the registered model
-- an approval       -> model-version tag ``specreg.approval`` (+ ``specreg.approval_note``)
+- an approval       -> model-version tag ``specreg.approval`` = ``approved:<user>`` or
+                       ``rejected:<user>`` (+ ``specreg.approval_note``)
 
 mlflow is imported inside functions: ``specreg --help`` must not pay for it.
 """
@@ -34,7 +35,8 @@ from urllib.parse import quote, unquote, urlparse
 
 import yaml
 
-from specreg.errors import MlflowUnavailable, NotFoundError, UsageError
+from specreg.core.identity import normalize_user
+from specreg.errors import IdentityError, MlflowUnavailable, NotFoundError, UsageError
 from specreg.core.types import ModelRef
 from specreg.registry.store.entities import PairVersion
 from specreg.settings import default_mlflow_uri
@@ -610,13 +612,16 @@ class MlflowSync:
     def read_approval(self, pair_version: PairVersion) -> dict[str, Any] | None:
         """The reviewer's decision on ``pair_version``, read from its model-version tags.
 
-        Returns None when there is no model version or no ``specreg.approval`` tag, else
-        ``{"status": "approved"|"rejected", "note": str|None, "user": str|None,
-        "time": datetime|None}``. Open-source MLflow records neither who set a tag nor when,
-        so ``user``/``time`` come from the record set_approval writes, and only while that
-        record still matches the tags; a decision made in the UI has ``user`` None and
-        ``time`` None (the caller uses its own user/clock). Raises UsageError for a tag value
-        other than approved/rejected (naming the value, so the reviewer can fix it)."""
+        The tag ``specreg.approval`` is ``approved:<user>`` / ``rejected:<user>`` (naming who
+        decides) or a bare ``approved`` / ``rejected`` (naming nobody). Returns None when there
+        is no model version or no tag, else ``{"status": "approved"|"rejected"|None, "named":
+        the normalised user in the tag or None, "note": str|None, "user": str|None, "time":
+        datetime|None, "raw": the tag value, "problem": str|None}``. A value that is none of
+        these (``LGTM``, a user name that is not a valid identity) has status None and says
+        why in ``problem``: the caller warns and ignores it, it never fails a command.
+        Open-source MLflow records neither who set a tag nor when, so ``user``/``time`` come
+        from the record set_approval writes, and only while that record still matches the
+        tags; a decision made in the UI has ``user`` None and ``time`` None."""
         model_version = self.find_model_version(pair_version)
         if model_version is None:
             return None
@@ -624,31 +629,43 @@ class MlflowSync:
         raw = tags.get(APPROVAL_TAG)
         if raw is None or not raw.strip():
             return None
-        status = raw.strip().lower()
-        if status not in APPROVAL_STATUSES:
-            raise UsageError(
-                f"{model_version.name} version {model_version.version}: tag {APPROVAL_TAG}="
-                f"{raw!r} is not one of {', '.join(APPROVAL_STATUSES)}"
-            )
         note = (tags.get(APPROVAL_NOTE_TAG) or "").strip() or None
-        user, time = None, None
+        result: dict[str, Any] = {"status": None, "named": None, "note": note, "user": None, "time": None,
+                                  "raw": raw, "problem": None}
+        status, _, named = raw.strip().partition(":")
+        status = status.strip().lower()
+        if status not in APPROVAL_STATUSES:
+            result["problem"] = (f"{model_version.name} version {model_version.version}: tag {APPROVAL_TAG}="
+                                 f"{raw!r} is not approved:<user> or rejected:<user>; ignored")
+            return result
+        if named.strip():
+            try:
+                result["named"] = normalize_user(named, what=f"tag {APPROVAL_TAG}")
+            except IdentityError as exc:
+                result["problem"] = f"{model_version.name} version {model_version.version}: {exc}; ignored"
+                return result
+        result["status"] = status
         try:
             record = json.loads(tags.get(APPROVAL_RECORD_TAG) or "null")
         except json.JSONDecodeError:
             record = None
         if isinstance(record, dict) and {
             "status": record.get("status"), "note": record.get("note")
-        } == _approval_record(status, note):
-            user = record.get("user")
-            time = datetime.fromisoformat(record["time"]) if record.get("time") else None
-        return {"status": status, "note": note, "user": user, "time": time}
+        } == _approval_record(status, note) and record.get("user") == result["named"]:
+            result["user"] = record.get("user")
+            try:
+                result["time"] = datetime.fromisoformat(record["time"]) if record.get("time") else None
+            except (TypeError, ValueError):
+                result["time"] = None
+        return result
 
     def set_approval(
         self, pair_version: PairVersion, status: str, note: str | None, user: str
     ) -> None:
-        """Write the decision as the UI would (tags ``specreg.approval``,
-        ``specreg.approval_note``) plus a record of who and when. ``status``: approved or
-        rejected. Raises NotFoundError when the version has no model version yet."""
+        """Write the decision as a reviewer would in the UI (tag ``specreg.approval`` =
+        ``<status>:<user>``, ``specreg.approval_note``) plus a record of who and when.
+        ``status``: approved or rejected. Raises NotFoundError when the version has no model
+        version yet."""
         status = status.strip().lower()
         if status not in APPROVAL_STATUSES:
             raise UsageError(f"approval status {status!r} is not one of {', '.join(APPROVAL_STATUSES)}")
@@ -660,7 +677,7 @@ class MlflowSync:
         }
         with self._translate_errors():
             name, version = model_version.name, model_version.version
-            self.client.set_model_version_tag(name, version, APPROVAL_TAG, status)
+            self.client.set_model_version_tag(name, version, APPROVAL_TAG, f"{status}:{user}")
             if note:
                 self.client.set_model_version_tag(name, version, APPROVAL_NOTE_TAG, note)
             elif APPROVAL_NOTE_TAG in (model_version.tags or {}):
@@ -668,6 +685,39 @@ class MlflowSync:
             self.client.set_model_version_tag(
                 name, version, APPROVAL_RECORD_TAG, json.dumps(record, sort_keys=True)
             )
+
+    def model_permission(self, pair_name: str, user: str) -> str | None:
+        """``user``'s effective permission on the registered model of ``pair_name`` as the
+        MLflow server's auth app resolves it (``READ``, ``EDIT``, ``MANAGE``,
+        ``NO_PERMISSIONS``; ``UNKNOWN_USER`` for a user the server does not know), or None when
+        the server runs no auth app (a local store, or ``mlflow server`` without
+        ``--app-name basic-auth``). Asks ``GET /api/3.0/mlflow/users/permissions/get``
+        (MLflow 3.x basic-auth; the caller's MLFLOW_TRACKING_USERNAME/PASSWORD must be an
+        admin, the user itself or a workspace manager). A server that refuses to answer
+        gives ``NOT_CONFIRMED (HTTP <status>)``."""
+        if urlparse(self.tracking_uri).scheme not in ("http", "https"):
+            return None
+        from mlflow.utils.credentials import get_default_host_creds
+        from mlflow.utils.rest_utils import http_request
+
+        with self._translate_errors():
+            response = http_request(
+                get_default_host_creds(self.tracking_uri), "/api/3.0/mlflow/users/permissions/get", "GET",
+                params={"username": user, "resource_type": "registered_model",
+                        "resource_id": self.registered_model_name(pair_name)},
+                max_retries=0, timeout=10, raise_on_status=False,
+            )
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if response.status_code == 200 and isinstance(body, dict) and "permission" in body:
+            return str(body["permission"]).upper()
+        if response.status_code == 404 and not (isinstance(body, dict) and body.get("error_code")):
+            return None  # no such route: the server has no auth app
+        if isinstance(body, dict) and body.get("error_code") == "RESOURCE_DOES_NOT_EXIST":
+            return "UNKNOWN_USER"
+        return f"NOT_CONFIRMED (HTTP {response.status_code})"
 
 
 def _quote_value(value: str) -> str:

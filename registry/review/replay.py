@@ -18,6 +18,7 @@ from specreg.registry.store.entities import PairVersion
 from specreg.registry.store.store import Store
 
 FINISHED = ("passed", "failed")
+CONFIRMING_PERMISSIONS = ("EDIT", "MANAGE")  # MLflow permissions that may change a model version
 
 
 def mlflow_enabled() -> bool:
@@ -77,40 +78,97 @@ class Review:
             baselines = latest_passed[0].baselines if latest_passed else None
             done["model_version"] = self.mlflow.ensure_model_version(
                 version, latest_run_id, render_markdown(latest, version),
-                tags={"specreg.validation": validation_key(latest)}, baselines=baselines)
+                tags={"specreg.validation": validation_key(latest),
+                      # the registry's audit head, anchored outside its database
+                      "specreg.audit_head": self.store.audit_head()}, baselines=baselines)
             self.mlflow.mirror_state(version)
             done["approval"] = self.sync_approval(version)
         done["aliases"] = self.sync_aliases(version.name)
         return done
 
     def sync_approval(self, version: PairVersion) -> str | None:
-        """Registry decisions go to MLflow; a decision made in the MLflow UI comes back as a
-        registry approval (four-eyes and validation rules apply) with its audit event."""
+        """Registry decisions go to MLflow (tag ``<status>:<approver>``); a decision made in the
+        MLflow UI comes back as a registry decision with its audit event (recorded by whoever
+        runs the sync, the approver in its details).
+
+        Attribution: a tag ``approved:<user>`` counts as ``user``'s approval only where the
+        server's auth app confirms ``user`` may edit the registered model (EDIT or MANAGE);
+        otherwise (a bare ``approved``, no auth app, a user without that permission) it is
+        recorded as unattributed and does not satisfy four-eyes until a named approver
+        confirms it with `specreg approve`. A malformed tag (``LGTM``) is warned about and
+        ignored."""
         from specreg.registry.governance import decisions
+
+        from specreg.registry.store.store import verified_chain
 
         with self.store.session() as session:
             row = self.store.version_row(session, version.name, version.version)
-            approvals = decisions.approvals_of(session, row.id)
-            latest = (approvals[-1].decision, approvals[-1].note, approvals[-1].actor, approvals[-1].source) \
-                if approvals else None
+            # only decisions the audit chain vouches for reach MLflow (a forged row does not)
+            approvals = decisions.chained_approvals(session, row, verified_chain(session)[0])
+        latest = approvals[-1].decision if approvals else None
+        attributed = [a for a in approvals if a.source != decisions.UNATTRIBUTED]
+        from_ui = [a for a in approvals if a.source in ("mlflow", decisions.UNATTRIBUTED)]
         in_mlflow = self.mlflow.read_approval(version)
-        ui_decision = in_mlflow is not None and in_mlflow.get("user") is None  # not written by specreg
-        if ui_decision and (latest is None or latest[0] != in_mlflow["status"]):
-            actor = self.actor
-            try:
-                decisions.decide(self.store, version.name, version.version, actor=actor,
-                                  decision=in_mlflow["status"], note=in_mlflow.get("note"), source="mlflow")
-            except SpecregError as exc:
-                self.notes.append(f"MLflow {in_mlflow['status']} of {version.label} not recorded: {exc}")
-                return None
-            self.notes.append(f"recorded {in_mlflow['status']} of {version.label} from MLflow (as {actor})")
-            # write it back as specreg's record so the tag and the registry agree from now on
-            self.mlflow.set_approval(version, in_mlflow["status"], in_mlflow.get("note"), actor)
-            return in_mlflow["status"]
-        if latest is not None and (in_mlflow is None or in_mlflow["status"] != latest[0]
-                                   or in_mlflow.get("user") != latest[2]):
-            self.mlflow.set_approval(version, latest[0], latest[1], latest[2])
-        return latest[0] if latest else None
+        if in_mlflow is not None and in_mlflow["status"] is None:
+            self.notes.append(in_mlflow["problem"])
+            in_mlflow = None if attributed else in_mlflow  # the registry's own decision replaces it
+        if in_mlflow is not None and in_mlflow["status"] is not None and in_mlflow["user"] is None:
+            decided = self.attribute(version, in_mlflow)
+            last_ui = from_ui[-1] if from_ui else None
+            if last_ui is None or (last_ui.decision, last_ui.actor, last_ui.source) != decided[:3]:
+                return self.record_ui_decision(version, in_mlflow, *decided)
+            if not attributed or attributed[-1].id < last_ui.id:
+                return latest  # recorded by an earlier sync, and nothing newer to write back
+            in_mlflow = None  # a registry decision newer than the UI's: it goes to the tag
+        if attributed:
+            newest = attributed[-1]
+            if in_mlflow is None or in_mlflow["status"] != newest.decision or in_mlflow.get("user") != newest.actor:
+                self.mlflow.set_approval(version, newest.decision, newest.note, newest.actor)
+        return latest
+
+    def attribute(self, version: PairVersion, in_mlflow: dict) -> tuple[str, str, str, str | None, str | None]:
+        """(decision, approver, source, why unattributed or None, permission) of a UI tag."""
+        from specreg.registry.governance import decisions
+
+        status, named = in_mlflow["status"], in_mlflow["named"]
+        permission = self.mlflow.model_permission(version.name, named) if named else None
+        if named is None:
+            why = f"the tag names no approver (use {status}:<user>)"
+        elif permission is None:
+            why = f"the MLflow server has no auth app to confirm that {named} set it"
+        elif permission in CONFIRMING_PERMISSIONS:
+            why = None
+        else:
+            why = f"{named} holds {permission} on {self.mlflow.registered_model_name(version.name)}, not EDIT or MANAGE"
+        if why:
+            return status, decisions.UNATTRIBUTED_ACTOR, decisions.UNATTRIBUTED, why, permission
+        return status, named, "mlflow", None, permission
+
+    def record_ui_decision(self, version: PairVersion, in_mlflow: dict, status: str, actor: str, source: str,
+                           why: str | None, permission: str | None) -> str | None:
+        """Record a decision set in the MLflow UI (not written by specreg); see sync_approval."""
+        from specreg.registry.governance import decisions
+
+        named = in_mlflow["named"]
+        details = {"mlflow_tag": in_mlflow["raw"], "named_user": named, "permission": permission}
+        if why:
+            details["unattributed_because"] = why
+        try:
+            decisions.decide(self.store, version.name, version.version, actor=actor, decision=status,
+                             note=in_mlflow.get("note"), source=source, recorded_by=self.actor, details=details)
+        except SpecregError as exc:
+            self.notes.append(f"MLflow {status} of {version.label} not recorded: {exc}")
+            return None
+        if why:
+            self.notes.append(f"recorded {status} of {version.label} from MLflow as unattributed ({why}); "
+                              + ("a named approver must confirm it with `specreg approve`" if status == "approved"
+                                 else "it withdraws the approval"))
+            return status
+        self.notes.append(f"recorded {status} of {version.label} from MLflow by {named} "
+                          f"({permission} on the model, confirmed by the MLflow auth app; synced by {self.actor})")
+        # write it back as specreg's record so the tag and the registry agree from now on
+        self.mlflow.set_approval(version, status, in_mlflow.get("note"), named)
+        return status
 
     def sync_aliases(self, pair_name: str) -> dict[str, int | None]:
         """MLflow aliases follow the registry's environment pointers."""

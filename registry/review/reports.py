@@ -8,10 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import specreg.templates
 from specreg.registry.store.entities import PairVersion, ValidationRun
 
-# the specreg.templates package is templates/ at the top (registry/ has no templates of its own)
-TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "templates" / "reports"
+# the specreg.templates package (templates/ at the top of the repository), not registry/templates
+TEMPLATE_DIR = Path(specreg.templates.__file__).resolve().parent / "reports"
 STATUS_MARK = {"pass": "✅", "warn": "⚠️", "fail": "❌", "skip": "⏭️"}
 CHART_WIDTH, CHART_HEIGHT, CHART_MARGIN = 560, 200, 36
 

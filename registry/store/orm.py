@@ -183,8 +183,12 @@ class ApprovalRow(Base):
     decision: Mapped[str] = mapped_column(String(16), nullable=False)  # approved|rejected
     actor: Mapped[str] = mapped_column(String(255), nullable=False)
     note: Mapped[str | None] = mapped_column(Text)
-    source: Mapped[str] = mapped_column(String(16), nullable=False)  # cli|mlflow
+    source: Mapped[str] = mapped_column(String(16), nullable=False)  # cli|mlflow|unattributed
     created_at: Mapped[datetime] = mapped_column(DateTime, nullable=False)
+    # The hash of the audit event that recorded this decision: a decision counts only while that
+    # event is in the verified chain and says the same (a row written straight into the table,
+    # or one whose event was edited, counts for nothing). NULL: a row no event vouches for.
+    event_hash: Mapped[str | None] = mapped_column(String(64))
 
 
 class EnvironmentPointerRow(Base):

@@ -20,6 +20,7 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModuleError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from specreg.core.identity import normalize_user
 from specreg.errors import ImmutableError, NotFoundError, SchemaOutOfDateError, StoreError
 from specreg.registry.store import audit
 from specreg.core.types import ModelRef
@@ -28,7 +29,7 @@ from specreg.registry.store.lifecycle import check_transition
 from specreg.registry.store.orm import AuditEventRow, AuditHeadRow, ObservationRow, PairRow, PairVersionRow
 
 # The newest migration in migrations/versions; a test checks it equals alembic's head.
-SCHEMA_HEAD = "0003"
+SCHEMA_HEAD = "0004"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 
@@ -122,6 +123,8 @@ class Store:
         self.url = url
         self.engine = create_db_engine(url)
         self.is_sqlite = self.engine.dialect.name == "sqlite"
+        # merged into every audit event this Store appends (e.g. a claimed user beside the role)
+        self.event_details: dict[str, Any] = {}
         self._read_sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._write_sessions = sessionmaker(self.engine.execution_options(specreg_write=True), expire_on_commit=False)
         for factory in (self._read_sessions, self._write_sessions):
@@ -174,6 +177,14 @@ class Store:
                 f"run `specreg db upgrade`"
             )
 
+    def authenticated_role(self) -> str | None:
+        """The database role this connection authenticated as (PostgreSQL ``session_user``);
+        None on SQLite, which has no authentication."""
+        if self.is_sqlite:
+            return None
+        with self.engine.connect() as connection:
+            return connection.exec_driver_sql("SELECT session_user").scalar()
+
     def upgrade(self, revision: str = "head") -> None:
         """Migrate to ``revision`` under the migration lock."""
         from specreg.registry.store.migrate import migration_lock
@@ -221,6 +232,7 @@ class Store:
                        binding_sha256: str, actor: str, notes: str | None, allow_pickle: bool) -> tuple[PairVersion, bool]:
         """Insert version N+1 of ``name`` (or return the existing one with the same binding)
         together with its audit event, in one transaction. Returns (version, created)."""
+        actor = normalize_user(actor, what="registrant")
         for attempt in range(5):
             try:
                 with self.session(write=True) as session:
@@ -331,18 +343,29 @@ class Store:
                      from_state: str | None, to_state: str | None, actor: str, reason: str | None,
                      details: dict[str, Any]) -> AuditEventRow:
         """Append one event to the hash chain, inside the caller's transaction."""
+        actor = normalize_user(actor, what="actor")
+        details = {**details, **self.event_details}
         head = session.scalar(select(AuditHeadRow).where(AuditHeadRow.id == 1).with_for_update())
         if head is None:
             head = AuditHeadRow(id=1, last_hash=audit.GENESIS_HASH, last_event_id=None)
             session.add(head)
             session.flush()
+        key = audit.audit_key()
+        keyed = session.scalar(select(AuditEventRow.id).where(AuditEventRow.action == audit.KEY_ACTION).limit(1))
+        if keyed is not None and key is None:
+            raise StoreError(f"the audit chain is keyed (event {keyed}): set {audit.KEY_ENV} to write to it")
+        if keyed is None and key is not None:
+            # the first write with a key: from this event on every hash is an HMAC under it
+            self._append(session, head, key, pair_name="-", version=None, action=audit.KEY_ACTION, from_state=None,
+                         to_state=None, actor=actor, reason=None, details={"scheme": "hmac-sha256"})
+        return self._append(session, head, key, pair_name=pair_name, version=version, action=action,
+                            from_state=from_state, to_state=to_state, actor=actor, reason=reason, details=details)
+
+    @staticmethod
+    def _append(session: Session, head: AuditHeadRow, key: bytes | None, **content: Any) -> AuditEventRow:
         created_at = utcnow()
-        digest = audit.event_hash(head.last_hash, pair_name=pair_name, version=version, action=action,
-                                  from_state=from_state, to_state=to_state, actor=actor, reason=reason,
-                                  details=details, created_at=created_at)
-        row = AuditEventRow(pair_name=pair_name, version=version, action=action, from_state=from_state,
-                            to_state=to_state, actor=actor, reason=reason, details=details,
-                            created_at=created_at, prev_hash=head.last_hash, event_hash=digest)
+        digest = audit.event_hash(head.last_hash, created_at=created_at, key=key, **content)
+        row = AuditEventRow(**content, created_at=created_at, prev_hash=head.last_hash, event_hash=digest)
         session.add(row)
         session.flush()
         head.last_hash, head.last_event_id = digest, row.id
@@ -363,16 +386,25 @@ class Store:
     def verify_audit(self) -> tuple[int, str | None]:
         """Check the whole chain and that the head points at its last event."""
         with self.session() as session:
-            rows = session.scalars(select(AuditEventRow).order_by(AuditEventRow.id)).all()
-            checked, problem = audit.verify_chain(rows)
-            if problem:
-                return checked, problem
-            head = session.get(AuditHeadRow, 1)
-            last_hash = rows[-1].event_hash if rows else audit.GENESIS_HASH
-            if head is not None and head.last_hash != last_hash:
-                return checked, f"the newest event(s) after event {rows[-1].id if rows else 0} were deleted (audit head does not match)"
-            return checked, None
+            events, problem = verified_chain(session)
+            return len(events), problem
 
+    def audit_head(self) -> str:
+        """The hash of the newest event of the verified chain (the genesis hash when empty or
+        broken at its first event): the value to anchor outside the database."""
+        with self.session() as session:
+            events, _ = verified_chain(session)
+            return events[-1].event_hash if events else audit.GENESIS_HASH
+
+    def anchor_position(self, head: str) -> tuple[int | None, int, str | None]:
+        """Where an anchored head sits in the verified chain: (its 1-based position or None
+        when the chain does not contain it, events in the verified chain, chain problem)."""
+        with self.session() as session:
+            events, problem = verified_chain(session)
+            if head == audit.GENESIS_HASH:
+                return 0, len(events), problem
+            position = next((i for i, e in enumerate(events, start=1) if e.event_hash == head), None)
+            return position, len(events), problem
 
     # --- observations -------------------------------------------------------------------
 
@@ -394,6 +426,21 @@ class Store:
             rows = session.scalars(select(ObservationRow).where(ObservationRow.pair_version_id == row.id)
                                    .order_by(ObservationRow.id.desc()).limit(limit))
             return [observation_dict(o) for o in rows]
+
+
+def verified_chain(session: Session) -> tuple[list[AuditEventRow], str | None]:
+    """Every audit event, in order, up to the first broken link; and the problem found (None:
+    the whole chain links and the head row points at its last event)."""
+    rows = session.scalars(select(AuditEventRow).order_by(AuditEventRow.id)).all()
+    checked, problem = audit.verify_chain(rows, key=audit.audit_key())
+    if problem:
+        return list(rows[:checked]), problem
+    head = session.get(AuditHeadRow, 1)
+    last_hash = rows[-1].event_hash if rows else audit.GENESIS_HASH
+    if head is not None and head.last_hash != last_hash:
+        return list(rows), (f"the newest event(s) after event {rows[-1].id if rows else 0} were deleted "
+                            f"(audit head does not match)")
+    return list(rows), None
 
 
 def observation_dict(row: ObservationRow) -> dict[str, Any]:

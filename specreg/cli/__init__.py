@@ -11,7 +11,7 @@ import sys
 import click
 
 from specreg.cli import deploy, governance, registration, review, validation  # noqa: F401  (register commands)
-from specreg.cli.common import cli, print_warnings
+from specreg.cli.common import cli, printable, print_warnings
 from specreg.errors import SpecregError
 
 
@@ -29,7 +29,7 @@ def main() -> None:
         exc.show()
         sys.exit(exc.exit_code)
     except SpecregError as exc:
-        click.echo(f"specreg: error: {exc}", err=True)
+        click.echo(f"specreg: error: {printable(exc)}", err=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         click.echo("specreg: interrupted", err=True)

@@ -29,12 +29,12 @@ policy_option = click.option(
 OPENED_REGISTRIES: list = []  # their warnings (e.g. "MLflow is behind") are printed at exit
 
 
-def open_registry(db_url: str | None, user: str | None = None):
+def open_registry(db_url: str | None, user: str | None = None, policy_path: str | None = None):
     from specreg.api import Registry
 
     context = click.get_current_context(silent=True)
     mlflow_uri = context.find_root().params.get("mlflow_uri") if context else None
-    registry = Registry(db_url, user=user, mlflow_uri=mlflow_uri)
+    registry = Registry(db_url, user=user, mlflow_uri=mlflow_uri, policy_path=policy_path)
     OPENED_REGISTRIES.append(registry)
     return registry
 
@@ -42,7 +42,7 @@ def open_registry(db_url: str | None, user: str | None = None):
 def print_warnings() -> None:
     for registry in OPENED_REGISTRIES:
         for warning in registry.warnings:
-            click.echo(f"specreg: warning: {warning}", err=True)
+            click.echo(f"specreg: warning: {printable(warning)}", err=True)
         registry.warnings.clear()
 
 
@@ -50,9 +50,26 @@ def print_json(data) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=False, default=str))
 
 
+def printable(text) -> str:
+    """``text`` safe for a terminal line: control, format and line-separator characters
+    (newlines, ESC sequences, bidi overrides) are shown escaped (``\\n``, ``\\x1b``,
+    ``\\u202e``), so a note or user name can neither forge a line nor drive the terminal.
+    Every table and line printer of the CLI passes user-supplied text through here."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else char.encode("unicode_escape").decode("ascii")
+                   for char in text)
+
+
+def echo_lines(lines: list[str]) -> None:
+    """Print lines for people, each made ``printable`` (one write)."""
+    click.echo("\n".join(printable(line) for line in lines))
+
+
 def print_table(headers: list[str], rows: list[list]) -> None:
-    """A plain aligned table for people."""
-    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in row] for row in rows]
+    """A plain aligned table for people; every cell made ``printable``."""
+    cells = [[printable(h) for h in headers]] + [["" if c is None else printable(c) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))

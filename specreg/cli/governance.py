@@ -62,7 +62,7 @@ def parse_expected_holder(value: str | None):
 @json_option
 def promote(ref, environment, reason, expected, policy_path, db_url, user, as_json):
     """Make a version hold ENV if the policy allows it (exit 100 with every reason if not)."""
-    move = open_registry(db_url, user).promote(ref, environment, reason=reason, policy_path=policy_path,
+    move = open_registry(db_url, user, policy_path).promote(ref, environment, reason=reason, policy_path=policy_path,
                                                expected_holder=parse_expected_holder(expected))
     if as_json:
         print_json(move.to_dict())
@@ -120,7 +120,7 @@ def gate(ref, environment, rerun, junit_path, markdown_path, policy_path, db_url
 
     result, error, code = None, None, 0
     try:
-        result = open_registry(db_url, user).gate(ref, environment, policy_path=policy_path, rerun=rerun)
+        result = open_registry(db_url, user, policy_path).gate(ref, environment, policy_path=policy_path, rerun=rerun)
         code = 0 if result.passed else PolicyViolation.exit_code
     except SpecregError as exc:
         error, code = str(exc), exc.exit_code
@@ -169,17 +169,34 @@ def audit() -> None:
 
 
 @audit.command(name="verify")
+@click.option("--expect-head", "expected_head", default=None, metavar="HASH",
+              help="An audit head recorded earlier (gate output, export header, MLflow tag specreg.audit_head): "
+                   "exit 100 unless the chain still contains it.")
 @db_option
 @json_option
-def audit_verify(db_url, as_json):
-    """Check the whole hash chain; exit 1 naming the first broken event."""
-    checked, problem = open_registry(db_url).verify_audit()
+def audit_verify(expected_head, db_url, as_json):
+    """Check the whole hash chain; exit 1 naming the first broken event, 100 when an anchored
+    head (--expect-head) is no longer in the chain (events deleted from the end, or re-hashed)."""
+    from specreg.errors import PolicyViolation
+
+    registry = open_registry(db_url)
+    position, checked, problem = registry.store.anchor_position(expected_head or "")
+    head = registry.store.audit_head()
+    anchored = None if expected_head is None else position is not None
     if as_json:
-        print_json({"intact": problem is None, "checked": checked, "problem": problem})
+        print_json({"intact": problem is None, "checked": checked, "problem": problem, "head": head,
+                    **({"expected_head": expected_head, "expected_head_found": anchored,
+                        "events_since_expected_head": checked - position if position is not None else None}
+                       if expected_head is not None else {})})
     if problem is not None:
         raise SpecregError(f"audit log broken after {checked} good event(s): {problem}")
+    if expected_head is not None and position is None:
+        raise PolicyViolation(f"audit head {expected_head} is not in the chain of {checked} event(s) (head now "
+                              f"{head}): events were deleted from its end or the chain was re-hashed")
     if not as_json:
-        click.echo(f"audit log intact: {checked} event(s), every hash links")
+        click.echo(f"audit log intact: {checked} event(s), every hash links; head {head}")
+        if expected_head is not None:
+            click.echo(f"expected head found at event {position} of {checked} ({checked - position} event(s) since)")
 
 
 @cli.group(name="env")
@@ -252,8 +269,10 @@ def policy_show(policy_path, as_json):
         return
     if policy.source == "built-in default":
         click.echo(DEFAULT_POLICY_TOML.rstrip())
+        click.echo(f"# {policy.identity_text()}")
         return
     click.echo(f"# {policy.source}")
+    click.echo(f"# {policy.identity_text()}")
     print_table(["ENV", "GOLDEN SET", "APPROVAL", "APPROVERS", "TOLERANCE", "MAX AGE (DAYS)", "REQUIRED CHECKS"],
                 [[e.name, e.golden_set, "required" if e.approval_required else "-", ", ".join(e.approvers) or "anyone but registrant",
                   f"{e.acceptance_tolerance:.0%}", e.max_validation_age_days or "-", ", ".join(e.required_checks)]

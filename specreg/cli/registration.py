@@ -6,7 +6,7 @@ import json
 
 import click
 
-from specreg.cli.common import (cli, db_option, user_option, json_option, open_registry,
+from specreg.cli.common import (cli, db_option, echo_lines, user_option, json_option, open_registry,
                                 fmt_number, print_json, print_table)
 
 
@@ -142,7 +142,7 @@ def show(ref, db_url, as_json):
         move = f"{event.from_state or '-'} -> {event.to_state or '-'}"
         lines.append(f"  {event.created_at.isoformat(timespec='seconds')}  {event.action:<10} {move:<26} {event.actor}"
                      + (f"  {event.reason}" if event.reason else ""))
-    click.echo("\n".join(lines))
+    echo_lines(lines)
 
 
 @cli.command()

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from metrics_server import FakeVllm, MetricsServer
+from pgroles import as_user
 from specreg.api import Registry
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "governance"))
@@ -34,12 +35,12 @@ def approved_pair(db_url, tiny_models, tmp_path, monkeypatch):
     policy = tmp_path / "specreg.toml"
     policy.write_text(POLICY_TOML)
     monkeypatch.setenv("SPECREG_POLICY", str(policy))
-    alice = Registry(db_url, user="alice")
+    alice = Registry(as_user(db_url, "alice"), user="alice")
     for k in (4, 3):
         alice.register("deploy", target=str(tiny_models["target"]), draft=str(tiny_models["draft"]),
                        num_speculative_tokens=k, max_batch_size_for_speculation=8)
     record_validation(alice, "deploy@1", acceptance_rate=0.8, mean_acceptance_length=3.0)
-    Registry(db_url, user="bob").approve("deploy@1", note="looks right")
+    Registry(as_user(db_url, "bob"), user="bob").approve("deploy@1", note="looks right")
     alice.promote("deploy@1", "staging", reason="first rollout")
     return db_url
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+import pytest
+
 from specreg.api import Registry
 from specreg.golden_prompts.loader import load_golden_set
 from specreg.registry.store.entities import PairState
@@ -84,3 +86,13 @@ def register_versions(registry: Registry, tiny_models, name: str, count: int, ta
                                    draft=str(draft or tiny_models["draft"]), num_speculative_tokens=k)
         refs.append(result.version.label)
     return refs
+
+
+@pytest.fixture
+def policy_file(tmp_path, monkeypatch):
+    """A policy on the smoke golden set, set as $SPECREG_POLICY (import it into a test module
+    outside tests/governance, whose conftest has the same fixture)."""
+    path = tmp_path / "specreg.toml"
+    path.write_text(POLICY_TOML)
+    monkeypatch.setenv("SPECREG_POLICY", str(path))
+    return path

@@ -9,6 +9,7 @@ import os
 
 from govstate import record_validation, register_versions
 
+from pgroles import as_user
 from specreg.api import Registry
 from specreg.errors import ConcurrentUpdateError, IllegalTransitionError, NotFoundError
 
@@ -20,7 +21,7 @@ BARRIER_TIMEOUT_S = 120
 def contender(db_url: str, policy_path: str, version: int, barrier, results) -> None:
     """One process: each round, read the staging holder, wait for all, then promote its version."""
     os.environ["SPECREG_POLICY"] = policy_path
-    registry = Registry(db_url, user=f"worker{version}")
+    registry = Registry(as_user(db_url, f"worker{version}"), user=f"worker{version}")
     for round_index in range(ROUNDS):
         barrier.wait(BARRIER_TIMEOUT_S)
         try:
@@ -41,7 +42,7 @@ def contender(db_url: str, policy_path: str, version: int, barrier, results) -> 
 
 
 def test_racing_promotes_exactly_one_wins_each_round(db_url, tiny_models, policy_file):
-    registry = Registry(db_url, user="alice")
+    registry = Registry(as_user(db_url, "alice"), user="alice")
     refs = register_versions(registry, tiny_models, "race", PROCESSES)
     for ref in refs:
         record_validation(registry, ref)

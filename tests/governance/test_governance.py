@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 from govstate import record_validation, register_versions, utcnow
 
+from pgroles import as_user
 from specreg.api import Registry
 from specreg.errors import (ConcurrentUpdateError, IllegalTransitionError, NotFoundError, PolicyViolation,
                             ModelReferenceError)
@@ -20,7 +21,7 @@ def failed(result) -> dict[str, str]:
 
 
 def test_four_eyes_approval_and_promotion_to_production(db_url, tiny_models, policy_file):
-    alice, bob = Registry(db_url, user="alice"), Registry(db_url, user="bob")
+    alice, bob = Registry(as_user(db_url, "alice"), user="alice"), Registry(as_user(db_url, "bob"), user="bob")
     (ref,) = register_versions(alice, tiny_models, "chat", 1)
 
     with pytest.raises(PolicyViolation, match="not passed validation .*never validated"):
@@ -54,7 +55,7 @@ def test_four_eyes_approval_and_promotion_to_production(db_url, tiny_models, pol
 
 
 def test_staging_needs_no_approval_but_unknown_environment_is_an_error(db_url, tiny_models, policy_file):
-    registry = Registry(db_url, user="alice")
+    registry = Registry(as_user(db_url, "alice"), user="alice")
     (ref,) = register_versions(registry, tiny_models, "st", 1)
     record_validation(registry, ref)
     with pytest.raises(NotFoundError, match="unknown environment 'prod'.*defines production, staging"):
@@ -68,7 +69,7 @@ def test_staging_needs_no_approval_but_unknown_environment_is_an_error(db_url, t
 
 
 def test_promote_over_holder_rollback_and_retire(db_url, tiny_models, policy_file):
-    alice, bob = Registry(db_url, user="alice"), Registry(db_url, user="bob")
+    alice, bob = Registry(as_user(db_url, "alice"), user="alice"), Registry(as_user(db_url, "bob"), user="bob")
     v1, v2 = register_versions(alice, tiny_models, "pair", 2)
     for ref in (v1, v2):
         record_validation(alice, ref)
@@ -106,7 +107,7 @@ def test_promote_over_holder_rollback_and_retire(db_url, tiny_models, policy_fil
 
 
 def test_released_version_without_approval_returns_to_validated(db_url, tiny_models, policy_file):
-    registry = Registry(db_url, user="alice")
+    registry = Registry(as_user(db_url, "alice"), user="alice")
     v1, v2 = register_versions(registry, tiny_models, "stg", 2)
     record_validation(registry, v1)
     record_validation(registry, v2)
@@ -118,7 +119,7 @@ def test_released_version_without_approval_returns_to_validated(db_url, tiny_mod
 
 
 def test_gate_conditions_fail_with_named_reasons(db_url, tiny_models, policy_file):
-    alice, bob = Registry(db_url, user="alice"), Registry(db_url, user="bob")
+    alice, bob = Registry(as_user(db_url, "alice"), user="alice"), Registry(as_user(db_url, "bob"), user="bob")
     v1, v2, v3, v4, v5 = register_versions(alice, tiny_models, "g", 5)
 
     record_validation(alice, v1, acceptance_rate=0.80, mean_acceptance_length=3.0)
@@ -147,7 +148,7 @@ def test_gate_conditions_fail_with_named_reasons(db_url, tiny_models, policy_fil
 
 
 def test_approval_rules_rejection_and_stale_approval(db_url, tiny_models, policy_file, tmp_path):
-    alice, bob, carol = (Registry(db_url, user=u) for u in ("alice", "bob", "carol"))
+    alice, bob, carol = (Registry(as_user(db_url, u), user=u) for u in ("alice", "bob", "carol"))
     (ref,) = register_versions(alice, tiny_models, "ap", 1)
     record_validation(alice, ref)
     bob.approve(ref)
@@ -175,7 +176,7 @@ def test_approval_rules_rejection_and_stale_approval(db_url, tiny_models, policy
 
 
 def test_failed_validation_refuses_approval_and_promotion(db_url, tiny_models, policy_file):
-    alice, bob = Registry(db_url, user="alice"), Registry(db_url, user="bob")
+    alice, bob = Registry(as_user(db_url, "alice"), user="alice"), Registry(as_user(db_url, "bob"), user="bob")
     (ref,) = register_versions(alice, tiny_models, "bad", 1)
     record_validation(alice, ref, status="failed", checks={"equivalence": "fail"})
     with pytest.raises(PolicyViolation, match=r"not passed validation \(run 1 failed\)"):
@@ -188,7 +189,7 @@ def test_changed_or_missing_model_never_passes(db_url, tiny_models, policy_file,
     target, draft = tmp_path / "target", tmp_path / "draft"
     shutil.copytree(tiny_models["target"], target)
     shutil.copytree(tiny_models["draft"], draft)
-    registry = Registry(db_url, user="alice")
+    registry = Registry(as_user(db_url, "alice"), user="alice")
     (ref,) = register_versions(registry, tiny_models, "fp", 1, target=target, draft=draft)
     record_validation(registry, ref)
     assert registry.gate(ref, "staging").passed
@@ -209,7 +210,7 @@ def test_changed_or_missing_model_never_passes(db_url, tiny_models, policy_file,
 
 
 def test_stale_expected_holder_is_a_conflict(db_url, tiny_models, policy_file):
-    registry = Registry(db_url, user="alice")
+    registry = Registry(as_user(db_url, "alice"), user="alice")
     v1, v2 = register_versions(registry, tiny_models, "cas", 2)
     record_validation(registry, v1)
     record_validation(registry, v2)
@@ -222,7 +223,7 @@ def test_stale_expected_holder_is_a_conflict(db_url, tiny_models, policy_file):
 
 
 def test_diff_side_by_side(db_url, tiny_models, policy_file):
-    registry = Registry(db_url, user="alice")
+    registry = Registry(as_user(db_url, "alice"), user="alice")
     registry.register("d", target=str(tiny_models["target"]), draft=str(tiny_models["draft"]), num_speculative_tokens=4)
     registry.register("d", target=str(tiny_models["target"]), draft=str(tiny_models["draft2"]), num_speculative_tokens=5)
     record_validation(registry, "d@1", acceptance_rate=0.8)
@@ -241,11 +242,18 @@ def test_imported_approval_by_the_registrant_does_not_count(db_url, tiny_models,
     registrant still fails four-eyes."""
     from specreg.registry.store.orm import ApprovalRow
 
-    registry = Registry(db_url, user="alice")
+    registry = Registry(as_user(db_url, "alice"), user="alice")
     (ref,) = register_versions(registry, tiny_models, "imp", 1)
     record_validation(registry, ref)
     with registry.store.session(write=True) as session:
-        session.add(ApprovalRow(pair_version_id=registry.get(ref).id, decision="approved", actor="alice",
-                                note=None, source="mlflow", created_at=utcnow()))
+        # recorded with its audit event, as any import must be to count at all (a bare row never does)
+        approval = ApprovalRow(pair_version_id=registry.get(ref).id, decision="approved", actor="alice",
+                               note=None, source="mlflow", created_at=utcnow())
+        session.add(approval)
+        session.flush()
+        event = registry.store.append_event(
+            session, pair_name="imp", version=1, action="approve", from_state="validated", to_state="validated",
+            actor="alice", reason=None, details={"approval": approval.id, "decision": "approved", "source": "mlflow"})
+        approval.event_hash = event.event_hash
     reasons = failed(registry.gate(ref, "production"))
     assert reasons["approval"] == "approved only by the registrant alice (four-eyes: another person must approve)"

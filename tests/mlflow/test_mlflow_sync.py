@@ -236,25 +236,30 @@ def test_approval_from_the_ui_and_from_the_cli(
         mlflow_server.post("model-versions/set-tag",
                            {"name": name, "version": str(number), "key": key, "value": value})
     approval = sync.read_approval(pair_version)
-    assert approval == {"status": "approved", "note": "looks good", "user": None, "time": None}
+    assert approval == {"status": "approved", "named": None, "note": "looks good", "user": None, "time": None,
+                        "raw": "Approved", "problem": None}
 
-    # From the CLI: who and when are recorded with it.
+    # From the CLI: the tag names the approver; who and when are recorded with it.
     sync.set_approval(pair_version, "rejected", "acceptance too low on code", "alice")
+    tags = {t["key"]: t["value"] for t in mlflow_server.get("model-versions/get", name=name, version=str(number))
+            ["model_version"]["tags"]}
+    assert tags["specreg.approval"] == "rejected:alice"
     approval = sync.read_approval(pair_version)
-    assert approval["status"] == "rejected" and approval["user"] == "alice"
+    assert approval["status"] == "rejected" and approval["user"] == "alice" and approval["named"] == "alice"
     assert approval["note"] == "acceptance too low on code"
     assert approval["time"] is not None and approval["time"].tzinfo is not None
 
     # The reviewer overrides it in the UI: alice's record no longer describes the tags.
     mlflow_server.post("model-versions/set-tag", {
-        "name": name, "version": str(number), "key": "specreg.approval", "value": "approved"})
+        "name": name, "version": str(number), "key": "specreg.approval", "value": "approved:Carol"})
     approval = sync.read_approval(pair_version)
-    assert approval["status"] == "approved" and approval["user"] is None
+    assert approval["status"] == "approved" and approval["user"] is None and approval["named"] == "carol"
 
+    # A value that is no decision is reported, never raised (issue 14 item 9).
     mlflow_server.post("model-versions/set-tag", {
         "name": name, "version": str(number), "key": "specreg.approval", "value": "yes please"})
-    with pytest.raises(UsageError, match="yes please"):
-        sync.read_approval(pair_version)
+    approval = sync.read_approval(pair_version)
+    assert approval["status"] is None and "'yes please' is not approved:<user> or rejected:<user>" in approval["problem"]
     with pytest.raises(UsageError):
         sync.set_approval(pair_version, "maybe", None, "alice")
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from mlflow_server import free_port
+from pgroles import as_user
 from specreg.api import Registry
 from specreg.registry.store.entities import PairState
 
@@ -50,7 +51,7 @@ def runs_of(server, pair):
 
 def test_sync_ui_approval_and_promotion_alias(db_url, tiny_models, mlflow_server, mirror_on):
     pair = f"rv-{uuid.uuid4().hex[:8]}"
-    alice = Registry(db_url, user="alice", mlflow_uri=mlflow_server.url)
+    alice = Registry(as_user(db_url, "alice"), user="alice", mlflow_uri=mlflow_server.url)
     alice.register(pair, target=str(tiny_models["target"]), draft=str(tiny_models["draft"]), num_speculative_tokens=3)
     run_id = record_validation(alice, f"{pair}@1", acceptance_rate=0.75)
 
@@ -68,18 +69,30 @@ def test_sync_ui_approval_and_promotion_alias(db_url, tiny_models, mlflow_server
     assert {"pair/report.html", "pair/summary.md", "pair/results.json", "pair/pair.yaml"} <= artifacts
     assert alice.validation_runs(f"{pair}@1")[-1].mlflow_run_id == run["info"]["run_id"]
 
-    # A reviewer approves in the MLflow UI (the UI's own REST call); sync records it.
+    # A reviewer approves in the MLflow UI (the UI's own REST call) without naming themselves:
+    # sync records it, but as unattributed (this server has no auth app to say who set it), and
+    # that does not satisfy four-eyes (issue 12 section 5).
     mlflow_server.post("model-versions/set-tag", {"name": f"specreg.{pair}", "version": "1",
                                                   "key": "specreg.approval", "value": "approved"})
-    picked = cli("--mlflow-uri", mlflow_server.url, "sync", pair, "--db", db_url, "--user", "bob")
+    picked = cli("--mlflow-uri", mlflow_server.url, "sync", pair, "--db", as_user(db_url, "bob"), "--user", "bob")
     assert picked.returncode == 0, picked.stderr
-    assert f"recorded approved of {pair}@1 from MLflow (as bob)" in picked.stderr
-    assert alice.get(f"{pair}@1").state is PairState.APPROVED
+    assert f"recorded approved of {pair}@1 from MLflow as unattributed (the tag names no approver" in picked.stderr
+    assert alice.get(f"{pair}@1").state is PairState.VALIDATED
     approve_events = [e for e in alice.history(pair) if e.action == "approve"]
-    assert [(e.actor, e.to_state) for e in approve_events] == [("bob", "approved")]
+    assert [(e.actor, e.details["approver"], e.details["source"]) for e in approve_events] == [
+        ("bob", "(unattributed)", "unattributed")]
+    refused = cli("--mlflow-uri", mlflow_server.url, "promote", f"{pair}@1", "--to", "production",
+                  "--db", as_user(db_url, "carol"), "--user", "carol")
+    assert refused.returncode == 100 and "a named approver must confirm it with `specreg approve`" in refused.stderr
 
+    # bob confirms it under his own name; the tag then names him.
+    confirmed = cli("--mlflow-uri", mlflow_server.url, "approve", f"{pair}@1", "--db", as_user(db_url, "bob"),
+                    "--user", "bob")
+    assert confirmed.returncode == 0, confirmed.stderr
+    [version] = model_versions(mlflow_server, pair)
+    assert {t["key"]: t["value"] for t in version["tags"]}["specreg.approval"] == "approved:bob"
     promoted = cli("--mlflow-uri", mlflow_server.url, "promote", f"{pair}@1", "--to", "production",
-                   "--db", db_url, "--user", "carol")
+                   "--db", as_user(db_url, "carol"), "--user", "carol")
     assert promoted.returncode == 0, promoted.stderr
     alias = mlflow_server.get("registered-models/alias", name=f"specreg.{pair}", alias="production")
     assert alias["model_version"]["version"] == "1"
@@ -90,17 +103,17 @@ def test_sync_ui_approval_and_promotion_alias(db_url, tiny_models, mlflow_server
     for _ in range(2):
         assert cli("--mlflow-uri", mlflow_server.url, "sync", pair, "--db", db_url).returncode == 0
     assert len(runs_of(mlflow_server, pair)) == 1 and len(model_versions(mlflow_server, pair)) == 1
-    assert len([e for e in alice.history(pair) if e.action == "approve"]) == 1
+    assert len([e for e in alice.history(pair) if e.action == "approve"]) == 2
 
 
 def test_mlflow_down_warns_and_sync_catches_up(db_url, tiny_models, mlflow_server, mirror_on):
     pair = f"rv-{uuid.uuid4().hex[:8]}"
     down = f"http://127.0.0.1:{free_port()}"
-    alice = Registry(db_url, user="alice", mlflow_uri=down)
+    alice = Registry(as_user(db_url, "alice"), user="alice", mlflow_uri=down)
     alice.register(pair, target=str(tiny_models["target"]), draft=str(tiny_models["draft"]), num_speculative_tokens=2)
     record_validation(alice, f"{pair}@1")
 
-    approved = cli("--mlflow-uri", down, "approve", f"{pair}@1", "--db", db_url, "--user", "bob")
+    approved = cli("--mlflow-uri", down, "approve", f"{pair}@1", "--db", as_user(db_url, "bob"), "--user", "bob")
     assert approved.returncode == 0, approved.stderr
     assert f"specreg: warning: MLflow ({down}) is behind" in approved.stderr
     assert "run `specreg sync`" in approved.stderr
@@ -113,7 +126,7 @@ def test_mlflow_down_warns_and_sync_catches_up(db_url, tiny_models, mlflow_serve
     assert caught_up.returncode == 0, caught_up.stderr
     [version] = model_versions(mlflow_server, pair)
     tags = {t["key"]: t["value"] for t in version["tags"]}
-    assert tags["specreg.approval"] == "approved" and tags["specreg.status"] == "approved"
+    assert tags["specreg.approval"] == "approved:bob" and tags["specreg.status"] == "approved"
     assert json.loads(tags["specreg.approval_record"])["user"] == "bob"
 
 

@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from pgroles import as_user
+
 SPECREG = [sys.executable, "-m", "specreg.cli"]
 
 
@@ -29,7 +31,7 @@ def one_line_error(result, code, *fragments):
 
 def test_register_list_show_history(db_url, tiny_models):
     registered = run("register", "chat", "--target", tiny_models["target"], "--draft", tiny_models["draft"],
-                     "-k", "4", "--notes", "first cut", "--db", db_url, "--user", "carol", "--json")
+                     "-k", "4", "--notes", "first cut", "--db", as_user(db_url, "carol"), "--user", "carol", "--json")
     assert registered.returncode == 0, registered.stderr
     data = json.loads(registered.stdout)
     assert data["created"] is True and data["version"] == 1 and data["registered_by"] == "carol"

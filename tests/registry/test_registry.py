@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy import create_engine, select, text
 from sqlalchemy.orm import Session
 
+from pgroles import as_user
 from specreg.api import Registry, parse_ref
 from specreg.errors import (IllegalTransitionError, ImmutableError, ModelReferenceError, NotFoundError,
                             UsageError)
@@ -26,7 +27,7 @@ def count_rows(url: str) -> dict[str, int]:
 
 
 def test_register_records_both_fingerprints_and_config(db_url, tiny_models):
-    registry = Registry(db_url, user="alice")
+    registry = Registry(as_user(db_url, "alice"), user="alice")
     result = registry.register("chat-pair", target=str(tiny_models["target"]), draft=str(tiny_models["draft"]),
                                num_speculative_tokens=4, max_batch_size_for_speculation=16, notes="first")
     assert result.created
@@ -93,7 +94,7 @@ def test_version_is_immutable(db_url, tiny_models):
 
 
 def test_lifecycle_moves_are_checked_and_audited(db_url, tiny_models):
-    registry = Registry(db_url, user="bob")
+    registry = Registry(as_user(db_url, "bob"), user="bob")
     registry.register("life", target=str(tiny_models["target"]), draft=str(tiny_models["draft"]),
                       num_speculative_tokens=2)
     with pytest.raises(IllegalTransitionError, match="registered to approved"):

@@ -1,0 +1,47 @@
+"""Acting as a user on PostgreSQL means authenticating as that role (specreg takes the actor
+from ``session_user``). ``as_user(db_url, "alice")`` returns the URL that connects as role
+``alice`` (created on first use: LOGIN, trust auth on the test server, and the predefined roles
+pg_read_all_data + pg_write_all_data, what an admin would grant specreg's users); a SQLite URL
+comes back unchanged (identity there is advisory: pass ``user=``)."""
+
+from __future__ import annotations
+
+import os
+
+from sqlalchemy.engine import make_url
+
+PG_ADMIN_URL = os.environ.get("SPECREG_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def admin_connect(dbname: str | None = None):
+    import psycopg
+
+    conninfo = psycopg.conninfo.make_conninfo(PG_ADMIN_URL, **({"dbname": dbname} if dbname else {}))
+    return psycopg.connect(conninfo, autocommit=True, connect_timeout=5)
+
+
+def ensure_role(name: str) -> None:
+    """CREATE ROLE name LOGIN (if missing) with read/write on every table."""
+    import psycopg
+    from psycopg import sql
+
+    with admin_connect() as connection:
+        exists = connection.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (name,)).fetchone()
+        if not exists:
+            try:
+                connection.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
+            except (psycopg.errors.DuplicateObject, psycopg.errors.UniqueViolation):
+                pass  # another test process created it first
+        connection.execute(sql.SQL("GRANT pg_read_all_data, pg_write_all_data TO {}").format(sql.Identifier(name)))
+
+
+def as_user(db_url: str, name: str) -> str:
+    """``db_url`` connecting as role ``name`` on PostgreSQL; unchanged for SQLite."""
+    url = make_url(db_url)
+    if url.get_backend_name() != "postgresql":
+        return db_url
+    from specreg.registry.store.store import Store
+
+    Store(db_url).engine.dispose()  # the owner migrates a fresh database first: users cannot create tables
+    ensure_role(name)
+    return url.set(username=name).render_as_string(hide_password=False)
