@@ -81,6 +81,9 @@ OPTION_DEFAULTS: dict[str, Any] = {
     "draft_subpath": "draft",
 }
 
+# The pair kinds the formats below are written and engine-checked for (tests/engines).
+EXPORTED_METHODS = (SpecMethod.DRAFT_MODEL, SpecMethod.NGRAM)
+
 PROMETHEUS_DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
 EXPORTABLE_STATES = (PairState.VALIDATED, PairState.APPROVED, PairState.PROMOTED)
 
@@ -320,6 +323,12 @@ def build_context(
             f"{engine_version} is not one of them (its keys or their meaning may differ), so it is refused"
         )
     config = pair_version.config
+    if config.method not in EXPORTED_METHODS:
+        # Writing a draft_model or ngram config for a head pair would serve something else.
+        raise UsageError(
+            f"{pair_version.label} is a {config.method.value} pair: no export format writes {config.method.value} "
+            f"yet (exported methods: {', '.join(m.value for m in EXPORTED_METHODS)})"
+        )
     draft_model = config.method == SpecMethod.DRAFT_MODEL
     if draft_model and pair_version.draft is None:
         raise SpecregError(f"{pair_version.label} is a draft_model pair without a draft model")

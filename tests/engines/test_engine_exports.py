@@ -18,8 +18,9 @@ import pytest
 import yaml
 from exportcase import BASELINES, fingerprint, record_argv
 
-from specreg.registry.entities import ModelRef, PairState, PairVersion, SpecConfig, SpecMethod
-from specreg.registry.exports import engine_schema, render_export, templates_dir
+from specreg.core.types import ModelRef
+from specreg.registry.store.entities import PairState, PairVersion, SpecConfig, SpecMethod
+from specreg.registry.deploy.exports import engine_schema, render_export, templates_dir
 
 K = 4
 CUTOFF = 16

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specreg.registry.exports import render_export
+from specreg.registry.deploy.exports import render_export
 
 RULES_OPTIONS = {"tolerance": 0.1, "for": "10m", "rate_window": "5m"}
 # Baselines (exportcase.BASELINES): alpha 0.71, tau 3.1 -> floors 0.639 and 2.79.
