@@ -37,12 +37,25 @@ FORMAT_FILES = {
     "prometheus-rules": ("prometheus-rules.yaml",),
 }
 
-# Engine schema files kept in the repository, one per targeted engine version.
+# Engine schema files kept in the repository, one per targeted engine version; the vLLM and
+# SGLang ones are generated from the engines' released code by scripts/engine_schemas.py.
 ENGINE_SCHEMAS = {
     "vllm": "vllm-0.33.json",
     "sglang": "sglang-0.5.23.json",
     "trtllm": "trtllm-1.2.json",
     "tgi": "tgi-3.3.json",
+}
+
+# The engine and the engine versions each format is written for (option engine_version picks
+# one; any other is refused: keys and their meaning change between releases, e.g. TensorRT-LLM
+# 1.3 replaced the 1.2 acceptance-length gate keys by rate-based ones).
+FORMAT_ENGINES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "vllm": ("vllm", ("0.33",)),
+    "sglang": ("sglang", ("0.5.23",)),
+    "trtllm": ("trtllm", ("1.2",)),
+    "tgi": ("tgi", ("3.3",)),
+    "k8s-vllm": ("vllm", ("0.33",)),
+    "prometheus-rules": ("vllm/sglang", ("0.33/0.5.23",)),
 }
 
 OPTION_DEFAULTS: dict[str, Any] = {
@@ -60,7 +73,18 @@ OPTION_DEFAULTS: dict[str, Any] = {
     "namespace": None,
     "replicas": 1,
     "acceptance_window": 128,  # TensorRT-LLM rolling window for acceptance_length_threshold
+    "engine_version": None,  # None: the version the format targets (FORMAT_ENGINES); others refused
+    "max_num_seqs": None,  # vLLM --max-num-seqs; also the end of the k=0 range of a batch cutoff
+    # k8s-vllm: the volume holding the models ("pvc:CLAIM" or "hostPath:/DIR", required), where
+    # it is mounted in the container, and the target's and draft's folders inside it.
+    "model_volume": None,
+    "model_mount_path": "/models",
+    "target_subpath": "target",
+    "draft_subpath": "draft",
 }
+
+# The pair kinds the formats below are written and engine-checked for (tests/engines).
+EXPORTED_METHODS = (SpecMethod.DRAFT_MODEL, SpecMethod.NGRAM)
 
 PROMETHEUS_DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
 EXPORTABLE_STATES = (PairState.VALIDATED, PairState.APPROVED, PairState.PROMOTED)
@@ -286,6 +310,8 @@ def merge_options(options: dict[str, Any] | None) -> dict[str, Any]:
     try:
         for key in ("port", "tensor_parallel_size", "draft_tensor_parallel_size", "replicas", "acceptance_window"):
             merged[key] = int(merged[key])
+        if merged["max_num_seqs"] is not None:
+            merged["max_num_seqs"] = int(merged["max_num_seqs"])
         merged["tolerance"] = float(merged["tolerance"])
     except (TypeError, ValueError) as exc:
         raise UsageError(f"export option has a bad value: {exc}") from None
@@ -300,6 +326,19 @@ def merge_options(options: dict[str, Any] | None) -> dict[str, Any]:
         raise UsageError(f"export option model_source={merged['model_source']!r} must be 'reference' or 'path'")
     if merged["rules_engine"] not in ("vllm", "sglang", "all"):
         raise UsageError(f"export option rules_engine={merged['rules_engine']!r} must be vllm, sglang or all")
+    if merged["max_num_seqs"] is not None and merged["max_num_seqs"] < 1:
+        raise UsageError(f"export option max_num_seqs={merged['max_num_seqs']} must be >= 1")
+    if merged["model_volume"] is not None and not re.fullmatch(r"(pvc:[a-z0-9][a-z0-9.-]*|hostPath:/.*)",
+                                                                str(merged["model_volume"])):
+        raise UsageError(
+            f"export option model_volume={merged['model_volume']!r} must be pvc:CLAIM_NAME or hostPath:/ABSOLUTE/DIR"
+        )
+    if not str(merged["model_mount_path"]).startswith("/"):
+        raise UsageError(f"export option model_mount_path={merged['model_mount_path']!r} must be an absolute path")
+    for key in ("target_subpath", "draft_subpath"):
+        parts = Path(str(merged[key])).parts
+        if not parts or Path(str(merged[key])).is_absolute() or ".." in parts:
+            raise UsageError(f"export option {key}={merged[key]!r} must be a relative path inside the volume")
     for key in ("for", "rate_window"):
         if not PROMETHEUS_DURATION.match(str(merged[key])):
             raise UsageError(f"export option {key}={merged[key]!r} is not a Prometheus duration (e.g. 10m)")
@@ -319,7 +358,20 @@ def build_context(
     template then has no Python methods to reach through.
     """
     opts = merge_options(options)
+    engine, engine_versions = FORMAT_ENGINES[fmt]
+    engine_version = opts["engine_version"] or engine_versions[0]
+    if str(engine_version) not in engine_versions:
+        raise UsageError(
+            f"export format {fmt} is written for {engine} {', '.join(engine_versions)}; engine_version="
+            f"{engine_version} is not one of them (its keys or their meaning may differ), so it is refused"
+        )
     config = pair_version.config
+    if config.method not in EXPORTED_METHODS:
+        # Writing a draft_model or ngram config for a head pair would serve something else.
+        raise UsageError(
+            f"{pair_version.label} is a {config.method.value} pair: no export format writes {config.method.value} "
+            f"yet (exported methods: {', '.join(m.value for m in EXPORTED_METHODS)})"
+        )
     draft_model = config.method == SpecMethod.DRAFT_MODEL
     if draft_model and pair_version.draft is None:
         raise SpecregError(f"{pair_version.label} is a draft_model pair without a draft model")
@@ -327,6 +379,20 @@ def build_context(
         raise UsageError(
             f"{pair_version.label} is a draft_model pair and cannot be exported to tgi: TGI 3.3 has no "
             "separate-draft mode (--speculate does Medusa or n-gram only); use vllm, sglang or trtllm"
+        )
+    if fmt == "sglang" and config.method == SpecMethod.NGRAM:
+        raise UsageError(
+            f"{pair_version.label} is an ngram pair and cannot be exported to sglang: SGLang 0.5.23's NGRAM drafts "
+            "a token tree (--speculative-num-draft-tokens nodes, BFS breadth 1-10) from a trie shared by all "
+            "requests (--speculative-ngram-capacity), matching suffixes of up to --speculative-ngram-max-trie-depth "
+            "tokens with no minimum; prompt_lookup_min/max have no counterpart, so the validated baselines would "
+            "not describe what it serves; use vllm or trtllm"
+        )
+    if fmt == "k8s-vllm" and not opts["model_volume"]:
+        raise UsageError(
+            "export format k8s-vllm needs the volume that holds the models: --option model_volume=pvc:CLAIM_NAME "
+            "or --option model_volume=hostPath:/DIR (mounted at model_mount_path, default /models; the target in "
+            "its target_subpath folder, default 'target', the draft in draft_subpath, default 'draft')"
         )
     if fmt == "prometheus-rules" and not (baselines and baselines.get("overall")):
         raise SpecregError(
@@ -338,6 +404,10 @@ def build_context(
     served_name = opts["served_model_name"] or pair_version.name
     target_source = source(pair_version.target)
     draft_source = source(pair_version.draft) if draft_model else None
+    if fmt == "k8s-vllm":
+        # In the pod the engine reads the models from the mounted volume, not the registrant's paths.
+        target_source = str(Path(opts["model_mount_path"]) / opts["target_subpath"])
+        draft_source = str(Path(opts["model_mount_path"]) / opts["draft_subpath"]) if draft_model else None
     overall = (baselines or {}).get("overall") or {}
     floor = 1.0 - opts["tolerance"]
     thresholds = {
@@ -350,6 +420,8 @@ def build_context(
 
     return {
         "format": fmt,
+        "engine": engine,
+        "engine_version": engine_version,
         "approved": approved,
         "approval": "approved" if approved else "UNAPPROVED",
         "pair": {
@@ -366,15 +438,17 @@ def build_context(
         "thresholds": thresholds,
         "options": opts,
         "served_model_name": served_name,
-        "header_lines": header_lines(pair_version, baselines, fmt, approved, thresholds, opts),
+        "header_lines": header_lines(pair_version, baselines, fmt, approved, thresholds, opts,
+                                     f"{engine} {engine_version}"),
         "speculative_config": speculative,
         "vllm_command": vllm_lines,
         "vllm_argv": [word for line in vllm_lines for word in line],
-        "sglang_command": sglang_command(pair_version, target_source, draft_source, served_name, opts),
+        "sglang_command": sglang_command(pair_version, target_source, draft_source, served_name, opts)
+        if draft_model else None,
         "trtllm_command": trtllm_command(target_source, opts),
-        "trtllm_config": trtllm_config(pair_version, draft_source, thresholds, opts),
+        "trtllm_config": trtllm_config(pair_version, draft_source, overall, opts),
         "tgi_command": tgi_command(pair_version, target_source, opts) if not draft_model else None,
-        "k8s": k8s_context(pair_version, baselines, approved, speculative, opts),
+        "k8s": k8s_context(pair_version, baselines, approved, speculative, opts, target_source, draft_source),
         "alert_rules": alert_rules(pair_version, overall, thresholds, served_name, opts) if thresholds else [],
     }
 
@@ -413,9 +487,10 @@ def header_lines(
     approved: bool,
     thresholds: dict[str, float],
     opts: dict[str, Any],
+    target_engine: str,
 ) -> list[str]:
     """The identity block every output carries as comments: pair, fingerprints, baselines."""
-    lines = [f"specreg export {fmt} of {pair_version.label} (state {pair_version.state.value})"]
+    lines = [f"specreg export {fmt} of {pair_version.label} (state {pair_version.state.value}) for {target_engine}"]
     if not approved:
         lines.append("UNAPPROVED: exported with --force; this version is not validated and approved")
     lines.append(f"binding_sha256: {pair_version.binding_sha256}")
@@ -467,9 +542,14 @@ def vllm_speculative_config(pair_version: PairVersion, draft_source: str | None,
             speculative["prompt_lookup_min"] = config.prompt_lookup_min
         if config.prompt_lookup_max is not None:
             speculative["prompt_lookup_max"] = config.prompt_lookup_max
-    if config.max_batch_size_for_speculation:
-        # Speculate with k tokens for batch sizes 1..N; vLLM does not speculate outside the ranges.
-        speculative["num_speculative_tokens_per_batch_size"] = [[1, config.max_batch_size_for_speculation, k]]
+    cutoff = config.max_batch_size_for_speculation
+    if cutoff:
+        # Ranges are inclusive and vLLM carries the last range's k to every larger batch size
+        # (build_dynamic_sd_schedule_lookup), so "off above the cutoff" needs a last range with k = 0.
+        schedule = [[1, cutoff, k]]
+        if opts["max_num_seqs"] is None or opts["max_num_seqs"] > cutoff:
+            schedule.append([cutoff + 1, max(opts["max_num_seqs"] or 0, cutoff + 1), 0])
+        speculative["num_speculative_tokens_per_batch_size"] = schedule
     return speculative
 
 
@@ -480,6 +560,8 @@ def vllm_command(target_source: str, revision: str | None, speculative: dict[str
         lines.append(["--revision", revision])
     if opts["tensor_parallel_size"] > 1:
         lines.append(["--tensor-parallel-size", str(opts["tensor_parallel_size"])])
+    if opts["max_num_seqs"] is not None:
+        lines.append(["--max-num-seqs", str(opts["max_num_seqs"])])
     # The served name becomes the `model_name` label of the metrics observe and the rules filter on.
     lines.append(["--served-model-name", served_name])
     lines.append(["--host", str(opts["host"]), "--port", str(opts["port"])])
@@ -487,22 +569,24 @@ def vllm_command(target_source: str, revision: str | None, speculative: dict[str
 
 
 def sglang_command(pair_version: PairVersion, target_source: str, draft_source: str | None, served_name: str,
-                   opts: dict[str, Any]) -> list[list[str]]:
+                   opts: dict[str, Any]) -> list[list[str]] | None:
     k = pair_version.config.num_speculative_tokens
     lines = [["python", "-m", "sglang.launch_server"], ["--model-path", target_source]]
     if pair_version.target.revision:
         lines.append(["--revision", pair_version.target.revision])
-    if pair_version.config.method == SpecMethod.DRAFT_MODEL:
-        lines.append(["--speculative-algorithm", "STANDALONE"])
-        lines.append(["--speculative-draft-model-path", draft_source])
-        lines.append(["--speculative-num-steps", str(k)])
-        lines.append(["--speculative-eagle-topk", "1"])
-    else:
-        lines.append(["--speculative-algorithm", "NGRAM"])
+    # Only draft_model pairs reach here (build_context refuses ngram: no faithful NGRAM mapping).
+    lines.append(["--speculative-algorithm", "STANDALONE"])
+    lines.append(["--speculative-draft-model-path", draft_source])
+    if pair_version.draft.revision:
+        lines.append(["--speculative-draft-model-revision", pair_version.draft.revision])
+    lines.append(["--speculative-num-steps", str(k)])
+    lines.append(["--speculative-eagle-topk", "1"])
     # SGLang counts the verified root token among the draft tokens: with top-k 1 that is k + 1.
     lines.append(["--speculative-num-draft-tokens", str(k + 1)])
     if opts["tensor_parallel_size"] > 1:
         lines.append(["--tp-size", str(opts["tensor_parallel_size"])])
+    # /metrics (sglang:spec_accept_length / _rate, read by the alert rules and observe) is off by default.
+    lines.append(["--enable-metrics"])
     lines.append(["--served-model-name", served_name])
     lines.append(["--host", str(opts["host"]), "--port", str(opts["port"])])
     return lines
@@ -516,9 +600,9 @@ def trtllm_command(target_source: str, opts: dict[str, Any]) -> list[list[str]]:
     return lines
 
 
-def trtllm_config(pair_version: PairVersion, draft_source: str | None, thresholds: dict[str, float],
+def trtllm_config(pair_version: PairVersion, draft_source: str | None, overall: dict[str, Any],
                   opts: dict[str, Any]) -> dict[str, Any]:
-    """The speculative_config mapping of a trtllm-serve YAML (TensorRT-LLM 1.x LLM API)."""
+    """The speculative_config mapping of a trtllm-serve YAML (TensorRT-LLM 1.2 LLM API)."""
     config = pair_version.config
     if config.method == SpecMethod.DRAFT_MODEL:
         speculative: dict[str, Any] = {
@@ -532,11 +616,21 @@ def trtllm_config(pair_version: PairVersion, draft_source: str | None, threshold
             speculative["max_matching_ngram_size"] = config.prompt_lookup_max
     if config.max_batch_size_for_speculation:
         speculative["max_concurrency"] = config.max_batch_size_for_speculation
-    if "mean_acceptance_length" in thresholds:
-        # The engine turns speculation off when its rolling acceptance length falls below this.
-        speculative["acceptance_length_threshold"] = thresholds["mean_acceptance_length"]
+    tau = overall.get("mean_acceptance_length")
+    if isinstance(tau, (int, float)):
+        speculative["acceptance_length_threshold"] = trtllm_acceptance_threshold(tau, opts["tolerance"])
         speculative["acceptance_window"] = opts["acceptance_window"]
     return speculative
+
+
+def trtllm_acceptance_threshold(mean_acceptance_length: float, tolerance: float) -> float:
+    """TensorRT-LLM 1.2's SpeculationGate threshold for a baseline tau and a tolerance.
+
+    The gate averages ``avg_decoded_tokens_per_iter - 1`` per completed request, i.e. accepted
+    draft tokens per iteration without the bonus token, and turns speculation off for good below
+    the threshold; our tau counts the bonus token, so the engine's baseline is tau - 1.
+    """
+    return round(max(0.0, mean_acceptance_length - 1.0) * (1.0 - tolerance), 6)
 
 
 def tgi_command(pair_version: PairVersion, target_source: str, opts: dict[str, Any]) -> list[list[str]]:
@@ -557,13 +651,18 @@ def dns_label(text: str, limit: int = 63) -> str:
 
 
 def k8s_context(pair_version: PairVersion, baselines: dict[str, Any] | None, approved: bool,
-                speculative: dict[str, Any], opts: dict[str, Any]) -> dict[str, Any]:
+                speculative: dict[str, Any], opts: dict[str, Any], target_path: str,
+                draft_path: str | None) -> dict[str, Any]:
+    """Names, labels, annotations, resources and the model volume of the k8s-vllm manifest;
+    target_path and draft_path are where the engine finds the models inside the container."""
     name = dns_label(f"{pair_version.name}-v{pair_version.version}")
+    volume_kind, _, volume_name = str(opts["model_volume"] or "pvc:").partition(":")
     annotations = {
         "specreg.io/pair": pair_version.label,
         "specreg.io/approval": "approved" if approved else "UNAPPROVED",
         "specreg.io/binding-sha256": pair_version.binding_sha256,
         "specreg.io/target": pair_version.target.reference,
+        "specreg.io/target-path": target_path,
         "specreg.io/target-weights-sha256": pair_version.target.fingerprint.weights_sha256,
         "specreg.io/target-tokenizer-sha256": pair_version.target.fingerprint.tokenizer_sha256 or "",
         "specreg.io/speculative-config": json.dumps(speculative, sort_keys=True),
@@ -571,6 +670,8 @@ def k8s_context(pair_version: PairVersion, baselines: dict[str, Any] | None, app
     }
     if pair_version.draft is not None:
         annotations["specreg.io/draft"] = pair_version.draft.reference
+        if draft_path:
+            annotations["specreg.io/draft-path"] = draft_path
         annotations["specreg.io/draft-weights-sha256"] = pair_version.draft.fingerprint.weights_sha256
         annotations["specreg.io/draft-tokenizer-sha256"] = pair_version.draft.fingerprint.tokenizer_sha256 or ""
     requests: dict[str, str] = {}
@@ -586,6 +687,10 @@ def k8s_context(pair_version: PairVersion, baselines: dict[str, Any] | None, app
         "annotations": annotations,
         "requests": requests,
         "limits": {"nvidia.com/gpu": str(opts["tensor_parallel_size"])},
+        "volume": {"kind": volume_kind, "name": volume_name},
+        "mount_path": opts["model_mount_path"],
+        "target_path": target_path,
+        "draft_path": draft_path,
     }
 
 

@@ -16,7 +16,9 @@ from specreg.cli.common import cli, db_option, fmt_number, json_option, open_reg
 @click.option("-o", "--output", "out_dir", default=None, metavar="DIR", help="Write the files here (default: print them).")
 @click.option("--template", default=None, metavar="PATH", help="Render this Jinja2 template (sandboxed) instead.")
 @click.option("--option", "option_pairs", multiple=True, metavar="KEY=VALUE",
-              help="Override an export option (port, tensor_parallel_size, tolerance, for, image, ...).")
+              help="Override an export option (port, tensor_parallel_size, tolerance, for, image, engine_version, "
+                   "max_num_seqs; k8s-vllm: model_volume=pvc:CLAIM|hostPath:/DIR, model_mount_path, "
+                   "target_subpath, draft_subpath, ...).")
 @click.option("--force", is_flag=True, help="Export a version that is not validated and approved (marked UNAPPROVED).")
 @click.option("--overwrite", is_flag=True, help="Replace files that already exist in the output folder.")
 @db_option
@@ -30,7 +32,8 @@ def export(ref, fmt, out_dir, template, option_pairs, force, overwrite, db_url, 
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise UsageError(f"invalid --option {pair!r}: use KEY=VALUE")
-        options[key] = yaml_scalar(value)
+        # A version stays text: 1.20 is not 1.2.
+        options[key] = value if key == "engine_version" else yaml_scalar(value)
     files = open_registry(db_url).export(ref, fmt, out_dir=out_dir, force=force, overwrite=overwrite,
                                          template=template, options=options or None)
     if as_json:

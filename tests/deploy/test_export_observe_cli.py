@@ -54,7 +54,7 @@ def test_export_writes_engine_configs_with_identity(approved_pair, tmp_path, tin
     config = json.loads((out / "vllm-speculative-config.json").read_text())
     assert config["method"] == "draft_model" and config["num_speculative_tokens"] == 4
     assert config["model"] == str(tiny_models["draft"])
-    assert config["num_speculative_tokens_per_batch_size"] == [[1, 8, 4]]
+    assert config["num_speculative_tokens_per_batch_size"] == [[1, 8, 4], [9, 9, 0]]  # k = 0 above 8
     script = (out / "vllm-serve.sh").read_text()
     version = Registry(approved_pair).get("deploy@1")
     assert "deploy@1" in script and version.target.fingerprint.weights_sha256 in script
@@ -63,10 +63,14 @@ def test_export_writes_engine_configs_with_identity(approved_pair, tmp_path, tin
     assert "category code: acceptance_rate=0.8500" in script
     assert "UNAPPROVED" not in script
 
-    k8s = run("export", "deploy@1", "--format", "k8s-vllm", "--db", approved_pair, "--json")
+    k8s = run("export", "deploy@1", "--format", "k8s-vllm", "--option", "model_volume=pvc:models",
+              "--db", approved_pair, "--json")
     documents = list(yaml.safe_load_all(json.loads(k8s.stdout)[0]["text"]))
     kinds = [d["kind"] for d in documents if d]
     assert kinds == ["Deployment", "Service"]
+    assert documents[0]["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == "models"
+    no_volume = run("export", "deploy@1", "--format", "k8s-vllm", "--db", approved_pair)
+    assert no_volume.returncode == 2 and "model_volume=pvc:CLAIM_NAME" in no_volume.stderr
 
     again = run("export", "deploy@1", "--format", "vllm", "-o", out, "--db", approved_pair)
     assert again.returncode == 1 and "exists" in again.stderr and again.stderr.count("\n") == 1

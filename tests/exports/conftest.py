@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import stat
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # exportcase, the helpers shared with the tests
 
-from exportcase import BASELINES, make_pair
+from exportcase import BASELINES, make_pair, record_argv
 
 from specreg.registry.store.entities import PairVersion, SpecMethod
 
@@ -35,22 +32,10 @@ def baselines() -> dict:
 
 @pytest.fixture
 def run_script(tmp_path):
-    """Run an exported shell script with the engine executables replaced by a recorder that
-    writes its argv NUL-separated: the real shell does the word splitting and quoting."""
-    bin_dir = tmp_path / "fake-bin"
-    bin_dir.mkdir()
-    record = tmp_path / "argv.bin"
-    for program in ("vllm", "python", "trtllm-serve", "text-generation-launcher"):
-        path = bin_dir / program
-        path.write_text(f"#!/bin/sh\nprintf '%s\\0' \"$(basename \"$0\")\" \"$@\" > '{record}'\n")
-        path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    """Run an exported shell script; returns the argv the engine executable received."""
+    counter = iter(range(10**6))
 
     def run(script_text: str, name: str = "script.sh") -> list[str]:
-        script = tmp_path / "out" / name
-        script.parent.mkdir(exist_ok=True)
-        script.write_text(script_text)
-        env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", HOME="/should-not-expand")
-        subprocess.run(["sh", str(script)], check=True, env=env, capture_output=True, timeout=30)
-        return record.read_bytes().decode().split("\0")[:-1]
+        return record_argv(script_text, tmp_path / f"run-{next(counter)}")
 
     return run

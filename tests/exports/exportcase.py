@@ -4,7 +4,11 @@ schema checker."""
 from __future__ import annotations
 
 import json
+import os
+import stat
+import subprocess
 from datetime import datetime, timezone
+from pathlib import Path
 
 import jsonschema
 
@@ -67,10 +71,17 @@ def check_command(words: list[str], schema: dict) -> dict[str, str]:
         word = rest[index]
         if word.startswith("--"):
             assert word in schema["flags"], f"{schema['engine']} {schema['engine_version']} has no flag {word}"
+            spec = schema["flags"][word]
+            if spec["type"] == "flag":  # takes no value
+                assert word not in flags, f"flag {word} given twice"
+                flags[word] = ""
+                index += 1
+                continue
             assert index + 1 < len(rest), f"flag {word} has no value"
             value = rest[index + 1]
-            spec = schema["flags"][word]
-            if spec["type"] == "integer":
+            if spec["type"] == "number":
+                float(value)
+            elif spec["type"] == "integer":
                 int(value)
             elif spec["type"] == "enum":
                 assert value in spec["choices"], f"{word} {value} not in {spec['choices']}"
@@ -85,3 +96,23 @@ def check_command(words: list[str], schema: dict) -> dict[str, str]:
             index += 1
     assert not positional, f"missing positional arguments {positional}"
     return flags
+
+
+ENGINE_PROGRAMS = ("vllm", "python", "trtllm-serve", "text-generation-launcher")
+
+
+def record_argv(script_text: str, workdir: Path) -> list[str]:
+    """Run an exported shell script with the engine executables replaced by a recorder that
+    writes its argv NUL-separated: the real shell does the word splitting and quoting."""
+    bin_dir, record = workdir / "fake-bin", workdir / "argv.bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for program in ENGINE_PROGRAMS:
+        path = bin_dir / program
+        path.write_text(f"#!/bin/sh\nprintf '%s\\0' \"$(basename \"$0\")\" \"$@\" > '{record}'\n")
+        path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    script = workdir / "out" / "script.sh"
+    script.parent.mkdir(exist_ok=True)
+    script.write_text(script_text)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", HOME="/should-not-expand")
+    subprocess.run(["sh", str(script)], check=True, env=env, capture_output=True, timeout=30)
+    return record.read_bytes().decode().split("\0")[:-1]

@@ -32,7 +32,9 @@ def test_vllm_draft_model_command_and_config(draft_pair, baselines, run_script):
     assert speculative == {
         "method": "draft_model", "model": DRAFT_REFERENCE, "num_speculative_tokens": 4,
         "draft_tensor_parallel_size": 1, "revision": "d1e2f3",
-        "num_speculative_tokens_per_batch_size": [[1, 16, 4]],
+        # k = 4 up to batch 16, then k = 0, which vLLM carries to every larger batch size
+        # (tests/engines runs this through vLLM's own lookup).
+        "num_speculative_tokens_per_batch_size": [[1, 16, 4], [17, 17, 0]],
     }
     assert flags["--revision"] == "abc123"
     assert flags["--served-model-name"] == "chat-pair"
@@ -44,7 +46,7 @@ def test_vllm_ngram_and_options(ngram_pair, baselines, run_script):
     flags = check_command(run_script(files["vllm-serve.sh"]), engine_schema("vllm"))
     speculative = json.loads(flags["--speculative-config"])
     assert speculative == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
-                           "prompt_lookup_max": 5, "num_speculative_tokens_per_batch_size": [[1, 16, 4]]}
+                           "prompt_lookup_max": 5, "num_speculative_tokens_per_batch_size": [[1, 16, 4], [17, 17, 0]]}
     assert flags["--tensor-parallel-size"] == "2" and flags["--port"] == "9001"
 
 
@@ -54,20 +56,35 @@ def test_vllm_without_batch_hook_has_no_ranges(baselines):
     assert "num_speculative_tokens_per_batch_size" not in speculative
 
 
-@pytest.mark.parametrize("method, algorithm", [(SpecMethod.DRAFT_MODEL, "STANDALONE"), (SpecMethod.NGRAM, "NGRAM")])
-def test_sglang_arguments(method, algorithm, baselines, run_script):
-    files = rendered(make_pair(method), baselines, "sglang")
+def test_vllm_max_num_seqs_ends_the_zero_range(baselines, run_script):
+    pair = make_pair(SpecMethod.DRAFT_MODEL)
+    flags = check_command(run_script(rendered(pair, baselines, "vllm", options={"max_num_seqs": 64})["vllm-serve.sh"]),
+                          engine_schema("vllm"))
+    assert flags["--max-num-seqs"] == "64"
+    assert json.loads(flags["--speculative-config"])["num_speculative_tokens_per_batch_size"] == [[1, 16, 4], [17, 64, 0]]
+    # A cutoff at or above max_num_seqs never triggers: one range.
+    flags = check_command(run_script(rendered(pair, baselines, "vllm", options={"max_num_seqs": 16})["vllm-serve.sh"]),
+                          engine_schema("vllm"))
+    assert json.loads(flags["--speculative-config"])["num_speculative_tokens_per_batch_size"] == [[1, 16, 4]]
+
+
+def test_sglang_arguments(baselines, run_script):
+    files = rendered(make_pair(SpecMethod.DRAFT_MODEL), baselines, "sglang")
     argv = run_script(files["sglang-launch.sh"])
     flags = check_command(argv, engine_schema("sglang"))
-    assert flags["--speculative-algorithm"] == algorithm
+    assert flags["--speculative-algorithm"] == "STANDALONE"
     assert flags["--model-path"] == TARGET_REFERENCE
     assert flags["--speculative-num-draft-tokens"] == "5"
-    if method == SpecMethod.DRAFT_MODEL:
-        assert flags["--speculative-draft-model-path"] == DRAFT_REFERENCE
-        assert flags["--speculative-num-steps"] == "4"
-        assert flags["--speculative-eagle-topk"] == "1"
-    else:
-        assert "--speculative-draft-model-path" not in flags
+    assert flags["--speculative-draft-model-path"] == DRAFT_REFERENCE
+    assert flags["--speculative-draft-model-revision"] == "d1e2f3"
+    assert flags["--speculative-num-steps"] == "4"
+    assert flags["--speculative-eagle-topk"] == "1"
+    assert "--enable-metrics" in flags  # /metrics is what the alert rules and observe read
+
+
+def test_sglang_refuses_ngram_pair_with_reason(ngram_pair, baselines):
+    with pytest.raises(UsageError, match="prompt_lookup_min/max have no counterpart"):
+        render_export(ngram_pair, baselines, "sglang", approved=True)
 
 
 @pytest.mark.parametrize("method", [SpecMethod.DRAFT_MODEL, SpecMethod.NGRAM])
@@ -79,7 +96,9 @@ def test_trtllm_yaml_and_command(method, baselines, run_script):
     speculative = config["speculative_config"]
     assert speculative["max_draft_len"] == 4
     assert speculative["max_concurrency"] == 16
-    assert speculative["acceptance_length_threshold"] == pytest.approx(3.1 * 0.9)
+    # TensorRT-LLM 1.2's gate compares accepted draft tokens per iteration (tau - 1, no bonus token).
+    assert speculative["acceptance_length_threshold"] == pytest.approx((3.1 - 1) * 0.9)
+    assert "TensorRT-LLM 1.2" in files["trtllm-config.yaml"]
     if method == SpecMethod.DRAFT_MODEL:
         assert speculative["decoding_type"] == "DraftTarget"
         assert speculative["speculative_model"] == DRAFT_REFERENCE
@@ -87,6 +106,25 @@ def test_trtllm_yaml_and_command(method, baselines, run_script):
         assert speculative["decoding_type"] == "NGram" and speculative["max_matching_ngram_size"] == 5
     flags = check_command(run_script(files["trtllm-serve.sh"]), schema)
     assert flags["--config"] == "trtllm-config.yaml"
+
+
+@pytest.mark.parametrize("fmt, version", [("trtllm", "1.3"), ("vllm", "0.34"), ("sglang", "0.5.24"), ("tgi", "3.2")])
+def test_unknown_engine_version_is_refused(fmt, version, draft_pair, ngram_pair, baselines):
+    pair = ngram_pair if fmt == "tgi" else draft_pair
+    with pytest.raises(UsageError, match=f"engine_version={version} is not one of them"):
+        render_export(pair, baselines, fmt, approved=True, options={"engine_version": version})
+    assert render_export(pair, baselines, fmt, approved=True, options={"engine_version": None})
+
+
+@pytest.mark.parametrize("method", [SpecMethod.EAGLE3, SpecMethod.MEDUSA, SpecMethod.MTP])
+def test_head_pairs_are_refused_until_their_exports_exist(method, baselines):
+    import dataclasses
+
+    pair = make_pair(SpecMethod.NGRAM)
+    pair = dataclasses.replace(pair, config=dataclasses.replace(pair.config, method=method))
+    for fmt in FORMATS:
+        with pytest.raises(UsageError, match=f"is a {method.value} pair: no export format writes"):
+            render_export(pair, baselines, fmt, approved=True, options={"model_volume": "pvc:m"})
 
 
 def test_tgi_ngram_speculate(ngram_pair, baselines, run_script):
@@ -101,7 +139,8 @@ def test_tgi_refuses_draft_model_pair(draft_pair, baselines):
 
 
 def test_k8s_deployment_and_service(draft_pair, baselines):
-    text = rendered(draft_pair, baselines, "k8s-vllm", options={"namespace": "serving"})["k8s-vllm.yaml"]
+    text = rendered(draft_pair, baselines, "k8s-vllm",
+                    options={"namespace": "serving", "model_volume": "pvc:llm-models"})["k8s-vllm.yaml"]
     deployment, service = yaml.safe_load_all(text)
     assert (deployment["apiVersion"], deployment["kind"]) == ("apps/v1", "Deployment")
     assert (service["apiVersion"], service["kind"]) == ("v1", "Service")
@@ -118,16 +157,45 @@ def test_k8s_deployment_and_service(draft_pair, baselines):
     assert deployment["metadata"]["namespace"] == service["metadata"]["namespace"] == "serving"
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     flags = check_command(container["command"] + container["args"], engine_schema("vllm"))
-    assert container["args"][0] == TARGET_REFERENCE
-    assert json.loads(flags["--speculative-config"])["model"] == DRAFT_REFERENCE
+    # The engine reads the models from the mounted volume, by their in-container paths.
+    assert container["args"][0] == "/models/target"
+    assert json.loads(flags["--speculative-config"])["model"] == "/models/draft"
+    assert container["volumeMounts"] == [{"name": "models", "mountPath": "/models", "readOnly": True}]
+    assert deployment["spec"]["template"]["spec"]["volumes"] == [
+        {"name": "models", "persistentVolumeClaim": {"claimName": "llm-models", "readOnly": True}}]
+    assert annotations["specreg.io/target"] == TARGET_REFERENCE  # the registered identity stays
+    assert {"name": "HF_HUB_OFFLINE", "value": "1"} in container["env"]
     assert container["resources"]["requests"]["memory"] == "3073Mi"  # 3 GiB + 1 byte, rounded up
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert service["spec"]["ports"][0]["port"] == container["ports"][0]["containerPort"]
 
 
+def test_k8s_host_path_volume_and_subpaths(draft_pair, baselines):
+    options = {"model_volume": "hostPath:/srv/llm models", "model_mount_path": "/weights",
+               "target_subpath": "llama/8b", "draft_subpath": "llama/1b"}
+    deployment, _ = yaml.safe_load_all(rendered(draft_pair, baselines, "k8s-vllm", options=options)["k8s-vllm.yaml"])
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["volumes"] == [{"name": "models", "hostPath": {"path": "/srv/llm models", "type": "Directory"}}]
+    args = pod["containers"][0]["args"]
+    assert args[0] == "/weights/llama/8b"
+    assert json.loads(args[args.index("--speculative-config") + 1])["model"] == "/weights/llama/1b"
+
+
+@pytest.mark.parametrize("options, message", [
+    ({}, "needs the volume that holds the models"),
+    ({"model_volume": "nfs:server"}, "must be pvc:CLAIM_NAME or hostPath:/ABSOLUTE/DIR"),
+    ({"model_volume": "pvc:m", "target_subpath": "../etc"}, "must be a relative path inside the volume"),
+    ({"model_volume": "pvc:m", "model_mount_path": "models"}, "must be an absolute path"),
+])
+def test_k8s_refuses_missing_or_bad_volume(options, message, draft_pair, baselines):
+    with pytest.raises(UsageError, match=message):
+        render_export(draft_pair, baselines, "k8s-vllm", approved=True, options=options)
+
+
 def test_k8s_without_memory_estimate_has_no_memory_request(draft_pair, baselines):
     del baselines["memory"]
-    deployment, _ = yaml.safe_load_all(rendered(draft_pair, baselines, "k8s-vllm")["k8s-vllm.yaml"])
+    deployment, _ = yaml.safe_load_all(rendered(draft_pair, baselines, "k8s-vllm",
+                                                options={"model_volume": "pvc:m"})["k8s-vllm.yaml"])
     assert "requests" not in deployment["spec"]["template"]["spec"]["containers"][0]["resources"]
 
 
@@ -163,7 +231,8 @@ def test_prometheus_rules_for_one_engine(draft_pair, baselines):
 
 @pytest.mark.parametrize("fmt", [f for f in FORMATS if f != "tgi"])
 def test_every_output_names_pair_fingerprints_and_baselines(fmt, draft_pair, baselines):
-    for name, text in render_export(draft_pair, baselines, fmt, approved=True):
+    options = {"model_volume": "pvc:m"} if fmt == "k8s-vllm" else None
+    for name, text in render_export(draft_pair, baselines, fmt, approved=True, options=options):
         if name.endswith(".json"):
             continue  # JSON has no comments: vllm-serve.sh next to it carries the identity
         for needle in ("chat-pair@3", "f" * 64, "a" * 64, "b" * 64, "category support", "category code",
@@ -204,8 +273,8 @@ def test_newline_in_a_reference_breaks_no_format(baselines, run_script):
     pair = dataclasses.replace(pair, target=dataclasses.replace(pair.target, reference=hostile))
     files = rendered(pair, baselines, "vllm")
     assert run_script(files["vllm-serve.sh"])[2] == hostile
-    deployment, service = yaml.safe_load_all(rendered(pair, baselines, "k8s-vllm")["k8s-vllm.yaml"])
-    assert deployment["spec"]["template"]["spec"]["containers"][0]["args"][0] == hostile
+    deployment, service = yaml.safe_load_all(rendered(pair, baselines, "k8s-vllm",
+                                                      options={"model_volume": "pvc:m"})["k8s-vllm.yaml"])
     assert deployment["metadata"]["annotations"]["specreg.io/target"] == hostile
     config = yaml.safe_load(rendered(pair, baselines, "trtllm")["trtllm-config.yaml"])
     assert list(config) == ["speculative_config"]

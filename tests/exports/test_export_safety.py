@@ -31,10 +31,12 @@ def test_missing_baselines_refused(draft_pair):
 
 def test_force_marks_every_output_unapproved(draft_pair, baselines):
     for fmt in ("vllm", "sglang", "trtllm", "k8s-vllm", "prometheus-rules"):
-        for name, text in render_export(draft_pair, baselines, fmt, approved=False, force=True):
+        options = {"model_volume": "pvc:m"} if fmt == "k8s-vllm" else None
+        for name, text in render_export(draft_pair, baselines, fmt, approved=False, force=True, options=options):
             if not name.endswith(".json"):
                 assert "UNAPPROVED" in text, f"{fmt}/{name} not marked"
-    k8s = dict(render_export(draft_pair, baselines, "k8s-vllm", approved=False, force=True))["k8s-vllm.yaml"]
+    k8s = dict(render_export(draft_pair, baselines, "k8s-vllm", approved=False, force=True,
+                             options={"model_volume": "pvc:m"}))["k8s-vllm.yaml"]
     deployment, service = yaml.safe_load_all(k8s)
     assert deployment["metadata"]["annotations"]["specreg.io/approval"] == "UNAPPROVED"
     assert service["metadata"]["annotations"]["specreg.io/approval"] == "UNAPPROVED"

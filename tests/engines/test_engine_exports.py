@@ -1,0 +1,192 @@
+"""Every export format x method we produce, run through the released engines' own code.
+
+vLLM 0.33.0: the `vllm serve` parser, AsyncEngineArgs.create_engine_config (target ModelConfig,
+SpeculativeConfig and the draft ModelConfig built from the exported paths, which are tiny local
+models) and the scheduler's build_dynamic_sd_schedule_lookup. SGLang 0.5.23:
+prepare_server_args (ServerArgs.add_cli_args + from_cli_args). One engine process per engine
+for all cases (session fixtures below); see engine_env.py for the download cache.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+from exportcase import BASELINES, fingerprint, record_argv
+
+from specreg.core.types import ModelRef
+from specreg.registry.store.entities import PairState, PairVersion, SpecConfig, SpecMethod
+from specreg.registry.deploy.exports import engine_schema, render_export, templates_dir
+
+K = 4
+CUTOFF = 16
+
+
+def tiny_pair(models: dict[str, Path], method: SpecMethod, max_batch: int | None) -> PairVersion:
+    """A pair of the tiny local models (tests/tinymodels.py), registered by their paths."""
+    target = ModelRef(str(models["target"]), str(models["target"]), "abc123", fingerprint("a"))
+    if method == SpecMethod.DRAFT_MODEL:
+        config = SpecConfig(method, K, max_batch_size_for_speculation=max_batch)
+        draft = ModelRef(str(models["draft"]), str(models["draft"]), "d1e2f3", fingerprint("b"))
+    else:
+        config = SpecConfig(method, K, prompt_lookup_min=2, prompt_lookup_max=5, max_batch_size_for_speculation=max_batch)
+        draft = None
+    return PairVersion(id=1, name="tiny-pair", version=1, target=target, draft=draft, config=config,
+                       binding_sha256="f" * 64, state=PairState.APPROVED, registered_by="tester",
+                       registered_at=datetime(2025, 1, 1, tzinfo=timezone.utc))
+
+
+# The export cases: (id, format, method, max_batch_size_for_speculation, export options).
+# New pair kinds (eagle3, mtp, medusa) get their rows here and a SpecMethod in tiny_pair; the
+# engine checks below then run on them unchanged.
+VLLM_CASES = [
+    ("vllm-draft-cutoff", "vllm", SpecMethod.DRAFT_MODEL, CUTOFF, {}),
+    ("vllm-draft-cutoff-max-num-seqs", "vllm", SpecMethod.DRAFT_MODEL, CUTOFF, {"max_num_seqs": 64}),
+    ("vllm-draft-no-cutoff", "vllm", SpecMethod.DRAFT_MODEL, None, {}),
+    ("vllm-ngram-cutoff", "vllm", SpecMethod.NGRAM, CUTOFF, {}),
+    ("k8s-draft-cutoff", "k8s-vllm", SpecMethod.DRAFT_MODEL, CUTOFF, {}),
+    ("k8s-ngram", "k8s-vllm", SpecMethod.NGRAM, None, {}),
+]
+SGLANG_CASES = [
+    ("sglang-draft", "sglang", SpecMethod.DRAFT_MODEL, CUTOFF, {}),
+]
+
+
+def export_argv(case: tuple, models: dict[str, Path], workdir: Path) -> tuple[list[str], dict]:
+    """Render one case and return the engine argv as the engine would receive it."""
+    case_id, fmt, method, max_batch, options = case
+    options = dict(options)
+    if fmt == "k8s-vllm":
+        # The manifest names in-container paths; mount "the volume" where the models lie here.
+        options.update(model_volume="pvc:models", model_mount_path=str(models["target"].parent))
+    files = dict(render_export(tiny_pair(models, method, max_batch), BASELINES, fmt, approved=True, options=options))
+    if fmt == "k8s-vllm":
+        deployment, _ = yaml.safe_load_all(files["k8s-vllm.yaml"])
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        return container["command"] + container["args"], files
+    script = {"vllm": "vllm-serve.sh", "sglang": "sglang-launch.sh"}[fmt]
+    return record_argv(files[script], workdir / case_id), files
+
+
+@pytest.fixture(scope="session")
+def vllm_run(tiny_models, tmp_path_factory, engine_runner):
+    workdir = tmp_path_factory.mktemp("vllm-check")
+    cases, exported = [], {}
+    for case in VLLM_CASES:
+        argv, files = export_argv(case, tiny_models, workdir)
+        cases.append({"id": case[0], "argv": argv})
+        exported[case[0]] = (argv, files)
+    # The defect this issue is about, as the old export wrote it: one range, nothing above it.
+    old = next(c for c in cases if c["id"] == "vllm-draft-cutoff")["argv"]
+    old_config = json.loads(old[old.index("--speculative-config") + 1])
+    old_config["num_speculative_tokens_per_batch_size"] = [[1, CUTOFF, K]]
+    old = old[:old.index("--speculative-config") + 1] + [json.dumps(old_config)] + old[old.index("--speculative-config") + 2:]
+    cases.append({"id": "old-single-range", "argv": old})
+    for method in ("medusa", "mlp_speculator"):
+        config = {"method": method, "model": str(tiny_models["draft"]), "num_speculative_tokens": K}
+        cases.append({"id": method, "argv": ["vllm", "serve", str(tiny_models["target"]),
+                                              "--speculative-config", json.dumps(config)]})
+    output = engine_runner("vllm", cases, workdir)
+    results = {result["id"]: result for result in output["results"]}
+    return results, exported, output
+
+
+@pytest.fixture(scope="session")
+def sglang_run(tiny_models, tmp_path_factory, engine_runner):
+    workdir = tmp_path_factory.mktemp("sglang-check")
+    cases, exported = [], {}
+    for case in SGLANG_CASES:
+        argv, files = export_argv(case, tiny_models, workdir)
+        cases.append({"id": case[0], "argv": argv})
+        exported[case[0]] = (argv, files)
+    output = engine_runner("sglang", cases, workdir)
+    return {result["id"]: result for result in output["results"]}, exported, output
+
+
+def ok(result: dict) -> dict:
+    assert "error" not in result, f"{result['id']}: the engine refused it: {result['error']}\n{result.get('traceback')}"
+    return result
+
+
+@pytest.mark.parametrize("case", VLLM_CASES, ids=[case[0] for case in VLLM_CASES])
+def test_vllm_builds_its_config_from_the_export(case, vllm_run, tiny_models):
+    results, exported, _ = vllm_run
+    result = ok(results[case[0]])
+    argv, files = exported[case[0]]
+    spec = result["speculative"]
+    exported_config = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert result["served_model_name"] in ("tiny-pair", ["tiny-pair"])
+    assert spec["method"] == case[2].value
+    assert spec["num_speculative_tokens"] == K
+    assert Path(result["target_model"]) == tiny_models["target"]
+    if case[2] == SpecMethod.DRAFT_MODEL:
+        # The draft ModelConfig was built from the exported path and shares the target's vocabulary.
+        assert Path(spec["draft_model"]) == tiny_models["draft"]
+        assert spec["revision"] == "d1e2f3"
+        assert spec["draft_vocab_size"] == spec["target_vocab_size"]
+    else:
+        assert (spec["prompt_lookup_min"], spec["prompt_lookup_max"]) == (2, 5)
+    assert spec["num_speculative_tokens_per_batch_size"] == exported_config.get("num_speculative_tokens_per_batch_size")
+    if "vllm-speculative-config.json" in files:
+        assert json.loads(files["vllm-speculative-config.json"]) == exported_config
+
+
+@pytest.mark.parametrize("case", [c for c in VLLM_CASES if c[3]], ids=[c[0] for c in VLLM_CASES if c[3]])
+def test_vllm_speculation_is_off_above_the_cutoff(case, vllm_run):
+    """vLLM's own batch-size lookup (what its scheduler indexes by the number of scheduled
+    requests): k up to the cutoff, 0 above it, up to max_num_seqs."""
+    results, _, _ = vllm_run
+    result = ok(results[case[0]])
+    lookup = result["batch_size_lookup"]
+    assert len(lookup) == result["max_num_seqs"] + 1 > CUTOFF + 1
+    assert lookup[1:CUTOFF + 1] == [K] * CUTOFF
+    assert lookup[CUTOFF + 1:] == [0] * (result["max_num_seqs"] - CUTOFF)
+    if case[4].get("max_num_seqs"):
+        assert result["max_num_seqs"] == case[4]["max_num_seqs"]
+
+
+def test_vllm_single_range_keeps_speculating_above_it(vllm_run):
+    """Why the export needs the k=0 range: the old single range kept k for every larger batch."""
+    results, _, _ = vllm_run
+    lookup = ok(results["old-single-range"])["batch_size_lookup"]
+    assert lookup[CUTOFF + 1:] == [K] * (len(lookup) - CUTOFF - 1)
+
+
+@pytest.mark.parametrize("method", ["medusa", "mlp_speculator"])
+def test_vllm_rejects_methods_and_so_does_the_schema(method, vllm_run, tiny_models):
+    results, _, _ = vllm_run
+    assert "method" in results[method].get("error", ""), results[method]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"method": method, "model": "d", "num_speculative_tokens": K},
+                            engine_schema("vllm")["speculative_config"])
+
+
+def test_no_stand_ins_were_needed(vllm_run):
+    assert vllm_run[2]["stand_ins"] == []
+
+
+def test_sglang_parses_the_export(sglang_run, tiny_models):
+    results, _, output = sglang_run
+    args = ok(results["sglang-draft"])["server_args"]
+    assert args["speculative_algorithm"] == "STANDALONE"
+    assert Path(args["model_path"]) == tiny_models["target"] and args["revision"] == "abc123"
+    assert Path(args["speculative_draft_model_path"]) == tiny_models["draft"]
+    assert args["speculative_draft_model_revision"] == "d1e2f3"
+    assert (args["speculative_num_steps"], args["speculative_eagle_topk"], args["speculative_num_draft_tokens"]) == (K, 1, K + 1)
+    assert args["enable_metrics"] is True
+    assert args["served_model_name"] == "tiny-pair"
+    assert output["stand_ins"] == []
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_schema_files_are_generated_from_the_engine(engine, request):
+    """templates/engines/*.json equal what the engine's code says (scripts/engine_schemas.py
+    writes them from the same run)."""
+    generated = request.getfixturevalue(f"{engine}_run")[2]["schema"]
+    name = {"vllm": "vllm-0.33.json", "sglang": "sglang-0.5.23.json"}[engine]
+    committed = json.loads((templates_dir() / "engines" / name).read_text())
+    assert committed == generated, "run scripts/engine_schemas.py and commit the result"
