@@ -133,28 +133,21 @@ def render_export(
     force: bool = False,
     template_path: str | Path | None = None,
     options: dict[str, Any] | None = None,
+    lock: dict[str, Any] | None = None,
 ) -> list[tuple[str, str]]:
     """Render one deployment format for a pair version.
 
     In: the pair version, its recorded baselines (None if never validated), a format of
     FORMATS, whether the version is approved, ``force`` to export anyway (the output is then
     marked UNAPPROVED), an optional user template (rendered sandboxed instead of the shipped
-    ones) and options overriding OPTION_DEFAULTS.
+    ones), options overriding OPTION_DEFAULTS and the pair lock (registry.deploy.lock) when one is
+    written beside the files (the k8s manifest verifies it in an initContainer).
     Out: a list of (relative file name, text). Raises PolicyViolation for an unapproved
     version without force, UsageError for a format the pair cannot have (TGI + draft model).
     """
-    if fmt not in FORMATS:
-        raise UsageError(f"unknown export format {fmt!r}; known: {', '.join(FORMATS)}")
-    exportable = approved and baselines is not None and pair_version.state in EXPORTABLE_STATES
-    if not exportable and not force:
-        why = "no recorded baselines" if baselines is None else f"state {pair_version.state.value}"
-        if not approved:
-            why += ", not approved"
-        raise PolicyViolation(
-            f"{pair_version.label} is not validated and approved ({why}); export refused "
-            "(--force exports it marked UNAPPROVED)"
-        )
+    exportable = check_exportable(pair_version, baselines, fmt, approved, force)
     context = build_context(pair_version, baselines, fmt, approved=exportable, options=options)
+    context["lock"] = lock_context(lock)
     if template_path is not None:
         return [render_user_template(Path(template_path), context)]
 
@@ -170,6 +163,41 @@ def render_export(
     )
     env.filters.update(FILTERS)
     return [(name, env.get_template(name + ".j2").render(context)) for name in FORMAT_FILES[fmt]]
+
+
+def check_exportable(pair_version: PairVersion, baselines: dict[str, Any] | None, fmt: str, approved: bool,
+                     force: bool) -> bool:
+    """Whether the version is validated and approved (the output then says so). Raises
+    UsageError for an unknown format, PolicyViolation when it is not and ``force`` is off."""
+    if fmt not in FORMATS:
+        raise UsageError(f"unknown export format {fmt!r}; known: {', '.join(FORMATS)}")
+    exportable = approved and baselines is not None and pair_version.state in EXPORTABLE_STATES
+    if not exportable and not force:
+        why = "no recorded baselines" if baselines is None else f"state {pair_version.state.value}"
+        if not approved:
+            why += ", not approved"
+        raise PolicyViolation(
+            f"{pair_version.label} is not validated and approved ({why}); export refused "
+            "(--force exports it marked UNAPPROVED)"
+        )
+    return exportable
+
+
+def lock_engine(fmt: str) -> dict[str, Any]:
+    """The engine (name, version, export format) a lock of format ``fmt`` is for, read from the
+    engine's schema file."""
+    engine = "vllm" if fmt == "k8s-vllm" else fmt
+    schema = engine_schema(engine)
+    return {"name": schema["engine"], "version": schema["engine_version"], "format": fmt}
+
+
+def lock_context(lock: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What a template needs of the pair lock: its file name and text and whether it is signed."""
+    if lock is None:
+        return None
+    from specreg.registry.deploy.lock import LOCK_FILE, lock_text
+
+    return {"file": LOCK_FILE, "text": lock_text(lock), "signed": lock.get("signature") is not None}
 
 
 def render_user_template(template_path: Path, context: dict[str, Any]) -> tuple[str, str]:

@@ -348,6 +348,15 @@ class Store:
                 return checked, f"the newest event(s) after event {rows[-1].id if rows else 0} were deleted (audit head does not match)"
             return checked, None
 
+    def audit_head(self) -> dict[str, Any]:
+        """The newest event of the audit chain: ``{"event_id", "hash"}`` (genesis hash, no id,
+        before the first event)."""
+        with self.session() as session:
+            head = session.get(AuditHeadRow, 1)
+            if head is None:
+                return {"event_id": None, "hash": audit.GENESIS_HASH}
+            return {"event_id": head.last_event_id, "hash": head.last_hash}
+
 
     # --- observations -------------------------------------------------------------------
 

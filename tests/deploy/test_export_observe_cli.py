@@ -49,7 +49,12 @@ def test_export_writes_engine_configs_with_identity(approved_pair, tmp_path, tin
     result = run("export", "deploy@staging", "--format", "vllm", "-o", out, "--db", approved_pair)
     assert result.returncode == 0, result.stderr
     written = sorted(p.name for p in out.iterdir())
-    assert written == ["vllm-serve.sh", "vllm-speculative-config.json"]
+    assert written == ["specreg.lock.json", "vllm-serve.sh", "vllm-speculative-config.json"]
+    # no --signing-key: the lock says it is unsigned, and so does one warning line
+    lock = json.loads((out / "specreg.lock.json").read_text())
+    assert lock["signed"] is False and lock["signature"] is None
+    assert result.stderr == ("specreg: warning: specreg.lock.json is unsigned (no --signing-key / "
+                             "SPECREG_SIGNING_KEY): `specreg verify` refuses it unless --allow-unsigned\n")
     config = json.loads((out / "vllm-speculative-config.json").read_text())
     assert config["method"] == "draft_model" and config["num_speculative_tokens"] == 4
     assert config["model"] == str(tiny_models["draft"])
