@@ -58,6 +58,10 @@ OPTION_DEFAULTS: dict[str, Any] = {
     "namespace": None,
     "replicas": 1,
     "acceptance_window": 128,  # TensorRT-LLM rolling window for acceptance_length_threshold
+    # k8s: the initContainer running `specreg verify` (an image with specreg + model-signing,
+    # no torch: see the README) and the ConfigMap holding the team's public key.
+    "verify_image": "specreg-verify:0.1.0",
+    "verify_key_configmap": "specreg-signing-key",
 }
 
 PROMETHEUS_DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
@@ -147,7 +151,7 @@ def render_export(
     """
     exportable = check_exportable(pair_version, baselines, fmt, approved, force)
     context = build_context(pair_version, baselines, fmt, approved=exportable, options=options)
-    context["lock"] = lock_context(lock)
+    context["lock"] = lock_context(lock, context)
     if template_path is not None:
         return [render_user_template(Path(template_path), context)]
 
@@ -191,13 +195,28 @@ def lock_engine(fmt: str) -> dict[str, Any]:
     return {"name": schema["engine"], "version": schema["engine_version"], "format": fmt}
 
 
-def lock_context(lock: dict[str, Any] | None) -> dict[str, Any] | None:
-    """What a template needs of the pair lock: its file name and text and whether it is signed."""
+LOCK_MOUNT = "/etc/specreg/lock"
+PUBLIC_KEY_MOUNT = "/etc/specreg/key"
+
+
+def lock_context(lock: dict[str, Any] | None, context: dict[str, Any]) -> dict[str, Any] | None:
+    """What a template needs of the pair lock: its file name and text, whether it is signed, and
+    the `specreg verify` command line that checks the model paths the engine is given against it
+    (signed: with the team's public key; unsigned or forced exports: with the flags that say so)."""
     if lock is None:
         return None
-    from specreg.registry.deploy.lock import LOCK_FILE, lock_text
+    from specreg.registry.deploy.lock import LOCK_FILE, PUBLIC_KEY_FILE, lock_text
 
-    return {"file": LOCK_FILE, "text": lock_text(lock), "signed": lock.get("signature") is not None}
+    signed = lock.get("signature") is not None
+    argv = ["specreg", "verify", "--lock", f"{LOCK_MOUNT}/{LOCK_FILE}"]
+    argv += ["--public-key", f"{PUBLIC_KEY_MOUNT}/{PUBLIC_KEY_FILE}"] if signed else ["--allow-unsigned"]
+    if not lock.get("approved"):
+        argv.append("--allow-unapproved")
+    argv += ["--target", context["target"]["source"]]
+    if context["draft"] is not None:
+        argv += ["--draft", context["draft"]["source"]]
+    return {"file": LOCK_FILE, "text": lock_text(lock), "signed": signed, "public_key_file": PUBLIC_KEY_FILE,
+            "mount": LOCK_MOUNT, "key_mount": PUBLIC_KEY_MOUNT, "verify_argv": argv}
 
 
 def render_user_template(template_path: Path, context: dict[str, Any]) -> tuple[str, str]:

@@ -70,7 +70,7 @@ def test_export_writes_engine_configs_with_identity(approved_pair, tmp_path, tin
     k8s = run("export", "deploy@1", "--format", "k8s-vllm", "--db", approved_pair, "--json")
     documents = list(yaml.safe_load_all(json.loads(k8s.stdout)[0]["text"]))
     kinds = [d["kind"] for d in documents if d]
-    assert kinds == ["Deployment", "Service"]
+    assert kinds == ["ConfigMap", "Deployment", "Service"]  # the ConfigMap holds the pair lock
 
     again = run("export", "deploy@1", "--format", "vllm", "-o", out, "--db", approved_pair)
     assert again.returncode == 1 and "exists" in again.stderr and again.stderr.count("\n") == 1

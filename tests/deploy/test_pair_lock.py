@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from specreg.api import Registry
 from specreg.registry.fingerprint import canonical_json
@@ -330,3 +331,52 @@ def test_verify_lock_api_reports_every_check(deployed):
     report = verify_lock(deployed["lock"], public_key=deployed["public"], target=deployed["target"],
                          draft=deployed["draft"])
     assert report.passed and [c["name"] for c in report.checks] == ["signature", "target_files", "draft_files"]
+
+
+def test_k8s_init_container_verifies_before_the_engine_starts(deployed):
+    """The k8s export ships the lock in a ConfigMap and runs `specreg verify` as an
+    initContainer on the paths the engine container is given; run here with the ConfigMap and
+    the public key ConfigMap mounted as folders, it passes on the exported files and refuses
+    drifted ones, so the pod would not start."""
+    out = deployed["tmp"] / "k8s"
+    result = run("export", "lock@staging", "--format", "k8s-vllm", "-o", out, "--db", deployed["db"],
+                 "--signing-key", deployed["private"], "--option", "verify_image=registry.local/specreg-verify:0.1.0")
+    assert result.returncode == 0, result.stderr
+    documents = [d for d in yaml.safe_load_all((out / "k8s-vllm.yaml").read_text()) if d]
+    config_map, deployment = documents[0], documents[1]
+    assert config_map["kind"] == "ConfigMap" and config_map["metadata"]["name"] == "lock-v1-lock"
+    assert config_map["data"][LOCK_FILE] == (out / LOCK_FILE).read_text()
+    pod = deployment["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    assert init["image"] == "registry.local/specreg-verify:0.1.0" and init["command"] == ["specreg", "verify"]
+    engine_argv = pod["containers"][0]["command"] + pod["containers"][0]["args"]
+    speculative = json.loads(engine_argv[engine_argv.index("--speculative-config") + 1])
+    # the initContainer checks exactly the directories the engine loads
+    assert init["args"][init["args"].index("--target") + 1] == engine_argv[2] == str(deployed["target"])
+    assert init["args"][init["args"].index("--draft") + 1] == speculative["model"] == str(deployed["draft"])
+    volumes = {v["name"]: v["configMap"]["name"] for v in pod["volumes"]}
+    assert volumes == {"specreg-lock": "lock-v1-lock", "specreg-public-key": "specreg-signing-key"}
+    mounts = {m["mountPath"]: m["name"] for m in init["volumeMounts"]}
+
+    # mount the two ConfigMaps as folders and run the initContainer's command line
+    folders = {}
+    for mount_path, name in mounts.items():
+        folder = deployed["tmp"] / "mounts" / name
+        folder.mkdir(parents=True)
+        if name == "specreg-lock":
+            (folder / LOCK_FILE).write_text(config_map["data"][LOCK_FILE])
+        else:
+            shutil.copy(deployed["public"], folder / "specreg-signing.pub")
+        folders[mount_path] = str(folder)
+
+    def init_argv():
+        argv = list(init["args"])
+        for i, word in enumerate(argv):
+            for mount_path, folder in folders.items():
+                if word.startswith(mount_path + "/"):
+                    argv[i] = folder + word[len(mount_path):]
+        return argv
+
+    assert run("verify", *init_argv()).returncode == 0
+    (deployed["target"] / "tokenizer_config.json").write_text("{}")
+    refused(run("verify", *init_argv()), "target file tokenizer_config.json differs from the lock")
