@@ -43,6 +43,47 @@ ROLES = ("target", "draft")
 IGNORED_NAMES = (".git", ".gitattributes", ".github", ".gitignore", ".cache")
 
 
+# --- the model-signing library ----------------------------------------------------------
+
+MODEL_SIGNING_PUBLIC = ("hashing", "manifest", "signing", "verifying")
+
+
+def model_signing_package():
+    """Import ``model_signing`` without running its ``__init__`` when nothing has imported it yet.
+
+    Its ``__init__`` eagerly imports every signer, including the keyless Sigstore client
+    (sigstore, tuf, requests) and the certificate signer (pyOpenSSL), which a key signature
+    never uses: measured, more than half the start time of `specreg verify`. The package object
+    put in sys.modules is the real package directory (its real submodules load from it) and
+    imports the public submodules, and ``__version__``, on first attribute access."""
+    import sys
+
+    if "model_signing" in sys.modules:
+        return sys.modules["model_signing"]
+    import importlib
+    import importlib.util
+    import types
+
+    spec = importlib.util.find_spec("model_signing")
+    if spec is None or not spec.submodule_search_locations:
+        raise SpecregError("the model-signing package is not installed (pip install 'model-signing>=1.1.1,<1.2')")
+    package = types.ModuleType("model_signing")
+    package.__spec__, package.__path__, package.__file__ = spec, list(spec.submodule_search_locations), spec.origin
+
+    def lazy_attribute(name: str):
+        if name in MODEL_SIGNING_PUBLIC:
+            return importlib.import_module(f"model_signing.{name}")
+        if name == "__version__":
+            from importlib.metadata import version
+
+            return version("model-signing")
+        raise AttributeError(f"module 'model_signing' has no attribute {name!r}")
+
+    package.__getattr__ = lazy_attribute
+    sys.modules["model_signing"] = package
+    return package
+
+
 # --- keys --------------------------------------------------------------------------------
 
 def create_key_pair(out_dir: str | Path) -> tuple[Path, Path]:
@@ -158,6 +199,7 @@ def lock_body(lock: dict[str, Any]) -> dict[str, Any]:
 
 def statement_manifest(lock: dict[str, Any]):
     """The model-signing Manifest the signature is over: the lock body and every model file."""
+    model_signing_package()
     from model_signing import manifest
     from model_signing._hashing.hashing import Digest
 
@@ -175,6 +217,7 @@ def statement_manifest(lock: dict[str, Any]):
 def sign_lock(lock: dict[str, Any], private_key: str | Path) -> dict[str, Any]:
     """The lock with ``signed: true`` and ``signature``: a Sigstore bundle (JSON) made by
     model-signing's elliptic-key signer over statement_manifest()."""
+    model_signing_package()
     from model_signing._signing import sign_ec_key, signing
 
     key_path = Path(private_key).expanduser()
@@ -249,6 +292,7 @@ def signed_manifest(lock: dict[str, Any], public_key: Path):
     """Verify the lock's bundle with model-signing's elliptic-key verifier; returns the
     Manifest it signs. ValueError (or cryptography's InvalidSignature) when it does not verify;
     SpecregError when the public key file cannot be used."""
+    model_signing_package()
     from model_signing._signing import sign_ec_key, sign_sigstore_pb
 
     try:

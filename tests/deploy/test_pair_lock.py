@@ -321,10 +321,12 @@ def test_verify_imports_no_heavy_library(deployed):
         "try:\n    main()\nexcept SystemExit as exit:\n    assert exit.code in (0, None), exit.code\n"
         "heavy = sorted(m for m in ('torch', 'transformers', 'mlflow') if m in sys.modules)\n"
         "print('HEAVY', heavy)\n"
+        # the keyless Sigstore client and the certificate signer are never needed to check a key signature
+        "print('UNUSED', sorted(m for m in ('sigstore', 'tuf', 'OpenSSL') if m in sys.modules))\n"
     )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    assert "verified lock@1" in result.stdout and "HEAVY []" in result.stdout
+    assert "verified lock@1" in result.stdout and "HEAVY []" in result.stdout and "UNUSED []" in result.stdout
 
 
 def test_verify_lock_api_reports_every_check(deployed):
