@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -38,6 +39,7 @@ LOCK_FORMAT = "specreg.lock/v1"
 PRIVATE_KEY_FILE = "specreg-signing.key"
 PUBLIC_KEY_FILE = "specreg-signing.pub"
 ROLES = ("target", "draft")
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 # Not part of what an engine loads: VCS metadata (model-signing ignores the same by default)
 # and the download metadata `huggingface-cli download --local-dir` leaves in .cache/.
 IGNORED_NAMES = (".git", ".gitattributes", ".github", ".gitignore", ".cache")
@@ -279,11 +281,17 @@ def read_lock(path: str | Path) -> dict[str, Any]:
     if not isinstance(lock, dict) or lock.get("lock_format") != LOCK_FORMAT:
         raise SpecregError(f"lock {lock_path}: not a {LOCK_FORMAT} lock file")
     try:
-        for model in lock["models"].values():
-            if not isinstance(model["files"], dict):
-                raise TypeError("files is not an object")
-        lock["pair"]["label"]
-    except (KeyError, TypeError, AttributeError) as exc:
+        pair = lock["pair"]
+        if not (isinstance(pair["name"], str) and isinstance(pair["version"], int) and isinstance(pair["label"], str)
+                and isinstance(pair["binding_sha256"], str)):
+            raise TypeError("pair needs name, version, label and binding_sha256")
+        if not set(lock["models"]) <= set(ROLES) or "target" not in lock["models"]:
+            raise KeyError("models must be target and optionally draft")
+        for role, model in lock["models"].items():
+            for name, digest in model["files"].items():
+                if not (isinstance(digest, str) and SHA256_HEX.fullmatch(digest)):
+                    raise ValueError(f"{role} file {name}: {digest!r} is not a sha256")
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
         raise SpecregError(f"lock {lock_path}: malformed ({type(exc).__name__}: {exc})") from None
     return lock
 

@@ -297,6 +297,11 @@ def test_usage_and_errors(deployed):
     not_json = deployed["tmp"] / "bad.json"
     not_json.write_text("{")
     assert verify(deployed, lock=not_json).returncode == 1
+    lock = json.loads(deployed["lock"].read_text())
+    lock["models"]["draft"]["files"]["config.json"] = "not-a-digest"
+    not_json.write_text(json.dumps(lock))
+    malformed = verify(deployed, lock=not_json)
+    assert malformed.returncode == 1 and "draft file config.json: 'not-a-digest' is not a sha256" in malformed.stderr
     bad_key = verify(deployed, public_key=deployed["lock"])
     assert bad_key.returncode == 1 and "not an ECDSA P-256/384/521 public key" in bad_key.stderr
     bad_registry = verify(deployed, "--registry", f"sqlite:///{deployed['tmp'] / 'empty.db'}")
