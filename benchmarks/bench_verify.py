@@ -22,9 +22,10 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from specreg.registry.entities import ModelFingerprint, ModelRef, PairState, PairVersion, SpecConfig, SpecMethod
-from specreg.registry.fingerprint import sha256_file
-from specreg.registry.lock import LOCK_FILE, build_lock, create_key_pair, lock_text, sign_lock
+from specreg.core.fingerprint import sha256_file
+from specreg.core.types import ModelFingerprint, ModelRef
+from specreg.registry.deploy.lock import LOCK_FILE, build_lock, create_key_pair, lock_text, sign_lock
+from specreg.registry.store.entities import PairState, PairVersion, SpecConfig, SpecMethod
 
 SPECREG = [str(Path(sys.executable).with_name("specreg"))]
 REPEATS = 9
@@ -83,7 +84,7 @@ def main() -> None:
         hashing = time.perf_counter() - start
         python_s = timed([sys.executable, "-c", "pass"])
         # what verify imports of model-signing (its key verifier, without the package __init__)
-        import_s = timed([sys.executable, "-c", "from specreg.registry.lock import model_signing_package; "
+        import_s = timed([sys.executable, "-c", "from specreg.registry.deploy.lock import model_signing_package; "
                           "model_signing_package(); from model_signing._signing import sign_ec_key, sign_sigstore_pb"])
         verify_s = timed(SPECREG + ["verify", "--lock", str(root / LOCK_FILE), "--public-key", str(public_key),
                                     "--target", str(target)])

@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from specreg.api import Registry
-from specreg.registry.fingerprint import canonical_json
-from specreg.registry.lock import LOCK_FILE, lock_body, verify_lock
+from specreg.core.fingerprint import canonical_json
+from specreg.registry.deploy.lock import LOCK_FILE, lock_body, verify_lock
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "governance"))
 from govstate import POLICY_TOML, record_validation  # noqa: E402
@@ -224,7 +224,7 @@ def test_wrong_key_refused(deployed, tmp_path):
     refused(verify(deployed, public_key=other_public), f"signature does not verify with {other_public}: Key mismatch")
 
     # re-signed by someone else's key after editing: refused with the team's key
-    from specreg.registry.lock import sign_lock
+    from specreg.registry.deploy.lock import sign_lock
 
     lock = json.loads(deployed["lock"].read_text())
     lock["models"]["target"]["files"]["model.safetensors"] = "0" * 64
