@@ -213,8 +213,11 @@ def lock_context(lock: dict[str, Any] | None, context: dict[str, Any]) -> dict[s
     if not lock.get("approved"):
         argv.append("--allow-unapproved")
     argv += ["--target", context["target"]["source"]]
-    if context["draft"] is not None:
-        argv += ["--draft", context["draft"]["source"]]
+    if "draft" in lock["models"]:
+        # a head pair's --draft directory is bound in the lock too, whether or not this format names it
+        recorded = lock["models"]["draft"]
+        fallback = recorded["registered_path"] if context["options"]["model_source"] == "path" else recorded["reference"]
+        argv += ["--draft", context["draft"]["source"] if context["draft"] is not None else fallback]
     return {"file": LOCK_FILE, "text": lock_text(lock), "signed": signed, "public_key_file": PUBLIC_KEY_FILE,
             "mount": LOCK_MOUNT, "key_mount": PUBLIC_KEY_MOUNT, "verify_argv": argv}
 

@@ -387,3 +387,33 @@ def test_k8s_init_container_verifies_before_the_engine_starts(deployed):
     assert run("verify", *init_argv()).returncode == 0
     (deployed["target"] / "tokenizer_config.json").write_text("{}")
     refused(run("verify", *init_argv()), "target file tokenizer_config.json differs from the lock")
+
+
+def test_head_pair_lock_binds_the_head_and_the_init_container_checks_it(tmp_path, monkeypatch, keys):
+    """An EAGLE-3 pair: the head directory (`--draft` at registration) is locked like a draft, and
+    the k8s initContainer verifies it even though the export does not name it as a draft model."""
+    from headfiles import write_eagle3, write_target
+
+    monkeypatch.chdir(tmp_path)
+    target = write_target(tmp_path / "models" / "target")
+    head = write_eagle3(tmp_path / "eagle3-head")
+    db = f"sqlite:///{tmp_path / 'registry.db'}"
+    Registry(db, user="alice").register("heads", target="models/target", draft=str(head), method="eagle3",
+                                        num_speculative_tokens=3)
+    out = tmp_path / "k8s"
+    result = run("export", "heads@1", "--format", "k8s-vllm", "-o", out, "--force", "--db", db,
+                 "--signing-key", keys[0], "--option", "model_source=path")
+    assert result.returncode == 0, result.stderr
+    lock = json.loads((out / LOCK_FILE).read_text())
+    assert lock["models"]["draft"]["files"] == {p.name: sha256(p) for p in sorted(head.iterdir())}
+    assert lock["approved"] is False  # --force
+    documents = [d for d in yaml.safe_load_all((out / "k8s-vllm.yaml").read_text()) if d]
+    (init,) = documents[1]["spec"]["template"]["spec"]["initContainers"]
+    assert init["args"][init["args"].index("--draft") + 1] == str(head.resolve())
+    assert init["args"][init["args"].index("--target") + 1] == str(target.resolve())
+    assert "--allow-unapproved" in init["args"]
+    assert verify({"public": keys[1]}, "--allow-unapproved", lock=out / LOCK_FILE, target=target,
+                  draft=head).returncode == 0
+    (head / "config.json").write_text("{}")
+    refused(verify({"public": keys[1]}, "--allow-unapproved", lock=out / LOCK_FILE, target=target, draft=head),
+            "draft file config.json differs from the lock")
