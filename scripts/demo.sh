@@ -8,7 +8,7 @@ DEMO_DIR=${DEMO_DIR:-$PWD/.demo}
 export SPECREG_HOME="$DEMO_DIR/home"
 export SPECREG_USER=alice            # the registrant; bob reviews (four-eyes)
 export SPECREG_POLICY="$DEMO_DIR/specreg.toml"
-rm -rf "$SPECREG_HOME" "$DEMO_DIR/exports" "$DEMO_DIR"/gate.* "$DEMO_DIR"/validation.*
+rm -rf "$SPECREG_HOME" "$DEMO_DIR/exports" "$DEMO_DIR/keys" "$DEMO_DIR"/gate.* "$DEMO_DIR"/validation.*
 mkdir -p "$DEMO_DIR"
 
 step() { printf '\n== %s\n' "$*"; }
@@ -49,11 +49,18 @@ specreg promote demo-chat@1 --to staging --reason "demo rollout"
 specreg promote demo-chat@1 --to production --reason "demo rollout"
 specreg env list demo-chat
 
-step "export deployment configs carrying the pair's identity and baselines"
+step "export deployment configs carrying the pair's identity and baselines, with a signed pair lock"
+specreg keys create --out "$DEMO_DIR/keys"
 for format in vllm sglang trtllm k8s-vllm prometheus-rules; do
-  specreg export demo-chat@production --format "$format" -o "$DEMO_DIR/exports/$format"
+  specreg export demo-chat@production --format "$format" -o "$DEMO_DIR/exports/$format" \
+    --signing-key "$DEMO_DIR/keys/specreg-signing.key"
 done
 cat "$DEMO_DIR/exports/vllm/vllm-serve.sh"
+
+step "deploy-time check: the files the engine will load match the signed lock (exit 0, 100 mismatch)"
+specreg verify --lock "$DEMO_DIR/exports/vllm/specreg.lock.json" --public-key "$DEMO_DIR/keys/specreg-signing.pub" \
+  --target "$DEMO_DIR/pair/target" --draft "$DEMO_DIR/pair/draft" --registry "sqlite:///$SPECREG_HOME/registry.db" \
+  --env production
 
 step "CI/CD gate before rollout (exit 0 pass, 100 refused, 1 error)"
 specreg gate demo-chat@production --env production \

@@ -499,16 +499,21 @@ class Registry:
     # --- deployment -------------------------------------------------------------------
 
     def export(self, ref: str | PairRef, fmt: str, *, out_dir: str | None = None, force: bool = False,
-               overwrite: bool = False, template: str | None = None, options: dict | None = None):
+               overwrite: bool = False, template: str | None = None, options: dict | None = None,
+               signing_key: str | None = None):
         """Render deployment files for a validated + approved version (``force``: any version,
         marked UNAPPROVED). Approved means the standing decisions say so (the gate's rule, with
         the approvers of ENV for ``NAME@ENV``), not the lifecycle state. Returns [(file name,
-        text)], written under ``out_dir`` when given (an existing file only with ``overwrite``)."""
-        from specreg.registry.deploy.exports import render_export, write_export
-        from specreg.registry.governance.decisions import approval_standing
-        from specreg.registry.store.validations import ValidationStore
+        text)], written under ``out_dir`` when given (an existing file only with ``overwrite``).
 
+        Every format but prometheus-rules also gets the pair lock (``specreg.lock.json``, see
+        registry.deploy.lock), signed with the ECDSA private key file ``signing_key``; without one
+        the lock says ``signed: false`` and a warning says so."""
+        from specreg.registry.deploy.exports import check_exportable, lock_engine, render_export, write_export
+        from specreg.registry.deploy.lock import LOCK_FILE, lock_text
+        from specreg.registry.governance.decisions import approval_standing
         from specreg.registry.governance.decisions import audit_check
+        from specreg.registry.store.validations import ValidationStore
 
         pair_ref = parse_ref(ref) if isinstance(ref, str) else ref
         version = self.get(pair_ref)
@@ -529,12 +534,44 @@ class Registry:
         if not approved and not force:
             raise PolicyViolation(f"{version.label} is not validated and approved ({standing.reason}); export refused "
                                   f"(--force exports it marked UNAPPROVED)")
+        exportable = check_exportable(version, baselines, fmt, approved, force)  # refuse before hashing
+        lock = None
+        if fmt != "prometheus-rules":  # the rules load no model: nothing to lock
+            lock = self.pair_lock(version, engine=lock_engine(fmt), baselines=baselines,
+                                  signing_key=signing_key, approved=exportable)
         files = render_export(version, baselines, fmt, approved=approved, force=force,
-                              template_path=template, options=options,
+                              template_path=template, options=options, lock=lock,
                               audit_head=audited.details.get("audit_head") or self.store.audit_head())
+        if lock is not None:
+            files.append((LOCK_FILE, lock_text(lock)))
         if out_dir is not None:
             write_export(files, out_dir, overwrite=overwrite)
+        if lock is not None and lock["signature"] is None:
+            self.warnings.append(f"{LOCK_FILE} is unsigned (no --signing-key / SPECREG_SIGNING_KEY): "
+                                 f"`specreg verify` refuses it unless --allow-unsigned")
         return files
+
+    def pair_lock(self, version: PairVersion, *, engine: dict | None, baselines: dict | None,
+                  signing_key: str | None, approved: bool) -> dict:
+        """The lock of ``version`` (registry.deploy.lock.build_lock), signed when ``signing_key`` is given.
+
+        Refused (PolicyViolation) when a model no longer matches its registered fingerprint: a
+        lock must bind the files that were validated and approved."""
+        from specreg.errors import PolicyViolation
+        from specreg.registry.deploy.lock import build_lock, sign_lock
+        from specreg.registry.governance import decisions
+
+        changes = decisions.fingerprint_changes(version)
+        if changes:
+            raise PolicyViolation(f"{version.label}: the models changed since registration ({'; '.join(changes)}); "
+                                  f"no lock is written for files that were not validated")
+        approvals = [{"decision": a.decision, "actor": a.actor, "at": a.created_at.isoformat(timespec="seconds") + "Z",
+                      "source": a.source, "note": a.note}
+                     for a in decisions.approvals(self.store, version.name, version.version)]
+        lock = build_lock(version, engine=engine, baselines=baselines, approvals=approvals,
+                          audit_head={"hash": self.store.audit_head()}, approved=approved,
+                          exported_by=self.user)
+        return sign_lock(lock, signing_key) if signing_key else lock
 
     def observe(self, ref: str | PairRef, metrics_url: str, *, engine: str = "vllm", interval: float = 30.0,
                 model_name: str | None = None, tolerance: float | None = None, policy_path: str | None = None,

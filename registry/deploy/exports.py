@@ -81,6 +81,10 @@ OPTION_DEFAULTS: dict[str, Any] = {
     "model_mount_path": "/models",
     "target_subpath": "target",
     "draft_subpath": "draft",
+    # k8s: the initContainer running `specreg verify` (an image with specreg + model-signing,
+    # no torch: see the README) and the ConfigMap holding the team's public key.
+    "verify_image": "specreg-verify:0.1.0",
+    "verify_key_configmap": "specreg-signing-key",
 }
 
 # The pair kinds the formats below are written and engine-checked for (tests/engines).
@@ -160,34 +164,27 @@ def render_export(
     template_path: str | Path | None = None,
     options: dict[str, Any] | None = None,
     audit_head: str | None = None,
+    lock: dict[str, Any] | None = None,
 ) -> list[tuple[str, str]]:
     """Render one deployment format for a pair version.
 
     In: the pair version, its recorded baselines (None if never validated), a format of
     FORMATS, whether the version is approved, ``force`` to export anyway (the output is then
     marked UNAPPROVED), an optional user template (rendered sandboxed instead of the shipped
-    ones) and options overriding OPTION_DEFAULTS.
+    ones), options overriding OPTION_DEFAULTS and the pair lock (registry.deploy.lock) when one is
+    written beside the files (the k8s manifest verifies it in an initContainer).
     Out: a list of (relative file name, text). Raises PolicyViolation for an unapproved
     version without force, UsageError for a format the pair cannot have (TGI + draft model).
     ``audit_head``: the registry's audit chain head, carried in the header comments so the
     export anchors the chain outside the database (`specreg audit verify --expect-head`).
     """
-    if fmt not in FORMATS:
-        raise UsageError(f"unknown export format {fmt!r}; known: {', '.join(FORMATS)}")
-    exportable = approved and baselines is not None and pair_version.state in EXPORTABLE_STATES
-    if not exportable and not force:
-        why = "no recorded baselines" if baselines is None else f"state {pair_version.state.value}"
-        if not approved:
-            why += ", not approved"
-        raise PolicyViolation(
-            f"{pair_version.label} is not validated and approved ({why}); export refused "
-            "(--force exports it marked UNAPPROVED)"
-        )
+    exportable = check_exportable(pair_version, baselines, fmt, approved, force)
     context = build_context(pair_version, baselines, fmt, approved=exportable, options=options)
     if audit_head:
         context["audit_head"] = audit_head
         context["header_lines"] = [*context["header_lines"],
                                    f"audit_head: {audit_head} (check: specreg audit verify --expect-head)"]
+    context["lock"] = lock_context(lock, context)
     if template_path is not None:
         return [render_user_template(Path(template_path), context)]
 
@@ -203,6 +200,59 @@ def render_export(
     )
     env.filters.update(FILTERS)
     return [(name, env.get_template(name + ".j2").render(context)) for name in FORMAT_FILES[fmt]]
+
+
+def check_exportable(pair_version: PairVersion, baselines: dict[str, Any] | None, fmt: str, approved: bool,
+                     force: bool) -> bool:
+    """Whether the version is validated and approved (the output then says so). Raises
+    UsageError for an unknown format, PolicyViolation when it is not and ``force`` is off."""
+    if fmt not in FORMATS:
+        raise UsageError(f"unknown export format {fmt!r}; known: {', '.join(FORMATS)}")
+    exportable = approved and baselines is not None and pair_version.state in EXPORTABLE_STATES
+    if not exportable and not force:
+        why = "no recorded baselines" if baselines is None else f"state {pair_version.state.value}"
+        if not approved:
+            why += ", not approved"
+        raise PolicyViolation(
+            f"{pair_version.label} is not validated and approved ({why}); export refused "
+            "(--force exports it marked UNAPPROVED)"
+        )
+    return exportable
+
+
+def lock_engine(fmt: str) -> dict[str, Any]:
+    """The engine (name, version, export format) a lock of format ``fmt`` is for, read from the
+    engine's schema file."""
+    engine = "vllm" if fmt == "k8s-vllm" else fmt
+    schema = engine_schema(engine)
+    return {"name": schema["engine"], "version": schema["engine_version"], "format": fmt}
+
+
+LOCK_MOUNT = "/etc/specreg/lock"
+PUBLIC_KEY_MOUNT = "/etc/specreg/key"
+
+
+def lock_context(lock: dict[str, Any] | None, context: dict[str, Any]) -> dict[str, Any] | None:
+    """What a template needs of the pair lock: its file name and text, whether it is signed, and
+    the `specreg verify` command line that checks the model paths the engine is given against it
+    (signed: with the team's public key; unsigned or forced exports: with the flags that say so)."""
+    if lock is None:
+        return None
+    from specreg.registry.deploy.lock import LOCK_FILE, PUBLIC_KEY_FILE, lock_text
+
+    signed = lock.get("signature") is not None
+    argv = ["specreg", "verify", "--lock", f"{LOCK_MOUNT}/{LOCK_FILE}"]
+    argv += ["--public-key", f"{PUBLIC_KEY_MOUNT}/{PUBLIC_KEY_FILE}"] if signed else ["--allow-unsigned"]
+    if not lock.get("approved"):
+        argv.append("--allow-unapproved")
+    argv += ["--target", context["target"]["source"]]
+    if "draft" in lock["models"]:
+        # a head pair's --draft directory is bound in the lock too, whether or not this format names it
+        recorded = lock["models"]["draft"]
+        fallback = recorded["registered_path"] if context["options"]["model_source"] == "path" else recorded["reference"]
+        argv += ["--draft", context["draft"]["source"] if context["draft"] is not None else fallback]
+    return {"file": LOCK_FILE, "text": lock_text(lock), "signed": signed, "public_key_file": PUBLIC_KEY_FILE,
+            "mount": LOCK_MOUNT, "key_mount": PUBLIC_KEY_MOUNT, "verify_argv": argv}
 
 
 def render_user_template(template_path: Path, context: dict[str, Any]) -> tuple[str, str]:

@@ -694,6 +694,14 @@ def decide(store: Store, name: str, version: int, *, actor: str, decision: str, 
 
 # --- reading -----------------------------------------------------------------------------------
 
+def approvals(store: Store, name: str, version: int) -> list[Approval]:
+    """Every approval and rejection of ``name@version``, oldest first."""
+    with store.session() as session:
+        row = store.version_row(session, name, version)
+        return [Approval(a.id, name, version, a.decision, a.actor, a.note, a.source, a.created_at)
+                for a in approvals_of(session, row.id)]
+
+
 def environment_pointers(store: Store, name: str | None = None) -> list[dict[str, Any]]:
     """Every environment pointer (of one pair or all): holder and previous holder."""
     with store.session() as session:

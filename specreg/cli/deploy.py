@@ -1,4 +1,5 @@
-"""Deployment: exports for the serving engines and live observation against the baselines."""
+"""Deployment: exports for the serving engines, the pair lock's signing keys and its deploy-time
+check (`verify`), and live observation against the baselines."""
 
 from __future__ import annotations
 
@@ -21,10 +22,14 @@ from specreg.cli.common import cli, db_option, fmt_number, json_option, open_reg
                    "target_subpath, draft_subpath, ...).")
 @click.option("--force", is_flag=True, help="Export a version that is not validated and approved (marked UNAPPROVED).")
 @click.option("--overwrite", is_flag=True, help="Replace files that already exist in the output folder.")
+@click.option("--signing-key", envvar="SPECREG_SIGNING_KEY", default=None, metavar="KEY",
+              help="Sign specreg.lock.json with this ECDSA private key file (`specreg keys create`); "
+                   "without one the lock is written unsigned.")
 @db_option
 @json_option
-def export(ref, fmt, out_dir, template, option_pairs, force, overwrite, db_url, as_json):
-    """Write deployment configs for a serving engine, with the pair's identity and baselines."""
+def export(ref, fmt, out_dir, template, option_pairs, force, overwrite, signing_key, db_url, as_json):
+    """Write deployment configs for a serving engine, with the pair's identity and baselines,
+    and the pair lock specreg.lock.json that `specreg verify` checks at deploy time."""
     from specreg.errors import UsageError
 
     options = {}
@@ -35,7 +40,7 @@ def export(ref, fmt, out_dir, template, option_pairs, force, overwrite, db_url, 
         # A version stays text: 1.20 is not 1.2.
         options[key] = value if key == "engine_version" else yaml_scalar(value)
     files = open_registry(db_url).export(ref, fmt, out_dir=out_dir, force=force, overwrite=overwrite,
-                                         template=template, options=options or None)
+                                         template=template, options=options or None, signing_key=signing_key)
     if as_json:
         print_json([{"file": name, "text": text} for name, text in files])
     elif out_dir:
@@ -52,6 +57,57 @@ def yaml_scalar(value: str):
 
     parsed = yaml.safe_load(value) if value else value
     return parsed if isinstance(parsed, (int, float, bool)) else value
+
+
+@cli.command()
+@click.option("--lock", "lock_path", required=True, metavar="FILE", help="The specreg.lock.json the export wrote.")
+@click.option("--public-key", default=None, metavar="KEY", help="The team's public key (PEM) the lock must be signed with.")
+@click.option("--target", required=True, metavar="DIR", help="The target model directory the engine will load.")
+@click.option("--draft", default=None, metavar="DIR", help="The draft model directory the engine will load.")
+@click.option("--registry", "registry_url", default=None, metavar="URL",
+              help="Also check the registry database (as --db): same binding, not retired, holds --env.")
+@click.option("--env", "environment", default=None, metavar="ENV", help="With --registry: the version must hold ENV.")
+@click.option("--allow-unsigned", is_flag=True, help="Accept an unsigned lock (files are still checked).")
+@click.option("--allow-unapproved", is_flag=True, help="Accept a lock of an export made with --force.")
+@json_option
+def verify(lock_path, public_key, target, draft, registry_url, environment, allow_unsigned, allow_unapproved,
+           as_json):
+    """Check, before an engine starts, that the model files match a signed pair lock.
+
+    Exit 0: everything matches; 100: a mismatch (bad signature, edited lock, a changed, missing
+    or extra file, a retired or no longer promoted version), named; 1: an error; 2: usage."""
+    from specreg.registry.deploy.lock import verify_lock
+
+    report = verify_lock(lock_path, public_key=public_key, target=target, draft=draft, registry_url=registry_url,
+                         environment=environment, allow_unsigned=allow_unsigned, allow_unapproved=allow_unapproved)
+    if as_json:
+        print_json(report.to_dict())
+    else:
+        for check in report.checks:
+            click.echo(f"{'ok' if check['passed'] else 'MISMATCH'}  {check['name']}: {check['detail']}")
+    if not report.passed:
+        if not as_json:
+            click.echo(f"specreg: verify: {report.pair}: {report.failure['detail']}", err=True)
+        sys.exit(100)
+    if not as_json:
+        click.echo(f"verified {report.pair}: {'signed lock, ' if report.signed else 'UNSIGNED lock, '}files match")
+
+
+@cli.group()
+def keys() -> None:
+    """Signing keys for pair locks."""
+
+
+@keys.command(name="create")
+@click.option("--out", "out_dir", required=True, metavar="DIR", help="Folder for the key pair (created if missing).")
+def keys_create(out_dir):
+    """Create an ECDSA P-256 key pair: DIR/specreg-signing.key (private, mode 0600) and
+    DIR/specreg-signing.pub. Never overwrites a key."""
+    from specreg.registry.deploy.lock import create_key_pair
+
+    private_path, public_path = create_key_pair(out_dir)
+    click.echo(f"private key: {private_path} (mode 0600; export --signing-key / SPECREG_SIGNING_KEY)")
+    click.echo(f"public key:  {public_path} (verify --public-key; give it to every deploy)")
 
 
 @cli.command()

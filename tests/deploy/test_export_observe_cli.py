@@ -50,7 +50,12 @@ def test_export_writes_engine_configs_with_identity(approved_pair, tmp_path, tin
     result = run("export", "deploy@staging", "--format", "vllm", "-o", out, "--db", approved_pair)
     assert result.returncode == 0, result.stderr
     written = sorted(p.name for p in out.iterdir())
-    assert written == ["vllm-serve.sh", "vllm-speculative-config.json"]
+    assert written == ["specreg.lock.json", "vllm-serve.sh", "vllm-speculative-config.json"]
+    # no --signing-key: the lock says it is unsigned, and so does one warning line
+    lock = json.loads((out / "specreg.lock.json").read_text())
+    assert lock["signed"] is False and lock["signature"] is None
+    assert result.stderr == ("specreg: warning: specreg.lock.json is unsigned (no --signing-key / "
+                             "SPECREG_SIGNING_KEY): `specreg verify` refuses it unless --allow-unsigned\n")
     config = json.loads((out / "vllm-speculative-config.json").read_text())
     assert config["method"] == "draft_model" and config["num_speculative_tokens"] == 4
     assert config["model"] == str(tiny_models["draft"])
@@ -67,8 +72,12 @@ def test_export_writes_engine_configs_with_identity(approved_pair, tmp_path, tin
               "--db", approved_pair, "--json")
     documents = list(yaml.safe_load_all(json.loads(k8s.stdout)[0]["text"]))
     kinds = [d["kind"] for d in documents if d]
-    assert kinds == ["Deployment", "Service"]
-    assert documents[0]["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == "models"
+    assert kinds == ["ConfigMap", "Deployment", "Service"]  # the ConfigMap holds the pair lock
+    pod = documents[1]["spec"]["template"]["spec"]
+    assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == "models"
+    assert [v["name"] for v in pod["volumes"]] == ["models", "specreg-lock"]  # one list: both containers' volumes
+    # the initContainer checks the very paths the engine loads, on the same mount
+    assert pod["initContainers"][0]["volumeMounts"][0] == pod["containers"][0]["volumeMounts"][0]
     no_volume = run("export", "deploy@1", "--format", "k8s-vllm", "--db", approved_pair)
     assert no_volume.returncode == 2 and "model_volume=pvc:CLAIM_NAME" in no_volume.stderr
 
