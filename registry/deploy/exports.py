@@ -87,8 +87,14 @@ OPTION_DEFAULTS: dict[str, Any] = {
     "verify_key_configmap": "specreg-signing-key",
 }
 
-# The pair kinds the formats below are written and engine-checked for (tests/engines).
-EXPORTED_METHODS = (SpecMethod.DRAFT_MODEL, SpecMethod.NGRAM)
+# The pair kinds the formats below are written for; head_refusal says which format cannot
+# serve which head pair, and why (tests/engines run the vLLM and SGLang outputs).
+EXPORTED_METHODS = (SpecMethod.DRAFT_MODEL, SpecMethod.NGRAM, SpecMethod.EAGLE3, SpecMethod.MTP)
+MEDUSA_REFUSAL = (
+    "no engine version specreg targets serves Medusa heads stored apart from their base model: vLLM 0.33 "
+    "has no medusa method (not in its SpeculativeMethod list), SGLang 0.5.23 has no Medusa algorithm, "
+    "TensorRT-LLM's Medusa decoding runs only on its TensorRT engine flow (not trtllm-serve's PyTorch backend), "
+    "and TGI 3.3 reads Medusa heads only from a combined model repository")
 
 PROMETHEUS_DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
 EXPORTABLE_STATES = (PairState.VALIDATED, PairState.APPROVED, PairState.PROMOTED)
@@ -416,15 +422,22 @@ def build_context(
             f"{engine_version} is not one of them (its keys or their meaning may differ), so it is refused"
         )
     config = pair_version.config
+    if config.method is SpecMethod.MEDUSA:
+        raise UsageError(f"{pair_version.label} is a medusa pair and cannot be exported: {MEDUSA_REFUSAL}")
     if config.method not in EXPORTED_METHODS:
         # Writing a draft_model or ngram config for a head pair would serve something else.
         raise UsageError(
             f"{pair_version.label} is a {config.method.value} pair: no export format writes {config.method.value} "
             f"yet (exported methods: {', '.join(m.value for m in EXPORTED_METHODS)})"
         )
+    refusal = head_refusal(pair_version, fmt)
+    if refusal:
+        raise UsageError(f"{pair_version.label} is a {config.method.value} pair and cannot be exported to {fmt}: "
+                         f"{refusal}")
     draft_model = config.method == SpecMethod.DRAFT_MODEL
-    if draft_model and pair_version.draft is None:
-        raise SpecregError(f"{pair_version.label} is a draft_model pair without a draft model")
+    has_draft_dir = pair_version.draft is not None  # a draft model or an EAGLE-3 head directory
+    if config.method in (SpecMethod.DRAFT_MODEL, SpecMethod.EAGLE3) and pair_version.draft is None:
+        raise SpecregError(f"{pair_version.label} is a {config.method.value} pair without its draft directory")
     if fmt == "tgi" and draft_model:
         raise UsageError(
             f"{pair_version.label} is a draft_model pair and cannot be exported to tgi: TGI 3.3 has no "
@@ -453,11 +466,11 @@ def build_context(
     source = (lambda ref: ref.reference) if opts["model_source"] == "reference" else (lambda ref: ref.path)
     served_name = opts["served_model_name"] or pair_version.name
     target_source = source(pair_version.target)
-    draft_source = source(pair_version.draft) if draft_model else None
+    draft_source = source(pair_version.draft) if has_draft_dir else None
     if fmt == "k8s-vllm":
         # In the pod the engine reads the models from the mounted volume, not the registrant's paths.
         target_source = str(Path(opts["model_mount_path"]) / opts["target_subpath"])
-        draft_source = str(Path(opts["model_mount_path"]) / opts["draft_subpath"]) if draft_model else None
+        draft_source = str(Path(opts["model_mount_path"]) / opts["draft_subpath"]) if has_draft_dir else None
     overall = (baselines or {}).get("overall") or {}
     floor = 1.0 - opts["tolerance"]
     thresholds = {
@@ -482,7 +495,7 @@ def build_context(
             "binding_sha256": pair_version.binding_sha256,
         },
         "target": model_context(pair_version.target, target_source),
-        "draft": model_context(pair_version.draft, draft_source) if draft_model else None,
+        "draft": model_context(pair_version.draft, draft_source) if has_draft_dir else None,
         "config": config.to_dict(),
         "baselines": baselines,
         "thresholds": thresholds,
@@ -494,10 +507,10 @@ def build_context(
         "vllm_command": vllm_lines,
         "vllm_argv": [word for line in vllm_lines for word in line],
         "sglang_command": sglang_command(pair_version, target_source, draft_source, served_name, opts)
-        if draft_model else None,
+        if config.method is not SpecMethod.NGRAM else None,
         "trtllm_command": trtllm_command(target_source, opts),
         "trtllm_config": trtllm_config(pair_version, draft_source, overall, opts),
-        "tgi_command": tgi_command(pair_version, target_source, opts) if not draft_model else None,
+        "tgi_command": tgi_command(pair_version, target_source, opts) if config.method is SpecMethod.NGRAM else None,
         "k8s": k8s_context(pair_version, baselines, approved, speculative, opts, target_source, draft_source),
         "alert_rules": alert_rules(pair_version, overall, thresholds, served_name, opts) if thresholds else [],
     }
@@ -582,11 +595,14 @@ def vllm_speculative_config(pair_version: PairVersion, draft_source: str | None,
     config = pair_version.config
     k = config.num_speculative_tokens
     speculative: dict[str, Any] = {"method": config.method.value, "num_speculative_tokens": k}
-    if config.method == SpecMethod.DRAFT_MODEL:
+    if config.method in (SpecMethod.DRAFT_MODEL, SpecMethod.EAGLE3):
+        # eagle3: `model` is the head; vLLM builds its draft ModelConfig with the target's tokenizer
         speculative["model"] = draft_source
         speculative["draft_tensor_parallel_size"] = opts["draft_tensor_parallel_size"]
         if pair_version.draft.revision:
             speculative["revision"] = pair_version.draft.revision
+    elif config.method is SpecMethod.MTP:
+        pass  # no `model`: vLLM drafts with the target's own MTP layers (config/speculative.py)
     else:
         if config.prompt_lookup_min is not None:
             speculative["prompt_lookup_min"] = config.prompt_lookup_min
@@ -624,11 +640,15 @@ def sglang_command(pair_version: PairVersion, target_source: str, draft_source: 
     lines = [["python", "-m", "sglang.launch_server"], ["--model-path", target_source]]
     if pair_version.target.revision:
         lines.append(["--revision", pair_version.target.revision])
-    # Only draft_model pairs reach here (build_context refuses ngram: no faithful NGRAM mapping).
-    lines.append(["--speculative-algorithm", "STANDALONE"])
-    lines.append(["--speculative-draft-model-path", draft_source])
-    if pair_version.draft.revision:
-        lines.append(["--speculative-draft-model-revision", pair_version.draft.revision])
+    # ngram never reaches here (build_context refuses it: no faithful NGRAM mapping). NEXTN (MTP)
+    # is SGLang's alias of EAGLE whose draft defaults to the target itself.
+    method = pair_version.config.method
+    algorithm = {SpecMethod.DRAFT_MODEL: "STANDALONE", SpecMethod.EAGLE3: "EAGLE3", SpecMethod.MTP: "NEXTN"}[method]
+    lines.append(["--speculative-algorithm", algorithm])
+    if draft_source is not None:
+        lines.append(["--speculative-draft-model-path", draft_source])
+        if pair_version.draft.revision:
+            lines.append(["--speculative-draft-model-revision", pair_version.draft.revision])
     lines.append(["--speculative-num-steps", str(k)])
     lines.append(["--speculative-eagle-topk", "1"])
     # SGLang counts the verified root token among the draft tokens: with top-k 1 that is k + 1.
@@ -660,6 +680,12 @@ def trtllm_config(pair_version: PairVersion, draft_source: str | None, overall: 
             "max_draft_len": config.num_speculative_tokens,
             "speculative_model": draft_source,
         }
+    elif config.method is SpecMethod.EAGLE3:
+        speculative = {"decoding_type": "Eagle3", "max_draft_len": config.num_speculative_tokens,
+                       "speculative_model": draft_source}
+    elif config.method is SpecMethod.MTP:
+        # "N modules produce N draft tokens": head_refusal keeps k equal to the layer count
+        speculative = {"decoding_type": "MTP", "num_nextn_predict_layers": config.num_speculative_tokens}
     else:
         speculative = {"decoding_type": "NGram", "max_draft_len": config.num_speculative_tokens}
         if config.prompt_lookup_max is not None:
@@ -681,6 +707,39 @@ def trtllm_acceptance_threshold(mean_acceptance_length: float, tolerance: float)
     the threshold; our tau counts the bonus token, so the engine's baseline is tau - 1.
     """
     return round(max(0.0, mean_acceptance_length - 1.0) * (1.0 - tolerance), 6)
+
+
+def head_refusal(pair_version: PairVersion, fmt: str) -> str | None:
+    """Why format ``fmt`` cannot serve this eagle3 or mtp pair as registered (None: it can).
+
+    Facts from the engines' released code (vLLM 0.33.0 and SGLang 0.5.23 wheels; TensorRT-LLM's
+    llm_args.py source; see the README's engine table): vLLM has no static token tree for eagle3
+    and builds MTP drafters only for the targets config/speculative.py hf_config_override
+    rewrites; SGLang's EAGLE trees are dynamic top-k trees; TGI 3.3 does n-gram or Medusa only."""
+    from specreg.core.heads import served_mtp_family
+
+    config = pair_version.config
+    if config.method not in (SpecMethod.EAGLE3, SpecMethod.MTP) or fmt == "prometheus-rules":
+        return None
+    if fmt == "tgi":
+        return "TGI 3.3's --speculate does Medusa (from a combined repository) or n-gram only"
+    if config.tree is not None:
+        return ("the registered candidate tree is static; vLLM 0.33's eagle3 drafts a chain, SGLang 0.5.23 "
+                "builds a dynamic top-k tree, and TensorRT-LLM's eagle_choices were not checked against its release")
+    if config.method is SpecMethod.MTP:
+        target = pair_version.target.fingerprint
+        family = served_mtp_family(target.model_type, [target.architecture] if target.architecture else [])
+        if family is None:
+            return (f"no engine builds an MTP drafter for model_type {target.model_type!r} "
+                    f"({target.architecture}): vLLM 0.33 rewrites only DeepSeek-V3/V3.2, GLM, MiMo, Qwen3-Next, "
+                    f"Qwen3.5 and similar targets into MTP drafters (config/speculative.py hf_config_override)")
+        if fmt in ("sglang", "trtllm") and family != "deepseek":
+            return f"its NEXTN/MTP drafting is checked here for DeepSeek-family targets only, not {family}"
+        layers = (config.head or {}).get("num_heads")
+        if fmt == "trtllm" and layers is not None and config.num_speculative_tokens != layers:
+            return (f"TensorRT-LLM's MTP drafts one token per MTP layer: k = {config.num_speculative_tokens} "
+                    f"but the target has {layers}")
+    return None
 
 
 def tgi_command(pair_version: PairVersion, target_source: str, opts: dict[str, Any]) -> list[list[str]]:

@@ -548,6 +548,18 @@ MTP_LAYOUTS = (
 )
 
 
+def served_mtp_family(model_type: str | None, architectures: tuple[str, ...] | list[str] | None) -> str | None:
+    """The MTP family an engine builds a drafter for from this target's config (vLLM 0.33
+    config/speculative.py hf_config_override rewrites exactly these model types and
+    architectures), or None: a target that merely carries num_nextn_predict_layers (the generic
+    DeepSeek-style naming) has no MTP drafter in any engine."""
+    names = set(architectures or ())
+    for layout in MTP_LAYOUTS:
+        if model_type in layout.model_types or names & layout.architectures:
+            return layout.family
+    return None
+
+
 def read_target_shape(directory: str | Path) -> TargetShape:
     """The target's hidden size, layer count, vocabulary and declared identity (config.json)."""
     directory = Path(directory)

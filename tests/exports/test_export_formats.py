@@ -116,17 +116,6 @@ def test_unknown_engine_version_is_refused(fmt, version, draft_pair, ngram_pair,
     assert render_export(pair, baselines, fmt, approved=True, options={"engine_version": None})
 
 
-@pytest.mark.parametrize("method", [SpecMethod.EAGLE3, SpecMethod.MEDUSA, SpecMethod.MTP])
-def test_head_pairs_are_refused_until_their_exports_exist(method, baselines):
-    import dataclasses
-
-    pair = make_pair(SpecMethod.NGRAM)
-    pair = dataclasses.replace(pair, config=dataclasses.replace(pair.config, method=method))
-    for fmt in FORMATS:
-        with pytest.raises(UsageError, match=f"is a {method.value} pair: no export format writes"):
-            render_export(pair, baselines, fmt, approved=True, options={"model_volume": "pvc:m"})
-
-
 def test_tgi_ngram_speculate(ngram_pair, baselines, run_script):
     files = rendered(ngram_pair, baselines, "tgi")
     flags = check_command(run_script(files["tgi-launch.sh"]), engine_schema("tgi"))

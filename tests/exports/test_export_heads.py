@@ -1,0 +1,93 @@
+"""Exports of the pair kinds that draft from the target's hidden states: each engine's own method
+name and flags where the engine serves the pair as registered, a one-line refusal naming why where
+it does not (Medusa anywhere, a static tree, MTP on a target no engine builds an MTP drafter for)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+
+import pytest
+import yaml
+from exportcase import BASELINES, fingerprint, make_pair
+
+from specreg.core.types import ModelRef
+from specreg.errors import UsageError
+from specreg.registry.deploy.exports import render_export
+from specreg.registry.store.entities import SpecConfig, SpecMethod
+
+HEAD = ModelRef("/models/eagle3-head", "/cache/eagle3-head", None, fingerprint("e"))
+
+
+def head_pair(method: SpecMethod, *, k: int = 3, tree=None, model_type: str = "llama",
+              architecture: str = "LlamaForCausalLM", head: dict | None = None):
+    base = make_pair()
+    target = dataclasses.replace(base.target, fingerprint=dataclasses.replace(
+        base.target.fingerprint, model_type=model_type, architecture=architecture))
+    config = SpecConfig(method, k, tree=tree, head=head or {"layout": "speculators", "num_heads": 1})
+    draft = HEAD if method in (SpecMethod.EAGLE3, SpecMethod.MEDUSA) else None
+    return dataclasses.replace(base, target=target, draft=draft, config=config)
+
+
+def files_of(pair, fmt: str, **options) -> dict[str, str]:
+    return dict(render_export(pair, BASELINES, fmt, approved=True, options=options or None))
+
+
+def test_eagle3_to_vllm_names_the_head_as_the_speculative_model():
+    script = files_of(head_pair(SpecMethod.EAGLE3), "vllm")["vllm-serve.sh"]
+    words = shlex.split(script.split("vllm serve", 1)[1].replace("\\\n", " "), comments=True)
+    speculative = json.loads(words[words.index("--speculative-config") + 1])
+    assert speculative == {"method": "eagle3", "num_speculative_tokens": 3, "model": "/models/eagle3-head",
+                           "draft_tensor_parallel_size": 1}
+
+
+def test_eagle3_to_sglang_is_a_chain_of_k():
+    script = files_of(head_pair(SpecMethod.EAGLE3, k=5), "sglang")["sglang-launch.sh"]
+    words = shlex.split(script.split("sglang.launch_server", 1)[1].replace("\\\n", " "), comments=True)
+    flag = {words[i]: words[i + 1] for i in range(len(words) - 1) if words[i].startswith("--")}
+    assert flag["--speculative-algorithm"] == "EAGLE3"
+    assert flag["--speculative-draft-model-path"] == "/models/eagle3-head"
+    # SGLang forces num-draft-tokens = num-steps + 1 with top-k 1: a chain of k
+    assert (flag["--speculative-num-steps"], flag["--speculative-eagle-topk"],
+            flag["--speculative-num-draft-tokens"]) == ("5", "1", "6")
+    assert "--enable-metrics" in words
+
+
+def test_eagle3_to_trtllm_and_k8s():
+    config = yaml.safe_load(files_of(head_pair(SpecMethod.EAGLE3), "trtllm")["trtllm-config.yaml"])
+    spec = config["speculative_config"]
+    assert (spec["decoding_type"], spec["max_draft_len"], spec["speculative_model"]) == \
+        ("Eagle3", 3, "/models/eagle3-head")  # the reference: model_source's default
+    manifest = files_of(head_pair(SpecMethod.EAGLE3), "k8s-vllm", model_volume="pvc:models")["k8s-vllm.yaml"]
+    deployment = next(d for d in yaml.safe_load_all(manifest) if d and d["kind"] == "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    speculative = json.loads(args[args.index("--speculative-config") + 1])
+    assert speculative["method"] == "eagle3" and speculative["model"] == "/models/draft"  # the in-container path
+
+
+def test_mtp_on_a_deepseek_target_exports_without_a_draft():
+    pair = head_pair(SpecMethod.MTP, k=1, model_type="deepseek_v3", architecture="DeepseekV3ForCausalLM")
+    script = files_of(pair, "vllm")["vllm-serve.sh"]
+    assert '"method": "mtp"' in script and '"model"' not in script.split("--speculative-config", 1)[1].split("\n")[0]
+    sglang = files_of(pair, "sglang")["sglang-launch.sh"]
+    assert "--speculative-algorithm NEXTN" in sglang and "--speculative-draft-model-path" not in sglang
+    spec = yaml.safe_load(files_of(pair, "trtllm")["trtllm-config.yaml"])["speculative_config"]
+    assert spec == {**spec, "decoding_type": "MTP", "num_nextn_predict_layers": 1}
+
+
+@pytest.mark.parametrize("pair, fmt, reason", [
+    (head_pair(SpecMethod.MEDUSA, tree=((0,), (1,), (0, 0))), "vllm", "vLLM 0.33 has no medusa method"),
+    (head_pair(SpecMethod.MEDUSA), "tgi", "combined model repository"),
+    (head_pair(SpecMethod.EAGLE3), "tgi", "TGI 3.3's --speculate does Medusa"),
+    (head_pair(SpecMethod.EAGLE3, tree=((0,), (1,), (0, 0))), "vllm", "vLLM 0.33's eagle3 drafts a chain"),
+    (head_pair(SpecMethod.MTP, k=1), "vllm", "no engine builds an MTP drafter for model_type 'llama'"),
+    (head_pair(SpecMethod.MTP, k=2, model_type="deepseek_v3", architecture="DeepseekV3ForCausalLM"), "trtllm",
+     "one token per MTP layer: k = 2 but the target has 1"),
+    (head_pair(SpecMethod.MTP, k=1, model_type="qwen3_next", architecture="Qwen3NextForCausalLM"), "sglang",
+     "DeepSeek-family targets only"),
+])
+def test_what_an_engine_cannot_serve_is_refused_in_one_line(pair, fmt, reason):
+    with pytest.raises(UsageError, match=reason) as info:
+        files_of(pair, fmt, **({"model_volume": "pvc:m"} if fmt == "k8s-vllm" else {}))
+    assert "\n" not in str(info.value)
