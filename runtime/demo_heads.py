@@ -36,8 +36,9 @@ def train_eagle3_head(head, target, stream, steps: int, batch_size: int, seed: i
                       ttt_steps: int = EAGLE3_TTT_STEPS, log=None):
     """Distil the target into `head` on random windows of `stream` # [tokens], as speculators trains
     EAGLE-3 (eagle3/core.py, data.py): the entry for token x_{j+1} reads the target's aux state g_j
-    at position j+1 and learns the target's distribution there (soft cross-entropy over the draft
-    vocabulary); training-time test: step s >= 1 feeds the head's own previous output at the same
+    at position j+1 and learns the target's greedy token there (cross-entropy to the target's argmax
+    where the draft vocabulary holds it; speculators fits the soft distribution with a KL, we fit
+    what greedy acceptance measures, which also works on a near-uniform random target); training-time test: step s >= 1 feeds the head's own previous output at the same
     index, attending to the step-0 entries up to it and to its own earlier steps' entries only.
     Inputs of later steps are the corpus tokens (speculators' use_off_policy_tokens). Returns the head."""
     import torch
@@ -62,7 +63,10 @@ def train_eagle3_head(head, target, stream, steps: int, batch_size: int, seed: i
         with torch.no_grad():
             output = target(input_ids=batch, output_hidden_states=True)
             aux = torch.cat([output.hidden_states[i] for i in head.aux_layer_ids], dim=-1)  # [batch, seq, A*H]
-            target_probs = torch.softmax(output.logits[:, 1:, draft_to_target].float(), dim=-1)  # [batch, length, Vd]
+            # the target's greedy token in draft ids, -100 (ignored) where the draft vocabulary lacks it
+            target_to_draft = torch.full((output.logits.shape[-1],), -100, dtype=torch.long)
+            target_to_draft[draft_to_target] = torch.arange(draft_to_target.shape[0])
+            labels = target_to_draft[output.logits[:, 1:].argmax(dim=-1)]  # [batch, length]
         hidden = head.project(aux[:, :-1])  # g_0 .. g_{seq-2}
         cache = DynamicCache(config=head.config)
         loss = 0.0
@@ -72,7 +76,8 @@ def train_eagle3_head(head, target, stream, steps: int, batch_size: int, seed: i
             mask = torch.cat([causal] + [diagonal] * ttt, dim=1).view(1, 1, length, (ttt + 1) * length)
             hidden = head(tokens, hidden, cache, 1 + ttt, attention_mask=mask)  # [batch, length, H]
             logits = head.lm_head(head.norm(hidden[:, : length - ttt]))  # [batch, length - ttt, Vd]
-            loss = loss - (target_probs[:, ttt:] * torch.log_softmax(logits.float(), dim=-1)).sum(-1).mean()
+            loss = loss + torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels[:, ttt:].flatten(),
+                                                            ignore_index=-100)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
