@@ -222,3 +222,27 @@ def test_eagle3_method_needs_a_head(target, tokenizer, drafts, prompts):
     pair = ModelPair(target=target, tokenizer=tokenizer, draft=drafts["random"], vocab_size=len(tokenizer))
     with pytest.raises(RuntimeConfigError, match="needs an EAGLE-3 head"):
         speculative_generate(pair, prompts[0], DecodeConfig(method="eagle3", k=2, max_new_tokens=4))
+
+
+def test_demo_head_build_then_reuse_the_cache(tiny_dir, prompts, tmp_path, monkeypatch):
+    # the real budget takes minutes; the same code path with two steps, on the tiny target
+    from specreg.runtime import demo_heads
+
+    monkeypatch.setattr(demo_heads, "EAGLE3_TRAINING", (2, 2))
+    head_dir = demo_heads.build_demo_head(tmp_path, "eagle3", target_dir=tiny_dir / "target")
+    assert head_dir == tmp_path / "eagle3"
+    config = json.loads((head_dir / "config.json").read_text())
+    assert config["speculators_model_type"] == "eagle3"
+    assert config["speculators_config"]["verifier"]["name_or_path"] == str((tiny_dir / "target").resolve())
+    assert config["draft_vocab_size"] == 300  # fewer ids than EAGLE3_DRAFT_VOCAB: all of them
+    pair = load_pair(tiny_dir / "target", head_dir, method="eagle3")
+    result = speculative_generate(pair, prompts[0], DecodeConfig(method="eagle3", k=2, max_new_tokens=6))
+    assert 1 <= len(result.token_ids) <= 6
+    built_at = (head_dir / "model.safetensors").stat().st_mtime_ns
+    assert demo_heads.build_demo_head(tmp_path, "eagle3", target_dir=tiny_dir / "target") == head_dir
+    assert (head_dir / "model.safetensors").stat().st_mtime_ns == built_at  # reused, not retrained
+    monkeypatch.setattr(demo_heads, "EAGLE3_TRAINING", (3, 2))
+    assert demo_heads.head_cache_key("eagle3", tiny_dir / "target") != json.loads(
+        (head_dir / "demo-head.json").read_text())["cache_key"]  # a changed budget is a different head
+    with pytest.raises(RuntimeConfigError, match="only 'eagle3'"):
+        demo_heads.build_demo_head(tmp_path, "medusa", target_dir=tiny_dir / "target")
