@@ -18,7 +18,7 @@ from specreg.runtime.demo_pair import SEQUENCE_LENGTH, build_demo_pair, cache_ke
 # EAGLE-3 head: the draft vocabulary is the corpus' most frequent tokens (as EAGLE-3 selects it);
 # (steps, batch of SEQUENCE_LENGTH windows), peak learning rate, training-time-test steps
 EAGLE3_DRAFT_VOCAB = 512
-EAGLE3_TRAINING = (300, 8)
+EAGLE3_TRAINING = (150, 8)
 EAGLE3_LR = 3e-3
 EAGLE3_TTT_STEPS = 3
 
@@ -104,7 +104,9 @@ def build_demo_head(directory, method: str = "eagle3", *, target_dir=None, force
     (directory / method). target_dir: the demo target (default: build_demo_pair(directory)'s).
 
     eagle3: a speculators-format EAGLE-3 head (config.json + model.safetensors) distilled from the
-    target's own hidden states over the demo corpus (about a minute on 2 CPU cores).
+    target's own hidden states over the demo corpus: 103 CPU-seconds at one thread (2026-12-01);
+    greedy acceptance 0.91, tau 4.07 at k = 4 on the default golden set, 43/43 outputs identical
+    to target-only (300 steps: 224 CPU-s, 0.935).
     """
     import torch
 
