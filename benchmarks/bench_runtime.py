@@ -3,7 +3,8 @@
 Greedy decoding of the shipped golden prompts, side by side, interleaved prompt by prompt so
 machine load hits every method alike: ours target-only, HF `generate` target-only, HF assisted
 generation with the same draft and k (constant schedule, no confidence threshold), ours
-speculative. The HF methods run stock transformers: their own copies of the two models, loaded
+speculative, and ours EAGLE-3 chain with the demo EAGLE-3 head (demo_heads.build_demo_head; --no-eagle3
+leaves it out). The HF methods run stock transformers: their own copies of the two models, loaded
 with its default attention (ours load through the runtime, see runtime/attention.py). Reports
 tokens/s and ratios, alpha-hat, tau, c, the theoretical speedup of DESIGN.md §2 and our
 efficiency = measured / theoretical, end to end and in the decode phase.
@@ -48,6 +49,7 @@ def main() -> None:
                         help="torch intra-op threads for every method (0: torch's default); one thread is "
                              "fastest for these tiny matmuls and does not collapse when the cores are shared")
     parser.add_argument("--golden-set", default="default")
+    parser.add_argument("--no-eagle3", action="store_true", help="leave out the EAGLE-3 chain row")
     args = parser.parse_args()
 
     import torch
@@ -58,9 +60,14 @@ def main() -> None:
     from specreg.runtime.decode import DecodeConfig, speculative_generate, target_only_generate
     from specreg.runtime.demo_pair import build_demo_pair
     from specreg.runtime.metrics import aggregate
-    from specreg.runtime.pair import load_pair
+    from specreg.runtime.pair import ModelPair, load_pair
 
     target_dir, draft_dir = build_demo_pair(args.dir, log=print)
+    head_dir = None
+    if not args.no_eagle3:
+        from specreg.runtime.demo_heads import build_demo_head
+
+        head_dir = build_demo_head(args.dir, "eagle3", target_dir=target_dir, log=print)
     if args.threads:
         torch.set_num_threads(args.threads)
     pair = load_pair(target_dir, draft_dir)
@@ -90,10 +97,26 @@ def main() -> None:
         f"HF assisted (k={args.k})": lambda ids: hf_generate(stock, ids, args.max_new_tokens, stock.draft, args.k),
         f"ours speculative (k={args.k})": ours_speculative,
     }
+    eagle_metrics = []
+    if head_dir is not None:
+        from specreg.runtime.eagle3 import load_eagle3_head
+
+        # the same target object: the head reads its hidden states, no second copy
+        eagle_pair = ModelPair(target=pair.target, tokenizer=pair.tokenizer, vocab_size=pair.vocab_size,
+                               draft=load_eagle3_head(head_dir, pair.target))
+        eagle_config = dataclasses.replace(config, method="eagle3")
+
+        def ours_eagle3(ids):
+            result = speculative_generate(eagle_pair, ids, eagle_config)
+            eagle_metrics.append(result.metrics)
+            return result.token_ids
+
+        methods[f"ours EAGLE-3 chain (k={args.k})"] = ours_eagle3
     for run in methods.values():  # warm-up
         run(prompts[0])
     spec_metrics.clear()
     target_metrics.clear()
+    eagle_metrics.clear()
     # rounds over all prompts, interleaved prompt by prompt so a burst of load from another process
     # hits every method alike; each method's rate is the median over the rounds
     rates = {name: [] for name in methods}
@@ -167,6 +190,23 @@ def main() -> None:
     print(f"ours spec / HF assisted            {rate[names[3]] / rate[names[2]]:.2f}x  (target >= 1.25)")
     print(f"ours / HF target-only              {base / rate[names[1]]:.2f}x  (target within 10%)")
     print(f"choose_k suggests k={best_k}, expected speedup {best_speedup:.2f}x")
+    if eagle_metrics:
+        eagle = aggregate(eagle_metrics)
+        # c for the head: its measured seconds per drafting forward (as the loop ran them, argmax
+        # included) over a one-token target step
+        head_cost = (eagle["draft_time_s"] / eagle["draft_forwards"]) / measure_step_time(pair.target, prompts[0])
+        eagle_theoretical = expected_speedup(eagle["per_position_acceptance"], args.k, head_cost)
+        eagle_measured = rate[names[4]] / base
+        eagle_decode = eagle["decode_tokens_per_s"] / target_summary["decode_tokens_per_s"]
+        print(f"\nEAGLE-3 chain (head {head_dir})")
+        print(f"alpha-hat / tau                    {eagle['acceptance_rate']:.3f} / {eagle['mean_acceptance_length']:.2f}"
+              "  (tau counts the prefill step, which drafts nothing: the head needs the target's states first)")
+        print("per-position acceptance            " + ", ".join(f"{a:.2f}" for a in eagle["per_position_acceptance"]))
+        print(f"c (head forward / target step)     {head_cost:.3f}")
+        print(f"theoretical speedup (k={args.k})        {eagle_theoretical:.2f}x  (DESIGN.md §2, per-position rates)")
+        print(f"measured speedup                   {eagle_measured:.2f}x end to end, {eagle_decode:.2f}x decode phase")
+        print(f"efficiency = measured/theoretical  {eagle_measured / eagle_theoretical:.2f} end to end, "
+              f"{eagle_decode / eagle_theoretical:.2f} decode phase  (target >= 0.8)")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from specreg.runtime.metrics import GenerationMetrics
 from specreg.runtime.pair import ModelPair, forward_logits
 from specreg.runtime.sampling import logits_to_probs, sample
 
-METHODS = ("draft_model", "ngram")
+METHODS = ("draft_model", "ngram", "eagle3")
 
 
 @dataclass
@@ -129,8 +129,6 @@ def stream_generate(pair: ModelPair, prompt_ids, config: DecodeConfig, *, specul
                                      f"max_position_embeddings {limit}")
     if prompt_length == 0:
         raise RuntimeConfigError("empty prompt: at least one token is needed")
-    if speculate and config.method == "draft_model" and pair.draft is None:
-        raise RuntimeConfigError("method 'draft_model' needs a draft model; none was given")
     max_length = prompt_length + config.max_new_tokens
     target_limit = getattr(pair.target.config, "max_position_embeddings", None)
     if target_limit is not None:
@@ -148,13 +146,9 @@ def stream_generate(pair: ModelPair, prompt_ids, config: DecodeConfig, *, specul
 
     drafter = None
     if speculate:
-        if config.method == "ngram":
-            from specreg.runtime.drafters import NgramDrafter
-            drafter = NgramDrafter(vocab_size, config.prompt_lookup_min, config.prompt_lookup_max, sampling)
-        else:
-            from specreg.runtime.drafters import DraftModelDrafter
-            drafter = DraftModelDrafter(pair.draft, vocab_size, config.temperature, config.top_k,
-                                        config.top_p, generator)
+        from specreg.runtime.drafters import make_drafter
+
+        drafter = make_drafter(pair, config, generator)
         if config.disable_above_batch_size is not None and batch_size > config.disable_above_batch_size:
             metrics.record_fallback("batch_size", batch_size)
             drafter = None
@@ -194,13 +188,14 @@ def stream_generate(pair: ModelPair, prompt_ids, config: DecodeConfig, *, specul
                     k = min(k, draft_limit - len(token_list) + 1)
                 draft_ids, draft_probs = None, None
                 if k > 0:
+                    forwards = drafter.forwards
                     if config.method == "ngram":
                         draft_ids, draft_probs = drafter.propose(tokens, k, token_list)
                     else:
                         draft_ids, draft_probs = drafter.propose(tokens, k)
-                        metrics.draft_forwards += k
+                    metrics.draft_forwards += drafter.forwards - forwards
                     synchronize(device)
-                    k = draft_ids.shape[0]  # ngram may propose fewer
+                    k = draft_ids.shape[0]  # ngram may propose fewer; a head none before the first forward
                     verify_start = time.perf_counter()
                     metrics.draft_time_s += verify_start - step_start
                 else:
@@ -211,7 +206,13 @@ def stream_generate(pair: ModelPair, prompt_ids, config: DecodeConfig, *, specul
                 # followed by the k drafts; only the last k+1 positions need logits
                 pending = tokens[:, cached_length:]  # [1, n]
                 verify_input = pending if k == 0 else torch.cat([pending, draft_ids.view(1, -1)], dim=1)
-                logits = forward_logits(pair.target, verify_input, cache, k + 1)[0, :, :vocab_size]  # [k+1, vocab]
+                # a head drafter also reads the target's hidden states of every position fed
+                hidden_state_ids = getattr(drafter, "hidden_state_ids", ())
+                hidden = None
+                logits = forward_logits(pair.target, verify_input, cache, k + 1, hidden_state_ids)
+                if hidden_state_ids:
+                    logits, hidden = logits  # hidden # [1, n + k, A * H]
+                logits = logits[0, :, :vocab_size]  # [k+1, vocab]
                 if k == 0:
                     num_accepted, emitted = 0, next_tokens(logits)
                 elif sampling:
@@ -226,7 +227,8 @@ def stream_generate(pair: ModelPair, prompt_ids, config: DecodeConfig, *, specul
                     cache.crop(-(k - num_accepted))
                 cached_length = len(token_list) + num_accepted
                 if drafter is not None:
-                    drafter.rollback(cached_length)
+                    kept = None if hidden is None else hidden[:, : hidden.shape[1] - (k - num_accepted)]
+                    drafter.rollback(cached_length, kept)
                 emitted_list = emitted.tolist()  # syncs, so the verify time below is honest
                 now = time.perf_counter()
                 metrics.verify_time_s += now - verify_start

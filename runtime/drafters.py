@@ -1,7 +1,10 @@
 """Drafters propose k tokens past the current sequence; the target verifies them.
 
-Both keep the same small interface: propose(tokens, k) -> (draft_token_ids # [<=k],
-draft_probs # [<=k, vocab] or None in greedy mode) and rollback(valid_length).
+All keep the same small interface: propose(tokens, k) -> (draft_token_ids # [<=k],
+draft_probs # [<=k, vocab] or None in greedy mode) and rollback(valid_length, hidden_states=None).
+A drafter that reads the target's hidden states (EAGLE-3, eagle3.py) names them in
+`hidden_state_ids`; the decode loop then hands it the kept positions' states after each verification.
+make_drafter() builds the drafter of a method.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ class DraftModelDrafter:
         probs = torch.cat(draft_probs) if draft_probs else None
         return torch.cat(draft_ids), probs
 
-    def rollback(self, valid_length: int) -> None:
+    def rollback(self, valid_length: int, hidden_states=None) -> None:
         """Drop cached positions past the first `valid_length` tokens of the new sequence."""
         if self.cache is not None and self.cached_length > valid_length:
             self.cache.crop(-(self.cached_length - valid_length))
@@ -93,5 +96,25 @@ class NgramDrafter:
         draft_probs[torch.arange(len(proposal)), draft_ids] = 1.0  # point mass q
         return draft_ids, draft_probs
 
-    def rollback(self, valid_length: int) -> None:
+    def rollback(self, valid_length: int, hidden_states=None) -> None:
         """Nothing cached: the lookup reads the verified sequence afresh each step."""
+
+
+def make_drafter(pair, config, generator=None):
+    """The drafter of config.method for `pair` (a ModelPair; pair.draft is the draft model for
+    draft_model, the Eagle3Head for eagle3, unused for ngram). RuntimeConfigError when the pair
+    lacks what the method needs."""
+    from specreg.errors import RuntimeConfigError
+
+    sampling = config.temperature > 0
+    if config.method == "ngram":
+        return NgramDrafter(pair.vocab_size, config.prompt_lookup_min, config.prompt_lookup_max, sampling)
+    if config.method == "eagle3":
+        from specreg.runtime.eagle3 import Eagle3Drafter, Eagle3Head
+
+        if not isinstance(pair.draft, Eagle3Head):
+            raise RuntimeConfigError("method 'eagle3' needs an EAGLE-3 head (load_pair(..., method='eagle3'))")
+        return Eagle3Drafter(pair.draft, pair.vocab_size, config.temperature, config.top_k, config.top_p, generator)
+    if pair.draft is None or not hasattr(pair.draft, "get_output_embeddings"):
+        raise RuntimeConfigError(f"method {config.method!r} needs a draft model; none was given")
+    return DraftModelDrafter(pair.draft, pair.vocab_size, config.temperature, config.top_k, config.top_p, generator)

@@ -79,17 +79,29 @@ def check_same_vocabulary(tokenizer, draft_tokenizer, draft_name: str = "draft")
 
 
 def load_pair(target_path, draft_path=None, device: str = "cpu", dtype="float32", *,
-              target_fingerprint=None, draft_fingerprint=None) -> ModelPair:
-    """Load a target (and a draft model) from directories and check them -> ModelPair.
+              target_fingerprint=None, draft_fingerprint=None, method: str = "draft_model") -> ModelPair:
+    """Load a target and what drafts for it from directories and check them -> ModelPair.
 
+    method "draft_model": draft_path is a causal LM with its own tokenizer; "eagle3": draft_path is
+    an EAGLE-3 head (speculators or original EAGLE layout), checked against the target before any
+    forward (eagle3.check_head_fits); "ngram": draft_path is ignored. The decode loop builds the
+    drafter from the pair and DecodeConfig.method (drafters.make_drafter).
     *_fingerprint: the ModelFingerprint each model was registered with; when given, what is
-    loaded is checked against it as it is read (loading.load_model / load_tokenizer)."""
+    loaded is checked against it as it is read (loading.load_model / load_tokenizer); a head's
+    weights are not re-checked here (registration binds them, specreg.core.heads)."""
     from specreg.runtime.loading import has_tokenizer, load_model, load_tokenizer, resolve_device
 
     device = resolve_device(device)
     tokenizer = load_tokenizer(target_path, expected=target_fingerprint)
     target = load_model(target_path, device, dtype, expected=target_fingerprint)
-    if draft_path is None:
+    if method == "eagle3":
+        from specreg.runtime.eagle3 import load_eagle3_head
+
+        if draft_path is None:
+            raise RuntimeConfigError("method 'eagle3' needs the EAGLE-3 head's directory")
+        return ModelPair(target=target, tokenizer=tokenizer, draft=load_eagle3_head(draft_path, target),
+                         vocab_size=output_vocab_size(target))
+    if draft_path is None or method == "ngram":
         return make_pair(target, tokenizer)
     if not has_tokenizer(draft_path):
         raise RuntimeConfigError(f"{draft_path}: the draft model has no tokenizer files")
@@ -103,9 +115,15 @@ def load_pair(target_path, draft_path=None, device: str = "cpu", dtype="float32"
     return make_pair(target, tokenizer, draft, draft_tokenizer, draft_name=str(draft_path))
 
 
-def forward_logits(model, input_ids, cache, logits_to_keep: int = 1):
+def forward_logits(model, input_ids, cache, logits_to_keep: int = 1, hidden_state_ids: tuple[int, ...] = ()):
     """One cached forward: input_ids # [1, n] -> logits # [1, logits_to_keep, vocab] of the last
     positions, appending the n tokens' keys/values to `cache`.
+
+    hidden_state_ids: indices into transformers' `hidden_states` (0 = the embeddings, i = the
+    residual stream entering layer i, num_hidden_layers = the final normed output). When given,
+    returns (logits, hidden # [1, n, len(ids) * hidden_size]): those states of all n positions,
+    concatenated in the order given; this is what self-speculation heads read (EAGLE-3 aux
+    states, as vLLM's llama.py collects `hidden_states + residual` before layer idx).
 
     A plain LlamaForCausalLM runs its decoder stack directly: on tiny models the wrappers of
     model.forward (output recording, two ModelOutput dataclasses, a ModuleList sliced per call)
@@ -113,9 +131,14 @@ def forward_logits(model, input_ids, cache, logits_to_keep: int = 1):
     bit-identical logits (tests/runtime compare with model()). Any other model, or one with
     hooks on its top level (accelerate offloading), goes through model() as is.
     """
-    if not is_plain_llama(model):
-        return model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=logits_to_keep).logits
     import torch
+
+    if not is_plain_llama(model):
+        output = model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=logits_to_keep,
+                       output_hidden_states=bool(hidden_state_ids))
+        if not hidden_state_ids:
+            return output.logits
+        return output.logits, torch.cat([output.hidden_states[i] for i in hidden_state_ids], dim=-1)
     from transformers.masking_utils import create_causal_mask
 
     decoder = model.model
@@ -126,10 +149,17 @@ def forward_logits(model, input_ids, cache, logits_to_keep: int = 1):
     mask = create_causal_mask(config=decoder.config, inputs_embeds=hidden, attention_mask=None, cache=cache,
                               position_ids=position_ids)
     position_embeddings = decoder.rotary_emb(hidden, position_ids=position_ids)
-    for layer in decoder.layers:
+    states = {}
+    for index, layer in enumerate(decoder.layers):
+        if index in hidden_state_ids:
+            states[index] = hidden
         hidden = layer(hidden, attention_mask=mask, position_embeddings=position_embeddings,
                        position_ids=position_ids, cache=cache, use_cache=True)
-    return model.lm_head(decoder.norm(hidden[:, -logits_to_keep:]))
+    if not hidden_state_ids:
+        return model.lm_head(decoder.norm(hidden[:, -logits_to_keep:]))
+    normed = decoder.norm(hidden)
+    states[len(decoder.layers)] = normed
+    return model.lm_head(normed[:, -logits_to_keep:]), torch.cat([states[i] for i in hidden_state_ids], dim=-1)
 
 
 def is_plain_llama(model) -> bool:

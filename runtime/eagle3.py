@@ -1,0 +1,368 @@
+"""EAGLE-3: a one-layer draft head reading the target's own hidden states.
+
+What we followed (read 2026-12-01):
+- vllm-project/speculators src/speculators/models/eagle3/{core,model_definitions,config}.py:
+  the head's modules and saved names (fc, layers.0.* with q/k/v over 2H inputs and hidden_norm,
+  norm, lm_head, d2t, t2d; embed_tokens optional), the first layer's forward (split
+  cat([embeds, hidden]), input_layernorm on the embeddings, hidden_norm on the hidden state,
+  the residual is the un-normed hidden unless norm_before_residual), input_norm over the 3H aux
+  states when norm_before_fc, and the config fields (speculators_model_type "eagle3",
+  transformer_layer_config, draft_vocab_size, eagle_aux_hidden_state_layer_ids,
+  norm_before_residual, target_hidden_size). Training alignment (eagle3/data.py shift_batch):
+  the head's entry for token x_{j} reads the target's state g_{j-1} and sits at position j.
+- vLLM vllm/model_executor/models/llama_eagle3.py: the original EAGLE-3 layout's `midlayer.*`
+  is `layers.0.*`; t2d is not needed to draft; target id = i + d2t[i] (logits scattered into the
+  target vocabulary, -inf elsewhere); fc is (3 * target_hidden_size) -> hidden_size; the step
+  after the first feeds the layer's pre-norm output (hidden_prenorm) back in.
+- vLLM vllm/model_executor/models/llama.py: the aux states are `hidden_states + residual`
+  entering layer idx (transformers' hidden_states[idx]); default (2, N // 2, N - 3).
+
+This module imports torch at import time (its classes are nn.Modules): import it lazily.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
+
+from specreg.errors import ModelReferenceError, RuntimeConfigError
+from specreg.runtime.sampling import logits_to_probs, sample
+
+
+def default_aux_layer_ids(num_layers: int) -> tuple[int, ...]:
+    """vLLM's get_eagle3_aux_hidden_state_layers: early, middle and late layers."""
+    return (2, num_layers // 2, num_layers - 3)
+
+
+@dataclass
+class Eagle3Spec:
+    """What the runtime reads from a head's config.json (speculators or original EAGLE layout)."""
+
+    layer_config: LlamaConfig  # the head's decoder layer (hidden_size, heads, vocab_size ...)
+    draft_vocab_size: int
+    aux_layer_ids: tuple[int, ...] | None  # None: the verifier's default, known once it is loaded
+    target_hidden_size: int | None = None
+    norm_before_residual: bool = False
+    norm_before_fc: bool = False
+
+
+def read_eagle3_config(path) -> Eagle3Spec:
+    """A head directory's config.json -> Eagle3Spec; ModelReferenceError when it is not one."""
+    config_path = Path(path) / "config.json"
+    if not config_path.is_file():
+        raise ModelReferenceError(f"{path}: no config.json, not an EAGLE-3 head directory")
+    data = json.loads(config_path.read_text())
+    if "speculators_model_type" in data:
+        if data["speculators_model_type"] != "eagle3":
+            raise RuntimeConfigError(f"{path}: speculators_model_type is {data['speculators_model_type']!r}, "
+                                     "not 'eagle3'")
+        layer = dict(data.get("transformer_layer_config") or {})
+        ids = data.get("eagle_aux_hidden_state_layer_ids")
+        flags = data
+    else:  # original EAGLE-3 layout: a LlamaConfig with draft_vocab_size and an optional eagle_config
+        layer = {key: value for key, value in data.items() if key not in ("eagle_config", "architectures")}
+        ids = (data.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+        flags = data
+    layer.pop("model_type", None)
+    layer.pop("architectures", None)
+    layer_config = LlamaConfig(**{key: value for key, value in layer.items() if key != "draft_vocab_size"})
+    draft_vocab = int(data.get("draft_vocab_size") or layer.get("draft_vocab_size") or layer_config.vocab_size)
+    return Eagle3Spec(layer_config=layer_config, draft_vocab_size=draft_vocab,
+                      aux_layer_ids=tuple(int(i) for i in ids) if ids is not None else None,
+                      target_hidden_size=flags.get("target_hidden_size"),
+                      norm_before_residual=bool(flags.get("norm_before_residual", False)),
+                      norm_before_fc=bool(flags.get("norm_before_fc", False)))
+
+
+class Eagle3FirstLayer(LlamaDecoderLayer):
+    """A Llama decoder layer whose q/k/v read cat([norm(embeds), hidden_norm(hidden)]) # [.., 2H]."""
+
+    def __init__(self, config: LlamaConfig, norm_before_residual: bool = False):
+        super().__init__(config, layer_idx=0)
+        hidden, head_dim, bias = config.hidden_size, config.head_dim, config.attention_bias
+        self.self_attn.q_proj = torch.nn.Linear(2 * hidden, config.num_attention_heads * head_dim, bias=bias)
+        self.self_attn.k_proj = torch.nn.Linear(2 * hidden, config.num_key_value_heads * head_dim, bias=bias)
+        self.self_attn.v_proj = torch.nn.Linear(2 * hidden, config.num_key_value_heads * head_dim, bias=bias)
+        self.hidden_norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
+        self.norm_before_residual = norm_before_residual
+
+    def forward(self, embeds, hidden, attention_mask, position_embeddings, cache):
+        """embeds, hidden # [1, n, H] -> the layer's output (pre-norm) # [1, n, H]."""
+        residual = hidden
+        hidden = self.hidden_norm(hidden)
+        if self.norm_before_residual:
+            residual = hidden
+        attention_input = torch.cat([self.input_layernorm(embeds), hidden], dim=-1)  # [1, n, 2H]
+        attended, _ = self.self_attn(hidden_states=attention_input, position_embeddings=position_embeddings,
+                                     attention_mask=attention_mask, cache=cache)
+        hidden = residual + attended
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class Eagle3Head(torch.nn.Module):
+    """The head's modules under the speculators names; embed_tokens is the target's unless the
+    checkpoint ships its own (vLLM shares it the same way)."""
+
+    def __init__(self, spec: Eagle3Spec, aux_layer_ids: tuple[int, ...], target_vocab_size: int,
+                 target_hidden_size: int, embed_tokens=None):
+        super().__init__()
+        config = spec.layer_config
+        config._attn_implementation = "sdpa"
+        self.config = config
+        self.aux_layer_ids = tuple(aux_layer_ids)
+        hidden = config.hidden_size
+        aux_width = len(self.aux_layer_ids) * target_hidden_size
+        self.input_norm = LlamaRMSNorm(aux_width, eps=config.rms_norm_eps) if spec.norm_before_fc else None
+        self.fc = torch.nn.Linear(aux_width, hidden, bias=False)
+        self.layers = torch.nn.ModuleList([Eagle3FirstLayer(config, spec.norm_before_residual)])
+        self.norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
+        self.lm_head = torch.nn.Linear(hidden, spec.draft_vocab_size, bias=False)
+        self.rotary_emb = LlamaRotaryEmbedding(config)
+        self.embed_tokens = embed_tokens if embed_tokens is not None else torch.nn.Embedding(target_vocab_size, hidden)
+        self.register_buffer("d2t", torch.zeros(spec.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(target_vocab_size, dtype=torch.bool))
+        self.target_vocab_size = target_vocab_size
+
+    def project(self, aux_hidden):
+        """The target's aux states # [1, n, A*H_target] -> the head's input hidden # [1, n, H]."""
+        if self.input_norm is not None:
+            aux_hidden = self.input_norm(aux_hidden)
+        return self.fc(aux_hidden)
+
+    def forward(self, input_ids, hidden, cache, start_position: int, attention_mask=None):
+        """input_ids # [1, n], hidden # [1, n, H] at positions start_position.. -> pre-norm # [1, n, H].
+
+        attention_mask: None builds the causal mask of a block over the cache (training passes its own).
+        """
+        length = input_ids.shape[1]
+        position_ids = torch.arange(start_position, start_position + length, device=input_ids.device).view(1, -1)
+        position_embeddings = self.rotary_emb(hidden, position_ids)
+        if attention_mask is None and length > 1:
+            past = cache.get_seq_length() if cache is not None else 0
+            keys = torch.arange(past + length, device=input_ids.device)
+            queries = torch.arange(past, past + length, device=input_ids.device)
+            attention_mask = (keys[None, :] <= queries[:, None]).view(1, 1, length, past + length)
+        return self.layers[0](self.embed_tokens(input_ids), hidden, attention_mask, position_embeddings, cache)
+
+    def draft_logits(self, hidden):
+        """Pre-norm hidden # [n, H] -> logits over the target vocabulary # [n, V_target], -inf off the
+        draft vocabulary (target id = i + d2t[i])."""
+        logits = self.lm_head(self.norm(hidden))  # [n, V_draft]
+        full = logits.new_full((logits.shape[0], self.target_vocab_size), float("-inf"))
+        full[:, torch.arange(logits.shape[1], device=logits.device) + self.d2t] = logits
+        return full
+
+
+def check_head_fits(spec: Eagle3Spec, weights: dict, target_config, target_vocab_size: int, name: str) -> tuple:
+    """RuntimeConfigError with a one-line reason when the head cannot read this target; else the
+    aux layer ids to collect. Runs on the config and tensors only, before any forward pass."""
+    num_layers, target_hidden = target_config.num_hidden_layers, target_config.hidden_size
+    if spec.layer_config.num_hidden_layers != 1:
+        raise RuntimeConfigError(f"{name}: the head has {spec.layer_config.num_hidden_layers} decoder layers; "
+                                 "the runtime drafts with one-layer EAGLE-3 heads only")
+    ids = spec.aux_layer_ids if spec.aux_layer_ids is not None else default_aux_layer_ids(num_layers)
+    bad = [i for i in ids if not 0 <= i < num_layers]
+    if not ids or bad:
+        raise RuntimeConfigError(f"{name}: eagle_aux_hidden_state_layer_ids {list(ids)} out of range for a "
+                                 f"{num_layers}-layer target (each must be in 0..{num_layers - 1})")
+    declared = spec.target_hidden_size or spec.layer_config.hidden_size
+    fc = weights.get("fc.weight")
+    if fc is None:
+        raise RuntimeConfigError(f"{name}: no fc.weight in the head's weights")
+    if declared != target_hidden or fc.shape[1] != len(ids) * target_hidden:
+        raise RuntimeConfigError(f"{name}: head is for hidden size {fc.shape[1] // len(ids)} (fc.weight "
+                                 f"{list(fc.shape)}, {len(ids)} aux layers), target hidden_size is {target_hidden}")
+    head = weights.get("lm_head.weight")
+    if head is None or head.shape[0] != spec.draft_vocab_size:
+        raise RuntimeConfigError(f"{name}: lm_head.weight has {None if head is None else head.shape[0]} rows, "
+                                 f"draft_vocab_size is {spec.draft_vocab_size}")
+    embed = weights.get("embed_tokens.weight")
+    if embed is not None and embed.shape[0] != target_vocab_size:
+        raise RuntimeConfigError(f"{name}: embed_tokens has {embed.shape[0]} rows, the target vocabulary "
+                                 f"{target_vocab_size}")
+    d2t = weights.get("d2t")
+    if d2t is None:
+        if spec.draft_vocab_size != target_vocab_size:
+            raise RuntimeConfigError(f"{name}: no d2t map but draft_vocab_size {spec.draft_vocab_size} != "
+                                     f"target vocabulary {target_vocab_size}")
+        return ids
+    if d2t.dim() != 1 or d2t.shape[0] != spec.draft_vocab_size:
+        raise RuntimeConfigError(f"{name}: d2t has shape {list(d2t.shape)}, expected [{spec.draft_vocab_size}]")
+    target_ids = torch.arange(d2t.shape[0]) + d2t.long().cpu()
+    outside = ((target_ids < 0) | (target_ids >= target_vocab_size)).nonzero()
+    if len(outside):
+        index = int(outside[0])
+        raise RuntimeConfigError(f"{name}: d2t maps draft id {index} to target id {int(target_ids[index])}, "
+                                 f"outside the target vocabulary of {target_vocab_size}")
+    if target_ids.unique().numel() != target_ids.numel():
+        raise RuntimeConfigError(f"{name}: d2t maps two draft ids to the same target id (not one to one)")
+    return ids
+
+
+def load_eagle3_head(path, target, device=None, dtype=None) -> Eagle3Head:
+    """An EAGLE-3 head directory (config.json + *.safetensors) checked against `target` -> Eagle3Head
+    in eval mode on the target's device and dtype. Raises RuntimeConfigError before any forward."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    spec = read_eagle3_config(path)
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelReferenceError(f"{path}: no *.safetensors weights (pickle weights are refused)")
+    weights = {}
+    for file in files:
+        for key, value in load_file(file).items():
+            weights[key.replace("midlayer.", "layers.0.", 1) if key.startswith("midlayer.") else key] = value
+    target_vocab = int(target.get_output_embeddings().weight.shape[0])
+    ids = check_head_fits(spec, weights, target.config, target_vocab, str(path))
+    parameter = next(target.parameters())
+    embed = None if "embed_tokens.weight" in weights else target.get_input_embeddings()
+    head = Eagle3Head(spec, ids, target_vocab, target.config.hidden_size, embed_tokens=embed)
+    weights["d2t"] = weights.get("d2t", torch.zeros(spec.draft_vocab_size, dtype=torch.long)).long()
+    if "t2d" not in weights:  # drafting never reads it (vLLM skips it); kept for a faithful round trip
+        weights["t2d"] = torch.zeros(target_vocab, dtype=torch.bool)
+        weights["t2d"][torch.arange(spec.draft_vocab_size) + weights["d2t"]] = True
+    weights["t2d"] = weights["t2d"].bool()
+    expected = set(head.state_dict()) - ({"embed_tokens.weight"} if embed is not None else set())
+    missing, unexpected = expected - set(weights), set(weights) - expected - {"embed_tokens.weight"}
+    if missing or unexpected:
+        raise RuntimeConfigError(f"{path}: head weights do not match the EAGLE-3 layout: missing "
+                                 f"{sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}")
+    head.load_state_dict(weights, strict=False)
+    return head.to(device=device or parameter.device, dtype=dtype or parameter.dtype).eval()
+
+
+def new_eagle3_head(target, draft_token_ids=None, aux_layer_ids=None, seed: int = 0,
+                    intermediate_size: int | None = None) -> Eagle3Head:
+    """A freshly initialised head for `target` (its shape, one layer, its embeddings shared).
+
+    draft_token_ids: the target ids of the draft vocabulary (any order; stored sorted, so d2t >= 0
+    as in EAGLE-3's frequency-selected vocabularies); None drafts over the whole vocabulary.
+    """
+    config = target.config
+    target_vocab = int(target.get_output_embeddings().weight.shape[0])
+    ids = sorted(set(int(i) for i in draft_token_ids)) if draft_token_ids is not None else list(range(target_vocab))
+    layer_config = LlamaConfig(hidden_size=config.hidden_size, intermediate_size=intermediate_size or config.intermediate_size,
+                               num_hidden_layers=1, num_attention_heads=config.num_attention_heads,
+                               num_key_value_heads=config.num_key_value_heads, head_dim=config.head_dim,
+                               rms_norm_eps=config.rms_norm_eps, vocab_size=target_vocab,
+                               max_position_embeddings=config.max_position_embeddings,
+                               rope_parameters=dict(config.rope_parameters),
+                               bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
+                               pad_token_id=config.pad_token_id, tie_word_embeddings=False)
+    spec = Eagle3Spec(layer_config=layer_config, draft_vocab_size=len(ids), aux_layer_ids=None)
+    aux = tuple(aux_layer_ids) if aux_layer_ids is not None else default_aux_layer_ids(config.num_hidden_layers)
+    torch.manual_seed(seed)
+    head = Eagle3Head(spec, aux, target_vocab, config.hidden_size, embed_tokens=target.get_input_embeddings())
+    draft_to_target = torch.tensor(ids, dtype=torch.long)
+    head.d2t.copy_(draft_to_target - torch.arange(len(ids)))
+    head.t2d.zero_()
+    head.t2d[draft_to_target] = True
+    parameter = next(target.parameters())
+    return head.to(device=parameter.device, dtype=parameter.dtype)
+
+
+def save_eagle3_head(head: Eagle3Head, directory, verifier_name_or_path: str, verifier_architectures=(),
+                     speculative_tokens: int = 3) -> Path:
+    """Write `head` as a speculators-format EAGLE-3 directory (config.json + model.safetensors;
+    the target's embeddings are not saved: vLLM shares them when embed_tokens is absent)."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {key: value.detach().contiguous().cpu() for key, value in head.state_dict().items()
+             if key != "embed_tokens.weight"}
+    save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    layer = head.config.to_dict()
+    for key in ("_attn_implementation", "_attn_implementation_internal", "architectures", "dtype", "torch_dtype",
+                "transformers_version", "output_attentions", "output_hidden_states", "return_dict"):
+        layer.pop(key, None)
+    config = {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "draft_vocab_size": int(head.lm_head.weight.shape[0]),
+        "eagle_aux_hidden_state_layer_ids": list(head.aux_layer_ids),
+        "norm_before_residual": bool(head.layers[0].norm_before_residual),
+        "norm_before_fc": head.input_norm is not None,
+        "target_hidden_size": None,
+        "transformer_layer_config": layer,
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": int(speculative_tokens),
+                                  "accept_tolerance": 0.0, "verifier_accept_k": 1}],
+            "verifier": {"name_or_path": str(verifier_name_or_path), "architectures": list(verifier_architectures)},
+        },
+    }
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return directory
+
+
+class Eagle3Drafter:
+    """Drafts k tokens with an EAGLE-3 head and its own one-layer KV cache.
+
+    The head's cache holds one entry per position j >= 1 seeded from the target: (g_{j-1}, x_j),
+    g the target's aux states. propose() first feeds the positions verified since the last call
+    (their aux states came with rollback()), then drafts: each draft is fed back with the head's
+    own pre-norm output in place of g. Those speculative entries are dropped at the next call, so
+    accepted drafts are re-seeded from the target's states, as EAGLE does.
+    """
+
+    def __init__(self, head: Eagle3Head, vocab_size: int, temperature: float = 0.0, top_k=None, top_p=None,
+                 generator=None):
+        from transformers import DynamicCache
+
+        self.head = head
+        self.hidden_state_ids = head.aux_layer_ids  # what the decode loop asks the target for
+        self.vocab_size = vocab_size
+        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+        self.generator = generator
+        self.cache = DynamicCache(config=head.config)
+        self.seeded = 0  # head positions 1..seeded hold target-seeded entries
+        self.features = None  # [1, m, A*H] aux states g_seeded.. not fed yet
+        self.forwards = 0
+
+    def propose(self, tokens, k: int):
+        """tokens # [1, n] the verified sequence -> (draft_token_ids # [<=k], draft_probs # [<=k, vocab]
+        or None when greedy). Empty before the target has run once (no aux states yet)."""
+        device = tokens.device
+        if self.features is None:
+            return torch.empty(0, dtype=torch.long, device=device), None
+        length = tokens.shape[1]
+        speculative = self.cache.get_seq_length() - self.seeded  # last step's entries fed with own states
+        if speculative > 0:
+            self.cache.crop(-speculative)
+        new_tokens = tokens[:, self.seeded + 1:length]  # [1, m] x_{seeded+1} .. x_{n-1}
+        hidden = self.head(new_tokens, self.head.project(self.features), self.cache, self.seeded + 1)
+        self.forwards += 1
+        self.seeded, self.features = length - 1, None
+        hidden = hidden[:, -1:]  # [1, 1, H] predicts x_n
+        draft_ids, draft_probs = [], []
+        for index in range(k):
+            logits = self.head.draft_logits(hidden[0])[:, : self.vocab_size]  # [1, vocab]
+            if self.temperature > 0:
+                probs = logits_to_probs(logits, self.temperature, self.top_k, self.top_p)  # [1, vocab]
+                token = sample(probs, self.generator)  # [1]
+                draft_probs.append(probs)
+            else:
+                token = logits.argmax(dim=-1)  # [1]
+            draft_ids.append(token)
+            if index < k - 1:
+                hidden = self.head(token.view(1, 1), hidden, self.cache, length + index)
+                self.forwards += 1
+        return torch.cat(draft_ids), (torch.cat(draft_probs) if draft_probs else None)
+
+    def rollback(self, valid_length: int, hidden_states=None) -> None:
+        """The target kept its first `valid_length` positions; hidden_states # [1, m, A*H] are its aux
+        states of the last m of them (those verified this step), kept to seed the next propose()."""
+        if hidden_states is None or hidden_states.shape[1] == 0:
+            return
+        if self.features is None:
+            self.features = hidden_states
+        else:
+            self.features = torch.cat([self.features, hidden_states], dim=1)

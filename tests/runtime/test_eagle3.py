@@ -1,0 +1,248 @@
+"""EAGLE-3 heads on the runtime: exact greedy equivalence, re-seeding after rollback, sampling,
+the speculators / original EAGLE layouts, and heads refused before any forward pass."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from specreg.errors import RuntimeConfigError
+from specreg.runtime.decode import DecodeConfig, speculative_generate, target_only_generate
+from specreg.runtime.pair import ModelPair, forward_logits, load_pair
+
+from .test_equivalence import hf_greedy
+
+
+def head_pair(target, tokenizer, head) -> ModelPair:
+    return ModelPair(target=target, tokenizer=tokenizer, draft=head,
+                     vocab_size=int(target.get_output_embeddings().weight.shape[0]))
+
+
+@pytest.fixture(scope="session")
+def heads(target, tokenizer):
+    """name -> Eagle3Head for the tiny target: random over an odd-id draft vocabulary (a real d2t
+    map), and one distilled from the target for a few seconds over the tokenizer's corpus (the
+    random target's outputs are near-uniform and off that corpus, so its acceptance stays low:
+    the demo head is where high acceptance is shown)."""
+    from tinymodels import CORPUS
+
+    from specreg.runtime import demo_heads
+    from specreg.runtime.eagle3 import new_eagle3_head
+
+    stream = torch.tensor(tokenizer("".join(CORPUS * 3), add_special_tokens=False)["input_ids"])
+    vocab = len(tokenizer)
+    trained = new_eagle3_head(target, demo_heads.frequent_tokens(stream, vocab // 2), seed=5)
+    demo_heads.train_eagle3_head(trained, target, stream, steps=60, batch_size=4, seed=5, max_lr=1e-2)
+    for parameter in target.parameters():
+        parameter.requires_grad_(True)  # as the other session fixtures expect it
+    return {"random": new_eagle3_head(target, range(1, vocab, 2), seed=4), "trained": trained}
+
+
+@pytest.mark.parametrize("head_name", ["random", "trained"])
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_greedy_eagle3_equals_target_only_and_hf(target, tokenizer, heads, prompts, head_name, k):
+    pair = head_pair(target, tokenizer, heads[head_name])
+    config = DecodeConfig(method="eagle3", k=k, max_new_tokens=24, eos_token_ids=())
+    for prompt in prompts[:3]:
+        reference = hf_greedy(target, prompt, 24, eos_token_id=None)
+        assert target_only_generate(pair, prompt, config).token_ids == reference
+        result = speculative_generate(pair, prompt, config)
+        assert result.token_ids == reference
+        # the first step is the prefill alone (no aux states yet); one head forward per draft after it
+        assert result.metrics.draft_forwards == result.metrics.drafted
+        assert result.metrics.drafted <= k * (result.metrics.verify_steps - 1)
+
+
+def test_trained_head_is_accepted_and_metrics_come_out_as_for_draft_models(target, tokenizer, heads, prompts):
+    pair = head_pair(target, tokenizer, heads["trained"])
+    config = DecodeConfig(method="eagle3", k=3, max_new_tokens=40, eos_token_ids=())
+    random_rate = speculative_generate(head_pair(target, tokenizer, heads["random"]), prompts[0],
+                                       config).metrics.acceptance_rate
+    metrics = speculative_generate(pair, prompts[0], config).metrics
+    summary = metrics.summary()
+    assert summary["acceptance_rate"] > random_rate and metrics.accepted > 0
+    # tau = emitted per verification forward = 1 + accepted / forwards (the prefill step drafts nothing)
+    assert summary["mean_acceptance_length"] == pytest.approx(1 + metrics.accepted / metrics.verify_steps)
+    assert len(summary["per_position_acceptance"]) == 3
+    assert summary["per_position_acceptance"][0] >= summary["per_position_acceptance"][2]
+
+
+def test_drafts_after_rollback_equal_a_head_seeded_from_scratch(target, tokenizer, heads, prompts):
+    """Rollback: every step's drafts equal those of a fresh drafter fed the whole verified sequence's
+    target states at once, so nothing of a rejected (or own-state) entry survives in the head cache."""
+    from transformers import DynamicCache
+
+    from specreg.runtime import acceptance
+    from specreg.runtime.eagle3 import Eagle3Drafter
+
+    head = heads["trained"]
+    pair = head_pair(target, tokenizer, head)
+    steps = []  # (verified sequence before the step, drafts)
+    generated = []
+
+    def recording_rule(draft_token_ids, target_token_ids):
+        num_accepted, emitted = acceptance.greedy_accept(draft_token_ids, target_token_ids)
+        steps.append((list(prompts[1]) + list(generated), draft_token_ids.tolist()))
+        generated.extend(emitted.tolist())
+        return num_accepted, emitted
+
+    config = DecodeConfig(method="eagle3", k=4, max_new_tokens=30, eos_token_ids=())
+    result = speculative_generate(pair, prompts[1], config, greedy_rule=recording_rule)
+    first = target_only_generate(pair, prompts[1], DecodeConfig(max_new_tokens=1, eos_token_ids=())).token_ids
+    assert result.token_ids[:1] == first
+    # the rule saw the steps after the prefill; generated misses the prefill's token: put it first
+    rejected_steps = 0
+    for index, (verified, drafts) in enumerate(steps):
+        sequence = torch.tensor([verified[:len(prompts[1])] + first + verified[len(prompts[1]):]])
+        fresh = Eagle3Drafter(head, pair.vocab_size)
+        with torch.inference_mode():
+            _, hidden = forward_logits(target, sequence[:, :-1], DynamicCache(config=target.config), 1,
+                                       head.aux_layer_ids)
+            fresh.rollback(sequence.shape[1] - 1, hidden)
+            assert fresh.propose(sequence, len(drafts))[0].tolist() == drafts, f"step {index}"
+        next_sequence = steps[index + 1][0] if index + 1 < len(steps) else None
+        if next_sequence is not None and len(next_sequence) - len(verified) < 5:
+            rejected_steps += 1
+    assert rejected_steps >= 2  # rollbacks past rejected drafts happened and were checked
+
+
+def test_sampling_runs_reproducibly_within_the_vocabulary(target, tokenizer, heads, prompts):
+    pair = head_pair(target, tokenizer, heads["trained"])
+    config = DecodeConfig(method="eagle3", k=3, max_new_tokens=30, temperature=0.8, top_k=50, seed=7,
+                          eos_token_ids=())
+    first = speculative_generate(pair, prompts[2], config)
+    assert len(first.token_ids) == 30 and max(first.token_ids) < len(tokenizer)
+    assert 0 < first.metrics.acceptance_rate <= 1
+    assert speculative_generate(pair, prompts[2], config).token_ids == first.token_ids
+    # a draft outside the draft vocabulary has q = 0: the random head drafts only odd ids
+    odd = speculative_generate(head_pair(target, tokenizer, heads["random"]), prompts[2],
+                               DecodeConfig(method="eagle3", k=2, max_new_tokens=20, temperature=1.0, seed=3,
+                                            eos_token_ids=()))
+    assert len(odd.token_ids) == 20
+
+
+def save_head(head, directory, **changes):
+    """Save `head`, then apply `changes` to its config ('config.key') or weights ('weights.name')."""
+    from safetensors.torch import load_file, save_file
+
+    from specreg.runtime.eagle3 import save_eagle3_head
+
+    save_eagle3_head(head, directory, "tiny-target", ["LlamaForCausalLM"])
+    config = json.loads((directory / "config.json").read_text())
+    weights = load_file(directory / "model.safetensors")
+    for key, value in changes.items():
+        kind, name = key.split("__", 1)
+        if kind == "config":
+            config[name] = value
+        else:
+            weights[name] = value
+    (directory / "config.json").write_text(json.dumps(config))
+    save_file(weights, str(directory / "model.safetensors"))
+    return directory
+
+
+def test_speculators_directory_round_trip_and_load_pair(tiny_dir, target, tokenizer, heads, prompts, tmp_path):
+    head = heads["trained"]
+    directory = save_head(head, tmp_path / "head")
+    config = json.loads((directory / "config.json").read_text())
+    assert config["speculators_model_type"] == "eagle3"
+    assert config["speculators_config"]["verifier"] == {"name_or_path": "tiny-target",
+                                                        "architectures": ["LlamaForCausalLM"]}
+    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 1, 0]  # (2, N//2, N-3) for N = 3
+    assert config["draft_vocab_size"] == head.lm_head.weight.shape[0]
+    assert config["transformer_layer_config"]["num_hidden_layers"] == 1
+    from safetensors import safe_open
+
+    with safe_open(str(directory / "model.safetensors"), "pt") as weights:
+        names = set(weights.keys())
+    assert {"fc.weight", "layers.0.self_attn.q_proj.weight", "layers.0.hidden_norm.weight", "norm.weight",
+            "lm_head.weight", "d2t", "t2d"} <= names and "embed_tokens.weight" not in names
+    pair = load_pair(tiny_dir / "target", directory, method="eagle3")
+    config = DecodeConfig(method="eagle3", k=3, max_new_tokens=20, eos_token_ids=())
+    loaded = speculative_generate(pair, prompts[0], config)
+    original = speculative_generate(head_pair(target, tokenizer, head), prompts[0], config)
+    assert loaded.token_ids == original.token_ids
+    assert loaded.metrics.accepted == original.metrics.accepted
+
+
+def test_original_eagle_layout_loads_the_same_head(tiny_dir, target, tokenizer, heads, prompts, tmp_path):
+    """SafeAILab's layout: a LlamaConfig-style config.json and midlayer.* weights (vLLM maps them)."""
+    from safetensors.torch import load_file, save_file
+
+    head = heads["trained"]
+    speculators = save_head(head, tmp_path / "speculators")
+    config = json.loads((speculators / "config.json").read_text())
+    original = tmp_path / "original"
+    original.mkdir()
+    layer = dict(config["transformer_layer_config"], architectures=["LlamaForCausalLMEagle3"],
+                 draft_vocab_size=config["draft_vocab_size"])
+    (original / "config.json").write_text(json.dumps(layer))
+    weights = {name.replace("layers.0.", "midlayer."): value
+               for name, value in load_file(speculators / "model.safetensors").items()}
+    save_file(weights, str(original / "model.safetensors"))
+    pair = load_pair(tiny_dir / "target", original, method="eagle3")
+    assert pair.draft.aux_layer_ids == (2, 1, 0)  # the verifier's default: no ids in this layout
+    for name, value in head.state_dict().items():
+        assert torch.equal(pair.draft.state_dict()[name], value), name
+
+
+@pytest.mark.parametrize("change, reason", [
+    ("d2t_out_of_range", "d2t maps draft id 0 to target id .* outside the target vocabulary"),
+    ("d2t_not_one_to_one", "d2t maps two draft ids to the same target id"),
+    ("other_hidden_size", "head is for hidden size 32 .* target hidden_size is 64"),
+    ("aux_out_of_range", r"eagle_aux_hidden_state_layer_ids \[1, 3, 7\] out of range for a 3-layer target"),
+    ("draft_vocab_mismatch", "lm_head.weight has .* rows, draft_vocab_size is 7"),
+])
+def test_mismatched_heads_are_refused_before_any_forward(target, heads, tmp_path, change, reason):
+    from specreg.runtime.eagle3 import load_eagle3_head
+
+    head = heads["random"]
+    d2t = head.d2t.clone()
+    changes = {
+        "d2t_out_of_range": {"weights__d2t": d2t + 10_000},
+        "d2t_not_one_to_one": {"weights__d2t": torch.cat([d2t[:1], d2t[:1] - 1, d2t[2:]])},
+        "other_hidden_size": {"weights__fc.weight": torch.zeros(64, 3 * 32)},
+        "aux_out_of_range": {"config__eagle_aux_hidden_state_layer_ids": [1, 3, 7]},
+        "draft_vocab_mismatch": {"config__draft_vocab_size": 7},
+    }[change]
+    directory = save_head(head, tmp_path / change, **changes)
+    calls = []
+    hook = target.register_forward_pre_hook(lambda *args: calls.append(1))
+    try:
+        with pytest.raises(RuntimeConfigError, match=reason) as error:
+            load_eagle3_head(directory, target)
+    finally:
+        hook.remove()
+    assert calls == [] and "\n" not in str(error.value)
+
+
+def test_eagle3_method_needs_a_head(target, tokenizer, drafts, prompts):
+    pair = ModelPair(target=target, tokenizer=tokenizer, draft=drafts["random"], vocab_size=len(tokenizer))
+    with pytest.raises(RuntimeConfigError, match="needs an EAGLE-3 head"):
+        speculative_generate(pair, prompts[0], DecodeConfig(method="eagle3", k=2, max_new_tokens=4))
+
+
+def test_demo_head_build_then_reuse_the_cache(tiny_dir, prompts, tmp_path, monkeypatch):
+    # the real budget takes minutes; the same code path with two steps, on the tiny target
+    from specreg.runtime import demo_heads
+
+    monkeypatch.setattr(demo_heads, "EAGLE3_TRAINING", (2, 2))
+    head_dir = demo_heads.build_demo_head(tmp_path, "eagle3", target_dir=tiny_dir / "target")
+    assert head_dir == tmp_path / "eagle3"
+    config = json.loads((head_dir / "config.json").read_text())
+    assert config["speculators_model_type"] == "eagle3"
+    assert config["speculators_config"]["verifier"]["name_or_path"] == str((tiny_dir / "target").resolve())
+    assert config["draft_vocab_size"] == 300  # fewer ids than EAGLE3_DRAFT_VOCAB: all of them
+    pair = load_pair(tiny_dir / "target", head_dir, method="eagle3")
+    result = speculative_generate(pair, prompts[0], DecodeConfig(method="eagle3", k=2, max_new_tokens=6))
+    assert 1 <= len(result.token_ids) <= 6
+    built_at = (head_dir / "model.safetensors").stat().st_mtime_ns
+    assert demo_heads.build_demo_head(tmp_path, "eagle3", target_dir=tiny_dir / "target") == head_dir
+    assert (head_dir / "model.safetensors").stat().st_mtime_ns == built_at  # reused, not retrained
+    monkeypatch.setattr(demo_heads, "EAGLE3_TRAINING", (3, 2))
+    assert demo_heads.head_cache_key("eagle3", tiny_dir / "target") != json.loads(
+        (head_dir / "demo-head.json").read_text())["cache_key"]  # a changed budget is a different head
+    with pytest.raises(RuntimeConfigError, match="only 'eagle3'"):
+        demo_heads.build_demo_head(tmp_path, "medusa", target_dir=tiny_dir / "target")
