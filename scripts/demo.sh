@@ -52,8 +52,11 @@ specreg env list demo-chat
 step "export deployment configs carrying the pair's identity and baselines, with a signed pair lock"
 specreg keys create --out "$DEMO_DIR/keys"
 for format in vllm sglang trtllm k8s-vllm prometheus-rules; do
+  # the manifest mounts the models from a volume: here the host folder the demo pair lies in
+  options=()
+  [ "$format" = k8s-vllm ] && options=(--option "model_volume=hostPath:$DEMO_DIR/pair")
   specreg export demo-chat@production --format "$format" -o "$DEMO_DIR/exports/$format" \
-    --signing-key "$DEMO_DIR/keys/specreg-signing.key"
+    --signing-key "$DEMO_DIR/keys/specreg-signing.key" "${options[@]}"
 done
 cat "$DEMO_DIR/exports/vllm/vllm-serve.sh"
 
@@ -68,8 +71,23 @@ specreg gate demo-chat@production --env production \
 specreg audit verify
 specreg show demo-chat@1
 
+step "an EAGLE-3 head on the same target: built from the target's own hidden states, registered, validated, exported"
+specreg demo-pair "$DEMO_DIR/pair" --method eagle3
+specreg register demo-chat-eagle3 --target "$DEMO_DIR/pair/target" --draft "$DEMO_DIR/pair/eagle3" \
+  --method eagle3 --num-speculative-tokens 4 --notes "EAGLE-3 head built by specreg demo-pair --method eagle3"
+specreg validate demo-chat-eagle3@1 --golden smoke --device cpu --gpu-memory 1GiB \
+  --report "$DEMO_DIR/validation-eagle3.html"
+specreg approve demo-chat-eagle3@1 --user bob --note "EAGLE-3 head: equivalence and acceptance look right"
+specreg promote demo-chat-eagle3@1 --to staging --reason "demo rollout of the EAGLE-3 pair"
+for format in vllm sglang trtllm; do
+  specreg export demo-chat-eagle3@staging --format "$format" -o "$DEMO_DIR/exports/eagle3-$format" \
+    --signing-key "$DEMO_DIR/keys/specreg-signing.key"
+done
+cat "$DEMO_DIR/exports/eagle3-vllm/vllm-serve.sh"
+specreg show demo-chat-eagle3@1
+
 step "done"
 cat <<TEXT
-Outputs in $DEMO_DIR: validation.html, validation.md, exports/, gate.xml, gate.md.
+Outputs in $DEMO_DIR: validation.html, validation.md, validation-eagle3.html, exports/, gate.xml, gate.md.
 Review in the MLflow UI: SPECREG_HOME=$SPECREG_HOME .venv/bin/specreg ui demo-chat
 TEXT

@@ -150,7 +150,9 @@ def check_distribution(pair, golden, decodes, *, method: str = "draft_model", sa
     for index, (run, offset, token_ids) in enumerate(prefixes):
         record = records[run.record_id]
         target_probs = next_token_probs(pair.target, token_ids, vocab, record)  # [vocab]
-        if method == "ngram" or pair.draft is None:
+        if method != "draft_model" or pair.draft is None:
+            # ngram proposes deterministically; a head's q needs the target's hidden states of the
+            # decode loop, so here q is a point mass too: the shared acceptance rule is what is tested
             draft_probs = torch.zeros_like(target_probs)
             draft_probs[target_probs.argmax()] = 1.0
         else:

@@ -33,6 +33,14 @@ def latency_histogram(latencies_s: list[float], bins: int = HISTOGRAM_BINS) -> d
     return {"edges_ms": [low + i * width for i in range(bins + 1)], "counts": counts}
 
 
+def in_loop_cost_ratio(speculative: dict) -> float:
+    """c from aggregated decode metrics: seconds per draft forward / seconds per target forward."""
+    if not speculative["draft_forwards"] or not speculative["target_forwards"] or not speculative["verify_time_s"]:
+        return 0.0
+    return (speculative["draft_time_s"] / speculative["draft_forwards"]) / \
+        (speculative["verify_time_s"] / speculative["target_forwards"])
+
+
 def check_performance(pair, decodes, *, method: str = "draft_model", k: int = 4, k_max: int = 8,
                       cost_ratio: float | None = None) -> CheckResult:
     """Speedup, latency percentiles, longest rejection run and recommended k.
@@ -52,6 +60,10 @@ def check_performance(pair, decodes, *, method: str = "draft_model", k: int = 4,
     if cost_ratio is None:
         if method == "ngram" or pair.draft is None:
             cost_ratio = 0.0
+        elif method != "draft_model":
+            # a head drafts from the target's hidden states: no standalone step to time, so c is
+            # what the decode loop measured (time per head forward / time per verification)
+            cost_ratio = in_loop_cost_ratio(speculative)
         else:
             cost_ratio = measure_cost_ratio(pair.target, pair.draft, decodes.runs[0].prompt_ids, steps=8)
     measured = speculative["per_position_acceptance"] or []

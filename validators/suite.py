@@ -165,7 +165,22 @@ def run_suite(pair_version, golden, options: ValidationOptions, *, device: str,
             result.summary = build_summary(result, golden, options, device)
             return result
     static_pair_checks = [name for name in ("tokenizer", "chat_template") if name in selected]
-    if static_pair_checks and draft_dir is None:
+    config = pair_version.config
+    if static_pair_checks and config.method.has_head:
+        # a head drafts the target's ids inside the target's own context: no second tokenizer or
+        # chat template to compare; what can break is its fit to the target's files now
+        from specreg.validators.head_vocabulary import check_head_vocabulary
+
+        fit = config.head.get("fit", {}) if config.head else {}
+        if "tokenizer" in selected:
+            emit(guarded("tokenizer", lambda: check_head_vocabulary(
+                config.method.value, draft_dir, target_dir, target_reference=pair_version.target.reference,
+                target_fingerprint=pair_version.target.fingerprint,
+                allow_verifier_mismatch=bool(fit.get("allow_verifier_mismatch")))))
+        if "chat_template" in selected:
+            emit(CheckResult("chat_template", SKIP, f"the {config.method.value} head drafts inside the target's "
+                                                    "own chat context: there is no second template"))
+    elif static_pair_checks and draft_dir is None:
         for name in static_pair_checks:
             emit(CheckResult(name, SKIP, no_draft))
     elif static_pair_checks:
@@ -187,8 +202,9 @@ def run_suite(pair_version, golden, options: ValidationOptions, *, device: str,
     if "memory" in selected:
         from specreg.validators.memory import check_memory_headroom
 
+        # a head's weights are a fraction of one target layer's: the check counts the target
         emit(guarded("memory", lambda: check_memory_headroom(
-            draft_dir, target_dir, gpu_memory=options.gpu_memory, max_context_tokens=options.max_context_tokens,
+            None if config.method.has_head else draft_dir, target_dir, gpu_memory=options.gpu_memory, max_context_tokens=options.max_context_tokens,
             batch_size=options.batch_size, dtype=options.dtype, device=device if device.startswith("cuda") else None)))
 
     runtime_checks = [name for name in RUNTIME_CHECKS if name in selected]
@@ -199,7 +215,6 @@ def run_suite(pair_version, golden, options: ValidationOptions, *, device: str,
 
         transformers_logging.disable_progress_bar()  # the suite reports its own progress
 
-        config = pair_version.config
         settings = equivalence.SpeculativeSettings(
             method=config.method.value, k=config.num_speculative_tokens,
             prompt_lookup_min=config.prompt_lookup_min or 1, prompt_lookup_max=config.prompt_lookup_max or 3)
@@ -216,7 +231,8 @@ def run_suite(pair_version, golden, options: ValidationOptions, *, device: str,
             # files swapped since the integrity check are never validated as the registered ones
             pair = load_pair(target_dir, draft_dir, device=device, dtype=options.dtype,
                              target_fingerprint=pair_version.target.fingerprint,
-                             draft_fingerprint=pair_version.draft.fingerprint if pair_version.draft else None)
+                             draft_fingerprint=pair_version.draft.fingerprint if pair_version.draft else None,
+                             method=config.method.value)
             decodes = equivalence.decode_golden(pair, golden, settings, seed=options.seed, progress=advance,
                                                 hooks=hooks)
         except UsageError:

@@ -26,10 +26,26 @@ K = 4
 CUTOFF = 16
 
 
+def eagle3_head(models: dict[str, Path]) -> Path:
+    """A speculators-format EAGLE-3 head sized for the tiny target (tests/headfiles.py), beside it."""
+    from headfiles import write_eagle3
+
+    config = json.loads((models["target"] / "config.json").read_text())
+    head = models["target"].parent / "eagle3-head"
+    if not head.exists():
+        layers = config["num_hidden_layers"]
+        write_eagle3(head, hidden=config["hidden_size"], vocab=config["vocab_size"], draft_vocab=config["vocab_size"],
+                     vocab_map=False, aux=[1, layers // 2, layers], verifier=str(models["target"]))
+    return head
+
+
 def tiny_pair(models: dict[str, Path], method: SpecMethod, max_batch: int | None) -> PairVersion:
     """A pair of the tiny local models (tests/tinymodels.py), registered by their paths."""
     target = ModelRef(str(models["target"]), str(models["target"]), "abc123", fingerprint("a"))
-    if method == SpecMethod.DRAFT_MODEL:
+    if method == SpecMethod.EAGLE3:
+        config = SpecConfig(method, K, max_batch_size_for_speculation=max_batch, head={"layout": "speculators"})
+        draft = ModelRef(str(eagle3_head(models)), str(eagle3_head(models)), None, fingerprint("e"))
+    elif method == SpecMethod.DRAFT_MODEL:
         config = SpecConfig(method, K, max_batch_size_for_speculation=max_batch)
         draft = ModelRef(str(models["draft"]), str(models["draft"]), "d1e2f3", fingerprint("b"))
     else:
@@ -50,9 +66,11 @@ VLLM_CASES = [
     ("vllm-ngram-cutoff", "vllm", SpecMethod.NGRAM, CUTOFF, {}),
     ("k8s-draft-cutoff", "k8s-vllm", SpecMethod.DRAFT_MODEL, CUTOFF, {}),
     ("k8s-ngram", "k8s-vllm", SpecMethod.NGRAM, None, {}),
+    ("vllm-eagle3-cutoff", "vllm", SpecMethod.EAGLE3, CUTOFF, {}),
 ]
 SGLANG_CASES = [
     ("sglang-draft", "sglang", SpecMethod.DRAFT_MODEL, CUTOFF, {}),
+    ("sglang-eagle3", "sglang", SpecMethod.EAGLE3, None, {}),
 ]
 
 
@@ -128,6 +146,9 @@ def test_vllm_builds_its_config_from_the_export(case, vllm_run, tiny_models):
         assert Path(spec["draft_model"]) == tiny_models["draft"]
         assert spec["revision"] == "d1e2f3"
         assert spec["draft_vocab_size"] == spec["target_vocab_size"]
+    elif case[2] == SpecMethod.EAGLE3:
+        # vLLM built the head's draft ModelConfig from the exported head directory
+        assert Path(spec["draft_model"]) == eagle3_head(tiny_models)
     else:
         assert (spec["prompt_lookup_min"], spec["prompt_lookup_max"]) == (2, 5)
     assert spec["num_speculative_tokens_per_batch_size"] == exported_config.get("num_speculative_tokens_per_batch_size")
@@ -180,6 +201,11 @@ def test_sglang_parses_the_export(sglang_run, tiny_models):
     assert args["enable_metrics"] is True
     assert args["served_model_name"] == "tiny-pair"
     assert output["stand_ins"] == []
+    eagle3 = ok(results["sglang-eagle3"])["server_args"]
+    assert eagle3["speculative_algorithm"] == "EAGLE3"
+    assert Path(eagle3["speculative_draft_model_path"]) == eagle3_head(tiny_models)
+    assert (eagle3["speculative_num_steps"], eagle3["speculative_eagle_topk"],
+            eagle3["speculative_num_draft_tokens"]) == (K, 1, K + 1)
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
