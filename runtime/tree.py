@@ -153,21 +153,31 @@ def tree_candidates(root_token_id, proposals, tree: CandidateTree):
     return torch.cat([root, proposals[depths - 1, ranks]])
 
 
-def tree_forward(model, cache, pending_ids, node_token_ids, tree: CandidateTree):
+ROOT_ONLY: dict = {}  # device -> the buffers of a tree with no nodes
+
+
+def tree_forward(model, cache, pending_ids, node_token_ids, tree: CandidateTree | None):
     """One target forward over the uncached tokens and the tree, appending all to `cache`.
 
     pending_ids     # [1, n]      tokens the cache lacks, the root (= node_token_ids[0]) last
     node_token_ids  # [nodes+1]   root first
+    tree: None runs the root alone (node_token_ids # [1]).
     Returns (logits # [nodes+1, vocab], hidden # [nodes+1, H]) at the root and each node, hidden
     being the decoder's final normed state (what lm_head and Medusa heads read).
     """
     import torch
 
     device = pending_ids.device
-    buffers = tree.buffers(device)
+    if tree is None:  # the root alone: a plain causal step (the prefill before any proposal)
+        buffers = ROOT_ONLY.get(str(device)) or ROOT_ONLY.setdefault(str(device), TreeBuffers(
+            torch.ones(1, 1, dtype=torch.bool, device=device), torch.zeros(1, dtype=torch.long, device=device),
+            None, None, None))
+        size = 1
+    else:
+        buffers = tree.buffers(device)
+        size = tree.num_nodes + 1
     past = cache.get_seq_length()
     before_root = pending_ids.shape[1] - 1
-    size = tree.num_nodes + 1
     queries = before_root + size
     allowed = torch.zeros(queries, past + queries, dtype=torch.bool, device=device)
     allowed[:, :past] = True  # everything cached is an earlier verified token
