@@ -54,3 +54,82 @@ def greedy_accept(draft_token_ids, target_token_ids):
     matches = (draft_token_ids == target_token_ids[:k]).to(torch.int64)
     num_accepted = int(matches.cumprod(0).sum())
     return num_accepted, target_token_ids[: num_accepted + 1]
+
+
+# ---- tree verification (tree.py): many candidates per position, one target forward ----------
+#
+# A candidate tree has node 0 = the root (the last verified token, its keys not yet cached) and
+# nodes 1..n, each a candidate token whose parent is an earlier node; siblings are tried in node
+# order (the drafter's rank order). Both rules are the chain rules above walked down the tree.
+
+
+def tree_greedy_accept(node_token_ids, target_token_ids, retrieve_indices):
+    """Greedy branch over a tree: the longest root-to-leaf path whose tokens equal the target's
+    argmax chain, then the target's argmax after it (Medusa's evaluate_posterior, temperature 0).
+
+    node_token_ids    # [nodes+1]            x at each node (row 0 the root)
+    target_token_ids  # [nodes+1]            argmax p at each node: the target's next token there
+    retrieve_indices  # [leaves, depth+1]    node indices of each root-to-leaf path, root first, -1 padded
+    Returns (accepted_nodes # [num_accepted] the kept path's nodes, emitted # [num_accepted + 1]);
+    emitted is the target's own argmax sequence, so greedy tree output equals target-only output.
+    """
+    import torch
+
+    valid = retrieve_indices >= 0  # [leaves, depth+1]
+    paths = retrieve_indices.clamp_min(0)
+    matches = (node_token_ids[paths[:, 1:]] == target_token_ids[paths[:, :-1]]) & valid[:, 1:]  # [leaves, depth]
+    lengths = matches.to(torch.int64).cumprod(1).sum(1)  # [leaves]
+    best = int(lengths.argmax())  # the first longest: retrieve_indices lists the higher ranks first
+    num_accepted = int(lengths[best])
+    accepted_nodes = paths[best, 1:num_accepted + 1]  # [num_accepted]
+    last = paths[best, num_accepted]
+    return accepted_nodes, torch.cat([node_token_ids[accepted_nodes], target_token_ids[last].view(1)])
+
+
+def tree_rejection_sample(draft_probs, target_probs, node_token_ids, parent_ids, uniforms, generator=None):
+    """Sampling branch over a tree: recursive rejection sampling over siblings (SpecInfer's
+    multi-step speculative sampling; EAGLE's tree sampling is the point-mass case).
+
+    At a node, with p its target distribution, try its children in order: accept child x with
+    probability min(1, p(x) / q(x)) (q(x) = 0 -> reject) and continue from that child with its own
+    p; on rejection set p <- norm(max(0, p - q)) and try the next sibling; when every child is
+    rejected (or there is none) emit a token from p (the recovered token, or the bonus one past an
+    accepted leaf). By induction over siblings this emits exactly p as long as q is the law the
+    child's token was drawn from given everything drawn before it: q for children drawn i.i.d.
+    from q, q renormalised without the earlier siblings' tokens when drawn without replacement,
+    a point mass for a deterministic top-k.
+
+    draft_probs     # [nodes+1, vocab]  q of each node's token, given its parent and earlier siblings (row 0 unused)
+    target_probs    # [nodes+1, vocab]  p at each node: the target's next-token law there
+    node_token_ids  # [nodes+1]         x at each node (row 0 the root)
+    parent_ids      # [nodes+1]         each node's parent (-1 for the root); siblings tried in node order
+    uniforms        # [nodes+1]         u ~ U[0, 1), one per node (row 0 unused)
+    Returns (accepted_nodes # [num_accepted], emitted # [num_accepted + 1]) as tree_greedy_accept.
+    """
+    import torch
+
+    tokens = node_token_ids.tolist()
+    children = [[] for _ in tokens]
+    for node, parent in enumerate(parent_ids.tolist()):
+        if parent >= 0:
+            children[parent].append(node)
+    accepted, node = [], 0
+    distribution = target_probs[0]  # [vocab] the law the next token must follow
+    while True:
+        for child in children[node]:
+            token = tokens[child]
+            p, q = distribution[token], draft_probs[child, token]
+            # u < p/q without division, as rejection_sample
+            if q > 0 and uniforms[child] * q < p:
+                accepted.append(child)
+                node, distribution = child, target_probs[child]
+                break
+            residual = (distribution - draft_probs[child]).clamp_min(0)
+            total = residual.sum()
+            # total == 0 only when p == q, where rejection has probability 0: keep p
+            distribution = residual / total if total > 0 else distribution
+        else:
+            break
+    next_token = torch.multinomial(distribution, 1, generator=generator)  # [1]
+    accepted_nodes = torch.tensor(accepted, dtype=torch.long, device=node_token_ids.device)
+    return accepted_nodes, torch.cat([node_token_ids[accepted_nodes], next_token])

@@ -128,3 +128,130 @@ def test_greedy_branch():
     assert num_accepted == 1 and emitted.tolist() == [5, 7]
     num_accepted, emitted = greedy_accept(torch.tensor([4, 7, 9]), target_ids)
     assert num_accepted == 0 and emitted.tolist() == [5]
+
+
+# ---- tree rules (acceptance.tree_*), trees from runtime/tree.py -------------------------------
+
+from specreg.runtime.acceptance import tree_greedy_accept, tree_rejection_sample  # noqa: E402
+from specreg.runtime.tree import parse_tree  # noqa: E402
+
+TREE_N = 8_000
+
+
+def draw_tree(tree, first_draft, next_draft, scheme, rng):
+    """Draft every node's token -> (node_token_ids # [nodes+1], draft_probs # [nodes+1, vocab]).
+
+    first_draft # [vocab] drafts depth 1; next_draft # [vocab, vocab] drafts a child of token y.
+    scheme: "iid" (siblings drawn independently from q), "without_replacement" (q renormalised
+    without the earlier siblings' tokens) or "top_k" (deterministic: the i-th most likely token
+    under q, a point mass). rng: a seeded random.Random (plain Python draws keep the test fast).
+    """
+    tokens, rows = [0], [first_draft[0]]
+    drawn = {}  # parent node -> tokens drawn for its earlier children
+    for node in range(1, tree.num_nodes + 1):
+        parent = tree.parents[node]
+        q = first_draft[0] if parent == 0 else next_draft[tokens[parent]]
+        earlier = drawn.setdefault(parent, [])
+        if scheme == "without_replacement":
+            q = [0.0 if t in earlier else w for t, w in enumerate(q)]
+            q = [w / sum(q) for w in q]
+        if scheme == "top_k":
+            token = sorted(range(VOCAB), key=lambda t: -q[t])[len(earlier)]
+            q = [1.0 if t == token else 0.0 for t in range(VOCAB)]
+        else:
+            token = rng.choices(range(VOCAB), weights=q)[0]
+        earlier.append(token)
+        tokens.append(token)
+        rows.append(q)
+    return torch.tensor(tokens), torch.tensor(rows)
+
+
+def run_tree_rule(tree, scheme, seed=0, trials=TREE_N, first_target=None):
+    """Target: p1 at the root, p2[y] after token y, p3[y] after a depth-2 token y
+    -> (p1, p2, emitted lists)."""
+    import random
+
+    rng = random.Random(seed)
+    generator = torch.Generator().manual_seed(seed)
+    first_target = random_distributions(1, seed=11)[0] if first_target is None else first_target  # [vocab]
+    next_target = random_distributions(VOCAB, seed=12)  # [vocab, vocab]
+    table = torch.cat([first_target[None], next_target, random_distributions(VOCAB, seed=13)])  # [1 + 2 vocab, vocab]
+    first_draft = random_distributions(1, seed=14).tolist()
+    next_draft = random_distributions(VOCAB, seed=15).tolist()
+    parent_ids = torch.tensor(tree.parents)
+    emitted_all = []
+    for _ in range(trials):
+        node_tokens, draft_probs = draw_tree(tree, first_draft, next_draft, scheme, rng)
+        rows = [0] + [(1 if tree.depths[n] == 1 else 1 + VOCAB) + int(node_tokens[n]) for n in range(1, len(node_tokens))]
+        target_probs = table[rows]  # [nodes+1, vocab]
+        uniforms = torch.rand(tree.num_nodes + 1, generator=generator)
+        accepted, emitted = tree_rejection_sample(draft_probs, target_probs, node_tokens, parent_ids, uniforms,
+                                                  generator)
+        assert node_tokens[accepted].tolist() == emitted[:-1].tolist()
+        emitted_all.append(emitted.tolist())
+    return first_target, next_target, emitted_all
+
+
+TREES = {
+    "wide": [(0,), (1,), (2,), (3,)],
+    "medusa": [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)],
+    "chain": [(0,), (0, 0)],
+}
+
+
+@pytest.mark.parametrize("tree_name, scheme", [("wide", "iid"), ("medusa", "without_replacement"),
+                                               ("medusa", "top_k"), ("chain", "iid")])
+def test_tree_rule_keeps_the_target_distribution(tree_name, scheme):
+    """First token ~ p1; given the first token y was an accepted node, the second ~ p2[y]."""
+    tree = parse_tree(TREES[tree_name])
+    first_target, next_target, emitted = run_tree_rule(tree, scheme)
+    first = torch.bincount(torch.tensor([e[0] for e in emitted]), minlength=VOCAB).double()
+    assert chi_square_pvalue(first, first_target) > 0.001
+    if tree.depth >= 2:
+        longer = [e for e in emitted if len(e) >= 2]
+        y = max(range(VOCAB), key=lambda t: sum(1 for e in longer if e[0] == t))
+        second = [e[1] for e in longer if e[0] == y]
+        assert len(second) > 800
+        observed = torch.bincount(torch.tensor(second), minlength=VOCAB).double()
+        assert chi_square_pvalue(observed, next_target[y]) > 0.001
+
+
+def test_tree_rule_with_every_candidate_accepted_wrongly_is_caught():
+    """Power: always taking the first child gives the draft's law, and the same test rejects it."""
+    tree = parse_tree(TREES["wide"])
+    generator = torch.Generator().manual_seed(2)
+    first_draft = random_distributions(1, seed=14)[0]
+    first_target = random_distributions(1, seed=11)[0]
+    draws = torch.multinomial(first_draft, TREE_N, replacement=True, generator=generator)
+    assert tree.num_nodes == 4
+    assert chi_square_pvalue(torch.bincount(draws, minlength=VOCAB).double(), first_target) < 1e-6
+
+
+def test_tree_rule_never_emits_a_zero_probability_token():
+    first_target = torch.tensor([0.0, 0.5, 0.0, 0.3, 0.2, 0.0])  # tokens 0, 2, 5 impossible
+    for scheme in ("iid", "top_k"):
+        _, _, emitted = run_tree_rule(parse_tree(TREES["medusa"]), scheme, trials=1000, first_target=first_target)
+        assert {e[0] for e in emitted} <= {1, 3, 4}
+
+
+def test_tree_rule_runs_repeat_exactly_with_a_seed():
+    tree = parse_tree(TREES["medusa"])
+    runs = [run_tree_rule(tree, "iid", seed=seed, trials=200)[2] for seed in (4, 4, 5)]
+    assert runs[0] == runs[1] and runs[0] != runs[2]
+
+
+def test_tree_greedy_branch_takes_the_longest_matching_path():
+    tree = parse_tree(TREES["medusa"])  # nodes: 1 (0) 2 (1) 3 (2) 4 (0,0) 5 (0,1) 6 (1,0) 7 (0,0,0)
+    retrieve = tree.buffers("cpu").retrieve_indices
+    assert retrieve.tolist() == [[0, 1, 4, 7], [0, 1, 5, -1], [0, 2, 6, -1], [0, 3, -1, -1]]
+    node_tokens = torch.tensor([9, 5, 6, 7, 1, 2, 3, 4])
+    # the target's argmax at each node: after the root 6 (node 2), after node 2 3 (node 6), then 8
+    target_tokens = torch.tensor([6, 1, 3, 0, 0, 0, 8, 0])
+    accepted, emitted = tree_greedy_accept(node_tokens, target_tokens, retrieve)
+    assert accepted.tolist() == [2, 6] and emitted.tolist() == [6, 3, 8]
+    # nothing matches: the target's own next token only
+    accepted, emitted = tree_greedy_accept(node_tokens, torch.tensor([0] * 8), retrieve)
+    assert accepted.tolist() == [] and emitted.tolist() == [0]
+    # the whole depth-3 path
+    accepted, emitted = tree_greedy_accept(node_tokens, torch.tensor([5, 1, 0, 0, 4, 0, 0, 7]), retrieve)
+    assert accepted.tolist() == [1, 4, 7] and emitted.tolist() == [5, 1, 4, 7]

@@ -1,0 +1,114 @@
+"""Medusa heads for the demo target (demo_pair.py), trained here on the target's own hidden
+states over the demo corpus, cached like the demo pair.
+
+Training is Medusa-1 with self-distillation: the target is frozen; head i at position t reads
+the target's final normed state h_t and learns the target's own next-token distribution at
+position t + 1 + i (soft cross-entropy), i.e. what the target will say i + 2 tokens after t
+given the true prefix. The target's states and distributions are computed once for a fixed set
+of corpus windows, then the heads (a few small matrices) train on them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+MEDUSA_HEADS = 3
+MEDUSA_LAYERS = 1
+MEDUSA_WINDOWS = 96  # corpus windows of demo_pair.SEQUENCE_LENGTH tokens the target reads once
+MEDUSA_TRAINING = (400, 1024)  # (steps, positions per step)
+MEDUSA_LR = 3e-3
+# the tree the demo verifies: Medusa-style, wider near the root
+DEMO_TREE = ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0))
+
+
+def medusa_cache_key(target_dir) -> str:
+    """Changes with this file, demo_pair's key (its code, settings, golden prompts, libraries)
+    and the target's weights."""
+    from specreg.runtime.demo_pair import cache_key
+
+    digest = hashlib.sha256(Path(__file__).read_bytes())
+    digest.update(cache_key().encode())
+    digest.update(json.dumps(dict(heads=MEDUSA_HEADS, layers=MEDUSA_LAYERS, windows=MEDUSA_WINDOWS,
+                                  training=MEDUSA_TRAINING, lr=MEDUSA_LR)).encode())
+    for path in sorted(Path(target_dir).glob("*.safetensors")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def target_states(target, stream, windows: int, length: int, seed: int):
+    """The frozen target over `windows` random windows of stream # [tokens] ->
+    (hidden # [windows, length, H] final normed states, probs # [windows, length, vocab])."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, stream.shape[0] - length - 1, (windows,), generator=generator).tolist()
+    hidden, probs = [], []
+    with torch.inference_mode():
+        for first in range(0, windows, 8):
+            batch = torch.stack([stream[s:s + length] for s in starts[first:first + 8]])  # [b, length]
+            states = target.get_decoder()(input_ids=batch).last_hidden_state  # [b, length, H]
+            hidden.append(states)
+            probs.append(torch.softmax(target.get_output_embeddings()(states).float(), dim=-1))
+    return torch.cat(hidden), torch.cat(probs)
+
+
+def train_medusa_heads(heads, hidden, probs, steps: int, batch: int, seed: int, max_lr: float, log=None):
+    """Head i at position t learns probs[:, t + 1 + i] from hidden[:, t]. hidden # [w, length, H],
+    probs # [w, length, vocab]. Returns the heads in eval mode."""
+    import torch
+
+    num_heads = heads.num_heads
+    usable = hidden.shape[1] - num_heads  # positions t with t + num_heads inside the window
+    inputs = hidden[:, :usable].reshape(-1, hidden.shape[-1]).clone()  # [m, H]
+    labels = torch.stack([probs[:, 1 + i:1 + i + usable] for i in range(num_heads)])  # [heads, w, usable, vocab]
+    labels = labels.reshape(num_heads, -1, probs.shape[-1])  # [heads, m, vocab]
+    optimizer = torch.optim.AdamW(heads.parameters(), lr=max_lr, weight_decay=0.0, betas=(0.9, 0.95))
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=max_lr, total_steps=steps, pct_start=0.1)
+    generator = torch.Generator().manual_seed(seed)
+    heads.train()
+    for step in range(steps):
+        rows = torch.randint(0, inputs.shape[0], (batch,), generator=generator)
+        logits = heads(inputs[rows])  # [heads, batch, vocab]
+        loss = -(labels[:, rows] * torch.log_softmax(logits.float(), dim=-1)).sum(-1).mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        if log and (step % 100 == 0 or step == steps - 1):
+            log(f"medusa step {step:4d}/{steps} loss {loss.item():.3f}")
+    return heads.eval()
+
+
+def build_demo_medusa(out_dir, target_dir, *, force: bool = False, log=None) -> Path:
+    """Build (or reuse the cached) Medusa heads for the demo target in `target_dir` -> out_dir,
+    a Medusa head directory (config.json, medusa_lm_head.safetensors, demo-heads.json)."""
+    import torch
+
+    from specreg.runtime.demo_pair import SEQUENCE_LENGTH, demo_corpus, golden_texts
+    from specreg.runtime.loading import load_model, load_tokenizer
+    from specreg.runtime.medusa import WEIGHTS_FILE, new_medusa_heads, save_medusa_heads
+
+    out_dir, target_dir = Path(out_dir), Path(target_dir)
+    stamp = out_dir / "demo-heads.json"
+    key = medusa_cache_key(target_dir)
+    if not force and stamp.is_file() and json.loads(stamp.read_text()).get("cache_key") == key \
+            and (out_dir / WEIGHTS_FILE).is_file():
+        return out_dir
+    started, cpu_started = time.perf_counter(), time.process_time()
+    tokenizer = load_tokenizer(target_dir)
+    target = load_model(target_dir)
+    for parameter in target.parameters():
+        parameter.requires_grad_(False)
+    corpus = demo_corpus(golden_texts=golden_texts())
+    stream = torch.tensor(tokenizer("".join(corpus), add_special_tokens=False)["input_ids"], dtype=torch.long)
+    hidden, probs = target_states(target, stream, MEDUSA_WINDOWS, SEQUENCE_LENGTH, seed=4)
+    heads = new_medusa_heads(target, MEDUSA_HEADS, MEDUSA_LAYERS, seed=4)
+    train_medusa_heads(heads, hidden, probs, *MEDUSA_TRAINING, seed=4, max_lr=MEDUSA_LR, log=log)
+    save_medusa_heads(heads, out_dir, str(target_dir.resolve()))
+    stamp.write_text(json.dumps({"cache_key": key, "build_seconds": round(time.perf_counter() - started, 1),
+                                 "build_cpu_seconds": round(time.process_time() - cpu_started, 1),
+                                 "tree": [list(path) for path in DEMO_TREE]}, indent=2))
+    return out_dir

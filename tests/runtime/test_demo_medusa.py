@@ -1,0 +1,28 @@
+"""The demo Medusa builder on the tiny target (small settings): it trains, saves a head
+directory the runtime and the registration reader accept, and reuses it while its key holds."""
+
+from __future__ import annotations
+
+from specreg.runtime import demo_medusa
+
+
+def test_build_then_reuse_then_rebuild_on_a_new_setting(tmp_path, tiny_dir, monkeypatch):
+    from specreg.core.heads import read_head
+    from specreg.runtime.loading import load_model
+    from specreg.runtime.medusa import WEIGHTS_FILE, load_medusa_heads
+
+    monkeypatch.setattr(demo_medusa, "MEDUSA_WINDOWS", 8)
+    monkeypatch.setattr(demo_medusa, "MEDUSA_TRAINING", (20, 64))
+    out = demo_medusa.build_demo_medusa(tmp_path / "medusa", tiny_dir / "target")
+    weights = out / WEIGHTS_FILE
+    built_at = weights.stat().st_mtime_ns
+    assert read_head(out).num_heads == demo_medusa.MEDUSA_HEADS
+    target = load_model(tiny_dir / "target")
+    heads = load_medusa_heads(out, target)
+    untouched = target.get_output_embeddings().weight
+    assert not all(bool((head[-1].weight == untouched).all()) for head in heads.heads)  # training moved them
+    assert demo_medusa.build_demo_medusa(tmp_path / "medusa", tiny_dir / "target") == out
+    assert weights.stat().st_mtime_ns == built_at  # cached
+    monkeypatch.setattr(demo_medusa, "MEDUSA_TRAINING", (21, 64))
+    demo_medusa.build_demo_medusa(tmp_path / "medusa", tiny_dir / "target")
+    assert weights.stat().st_mtime_ns != built_at  # a new setting is a new build
