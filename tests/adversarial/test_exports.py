@@ -6,6 +6,8 @@ recorded rows of tests/governance/govstate.py, so no speculative runtime runs he
 
 from __future__ import annotations
 
+import json
+
 import shutil
 import subprocess
 import sys
@@ -18,6 +20,7 @@ from specreg.api import Registry
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "governance"))
 from govstate import POLICY_TOML, record_validation  # noqa: E402
+from pgroles import as_user
 
 SPECREG = [sys.executable, "-m", "specreg.cli"]
 
@@ -47,23 +50,24 @@ def pair(db_url, tiny_models, tmp_path, monkeypatch):
 
 
 def register(db_url, models, k: int) -> str:
-    return Registry(db_url, user="alice").register(
+    return Registry(as_user(db_url, "alice"), user="alice").register(
         "ship", target=str(models["target"]), draft=str(models["draft"]), num_speculative_tokens=k).version.label
 
 
 def approved_in_production(db_url, models, k: int) -> str:
     """ship@N registered by alice, validated, approved by bob, promoted to production."""
     label = register(db_url, models, k)
-    alice = Registry(db_url, user="alice")
+    alice = Registry(as_user(db_url, "alice"), user="alice")
     record_validation(alice, label)
-    Registry(db_url, user="bob").approve(label)
+    Registry(as_user(db_url, "bob"), user="bob").approve(label)
     alice.promote(label, "production")
     return label
 
 
 def k8s_approval(stdout: str) -> str:
-    """The specreg.io/approval annotation of the exported Deployment."""
-    documents = [d for d in yaml.safe_load_all(stdout.split("\n", 1)[1]) if d]
+    """The specreg.io/approval annotation of the exported Deployment (``--json`` output)."""
+    manifest = next(f["text"] for f in json.loads(stdout) if f["file"] == "k8s-vllm.yaml")
+    documents = [d for d in yaml.safe_load_all(manifest) if d]
     deployment = next(d for d in documents if d["kind"] == "Deployment")
     return deployment["metadata"]["annotations"]["specreg.io/approval"]
 
@@ -73,14 +77,14 @@ def k8s_approval(stdout: str) -> str:
 def test_export_of_never_approved_version_is_refused_and_forced_marked_unapproved(pair, tmp_path):
     db_url, models = pair
     label = register(db_url, models, 4)
-    alice = Registry(db_url, user="alice")
+    alice = Registry(as_user(db_url, "alice"), user="alice")
     record_validation(alice, label)
     alice.promote(label, "staging")  # staging needs no approval: state promoted, no decision
     assert alice.get(label).state.value == "promoted"
 
-    refused = run("export", label, "--format", "k8s-vllm", "--db", db_url)
+    refused = run("export", label, "--format", "k8s-vllm", "--option", "model_volume=pvc:models", "--db", db_url)
     one_line_error(refused, 100, "ship@1", "not validated and approved", "needs an approval")
-    forced = run("export", label, "--format", "k8s-vllm", "--force", "--db", db_url)
+    forced = run("export", label, "--format", "k8s-vllm", "--option", "model_volume=pvc:models", "--force", "--json", "--db", db_url)
     assert forced.returncode == 0, forced.stderr
     assert k8s_approval(forced.stdout) == "UNAPPROVED"
     assert "UNAPPROVED: exported with --force" in forced.stdout
@@ -89,7 +93,7 @@ def test_export_of_never_approved_version_is_refused_and_forced_marked_unapprove
 def test_export_of_rejected_version_is_unapproved(pair):
     db_url, models = pair
     label = approved_in_production(db_url, models, 4)
-    Registry(db_url, user="carol").reject(label, note="acceptance regressed on code prompts")
+    Registry(as_user(db_url, "carol"), user="carol").reject(label, note="acceptance regressed on code prompts")
     assert Registry(db_url).get(label).state.value == "promoted"  # a rejection keeps a promoted state
 
     refused = run("export", label, "--format", "vllm", "--db", db_url)
@@ -102,9 +106,10 @@ def test_export_of_rejected_version_is_unapproved(pair):
 def test_export_of_approved_version_after_rejection_and_reapproval(pair):
     db_url, models = pair
     label = approved_in_production(db_url, models, 4)
-    Registry(db_url, user="carol").reject(label)
-    Registry(db_url, user="dave").approve(label, note="re-checked")  # latest decision wins
-    result = run("export", label, "--format", "k8s-vllm", "--db", db_url)
+    Registry(as_user(db_url, "carol"), user="carol").reject(label)
+    Registry(as_user(db_url, "dave"), user="dave").approve(label, note="re-checked")  # latest decision wins
+    result = run("export", label, "--format", "k8s-vllm", "--option", "model_volume=pvc:models", "--json",
+                 "--db", db_url)
     assert result.returncode == 0, result.stderr
     assert k8s_approval(result.stdout) == "approved" and "UNAPPROVED" not in result.stdout
 
@@ -120,8 +125,8 @@ def two_holders(db_url, models) -> tuple[str, str]:
 def test_rollback_refuses_a_rejected_version(pair):
     db_url, models = pair
     first, second = two_holders(db_url, models)
-    Registry(db_url, user="carol").reject(first, note="leaks the system prompt")
-    refused = run("rollback", "ship", "--env", "production", "--db", db_url, "--user", "alice")
+    Registry(as_user(db_url, "carol"), user="carol").reject(first, note="leaks the system prompt")
+    refused = run("rollback", "ship", "--env", "production", "--db", as_user(db_url, "alice"), "--user", "alice")
     one_line_error(refused, 100, "ship@1", "rejected by carol")
     assert Registry(db_url).get("ship@production").label == second  # nothing moved
 
@@ -129,8 +134,8 @@ def test_rollback_refuses_a_rejected_version(pair):
 def test_rollback_refuses_a_failed_version(pair):
     db_url, models = pair
     first, second = two_holders(db_url, models)
-    record_validation(Registry(db_url, user="alice"), first, status="failed")
-    refused = run("rollback", "ship", "--env", "production", "--db", db_url, "--user", "alice")
+    record_validation(Registry(as_user(db_url, "alice"), user="alice"), first, status="failed")
+    refused = run("rollback", "ship", "--env", "production", "--db", as_user(db_url, "alice"), "--user", "alice")
     one_line_error(refused, 100, "ship@1", "failed")
     assert Registry(db_url).get("ship@production").label == second
 
@@ -142,7 +147,7 @@ def test_rollback_refuses_changed_fingerprints(pair):
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0xFF  # one flipped bit in the last tensor's data
     weights.write_bytes(bytes(data))
-    refused = run("rollback", "ship", "--env", "production", "--db", db_url, "--user", "alice")
+    refused = run("rollback", "ship", "--env", "production", "--db", as_user(db_url, "alice"), "--user", "alice")
     one_line_error(refused, 100, "ship@1", "draft weight file")
     assert Registry(db_url).get("ship@production").label == second
 
@@ -150,7 +155,7 @@ def test_rollback_refuses_changed_fingerprints(pair):
 def test_rollback_to_an_intact_approved_version_still_works(pair):
     db_url, models = pair
     first, second = two_holders(db_url, models)
-    result = run("rollback", "ship", "--env", "production", "--db", db_url, "--user", "alice")
+    result = run("rollback", "ship", "--env", "production", "--db", as_user(db_url, "alice"), "--user", "alice")
     assert result.returncode == 0, result.stderr
     assert Registry(db_url).get("ship@production").label == first
 
@@ -200,4 +205,4 @@ def test_export_leaves_no_temporary_files(pair, tmp_path):
     for extra in ([], ["--overwrite"]):
         result = run("export", label, "--format", "trtllm", "-o", out, "--db", db_url, *extra)
         assert result.returncode == 0, result.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["trtllm-config.yaml", "trtllm-serve.sh"]
+    assert sorted(p.name for p in out.iterdir()) == ["specreg.lock.json", "trtllm-config.yaml", "trtllm-serve.sh"]

@@ -18,6 +18,8 @@ from specreg.api import Registry
 sys.path.insert(0, str(Path(__file__).parent.parent / "governance"))
 from govstate import POLICY_TOML, record_validation  # noqa: E402
 from metrics_server import FakeVllm, MetricsServer  # noqa: E402
+from pgroles import as_user
+from specreg.registry.store.store import SCHEMA_HEAD
 
 SPECREG = [sys.executable, "-m", "specreg.cli"]
 
@@ -53,7 +55,7 @@ def test_six_parallel_registers_on_a_fresh_database(db_url, tiny_models):
     registry = Registry(db_url)
     assert sorted(v.config.num_speculative_tokens for v in registry.list("race")) == [1, 2, 3, 4, 5, 6]
     assert sorted(v.version for v in registry.list("race")) == [1, 2, 3, 4, 5, 6]
-    assert registry.store.current_revision() == "0002"
+    assert registry.store.current_revision() == SCHEMA_HEAD
     assert registry.verify_audit() == (6, None)
 
 
@@ -79,7 +81,7 @@ def observed(db_url, tiny_models, tmp_path, monkeypatch):
     policy = tmp_path / "specreg.toml"
     policy.write_text(POLICY_TOML)
     monkeypatch.setenv("SPECREG_POLICY", str(policy))
-    alice = Registry(db_url, user="alice")
+    alice = Registry(as_user(db_url, "alice"), user="alice")
     alice.register("watch", target=str(tiny_models["target"]), draft=str(tiny_models["draft"]), num_speculative_tokens=4)
     record_validation(alice, "watch@1")
     server = MetricsServer()
@@ -114,7 +116,7 @@ def test_env_history_names_who_held_production_when(db_url, tiny_models, tmp_pat
     policy = tmp_path / "specreg.toml"
     policy.write_text(POLICY_TOML)
     monkeypatch.setenv("SPECREG_POLICY", str(policy))
-    alice, bob = Registry(db_url, user="alice"), Registry(db_url, user="bob")
+    alice, bob = Registry(as_user(db_url, "alice"), user="alice"), Registry(as_user(db_url, "bob"), user="bob")
     labels = [alice.register("hist", target=str(tiny_models["target"]), draft=str(tiny_models["draft"]),
                              num_speculative_tokens=k).version.label for k in (4, 3, 2)]
     marks = {}
@@ -158,7 +160,7 @@ def test_env_history_names_who_held_production_when(db_url, tiny_models, tmp_pat
 
 
 def test_env_history_user_mistakes(db_url, tiny_models):
-    Registry(db_url, user="alice").register("quiet", target=str(tiny_models["target"]),
+    Registry(as_user(db_url, "alice"), user="alice").register("quiet", target=str(tiny_models["target"]),
                                             draft=str(tiny_models["draft"]), num_speculative_tokens=2)
     bad_time = run("env", "history", "quiet", "--env", "production", "--at", "yesterday", "--db", db_url)
     assert bad_time.returncode == 2 and bad_time.stderr.count("\n") == 1 and "yesterday" in bad_time.stderr

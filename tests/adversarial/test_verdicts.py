@@ -16,6 +16,7 @@ import pytest
 
 from specreg.api import Registry
 from specreg.errors import PolicyViolation
+from pgroles import as_user
 
 SPECREG = [sys.executable, "-m", "specreg.cli"]
 
@@ -102,7 +103,7 @@ def test_gpt2_draft_memory_check_reads_n_layer(models):
 
 
 def test_gpt2_draft_validates_on_the_cli(db_url, models, golden):
-    registry = Registry(db_url, user="alice")
+    registry = Registry(as_user(db_url, "alice"), user="alice")
     registry.register("gpt2", target=str(models["target"]), draft=str(models["gpt2"]), num_speculative_tokens=3)
     result = run("validate", "gpt2@1", "--golden", golden, "--device", "cpu", "--gpu-memory", "1GiB",
                  "--checks", "integrity,tokenizer,chat_template,memory", "--db", db_url, "--json")
@@ -116,7 +117,7 @@ def test_an_exception_inside_one_check_fails_that_check_only(db_url, models, gol
     config = json.loads((broken / "config.json").read_text())
     config["n_head"] = 0  # no attention heads: the memory check cannot size a KV cache
     (broken / "config.json").write_text(json.dumps(config))
-    registry = Registry(db_url, user="alice")
+    registry = Registry(as_user(db_url, "alice"), user="alice")
     registry.register("broken", target=str(models["target"]), draft=str(broken), num_speculative_tokens=3)
     outcome = registry.validate("broken@1", golden=str(golden), device="cpu", gpu_memory="1GiB",
                                 checks="integrity,tokenizer,memory")
@@ -153,7 +154,7 @@ def test_qwen2_draft_with_different_tokenizer_files_still_fails(models):
 
 
 def test_qwen2_draft_runs_through_the_runtime(db_url, models, golden):
-    registry = Registry(db_url, user="alice")
+    registry = Registry(as_user(db_url, "alice"), user="alice")
     registry.register("qwen", target=str(models["plain"]), draft=str(models["plain_qwen2"]), num_speculative_tokens=3)
     outcome = registry.validate("qwen@1", golden=str(golden), device="cpu",
                                 checks="tokenizer,equivalence,acceptance")
@@ -165,7 +166,7 @@ def test_qwen2_draft_runs_through_the_runtime(db_url, models, golden):
 # --- item 10: a run where every check skipped is not a pass --------------------------------------
 
 def test_a_run_that_checked_nothing_is_not_passed(db_url, models, golden):
-    alice = Registry(db_url, user="alice")
+    alice = Registry(as_user(db_url, "alice"), user="alice")
     alice.register("skips", target=str(models["target"]), draft=str(models["self"]), num_speculative_tokens=3)
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     result = subprocess.run(SPECREG + ["validate", "skips@1", "--golden", str(golden), "--device", "cpu",
@@ -178,7 +179,7 @@ def test_a_run_that_checked_nothing_is_not_passed(db_url, models, golden):
     assert run_row.status == "failed" and [c.status for c in run_row.checks] == ["skip"]
     assert alice.get("skips@1").state.value != "validated"
     with pytest.raises(PolicyViolation, match="has not passed validation"):
-        Registry(db_url, user="bob").approve("skips@1")
+        Registry(as_user(db_url, "bob"), user="bob").approve("skips@1")
 
 
 # --- item 11: acceptance compared only at the same k ---------------------------------------------
@@ -188,7 +189,7 @@ def test_tau_is_compared_only_at_the_same_k(db_url, models, golden, tmp_path, mo
     policy.write_text(f'golden_set = "{golden}"\nrequired_checks = ["acceptance"]\n\n'
                       "[environments.staging]\napproval_required = false\n")
     monkeypatch.setenv("SPECREG_POLICY", str(policy))
-    alice = Registry(db_url, user="alice")
+    alice = Registry(as_user(db_url, "alice"), user="alice")
     for k in (4, 3):  # the same perfect pair (draft == target) at two depths
         alice.register("depth", target=str(models["target"]), draft=str(models["self"]), num_speculative_tokens=k)
     first = alice.validate("depth@1", golden=str(golden), device="cpu", checks="acceptance")
@@ -207,7 +208,7 @@ def test_tau_is_compared_only_at_the_same_k(db_url, models, golden, tmp_path, mo
 
 
 def test_a_drop_at_the_same_k_still_fails(db_url, models, golden):
-    alice = Registry(db_url, user="alice")
+    alice = Registry(as_user(db_url, "alice"), user="alice")
     alice.register("same-k", target=str(models["target"]), draft=str(models["self"]), num_speculative_tokens=3)
     alice.register("same-k", target=str(models["target"]), draft=str(models["draft"]), num_speculative_tokens=3)
     assert alice.validate("same-k@1", golden=str(golden), device="cpu", checks="acceptance").passed

@@ -346,8 +346,10 @@ def test_k8s_init_container_verifies_before_the_engine_starts(deployed):
     the public key ConfigMap mounted as folders, it passes on the exported files and refuses
     drifted ones, so the pod would not start."""
     out = deployed["tmp"] / "k8s"
+    models = deployed["target"].parent  # mounted where it lies here, so in-container paths are these paths
     result = run("export", "lock@staging", "--format", "k8s-vllm", "-o", out, "--db", deployed["db"],
-                 "--signing-key", deployed["private"], "--option", "verify_image=registry.local/specreg-verify:0.1.0")
+                 "--signing-key", deployed["private"], "--option", "verify_image=registry.local/specreg-verify:0.1.0",
+                 "--option", f"model_volume=hostPath:{models}", "--option", f"model_mount_path={models}")
     assert result.returncode == 0, result.stderr
     documents = [d for d in yaml.safe_load_all((out / "k8s-vllm.yaml").read_text()) if d]
     config_map, deployment = documents[0], documents[1]
@@ -361,9 +363,12 @@ def test_k8s_init_container_verifies_before_the_engine_starts(deployed):
     # the initContainer checks exactly the directories the engine loads
     assert init["args"][init["args"].index("--target") + 1] == engine_argv[2] == str(deployed["target"])
     assert init["args"][init["args"].index("--draft") + 1] == speculative["model"] == str(deployed["draft"])
-    volumes = {v["name"]: v["configMap"]["name"] for v in pod["volumes"]}
+    volumes = {v["name"]: v["configMap"]["name"] for v in pod["volumes"] if "configMap" in v}
     assert volumes == {"specreg-lock": "lock-v1-lock", "specreg-public-key": "specreg-signing-key"}
-    mounts = {m["mountPath"]: m["name"] for m in init["volumeMounts"]}
+    # the models volume is mounted in the initContainer exactly as in the engine container
+    assert init["volumeMounts"][0] == pod["containers"][0]["volumeMounts"][0] == \
+        {"name": "models", "mountPath": str(models), "readOnly": True}
+    mounts = {m["mountPath"]: m["name"] for m in init["volumeMounts"] if m["name"] != "models"}
 
     # mount the two ConfigMaps as folders and run the initContainer's command line
     folders = {}
@@ -402,7 +407,9 @@ def test_head_pair_lock_binds_the_head_and_the_init_container_checks_it(tmp_path
                                         num_speculative_tokens=3)
     out = tmp_path / "k8s"
     result = run("export", "heads@1", "--format", "k8s-vllm", "-o", out, "--force", "--db", db,
-                 "--signing-key", keys[0], "--option", "model_source=path")
+                 "--signing-key", keys[0], "--option", f"model_volume=hostPath:{tmp_path}",
+                 "--option", f"model_mount_path={tmp_path}", "--option", "target_subpath=models/target",
+                 "--option", "draft_subpath=eagle3-head")
     assert result.returncode == 0, result.stderr
     lock = json.loads((out / LOCK_FILE).read_text())
     assert lock["models"]["draft"]["files"] == {p.name: sha256(p) for p in sorted(head.iterdir())}
