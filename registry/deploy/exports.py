@@ -678,11 +678,13 @@ def trtllm_config(pair_version: PairVersion, draft_source: str | None, overall: 
         speculative: dict[str, Any] = {
             "decoding_type": "DraftTarget",
             "max_draft_len": config.num_speculative_tokens,
-            "speculative_model": draft_source,
+            # the field of 1.2's DecodingBaseConfig (a strict model: `speculative_model` is refused there)
+            "speculative_model_dir": draft_source,
         }
     elif config.method is SpecMethod.EAGLE3:
-        speculative = {"decoding_type": "Eagle3", "max_draft_len": config.num_speculative_tokens,
-                       "speculative_model": draft_source}
+        # 1.2's from_dict knows "Eagle" (EagleDecodingConfig, whose eagle3_one_model mode is EAGLE-3)
+        speculative = {"decoding_type": "Eagle", "max_draft_len": config.num_speculative_tokens,
+                       "speculative_model_dir": draft_source, "eagle3_one_model": True}
     elif config.method is SpecMethod.MTP:
         # "N modules produce N draft tokens": head_refusal keeps k equal to the layer count
         speculative = {"decoding_type": "MTP", "num_nextn_predict_layers": config.num_speculative_tokens}

@@ -101,7 +101,7 @@ def test_trtllm_yaml_and_command(method, baselines, run_script):
     assert "TensorRT-LLM 1.2" in files["trtllm-config.yaml"]
     if method == SpecMethod.DRAFT_MODEL:
         assert speculative["decoding_type"] == "DraftTarget"
-        assert speculative["speculative_model"] == DRAFT_REFERENCE
+        assert speculative["speculative_model_dir"] == DRAFT_REFERENCE
     else:
         assert speculative["decoding_type"] == "NGram" and speculative["max_matching_ngram_size"] == 5
     flags = check_command(run_script(files["trtllm-serve.sh"]), schema)
@@ -239,8 +239,9 @@ def test_checker_rejects_unknown_names():
         check_command(["vllm", "serve", "m", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2, '
                        '"disable_by_batch_size": 4}'], schema)
     with pytest.raises(jsonschema.ValidationError):
+        # 1.2's DecodingBaseConfig is strict: its field is speculative_model_dir, `speculative_model` is refused
         jsonschema.validate({"speculative_config": {"decoding_type": "DraftTarget", "max_draft_len": 4,
-                                                    "speculative_model_dir": "d"}}, engine_schema("trtllm")["config"])
+                                                    "speculative_model": "d"}}, engine_schema("trtllm")["config"])
 
 
 def test_unknown_format_and_option(draft_pair, baselines):

@@ -8,13 +8,14 @@ import dataclasses
 import json
 import shlex
 
+import jsonschema
 import pytest
 import yaml
 from exportcase import BASELINES, fingerprint, make_pair
 
 from specreg.core.types import ModelRef
 from specreg.errors import UsageError
-from specreg.registry.deploy.exports import render_export
+from specreg.registry.deploy.exports import engine_schema, render_export
 from specreg.registry.store.entities import SpecConfig, SpecMethod
 
 HEAD = ModelRef("/models/eagle3-head", "/cache/eagle3-head", None, fingerprint("e"))
@@ -57,8 +58,10 @@ def test_eagle3_to_sglang_is_a_chain_of_k():
 def test_eagle3_to_trtllm_and_k8s():
     config = yaml.safe_load(files_of(head_pair(SpecMethod.EAGLE3), "trtllm")["trtllm-config.yaml"])
     spec = config["speculative_config"]
-    assert (spec["decoding_type"], spec["max_draft_len"], spec["speculative_model"]) == \
-        ("Eagle3", 3, "/models/eagle3-head")  # the reference: model_source's default
+    # 1.2 knows "Eagle" (EagleDecodingConfig; eagle3_one_model selects EAGLE-3), not "Eagle3"
+    assert (spec["decoding_type"], spec["max_draft_len"], spec["speculative_model_dir"], spec["eagle3_one_model"]) == \
+        ("Eagle", 3, "/models/eagle3-head", True)  # the reference: model_source's default
+    jsonschema.validate(config, engine_schema("trtllm")["config"])
     manifest = files_of(head_pair(SpecMethod.EAGLE3), "k8s-vllm", model_volume="pvc:models")["k8s-vllm.yaml"]
     deployment = next(d for d in yaml.safe_load_all(manifest) if d and d["kind"] == "Deployment")
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -72,8 +75,10 @@ def test_mtp_on_a_deepseek_target_exports_without_a_draft():
     assert '"method": "mtp"' in script and '"model"' not in script.split("--speculative-config", 1)[1].split("\n")[0]
     sglang = files_of(pair, "sglang")["sglang-launch.sh"]
     assert "--speculative-algorithm NEXTN" in sglang and "--speculative-draft-model-path" not in sglang
-    spec = yaml.safe_load(files_of(pair, "trtllm")["trtllm-config.yaml"])["speculative_config"]
-    assert spec == {**spec, "decoding_type": "MTP", "num_nextn_predict_layers": 1}
+    config = yaml.safe_load(files_of(pair, "trtllm")["trtllm-config.yaml"])
+    assert config["speculative_config"]["decoding_type"] == "MTP"
+    assert config["speculative_config"]["num_nextn_predict_layers"] == 1
+    jsonschema.validate(config, engine_schema("trtllm")["config"])
 
 
 @pytest.mark.parametrize("pair, fmt, reason", [
