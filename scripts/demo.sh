@@ -71,16 +71,17 @@ specreg gate demo-chat@production --env production \
 specreg audit verify
 specreg show demo-chat@1
 
-step "an EAGLE-3 head on the same target: built from the target's own hidden states, registered, validated, exported"
+step "an EAGLE-3 head on the same target: built from the target's own hidden states, registered, validated, approved, exported"
 specreg demo-pair "$DEMO_DIR/pair" --method eagle3
 specreg register demo-chat-eagle3 --target "$DEMO_DIR/pair/target" --draft "$DEMO_DIR/pair/eagle3" \
   --method eagle3 --num-speculative-tokens 4 --notes "EAGLE-3 head built by specreg demo-pair --method eagle3"
 specreg validate demo-chat-eagle3@1 --golden smoke --device cpu --gpu-memory 1GiB \
   --report "$DEMO_DIR/validation-eagle3.html"
 specreg approve demo-chat-eagle3@1 --user bob --note "EAGLE-3 head: equivalence and acceptance look right"
-specreg promote demo-chat-eagle3@1 --to staging --reason "demo rollout of the EAGLE-3 pair"
+# (not promoted: the demo policy requires the chat_template check, which a head pair skips: it has
+# no second template)
 for format in vllm sglang trtllm; do
-  specreg export demo-chat-eagle3@staging --format "$format" -o "$DEMO_DIR/exports/eagle3-$format" \
+  specreg export demo-chat-eagle3@1 --format "$format" -o "$DEMO_DIR/exports/eagle3-$format" \
     --signing-key "$DEMO_DIR/keys/specreg-signing.key"
 done
 cat "$DEMO_DIR/exports/eagle3-vllm/vllm-serve.sh"
