@@ -128,12 +128,25 @@ def test_stop_string_and_max_new_tokens(target, tokenizer, drafts, prompts):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_half_precision_runs_the_same_code_path(tiny_dir, prompts, dtype):
-    """bf16 / fp16 through the same loop: models load in that dtype, greedy speculative equals
-    target-only and HF generate in that dtype token for token (deterministic CPU kernels, so a
-    near tie would show here as a fixed failure, not a flake), and sampling runs to its budget."""
+    """bf16 / fp16 through the same loop: models load in that dtype, target-only equals HF generate
+    token for token, and greedy speculative equals it up to DESIGN §3's policy: a verification
+    forward over k+1 positions may round differently from one-position decoding, so the first
+    divergence must sit on a near tie of the target (top-1/top-2 margin below the validator's
+    tolerance for the dtype); sampling runs to its budget. (On 2026-12-01 the bf16 case diverged
+    at one such tie on this machine; it had matched token for token on 2026-11-29.)"""
     import torch
 
     from specreg.runtime.pair import load_pair
+    from specreg.validators.equivalence import NEAR_TIE_TOLERANCE
+
+    def equal_or_near_tie(model, prompt_ids, got, reference):
+        if got == reference:
+            return True
+        first = next(i for i, (a, b) in enumerate(zip(got, reference)) if a != b)
+        with torch.inference_mode():
+            logits = model(torch.tensor([prompt_ids + reference[:first]])).logits[0, -1].float()
+        top = logits.topk(2).values
+        return float(top[0] - top[1]) < NEAR_TIE_TOLERANCE[dtype] and got[first] in logits.topk(2).indices.tolist()
 
     pair = load_pair(tiny_dir / "target", tiny_dir / "draft_random", dtype=dtype)
     self_pair = load_pair(tiny_dir / "target", tiny_dir / "target", dtype=dtype)
@@ -142,8 +155,9 @@ def test_half_precision_runs_the_same_code_path(tiny_dir, prompts, dtype):
         config = DecodeConfig(k=3, max_new_tokens=16, eos_token_ids=())
         reference = hf_greedy(pair.target, prompt, 16, eos_token_id=None)
         assert target_only_generate(pair, prompt, config).token_ids == reference
-        assert speculative_generate(pair, prompt, config).token_ids == reference
-        assert speculative_generate(self_pair, prompt, config).token_ids == reference
+        assert equal_or_near_tie(pair.target, prompt, speculative_generate(pair, prompt, config).token_ids, reference)
+        assert equal_or_near_tie(pair.target, prompt, speculative_generate(self_pair, prompt, config).token_ids,
+                                 reference)
         sampled = speculative_generate(pair, prompt, DecodeConfig(k=3, max_new_tokens=16, eos_token_ids=(),
                                                                   temperature=0.8, seed=5))
         assert len(sampled.token_ids) == 16 and sampled.metrics.drafted > 0
