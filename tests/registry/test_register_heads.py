@@ -15,6 +15,7 @@ from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
 from headfiles import LAYERS, write_eagle3, write_medusa, write_target
+from pgroles import as_user
 from specreg.api import Registry
 from specreg.errors import HeadMismatchError, UsageError
 from specreg.registry.store.entities import SpecMethod
@@ -49,7 +50,7 @@ def stored_row(db_url: str, version_id: int) -> PairVersionRow:
 
 
 def test_an_eagle3_head_is_read_checked_and_bound(db_url, models):
-    registry = Registry(db_url, user="alice")
+    registry = Registry(as_user(db_url, "alice"), user="alice")
     version = registry.register("chat", target="models/target", draft=str(models["eagle3"]), method="eagle3",
                                 num_speculative_tokens=3).version
     config = version.config
@@ -73,7 +74,7 @@ def test_an_eagle3_head_is_read_checked_and_bound(db_url, models):
 
 
 def test_mtp_binds_the_target_tensors_that_form_the_module(db_url, models):
-    version = Registry(db_url, user="alice").register(
+    version = Registry(as_user(db_url, "alice"), user="alice").register(
         "chat-mtp", target=str(models["mtp"]), method="mtp", num_speculative_tokens=1).version
     assert version.draft is None
     assert version.config.head["layout"] == "mtp:deepseek"
@@ -83,7 +84,7 @@ def test_mtp_binds_the_target_tensors_that_form_the_module(db_url, models):
 
 
 def test_medusa_with_a_tree(db_url, models):
-    registry = Registry(db_url, user="alice")
+    registry = Registry(as_user(db_url, "alice"), user="alice")
     version = registry.register("chat-medusa", target="models/target", draft=str(models["medusa"]),
                                 method="medusa", tree="[[0],[1],[0,0],[0,1],[0,0,0]]").version
     assert version.config.tree == ((0,), (1,), (0, 0), (0, 1), (0, 0, 0))
