@@ -10,7 +10,7 @@ make_drafter() builds the drafter of a method.
 from __future__ import annotations
 
 from specreg.runtime.pair import forward_logits
-from specreg.runtime.sampling import logits_to_probs, sample
+from specreg.runtime.sampling import draft_token
 
 
 class DraftModelDrafter:
@@ -39,12 +39,9 @@ class DraftModelDrafter:
         for _ in range(k):
             logits = forward_logits(self.model, next_input, self.cache)[0, :, : self.vocab_size]  # [1, vocab]
             self.forwards += 1
-            if self.temperature > 0:
-                probs = logits_to_probs(logits, self.temperature, self.top_k, self.top_p)  # [1, vocab]
-                token = sample(probs, self.generator)  # [1]
+            token, probs = draft_token(logits, self.temperature, self.top_k, self.top_p, self.generator)  # [1]
+            if probs is not None:
                 draft_probs.append(probs)
-            else:
-                token = logits.argmax(dim=-1)  # [1]
             draft_ids.append(token)
             next_input = token.view(1, 1)
         self.cached_length = tokens.shape[1] + k - 1  # x_k itself was never fed

@@ -31,7 +31,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from specreg.errors import ModelReferenceError, RuntimeConfigError
-from specreg.runtime.sampling import logits_to_probs, sample
+from specreg.runtime.sampling import draft_token
 
 
 def default_aux_layer_ids(num_layers: int) -> tuple[int, ...]:
@@ -345,12 +345,9 @@ class Eagle3Drafter:
         draft_ids, draft_probs = [], []
         for index in range(k):
             logits = self.head.draft_logits(hidden[0])[:, : self.vocab_size]  # [1, vocab]
-            if self.temperature > 0:
-                probs = logits_to_probs(logits, self.temperature, self.top_k, self.top_p)  # [1, vocab]
-                token = sample(probs, self.generator)  # [1]
+            token, probs = draft_token(logits, self.temperature, self.top_k, self.top_p, self.generator)  # [1]
+            if probs is not None:
                 draft_probs.append(probs)
-            else:
-                token = logits.argmax(dim=-1)  # [1]
             draft_ids.append(token)
             if index < k - 1:
                 hidden = self.head(token.view(1, 1), hidden, self.cache, length + index)

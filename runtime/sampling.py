@@ -32,3 +32,12 @@ def sample(probs, generator=None):
     import torch
 
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def draft_token(logits, temperature: float, top_k=None, top_p=None, generator=None):
+    """One drafted token from logits # [1, vocab] -> (token # [1], probs # [1, vocab] or None when
+    greedy): what every drafter does per step, sampled under the same warping as the target."""
+    if temperature > 0:
+        probs = logits_to_probs(logits, temperature, top_k, top_p)  # [1, vocab]
+        return sample(probs, generator), probs
+    return logits.argmax(dim=-1), None
