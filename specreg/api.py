@@ -144,7 +144,9 @@ def build_spec_config(method: str, num_speculative_tokens: int | None, prompt_lo
         if num_speculative_tokens is not None and num_speculative_tokens != depth:
             raise UsageError(f"num_speculative_tokens {num_speculative_tokens} differs from the tree's depth {depth}")
         num_speculative_tokens = depth
-    if num_speculative_tokens is None or num_speculative_tokens < 1:
+    if num_speculative_tokens is None:
+        raise UsageError("num_speculative_tokens is missing: pass -k N (or --tree for medusa and eagle3)")
+    if num_speculative_tokens < 1:
         raise UsageError(f"invalid num_speculative_tokens {num_speculative_tokens}: must be >= 1")
     check_range("num_speculative_tokens", num_speculative_tokens, 1, MAX_SPECULATIVE_TOKENS)
     if max_batch_size_for_speculation is not None and max_batch_size_for_speculation < 1:

@@ -115,6 +115,8 @@ def test_a_bad_tree_is_refused_before_any_row(tmp_path, models, tree, message):
 
 def test_the_method_decides_what_draft_means(tmp_path, models):
     registry = Registry(f"sqlite:///{tmp_path / 'r.db'}", user="alice")
+    with pytest.raises(UsageError, match=r"num_speculative_tokens is missing: pass -k N \(or --tree"):
+        registry.register("x", target="models/target", draft=str(models["medusa"]), method="medusa")
     with pytest.raises(UsageError, match="method eagle3 needs --draft"):
         registry.register("x", target="models/target", method="eagle3", num_speculative_tokens=3)
     with pytest.raises(UsageError, match="method mtp drafts with the layers inside the target"):
