@@ -1,7 +1,7 @@
 """Greedy acceptance of the demo Medusa heads on a golden set (default: the shipped `default`).
 
 Builds (or reuses) the demo pair and its Medusa heads under DIR, decodes every golden record
-greedily with tree verification (runtime/medusa.tree_generate) and prints the pooled figures
+greedily with tree verification (runtime/decode.py, method medusa) and prints the pooled figures
 (acceptance rate over depth positions, tau = tokens per target forward, per-depth acceptance),
 for the demo tree and for a chain of the same depth. Usage:
     python benchmarks/medusa_acceptance.py DIR [--max-new-tokens N]
@@ -24,9 +24,9 @@ def main() -> None:
     from specreg.golden_prompts.loader import load_golden_set
     from specreg.runtime.demo_medusa import DEMO_TREE, build_demo_medusa
     from specreg.runtime.demo_pair import build_demo_pair
-    from specreg.runtime.loading import load_model, load_tokenizer
-    from specreg.runtime.medusa import load_medusa_heads, tree_generate
+    from specreg.runtime.decode import DecodeConfig, speculative_generate
     from specreg.runtime.metrics import aggregate
+    from specreg.runtime.pair import load_pair
     from specreg.runtime.tree import chain_tree, parse_tree
 
     wall, cpu = time.perf_counter(), time.process_time()
@@ -35,17 +35,18 @@ def main() -> None:
     wall, cpu = time.perf_counter(), time.process_time()
     heads_dir = build_demo_medusa(f"{args.directory}/medusa", target_dir, log=print)
     print(f"medusa heads: {time.perf_counter() - wall:.1f} s wall, {time.process_time() - cpu:.1f} s CPU")
-    tokenizer, target = load_tokenizer(target_dir), load_model(target_dir)
-    heads = load_medusa_heads(heads_dir, target)
+    pair = load_pair(target_dir, heads_dir, method="medusa")
+    tokenizer = pair.tokenizer
     golden = load_golden_set(args.golden)
     tree = parse_tree(DEMO_TREE)
     results = {}
     for name, candidate_tree in (("tree", tree), ("chain", chain_tree(tree.depth))):
         metrics = []
         for record in golden:
-            generation = tree_generate(target, heads, candidate_tree, record.encode(tokenizer),
-                                       min(record.max_new_tokens, args.max_new_tokens),
-                                       eos_token_ids=(tokenizer.eos_token_id,))
+            config = DecodeConfig(method="medusa", tree=candidate_tree.paths, k=candidate_tree.depth,
+                                  max_new_tokens=min(record.max_new_tokens, args.max_new_tokens),
+                                  eos_token_ids=(tokenizer.eos_token_id,))
+            generation = speculative_generate(pair, record.encode(tokenizer), config)
             metrics.append(generation.metrics)
         summary = aggregate(metrics)
         results[name] = {key: summary[key] for key in ("acceptance_rate", "mean_acceptance_length",

@@ -47,6 +47,53 @@ def choose_k(per_position_acceptance, cost_ratio: float, k_max: int = 8) -> tupl
     return best_k, best
 
 
+def choose_tree_depth(per_depth_acceptance, draft_step_cost: float, verify_costs: dict[int, float]) -> tuple[int, float]:
+    """The depth to cut a candidate tree at: measured per-depth acceptance (a tree's per-position
+    acceptance, position = depth), the drafting cost of one step and the verification cost of the
+    tree cut at each depth d (verify_costs[d]), both in one-token target steps ->
+    (depth, expected speedup = tokens per step / (draft_step_cost + verify_costs[depth])).
+    A chain is the case verify cost 1 and draft cost k * c (expected_speedup)."""
+    best_depth, best = 0, 0.0
+    for depth, verify_cost in sorted(verify_costs.items()):
+        speedup = expected_tokens_per_step(per_depth_acceptance, depth) / (draft_step_cost + verify_cost)
+        if speedup > best:
+            best_depth, best = depth, speedup
+    return best_depth, best
+
+
+def measure_tree_step_time(model, prompt_ids, tree, steps: int = 16, repeats: int = 3) -> float:
+    """Median seconds of one tree verification step of `model` after a prefill of prompt_ids: one
+    tree_forward over the root and the tree's nodes, then the cache compacted to the root (what a
+    step that accepts nothing costs), as the decode loop runs it."""
+    import torch
+    from transformers import DynamicCache
+
+    from specreg.runtime.decode import synchronize
+    from specreg.runtime.pair import forward_logits
+    from specreg.runtime.tree import compact_cache, tree_forward
+
+    device = next(model.parameters()).device
+    prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=device).view(1, -1)  # [1, n]
+    nothing = torch.empty(0, dtype=torch.long, device=device)
+    timings = []
+    with torch.inference_mode():
+        for _ in range(repeats):
+            cache = DynamicCache(config=model.config)
+            forward_logits(model, prompt[:, :-1], cache)
+            root = prompt[:, -1:]  # [1, 1]
+            synchronize(device)
+            start = time.perf_counter()
+            for _ in range(steps):
+                keep_length = cache.get_seq_length() + 1
+                # the nodes' tokens do not change the cost: the root repeated
+                logits, _ = tree_forward(model, cache, root, root[0].expand(tree.num_nodes + 1), tree)
+                compact_cache(cache, keep_length, nothing)
+                root = logits[:1].argmax(dim=-1, keepdim=True)  # [1, 1]
+            synchronize(device)
+            timings.append((time.perf_counter() - start) / steps)
+    return sorted(timings)[len(timings) // 2]
+
+
 def measure_step_time(model, prompt_ids, steps: int = 16, repeats: int = 3, width: int = 1) -> float:
     """Median seconds of one cached decode step of `model` after a prefill of prompt_ids.
 

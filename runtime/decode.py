@@ -3,6 +3,10 @@ back to the accepted length, repeat. The first step's target forward is the pref
 over the prompt and the first k drafts at once, so no forward is spent on the prompt alone.
 Target-only decoding is the same loop with no drafts (k = 0: the prefill, then one-token
 steps), so both share one cache code path.
+
+Tree methods (Medusa; DecodeConfig.tree) verify a candidate tree instead of a chain: the same
+loop, with tree_forward for the verification forward, the tree acceptance rules, and the cache
+compacted to the accepted path (tree.py) where a chain is cropped.
 """
 
 from __future__ import annotations
@@ -13,12 +17,13 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from specreg.errors import RuntimeConfigError
-from specreg.runtime.acceptance import greedy_accept, rejection_sample
+from specreg.runtime.acceptance import greedy_accept, rejection_sample, tree_greedy_accept, tree_rejection_sample
 from specreg.runtime.metrics import GenerationMetrics
 from specreg.runtime.pair import ModelPair, forward_logits
 from specreg.runtime.sampling import logits_to_probs, sample
 
-METHODS = ("draft_model", "ngram", "eagle3")
+METHODS = ("draft_model", "ngram", "eagle3", "medusa")
+TREE_METHODS = ("medusa",)  # methods whose drafts are verified as a candidate tree
 
 
 @dataclass
@@ -40,6 +45,7 @@ class DecodeConfig:
     min_free_memory_bytes: int | None = None  # fall back when the accelerator has less free
     acceptance_length_threshold: float | None = None  # fall back when rolling tau drops below
     acceptance_window: int = 16  # verification steps in the rolling tau
+    tree: tuple[tuple[int, ...], ...] | None = None  # candidate tree paths (tree methods); k = its depth
 
 
 @dataclass
@@ -64,6 +70,16 @@ def check_config(config: DecodeConfig) -> None:
     if not 1 <= config.prompt_lookup_min <= config.prompt_lookup_max:
         raise RuntimeConfigError(f"prompt_lookup_min/max = {config.prompt_lookup_min}/"
                                  f"{config.prompt_lookup_max}: need 1 <= min <= max")
+    if config.method in TREE_METHODS and config.tree is None:
+        raise RuntimeConfigError(f"method {config.method!r} verifies a candidate tree: give its paths (tree)")
+    if config.tree is not None:
+        from specreg.runtime.tree import parse_tree
+
+        if config.method not in TREE_METHODS:
+            raise RuntimeConfigError(f"a candidate tree applies to {', '.join(TREE_METHODS)}, not {config.method!r}")
+        depth = parse_tree(config.tree).depth
+        if config.k != depth:
+            raise RuntimeConfigError(f"k = {config.k} differs from the tree's depth {depth}")
 
 
 def default_memory_probe(device) -> Callable[[], int] | None:
@@ -104,14 +120,17 @@ def stream_generate(pair: ModelPair, prompt_ids, config: DecodeConfig, *, specul
                     metrics: GenerationMetrics | None = None, batch_size: int = 1,
                     memory_probe: Callable[[], int] | None = None,
                     acceptance_rule: Callable = rejection_sample,
-                    greedy_rule: Callable = greedy_accept) -> Iterator[int]:
+                    greedy_rule: Callable = greedy_accept,
+                    tree_acceptance_rule: Callable = tree_rejection_sample,
+                    tree_greedy_rule: Callable = tree_greedy_accept) -> Iterator[int]:
     """Yield verified token ids one by one (never a draft that was not accepted).
 
     prompt_ids: list[int] or a tensor # [1, n] / [n]. speculate=False decodes target-only
     through the same loop. batch_size is the concurrency the caller serves; above
     config.disable_above_batch_size speculation is off. memory_probe() -> free accelerator bytes
-    (default torch.cuda.mem_get_info on CUDA). acceptance_rule / greedy_rule replace the rule of
-    acceptance.py (tests inject broken rules to show the validators catch them).
+    (default torch.cuda.mem_get_info on CUDA). acceptance_rule / greedy_rule (chains) and
+    tree_acceptance_rule / tree_greedy_rule (trees) replace the rules of acceptance.py (tests inject
+    broken rules to show the validators catch them).
     Fills `metrics` (pass one in to read it) as it goes.
     """
     import torch
@@ -144,6 +163,11 @@ def stream_generate(pair: ModelPair, prompt_ids, config: DecodeConfig, *, specul
     if memory_probe is None and config.min_free_memory_bytes is not None:
         memory_probe = default_memory_probe(device)
 
+    tree = None
+    if config.tree is not None:
+        from specreg.runtime.tree import compact_cache, parse_tree, tree_forward
+
+        tree = parse_tree(config.tree)
     drafter = None
     if speculate:
         from specreg.runtime.drafters import make_drafter
@@ -186,16 +210,23 @@ def stream_generate(pair: ModelPair, prompt_ids, config: DecodeConfig, *, specul
                 k = min(config.k, max_length - len(token_list) - 1) if drafter is not None else 0
                 if draft_limit is not None and config.method == "draft_model":
                     k = min(k, draft_limit - len(token_list) + 1)
-                draft_ids, draft_probs = None, None
+                draft_ids, draft_probs, step_tree = None, None, None
                 if k > 0:
                     forwards = drafter.forwards
-                    if config.method == "ngram":
+                    if tree is not None:
+                        # the tree cut to the budget; draft_ids are its nodes' tokens, the root first
+                        step_tree = tree.pruned(k)
+                        draft_ids, draft_probs = drafter.propose(tokens, step_tree)
+                    elif config.method == "ngram":
                         draft_ids, draft_probs = drafter.propose(tokens, k, token_list)
                     else:
                         draft_ids, draft_probs = drafter.propose(tokens, k)
                     metrics.draft_forwards += drafter.forwards - forwards
                     synchronize(device)
-                    k = draft_ids.shape[0]  # ngram may propose fewer; a head none before the first forward
+                    if draft_ids.shape[0] == 0:  # ngram found no match; a head has no state before the first forward
+                        k, step_tree = 0, None
+                    elif step_tree is None:
+                        k = draft_ids.shape[0]  # ngram may propose fewer
                     verify_start = time.perf_counter()
                     metrics.draft_time_s += verify_start - step_start
                 else:
@@ -203,35 +234,60 @@ def stream_generate(pair: ModelPair, prompt_ids, config: DecodeConfig, *, specul
 
                 # verify: one target forward over what its cache lacks (the whole prompt on the first
                 # step, so the prefill verifies the first drafts too; then the last emitted token)
-                # followed by the k drafts; only the last k+1 positions need logits
+                # followed by the k drafts (or the tree); only the positions after them need logits
                 pending = tokens[:, cached_length:]  # [1, n]
-                verify_input = pending if k == 0 else torch.cat([pending, draft_ids.view(1, -1)], dim=1)
                 # a head drafter also reads the target's hidden states of every position fed
                 hidden_state_ids = getattr(drafter, "hidden_state_ids", ())
                 hidden = None
-                logits = forward_logits(pair.target, verify_input, cache, k + 1, hidden_state_ids)
-                if hidden_state_ids:
-                    logits, hidden = logits  # hidden # [1, n + k, A * H]
-                logits = logits[0, :, :vocab_size]  # [k+1, vocab]
+                if step_tree is not None:
+                    logits, hidden = tree_forward(pair.target, cache, pending, draft_ids, step_tree, hidden_state_ids)
+                    hidden = hidden.unsqueeze(0)  # [1, n - 1 + nodes+1, A * H]
+                    logits = logits[:, :vocab_size]  # [nodes+1, vocab]
+                else:
+                    verify_input = pending if k == 0 else torch.cat([pending, draft_ids.view(1, -1)], dim=1)
+                    logits = forward_logits(pair.target, verify_input, cache, k + 1, hidden_state_ids)
+                    if hidden_state_ids:
+                        logits, hidden = logits  # hidden # [1, n + k, A * H]
+                    logits = logits[0, :, :vocab_size]  # [k+1, vocab]
                 if k == 0:
                     num_accepted, emitted = 0, next_tokens(logits)
+                elif step_tree is not None:
+                    buffers = step_tree.buffers(device)
+                    if sampling:
+                        target_probs = logits_to_probs(logits, config.temperature, config.top_k, config.top_p)  # [nodes+1, vocab]
+                        uniforms = torch.rand(draft_ids.shape[0], generator=generator, device=device)  # [nodes+1]
+                        accepted_nodes, emitted = tree_acceptance_rule(draft_probs, target_probs, draft_ids,
+                                                                       buffers.parent_ids, uniforms, generator)
+                    else:
+                        accepted_nodes, emitted = tree_greedy_rule(draft_ids, logits.argmax(dim=-1),
+                                                                   buffers.retrieve_indices)
+                    num_accepted = accepted_nodes.shape[0]
                 elif sampling:
                     target_probs = logits_to_probs(logits, config.temperature, config.top_k, config.top_p)  # [k+1, vocab]
                     uniforms = torch.rand(k, generator=generator, device=device)  # [k]
                     num_accepted, emitted = acceptance_rule(draft_probs, target_probs, draft_ids, uniforms, generator)
                 else:
                     num_accepted, emitted = greedy_rule(draft_ids, logits.argmax(dim=-1))
-                # roll back: keep the verified tokens and the accepted drafts, drop the rejected ones;
-                # the emitted recovered/bonus token is fed with the next step
-                if k > num_accepted:
+                # roll back: keep the verified tokens and the accepted drafts, drop the rejected ones
+                # (a tree: keep the accepted path's nodes, in order); the emitted recovered/bonus
+                # token is fed with the next step
+                if step_tree is not None:
+                    before_root = pending.shape[1] - 1
+                    compact_cache(cache, len(token_list), accepted_nodes)
+                    if hidden is not None:
+                        kept_rows = torch.cat([torch.arange(before_root + 1, device=device), before_root + accepted_nodes])
+                        hidden = hidden[:, kept_rows]
+                elif k > num_accepted:
                     cache.crop(-(k - num_accepted))
+                    if hidden is not None:
+                        hidden = hidden[:, : hidden.shape[1] - (k - num_accepted)]
                 cached_length = len(token_list) + num_accepted
                 if drafter is not None:
-                    kept = None if hidden is None else hidden[:, : hidden.shape[1] - (k - num_accepted)]
-                    drafter.rollback(cached_length, kept)
+                    drafter.rollback(cached_length, hidden)
                 emitted_list = emitted.tolist()  # syncs, so the verify time below is honest
                 now = time.perf_counter()
                 metrics.verify_time_s += now - verify_start
+                # a tree counts its depth as the positions drafted: per-position acceptance is per depth
                 metrics.record_step(k, num_accepted, len(emitted_list))
                 if k > 0:
                     rolling_tau.append(num_accepted + 1)
@@ -277,7 +333,8 @@ def _generate(pair, prompt_ids, config, speculate, **hooks) -> Generation:
 def speculative_generate(pair: ModelPair, prompt_ids, config: DecodeConfig, **hooks) -> Generation:
     """Speculative decoding of one prompt -> Generation(token_ids, text, metrics).
 
-    hooks: batch_size, memory_probe, acceptance_rule, greedy_rule (see stream_generate).
+    hooks: batch_size, memory_probe, acceptance_rule, greedy_rule, tree_acceptance_rule,
+    tree_greedy_rule (see stream_generate).
     """
     return _generate(pair, prompt_ids, config, True, **hooks)
 

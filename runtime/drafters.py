@@ -2,8 +2,9 @@
 
 All keep the same small interface: propose(tokens, k) -> (draft_token_ids # [<=k],
 draft_probs # [<=k, vocab] or None in greedy mode) and rollback(valid_length, hidden_states=None).
-A drafter that reads the target's hidden states (EAGLE-3, eagle3.py) names them in
-`hidden_state_ids`; the decode loop then hands it the kept positions' states after each verification.
+A drafter that reads the target's hidden states (EAGLE-3, eagle3.py; Medusa, medusa.py) names them
+in `hidden_state_ids`; the decode loop then hands it the kept positions' states after each
+verification. A tree drafter (Medusa) proposes propose(tokens, tree) -> the tree's node tokens.
 make_drafter() builds the drafter of a method.
 """
 
@@ -99,7 +100,7 @@ class NgramDrafter:
 
 def make_drafter(pair, config, generator=None):
     """The drafter of config.method for `pair` (a ModelPair; pair.draft is the draft model for
-    draft_model, the Eagle3Head for eagle3, unused for ngram). RuntimeConfigError when the pair
+    draft_model, the Eagle3Head for eagle3, the MedusaHeads for medusa, unused for ngram). RuntimeConfigError when the pair
     lacks what the method needs."""
     from specreg.errors import RuntimeConfigError
 
@@ -112,6 +113,14 @@ def make_drafter(pair, config, generator=None):
         if not isinstance(pair.draft, Eagle3Head):
             raise RuntimeConfigError("method 'eagle3' needs an EAGLE-3 head (load_pair(..., method='eagle3'))")
         return Eagle3Drafter(pair.draft, pair.vocab_size, config.temperature, config.top_k, config.top_p, generator)
+    if config.method == "medusa":
+        from specreg.runtime.medusa import MedusaDrafter, MedusaHeads
+        from specreg.runtime.tree import parse_tree
+
+        if not isinstance(pair.draft, MedusaHeads):
+            raise RuntimeConfigError("method 'medusa' needs Medusa heads (load_pair(..., method='medusa'))")
+        return MedusaDrafter(pair.draft, parse_tree(config.tree), pair.vocab_size,
+                             pair.target.config.num_hidden_layers, sampling)
     if pair.draft is None or not hasattr(pair.draft, "get_output_embeddings"):
         raise RuntimeConfigError(f"method {config.method!r} needs a draft model; none was given")
     return DraftModelDrafter(pair.draft, pair.vocab_size, config.temperature, config.top_k, config.top_p, generator)

@@ -166,10 +166,15 @@ def check_head_fits(spec: Eagle3Spec, weights: dict, target_config, target_vocab
         raise RuntimeConfigError(f"{name}: the head has {spec.layer_config.num_hidden_layers} decoder layers; "
                                  "the runtime drafts with one-layer EAGLE-3 heads only")
     ids = spec.aux_layer_ids if spec.aux_layer_ids is not None else default_aux_layer_ids(num_layers)
+    # vLLM 0.33 collects the aux states in layer order, each once (interfaces.py
+    # _set_aux_hidden_state_layers: tuple(sorted(set(layers)))): fc reads them in that order
+    ids = tuple(sorted(set(ids)))
     bad = [i for i in ids if not 0 <= i < num_layers]
     if not ids or bad:
-        raise RuntimeConfigError(f"{name}: eagle_aux_hidden_state_layer_ids {list(ids)} out of range for a "
-                                 f"{num_layers}-layer target (each must be in 0..{num_layers - 1})")
+        # id N (the stream after the last layer, before the final norm) is valid in vLLM; this
+        # runtime's hidden_states[N] is the normed output, so it refuses N rather than read it wrong
+        raise RuntimeConfigError(f"{name}: eagle_aux_hidden_state_layer_ids {list(ids)} out of range for this "
+                                 f"runtime on a {num_layers}-layer target (each must be in 0..{num_layers - 1})")
     declared = spec.target_hidden_size or spec.layer_config.hidden_size
     fc = weights.get("fc.weight")
     if fc is None:
@@ -257,6 +262,7 @@ def new_eagle3_head(target, draft_token_ids=None, aux_layer_ids=None, seed: int 
                                pad_token_id=config.pad_token_id, tie_word_embeddings=False)
     spec = Eagle3Spec(layer_config=layer_config, draft_vocab_size=len(ids), aux_layer_ids=None)
     aux = tuple(aux_layer_ids) if aux_layer_ids is not None else default_aux_layer_ids(config.num_hidden_layers)
+    aux = tuple(sorted(set(aux)))  # the order vLLM collects them in (check_head_fits)
     torch.manual_seed(seed)
     head = Eagle3Head(spec, aux, target_vocab, config.hidden_size, embed_tokens=target.get_input_embeddings())
     draft_to_target = torch.tensor(ids, dtype=torch.long)

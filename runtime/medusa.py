@@ -16,9 +16,9 @@ What we followed (read 2026-12-01):
   output layer at `{i}.{medusa_num_layers}.weight` (MedusaHeadV1; V2, the fallback, shares the
   base lm_head instead). specreg.core.heads reads exactly that layout (and a `medusa_head.` prefix).
 
-Use: load_medusa_heads(dir, target) -> MedusaHeads; MedusaDrafter(heads, tree) proposes a tree
-from the hidden state tree_forward returns; tree_generate is the decode loop (the lead folds it
-into decode.stream_generate, see the README of issue 11's report).
+Use: load_pair(target, heads, method="medusa") loads MedusaHeads (load_medusa_heads) and
+decode.stream_generate with DecodeConfig(method="medusa", tree=...) drafts with MedusaDrafter and
+verifies each tree in one target forward.
 
 This module imports torch at import time (its classes are nn.Modules): import it lazily.
 """
@@ -26,16 +26,12 @@ This module imports torch at import time (its classes are nn.Modules): import it
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import torch
 
 from specreg.errors import ModelReferenceError, RuntimeConfigError
-from specreg.runtime.acceptance import tree_greedy_accept, tree_rejection_sample
-from specreg.runtime.metrics import GenerationMetrics
-from specreg.runtime.sampling import logits_to_probs, sample
-from specreg.runtime.tree import CandidateTree, compact_cache, parse_tree, tree_candidates, tree_forward
+from specreg.runtime.tree import CandidateTree, tree_candidates
 
 WEIGHTS_FILE = "medusa_lm_head.safetensors"
 
@@ -138,128 +134,39 @@ def load_medusa_heads(path, target) -> MedusaHeads:
 
 
 class MedusaDrafter:
-    """Proposes a candidate tree from the hidden state of the last verified position.
+    """Proposes a candidate tree from the target's final normed state at the last verified position.
 
-    propose(root_token_id, hidden) -> (node_token_ids # [nodes+1], draft_probs # [nodes+1, vocab] or
-    None when greedy). Candidates are each head's top-`tree.width` tokens, deterministic, so in
-    sampling mode each node's draft law is a point mass on its token (the tree rule is then
-    EAGLE's: exact for any target law).
+    propose(tokens, tree) -> (node_token_ids # [nodes+1] root first, draft_probs # [nodes+1, vocab] or
+    None when greedy); empty before the target has run once (no hidden state yet). Candidates are
+    each head's top-`tree.width` tokens, deterministic, so in sampling mode each node's draft law is
+    a point mass on its token (the tree rule is then EAGLE's: exact for any target law).
+    rollback(valid_length, hidden_states # [1, m, H]) keeps the last kept position's state.
     """
 
-    def __init__(self, heads: MedusaHeads, tree: CandidateTree, vocab_size: int, sampling: bool = False):
+    def __init__(self, heads: MedusaHeads, tree: CandidateTree, vocab_size: int, final_state_id: int,
+                 sampling: bool = False):
         if tree.depth > heads.num_heads:
             raise RuntimeConfigError(f"tree depth {tree.depth} exceeds the {heads.num_heads} Medusa heads "
                                      f"(head i proposes depth i + 1)")
         self.heads, self.tree, self.vocab_size, self.sampling = heads, tree, vocab_size, sampling
+        self.hidden_state_ids = (final_state_id,)  # the decoder's final normed state (forward_logits' index)
+        self.hidden = None  # [H] the state where the next root token was predicted
         self.forwards = 0
 
-    def propose(self, root_token_id, hidden, tree: CandidateTree | None = None):
-        tree = tree or self.tree
-        logits = self.heads(hidden)[: tree.depth, : self.vocab_size]  # [depth, vocab]
+    def propose(self, tokens, tree: CandidateTree):
+        if self.hidden is None:
+            return torch.empty(0, dtype=torch.long, device=tokens.device), None
+        logits = self.heads(self.hidden)[: tree.depth, : self.vocab_size]  # [depth, vocab]
         self.forwards += 1
         proposals = torch.topk(logits, tree.width, dim=-1).indices  # [depth, width]
-        node_token_ids = tree_candidates(root_token_id, proposals, tree)  # [nodes+1]
+        node_token_ids = tree_candidates(tokens[0, -1:], proposals, tree)  # [nodes+1]
         if not self.sampling:
             return node_token_ids, None
         draft_probs = torch.nn.functional.one_hot(node_token_ids, self.vocab_size).to(logits.dtype)  # [nodes+1, vocab]
         return node_token_ids, draft_probs
 
-
-def tree_generate(target, medusa_heads: MedusaHeads, tree, prompt_ids, max_new_tokens: int, *,
-                  temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
-                  eos_token_ids=(), seed: int = 0, vocab_size: int | None = None):
-    """Medusa tree decoding of one prompt -> decode.Generation(token_ids, text=None, metrics).
-
-    tree: a CandidateTree or its paths. prompt_ids: list[int] or a tensor # [n] / [1, n].
-    temperature 0 is greedy (token-identical to target-only greedy); > 0 samples with the tree
-    rule, seeded by `seed`. The first forward is the prefill (no hidden state to draft from yet);
-    each later one verifies a tree. Metrics as for draft models, with position = depth: drafted
-    counts the tree's depth per step (the positions speculated), accepted the kept path's length.
-    Raises RuntimeConfigError before any forward for a tree deeper than the heads or bad settings.
-    """
-    from transformers import DynamicCache
-
-    from specreg.runtime.decode import Generation
-
-    tree = tree if isinstance(tree, CandidateTree) else parse_tree(tree)
-    vocab_size = vocab_size or int(target.get_output_embeddings().weight.shape[0])
-    sampling = temperature > 0
-    drafter = MedusaDrafter(medusa_heads, tree, vocab_size, sampling)
-    if max_new_tokens < 1 or temperature < 0:
-        raise RuntimeConfigError(f"max_new_tokens = {max_new_tokens}, temperature = {temperature}: need >= 1, >= 0")
-    device = next(target.parameters()).device
-    prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=device).view(1, -1)  # [1, n]
-    if prompt.shape[1] == 0:
-        raise RuntimeConfigError("empty prompt: at least one token is needed")
-    max_length = prompt.shape[1] + max_new_tokens
-    limit = getattr(target.config, "max_position_embeddings", None)
-    if limit is not None:
-        if prompt.shape[1] > limit:
-            raise RuntimeConfigError(f"prompt of {prompt.shape[1]} tokens is longer than the target's "
-                                     f"max_position_embeddings {limit}")
-        max_length = min(max_length, limit)
-    generator = torch.Generator(device=device).manual_seed(seed) if sampling else None
-    eos_ids = set(eos_token_ids or ())
-    metrics = GenerationMetrics(prompt_tokens=prompt.shape[1])
-    cache = DynamicCache(config=target.config)
-    generated: list[int] = []
-    pending, hidden, length = prompt, None, prompt.shape[1]  # tokens the cache lacks; last state; sequence length
-    start = time.perf_counter()
-    with torch.inference_mode():
-        while True:
-            step_start = time.perf_counter()
-            root = pending[0, -1:]  # [1]
-            # the tree, cut to what the budget can still take after the bonus token
-            step_tree = tree.pruned(max_length - length - 1) if hidden is not None and max_length - length > 1 else None
-            if step_tree is not None:
-                node_token_ids, draft_probs = drafter.propose(root, hidden, step_tree)
-                metrics.draft_forwards += 1
-            else:
-                node_token_ids, draft_probs = root, None
-            verify_start = time.perf_counter()
-            metrics.draft_time_s += verify_start - step_start
-            keep_length = cache.get_seq_length() + pending.shape[1]  # the prefix and the root
-            logits, states = tree_forward(target, cache, pending, node_token_ids, step_tree)
-            logits = logits[:, :vocab_size]  # [nodes+1, vocab]
-            if step_tree is None:
-                target_probs = logits_to_probs(logits, temperature, top_k, top_p) if sampling else None
-                accepted = torch.empty(0, dtype=torch.long, device=device)
-                emitted = sample(target_probs, generator) if sampling else logits.argmax(dim=-1)  # [1]
-            elif sampling:
-                target_probs = logits_to_probs(logits, temperature, top_k, top_p)  # [nodes+1, vocab]
-                uniforms = torch.rand(node_token_ids.shape[0], generator=generator, device=device)
-                accepted, emitted = tree_rejection_sample(draft_probs, target_probs, node_token_ids,
-                                                          step_tree.buffers(device).parent_ids, uniforms, generator)
-            else:
-                accepted, emitted = tree_greedy_accept(node_token_ids, logits.argmax(dim=-1),
-                                                       step_tree.buffers(device).retrieve_indices)
-            if step_tree is not None:
-                compact_cache(cache, keep_length, accepted)
-            hidden = states[int(accepted[-1]) if accepted.numel() else 0]  # [H] where the emitted token was predicted
-            emitted_list = emitted.tolist()
-            now = time.perf_counter()
-            metrics.verify_time_s += now - verify_start
-            metrics.record_step(step_tree.depth if step_tree is not None else 0, len(emitted_list) - 1,
-                                len(emitted_list))
-            first_step = metrics.ttft_s is None
-            if first_step:
-                metrics.ttft_s = now - start
-            stop = None
-            for token in emitted_list:
-                generated.append(token)
-                metrics.generated_tokens += 1
-                metrics.ttft_tokens += first_step
-                metrics.token_latencies_s.append((now - step_start) / len(emitted_list))
-                length += 1
-                if token in eos_ids:
-                    stop = "eos"
-                elif length >= max_length:
-                    stop = "max_new_tokens" if len(generated) >= max_new_tokens else "max_position"
-                if stop:
-                    break
-            if stop:
-                metrics.stop_reason = stop
-                break
-            pending = emitted[-1:].view(1, 1)  # the bonus/recovered token: the next tree's root
-    metrics.total_time_s = time.perf_counter() - start
-    return Generation(token_ids=generated, text=None, metrics=metrics)
+    def rollback(self, valid_length: int, hidden_states=None) -> None:
+        """hidden_states # [1, m, H]: the target's states at the positions kept this step; the last
+        one predicted the token emitted last, the next tree's root."""
+        if hidden_states is not None and hidden_states.shape[1] > 0:
+            self.hidden = hidden_states[0, -1]

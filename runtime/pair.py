@@ -84,7 +84,8 @@ def load_pair(target_path, draft_path=None, device: str = "cpu", dtype="float32"
 
     method "draft_model": draft_path is a causal LM with its own tokenizer; "eagle3": draft_path is
     an EAGLE-3 head (speculators or original EAGLE layout), checked against the target before any
-    forward (eagle3.check_head_fits); "ngram": draft_path is ignored. The decode loop builds the
+    forward (eagle3.check_head_fits); "medusa": draft_path holds Medusa heads (medusa.load_medusa_heads);
+    "ngram": draft_path is ignored. The decode loop builds the
     drafter from the pair and DecodeConfig.method (drafters.make_drafter).
     *_fingerprint: the ModelFingerprint each model was registered with; when given, what is
     loaded is checked against it as it is read (loading.load_model / load_tokenizer); a head's
@@ -100,6 +101,13 @@ def load_pair(target_path, draft_path=None, device: str = "cpu", dtype="float32"
         if draft_path is None:
             raise RuntimeConfigError("method 'eagle3' needs the EAGLE-3 head's directory")
         return ModelPair(target=target, tokenizer=tokenizer, draft=load_eagle3_head(draft_path, target),
+                         vocab_size=output_vocab_size(target))
+    if method == "medusa":
+        from specreg.runtime.medusa import load_medusa_heads
+
+        if draft_path is None:
+            raise RuntimeConfigError("method 'medusa' needs the Medusa heads' directory")
+        return ModelPair(target=target, tokenizer=tokenizer, draft=load_medusa_heads(draft_path, target),
                          vocab_size=output_vocab_size(target))
     if draft_path is None or method == "ngram":
         return make_pair(target, tokenizer)

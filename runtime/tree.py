@@ -5,7 +5,7 @@ the `--tree` of registration: ((0,), (1,), (0, 0), (0, 1), (0, 0, 0)) is the top
 candidates for the next token, the top-1 and top-2 after the top-1, and the top-1 after that.
 Node 0 is the root: the last verified token, whose keys the target cache does not hold yet.
 
-One step (the lead's decode loop calls these in this order; medusa.tree_generate is the loop):
+One step (runtime/decode.py's loop calls these in this order for tree methods):
 1. tree_candidates: per-depth ranked proposals -> the token of every node.
 2. tree_forward: one target forward over the uncached tokens (ending with the root) and all
    nodes, under the causal mask over the cached prefix combined with the tree mask (a node sees
@@ -156,14 +156,18 @@ def tree_candidates(root_token_id, proposals, tree: CandidateTree):
 ROOT_ONLY: dict = {}  # device -> the buffers of a tree with no nodes
 
 
-def tree_forward(model, cache, pending_ids, node_token_ids, tree: CandidateTree | None):
+def tree_forward(model, cache, pending_ids, node_token_ids, tree: CandidateTree | None,
+                 hidden_state_ids: tuple[int, ...] | None = None):
     """One target forward over the uncached tokens and the tree, appending all to `cache`.
 
     pending_ids     # [1, n]      tokens the cache lacks, the root (= node_token_ids[0]) last
     node_token_ids  # [nodes+1]   root first
     tree: None runs the root alone (node_token_ids # [1]).
-    Returns (logits # [nodes+1, vocab], hidden # [nodes+1, H]) at the root and each node, hidden
-    being the decoder's final normed state (what lm_head and Medusa heads read).
+    hidden_state_ids: indices into transformers' hidden_states as in pair.forward_logits (0 = the
+    embeddings, num_hidden_layers = the decoder's final normed state, the default: what lm_head
+    and Medusa heads read).
+    Returns (logits # [nodes+1, vocab] at the root and each node, hidden # [n - 1 + nodes+1, A * H]:
+    the requested states of every position fed, the pending tokens before the root first).
     """
     import torch
 
@@ -191,10 +195,14 @@ def tree_forward(model, cache, pending_ids, node_token_ids, tree: CandidateTree 
                               past + before_root + buffers.depths]).view(1, -1)  # [1, queries]
     input_ids = torch.cat([pending_ids[:, :-1], node_token_ids.view(1, -1)], dim=1)  # [1, queries]
     decoder = model.get_decoder()
+    final = model.config.num_hidden_layers
+    hidden_state_ids = (final,) if hidden_state_ids is None else tuple(hidden_state_ids)
+    intermediate = any(index != final for index in hidden_state_ids)
     output = decoder(input_ids=input_ids, attention_mask=mask.view(1, 1, queries, -1), position_ids=position_ids,
-                     cache=cache, use_cache=True)
-    hidden = output.last_hidden_state[0, before_root:]  # [nodes+1, H]
-    return model.get_output_embeddings()(hidden), hidden
+                     cache=cache, use_cache=True, output_hidden_states=intermediate)
+    states = output.hidden_states if intermediate else {final: output.last_hidden_state}
+    hidden = torch.cat([states[index][0] for index in hidden_state_ids], dim=-1)  # [queries, A * H]
+    return model.get_output_embeddings()(output.last_hidden_state[0, before_root:]), hidden
 
 
 def compact_cache(cache, keep_length: int, accepted_nodes) -> None:

@@ -14,6 +14,13 @@ every expected count is large enough for the chi-square approximation. A p-value
 
 One step per draw (not whole generations) keeps this cheap enough for a CPU while each draw
 still exercises the full rule: acceptance test, recovery from norm(max(0, p - q)).
+
+q is the pair's own drafter at the prefix: the draft model's distribution; for a head (EAGLE-3,
+MTP) the head's distribution drafted from the target's hidden states of a prefill over the
+prefix, as the decode loop drafts it; for a tree method (Medusa) the tree's first-depth
+candidates, each a point mass (the heads' deterministic top-k), through the tree rule: recursive
+rejection over the siblings. ngram proposals are looked up, not drawn: q is a point mass on the
+target's top token there.
 """
 
 from __future__ import annotations
@@ -92,6 +99,68 @@ def next_token_probs(model, token_ids: list[int], vocab_size: int, record):
     return logits_to_probs(logits.float(), record.temperature, record.top_k, record.top_p)[0]
 
 
+def drafter_proposal(pair, method: str, token_ids: list[int], record, tree=None):
+    """What the pair's own drafter proposes first at the prefix token_ids, with the record's
+    sampling settings: (node_token_ids # [nodes+1] or None for a chain, draft_probs # [vocab] for a
+    chain, [nodes+1, vocab] over the tree's first depth for a tree method). token_ids: >= 2 tokens."""
+    import torch
+    from transformers import DynamicCache
+
+    from specreg.runtime.decode import DecodeConfig
+    from specreg.runtime.drafters import make_drafter
+    from specreg.runtime.pair import forward_logits
+    from specreg.runtime.tree import parse_tree
+
+    device = pair.device
+    first_depth = parse_tree(tree).pruned(1) if tree is not None else None
+    config = DecodeConfig(method=method, k=first_depth.depth if first_depth else 1,
+                          tree=first_depth.paths if first_depth else None, temperature=record.temperature,
+                          top_k=record.top_k, top_p=record.top_p)
+    drafter = make_drafter(pair, config, torch.Generator(device=device).manual_seed(0))
+    tokens = torch.tensor([token_ids], dtype=torch.long, device=device)  # [1, n]
+    with torch.inference_mode():
+        if getattr(drafter, "hidden_state_ids", ()):
+            # a head drafts the token after x_n from the target's state that predicted x_n (position
+            # n - 1) and x_n itself: in the loop x_n is the target's own token of the last step
+            _, hidden = forward_logits(pair.target, tokens[:, :-1], DynamicCache(config=pair.target.config), 1,
+                                       drafter.hidden_state_ids)  # hidden # [1, n - 1, A * H]
+            drafter.rollback(len(token_ids) - 1, hidden)
+        if first_depth is not None:
+            node_token_ids, draft_probs = drafter.propose(tokens, first_depth)
+            return node_token_ids, draft_probs.float()
+        _, draft_probs = drafter.propose(tokens, 1)
+    return None, draft_probs[0].float()
+
+
+def sample_one_step_tree(node_token_ids, draft_probs, target_probs, samples: int, seed: int,
+                         tree_acceptance_rule: Callable | None = None):
+    """As sample_one_step for a depth-1 tree: the root's children tried in order with the tree rule.
+
+    node_token_ids  # [nodes+1] root first
+    draft_probs     # [nodes+1, vocab] each child's point mass (row 0 unused)
+    target_probs    # [vocab] p at the prefix
+    tree_acceptance_rule: default acceptance.tree_rejection_sample (tests inject a broken one).
+    """
+    import torch
+
+    from specreg.runtime.acceptance import tree_rejection_sample
+
+    rule = tree_acceptance_rule or tree_rejection_sample
+    generator = torch.Generator(device=target_probs.device).manual_seed(seed)
+    nodes = node_token_ids.shape[0]
+    parent_ids = torch.tensor([-1] + [0] * (nodes - 1), device=target_probs.device)  # [nodes+1]
+    # rows past the root are the laws after an accepted child: they only matter after the first token
+    p = target_probs.view(1, -1).expand(nodes, -1)  # [nodes+1, vocab]
+    uniforms = torch.rand(samples, nodes, generator=generator, device=target_probs.device)  # [samples, nodes+1]
+    speculative = torch.empty(samples, dtype=torch.long)
+    for index in range(samples):
+        _, emitted = rule(draft_probs, p, node_token_ids, parent_ids, uniforms[index], generator)
+        speculative[index] = emitted[0]
+    target_generator = torch.Generator(device=target_probs.device).manual_seed(seed + 1)
+    target_only = torch.multinomial(target_probs, samples, replacement=True, generator=target_generator)
+    return speculative, target_only.cpu()
+
+
 def sample_one_step(draft_probs, target_probs, samples: int, seed: int, acceptance_rule: Callable):
     """Draw ``samples`` first tokens through the acceptance rule and as many from the target.
 
@@ -118,14 +187,16 @@ def sample_one_step(draft_probs, target_probs, samples: int, seed: int, acceptan
 
 def check_distribution(pair, golden, decodes, *, method: str = "draft_model", samples: int = DEFAULT_SAMPLES,
                        alpha: float = DEFAULT_ALPHA, seed: int = 0, acceptance_rule: Callable | None = None,
-                       max_records: int = MAX_RECORDS) -> CheckResult:
+                       max_records: int = MAX_RECORDS, tree=None,
+                       tree_acceptance_rule: Callable | None = None) -> CheckResult:
     """Statistical check that speculative sampling preserves the target's distribution.
 
     pair: runtime ModelPair; golden: the GoldenSet; decodes: GoldenDecodes of decode_golden
-    (their greedy continuations give the fixed prefixes); method: "draft_model" (q from the
-    draft model) or "ngram" (deterministic proposals: q is one-hot on the target's top token);
-    acceptance_rule: the runtime's rule (default acceptance.rejection_sample; tests inject a
-    broken one). Returns a CheckResult "distribution"; skip when no prompt samples.
+    (their greedy continuations give the fixed prefixes); method and tree: the pair's (q comes from
+    its own drafter, drafter_proposal; ngram: one-hot on the target's top token);
+    acceptance_rule / tree_acceptance_rule: the runtime's rules (defaults in runtime/acceptance.py;
+    tests inject broken ones). Returns a CheckResult "distribution"; skip when
+    no prompt samples.
     """
     import torch
 
@@ -150,14 +221,26 @@ def check_distribution(pair, golden, decodes, *, method: str = "draft_model", sa
     for index, (run, offset, token_ids) in enumerate(prefixes):
         record = records[run.record_id]
         target_probs = next_token_probs(pair.target, token_ids, vocab, record)  # [vocab]
-        if method != "draft_model" or pair.draft is None:
-            # ngram proposes deterministically; a head's q needs the target's hidden states of the
-            # decode loop, so here q is a point mass too: the shared acceptance rule is what is tested
+        node_token_ids = None
+        if method == "ngram" or pair.draft is None:
+            # ngram looks its proposals up, deterministically: a point mass
+            draft_probs = torch.zeros_like(target_probs)
+            draft_probs[target_probs.argmax()] = 1.0
+        elif method == "draft_model":
+            draft_probs = next_token_probs(pair.draft, token_ids, vocab, record)
+        elif len(token_ids) < 2:  # a head needs the target's state before the last token
             draft_probs = torch.zeros_like(target_probs)
             draft_probs[target_probs.argmax()] = 1.0
         else:
-            draft_probs = next_token_probs(pair.draft, token_ids, vocab, record)
-        speculative, target_only = sample_one_step(draft_probs, target_probs, samples, seed + 1000 * index, rule)
+            node_token_ids, draft_probs = drafter_proposal(pair, method, token_ids, record, tree)
+        if node_token_ids is not None:
+            speculative, target_only = sample_one_step_tree(node_token_ids, draft_probs, target_probs, samples,
+                                                            seed + 1000 * index, tree_acceptance_rule)
+            # the chance that one of the candidates is accepted
+            expected_acceptance = float(target_probs[node_token_ids[1:].unique()].sum())
+        else:
+            speculative, target_only = sample_one_step(draft_probs, target_probs, samples, seed + 1000 * index, rule)
+            expected_acceptance = float(torch.minimum(target_probs, draft_probs).sum())
         target_cpu = target_probs.double().cpu()
         spec_counts = torch.bincount(speculative, minlength=vocab)[:vocab]
         target_counts = torch.bincount(target_only, minlength=vocab)[:vocab]
@@ -172,7 +255,7 @@ def check_distribution(pair, golden, decodes, *, method: str = "draft_model", sa
             "p_value_vs_target_sampling": p_homogeneity, "p_value_vs_target_probs": p_fit,
             "chi2_vs_target_probs": statistic, "dof": dof,
             "total_variation": float((empirical - target_cpu).abs().sum() / 2),
-            "expected_acceptance": float(torch.minimum(target_probs, draft_probs).sum()),
+            "expected_acceptance": expected_acceptance,
             "zero_probability_emitted": zeros,
             "ok": zeros == 0 and min(p_homogeneity, p_fit) >= threshold,
         })
@@ -181,7 +264,12 @@ def check_distribution(pair, golden, decodes, *, method: str = "draft_model", sa
                "threshold": threshold, "zero_probability_emitted": zero_probability,
                "max_total_variation": max(r["total_variation"] for r in results)}
     evidence = {"prefixes": results, "alpha": alpha, "tests": tests,
-                "method": "single-step draws through the acceptance rule vs target sampling, chi-square"}
+                "method": "single-step draws through the acceptance rule vs target sampling, chi-square",
+                "draft_law": ("the draft model's distribution" if method == "draft_model" and pair.draft is not None
+                              else "a point mass on the target's top token (ngram)" if method == "ngram"
+                              or pair.draft is None
+                              else "the tree's first-depth candidates (point masses), tree rule" if tree is not None
+                              else f"the {method} head's distribution from the target's hidden states")}
     if zero_probability:
         bad = next(r for r in results if r["zero_probability_emitted"])
         return CheckResult(CHECK_NAME, FAIL, f"speculative sampling emitted {zero_probability} token(s) the target "

@@ -33,6 +33,7 @@ class SpeculativeSettings:
     k: int = 4
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 3
+    tree: tuple[tuple[int, ...], ...] | None = None  # candidate tree paths (medusa); k is its depth
 
 
 @dataclass
@@ -69,6 +70,7 @@ def decode_config(record, settings: SpeculativeSettings, *, greedy: bool, seed: 
         top_k=None if greedy else record.top_k, top_p=None if greedy else record.top_p,
         seed=record.seed if record.seed is not None else seed,
         prompt_lookup_min=settings.prompt_lookup_min, prompt_lookup_max=settings.prompt_lookup_max,
+        tree=settings.tree,
     )
 
 

@@ -7,8 +7,11 @@ DESIGN.md §2's formula models, which short golden outputs would otherwise dilut
 p50/p95/p99 and the longest run of fully rejected steps come from the speculative decodes. The
 recommended k is the runtime's choose_k over the measured per-position acceptance and the
 measured draft/target step-cost ratio, searched only up to the deepest measured position; a
-better k beyond it is reported as extrapolated, never as the recommendation. A speedup below 1 warns (speculation slows this pair
-down here); it does not fail, since CPU figures say little about the serving accelerator.
+better k beyond it is reported as extrapolated, never as the recommendation. For a candidate tree
+(Medusa) the recommendation is the depth to cut the tree at: expected tokens per step over the
+heads' cost per step plus the measured cost of one forward over the cut tree, both in one-token
+target steps (runtime/choose_k.choose_tree_depth). A speedup below 1 warns (speculation slows
+this pair down here); it does not fail, since CPU figures say little about the serving accelerator.
 """
 
 from __future__ import annotations
@@ -42,12 +45,15 @@ def in_loop_cost_ratio(speculative: dict) -> float:
 
 
 def check_performance(pair, decodes, *, method: str = "draft_model", k: int = 4, k_max: int = 8,
-                      cost_ratio: float | None = None) -> CheckResult:
+                      cost_ratio: float | None = None, tree=None) -> CheckResult:
     """Speedup, latency percentiles, longest rejection run and recommended k.
 
     pair: runtime ModelPair; decodes: GoldenDecodes; method, k: the pair's configuration;
     cost_ratio: draft/target step cost (measured here with measure_cost_ratio when None; 0 for
-    ngram, whose drafting has no forward pass). Returns a CheckResult "performance".
+    ngram, whose drafting has no forward pass); tree: the candidate tree's paths (tree methods):
+    the recommendation is then the depth to cut the tree at, from the measured per-depth
+    acceptance, the heads' cost per step and the measured cost of verifying the tree cut at each
+    depth (choose_tree_depth). Returns a CheckResult "performance".
     """
     from specreg.runtime.choose_k import choose_k, measure_cost_ratio
     from specreg.runtime.metrics import aggregate
@@ -68,10 +74,31 @@ def check_performance(pair, decodes, *, method: str = "draft_model", k: int = 4,
             cost_ratio = measure_cost_ratio(pair.target, pair.draft, decodes.runs[0].prompt_ids, steps=8)
     measured = speculative["per_position_acceptance"] or []
     per_position = measured or [speculative["acceptance_rate"] or 0.0]
-    # Past the measured positions choose_k can only assume the last one's acceptance holds:
-    # recommend within what was measured, and name a deeper optimum as an extrapolation.
-    best_k, expected = choose_k(per_position, cost_ratio, k_max=max(1, min(max(k_max, k), len(measured))))
-    extrapolated_k, extrapolated = choose_k(per_position, cost_ratio, k_max=max(k_max, k))
+    tree_figures = {}
+    if tree is not None:
+        # the tree cut at each measured depth: its verification cost against a one-token step here
+        from specreg.runtime.choose_k import choose_tree_depth, measure_step_time, measure_tree_step_time
+        from specreg.runtime.tree import parse_tree
+
+        full = parse_tree(tree)
+        prompt = decodes.runs[0].prompt_ids
+        one_step = measure_step_time(pair.target, prompt, steps=8)
+        depths = range(1, max(1, min(full.depth, len(measured))) + 1)
+        verify_costs = {depth: measure_tree_step_time(pair.target, prompt, full.pruned(depth), steps=8) / one_step
+                        for depth in depths}
+        drafting_steps = speculative["target_forwards"] - len(decodes.runs)  # every step but each prefill
+        draft_step_cost = (speculative["draft_time_s"] / drafting_steps / one_step) if drafting_steps > 0 else 0.0
+        best_k, expected = choose_tree_depth(per_position, draft_step_cost, verify_costs)
+        extrapolated_k, extrapolated = best_k, expected  # a tree is never cut deeper than registered
+        tree_figures = {"tree_nodes": full.num_nodes, "recommended_tree_nodes": full.pruned(best_k).num_nodes,
+                        "verify_cost_ratio": verify_costs[max(depths)], "draft_step_cost": draft_step_cost,
+                        "expected_speedup_at_registered_tree": choose_tree_depth(
+                            per_position, draft_step_cost, {max(depths): verify_costs[max(depths)]})[1]}
+    else:
+        # Past the measured positions choose_k can only assume the last one's acceptance holds:
+        # recommend within what was measured, and name a deeper optimum as an extrapolation.
+        best_k, expected = choose_k(per_position, cost_ratio, k_max=max(1, min(max(k_max, k), len(measured))))
+        extrapolated_k, extrapolated = choose_k(per_position, cost_ratio, k_max=max(k_max, k))
     latencies = [s for run in decodes.runs for s in run.speculative.metrics.token_latencies_s]
     decode_speedup = None
     if speculative["decode_tokens_per_s"] and target_only["decode_tokens_per_s"]:
@@ -94,16 +121,20 @@ def check_performance(pair, decodes, *, method: str = "draft_model", k: int = 4,
         "measured_positions": len(measured),
         "extrapolated_k": extrapolated_k,
         "expected_speedup_at_extrapolated_k": extrapolated,
+        **tree_figures,
     }
     evidence = {"latency_histogram": latency_histogram(latencies),
                 "speculative_time_s": speculative["total_time_s"], "target_only_time_s": target_only["total_time_s"],
                 "generated_tokens": speculative["generated_tokens"], "fallbacks": speculative["fallbacks"],
                 "device": str(pair.device)}
-    headline = (f"speedup {speedup:.2f}x at k={k} ({figures['tokens_per_s']:.1f} vs "
+    headline = (f"speedup {speedup:.2f}x at {'tree depth ' if tree_figures else 'k='}{k} ({figures['tokens_per_s']:.1f} vs "
                 f"{figures['baseline_tokens_per_s']:.1f} tokens/s), p50/p95/p99 "
                 f"{figures['latency_p50_ms']:.2f}/{figures['latency_p95_ms']:.2f}/{figures['latency_p99_ms']:.2f} ms, "
-                f"longest rejection run {figures['longest_rejection_run']}, recommended k={best_k} "
-                f"(cost ratio {cost_ratio:.2f})")
+                f"longest rejection run {figures['longest_rejection_run']}, " +
+                (f"recommended tree depth {best_k} ({tree_figures['recommended_tree_nodes']} of "
+                 f"{tree_figures['tree_nodes']} nodes; verifying the tree costs "
+                 f"{tree_figures['verify_cost_ratio']:.2f} one-token steps)" if tree_figures else
+                 f"recommended k={best_k} (cost ratio {cost_ratio:.2f})"))
     if extrapolated_k > best_k:
         headline += (f"; k={extrapolated_k} is extrapolated (expected {extrapolated:.2f}x, assuming positions past the "
                      f"{len(measured)} measured accept like the last): validate at that k before choosing it")

@@ -217,7 +217,8 @@ def run_suite(pair_version, golden, options: ValidationOptions, *, device: str,
 
         settings = equivalence.SpeculativeSettings(
             method=config.method.value, k=config.num_speculative_tokens,
-            prompt_lookup_min=config.prompt_lookup_min or 1, prompt_lookup_max=config.prompt_lookup_max or 3)
+            prompt_lookup_min=config.prompt_lookup_min or 1, prompt_lookup_max=config.prompt_lookup_max or 3,
+            tree=config.tree)
         total = len(golden)
         done = [0]
 
@@ -256,7 +257,8 @@ def run_suite(pair_version, golden, options: ValidationOptions, *, device: str,
         if "distribution" in selected:
             emit(guarded("distribution", lambda: distribution.check_distribution(
                 pair, golden, decodes, method=settings.method, samples=options.distribution_samples,
-                seed=options.seed, acceptance_rule=hooks.get("acceptance_rule"))))
+                seed=options.seed, acceptance_rule=hooks.get("acceptance_rule"), tree=settings.tree,
+                tree_acceptance_rule=hooks.get("tree_acceptance_rule"))))
         if "acceptance" in selected:
             check = guarded("acceptance", lambda: acceptance.check_acceptance(
                 decodes, previous=previous_baselines, tolerance=options.acceptance_tolerance, k=settings.k))
@@ -265,7 +267,7 @@ def run_suite(pair_version, golden, options: ValidationOptions, *, device: str,
                 result.baselines = check.evidence["baselines"]  # kept only if the run passes
         if "performance" in selected:
             emit(guarded("performance", lambda: performance.check_performance(
-                pair, decodes, method=settings.method, k=settings.k)))
+                pair, decodes, method=settings.method, k=settings.k, tree=settings.tree)))
     result.summary = build_summary(result, golden, options, device)
     return result
 

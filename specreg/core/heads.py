@@ -862,6 +862,8 @@ def check_head_fits(head: HeadSpec, target_directory: str | Path, *, target_refe
         layers = target.num_hidden_layers
         declared = head.aux_layer_ids is not None
         aux = head.aux_layer_ids if declared else default_aux_layer_ids(layers)
+        # vLLM 0.33 (models/interfaces.py _maybe_add_hidden_state, llama.py): id 0 is the embeddings,
+        # id i + 1 the residual stream after layer i, so 0..N; it sorts and dedups the ids
         outside = [i for i in aux if not 0 <= i <= layers]
         if outside:
             what = "eagle_aux_hidden_state_layer_ids" if declared else "the default aux layer ids"

@@ -150,7 +150,7 @@ def test_speculators_directory_round_trip_and_load_pair(tiny_dir, target, tokeni
     assert config["speculators_model_type"] == "eagle3"
     assert config["speculators_config"]["verifier"] == {"name_or_path": "tiny-target",
                                                         "architectures": ["LlamaForCausalLM"]}
-    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 1, 0]  # (2, N//2, N-3) for N = 3
+    assert config["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]  # (2, N//2, N-3) for N = 3, in layer order
     assert config["draft_vocab_size"] == head.lm_head.weight.shape[0]
     assert config["transformer_layer_config"]["num_hidden_layers"] == 1
     from safetensors import safe_open
@@ -183,7 +183,8 @@ def test_original_eagle_layout_loads_the_same_head(tiny_dir, target, tokenizer, 
                for name, value in load_file(speculators / "model.safetensors").items()}
     save_file(weights, str(original / "model.safetensors"))
     pair = load_pair(tiny_dir / "target", original, method="eagle3")
-    assert pair.draft.aux_layer_ids == (2, 1, 0)  # the verifier's default: no ids in this layout
+    # the verifier's default (2, 1, 0) for 3 layers, collected in layer order as vLLM does
+    assert pair.draft.aux_layer_ids == (0, 1, 2)
     for name, value in head.state_dict().items():
         assert torch.equal(pair.draft.state_dict()[name], value), name
 
@@ -192,7 +193,7 @@ def test_original_eagle_layout_loads_the_same_head(tiny_dir, target, tokenizer, 
     ("d2t_out_of_range", "d2t maps draft id 0 to target id .* outside the target vocabulary"),
     ("d2t_not_one_to_one", "d2t maps two draft ids to the same target id"),
     ("other_hidden_size", "head is for hidden size 32 .* target hidden_size is 64"),
-    ("aux_out_of_range", r"eagle_aux_hidden_state_layer_ids \[1, 3, 7\] out of range for a 3-layer target"),
+    ("aux_out_of_range", r"eagle_aux_hidden_state_layer_ids \[1, 3, 7\] out of range for this runtime on a 3-layer target"),
     ("draft_vocab_mismatch", "lm_head.weight has .* rows, draft_vocab_size is 7"),
 ])
 def test_mismatched_heads_are_refused_before_any_forward(target, heads, tmp_path, change, reason):

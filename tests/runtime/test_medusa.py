@@ -1,5 +1,6 @@
-"""Medusa heads on tiny models: the head directory round trip, greedy tree decoding equal to
-target-only and HF generate for several trees, seeded sampling, typed errors before any forward."""
+"""Medusa heads on tiny models, decoded by the one decode loop (runtime/decode.py, tree mode):
+the head directory round trip, greedy tree decoding equal to target-only and HF generate for
+several trees, seeded sampling, typed errors before any forward."""
 
 from __future__ import annotations
 
@@ -7,15 +8,24 @@ import pytest
 import torch
 
 from specreg.errors import RuntimeConfigError
-from specreg.runtime.decode import DecodeConfig, target_only_generate
-from specreg.runtime.medusa import build_medusa_heads, load_medusa_heads, new_medusa_heads, tree_generate
-from specreg.runtime.pair import make_pair
+from specreg.runtime.decode import DecodeConfig, speculative_generate, target_only_generate
+from specreg.runtime.medusa import build_medusa_heads, load_medusa_heads, new_medusa_heads
+from specreg.runtime.pair import ModelPair, make_pair
 
 TREES = {
     "chain": [(0,), (0, 0), (0, 0, 0)],
     "medusa": [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)],
     "wide": [(i,) for i in range(6)] + [(0, i) for i in range(3)],
 }
+
+
+def tree_generate(target, heads, paths, prompt_ids, max_new_tokens, *, eos_token_ids=(), **sampling):
+    """Medusa speculative decoding through runtime/decode.py -> Generation."""
+    pair = ModelPair(target=target, tokenizer=None, draft=heads, vocab_size=target.config.vocab_size)
+    paths = tuple(tuple(path) for path in paths)
+    config = DecodeConfig(method="medusa", tree=paths, k=max(len(path) for path in paths),
+                          max_new_tokens=max_new_tokens, eos_token_ids=tuple(eos_token_ids), **sampling)
+    return speculative_generate(pair, prompt_ids, config)
 
 
 def hf_greedy(target, prompt_ids, max_new_tokens):

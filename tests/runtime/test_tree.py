@@ -40,7 +40,8 @@ def test_each_node_gets_the_logits_of_its_path(target, prompts, paths, cached):
         node_tokens = tree_tokens(tree, prompt[-1])
         logits, hidden = tree_forward(target, cache, torch.tensor([prompt[cached:]]), node_tokens, tree)
     assert logits.shape == (tree.num_nodes + 1, target.config.vocab_size)
-    assert hidden.shape == (tree.num_nodes + 1, target.config.hidden_size)
+    # the final normed state of every position fed: the pending tokens before the root, then the tree
+    assert hidden.shape == (len(prompt) - cached + tree.num_nodes, target.config.hidden_size)
     assert cache.get_seq_length() == len(prompt) + tree.num_nodes
     for node in range(tree.num_nodes + 1):
         path_tokens, ancestor = [], node

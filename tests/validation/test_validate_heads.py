@@ -1,0 +1,92 @@
+"""`Registry.validate` end to end on head pairs built from the session's tiny target: an EAGLE-3
+chain and Medusa heads verified as a tree, every check run on our runtime, and the distribution
+check drawing from the pair's own drafter (the head's real q)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specreg.registry.store.entities import PairState
+
+CHECKS = ["integrity", "tokenizer", "chat_template", "memory", "equivalence", "distribution", "acceptance",
+          "performance"]
+TREE = [[0], [1], [0, 0], [0, 1], [0, 0, 0]]
+
+
+@pytest.fixture(scope="module")
+def heads(models, tmp_path_factory):
+    """An EAGLE-3 head (random, speculators layout) and Medusa heads (Medusa's initialisation,
+    perturbed) for the tiny target."""
+    from specreg.runtime.eagle3 import new_eagle3_head, save_eagle3_head
+    from specreg.runtime.loading import load_model
+    from specreg.runtime.medusa import new_medusa_heads, save_medusa_heads
+
+    root = tmp_path_factory.mktemp("heads")
+    target = load_model(models["target"])
+    eagle3 = save_eagle3_head(new_eagle3_head(target, aux_layer_ids=(0, 1), seed=2), root / "eagle3", verifier_name_or_path=str(models["target"]))
+    medusa = new_medusa_heads(target, num_heads=3, num_layers=1, seed=4)
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for parameter in medusa.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.3 * (parameter.std() + 0.01))
+    return {"eagle3": eagle3, "medusa": save_medusa_heads(medusa, root / "medusa")}
+
+
+def test_medusa_pair_validates_on_the_tree_runtime(registry, models, heads, golden_path):
+    registry.register("med", target=str(models["target"]), draft=str(heads["medusa"]), method="medusa", tree=TREE)
+    outcome = registry.validate("med@1", golden=str(golden_path), device="cpu", gpu_memory="1GiB",
+                                distribution_samples=2000)
+    found = {check.name: check for check in outcome.checks}
+    assert list(found) == CHECKS
+    assert found["chat_template"].status == "skip"
+    for name in ("tokenizer", "equivalence", "distribution", "acceptance"):
+        assert found[name].status == "pass", (name, found[name].summary)
+    assert found["equivalence"].figures["exact"] + found["equivalence"].figures.get("near_tie", 0) == 3
+    assert "tree's first-depth candidates" in found["distribution"].evidence["draft_law"]
+    # per-position acceptance is per depth of the tree: three depths
+    assert outcome.passed, [(c.name, c.status, c.summary) for c in outcome.checks]
+    baselines = registry.baselines("med@1")
+    assert len(baselines["overall"]["per_position_acceptance"]) <= 3
+    performance = found["performance"]
+    assert performance.status in ("pass", "warn")
+    assert performance.figures["tree_nodes"] == 5
+    assert 1 <= performance.figures["recommended_k"] <= 3
+    assert performance.figures["verify_cost_ratio"] > 0
+    assert "recommended tree depth" in performance.summary
+    assert outcome.passed and outcome.version.state is PairState.VALIDATED
+
+
+def test_eagle3_pair_distribution_draws_from_the_heads_own_law(registry, models, heads, golden_path):
+    registry.register("eag", target=str(models["target"]), draft=str(heads["eagle3"]), method="eagle3",
+                      num_speculative_tokens=3)
+    outcome = registry.validate("eag@1", golden=str(golden_path), device="cpu", gpu_memory="1GiB",
+                                distribution_samples=2000, checks="integrity,equivalence,distribution,acceptance")
+    found = {check.name: check for check in outcome.checks}
+    assert found["equivalence"].status == "pass", found["equivalence"].summary
+    distribution = found["distribution"]
+    assert distribution.status == "pass", distribution.summary
+    assert distribution.evidence["draft_law"] == "the eagle3 head's distribution from the target's hidden states"
+    # a random head's law is spread out: the chance q and p agree is well below 1 (a point mass on
+    # the target's top token, the old stand-in, would give the target's top probability instead)
+    assert all(0 < prefix["expected_acceptance"] < 1 for prefix in distribution.evidence["prefixes"])
+
+
+def test_a_broken_tree_rule_fails_the_distribution_check(registry, models, heads, golden_path):
+    """Accepting a tree's first candidate whenever it has positive target probability (p/q ignored)
+    over-emits the candidates: the chi-square tests see it; equivalence (greedy) cannot."""
+    from specreg.runtime.acceptance import tree_rejection_sample
+
+    def accept_first_candidate(draft_probs, target_probs, node_token_ids, parent_ids, uniforms, generator=None):
+        first = int((parent_ids == 0).nonzero()[0])
+        if target_probs[0, node_token_ids[first]] > 0:
+            return torch.tensor([first]), torch.stack([node_token_ids[first], node_token_ids[first]])
+        return tree_rejection_sample(draft_probs, target_probs, node_token_ids, parent_ids, uniforms, generator)
+
+    registry.register("med", target=str(models["target"]), draft=str(heads["medusa"]), method="medusa", tree=TREE)
+    outcome = registry.validate("med@1", golden=str(golden_path), device="cpu", distribution_samples=2000,
+                                checks="equivalence,distribution", hooks={"tree_acceptance_rule": accept_first_candidate})
+    found = {check.name: check for check in outcome.checks}
+    assert found["equivalence"].status == "pass"
+    assert found["distribution"].status == "fail"
+    assert "does not match the target's distribution" in found["distribution"].summary
