@@ -4,7 +4,7 @@ over the prompt and the first k drafts at once, so no forward is spent on the pr
 Target-only decoding is the same loop with no drafts (k = 0: the prefill, then one-token
 steps), so both share one cache code path.
 
-Tree methods (Medusa; DecodeConfig.tree) verify a candidate tree instead of a chain: the same
+With a candidate tree (DecodeConfig.tree: Medusa, EAGLE-3 top-k) the drafts are a tree: the same
 loop, with tree_forward for the verification forward, the tree acceptance rules, and the cache
 compacted to the accepted path (tree.py) where a chain is cropped.
 """
@@ -23,7 +23,7 @@ from specreg.runtime.pair import ModelPair, forward_logits
 from specreg.runtime.sampling import logits_to_probs, sample
 
 METHODS = ("draft_model", "ngram", "eagle3", "medusa")
-TREE_METHODS = ("medusa",)  # methods whose drafts are verified as a candidate tree
+TREE_METHODS = ("medusa", "eagle3")  # methods that can verify a candidate tree (medusa always does)
 
 
 @dataclass
@@ -70,7 +70,7 @@ def check_config(config: DecodeConfig) -> None:
     if not 1 <= config.prompt_lookup_min <= config.prompt_lookup_max:
         raise RuntimeConfigError(f"prompt_lookup_min/max = {config.prompt_lookup_min}/"
                                  f"{config.prompt_lookup_max}: need 1 <= min <= max")
-    if config.method in TREE_METHODS and config.tree is None:
+    if config.method == "medusa" and config.tree is None:
         raise RuntimeConfigError(f"method {config.method!r} verifies a candidate tree: give its paths (tree)")
     if config.tree is not None:
         from specreg.runtime.tree import parse_tree
@@ -216,7 +216,7 @@ def stream_generate(pair: ModelPair, prompt_ids, config: DecodeConfig, *, specul
                     if tree is not None:
                         # the tree cut to the budget; draft_ids are its nodes' tokens, the root first
                         step_tree = tree.pruned(k)
-                        draft_ids, draft_probs = drafter.propose(tokens, step_tree)
+                        draft_ids, draft_probs = drafter.propose_tree(tokens, step_tree)
                     elif config.method == "ngram":
                         draft_ids, draft_probs = drafter.propose(tokens, k, token_list)
                     else:

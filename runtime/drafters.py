@@ -4,7 +4,8 @@ All keep the same small interface: propose(tokens, k) -> (draft_token_ids # [<=k
 draft_probs # [<=k, vocab] or None in greedy mode) and rollback(valid_length, hidden_states=None).
 A drafter that reads the target's hidden states (EAGLE-3, eagle3.py; Medusa, medusa.py) names them
 in `hidden_state_ids`; the decode loop then hands it the kept positions' states after each
-verification. A tree drafter (Medusa) proposes propose(tokens, tree) -> the tree's node tokens.
+verification. A tree drafter (Medusa, EAGLE-3 with a tree) proposes propose_tree(tokens, tree) ->
+the tree's node tokens, root first.
 make_drafter() builds the drafter of a method.
 """
 

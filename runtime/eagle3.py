@@ -134,13 +134,16 @@ class Eagle3Head(torch.nn.Module):
             aux_hidden = self.input_norm(aux_hidden)
         return self.fc(aux_hidden)
 
-    def forward(self, input_ids, hidden, cache, start_position: int, attention_mask=None):
+    def forward(self, input_ids, hidden, cache, start_position: int, attention_mask=None, position_ids=None):
         """input_ids # [1, n], hidden # [1, n, H] at positions start_position.. -> pre-norm # [1, n, H].
 
-        attention_mask: None builds the causal mask of a block over the cache (training passes its own).
+        attention_mask: None builds the causal mask of a block over the cache (training and tree
+        drafting pass their own); position_ids # [1, n]: positions other than consecutive ones (tree
+        nodes of one depth share theirs).
         """
         length = input_ids.shape[1]
-        position_ids = torch.arange(start_position, start_position + length, device=input_ids.device).view(1, -1)
+        if position_ids is None:
+            position_ids = torch.arange(start_position, start_position + length, device=input_ids.device).view(1, -1)
         position_embeddings = self.rotary_emb(hidden, position_ids)
         if attention_mask is None and length > 1:
             past = cache.get_seq_length() if cache is not None else 0
@@ -333,12 +336,10 @@ class Eagle3Drafter:
         self.features = None  # [1, m, A*H] aux states g_seeded.. not fed yet
         self.forwards = 0
 
-    def propose(self, tokens, k: int):
-        """tokens # [1, n] the verified sequence -> (draft_token_ids # [<=k], draft_probs # [<=k, vocab]
-        or None when greedy). Empty before the target has run once (no aux states yet)."""
-        device = tokens.device
-        if self.features is None:
-            return torch.empty(0, dtype=torch.long, device=device), None
+    def seed(self, tokens):
+        """Drop the last step's speculative entries, feed the positions verified since (their aux
+        states came with rollback()) -> the head's pre-norm state at the last one # [1, 1, H],
+        which predicts the next token."""
         length = tokens.shape[1]
         speculative = self.cache.get_seq_length() - self.seeded  # last step's entries fed with own states
         if speculative > 0:
@@ -347,7 +348,16 @@ class Eagle3Drafter:
         hidden = self.head(new_tokens, self.head.project(self.features), self.cache, self.seeded + 1)
         self.forwards += 1
         self.seeded, self.features = length - 1, None
-        hidden = hidden[:, -1:]  # [1, 1, H] predicts x_n
+        return hidden[:, -1:]
+
+    def propose(self, tokens, k: int):
+        """tokens # [1, n] the verified sequence -> (draft_token_ids # [<=k], draft_probs # [<=k, vocab]
+        or None when greedy). Empty before the target has run once (no aux states yet)."""
+        device = tokens.device
+        if self.features is None:
+            return torch.empty(0, dtype=torch.long, device=device), None
+        length = tokens.shape[1]
+        hidden = self.seed(tokens)  # [1, 1, H] predicts x_n
         draft_ids, draft_probs = [], []
         for index in range(k):
             logits = self.head.draft_logits(hidden[0])[:, : self.vocab_size]  # [1, vocab]
@@ -359,6 +369,58 @@ class Eagle3Drafter:
                 hidden = self.head(token.view(1, 1), hidden, self.cache, length + index)
                 self.forwards += 1
         return torch.cat(draft_ids), (torch.cat(draft_probs) if draft_probs else None)
+
+    def propose_tree(self, tokens, tree):
+        """Static-tree drafting (EAGLE's tree, top-k at every node): tokens # [1, n] the verified
+        sequence, tree: a tree.CandidateTree of rank paths -> (node_token_ids # [nodes+1] root first,
+        draft_probs # [nodes+1, vocab] point masses, or None when greedy); empty before the target
+        has run once. A node at depth d with last rank r gets rank r of the head's distribution at
+        its parent; each depth is one head forward over the nodes of the depth above that have
+        children, each attending to the seeded entries, its ancestors' entries and itself, at
+        position n - 1 + depth. The candidates are the top-k, deterministic: a point-mass q per node
+        keeps the tree rule exact (EAGLE's tree sampling)."""
+        device = tokens.device
+        if self.features is None:
+            return torch.empty(0, dtype=torch.long, device=device), None
+        length = tokens.shape[1]
+        hidden = self.seed(tokens)  # [1, 1, H]
+        states = {0: hidden[0, -1]}  # node -> the head's pre-norm state that predicts its children
+        node_tokens = [int(tokens[0, -1])] + [0] * tree.num_nodes
+        has_children = set(tree.parents)
+        entry_of = {}  # node -> its entry in the head's cache
+        for depth in range(1, tree.depth + 1):
+            parents = [node for node in range(tree.num_nodes + 1)
+                       if tree.depths[node] == depth - 1 and node in has_children]
+            logits = self.head.draft_logits(torch.stack([states[node] for node in parents]))[:, : self.vocab_size]
+            ranked = torch.topk(logits, tree.width, dim=-1).indices.tolist()  # [parents, width]
+            row = {node: index for index, node in enumerate(parents)}
+            at_depth = [node for node in range(1, tree.num_nodes + 1) if tree.depths[node] == depth]
+            for node in at_depth:
+                node_tokens[node] = ranked[row[tree.parents[node]]][tree.paths[node - 1][-1]]
+            feed = [node for node in at_depth if node in has_children]
+            if not feed:
+                break
+            past = self.cache.get_seq_length()
+            allowed = torch.zeros(len(feed), past + len(feed), dtype=torch.bool, device=device)
+            allowed[:, : length - 1] = True  # the seeded entries x_1 .. x_{n-1}
+            for query, node in enumerate(feed):
+                allowed[query, past + query] = True
+                ancestor = tree.parents[node]
+                while ancestor > 0:
+                    allowed[query, entry_of[ancestor]] = True
+                    ancestor = tree.parents[ancestor]
+            input_ids = torch.tensor([[node_tokens[node] for node in feed]], device=device)  # [1, m]
+            parent_states = torch.stack([states[tree.parents[node]] for node in feed]).unsqueeze(0)  # [1, m, H]
+            positions = torch.full((1, len(feed)), length - 1 + depth, device=device)  # [1, m]
+            out = self.head(input_ids, parent_states, self.cache, 0, attention_mask=allowed.view(1, 1, len(feed), -1),
+                            position_ids=positions)  # [1, m, H]
+            self.forwards += 1
+            for query, node in enumerate(feed):
+                states[node], entry_of[node] = out[0, query], past + query
+        node_token_ids = torch.tensor(node_tokens, dtype=torch.long, device=device)  # [nodes+1]
+        if self.temperature <= 0:
+            return node_token_ids, None
+        return node_token_ids, torch.nn.functional.one_hot(node_token_ids, self.vocab_size).to(hidden.dtype)
 
     def rollback(self, valid_length: int, hidden_states=None) -> None:
         """The target kept its first `valid_length` positions; hidden_states # [1, m, A*H] are its aux

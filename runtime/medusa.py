@@ -136,7 +136,7 @@ def load_medusa_heads(path, target) -> MedusaHeads:
 class MedusaDrafter:
     """Proposes a candidate tree from the target's final normed state at the last verified position.
 
-    propose(tokens, tree) -> (node_token_ids # [nodes+1] root first, draft_probs # [nodes+1, vocab] or
+    propose_tree(tokens, tree) -> (node_token_ids # [nodes+1] root first, draft_probs # [nodes+1, vocab] or
     None when greedy); empty before the target has run once (no hidden state yet). Candidates are
     each head's top-`tree.width` tokens, deterministic, so in sampling mode each node's draft law is
     a point mass on its token (the tree rule is then EAGLE's: exact for any target law).
@@ -153,7 +153,7 @@ class MedusaDrafter:
         self.hidden = None  # [H] the state where the next root token was predicted
         self.forwards = 0
 
-    def propose(self, tokens, tree: CandidateTree):
+    def propose_tree(self, tokens, tree: CandidateTree):
         if self.hidden is None:
             return torch.empty(0, dtype=torch.long, device=tokens.device), None
         logits = self.heads(self.hidden)[: tree.depth, : self.vocab_size]  # [depth, vocab]

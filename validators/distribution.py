@@ -126,7 +126,7 @@ def drafter_proposal(pair, method: str, token_ids: list[int], record, tree=None)
                                        drafter.hidden_state_ids)  # hidden # [1, n - 1, A * H]
             drafter.rollback(len(token_ids) - 1, hidden)
         if first_depth is not None:
-            node_token_ids, draft_probs = drafter.propose(tokens, first_depth)
+            node_token_ids, draft_probs = drafter.propose_tree(tokens, first_depth)
             return node_token_ids, draft_probs.float()
         _, draft_probs = drafter.propose(tokens, 1)
     return None, draft_probs[0].float()

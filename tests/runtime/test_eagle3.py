@@ -247,3 +247,65 @@ def test_demo_head_build_then_reuse_the_cache(tiny_dir, prompts, tmp_path, monke
         (head_dir / "demo-head.json").read_text())["cache_key"]  # a changed budget is a different head
     with pytest.raises(RuntimeConfigError, match="only 'eagle3'"):
         demo_heads.build_demo_head(tmp_path, "medusa", target_dir=tiny_dir / "target")
+
+
+# ---- EAGLE-3 with a static candidate tree (top-k at every node), verified in one target forward ----
+
+EAGLE_TREES = {
+    "chain": ((0,), (0, 0), (0, 0, 0)),
+    "eagle": ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0)),
+}
+
+
+@pytest.mark.parametrize("head_name", ["random", "trained"])
+@pytest.mark.parametrize("tree_name", list(EAGLE_TREES))
+def test_greedy_eagle3_tree_equals_target_only_and_hf(target, tokenizer, heads, prompts, head_name, tree_name):
+    pair = head_pair(target, tokenizer, heads[head_name])
+    paths = EAGLE_TREES[tree_name]
+    config = DecodeConfig(method="eagle3", k=3, tree=paths, max_new_tokens=24, eos_token_ids=())
+    for prompt in prompts[:3]:
+        result = speculative_generate(pair, prompt, config)
+        assert result.token_ids == hf_greedy(target, prompt, 24, eos_token_id=None)
+        assert len(result.metrics.per_position_acceptance) <= 3  # per depth
+
+
+def test_tree_drafts_equal_sequential_drafting_along_each_path(target, tokenizer, heads, prompts):
+    """Every node's token is the head's rank-r choice after drafting its path one token at a time:
+    the tree mask and the shared per-depth positions in the head are right."""
+    from transformers import DynamicCache
+
+    from specreg.runtime.eagle3 import Eagle3Drafter
+    from specreg.runtime.tree import parse_tree
+
+    head = heads["trained"]
+    tree = parse_tree(EAGLE_TREES["eagle"])
+    sequence = torch.tensor([prompts[2]])
+
+    def seeded():
+        drafter = Eagle3Drafter(head, int(target.config.vocab_size))
+        _, hidden = forward_logits(target, sequence[:, :-1], DynamicCache(config=target.config), 1, head.aux_layer_ids)
+        drafter.rollback(sequence.shape[1] - 1, hidden)
+        return drafter
+
+    with torch.inference_mode():
+        node_tokens, probs = seeded().propose_tree(sequence, tree)
+        assert probs is None and node_tokens[0] == sequence[0, -1]
+        for node, path in enumerate(tree.paths, start=1):
+            drafter = seeded()
+            hidden = drafter.seed(sequence)
+            expected = None
+            for depth, rank in enumerate(path):
+                logits = head.draft_logits(hidden[0])[:, : drafter.vocab_size]  # [1, vocab]
+                expected = torch.topk(logits, tree.width, dim=-1).indices[0, rank]
+                if depth < len(path) - 1:
+                    hidden = head(expected.view(1, 1), hidden, drafter.cache, sequence.shape[1] + depth)
+            assert int(node_tokens[node]) == int(expected), f"node {node} {path}"
+
+
+def test_eagle3_tree_sampling_is_reproducible(target, tokenizer, heads, prompts):
+    pair = head_pair(target, tokenizer, heads["trained"])
+    runs = [speculative_generate(pair, prompts[1], DecodeConfig(method="eagle3", k=3, tree=EAGLE_TREES["eagle"],
+                                                                max_new_tokens=16, temperature=0.9, top_k=50,
+                                                                seed=seed, eos_token_ids=())).token_ids
+            for seed in (3, 3, 4)]
+    assert runs[0] == runs[1] and runs[0] != runs[2] and len(runs[0]) == 16

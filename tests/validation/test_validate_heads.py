@@ -90,3 +90,16 @@ def test_a_broken_tree_rule_fails_the_distribution_check(registry, models, heads
     assert found["equivalence"].status == "pass"
     assert found["distribution"].status == "fail"
     assert "does not match the target's distribution" in found["distribution"].summary
+
+
+def test_eagle3_pair_with_a_tree_validates_on_the_tree_runtime(registry, models, heads, golden_path):
+    registry.register("eagtree", target=str(models["target"]), draft=str(heads["eagle3"]), method="eagle3",
+                      tree=TREE)
+    outcome = registry.validate("eagtree@1", golden=str(golden_path), device="cpu", gpu_memory="1GiB",
+                                distribution_samples=2000)
+    found = {check.name: check for check in outcome.checks}
+    for name in ("tokenizer", "equivalence", "distribution", "acceptance"):
+        assert found[name].status == "pass", (name, found[name].summary)
+    assert found["distribution"].evidence["draft_law"] == "the tree's first-depth candidates (point masses), tree rule"
+    assert found["performance"].figures["tree_nodes"] == 5
+    assert outcome.passed
