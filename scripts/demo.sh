@@ -21,6 +21,11 @@ required_checks = ["integrity", "tokenizer", "chat_template", "equivalence", "di
 acceptance_tolerance = 0.10
 max_validation_age_days = 30
 
+[required_checks_by_method]
+# a head drafts inside the target's own chat context: no second template to compare (the
+# tokenizer check is the head's fit to the target's vocabulary)
+eagle3 = ["integrity", "tokenizer", "equivalence", "distribution", "acceptance"]
+
 [environments.staging]
 approval_required = false
 
@@ -71,19 +76,21 @@ specreg gate demo-chat@production --env production \
 specreg audit verify
 specreg show demo-chat@1
 
-step "an EAGLE-3 head on the same target: built from the target's own hidden states, registered, validated, approved, exported"
+step "an EAGLE-3 head on the same target: built from the target's own hidden states, registered, validated, approved, promoted, exported"
 specreg demo-pair "$DEMO_DIR/pair" --method eagle3
 specreg register demo-chat-eagle3 --target "$DEMO_DIR/pair/target" --draft "$DEMO_DIR/pair/eagle3" \
   --method eagle3 --num-speculative-tokens 4 --notes "EAGLE-3 head built by specreg demo-pair --method eagle3"
 specreg validate demo-chat-eagle3@1 --golden smoke --device cpu --gpu-memory 1GiB \
   --report "$DEMO_DIR/validation-eagle3.html"
 specreg approve demo-chat-eagle3@1 --user bob --note "EAGLE-3 head: equivalence and acceptance look right"
-# (not promoted: the demo policy requires the chat_template check, which a head pair skips: it has
-# no second template)
+# the policy's required_checks_by_method: an eagle3 pair needs no chat_template check
+specreg promote demo-chat-eagle3@1 --to staging --reason "demo rollout"
+specreg promote demo-chat-eagle3@1 --to production --reason "demo rollout"
 for format in vllm sglang trtllm; do
-  specreg export demo-chat-eagle3@1 --format "$format" -o "$DEMO_DIR/exports/eagle3-$format" \
+  specreg export demo-chat-eagle3@production --format "$format" -o "$DEMO_DIR/exports/eagle3-$format" \
     --signing-key "$DEMO_DIR/keys/specreg-signing.key"
 done
+specreg gate demo-chat-eagle3@production --env production
 cat "$DEMO_DIR/exports/eagle3-vllm/vllm-serve.sh"
 specreg show demo-chat-eagle3@1
 

@@ -340,7 +340,7 @@ def evaluate(session: Session, row: PairVersionRow, env: EnvironmentPolicy, *, g
 
     checks = {c.name: c for c in run.checks} if run is not None else {}
     accepted = ("pass", "warn") if env.allow_warnings else ("pass",)
-    for name in env.required_checks:
+    for name in env.checks_for(row.method):  # per pair kind where the policy says so
         check = checks.get(name)
         if run is None:
             conditions.append(Condition(f"check.{name}", False, "no validation"))

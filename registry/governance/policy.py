@@ -7,6 +7,12 @@ below applies. Top-level keys are defaults for every environment; each
 
     golden_set              the golden set (shipped name or path) the validation must have used
     required_checks         checks of that validation that must have passed
+    required_checks_by_method
+                            a table method -> checks, replacing required_checks for pairs of that
+                            kind: a head pair (eagle3, medusa, mtp) drafts inside the target's own
+                            chat context and an ngram pair has no draft model, so their validation
+                            skips the checks that compare two tokenizers or templates. A method not
+                            in the table uses required_checks; a skipped check never counts as passed.
     allow_warnings          accept "warn" (e.g. an fp16 near-tie) for a required check
     approval_required       an approval by someone other than the registrant is needed
     approvers               who may approve for this environment; [] = anyone but the registrant
@@ -29,7 +35,7 @@ from __future__ import annotations
 import math
 import os
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +53,14 @@ allow_warnings = false
 acceptance_tolerance = 0.10
 max_validation_age_days = 30
 
+[required_checks_by_method]
+# no second tokenizer or chat template to compare: tokenizer is the head's fit to the target's
+# vocabulary for heads; an ngram pair has neither check
+ngram = ["integrity", "equivalence", "acceptance"]
+eagle3 = ["integrity", "tokenizer", "equivalence", "acceptance"]
+medusa = ["integrity", "tokenizer", "equivalence", "acceptance"]
+mtp = ["integrity", "tokenizer", "equivalence", "acceptance"]
+
 [identity]
 allow_claimed_user = false   # PostgreSQL: the actor is the database role; SQLite: advisory
 
@@ -61,11 +75,12 @@ approvers = []   # anyone but the registrant (four-eyes)
 ENVIRONMENT_KEYS = {
     "golden_set": str, "required_checks": list, "allow_warnings": bool, "approval_required": bool,
     "approvers": list, "acceptance_tolerance": (int, float), "max_validation_age_days": (int, float),
+    "required_checks_by_method": dict,
 }
 ENVIRONMENT_DEFAULTS: dict[str, Any] = {
     "golden_set": "default", "required_checks": ["integrity", "equivalence", "acceptance"],
     "allow_warnings": False, "approval_required": False, "approvers": [],
-    "acceptance_tolerance": 0.10, "max_validation_age_days": None,
+    "acceptance_tolerance": 0.10, "max_validation_age_days": None, "required_checks_by_method": {},
 }
 
 
@@ -81,10 +96,17 @@ class EnvironmentPolicy:
     approvers: tuple[str, ...]  # empty: anyone but the registrant
     acceptance_tolerance: float
     max_validation_age_days: float | None
+    required_checks_by_method: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def checks_for(self, method: str) -> tuple[str, ...]:
+        """The checks a pair of kind `method` (draft_model, ngram, eagle3, ...) must have passed."""
+        return self.required_checks_by_method.get(method, self.required_checks)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name, "golden_set": self.golden_set, "required_checks": list(self.required_checks),
+            "required_checks_by_method": {method: list(checks) for method, checks in
+                                          self.required_checks_by_method.items()},
             "allow_warnings": self.allow_warnings, "approval_required": self.approval_required,
             "approvers": list(self.approvers), "acceptance_tolerance": self.acceptance_tolerance,
             "max_validation_age_days": self.max_validation_age_days,
@@ -196,6 +218,8 @@ def parse_policy(document: Any, source: str) -> Policy:
             approvers=tuple(merged["approvers"]), acceptance_tolerance=float(merged["acceptance_tolerance"]),
             max_validation_age_days=(float(merged["max_validation_age_days"])
                                      if merged["max_validation_age_days"] is not None else None),
+            required_checks_by_method={method: tuple(checks) for method, checks in
+                                       merged["required_checks_by_method"].items()},
         )
     return Policy(built, source, allow_claimed_user)
 
@@ -210,6 +234,15 @@ def check_value(source: str, where: str, value: Any, key: str | None = None) -> 
         raise UsageError(f"policy {source}: {where} = {value!r} has the wrong type")
     if key in ("required_checks", "approvers") and not all(isinstance(v, str) and v for v in value):
         raise UsageError(f"policy {source}: {where} must be a list of non-empty strings")
+    if key == "required_checks_by_method":
+        from specreg.registry.store.entities import SpecMethod
+
+        methods = [method.value for method in SpecMethod]
+        for method, checks in value.items():
+            if method not in methods:
+                raise UsageError(f"policy {source}: {where}.{method}: unknown method (known: {', '.join(methods)})")
+            if not isinstance(checks, list) or not all(isinstance(v, str) and v for v in checks):
+                raise UsageError(f"policy {source}: {where}.{method} must be a list of non-empty strings")
     if key == "approvers":
         try:
             value = [normalize_user(v, what="approver") for v in value]

@@ -275,5 +275,7 @@ def policy_show(policy_path, as_json):
     click.echo(f"# {policy.identity_text()}")
     print_table(["ENV", "GOLDEN SET", "APPROVAL", "APPROVERS", "TOLERANCE", "MAX AGE (DAYS)", "REQUIRED CHECKS"],
                 [[e.name, e.golden_set, "required" if e.approval_required else "-", ", ".join(e.approvers) or "anyone but registrant",
-                  f"{e.acceptance_tolerance:.0%}", e.max_validation_age_days or "-", ", ".join(e.required_checks)]
+                  f"{e.acceptance_tolerance:.0%}", e.max_validation_age_days or "-",
+                  "; ".join([", ".join(e.required_checks)] + [f"{method}: {', '.join(checks)}" for method, checks
+                                                               in e.required_checks_by_method.items()])]
                  for e in policy.environments.values()])

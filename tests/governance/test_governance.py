@@ -257,3 +257,24 @@ def test_imported_approval_by_the_registrant_does_not_count(db_url, tiny_models,
         approval.event_hash = event.event_hash
     reasons = failed(registry.gate(ref, "production"))
     assert reasons["approval"] == "approved only by the registrant alice (four-eyes: another person must approve)"
+
+
+def test_a_skipped_check_counts_only_where_the_policy_exempts_the_pair_kind(db_url, tiny_models, tmp_path,
+                                                                            monkeypatch):
+    """An ngram pair's validation skips chat_template (no draft model): the gate accepts that only
+    through required_checks_by_method; a draft-model pair with the same skip is still refused."""
+    policy = tmp_path / "kinds.toml"
+    policy.write_text('golden_set = "smoke"\nrequired_checks = ["integrity", "chat_template", "equivalence"]\n'
+                      '[required_checks_by_method]\nngram = ["integrity", "equivalence"]\n'
+                      '[environments.staging]\n')
+    monkeypatch.setenv("SPECREG_POLICY", str(policy))
+    registry = Registry(as_user(db_url, "alice"), user="alice")
+    lookup = registry.register("lookup", target=str(tiny_models["target"]), method="ngram",
+                               num_speculative_tokens=3).version.label
+    (paired,) = register_versions(registry, tiny_models, "paired", 1)
+    checks = {"integrity": "pass", "chat_template": "skip", "equivalence": "pass", "acceptance": "pass"}
+    record_validation(registry, lookup, checks=checks)
+    record_validation(registry, paired, checks=checks)
+    assert registry.gate(lookup, "staging").passed
+    refused = registry.gate(paired, "staging")
+    assert not refused.passed and failed(refused) == {"check.chat_template": "skip: chat_template skip"}

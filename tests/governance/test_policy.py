@@ -78,3 +78,26 @@ def test_missing_file_and_unknown_environment(tmp_path):
         load_policy(tmp_path / "missing.toml")
     with pytest.raises(NotFoundError, match="unknown environment 'qa': policy built-in default defines production, staging"):
         load_policy().environment("qa")
+
+
+def test_required_checks_by_method_parse_and_errors(tmp_path):
+    path = tmp_path / "p.toml"
+    path.write_text('required_checks = ["integrity", "chat_template"]\n'
+                    '[required_checks_by_method]\neagle3 = ["integrity"]\n'
+                    '[environments.staging]\n'
+                    '[environments.production]\nrequired_checks_by_method = {ngram = ["equivalence"]}\n')
+    policy = load_policy(path)
+    staging, production = policy.environment("staging"), policy.environment("production")
+    assert staging.checks_for("eagle3") == ("integrity",)
+    assert staging.checks_for("draft_model") == ("integrity", "chat_template")
+    # an environment's table replaces the top-level one, as every key does
+    assert production.checks_for("eagle3") == ("integrity", "chat_template")
+    assert production.checks_for("ngram") == ("equivalence",)
+    assert load_policy().environment("production").checks_for("medusa") == (
+        "integrity", "tokenizer", "equivalence", "acceptance")
+    path.write_text('[required_checks_by_method]\neagel3 = ["integrity"]\n[environments.prod]\n')
+    with pytest.raises(UsageError, match=r"required_checks_by_method.eagel3: unknown method \(known: draft_model, "):
+        load_policy(path)
+    path.write_text('[required_checks_by_method]\neagle3 = "integrity"\n[environments.prod]\n')
+    with pytest.raises(UsageError, match="required_checks_by_method.eagle3 must be a list of non-empty strings"):
+        load_policy(path)
