@@ -3,11 +3,15 @@
 Greedy decoding of the shipped golden prompts, side by side, interleaved prompt by prompt so
 machine load hits every method alike: ours target-only, HF `generate` target-only, HF assisted
 generation with the same draft and k (constant schedule, no confidence threshold), ours
-speculative, and ours EAGLE-3 chain with the demo EAGLE-3 head (demo_heads.build_demo_head; --no-eagle3
-leaves it out). The HF methods run stock transformers: their own copies of the two models, loaded
+speculative, and the head methods on the same target: EAGLE-3 chain and EAGLE-3 tree with the demo
+EAGLE-3 head (demo_heads.build_demo_head; --no-eagle3 leaves them out) and Medusa tree with the demo
+Medusa heads (demo_medusa.build_demo_medusa; --no-medusa). The HF methods run stock transformers: their own copies of the two models, loaded
 with its default attention (ours load through the runtime, see runtime/attention.py). Reports
 tokens/s and ratios, alpha-hat, tau, c, the theoretical speedup of DESIGN.md §2 and our
-efficiency = measured / theoretical, end to end and in the decode phase.
+efficiency = measured / theoretical, end to end and in the decode phase. For the head methods the
+prediction is DESIGN.md §2 in its tree form: expected tokens per step from the measured per-depth
+acceptance over (the heads' drafting cost per step + 1), both in one-token target steps; the cost of
+the verification forward over the whole tree is measured against a one-token step beside it.
 
     .venv/bin/python benchmarks/bench_runtime.py [--dir .demo/pair] [--k 4] [--max-new-tokens 64]
 """
@@ -23,7 +27,7 @@ import time
 def hf_generate(pair, prompt_ids, max_new_tokens, assistant=None, k=4):
     import torch
 
-    input_ids = torch.tensor([prompt_ids])
+    input_ids = torch.tensor([prompt_ids], device=pair.device)
     extra = {}
     if assistant is not None:
         # HF reads these from the assistant's own generation config, not from generate()'s kwargs:
@@ -49,7 +53,10 @@ def main() -> None:
                         help="torch intra-op threads for every method (0: torch's default); one thread is "
                              "fastest for these tiny matmuls and does not collapse when the cores are shared")
     parser.add_argument("--golden-set", default="default")
-    parser.add_argument("--no-eagle3", action="store_true", help="leave out the EAGLE-3 chain row")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (benchmarks/gpu_check.sh)")
+    parser.add_argument("--dtype", default="float32", help="float32, bfloat16, float16")
+    parser.add_argument("--no-eagle3", action="store_true", help="leave out the EAGLE-3 chain and tree rows")
+    parser.add_argument("--no-medusa", action="store_true", help="leave out the Medusa tree row")
     args = parser.parse_args()
 
     import torch
@@ -63,19 +70,23 @@ def main() -> None:
     from specreg.runtime.pair import ModelPair, load_pair
 
     target_dir, draft_dir = build_demo_pair(args.dir, log=print)
-    head_dir = None
+    head_dir = medusa_dir = None
     if not args.no_eagle3:
         from specreg.runtime.demo_heads import build_demo_head
 
         head_dir = build_demo_head(args.dir, "eagle3", target_dir=target_dir, log=print)
+    if not args.no_medusa:
+        from specreg.runtime.demo_medusa import build_demo_medusa
+
+        medusa_dir = build_demo_medusa(f"{args.dir}/medusa", target_dir, log=print)
     if args.threads:
         torch.set_num_threads(args.threads)
-    pair = load_pair(target_dir, draft_dir)
+    pair = load_pair(target_dir, draft_dir, device=args.device, dtype=args.dtype)
     # the HF methods: stock transformers, its own copies of the models with its default attention
     from transformers import AutoModelForCausalLM
 
-    stock_target, stock_draft = (AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-                                 for folder in (target_dir, draft_dir))
+    stock_target, stock_draft = (AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, args.dtype))
+                                 .to(pair.device).eval() for folder in (target_dir, draft_dir))
     stock = dataclasses.replace(pair, target=stock_target, draft=stock_draft)
     prompts = [record.encode(pair.tokenizer) for record in load_golden_set(args.golden_set)]
     config = DecodeConfig(k=args.k, max_new_tokens=args.max_new_tokens)
@@ -97,26 +108,43 @@ def main() -> None:
         f"HF assisted (k={args.k})": lambda ids: hf_generate(stock, ids, args.max_new_tokens, stock.draft, args.k),
         f"ours speculative (k={args.k})": ours_speculative,
     }
-    eagle_metrics = []
+    # the head methods: the same target object (the heads read its hidden states, no second copy)
+    from specreg.runtime.demo_medusa import DEMO_TREE
+    from specreg.runtime.tree import parse_tree
+
+    tree = parse_tree(DEMO_TREE)
+    heads = []  # (row name, pair, config, metrics of its runs)
     if head_dir is not None:
         from specreg.runtime.eagle3 import load_eagle3_head
 
-        # the same target object: the head reads its hidden states, no second copy
         eagle_pair = ModelPair(target=pair.target, tokenizer=pair.tokenizer, vocab_size=pair.vocab_size,
                                draft=load_eagle3_head(head_dir, pair.target))
-        eagle_config = dataclasses.replace(config, method="eagle3")
+        heads.append((f"ours EAGLE-3 chain (k={args.k})", eagle_pair, dataclasses.replace(config, method="eagle3"), []))
+        heads.append((f"ours EAGLE-3 tree ({tree.num_nodes} nodes)", eagle_pair,
+                      dataclasses.replace(config, method="eagle3", k=tree.depth, tree=tree.paths), []))
+    if medusa_dir is not None:
+        from specreg.runtime.medusa import load_medusa_heads
 
-        def ours_eagle3(ids):
-            result = speculative_generate(eagle_pair, ids, eagle_config)
-            eagle_metrics.append(result.metrics)
+        medusa_pair = ModelPair(target=pair.target, tokenizer=pair.tokenizer, vocab_size=pair.vocab_size,
+                                draft=load_medusa_heads(medusa_dir, pair.target))
+        heads.append((f"ours Medusa tree ({tree.num_nodes} nodes)", medusa_pair,
+                      dataclasses.replace(config, method="medusa", k=tree.depth, tree=tree.paths), []))
+
+    def head_method(head_pair, head_config, metrics):
+        def run(ids):
+            result = speculative_generate(head_pair, ids, head_config)
+            metrics.append(result.metrics)
             return result.token_ids
+        return run
 
-        methods[f"ours EAGLE-3 chain (k={args.k})"] = ours_eagle3
+    for name, head_pair, head_config, metrics in heads:
+        methods[name] = head_method(head_pair, head_config, metrics)
     for run in methods.values():  # warm-up
         run(prompts[0])
     spec_metrics.clear()
     target_metrics.clear()
-    eagle_metrics.clear()
+    for *_, metrics in heads:
+        metrics.clear()
     # rounds over all prompts, interleaved prompt by prompt so a burst of load from another process
     # hits every method alike; each method's rate is the median over the rounds
     rates = {name: [] for name in methods}
@@ -144,8 +172,7 @@ def main() -> None:
     # the formula prices a verification like a one-token step; on a CPU a forward over k+1 tokens
     # costs more (wider matmuls, a materialised mask): measured here to explain the gap, not to move it
     # back to back, median of the ratios (as measure_cost_ratio does): one burst of load skews one ratio
-    verify_cost = median_ratio(lambda: measure_step_time(pair.target, prompts[0], width=args.k + 1, repeats=1),
-                               lambda: measure_step_time(pair.target, prompts[0], repeats=1), 9)
+    verify_cost = verify_cost_chain(pair, prompts[0], args.k)
     with_verify_cost = expected_tokens_per_step(summary["per_position_acceptance"], args.k) / (
         verify_cost + args.k * cost_ratio)
     best_k, best_speedup = choose_k(summary["per_position_acceptance"], cost_ratio, k_max=12)
@@ -155,7 +182,7 @@ def main() -> None:
     base = rate[names[0]]
     reference = outputs[names[0]]
     print(f"\n{len(prompts)} golden prompts x {args.repeats} rounds, greedy, max_new_tokens {args.max_new_tokens}, "
-          f"fp32 {pair.device}, {torch.get_num_threads()} thread(s), target {target_dir}, draft {draft_dir}\n")
+          f"{args.dtype} {pair.device}, {torch.get_num_threads()} thread(s), target {target_dir}, draft {draft_dir}\n")
     print(f"{'method':<28} {'tokens/s':>9} {'(min-max)':>15} {'vs ours target-only':>20} {'same output':>12}")
     for name in names:
         same = sum(a == b for a, b in zip(outputs[name], reference))
@@ -190,23 +217,46 @@ def main() -> None:
     print(f"ours spec / HF assisted            {rate[names[3]] / rate[names[2]]:.2f}x  (target >= 1.25)")
     print(f"ours / HF target-only              {base / rate[names[1]]:.2f}x  (target within 10%)")
     print(f"choose_k suggests k={best_k}, expected speedup {best_speedup:.2f}x")
-    if eagle_metrics:
-        eagle = aggregate(eagle_metrics)
-        # c for the head: its measured seconds per drafting forward (as the loop ran them, argmax
-        # included) over a one-token target step
-        head_cost = (eagle["draft_time_s"] / eagle["draft_forwards"]) / measure_step_time(pair.target, prompts[0])
-        eagle_theoretical = expected_speedup(eagle["per_position_acceptance"], args.k, head_cost)
-        eagle_measured = rate[names[4]] / base
-        eagle_decode = eagle["decode_tokens_per_s"] / target_summary["decode_tokens_per_s"]
-        print(f"\nEAGLE-3 chain (head {head_dir})")
-        print(f"alpha-hat / tau                    {eagle['acceptance_rate']:.3f} / {eagle['mean_acceptance_length']:.2f}"
-              "  (tau counts the prefill step, which drafts nothing: the head needs the target's states first)")
-        print("per-position acceptance            " + ", ".join(f"{a:.2f}" for a in eagle["per_position_acceptance"]))
-        print(f"c (head forward / target step)     {head_cost:.3f}")
-        print(f"theoretical speedup (k={args.k})        {eagle_theoretical:.2f}x  (DESIGN.md §2, per-position rates)")
-        print(f"measured speedup                   {eagle_measured:.2f}x end to end, {eagle_decode:.2f}x decode phase")
-        print(f"efficiency = measured/theoretical  {eagle_measured / eagle_theoretical:.2f} end to end, "
-              f"{eagle_decode / eagle_theoretical:.2f} decode phase  (target >= 0.8)")
+    if heads:
+        from specreg.runtime.choose_k import measure_tree_step_time
+
+        one_step = measure_step_time(pair.target, prompts[0])
+        tree_verify = median_ratio(lambda: measure_tree_step_time(pair.target, prompts[0], tree, repeats=1),
+                                   lambda: measure_step_time(pair.target, prompts[0], repeats=1), 9)
+        print(f"\ntree verification: one forward over the {tree.num_nodes}-node tree costs {tree_verify:.2f}x a "
+              "one-token target step (target <= 1.3x)")
+    for name, head_pair, head_config, metrics in heads:
+        summary_h = aggregate(metrics)
+        depth = head_config.k
+        # drafting cost per step in one-token target steps: the head's seconds over the steps that
+        # drafted (every step but each generation's prefill), as the loop ran them
+        drafting_steps = summary_h["target_forwards"] - summary_h["generations"]
+        draft_step_cost = summary_h["draft_time_s"] / drafting_steps / one_step
+        tokens_per_step = expected_tokens_per_step(summary_h["per_position_acceptance"], depth)
+        predicted = tokens_per_step / (draft_step_cost + 1.0)
+        head_verify = tree_verify if head_config.tree is not None else verify_cost  # chains: k + 1 tokens
+        measured_h = rate[name] / base
+        decode_h = summary_h["decode_tokens_per_s"] / target_summary["decode_tokens_per_s"]
+        print(f"\n{name}")
+        print(f"alpha-hat / tau                    {summary_h['acceptance_rate']:.3f} / "
+              f"{summary_h['mean_acceptance_length']:.2f}  (tau counts the prefill step, which drafts nothing)")
+        print("per-depth acceptance               " + ", ".join(f"{a:.2f}" for a in summary_h["per_position_acceptance"]))
+        print(f"drafting cost per step             {draft_step_cost:.3f} one-token target steps "
+              f"({summary_h['draft_forwards'] / drafting_steps:.1f} head forwards)")
+        print(f"predicted speedup                  {predicted:.2f}x  (DESIGN.md §2, tree form: {tokens_per_step:.2f} "
+              f"tokens per step / (drafting + 1)); with the measured verify cost {head_verify:.2f}x: "
+              f"{tokens_per_step / (draft_step_cost + head_verify):.2f}x")
+        print(f"measured speedup                   {measured_h:.2f}x end to end, {decode_h:.2f}x decode phase")
+        print(f"efficiency = measured/predicted    {measured_h / predicted:.2f} end to end, "
+              f"{decode_h / predicted:.2f} decode phase  (target >= 0.8)")
+
+
+def verify_cost_chain(pair, prompt_ids, k: int) -> float:
+    """A verification forward over k+1 tokens against a one-token target step (median of ratios)."""
+    from specreg.runtime.choose_k import measure_step_time, median_ratio
+
+    return median_ratio(lambda: measure_step_time(pair.target, prompt_ids, width=k + 1, repeats=1),
+                        lambda: measure_step_time(pair.target, prompt_ids, repeats=1), 9)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,69 @@
+"""Equivalence of every speculative method on an accelerator (run by benchmarks/gpu_check.sh).
+
+For the demo target with each of its drafters — the demo draft model (k=4), the demo EAGLE-3 head
+as a chain (k=4) and as a tree, the demo Medusa heads with the demo tree — decodes the golden set
+greedily through our runtime on DEVICE in DTYPE, speculative and target-only through the same loop,
+and judges them with the validator's own equivalence rule (validators/equivalence.py: exact, or a
+first divergence at a near tie of the target within the dtype's tolerance). Prints one line per
+method with alpha-hat and tau; exit 1 when any method fails.
+
+    python benchmarks/gpu_check.py [--dir .demo/pair] [--device cuda] [--dtype bfloat16] [--golden smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", default=".demo/pair", help="demo pair folder (built on first use)")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--golden", default="smoke")
+    args = parser.parse_args()
+
+    import torch
+
+    from specreg.golden_prompts.loader import load_golden_set
+    from specreg.runtime.demo_heads import build_demo_head
+    from specreg.runtime.demo_medusa import DEMO_TREE, build_demo_medusa
+    from specreg.runtime.demo_pair import build_demo_pair
+    from specreg.runtime.metrics import aggregate
+    from specreg.runtime.pair import load_pair
+    from specreg.validators.equivalence import SpeculativeSettings, check_equivalence, decode_golden
+    from specreg.validators.suite import default_near_tie_tolerance
+
+    target_dir, draft_dir = build_demo_pair(args.dir, log=print)
+    head_dir = build_demo_head(args.dir, "eagle3", target_dir=target_dir, log=print)
+    medusa_dir = build_demo_medusa(f"{args.dir}/medusa", target_dir, log=print)
+    tree = tuple(tuple(path) for path in DEMO_TREE)
+    depth = max(len(path) for path in tree)
+    golden = load_golden_set(args.golden)
+    tolerance = default_near_tie_tolerance(args.dtype)
+    cases = [
+        ("draft_model k=4", draft_dir, SpeculativeSettings(method="draft_model", k=4)),
+        ("eagle3 chain k=4", head_dir, SpeculativeSettings(method="eagle3", k=4)),
+        (f"eagle3 tree {len(tree)} nodes", head_dir, SpeculativeSettings(method="eagle3", k=depth, tree=tree)),
+        (f"medusa tree {len(tree)} nodes", medusa_dir, SpeculativeSettings(method="medusa", k=depth, tree=tree)),
+    ]
+    device_name = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else args.device
+    print(f"\n{device_name}, {args.dtype}, torch {torch.__version__}, golden set {golden.name} "
+          f"({len(golden)} prompts), near-tie tolerance {tolerance}")
+    failed = False
+    for name, drafter_dir, settings in cases:
+        start = time.perf_counter()
+        pair = load_pair(target_dir, drafter_dir, device=args.device, dtype=args.dtype, method=settings.method)
+        decodes = decode_golden(pair, golden, settings)
+        result = check_equivalence(pair, decodes, tolerance=tolerance)
+        summary = aggregate([run.speculative.metrics for run in decodes.runs])
+        failed |= result.status == "fail"
+        print(f"{name:<24} {result.status:<5} alpha-hat {summary['acceptance_rate']:.3f} tau "
+              f"{summary['mean_acceptance_length']:.2f} ({time.perf_counter() - start:.1f} s): {result.summary}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
