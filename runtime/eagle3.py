@@ -72,10 +72,18 @@ def read_eagle3_config(path) -> Eagle3Spec:
     layer.pop("architectures", None)
     layer_config = LlamaConfig(**{key: value for key, value in layer.items() if key != "draft_vocab_size"})
     draft_vocab = int(data.get("draft_vocab_size") or layer.get("draft_vocab_size") or layer_config.vocab_size)
+    # defaults as vLLM 0.33 reads them: speculators/algos.py update_eagle3 makes an absent
+    # norm_before_residual true for the speculators layout; the original layout's config is read
+    # as is (llama_eagle3.py getattr(config, "norm_before_residual", False))
+    speculators = "speculators_model_type" in data
+    for flag in ("fc_norm", "norm_output"):  # vLLM 0.33 knows these; this runtime does not run them
+        if flags.get(flag):
+            raise RuntimeConfigError(f"{path}: {flag} is true: this runtime drafts with EAGLE-3 heads without it "
+                                     "and refuses rather than run the head differently from vLLM")
     return Eagle3Spec(layer_config=layer_config, draft_vocab_size=draft_vocab,
                       aux_layer_ids=tuple(int(i) for i in ids) if ids is not None else None,
                       target_hidden_size=flags.get("target_hidden_size"),
-                      norm_before_residual=bool(flags.get("norm_before_residual", False)),
+                      norm_before_residual=bool(flags.get("norm_before_residual", speculators)),
                       norm_before_fc=bool(flags.get("norm_before_fc", False)))
 
 

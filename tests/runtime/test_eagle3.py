@@ -309,3 +309,20 @@ def test_eagle3_tree_sampling_is_reproducible(target, tokenizer, heads, prompts)
                                                                 seed=seed, eos_token_ids=())).token_ids
             for seed in (3, 3, 4)]
     assert runs[0] == runs[1] and runs[0] != runs[2] and len(runs[0]) == 16
+
+
+def test_absent_flags_read_as_vllm_reads_them_and_unknown_ones_are_refused(tiny_dir, heads, tmp_path):
+    """vLLM 0.33 (speculators/algos.py update_eagle3) makes an absent norm_before_residual true for
+    a speculators head; a head with fc_norm / norm_output (which this runtime does not run) is refused."""
+    from specreg.runtime.eagle3 import read_eagle3_config
+
+    directory = save_head(heads["trained"], tmp_path / "head")
+    config = json.loads((directory / "config.json").read_text())
+    assert config["norm_before_residual"] is False and not read_eagle3_config(directory).norm_before_residual
+    del config["norm_before_residual"]
+    (directory / "config.json").write_text(json.dumps(config))
+    assert read_eagle3_config(directory).norm_before_residual
+    config["fc_norm"] = True
+    (directory / "config.json").write_text(json.dumps(config))
+    with pytest.raises(RuntimeConfigError, match="fc_norm is true: this runtime drafts with EAGLE-3 heads without it"):
+        load_pair(tiny_dir / "target", directory, method="eagle3")
