@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
@@ -215,12 +216,14 @@ def upgrade(db_url):
 
 @cli.command(name="demo-pair")
 @click.argument("directory", type=click.Path(file_okay=False))
-@click.option("--method", type=click.Choice(["draft_model", "eagle3"]), default="draft_model", show_default=True,
-              help="draft_model: the 1-layer draft; eagle3: also an EAGLE-3 head trained on the target's hidden states.")
+@click.option("--method", type=click.Choice(["draft_model", "eagle3", "medusa"]), default="draft_model",
+              show_default=True, help="draft_model: the 1-layer draft; eagle3 / medusa: also an EAGLE-3 head / "
+                                      "Medusa heads trained on the target's hidden states.")
 @click.option("--force", is_flag=True, help="Rebuild even when a cached build matches.")
 def demo_pair(directory, method, force):
     """Build (or reuse) the tiny demo target/draft pair in DIRECTORY (about 30 s on 2 idle CPU cores);
-    with --method eagle3 also an EAGLE-3 head for the demo target (about 2 min)."""
+    with --method eagle3 also an EAGLE-3 head for the demo target (about 2 min), with --method
+    medusa Medusa heads and the tree to register them with (about 2.5 min)."""
     from specreg.runtime.demo_pair import build_demo_pair
 
     log = lambda line: click.echo(line, err=True)  # noqa: E731
@@ -231,3 +234,8 @@ def demo_pair(directory, method, force):
         from specreg.runtime.demo_heads import build_demo_head
 
         click.echo(f"eagle3: {build_demo_head(directory, 'eagle3', target_dir=target_dir, force=force, log=log)}")
+    if method == "medusa":
+        from specreg.runtime.demo_medusa import DEMO_TREE, build_demo_medusa
+
+        click.echo(f"medusa: {build_demo_medusa(Path(directory) / 'medusa', target_dir, force=force, log=log)}")
+        click.echo(f"tree:   {json.dumps([list(path) for path in DEMO_TREE], separators=(',', ':'))}")

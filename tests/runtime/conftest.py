@@ -68,3 +68,31 @@ def prompts(tokenizer):
     texts = ["the quick brown fox", "def add(a, b):", "dear customer, thank you",
              "summary: the meeting moved to friday"]
     return [tokenizer(text)["input_ids"] for text in texts]
+
+
+def shrink_demo_pair(monkeypatch) -> None:
+    """The demo pair's code path with a tiny budget (the real shapes and step counts take minutes)."""
+    from specreg.runtime import demo_pair
+
+    monkeypatch.setattr(demo_pair, "TARGET_SHAPE", dict(demo_pair.DRAFT_SHAPE, num_hidden_layers=2))
+    monkeypatch.setattr(demo_pair, "TARGET_TRAINING", (2, 2))
+    monkeypatch.setattr(demo_pair, "DRAFT_TRAINING", (2, 2))
+
+
+@pytest.fixture
+def shrunk_demo(monkeypatch):
+    """The demo builders' settings shrunk as small_demo_dir was built with, for this test."""
+    shrink_demo_pair(monkeypatch)
+
+
+@pytest.fixture(scope="session")
+def small_demo_dir(tmp_path_factory):
+    """A folder holding the shrunk demo pair, built once per session: a test using `shrunk_demo`
+    that builds into it reuses the cached pair."""
+    from specreg.runtime import demo_pair
+
+    directory = tmp_path_factory.mktemp("small-demo") / "pair"
+    with pytest.MonkeyPatch.context() as patch:
+        shrink_demo_pair(patch)
+        demo_pair.build_demo_pair(directory)
+    return directory

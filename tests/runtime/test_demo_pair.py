@@ -17,12 +17,10 @@ def test_corpus_covers_the_five_workloads_and_the_golden_prompts():
     assert any(t.startswith("def add(a, b):\n") for t in golden)
 
 
-def test_build_then_reuse_the_cache(tmp_path, monkeypatch):
-    # the real shapes and step counts take minutes; the same code path with a tiny budget
-    monkeypatch.setattr(demo_pair, "TARGET_SHAPE", dict(demo_pair.DRAFT_SHAPE, num_hidden_layers=2))
-    monkeypatch.setattr(demo_pair, "TARGET_TRAINING", (2, 2))
-    monkeypatch.setattr(demo_pair, "DRAFT_TRAINING", (2, 2))
-    target_dir, draft_dir = demo_pair.build_demo_pair(tmp_path / "pair")
+def test_build_then_reuse_the_cache(small_demo_dir, shrunk_demo):
+    # the real shapes and step counts take minutes; the same code path with a tiny budget, built
+    # once per session (small_demo_dir)
+    target_dir, draft_dir = demo_pair.build_demo_pair(small_demo_dir)
     from specreg.runtime.decode import DecodeConfig, speculative_generate
     from specreg.runtime.pair import load_pair
 
@@ -35,7 +33,7 @@ def test_build_then_reuse_the_cache(tmp_path, monkeypatch):
     assert 1 <= len(result.token_ids) <= 8
     weights = target_dir / "model.safetensors"
     built_at = weights.stat().st_mtime_ns
-    assert demo_pair.build_demo_pair(tmp_path / "pair") == (target_dir, draft_dir)
+    assert demo_pair.build_demo_pair(small_demo_dir) == (target_dir, draft_dir)
     assert weights.stat().st_mtime_ns == built_at  # reused, not retrained
 
 
