@@ -49,42 +49,35 @@ class Eagle3Spec:
     target_hidden_size: int | None = None
     norm_before_residual: bool = False
     norm_before_fc: bool = False
+    head: object = None  # the specreg.core.heads.HeadSpec read from the directory (None: built here)
 
 
 def read_eagle3_config(path) -> Eagle3Spec:
-    """A head directory's config.json -> Eagle3Spec; ModelReferenceError when it is not one."""
-    config_path = Path(path) / "config.json"
-    if not config_path.is_file():
-        raise ModelReferenceError(f"{path}: no config.json, not an EAGLE-3 head directory")
-    data = json.loads(config_path.read_text())
-    if "speculators_model_type" in data:
-        if data["speculators_model_type"] != "eagle3":
-            raise RuntimeConfigError(f"{path}: speculators_model_type is {data['speculators_model_type']!r}, "
-                                     "not 'eagle3'")
+    """A head directory -> Eagle3Spec. What registration reads (layout, draft vocabulary, aux layer
+    ids, target hidden size, tensor shapes) comes from specreg.core.heads.read_head, the one reader of
+    the layouts (ModelReferenceError naming the file and field); this adds the head's decoder-layer
+    config the torch modules are built from and the flags as vLLM defaults them."""
+    from specreg.core.heads import read_head
+
+    head = read_head(path, method="eagle3")
+    data = json.loads((Path(path) / "config.json").read_text())
+    if head.layout == "speculators":
         layer = dict(data.get("transformer_layer_config") or {})
-        ids = data.get("eagle_aux_hidden_state_layer_ids")
-        flags = data
     else:  # original EAGLE-3 layout: a LlamaConfig with draft_vocab_size and an optional eagle_config
         layer = {key: value for key, value in data.items() if key not in ("eagle_config", "architectures")}
-        ids = (data.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-        flags = data
-    layer.pop("model_type", None)
-    layer.pop("architectures", None)
-    layer_config = LlamaConfig(**{key: value for key, value in layer.items() if key != "draft_vocab_size"})
-    draft_vocab = int(data.get("draft_vocab_size") or layer.get("draft_vocab_size") or layer_config.vocab_size)
+    for key in ("model_type", "architectures", "draft_vocab_size"):
+        layer.pop(key, None)
     # defaults as vLLM 0.33 reads them: speculators/algos.py update_eagle3 makes an absent
     # norm_before_residual true for the speculators layout; the original layout's config is read
     # as is (llama_eagle3.py getattr(config, "norm_before_residual", False))
-    speculators = "speculators_model_type" in data
     for flag in ("fc_norm", "norm_output"):  # vLLM 0.33 knows these; this runtime does not run them
-        if flags.get(flag):
+        if data.get(flag):
             raise RuntimeConfigError(f"{path}: {flag} is true: this runtime drafts with EAGLE-3 heads without it "
                                      "and refuses rather than run the head differently from vLLM")
-    return Eagle3Spec(layer_config=layer_config, draft_vocab_size=draft_vocab,
-                      aux_layer_ids=tuple(int(i) for i in ids) if ids is not None else None,
-                      target_hidden_size=flags.get("target_hidden_size"),
-                      norm_before_residual=bool(flags.get("norm_before_residual", speculators)),
-                      norm_before_fc=bool(flags.get("norm_before_fc", False)))
+    return Eagle3Spec(layer_config=LlamaConfig(**layer), draft_vocab_size=head.draft_vocab_size,
+                      aux_layer_ids=head.aux_layer_ids, target_hidden_size=head.target_hidden_size,
+                      norm_before_residual=bool(data.get("norm_before_residual", head.layout == "speculators")),
+                      norm_before_fc=bool(data.get("norm_before_fc", False)), head=head)
 
 
 class Eagle3FirstLayer(LlamaDecoderLayer):
@@ -169,9 +162,14 @@ class Eagle3Head(torch.nn.Module):
         return full
 
 
-def check_head_fits(spec: Eagle3Spec, weights: dict, target_config, target_vocab_size: int, name: str) -> tuple:
-    """RuntimeConfigError with a one-line reason when the head cannot read this target; else the
-    aux layer ids to collect. Runs on the config and tensors only, before any forward pass."""
+def check_head_fits(spec: Eagle3Spec, target_config, target_vocab_size: int, name: str) -> tuple:
+    """RuntimeConfigError / HeadMismatchError with a one-line reason when this runtime cannot draft
+    for the loaded target with the head; else the aux layer ids to collect, in vLLM's order. The
+    head's own consistency (tensor shapes against its config) was checked by read_head; its
+    vocabulary map by specreg.core.heads.check_vocab_fit, as at registration. Runs on the config
+    and tensor headers only, before any forward pass."""
+    from specreg.core.heads import check_vocab_fit
+
     num_layers, target_hidden = target_config.num_hidden_layers, target_config.hidden_size
     if spec.layer_config.num_hidden_layers != 1:
         raise RuntimeConfigError(f"{name}: the head has {spec.layer_config.num_hidden_layers} decoder layers; "
@@ -187,36 +185,13 @@ def check_head_fits(spec: Eagle3Spec, weights: dict, target_config, target_vocab
         raise RuntimeConfigError(f"{name}: eagle_aux_hidden_state_layer_ids {list(ids)} out of range for this "
                                  f"runtime on a {num_layers}-layer target (each must be in 0..{num_layers - 1})")
     declared = spec.target_hidden_size or spec.layer_config.hidden_size
-    fc = weights.get("fc.weight")
-    if fc is None:
-        raise RuntimeConfigError(f"{name}: no fc.weight in the head's weights")
-    if declared != target_hidden or fc.shape[1] != len(ids) * target_hidden:
-        raise RuntimeConfigError(f"{name}: head is for hidden size {fc.shape[1] // len(ids)} (fc.weight "
-                                 f"{list(fc.shape)}, {len(ids)} aux layers), target hidden_size is {target_hidden}")
-    head = weights.get("lm_head.weight")
-    if head is None or head.shape[0] != spec.draft_vocab_size:
-        raise RuntimeConfigError(f"{name}: lm_head.weight has {None if head is None else head.shape[0]} rows, "
-                                 f"draft_vocab_size is {spec.draft_vocab_size}")
-    embed = weights.get("embed_tokens.weight")
-    if embed is not None and embed.shape[0] != target_vocab_size:
-        raise RuntimeConfigError(f"{name}: embed_tokens has {embed.shape[0]} rows, the target vocabulary "
-                                 f"{target_vocab_size}")
-    d2t = weights.get("d2t")
-    if d2t is None:
-        if spec.draft_vocab_size != target_vocab_size:
-            raise RuntimeConfigError(f"{name}: no d2t map but draft_vocab_size {spec.draft_vocab_size} != "
-                                     f"target vocabulary {target_vocab_size}")
-        return ids
-    if d2t.dim() != 1 or d2t.shape[0] != spec.draft_vocab_size:
-        raise RuntimeConfigError(f"{name}: d2t has shape {list(d2t.shape)}, expected [{spec.draft_vocab_size}]")
-    target_ids = torch.arange(d2t.shape[0]) + d2t.long().cpu()
-    outside = ((target_ids < 0) | (target_ids >= target_vocab_size)).nonzero()
-    if len(outside):
-        index = int(outside[0])
-        raise RuntimeConfigError(f"{name}: d2t maps draft id {index} to target id {int(target_ids[index])}, "
-                                 f"outside the target vocabulary of {target_vocab_size}")
-    if target_ids.unique().numel() != target_ids.numel():
-        raise RuntimeConfigError(f"{name}: d2t maps two draft ids to the same target id (not one to one)")
+    if declared != target_hidden:
+        raise RuntimeConfigError(f"{name}: head is for hidden size {declared} (fc reads {len(ids)} aux states of "
+                                 f"that width), target hidden_size is {target_hidden}")
+    if spec.head.has_own_embeddings and spec.layer_config.vocab_size != target_vocab_size:
+        raise RuntimeConfigError(f"{name}: embed_tokens has {spec.layer_config.vocab_size} rows, the target "
+                                 f"vocabulary {target_vocab_size}")
+    check_vocab_fit(spec.head, target_vocab_size)
     return ids
 
 
@@ -235,7 +210,7 @@ def load_eagle3_head(path, target, device=None, dtype=None) -> Eagle3Head:
         for key, value in load_file(file).items():
             weights[key.replace("midlayer.", "layers.0.", 1) if key.startswith("midlayer.") else key] = value
     target_vocab = int(target.get_output_embeddings().weight.shape[0])
-    ids = check_head_fits(spec, weights, target.config, target_vocab, str(path))
+    ids = check_head_fits(spec, target.config, target_vocab, str(path))
     parameter = next(target.parameters())
     embed = None if "embed_tokens.weight" in weights else target.get_input_embeddings()
     head = Eagle3Head(spec, ids, target_vocab, target.config.hidden_size, embed_tokens=embed)

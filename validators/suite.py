@@ -9,7 +9,7 @@ import platform
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from specreg.errors import RuntimeConfigError, UsageError
+from specreg.errors import HeadMismatchError, RuntimeConfigError, UsageError
 from specreg.core.types import FAIL, SKIP, CheckResult, combine_statuses
 
 STATIC_CHECKS = ("integrity", "tokenizer", "chat_template", "memory")
@@ -240,7 +240,7 @@ def run_suite(pair_version, golden, options: ValidationOptions, *, device: str,
             raise
         except Exception as exc:  # noqa: BLE001 - every runtime check needs the decodes
             # RuntimeConfigError: the runtime refuses to verify one model against the other
-            refused = "refuses" if isinstance(exc, RuntimeConfigError) else "cannot run"
+            refused = "refuses" if isinstance(exc, (RuntimeConfigError, HeadMismatchError)) else "cannot run"
             message = " ".join(str(exc).split())[:300] or type(exc).__name__
             for name in runtime_checks:
                 status, summary = (FAIL, f"the runtime {refused} this pair: {message}") if name == runtime_checks[0] \

@@ -655,8 +655,14 @@ def read_vocab_map(head: HeadSpec) -> VocabMap | None:
     return VocabMap(draft_to_target, len(data), marked)
 
 
-def _check_vocab_map(head: HeadSpec, vocab_map: VocabMap | None, target: TargetShape) -> None:
-    vocabulary = target.vocab_size
+def check_vocab_fit(head: HeadSpec, vocabulary: int) -> None:
+    """The vocabulary part of check_head_fits against a target vocabulary size alone (the runtime
+    checks a loaded target model with it): d2t into the target's ids, one to one, t2d agreeing.
+    Raises HeadMismatchError naming the field."""
+    _check_vocab_map(head, read_vocab_map(head) if head.has_vocab_map else None, vocabulary)
+
+
+def _check_vocab_map(head: HeadSpec, vocab_map: VocabMap | None, vocabulary: int) -> None:
     if vocab_map is None:
         if head.method == "eagle3" and head.draft_vocab_size != vocabulary:
             raise HeadMismatchError(f"vocabulary map: draft_vocab_size {head.draft_vocab_size} differs from the "
@@ -878,7 +884,7 @@ def check_head_fits(head: HeadSpec, target_directory: str | Path, *, target_refe
         raise HeadMismatchError(f"vocabulary size: the head maps into {head.target_vocab_size} ids ({field_name}) "
                                 f"but the target's vocab_size is {target.vocab_size}")
     vocab_map = read_vocab_map(head) if head.has_vocab_map else None
-    _check_vocab_map(head, vocab_map, target)
+    _check_vocab_map(head, vocab_map, target.vocab_size)
     compared, note = _check_token_strings(head, vocab_map, target, draft_token_strings, target_token_strings)
     if note:
         notes.append(note)

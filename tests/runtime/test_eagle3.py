@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from specreg.errors import RuntimeConfigError
+from specreg.errors import RuntimeConfigError, SpecregError
 from specreg.runtime.decode import DecodeConfig, speculative_generate, target_only_generate
 from specreg.runtime.pair import ModelPair, forward_logits, load_pair
 
@@ -189,12 +189,15 @@ def test_original_eagle_layout_loads_the_same_head(tiny_dir, target, tokenizer, 
         assert torch.equal(pair.draft.state_dict()[name], value), name
 
 
+# the head's own consistency and its vocabulary map are refused with registration's messages
+# (specreg.core.heads, one reader); what only this runtime cannot run, with the runtime's
 @pytest.mark.parametrize("change, reason", [
-    ("d2t_out_of_range", "d2t maps draft id 0 to target id .* outside the target vocabulary"),
-    ("d2t_not_one_to_one", "d2t maps two draft ids to the same target id"),
-    ("other_hidden_size", "head is for hidden size 32 .* target hidden_size is 64"),
+    ("d2t_out_of_range", r"vocabulary map: d2t maps 150 draft id\(s\) outside the target's 300 ids"),
+    ("d2t_not_one_to_one", "vocabulary map: d2t is not one to one: draft ids 0 and 1 both map to target id 1"),
+    ("other_hidden_size", r"tensor fc.weight has shape \[64, 96\], expected \[64, 192\]"),
     ("aux_out_of_range", r"eagle_aux_hidden_state_layer_ids \[1, 3, 7\] out of range for this runtime on a 3-layer target"),
-    ("draft_vocab_mismatch", "lm_head.weight has .* rows, draft_vocab_size is 7"),
+    ("draft_vocab_mismatch", r"tensor lm_head.weight has shape \[150, 64\], expected \[7, 64\]"),
+    ("target_width", "head is for hidden size 32 .* target hidden_size is 64"),
 ])
 def test_mismatched_heads_are_refused_before_any_forward(target, heads, tmp_path, change, reason):
     from specreg.runtime.eagle3 import load_eagle3_head
@@ -207,12 +210,13 @@ def test_mismatched_heads_are_refused_before_any_forward(target, heads, tmp_path
         "other_hidden_size": {"weights__fc.weight": torch.zeros(64, 3 * 32)},
         "aux_out_of_range": {"config__eagle_aux_hidden_state_layer_ids": [1, 3, 7]},
         "draft_vocab_mismatch": {"config__draft_vocab_size": 7},
+        "target_width": {"weights__fc.weight": torch.zeros(64, 3 * 32), "config__target_hidden_size": 32},
     }[change]
     directory = save_head(head, tmp_path / change, **changes)
     calls = []
     hook = target.register_forward_pre_hook(lambda *args: calls.append(1))
     try:
-        with pytest.raises(RuntimeConfigError, match=reason) as error:
+        with pytest.raises(SpecregError, match=reason) as error:
             load_eagle3_head(directory, target)
     finally:
         hook.remove()
