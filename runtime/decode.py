@@ -22,7 +22,7 @@ from specreg.runtime.metrics import GenerationMetrics
 from specreg.runtime.pair import ModelPair, forward_logits
 from specreg.runtime.sampling import logits_to_probs, sample
 
-METHODS = ("draft_model", "ngram", "eagle3", "medusa")
+METHODS = ("draft_model", "ngram", "eagle3", "medusa", "mtp")
 TREE_METHODS = ("medusa", "eagle3")  # methods that can verify a candidate tree (medusa always does)
 
 

@@ -38,17 +38,25 @@ def medusa_cache_key(target_dir) -> str:
     return digest.hexdigest()[:16]
 
 
-def target_states(target, stream, windows: int, length: int, seed: int):
-    """The frozen target over `windows` random windows of stream # [tokens] ->
-    (hidden # [windows, length, H] final normed states, probs # [windows, length, vocab])."""
+def corpus_windows(stream, windows: int, length: int, seed: int):
+    """`windows` random windows of stream # [tokens], drawn from `seed` -> token ids # [windows, length]."""
     import torch
 
     generator = torch.Generator().manual_seed(seed)
     starts = torch.randint(0, stream.shape[0] - length - 1, (windows,), generator=generator).tolist()
+    return torch.stack([stream[s:s + length] for s in starts])
+
+
+def target_states(target, stream, windows: int, length: int, seed: int):
+    """The frozen target over corpus_windows(stream, windows, length, seed) ->
+    (hidden # [windows, length, H] final normed states, probs # [windows, length, vocab])."""
+    import torch
+
+    tokens = corpus_windows(stream, windows, length, seed)  # [windows, length]
     hidden, probs = [], []
     with torch.inference_mode():
         for first in range(0, windows, 8):
-            batch = torch.stack([stream[s:s + length] for s in starts[first:first + 8]])  # [b, length]
+            batch = tokens[first:first + 8]  # [b, length]
             states = target.get_decoder()(input_ids=batch).last_hidden_state  # [b, length, H]
             hidden.append(states)
             probs.append(torch.softmax(target.get_output_embeddings()(states).float(), dim=-1))

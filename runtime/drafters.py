@@ -2,7 +2,7 @@
 
 All keep the same small interface: propose(tokens, k) -> (draft_token_ids # [<=k],
 draft_probs # [<=k, vocab] or None in greedy mode) and rollback(valid_length, hidden_states=None).
-A drafter that reads the target's hidden states (EAGLE-3, eagle3.py; Medusa, medusa.py) names them
+A drafter that reads the target's hidden states (EAGLE-3, eagle3.py; Medusa, medusa.py; MTP, mtp.py) names them
 in `hidden_state_ids`; the decode loop then hands it the kept positions' states after each
 verification. A tree drafter (Medusa, EAGLE-3 with a tree) proposes propose_tree(tokens, tree) ->
 the tree's node tokens, root first.
@@ -101,7 +101,7 @@ class NgramDrafter:
 
 def make_drafter(pair, config, generator=None):
     """The drafter of config.method for `pair` (a ModelPair; pair.draft is the draft model for
-    draft_model, the Eagle3Head for eagle3, the MedusaHeads for medusa, unused for ngram). RuntimeConfigError when the pair
+    draft_model, the Eagle3Head for eagle3, the MedusaHeads for medusa, the MtpHead for mtp, unused for ngram). RuntimeConfigError when the pair
     lacks what the method needs."""
     from specreg.errors import RuntimeConfigError
 
@@ -114,6 +114,12 @@ def make_drafter(pair, config, generator=None):
         if not isinstance(pair.draft, Eagle3Head):
             raise RuntimeConfigError("method 'eagle3' needs an EAGLE-3 head (load_pair(..., method='eagle3'))")
         return Eagle3Drafter(pair.draft, pair.vocab_size, config.temperature, config.top_k, config.top_p, generator)
+    if config.method == "mtp":
+        from specreg.runtime.mtp import MtpDrafter, MtpHead
+
+        if not isinstance(pair.draft, MtpHead):
+            raise RuntimeConfigError("method 'mtp' needs the target's MTP layers (load_pair(..., method='mtp'))")
+        return MtpDrafter(pair.draft, pair.vocab_size, config.temperature, config.top_k, config.top_p, generator)
     if config.method == "medusa":
         from specreg.runtime.medusa import MedusaDrafter, MedusaHeads
         from specreg.runtime.tree import parse_tree

@@ -85,7 +85,9 @@ def load_pair(target_path, draft_path=None, device: str = "cpu", dtype="float32"
     method "draft_model": draft_path is a causal LM with its own tokenizer; "eagle3": draft_path is
     an EAGLE-3 head (speculators or original EAGLE layout), checked against the target before any
     forward (eagle3.check_head_fits); "medusa": draft_path holds Medusa heads (medusa.load_medusa_heads);
-    "ngram": draft_path is ignored. The decode loop builds the
+    "mtp": draft_path is None, the drafter is the target's own MTP layers (mtp.read_runnable_mtp, checked
+    before the target loads, then mtp.load_mtp_head, whose tensors are read from bytes checked against
+    target_fingerprint when given); "ngram": draft_path is ignored. The decode loop builds the
     drafter from the pair and DecodeConfig.method (drafters.make_drafter).
     *_fingerprint: the ModelFingerprint each model was registered with; when given, what is
     loaded is checked against it as it is read (loading.load_model / load_tokenizer); a head's
@@ -93,6 +95,25 @@ def load_pair(target_path, draft_path=None, device: str = "cpu", dtype="float32"
     from specreg.runtime.loading import has_tokenizer, load_model, load_tokenizer, resolve_device
 
     device = resolve_device(device)
+    if method == "mtp":
+        from specreg.runtime.mtp import load_mtp_head, read_runnable_mtp
+
+        if draft_path is not None:
+            raise RuntimeConfigError(f"method 'mtp' drafts with the target's own MTP layers: no draft directory "
+                                     f"({draft_path})")
+        from transformers.utils import logging as transformers_logging
+
+        spec = read_runnable_mtp(target_path)  # refuses a family it does not run before loading the target
+        tokenizer = load_tokenizer(target_path, expected=target_fingerprint)
+        # the plain model leaves the MTP tensors out by design: no "UNEXPECTED keys" report for them
+        verbosity = transformers_logging.get_verbosity()
+        transformers_logging.set_verbosity_error()
+        try:
+            target = load_model(target_path, device, dtype, expected=target_fingerprint)
+        finally:
+            transformers_logging.set_verbosity(verbosity)
+        return ModelPair(target=target, tokenizer=tokenizer, vocab_size=output_vocab_size(target),
+                         draft=load_mtp_head(spec, target, expected=target_fingerprint))
     tokenizer = load_tokenizer(target_path, expected=target_fingerprint)
     target = load_model(target_path, device, dtype, expected=target_fingerprint)
     if method == "eagle3":

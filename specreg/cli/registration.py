@@ -216,14 +216,16 @@ def upgrade(db_url):
 
 @cli.command(name="demo-pair")
 @click.argument("directory", type=click.Path(file_okay=False))
-@click.option("--method", type=click.Choice(["draft_model", "eagle3", "medusa"]), default="draft_model",
+@click.option("--method", type=click.Choice(["draft_model", "eagle3", "medusa", "mtp"]), default="draft_model",
               show_default=True, help="draft_model: the 1-layer draft; eagle3 / medusa: also an EAGLE-3 head / "
-                                      "Medusa heads trained on the target's hidden states.")
+                                      "Medusa heads trained on the target's hidden states; mtp: also a copy of the "
+                                      "target with a trained MTP layer (DIRECTORY/target-mtp).")
 @click.option("--force", is_flag=True, help="Rebuild even when a cached build matches.")
 def demo_pair(directory, method, force):
     """Build (or reuse) the tiny demo target/draft pair in DIRECTORY (about 30 s on 2 idle CPU cores);
     with --method eagle3 also an EAGLE-3 head for the demo target (about 2 min), with --method
-    medusa Medusa heads and the tree to register them with (about 2.5 min)."""
+    medusa Medusa heads and the tree to register them with (about 2.5 min), with --method mtp also
+    the demo target with one trained MTP layer inside (register it with --method mtp, no --draft)."""
     from specreg.runtime.demo_pair import build_demo_pair
 
     log = lambda line: click.echo(line, err=True)  # noqa: E731
@@ -239,3 +241,7 @@ def demo_pair(directory, method, force):
 
         click.echo(f"medusa: {build_demo_medusa(Path(directory) / 'medusa', target_dir, force=force, log=log)}")
         click.echo(f"tree:   {json.dumps([list(path) for path in DEMO_TREE], separators=(',', ':'))}")
+    if method == "mtp":
+        from specreg.runtime.demo_mtp import build_demo_mtp
+
+        click.echo(f"mtp: {build_demo_mtp(target_dir.parent / 'target-mtp', target_dir, force=force, log=log)}")

@@ -103,3 +103,41 @@ def test_eagle3_pair_with_a_tree_validates_on_the_tree_runtime(registry, models,
     assert found["distribution"].evidence["draft_law"] == "the tree's first-depth candidates (point masses), tree rule"
     assert found["performance"].figures["tree_nodes"] == 5
     assert outcome.passed
+
+
+@pytest.fixture(scope="module")
+def mtp_target(models, tmp_path_factory):
+    """The tiny target with one random MTP layer inside (DeepSeek names, num_nextn_predict_layers 1)."""
+    from specreg.runtime.loading import load_model
+    from specreg.runtime.mtp import new_mtp_head, save_target_with_mtp
+
+    target = load_model(models["target"])
+    return save_target_with_mtp(new_mtp_head(target, seed=3), models["target"],
+                                tmp_path_factory.mktemp("mtp") / "target-mtp")
+
+
+def test_mtp_pair_registers_and_validates_through_the_cli(registry, mtp_target, golden_path, monkeypatch, capsys):
+    """`specreg register --method mtp` then `specreg validate` on SQLite: every check runs on our
+    runtime, the distribution check drawing from the MTP layer's own law."""
+    import json
+
+    from .test_cli_validate import run_cli
+
+    db = ["--db", registry.db_url]
+    code, out, err = run_cli(monkeypatch, capsys, "register", "mtp", "--target", str(mtp_target), "--method", "mtp",
+                             "-k", "2", "--user", "alice", *db)
+    assert code == 0, err
+    code, out, err = run_cli(monkeypatch, capsys, "validate", "mtp@1", "--golden", str(golden_path), "--device", "cpu",
+                             "--gpu-memory", "1GiB", "--distribution-samples", "2000", "--json", *db)
+    data = json.loads(out)
+    found = {check["name"]: check for check in data["checks"]}
+    assert list(found) == CHECKS
+    assert found["chat_template"]["status"] == "skip"
+    for name in ("integrity", "tokenizer", "memory", "equivalence", "distribution", "acceptance"):
+        assert found[name]["status"] == "pass", (name, found[name]["summary"])
+    assert found["equivalence"]["figures"]["exact"] == 3
+    assert found["distribution"]["evidence"]["draft_law"] == \
+        "the mtp head's distribution from the target's hidden states"
+    assert found["performance"]["status"] in ("pass", "warn") and found["performance"]["figures"]["cost_ratio"] > 0
+    assert len(registry.baselines("mtp@1")["overall"]["per_position_acceptance"]) <= 2
+    assert code == 0 and data["state"] == "validated", err

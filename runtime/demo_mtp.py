@@ -1,0 +1,126 @@
+"""A demo target with an MTP layer: the demo target (demo_pair.py) plus one DeepSeek-style MTP
+module trained here on the target's own hidden states, saved the way such targets ship it
+(num_nextn_predict_layers in config.json, the module under model.layers.{N}.* in the weights).
+Cached like the demo pair.
+
+Training is self-distillation with the target frozen, on the target states demo_medusa computes
+once for fixed corpus windows (final normed states and next-token distributions): entry i reads
+(t_{i+1}, h_i) at position i and learns the target's greedy token at position i + 1
+(cross-entropy), i.e. the token after t_{i+1}: DeepSeek-V3 trains its MTP module to predict one
+token further than the model; we fit the target's own choice there, what greedy acceptance
+measures (as demo_heads fits EAGLE-3). Training-time test (as demo_heads trains EAGLE-3): step s >= 1
+feeds the layer's own normed output of step s - 1 at the next position with the corpus token
+there, attending to step 0's entries up to it and its own earlier steps' entries, so the drafts
+after the first (which vLLM drafts the same way) are trained too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+MTP_WINDOWS = 192  # corpus windows of demo_pair.SEQUENCE_LENGTH tokens the target reads once
+MTP_TRAINING = (240, 8)  # (steps, windows per step)
+MTP_LR = 3e-3
+MTP_TTT_STEPS = 3
+
+
+def mtp_cache_key(target_dir) -> str:
+    """Changes with this file, the MTP module's code (mtp.py), the target states' code
+    (demo_medusa.py), demo_pair's key, the settings and the target's weights."""
+    from specreg.runtime.demo_pair import cache_key
+
+    here = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for name in ("demo_mtp.py", "mtp.py", "demo_medusa.py"):
+        digest.update((here / name).read_bytes())
+    digest.update(cache_key().encode())
+    digest.update(json.dumps(dict(windows=MTP_WINDOWS, training=MTP_TRAINING, lr=MTP_LR,
+                                  ttt=MTP_TTT_STEPS)).encode())
+    for path in sorted(Path(target_dir).glob("*.safetensors")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def train_mtp_head(head, tokens, hidden, probs, steps: int, batch: int, seed: int, max_lr: float,
+                   ttt_steps: int = MTP_TTT_STEPS, log=None):
+    """Train head.layers[0] on target windows: tokens # [w, L], hidden # [w, L, H] the target's
+    final normed states, probs # [w, L, vocab] its next-token distributions. Entry i of step s
+    (token t_{i+1+s} at position i+s) learns argmax probs[:, i+1+s]. Returns the head in eval mode."""
+    import torch
+    from transformers import DynamicCache
+
+    trainable = list(head.layers.parameters())
+    for name, parameter in head.named_parameters():
+        parameter.requires_grad_(name.startswith("layers."))
+    optimizer = torch.optim.AdamW(trainable, lr=max_lr, weight_decay=0.0, betas=(0.9, 0.95))
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=max_lr, total_steps=steps, pct_start=0.1)
+    generator = torch.Generator().manual_seed(seed)
+    greedy = probs.argmax(dim=-1)  # [w, L] the target's greedy token after each position
+    length = tokens.shape[1] - 1  # entries per step: positions 0 .. L-2
+    index = torch.arange(length)
+    causal = index[None, :] <= index[:, None]  # [length, length] step 0 over step 0
+    diagonal = torch.eye(length, dtype=torch.bool)  # step s over an earlier step's entries
+    head.train()
+    for step in range(steps):
+        rows = torch.randint(0, tokens.shape[0], (batch,), generator=generator)
+        window, labels = tokens[rows], greedy[rows]  # [b, L], [b, L]
+        state = hidden[rows, :length]  # [b, length, H] h_0 .. h_{L-2}
+        cache = DynamicCache(config=head.config)
+        loss = 0.0
+        for ttt in range(ttt_steps):
+            # index i at step s: token t_{i+1+s} at position i+s (zero-padded past the window's end)
+            step_tokens = torch.cat([window[:, 1 + ttt:], window.new_zeros(batch, ttt)], dim=1)  # [b, length]
+            mask = torch.cat([causal] + [diagonal] * ttt, dim=1).view(1, 1, length, (ttt + 1) * length)
+            prenorm = head(step_tokens, state, cache, ttt, attention_mask=mask)  # [b, length, H]
+            logits = head.draft_logits(prenorm[:, : length - ttt])  # [b, length - ttt, vocab]
+            loss = loss + torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(),
+                                                            labels[:, 1 + ttt:].flatten())
+            state = head.recycle(prenorm)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+        optimizer.step()
+        schedule.step()
+        if log and (step % 50 == 0 or step == steps - 1):
+            log(f"mtp step {step:4d}/{steps} loss {loss.item() / ttt_steps:.3f}")
+    for parameter in head.parameters():
+        parameter.requires_grad_(False)
+    return head.eval()
+
+
+def build_demo_mtp(out_dir, target_dir, *, force: bool = False, log=None) -> Path:
+    """Build (or reuse the cached) demo target with one trained MTP layer -> out_dir: the files of
+    target_dir, config.json with num_nextn_predict_layers = 1, and model.safetensors with the MTP
+    module under model.layers.{num_hidden_layers}.* (DeepSeek names; mtp.save_target_with_mtp)."""
+    import torch
+
+    from specreg.runtime.demo_medusa import corpus_windows, target_states
+    from specreg.runtime.demo_pair import SEQUENCE_LENGTH, demo_corpus, golden_texts
+    from specreg.runtime.loading import load_model, load_tokenizer
+    from specreg.runtime.mtp import new_mtp_head, save_target_with_mtp
+
+    out_dir, target_dir = Path(out_dir), Path(target_dir)
+    stamp = out_dir / "demo-mtp.json"
+    key = mtp_cache_key(target_dir)
+    if not force and stamp.is_file() and json.loads(stamp.read_text()).get("cache_key") == key \
+            and (out_dir / "model.safetensors").is_file():
+        return out_dir
+    started, cpu_started = time.perf_counter(), time.process_time()
+    tokenizer = load_tokenizer(target_dir)
+    target = load_model(target_dir)
+    for parameter in target.parameters():
+        parameter.requires_grad_(False)
+    corpus = demo_corpus(golden_texts=golden_texts())
+    stream = torch.tensor(tokenizer("".join(corpus), add_special_tokens=False)["input_ids"], dtype=torch.long)
+    windows = corpus_windows(stream, MTP_WINDOWS, SEQUENCE_LENGTH, seed=6)  # [w, L] the windows states are of
+    hidden, probs = target_states(target, stream, MTP_WINDOWS, SEQUENCE_LENGTH, seed=6)
+    head = new_mtp_head(target, seed=6)
+    train_mtp_head(head, windows, hidden, probs, *MTP_TRAINING, seed=6, max_lr=MTP_LR, log=log)
+    save_target_with_mtp(head, target_dir, out_dir)
+    stamp.write_text(json.dumps({"cache_key": key, "build_seconds": round(time.perf_counter() - started, 1),
+                                 "build_cpu_seconds": round(time.process_time() - cpu_started, 1)}, indent=2))
+    return out_dir
+
