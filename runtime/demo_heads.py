@@ -88,15 +88,47 @@ def train_eagle3_head(head, target, stream, steps: int, batch_size: int, seed: i
     return head.eval()
 
 
-def head_cache_key(method: str, target_dir) -> str:
-    """Changes with this file, the demo pair's key, the head settings and the target's weights."""
-    digest = hashlib.sha256(Path(__file__).read_bytes())
+# ---- what the demo head builders share (this file, demo_medusa.py, demo_mtp.py) ----
+
+def demo_cache_key(code_files, target_dir, settings: dict) -> str:
+    """The key a demo head build is cached under: the code that shapes it (code_files), the demo
+    pair's key (its code, settings, golden prompts, libraries), the settings and the target's weights."""
+    digest = hashlib.sha256()
+    for file in code_files:
+        digest.update(Path(file).read_bytes())
     digest.update(cache_key().encode())
-    digest.update(json.dumps(dict(method=method, vocab=EAGLE3_DRAFT_VOCAB, training=EAGLE3_TRAINING,
-                                  lr=EAGLE3_LR, ttt=EAGLE3_TTT_STEPS), sort_keys=True).encode())
+    digest.update(json.dumps(settings, sort_keys=True).encode())
     for path in sorted(Path(target_dir).glob("*.safetensors")):
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
+
+
+def cached_build(out_dir, stamp_name: str, key: str, weights_name: str, force: bool = False) -> bool:
+    """Whether out_dir holds a build under `key` (its stamp file and weights file present)."""
+    stamp = Path(out_dir) / stamp_name
+    return (not force and stamp.is_file() and json.loads(stamp.read_text()).get("cache_key") == key
+            and (Path(out_dir) / weights_name).is_file())
+
+
+def write_stamp(out_dir, stamp_name: str, key: str, started: float, cpu_started: float, **extra) -> None:
+    """Record a finished build: its key and wall / CPU seconds (time.perf_counter / process_time starts)."""
+    (Path(out_dir) / stamp_name).write_text(json.dumps(
+        {"cache_key": key, "build_seconds": round(time.perf_counter() - started, 1),
+         "build_cpu_seconds": round(time.process_time() - cpu_started, 1), **extra}, indent=2))
+
+
+def corpus_stream(tokenizer):
+    """The demo corpus (with the golden prompts) as one token stream # [tokens], as the pair trained on."""
+    import torch
+
+    corpus = demo_corpus(golden_texts=golden_texts())
+    return torch.tensor(tokenizer("".join(corpus), add_special_tokens=False)["input_ids"], dtype=torch.long)
+
+
+def head_cache_key(method: str, target_dir) -> str:
+    """The EAGLE-3 head's key: this file and its settings (demo_cache_key)."""
+    return demo_cache_key([__file__], target_dir, dict(method=method, vocab=EAGLE3_DRAFT_VOCAB,
+                                                       training=EAGLE3_TRAINING, lr=EAGLE3_LR, ttt=EAGLE3_TTT_STEPS))
 
 
 def build_demo_head(directory, method: str = "eagle3", *, target_dir=None, force: bool = False, log=None) -> Path:
@@ -108,8 +140,6 @@ def build_demo_head(directory, method: str = "eagle3", *, target_dir=None, force
     greedy acceptance 0.91, tau 4.07 at k = 4 on the default golden set, 43/43 outputs identical
     to target-only (300 steps: 224 CPU-s, 0.935).
     """
-    import torch
-
     from specreg.errors import RuntimeConfigError
     from specreg.runtime.eagle3 import new_eagle3_head, save_eagle3_head
     from specreg.runtime.loading import load_model, load_tokenizer
@@ -120,19 +150,15 @@ def build_demo_head(directory, method: str = "eagle3", *, target_dir=None, force
     if target_dir is None:
         target_dir, _ = build_demo_pair(directory, log=log)
     head_dir = directory / method
-    stamp = head_dir / "demo-head.json"
     key = head_cache_key(method, target_dir)
-    if not force and stamp.is_file() and json.loads(stamp.read_text()).get("cache_key") == key \
-            and (head_dir / "model.safetensors").is_file():
+    if cached_build(head_dir, "demo-head.json", key, "model.safetensors", force):
         return head_dir
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     tokenizer = load_tokenizer(target_dir)
     target = load_model(target_dir)
-    corpus = demo_corpus(golden_texts=golden_texts())
-    stream = torch.tensor(tokenizer("".join(corpus), add_special_tokens=False)["input_ids"], dtype=torch.long)
+    stream = corpus_stream(tokenizer)
     head = new_eagle3_head(target, frequent_tokens(stream, EAGLE3_DRAFT_VOCAB), seed=3)
     train_eagle3_head(head, target, stream, *EAGLE3_TRAINING, seed=3, max_lr=EAGLE3_LR, log=log)
     save_eagle3_head(head, head_dir, str(Path(target_dir).resolve()), target.config.architectures or [])
-    stamp.write_text(json.dumps({"cache_key": key, "method": method,
-                                 "build_seconds": round(time.perf_counter() - started, 1)}, indent=2))
+    write_stamp(head_dir, "demo-head.json", key, started, cpu_started, method=method)
     return head_dir

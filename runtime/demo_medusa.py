@@ -10,8 +10,6 @@ of corpus windows, then the heads (a few small matrices) train on them.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from pathlib import Path
 
@@ -25,17 +23,11 @@ DEMO_TREE = ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0))
 
 
 def medusa_cache_key(target_dir) -> str:
-    """Changes with this file, demo_pair's key (its code, settings, golden prompts, libraries)
-    and the target's weights."""
-    from specreg.runtime.demo_pair import cache_key
+    """This file and its settings (demo_heads.demo_cache_key)."""
+    from specreg.runtime.demo_heads import demo_cache_key
 
-    digest = hashlib.sha256(Path(__file__).read_bytes())
-    digest.update(cache_key().encode())
-    digest.update(json.dumps(dict(heads=MEDUSA_HEADS, layers=MEDUSA_LAYERS, windows=MEDUSA_WINDOWS,
-                                  training=MEDUSA_TRAINING, lr=MEDUSA_LR)).encode())
-    for path in sorted(Path(target_dir).glob("*.safetensors")):
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
+    return demo_cache_key([__file__], target_dir, dict(heads=MEDUSA_HEADS, layers=MEDUSA_LAYERS,
+                                                       windows=MEDUSA_WINDOWS, training=MEDUSA_TRAINING, lr=MEDUSA_LR))
 
 
 def corpus_windows(stream, windows: int, length: int, seed: int):
@@ -93,30 +85,24 @@ def train_medusa_heads(heads, hidden, probs, steps: int, batch: int, seed: int, 
 def build_demo_medusa(out_dir, target_dir, *, force: bool = False, log=None) -> Path:
     """Build (or reuse the cached) Medusa heads for the demo target in `target_dir` -> out_dir,
     a Medusa head directory (config.json, medusa_lm_head.safetensors, demo-heads.json)."""
-    import torch
-
-    from specreg.runtime.demo_pair import SEQUENCE_LENGTH, demo_corpus, golden_texts
+    from specreg.runtime.demo_heads import cached_build, corpus_stream, write_stamp
+    from specreg.runtime.demo_pair import SEQUENCE_LENGTH
     from specreg.runtime.loading import load_model, load_tokenizer
     from specreg.runtime.medusa import WEIGHTS_FILE, new_medusa_heads, save_medusa_heads
 
     out_dir, target_dir = Path(out_dir), Path(target_dir)
-    stamp = out_dir / "demo-heads.json"
     key = medusa_cache_key(target_dir)
-    if not force and stamp.is_file() and json.loads(stamp.read_text()).get("cache_key") == key \
-            and (out_dir / WEIGHTS_FILE).is_file():
+    if cached_build(out_dir, "demo-heads.json", key, WEIGHTS_FILE, force):
         return out_dir
     started, cpu_started = time.perf_counter(), time.process_time()
     tokenizer = load_tokenizer(target_dir)
     target = load_model(target_dir)
     for parameter in target.parameters():
         parameter.requires_grad_(False)
-    corpus = demo_corpus(golden_texts=golden_texts())
-    stream = torch.tensor(tokenizer("".join(corpus), add_special_tokens=False)["input_ids"], dtype=torch.long)
+    stream = corpus_stream(tokenizer)
     hidden, probs = target_states(target, stream, MEDUSA_WINDOWS, SEQUENCE_LENGTH, seed=4)
     heads = new_medusa_heads(target, MEDUSA_HEADS, MEDUSA_LAYERS, seed=4)
     train_medusa_heads(heads, hidden, probs, *MEDUSA_TRAINING, seed=4, max_lr=MEDUSA_LR, log=log)
     save_medusa_heads(heads, out_dir, str(target_dir.resolve()))
-    stamp.write_text(json.dumps({"cache_key": key, "build_seconds": round(time.perf_counter() - started, 1),
-                                 "build_cpu_seconds": round(time.process_time() - cpu_started, 1),
-                                 "tree": [list(path) for path in DEMO_TREE]}, indent=2))
+    write_stamp(out_dir, "demo-heads.json", key, started, cpu_started, tree=[list(path) for path in DEMO_TREE])
     return out_dir

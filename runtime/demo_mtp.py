@@ -16,8 +16,6 @@ after the first (which vLLM drafts the same way) are trained too.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from pathlib import Path
 
@@ -28,20 +26,13 @@ MTP_TTT_STEPS = 3
 
 
 def mtp_cache_key(target_dir) -> str:
-    """Changes with this file, the MTP module's code (mtp.py), the target states' code
-    (demo_medusa.py), demo_pair's key, the settings and the target's weights."""
-    from specreg.runtime.demo_pair import cache_key
+    """This file, the MTP module's code (mtp.py), the target states' code (demo_medusa.py) and the
+    settings (demo_heads.demo_cache_key)."""
+    from specreg.runtime.demo_heads import demo_cache_key
 
     here = Path(__file__).resolve().parent
-    digest = hashlib.sha256()
-    for name in ("demo_mtp.py", "mtp.py", "demo_medusa.py"):
-        digest.update((here / name).read_bytes())
-    digest.update(cache_key().encode())
-    digest.update(json.dumps(dict(windows=MTP_WINDOWS, training=MTP_TRAINING, lr=MTP_LR,
-                                  ttt=MTP_TTT_STEPS)).encode())
-    for path in sorted(Path(target_dir).glob("*.safetensors")):
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
+    return demo_cache_key([here / name for name in ("demo_mtp.py", "mtp.py", "demo_medusa.py")], target_dir,
+                          dict(windows=MTP_WINDOWS, training=MTP_TRAINING, lr=MTP_LR, ttt=MTP_TTT_STEPS))
 
 
 def train_mtp_head(head, tokens, hidden, probs, steps: int, batch: int, seed: int, max_lr: float,
@@ -95,32 +86,26 @@ def build_demo_mtp(out_dir, target_dir, *, force: bool = False, log=None) -> Pat
     """Build (or reuse the cached) demo target with one trained MTP layer -> out_dir: the files of
     target_dir, config.json with num_nextn_predict_layers = 1, and model.safetensors with the MTP
     module under model.layers.{num_hidden_layers}.* (DeepSeek names; mtp.save_target_with_mtp)."""
-    import torch
-
+    from specreg.runtime.demo_heads import cached_build, corpus_stream, write_stamp
     from specreg.runtime.demo_medusa import corpus_windows, target_states
-    from specreg.runtime.demo_pair import SEQUENCE_LENGTH, demo_corpus, golden_texts
+    from specreg.runtime.demo_pair import SEQUENCE_LENGTH
     from specreg.runtime.loading import load_model, load_tokenizer
     from specreg.runtime.mtp import new_mtp_head, save_target_with_mtp
 
     out_dir, target_dir = Path(out_dir), Path(target_dir)
-    stamp = out_dir / "demo-mtp.json"
     key = mtp_cache_key(target_dir)
-    if not force and stamp.is_file() and json.loads(stamp.read_text()).get("cache_key") == key \
-            and (out_dir / "model.safetensors").is_file():
+    if cached_build(out_dir, "demo-mtp.json", key, "model.safetensors", force):
         return out_dir
     started, cpu_started = time.perf_counter(), time.process_time()
     tokenizer = load_tokenizer(target_dir)
     target = load_model(target_dir)
     for parameter in target.parameters():
         parameter.requires_grad_(False)
-    corpus = demo_corpus(golden_texts=golden_texts())
-    stream = torch.tensor(tokenizer("".join(corpus), add_special_tokens=False)["input_ids"], dtype=torch.long)
+    stream = corpus_stream(tokenizer)
     windows = corpus_windows(stream, MTP_WINDOWS, SEQUENCE_LENGTH, seed=6)  # [w, L] the windows states are of
     hidden, probs = target_states(target, stream, MTP_WINDOWS, SEQUENCE_LENGTH, seed=6)
     head = new_mtp_head(target, seed=6)
     train_mtp_head(head, windows, hidden, probs, *MTP_TRAINING, seed=6, max_lr=MTP_LR, log=log)
     save_target_with_mtp(head, target_dir, out_dir)
-    stamp.write_text(json.dumps({"cache_key": key, "build_seconds": round(time.perf_counter() - started, 1),
-                                 "build_cpu_seconds": round(time.process_time() - cpu_started, 1)}, indent=2))
+    write_stamp(out_dir, "demo-mtp.json", key, started, cpu_started)
     return out_dir
-
