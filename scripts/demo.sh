@@ -25,6 +25,7 @@ max_validation_age_days = 30
 # a head drafts inside the target's own chat context: no second template to compare (the
 # tokenizer check is the head's fit to the target's vocabulary)
 eagle3 = ["integrity", "tokenizer", "equivalence", "distribution", "acceptance"]
+mtp = ["integrity", "tokenizer", "equivalence", "distribution", "acceptance"]
 
 [environments.staging]
 approval_required = false
@@ -94,8 +95,23 @@ specreg gate demo-chat-eagle3@production --env production
 cat "$DEMO_DIR/exports/eagle3-vllm/vllm-serve.sh"
 specreg show demo-chat-eagle3@1
 
+step "MTP: the demo target with one MTP layer inside (DeepSeek naming), registered without --draft, validated, approved"
+specreg demo-pair "$DEMO_DIR/pair" --method mtp
+specreg register demo-chat-mtp --target "$DEMO_DIR/pair/target-mtp" --method mtp \
+  --num-speculative-tokens 3 --notes "MTP layer built by specreg demo-pair --method mtp"
+specreg validate demo-chat-mtp@1 --golden smoke --device cpu --gpu-memory 1GiB \
+  --report "$DEMO_DIR/validation-mtp.html"
+specreg approve demo-chat-mtp@1 --user bob --note "MTP: equivalence and acceptance look right"
+specreg promote demo-chat-mtp@1 --to staging --reason "demo rollout"
+# no engine builds an MTP drafter for a Llama target: the export is refused with the reason (exit 1)
+if specreg export demo-chat-mtp@staging --format vllm -o "$DEMO_DIR/exports/mtp-vllm"; then
+  echo "unexpected: an MTP export for a Llama target was written" >&2; exit 1
+fi
+specreg show demo-chat-mtp@1
+
 step "done"
 cat <<TEXT
-Outputs in $DEMO_DIR: validation.html, validation.md, validation-eagle3.html, exports/, gate.xml, gate.md.
+Outputs in $DEMO_DIR: validation.html, validation.md, validation-eagle3.html, validation-mtp.html, exports/,
+gate.xml, gate.md.
 Review in the MLflow UI: SPECREG_HOME=$SPECREG_HOME .venv/bin/specreg ui demo-chat
 TEXT
