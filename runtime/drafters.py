@@ -109,17 +109,19 @@ def make_drafter(pair, config, generator=None):
     if config.method == "ngram":
         return NgramDrafter(pair.vocab_size, config.prompt_lookup_min, config.prompt_lookup_max, sampling)
     if config.method == "eagle3":
-        from specreg.runtime.eagle3 import Eagle3Drafter, Eagle3Head
+        from specreg.runtime.eagle3 import Eagle3Head
+        from specreg.runtime.head_drafter import HeadDrafter
 
         if not isinstance(pair.draft, Eagle3Head):
             raise RuntimeConfigError("method 'eagle3' needs an EAGLE-3 head (load_pair(..., method='eagle3'))")
-        return Eagle3Drafter(pair.draft, pair.vocab_size, config.temperature, config.top_k, config.top_p, generator)
+        return HeadDrafter(pair.draft, pair.vocab_size, config.temperature, config.top_k, config.top_p, generator)
     if config.method == "mtp":
-        from specreg.runtime.mtp import MtpDrafter, MtpHead
+        from specreg.runtime.head_drafter import HeadDrafter
+        from specreg.runtime.mtp import MtpHead
 
         if not isinstance(pair.draft, MtpHead):
             raise RuntimeConfigError("method 'mtp' needs the target's MTP layers (load_pair(..., method='mtp'))")
-        return MtpDrafter(pair.draft, pair.vocab_size, config.temperature, config.top_k, config.top_p, generator)
+        return HeadDrafter(pair.draft, pair.vocab_size, config.temperature, config.top_k, config.top_p, generator)
     if config.method == "medusa":
         from specreg.runtime.medusa import MedusaDrafter, MedusaHeads
         from specreg.runtime.tree import parse_tree

@@ -31,7 +31,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from specreg.errors import ModelReferenceError, RuntimeConfigError
-from specreg.runtime.sampling import draft_token
+from specreg.runtime.head_drafter import block_causal_mask
 
 
 def default_aux_layer_ids(num_layers: int) -> tuple[int, ...]:
@@ -146,12 +146,23 @@ class Eagle3Head(torch.nn.Module):
         if position_ids is None:
             position_ids = torch.arange(start_position, start_position + length, device=input_ids.device).view(1, -1)
         position_embeddings = self.rotary_emb(hidden, position_ids)
-        if attention_mask is None and length > 1:
-            past = cache.get_seq_length() if cache is not None else 0
-            keys = torch.arange(past + length, device=input_ids.device)
-            queries = torch.arange(past, past + length, device=input_ids.device)
-            attention_mask = (keys[None, :] <= queries[:, None]).view(1, 1, length, past + length)
+        if attention_mask is None:
+            attention_mask = block_causal_mask(cache, length, input_ids.device)
         return self.layers[0](self.embed_tokens(input_ids), hidden, attention_mask, position_embeddings, cache)
+
+    # what head_drafter.HeadDrafter needs beside forward and draft_logits
+    position_shift = 0  # the entry of token x_j sits at position j
+
+    @property
+    def hidden_state_ids(self) -> tuple[int, ...]:
+        return self.aux_layer_ids
+
+    def seed_input(self, aux_hidden):
+        return self.project(aux_hidden)
+
+    def recycle(self, output):
+        """The next draft step reads the layer's pre-norm output as is (vLLM: hidden_prenorm)."""
+        return output
 
     def draft_logits(self, hidden):
         """Pre-norm hidden # [n, H] -> logits over the target vocabulary # [n, V_target], -inf off the
@@ -293,124 +304,3 @@ def save_eagle3_head(head: Eagle3Head, directory, verifier_name_or_path: str, ve
     }
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return directory
-
-
-class Eagle3Drafter:
-    """Drafts k tokens with an EAGLE-3 head and its own one-layer KV cache.
-
-    The head's cache holds one entry per position j >= 1 seeded from the target: (g_{j-1}, x_j),
-    g the target's aux states. propose() first feeds the positions verified since the last call
-    (their aux states came with rollback()), then drafts: each draft is fed back with the head's
-    own pre-norm output in place of g. Those speculative entries are dropped at the next call, so
-    accepted drafts are re-seeded from the target's states, as EAGLE does.
-    """
-
-    def __init__(self, head: Eagle3Head, vocab_size: int, temperature: float = 0.0, top_k=None, top_p=None,
-                 generator=None):
-        from transformers import DynamicCache
-
-        self.head = head
-        self.hidden_state_ids = head.aux_layer_ids  # what the decode loop asks the target for
-        self.vocab_size = vocab_size
-        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
-        self.generator = generator
-        self.cache = DynamicCache(config=head.config)
-        self.seeded = 0  # head positions 1..seeded hold target-seeded entries
-        self.features = None  # [1, m, A*H] aux states g_seeded.. not fed yet
-        self.forwards = 0
-
-    def seed(self, tokens):
-        """Drop the last step's speculative entries, feed the positions verified since (their aux
-        states came with rollback()) -> the head's pre-norm state at the last one # [1, 1, H],
-        which predicts the next token."""
-        length = tokens.shape[1]
-        speculative = self.cache.get_seq_length() - self.seeded  # last step's entries fed with own states
-        if speculative > 0:
-            self.cache.crop(-speculative)
-        new_tokens = tokens[:, self.seeded + 1:length]  # [1, m] x_{seeded+1} .. x_{n-1}
-        hidden = self.head(new_tokens, self.head.project(self.features), self.cache, self.seeded + 1)
-        self.forwards += 1
-        self.seeded, self.features = length - 1, None
-        return hidden[:, -1:]
-
-    def propose(self, tokens, k: int):
-        """tokens # [1, n] the verified sequence -> (draft_token_ids # [<=k], draft_probs # [<=k, vocab]
-        or None when greedy). Empty before the target has run once (no aux states yet)."""
-        device = tokens.device
-        if self.features is None:
-            return torch.empty(0, dtype=torch.long, device=device), None
-        length = tokens.shape[1]
-        hidden = self.seed(tokens)  # [1, 1, H] predicts x_n
-        draft_ids, draft_probs = [], []
-        for index in range(k):
-            logits = self.head.draft_logits(hidden[0])[:, : self.vocab_size]  # [1, vocab]
-            token, probs = draft_token(logits, self.temperature, self.top_k, self.top_p, self.generator)  # [1]
-            if probs is not None:
-                draft_probs.append(probs)
-            draft_ids.append(token)
-            if index < k - 1:
-                hidden = self.head(token.view(1, 1), hidden, self.cache, length + index)
-                self.forwards += 1
-        return torch.cat(draft_ids), (torch.cat(draft_probs) if draft_probs else None)
-
-    def propose_tree(self, tokens, tree):
-        """Static-tree drafting (EAGLE's tree, top-k at every node): tokens # [1, n] the verified
-        sequence, tree: a tree.CandidateTree of rank paths -> (node_token_ids # [nodes+1] root first,
-        draft_probs # [nodes+1, vocab] point masses, or None when greedy); empty before the target
-        has run once. A node at depth d with last rank r gets rank r of the head's distribution at
-        its parent; each depth is one head forward over the nodes of the depth above that have
-        children, each attending to the seeded entries, its ancestors' entries and itself, at
-        position n - 1 + depth. The candidates are the top-k, deterministic: a point-mass q per node
-        keeps the tree rule exact (EAGLE's tree sampling)."""
-        device = tokens.device
-        if self.features is None:
-            return torch.empty(0, dtype=torch.long, device=device), None
-        length = tokens.shape[1]
-        hidden = self.seed(tokens)  # [1, 1, H]
-        states = {0: hidden[0, -1]}  # node -> the head's pre-norm state that predicts its children
-        node_tokens = [int(tokens[0, -1])] + [0] * tree.num_nodes
-        has_children = set(tree.parents)
-        entry_of = {}  # node -> its entry in the head's cache
-        for depth in range(1, tree.depth + 1):
-            parents = [node for node in range(tree.num_nodes + 1)
-                       if tree.depths[node] == depth - 1 and node in has_children]
-            logits = self.head.draft_logits(torch.stack([states[node] for node in parents]))[:, : self.vocab_size]
-            ranked = torch.topk(logits, tree.width, dim=-1).indices.tolist()  # [parents, width]
-            row = {node: index for index, node in enumerate(parents)}
-            at_depth = [node for node in range(1, tree.num_nodes + 1) if tree.depths[node] == depth]
-            for node in at_depth:
-                node_tokens[node] = ranked[row[tree.parents[node]]][tree.paths[node - 1][-1]]
-            feed = [node for node in at_depth if node in has_children]
-            if not feed:
-                break
-            past = self.cache.get_seq_length()
-            allowed = torch.zeros(len(feed), past + len(feed), dtype=torch.bool, device=device)
-            allowed[:, : length - 1] = True  # the seeded entries x_1 .. x_{n-1}
-            for query, node in enumerate(feed):
-                allowed[query, past + query] = True
-                ancestor = tree.parents[node]
-                while ancestor > 0:
-                    allowed[query, entry_of[ancestor]] = True
-                    ancestor = tree.parents[ancestor]
-            input_ids = torch.tensor([[node_tokens[node] for node in feed]], device=device)  # [1, m]
-            parent_states = torch.stack([states[tree.parents[node]] for node in feed]).unsqueeze(0)  # [1, m, H]
-            positions = torch.full((1, len(feed)), length - 1 + depth, device=device)  # [1, m]
-            out = self.head(input_ids, parent_states, self.cache, 0, attention_mask=allowed.view(1, 1, len(feed), -1),
-                            position_ids=positions)  # [1, m, H]
-            self.forwards += 1
-            for query, node in enumerate(feed):
-                states[node], entry_of[node] = out[0, query], past + query
-        node_token_ids = torch.tensor(node_tokens, dtype=torch.long, device=device)  # [nodes+1]
-        if self.temperature <= 0:
-            return node_token_ids, None
-        return node_token_ids, torch.nn.functional.one_hot(node_token_ids, self.vocab_size).to(hidden.dtype)
-
-    def rollback(self, valid_length: int, hidden_states=None) -> None:
-        """The target kept its first `valid_length` positions; hidden_states # [1, m, A*H] are its aux
-        states of the last m of them (those verified this step), kept to seed the next propose()."""
-        if hidden_states is None or hidden_states.shape[1] == 0:
-            return
-        if self.features is None:
-            self.features = hidden_states
-        else:
-            self.features = torch.cat([self.features, hidden_states], dim=1)

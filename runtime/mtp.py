@@ -47,7 +47,7 @@ from transformers import DynamicCache
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from specreg.errors import RuntimeConfigError
-from specreg.runtime.sampling import draft_token
+from specreg.runtime.head_drafter import block_causal_mask
 
 # the module's own names under model.layers.{N+i}. (deepseek_mtp.py _rewrite_spec_layer_name);
 # the rest belongs to the decoder block
@@ -105,21 +105,31 @@ class MtpHead(torch.nn.Module):
         self.embed_tokens = embed_tokens
         self.lm_head = lm_head
 
-    def forward(self, input_ids, hidden, cache, start_position: int, attention_mask=None):
+    def forward(self, input_ids, hidden, cache, start_position: int, attention_mask=None, position_ids=None):
         """input_ids # [b, n] with hidden # [b, n, H] (the target's normed states, or the head's own
         recycled ones) at positions start_position.. -> pre-norm states # [b, n, H].
 
-        attention_mask: None builds the causal mask of a block over the cache (training passes its own)."""
+        attention_mask: None builds the causal mask of a block over the cache (training and tree
+        drafting pass their own); position_ids # [1, n]: positions other than consecutive ones."""
         length = input_ids.shape[1]
-        position_ids = torch.arange(start_position, start_position + length, device=input_ids.device).view(1, -1)
+        if position_ids is None:
+            position_ids = torch.arange(start_position, start_position + length, device=input_ids.device).view(1, -1)
         position_embeddings = self.rotary_emb(hidden, position_ids)
-        if attention_mask is None and length > 1:
-            past = cache.get_seq_length() if cache is not None else 0
-            keys = torch.arange(past + length, device=input_ids.device)
-            queries = torch.arange(past, past + length, device=input_ids.device)
-            attention_mask = (keys[None, :] <= queries[:, None]).view(1, 1, length, past + length)
+        if attention_mask is None:
+            attention_mask = block_causal_mask(cache, length, input_ids.device)
         return self.layers[0](self.embed_tokens(input_ids), hidden, position_ids, attention_mask,
                               position_embeddings, cache)
+
+    # what head_drafter.HeadDrafter needs beside forward, recycle and draft_logits
+    position_shift = -1  # vLLM puts the entry (t_{i+1}, h_i) at position i: token x_j at j - 1
+
+    @property
+    def hidden_state_ids(self) -> tuple[int, ...]:
+        """transformers' hidden_states[num_hidden_layers]: the target's output after its final norm."""
+        return (self.target_num_layers,)
+
+    def seed_input(self, hidden):
+        return hidden
 
     def recycle(self, prenorm):
         """Pre-norm output # [.., H] -> the state the next draft step reads: shared_head.norm of it."""
@@ -267,63 +277,3 @@ def save_target_with_mtp(head: MtpHead, target_dir, out_dir) -> Path:
 
 
 # --- drafting ------------------------------------------------------------------------------------
-
-class MtpDrafter:
-    """Drafts k tokens with the target's first MTP layer and its own one-layer KV cache.
-
-    The cache holds one entry per position i seeded from the target: (t_{i+1}, h_i), h the target's
-    final normed state. propose() first feeds the positions verified since the last call (their
-    states came with rollback()), then drafts: each draft is fed back at the next position with
-    the layer's own normed output in place of h. Those speculative entries are dropped at the
-    next call, so accepted drafts are re-seeded from the target's states, as vLLM re-runs them.
-    """
-
-    def __init__(self, head: MtpHead, vocab_size: int, temperature: float = 0.0, top_k=None, top_p=None,
-                 generator=None):
-        self.head = head
-        # transformers' hidden_states[num_hidden_layers]: the target's output after its final norm
-        self.hidden_state_ids = (head.target_num_layers,)
-        self.vocab_size = vocab_size
-        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
-        self.generator = generator
-        self.cache = DynamicCache(config=head.config)
-        self.seeded = 0  # positions 0..seeded-1 hold target-seeded entries
-        self.features = None  # [1, m, H] target states h_seeded.. not fed yet
-        self.forwards = 0
-
-    def propose(self, tokens, k: int):
-        """tokens # [1, n] the verified sequence -> (draft_token_ids # [<=k], draft_probs # [<=k, vocab]
-        or None when greedy). Empty before the target has run once (no states yet)."""
-        device = tokens.device
-        if self.features is None:
-            return torch.empty(0, dtype=torch.long, device=device), None
-        length = tokens.shape[1]
-        speculative = self.cache.get_seq_length() - self.seeded  # last step's entries fed with own states
-        if speculative > 0:
-            self.cache.crop(-speculative)
-        new_tokens = tokens[:, self.seeded + 1:length]  # [1, m] t_{seeded+1} .. t_{n-1}
-        prenorm = self.head(new_tokens, self.features, self.cache, self.seeded)  # [1, m, H]
-        self.forwards += 1
-        self.seeded, self.features = length - 1, None
-        prenorm = prenorm[:, -1:]  # [1, 1, H] at position n-2: predicts t_n
-        draft_ids, draft_probs = [], []
-        for index in range(k):
-            logits = self.head.draft_logits(prenorm[0])[:, : self.vocab_size]  # [1, vocab]
-            token, probs = draft_token(logits, self.temperature, self.top_k, self.top_p, self.generator)  # [1]
-            if probs is not None:
-                draft_probs.append(probs)
-            draft_ids.append(token)
-            if index < k - 1:
-                prenorm = self.head(token.view(1, 1), self.head.recycle(prenorm), self.cache, length - 1 + index)
-                self.forwards += 1
-        return torch.cat(draft_ids), (torch.cat(draft_probs) if draft_probs else None)
-
-    def rollback(self, valid_length: int, hidden_states=None) -> None:
-        """The target kept its first `valid_length` positions; hidden_states # [1, m, H] are its
-        normed states of the last m of them (those verified this step), kept to seed propose()."""
-        if hidden_states is None or hidden_states.shape[1] == 0:
-            return
-        if self.features is None:
-            self.features = hidden_states
-        else:
-            self.features = torch.cat([self.features, hidden_states], dim=1)

@@ -75,7 +75,7 @@ def test_drafts_after_rollback_equal_a_head_seeded_from_scratch(target, tokenize
     from transformers import DynamicCache
 
     from specreg.runtime import acceptance
-    from specreg.runtime.eagle3 import Eagle3Drafter
+    from specreg.runtime.head_drafter import HeadDrafter
 
     head = heads["trained"]
     pair = head_pair(target, tokenizer, head)
@@ -96,7 +96,7 @@ def test_drafts_after_rollback_equal_a_head_seeded_from_scratch(target, tokenize
     rejected_steps = 0
     for index, (verified, drafts) in enumerate(steps):
         sequence = torch.tensor([verified[:len(prompts[1])] + first + verified[len(prompts[1]):]])
-        fresh = Eagle3Drafter(head, pair.vocab_size)
+        fresh = HeadDrafter(head, pair.vocab_size)
         with torch.inference_mode():
             _, hidden = forward_logits(target, sequence[:, :-1], DynamicCache(config=target.config), 1,
                                        head.aux_layer_ids)
@@ -278,7 +278,7 @@ def test_tree_drafts_equal_sequential_drafting_along_each_path(target, tokenizer
     the tree mask and the shared per-depth positions in the head are right."""
     from transformers import DynamicCache
 
-    from specreg.runtime.eagle3 import Eagle3Drafter
+    from specreg.runtime.head_drafter import HeadDrafter
     from specreg.runtime.tree import parse_tree
 
     head = heads["trained"]
@@ -286,7 +286,7 @@ def test_tree_drafts_equal_sequential_drafting_along_each_path(target, tokenizer
     sequence = torch.tensor([prompts[2]])
 
     def seeded():
-        drafter = Eagle3Drafter(head, int(target.config.vocab_size))
+        drafter = HeadDrafter(head, int(target.config.vocab_size))
         _, hidden = forward_logits(target, sequence[:, :-1], DynamicCache(config=target.config), 1, head.aux_layer_ids)
         drafter.rollback(sequence.shape[1] - 1, hidden)
         return drafter

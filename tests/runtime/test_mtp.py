@@ -83,7 +83,7 @@ def test_first_draft_follows_the_deepseek_formula_from_the_files_tensors(mtp_dir
     from safetensors.torch import load_file
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
-    from specreg.runtime.mtp import MtpDrafter
+    from specreg.runtime.head_drafter import HeadDrafter
 
     layers = target.config.num_hidden_layers
     stored = {name[len(f"model.layers.{layers}."):]: value
@@ -112,7 +112,7 @@ def test_first_draft_follows_the_deepseek_formula_from_the_files_tensors(mtp_dir
                     position_embeddings=LlamaRotaryEmbedding(target.config)(projected, positions))
         expected = target.lm_head(rms(out[:, -1], stored["shared_head.norm.weight"])).argmax(-1)  # [1]
 
-        drafter = MtpDrafter(mtp_pairs["trained"].draft, mtp_pairs["trained"].vocab_size)
+        drafter = HeadDrafter(mtp_pairs["trained"].draft, mtp_pairs["trained"].vocab_size)
         _, hidden = forward_logits(target, tokens[:, :-1], DynamicCache(config=target.config), 1,
                                    drafter.hidden_state_ids)
         drafter.rollback(tokens.shape[1] - 1, hidden)
@@ -123,7 +123,7 @@ def test_drafts_after_rollback_equal_a_drafter_seeded_from_scratch(mtp_pairs, ta
     """Every step's drafts equal those of a fresh drafter fed the whole verified sequence's target
     states at once: nothing of a rejected (or own-state) entry survives in the MTP cache."""
     from specreg.runtime import acceptance
-    from specreg.runtime.mtp import MtpDrafter
+    from specreg.runtime.head_drafter import HeadDrafter
 
     pair = mtp_pairs["trained"]
     steps, generated = [], []
@@ -140,7 +140,7 @@ def test_drafts_after_rollback_equal_a_drafter_seeded_from_scratch(mtp_pairs, ta
     rejected_steps = 0
     for index, (verified, drafts) in enumerate(steps):
         sequence = torch.tensor([verified[:len(prompts[1])] + first + verified[len(prompts[1]):]])
-        fresh = MtpDrafter(pair.draft, pair.vocab_size)
+        fresh = HeadDrafter(pair.draft, pair.vocab_size)
         with torch.inference_mode():
             _, hidden = forward_logits(target, sequence[:, :-1], DynamicCache(config=target.config), 1,
                                        fresh.hidden_state_ids)
