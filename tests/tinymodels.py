@@ -2,7 +2,9 @@
 
 Nothing is downloaded: the tokenizer is a byte-level BPE trained on a few lines of text made
 here, the models are random LlamaForCausalLM weights saved as safetensors. ``build_other``
-makes a GPT-2 or Qwen2 architecture model over the same tokenizer files (copied byte for byte).
+makes a GPT-2 or Qwen2 architecture model over the same tokenizer files (copied byte for byte);
+``build_deepseek_v3`` a DeepSeek-V3 target with MTP layers, config and tokenizer only, for the
+engines' config code (tests/engines).
 """
 
 from __future__ import annotations
@@ -99,23 +101,11 @@ def build_other(directory: Path, tokenizer_dir: Path, architecture: str, *, seed
     """Save a random tiny ``gpt2`` (GPT2LMHeadModel: n_layer/n_head/n_embd config names) or
     ``qwen2`` (Qwen2ForCausalLM) model; the tokenizer files of ``tokenizer_dir`` are copied as
     they are, so both sides of a pair hold byte-identical tokenizer files."""
-    import shutil
-
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    tokenizer_files = [p for p in Path(tokenizer_dir).iterdir()
-                       if p.is_file() and p.name not in ("config.json", "generation_config.json")
-                       and not p.name.endswith(".safetensors")]
-    for path in tokenizer_files:
-        shutil.copyfile(path, directory / path.name)
-    vocab = json.loads((Path(tokenizer_dir) / "tokenizer.json").read_text())
-    vocab_size = max([*vocab["model"]["vocab"].values(), *(t["id"] for t in vocab["added_tokens"])]) + 1
-    ids = {t["content"]: t["id"] for t in vocab["added_tokens"]}
-    common = dict(vocab_size=vocab_size, bos_token_id=ids["<s>"], eos_token_id=ids["</s>"],
-                  tie_word_embeddings=False)
+    common = dict(copy_tokenizer(tokenizer_dir, directory), tie_word_embeddings=False)
     if architecture == "gpt2":
         config = GPT2Config(n_embd=hidden_size, n_layer=num_layers, n_head=num_heads,
                             n_positions=max_position_embeddings, **common)
@@ -130,6 +120,48 @@ def build_other(directory: Path, tokenizer_dir: Path, architecture: str, *, seed
         raise ValueError(f"architecture must be gpt2 or qwen2, not {architecture!r}")
     torch.manual_seed(seed)
     model_class(config).save_pretrained(directory, safe_serialization=True)
+    return directory
+
+
+def copy_tokenizer(tokenizer_dir: Path, directory: Path) -> dict[str, int]:
+    """Copy the tokenizer files of ``tokenizer_dir`` byte for byte into ``directory`` (made if
+    absent); return the config fields they fix: {"vocab_size", "bos_token_id", "eos_token_id"}."""
+    import shutil
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer_files = [p for p in Path(tokenizer_dir).iterdir()
+                       if p.is_file() and p.name not in ("config.json", "generation_config.json")
+                       and not p.name.endswith(".safetensors")]
+    for path in tokenizer_files:
+        shutil.copyfile(path, directory / path.name)
+    vocab = json.loads((Path(tokenizer_dir) / "tokenizer.json").read_text())
+    vocab_size = max([*vocab["model"]["vocab"].values(), *(t["id"] for t in vocab["added_tokens"])]) + 1
+    ids = {t["content"]: t["id"] for t in vocab["added_tokens"]}
+    return {"vocab_size": vocab_size, "bos_token_id": ids["<s>"], "eos_token_id": ids["</s>"]}
+
+
+def build_deepseek_v3(directory: Path, tokenizer_dir: Path, *, hidden_size: int = 64, num_layers: int = 2,
+                      num_nextn_predict_layers: int = 1) -> Path:
+    """Write a tiny DeepSeek-V3 target with MTP layers, config and tokenizer only: a config.json
+    saved by transformers' DeepseekV3Config (model_type "deepseek_v3", DeepseekV3ForCausalLM, MLA
+    and MoE fields at tiny sizes, num_nextn_predict_layers) and the tokenizer files of
+    ``tokenizer_dir``. No weights: the engines' config code reads none (the dtype is stated in
+    the config and the embeddings are untied, so vLLM never reads the safetensors headers)."""
+    from transformers import DeepseekV3Config
+
+    directory = Path(directory)
+    config = DeepseekV3Config(
+        **copy_tokenizer(tokenizer_dir, directory),
+        hidden_size=hidden_size, intermediate_size=2 * hidden_size, moe_intermediate_size=hidden_size // 2,
+        num_hidden_layers=num_layers, first_k_dense_replace=1,  # layer 0 dense, the rest MoE
+        n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, n_group=1, topk_group=1,
+        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=16,
+        qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, max_position_embeddings=512,
+        num_nextn_predict_layers=num_nextn_predict_layers, tie_word_embeddings=False, dtype="float32",
+    )
+    config.architectures = ["DeepseekV3ForCausalLM"]
+    config.save_pretrained(directory)
     return directory
 
 

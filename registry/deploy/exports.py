@@ -602,7 +602,11 @@ def vllm_speculative_config(pair_version: PairVersion, draft_source: str | None,
         if pair_version.draft.revision:
             speculative["revision"] = pair_version.draft.revision
     elif config.method is SpecMethod.MTP:
-        pass  # no `model`: vLLM drafts with the target's own MTP layers (config/speculative.py)
+        # No `model`: vLLM drafts with the target's own MTP layers, building the draft ModelConfig from
+        # the target's path but with the speculative config's `revision` (None: the default branch;
+        # vllm/config/speculative.py SpeculativeConfig.revision and __post_init__), so pin it too.
+        if pair_version.target.revision:
+            speculative["revision"] = pair_version.target.revision
     else:
         if config.prompt_lookup_min is not None:
             speculative["prompt_lookup_min"] = config.prompt_lookup_min

@@ -13,7 +13,8 @@ its validate(), AsyncEngineArgs.from_cli_args, create_engine_config() (which bui
 ModelConfig and SpeculativeConfig, whose __post_init__ builds the draft ModelConfig), and the
 scheduler's batch-size lookup build_dynamic_sd_schedule_lookup with the engine's max_num_seqs.
 SGLang: sglang.srt.server_args.prepare_server_args (launch_server's parser and
-ServerArgs.from_cli_args).
+ServerArgs.from_cli_args), which leaves the record unresolved, and the alias step of its
+resolution (speculative_hook._resolve_speculative_algorithm_alias).
 """
 
 from __future__ import annotations
@@ -93,6 +94,12 @@ def check_vllm(cases: list[dict]) -> list[dict]:
                         [list(entry) for entry in spec.num_speculative_tokens_per_batch_size]
                         if spec.num_speculative_tokens_per_batch_size is not None else None),
                     "draft_model": spec.draft_model_config.model if spec.draft_model_config else None,
+                    # after hf_config_override: an mtp target's config rewritten into its MTP drafter's
+                    "draft_architectures": spec.draft_model_config.architectures if spec.draft_model_config else None,
+                    "draft_model_type": (spec.draft_model_config.hf_config.model_type
+                                         if spec.draft_model_config else None),
+                    "draft_n_predict": (getattr(spec.draft_model_config.hf_config, "n_predict", None)
+                                        if spec.draft_model_config else None),
                     "draft_vocab_size": spec.draft_model_config.get_vocab_size() if spec.draft_model_config else None,
                     "target_vocab_size": config.model_config.get_vocab_size(),
                 }
@@ -113,6 +120,7 @@ def check_vllm(cases: list[dict]) -> list[dict]:
 
 
 def check_sglang(cases: list[dict]) -> list[dict]:
+    from sglang.srt.arg_groups.speculative_hook import _resolve_speculative_algorithm_alias
     from sglang.srt.server_args import prepare_server_args
 
     fields = ("model_path", "revision", "served_model_name", "host", "port", "tp_size", "enable_metrics",
@@ -126,6 +134,13 @@ def check_sglang(cases: list[dict]) -> list[dict]:
             assert argv[:3] == ["python", "-m", "sglang.launch_server"], f"not an SGLang launch: {argv[:3]}"
             server_args = prepare_server_args(argv[3:])
             result["server_args"] = {name: getattr(server_args, name) for name in fields}
+            # The algorithm the launch resolves it to (handle_speculative_decoding's alias step:
+            # NEXTN -> EAGLE). The rest of ServerArgs.resolve_once, and this step given a draft path
+            # (it reads the draft's config), import sglang.srt.configs, which imports torchvision:
+            # no CPU build of it here, so those are not run.
+            if server_args.speculative_draft_model_path is None:
+                result["resolved_speculative_algorithm"] = _resolve_speculative_algorithm_alias(
+                    server_args.speculative_algorithm, None)
         except SystemExit as exc:
             result["error"] = f"SystemExit: argparse exit {exc.code}"
         except BaseException as exc:  # noqa: BLE001

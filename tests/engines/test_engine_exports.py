@@ -9,6 +9,7 @@ for all cases (session fixtures below); see engine_env.py for the download cache
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import datetime, timezone
 from pathlib import Path
@@ -19,6 +20,7 @@ import yaml
 from exportcase import BASELINES, fingerprint, record_argv
 
 from specreg.core.types import ModelRef
+from specreg.errors import UsageError
 from specreg.registry.store.entities import PairState, PairVersion, SpecConfig, SpecMethod
 from specreg.registry.deploy.exports import engine_schema, render_export, templates_dir
 
@@ -39,10 +41,49 @@ def eagle3_head(models: dict[str, Path]) -> Path:
     return head
 
 
-def tiny_pair(models: dict[str, Path], method: SpecMethod, max_batch: int | None) -> PairVersion:
-    """A pair of the tiny local models (tests/tinymodels.py), registered by their paths."""
-    target = ModelRef(str(models["target"]), str(models["target"]), "abc123", fingerprint("a"))
-    if method == SpecMethod.EAGLE3:
+def mtp_target(models: dict[str, Path]) -> Path:
+    """A tiny DeepSeek-V3 target with one MTP layer over the tiny tokenizer (tests/tinymodels.py), beside them."""
+    from tinymodels import build_deepseek_v3
+
+    target = models["target"].parent / "deepseek-v3-mtp"
+    if not target.exists():
+        build_deepseek_v3(target, models["tokenizer"], num_nextn_predict_layers=1)
+    return target
+
+
+def llama_with_nextn_layers(models: dict[str, Path]) -> Path:
+    """The tiny Llama target's config declaring num_nextn_predict_layers (DeepSeek's field name on a
+    model type no engine rewrites into an MTP drafter), with its tokenizer, beside it."""
+    from tinymodels import copy_tokenizer
+
+    target = models["target"].parent / "llama-nextn"
+    if not target.exists():
+        copy_tokenizer(models["target"], target)
+        config = json.loads((models["target"] / "config.json").read_text())
+        (target / "config.json").write_text(json.dumps(dict(config, num_nextn_predict_layers=1)))
+    return target
+
+
+def target_ref(directory: Path) -> ModelRef:
+    """The target as registered: its model_type and architecture read from its config.json."""
+    config = json.loads((directory / "config.json").read_text())
+    identity = dataclasses.replace(fingerprint("a"), model_type=config["model_type"],
+                                   architecture=config["architectures"][0])
+    return ModelRef(str(directory), str(directory), "abc123", identity)
+
+
+def tiny_pair(models: dict[str, Path], method: SpecMethod, max_batch: int | None,
+              target: Path | None = None) -> PairVersion:
+    """A pair of the tiny local models (tests/tinymodels.py), registered by their paths; ``target``
+    (default: the tiny Llama, or the tiny DeepSeek-V3 for mtp) is the target directory."""
+    target = target_ref(target or (mtp_target(models) if method == SpecMethod.MTP else models["target"]))
+    if method == SpecMethod.MTP:
+        # what registration reads of the target's MTP layers (specreg.core.heads.read_mtp)
+        layers = json.loads((Path(target.reference) / "config.json").read_text()).get("num_nextn_predict_layers")
+        config = SpecConfig(method, K, max_batch_size_for_speculation=max_batch,
+                            head={"layout": "mtp:deepseek", "num_heads": layers})
+        draft = None
+    elif method == SpecMethod.EAGLE3:
         config = SpecConfig(method, K, max_batch_size_for_speculation=max_batch, head={"layout": "speculators"})
         draft = ModelRef(str(eagle3_head(models)), str(eagle3_head(models)), None, fingerprint("e"))
     elif method == SpecMethod.DRAFT_MODEL:
@@ -57,8 +98,8 @@ def tiny_pair(models: dict[str, Path], method: SpecMethod, max_batch: int | None
 
 
 # The export cases: (id, format, method, max_batch_size_for_speculation, export options).
-# New pair kinds (eagle3, mtp, medusa) get their rows here and a SpecMethod in tiny_pair; the
-# engine checks below then run on them unchanged.
+# New pair kinds get their rows here and a SpecMethod in tiny_pair; the engine checks below then
+# run on them unchanged (mtp pairs are served by a tiny DeepSeek-V3 target, mtp_target).
 VLLM_CASES = [
     ("vllm-draft-cutoff", "vllm", SpecMethod.DRAFT_MODEL, CUTOFF, {}),
     ("vllm-draft-cutoff-max-num-seqs", "vllm", SpecMethod.DRAFT_MODEL, CUTOFF, {"max_num_seqs": 64}),
@@ -67,10 +108,14 @@ VLLM_CASES = [
     ("k8s-draft-cutoff", "k8s-vllm", SpecMethod.DRAFT_MODEL, CUTOFF, {}),
     ("k8s-ngram", "k8s-vllm", SpecMethod.NGRAM, None, {}),
     ("vllm-eagle3-cutoff", "vllm", SpecMethod.EAGLE3, CUTOFF, {}),
+    ("vllm-mtp", "vllm", SpecMethod.MTP, None, {}),
+    ("vllm-mtp-cutoff", "vllm", SpecMethod.MTP, CUTOFF, {}),
+    ("k8s-mtp-cutoff", "k8s-vllm", SpecMethod.MTP, CUTOFF, {}),
 ]
 SGLANG_CASES = [
     ("sglang-draft", "sglang", SpecMethod.DRAFT_MODEL, CUTOFF, {}),
     ("sglang-eagle3", "sglang", SpecMethod.EAGLE3, None, {}),
+    ("sglang-mtp", "sglang", SpecMethod.MTP, None, {}),
 ]
 
 
@@ -78,10 +123,12 @@ def export_argv(case: tuple, models: dict[str, Path], workdir: Path) -> tuple[li
     """Render one case and return the engine argv as the engine would receive it."""
     case_id, fmt, method, max_batch, options = case
     options = dict(options)
+    pair = tiny_pair(models, method, max_batch)
     if fmt == "k8s-vllm":
         # The manifest names in-container paths; mount "the volume" where the models lie here.
-        options.update(model_volume="pvc:models", model_mount_path=str(models["target"].parent))
-    files = dict(render_export(tiny_pair(models, method, max_batch), BASELINES, fmt, approved=True, options=options))
+        options.update(model_volume="pvc:models", model_mount_path=str(models["target"].parent),
+                       target_subpath=Path(pair.target.reference).name)
+    files = dict(render_export(pair, BASELINES, fmt, approved=True, options=options))
     if fmt == "k8s-vllm":
         deployment, _ = yaml.safe_load_all(files["k8s-vllm.yaml"])
         container = deployment["spec"]["template"]["spec"]["containers"][0]
@@ -108,6 +155,11 @@ def vllm_run(tiny_models, tmp_path_factory, engine_runner):
         config = {"method": method, "model": str(tiny_models["draft"]), "num_speculative_tokens": K}
         cases.append({"id": method, "argv": ["vllm", "serve", str(tiny_models["target"]),
                                               "--speculative-config", json.dumps(config)]})
+    # What our export refuses to write (test_mtp_on_a_target_no_engine_drafts_for_is_refused),
+    # written by hand: mtp on a Llama target that declares num_nextn_predict_layers.
+    config = {"method": "mtp", "num_speculative_tokens": K}
+    cases.append({"id": "mtp-on-llama", "argv": ["vllm", "serve", str(llama_with_nextn_layers(tiny_models)),
+                                                  "--speculative-config", json.dumps(config)]})
     output = engine_runner("vllm", cases, workdir)
     results = {result["id"]: result for result in output["results"]}
     return results, exported, output
@@ -140,7 +192,7 @@ def test_vllm_builds_its_config_from_the_export(case, vllm_run, tiny_models):
     assert result["served_model_name"] in ("tiny-pair", ["tiny-pair"])
     assert spec["method"] == case[2].value
     assert spec["num_speculative_tokens"] == K
-    assert Path(result["target_model"]) == tiny_models["target"]
+    assert Path(result["target_model"]) == Path(tiny_pair(tiny_models, case[2], case[3]).target.reference)
     if case[2] == SpecMethod.DRAFT_MODEL:
         # The draft ModelConfig was built from the exported path and shares the target's vocabulary.
         assert Path(spec["draft_model"]) == tiny_models["draft"]
@@ -149,6 +201,15 @@ def test_vllm_builds_its_config_from_the_export(case, vllm_run, tiny_models):
     elif case[2] == SpecMethod.EAGLE3:
         # vLLM built the head's draft ModelConfig from the exported head directory
         assert Path(spec["draft_model"]) == eagle3_head(tiny_models)
+    elif case[2] == SpecMethod.MTP:
+        # No `model` exported: vLLM drafts from the target's own directory, its config rewritten by
+        # SpeculativeConfig.hf_config_override into DeepSeek's MTP drafter with the target's 1 layer.
+        assert "model" not in exported_config
+        assert Path(spec["draft_model"]) == mtp_target(tiny_models)
+        assert spec["revision"] == result["target_revision"] == "abc123"  # the MTP layers of the pinned target
+        assert (spec["draft_model_type"], spec["draft_architectures"], spec["draft_n_predict"]) == \
+            ("deepseek_mtp", ["DeepSeekMTPModel"], 1)
+        assert spec["draft_vocab_size"] == spec["target_vocab_size"]
     else:
         assert (spec["prompt_lookup_min"], spec["prompt_lookup_max"]) == (2, 5)
     assert spec["num_speculative_tokens_per_batch_size"] == exported_config.get("num_speculative_tokens_per_batch_size")
@@ -206,6 +267,44 @@ def test_sglang_parses_the_export(sglang_run, tiny_models):
     assert Path(eagle3["speculative_draft_model_path"]) == eagle3_head(tiny_models)
     assert (eagle3["speculative_num_steps"], eagle3["speculative_eagle_topk"],
             eagle3["speculative_num_draft_tokens"]) == (K, 1, K + 1)
+
+
+def test_sglang_parses_the_mtp_export(sglang_run, tiny_models):
+    """NEXTN with no draft path, k steps, top-k 1, k + 1 draft tokens as SGLang's parser reads them;
+    its launch resolves NEXTN to EAGLE (speculative_hook._resolve_speculative_algorithm_alias, run
+    here) and, for a DeepseekV3ForCausalLM target, sets the draft path to the model's own NextN
+    layers (_handle_eagle_family: needs SGLang's ModelConfig, not run here, see engine_check.py)."""
+    results, exported, _ = sglang_run
+    result = ok(results["sglang-mtp"])
+    args = result["server_args"]
+    assert "--speculative-draft-model-path" not in exported["sglang-mtp"][0]
+    assert (args["speculative_algorithm"], result["resolved_speculative_algorithm"]) == ("NEXTN", "EAGLE")
+    assert Path(args["model_path"]) == mtp_target(tiny_models) and args["revision"] == "abc123"
+    assert args["speculative_draft_model_path"] is None
+    assert (args["speculative_num_steps"], args["speculative_eagle_topk"], args["speculative_num_draft_tokens"]) == \
+        (K, 1, K + 1)
+    assert args["enable_metrics"] is True and args["served_model_name"] == "tiny-pair"
+
+
+@pytest.mark.parametrize("fmt", ["vllm", "k8s-vllm", "sglang"])
+def test_mtp_on_a_target_no_engine_drafts_for_is_refused(fmt, tiny_models):
+    """A Llama target that merely carries num_nextn_predict_layers: our export refuses it in one line
+    (head_refusal) and writes nothing; test_vllm_refuses_mtp_on_llama shows vLLM refuses it too."""
+    pair = tiny_pair(tiny_models, SpecMethod.MTP, None, target=llama_with_nextn_layers(tiny_models))
+    options = {"model_volume": "pvc:models"} if fmt == "k8s-vllm" else None
+    with pytest.raises(UsageError) as info:
+        render_export(pair, BASELINES, fmt, approved=True, options=options)
+    assert str(info.value) == (
+        f"tiny-pair@1 is a mtp pair and cannot be exported to {fmt}: no engine builds an MTP drafter for model_type "
+        "'llama' (LlamaForCausalLM): vLLM 0.33 rewrites only DeepSeek-V3/V3.2, GLM, MiMo, Qwen3-Next, Qwen3.5 and "
+        "similar targets into MTP drafters (config/speculative.py hf_config_override)")
+
+
+def test_vllm_refuses_mtp_on_llama(vllm_run):
+    """Why the export refuses it: vLLM leaves a Llama config as it is, so no MTP drafter exists."""
+    results, _, _ = vllm_run
+    assert results["mtp-on-llama"].get("error", "").startswith(
+        "NotImplementedError: Unsupported speculative method: 'mtp'"), results["mtp-on-llama"]
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])

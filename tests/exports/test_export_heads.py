@@ -72,7 +72,11 @@ def test_eagle3_to_trtllm_and_k8s():
 def test_mtp_on_a_deepseek_target_exports_without_a_draft():
     pair = head_pair(SpecMethod.MTP, k=1, model_type="deepseek_v3", architecture="DeepseekV3ForCausalLM")
     script = files_of(pair, "vllm")["vllm-serve.sh"]
-    assert '"method": "mtp"' in script and '"model"' not in script.split("--speculative-config", 1)[1].split("\n")[0]
+    words = shlex.split(script.split("vllm serve", 1)[1].replace("\\\n", " "), comments=True)
+    # no `model`; the draft (the target's own MTP layers) pinned to the target's revision
+    assert json.loads(words[words.index("--speculative-config") + 1]) == \
+        {"method": "mtp", "num_speculative_tokens": 1, "revision": "abc123"}
+    assert words[words.index("--revision") + 1] == "abc123"
     sglang = files_of(pair, "sglang")["sglang-launch.sh"]
     assert "--speculative-algorithm NEXTN" in sglang and "--speculative-draft-model-path" not in sglang
     config = yaml.safe_load(files_of(pair, "trtllm")["trtllm-config.yaml"])
