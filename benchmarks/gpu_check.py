@@ -1,7 +1,8 @@
 """Equivalence of every speculative method on an accelerator (run by benchmarks/gpu_check.sh).
 
 For the demo target with each of its drafters — the demo draft model (k=4), the demo EAGLE-3 head
-as a chain (k=4) and as a tree, the demo Medusa heads with the demo tree — decodes the golden set
+as a chain (k=4) and as a tree, the demo Medusa heads with the demo tree, the demo target's own
+MTP layer (k=3) — decodes the golden set
 greedily through our runtime on DEVICE in DTYPE, speculative and target-only through the same loop,
 and judges them with the validator's own equivalence rule (validators/equivalence.py: exact, or a
 first divergence at a near tie of the target within the dtype's tolerance). Prints one line per
@@ -30,6 +31,7 @@ def main() -> int:
     from specreg.golden_prompts.loader import load_golden_set
     from specreg.runtime.demo_heads import build_demo_head
     from specreg.runtime.demo_medusa import DEMO_TREE, build_demo_medusa
+    from specreg.runtime.demo_mtp import build_demo_mtp
     from specreg.runtime.demo_pair import build_demo_pair
     from specreg.runtime.metrics import aggregate
     from specreg.runtime.pair import load_pair
@@ -39,23 +41,26 @@ def main() -> int:
     target_dir, draft_dir = build_demo_pair(args.dir, log=print)
     head_dir = build_demo_head(args.dir, "eagle3", target_dir=target_dir, log=print)
     medusa_dir = build_demo_medusa(f"{args.dir}/medusa", target_dir, log=print)
+    mtp_target = build_demo_mtp(f"{args.dir}/target-mtp", target_dir, log=print)
     tree = tuple(tuple(path) for path in DEMO_TREE)
     depth = max(len(path) for path in tree)
     golden = load_golden_set(args.golden)
     tolerance = default_near_tie_tolerance(args.dtype)
-    cases = [
-        ("draft_model k=4", draft_dir, SpeculativeSettings(method="draft_model", k=4)),
-        ("eagle3 chain k=4", head_dir, SpeculativeSettings(method="eagle3", k=4)),
-        (f"eagle3 tree {len(tree)} nodes", head_dir, SpeculativeSettings(method="eagle3", k=depth, tree=tree)),
-        (f"medusa tree {len(tree)} nodes", medusa_dir, SpeculativeSettings(method="medusa", k=depth, tree=tree)),
+    cases = [  # (name, target, drafter, settings)
+        ("draft_model k=4", target_dir, draft_dir, SpeculativeSettings(method="draft_model", k=4)),
+        ("eagle3 chain k=4", target_dir, head_dir, SpeculativeSettings(method="eagle3", k=4)),
+        (f"eagle3 tree {len(tree)} nodes", target_dir, head_dir, SpeculativeSettings(method="eagle3", k=depth, tree=tree)),
+        (f"medusa tree {len(tree)} nodes", target_dir, medusa_dir,
+         SpeculativeSettings(method="medusa", k=depth, tree=tree)),
+        ("mtp k=3", mtp_target, None, SpeculativeSettings(method="mtp", k=3)),
     ]
     device_name = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else args.device
     print(f"\n{device_name}, {args.dtype}, torch {torch.__version__}, golden set {golden.name} "
           f"({len(golden)} prompts), near-tie tolerance {tolerance}")
     failed = False
-    for name, drafter_dir, settings in cases:
+    for name, case_target, drafter_dir, settings in cases:
         start = time.perf_counter()
-        pair = load_pair(target_dir, drafter_dir, device=args.device, dtype=args.dtype, method=settings.method)
+        pair = load_pair(case_target, drafter_dir, device=args.device, dtype=args.dtype, method=settings.method)
         decodes = decode_golden(pair, golden, settings)
         result = check_equivalence(pair, decodes, tolerance=tolerance)
         summary = aggregate([run.speculative.metrics for run in decodes.runs])

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The accelerator check of issue 11 (<= 5 min on one GPU): equivalence of every speculative
-# method (draft model, EAGLE-3 chain and tree, Medusa tree) on CUDA in bf16, then the runtime
+# method (draft model, EAGLE-3 chain and tree, Medusa tree, MTP) on CUDA in bf16, then the runtime
 # benchmark there. For a machine whose python3 already has torch, transformers, safetensors,
 # tokenizers, click, jinja2, pyyaml and jsonschema (the device image does); specreg itself is put on
 # the path without its other dependencies (registry, MLflow: not needed here). Carry the demo
-# pair (.demo/pair, ~40 MB, built here by `specreg demo-pair .demo/pair --method eagle3` and
-# benchmarks/medusa_acceptance.py) so nothing is trained there; it is built when absent.
+# pair (.demo/pair, built here by `specreg demo-pair .demo/pair --method eagle3|medusa|mtp`) so
+# nothing is trained there; it is built when absent.
 #
 #   bash benchmarks/gpu_check.sh [OUT_DIR]     # writes gpu_check.log and bench_runtime.log
 set -euo pipefail
