@@ -144,7 +144,8 @@ def load_pair(target_path, draft_path=None, device: str = "cpu", dtype="float32"
     return make_pair(target, tokenizer, draft, draft_tokenizer, draft_name=str(draft_path))
 
 
-def forward_logits(model, input_ids, cache, logits_to_keep: int = 1, hidden_state_ids: tuple[int, ...] = ()):
+def forward_logits(model, input_ids, cache, logits_to_keep: int = 1, hidden_state_ids: tuple[int, ...] = (),
+                   attention_mask=None, position_ids=None):
     """One cached forward: input_ids # [1, n] -> logits # [1, logits_to_keep, vocab] of the last
     positions, appending the n tokens' keys/values to `cache`.
 
@@ -164,7 +165,8 @@ def forward_logits(model, input_ids, cache, logits_to_keep: int = 1, hidden_stat
 
     if not is_plain_llama(model):
         output = model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=logits_to_keep,
-                       output_hidden_states=bool(hidden_state_ids))
+                       output_hidden_states=bool(hidden_state_ids), attention_mask=attention_mask,
+                       position_ids=position_ids)
         if not hidden_state_ids:
             return output.logits
         return output.logits, torch.cat([output.hidden_states[i] for i in hidden_state_ids], dim=-1)
@@ -172,11 +174,13 @@ def forward_logits(model, input_ids, cache, logits_to_keep: int = 1, hidden_stat
 
     decoder = model.model
     hidden = decoder.embed_tokens(input_ids)  # [1, n, hidden]
-    past = cache.get_seq_length()
-    position_ids = torch.arange(past, past + input_ids.shape[1], device=input_ids.device).view(1, -1)  # [1, n]
-    # None for one query without padding (SDPA runs unmasked); a real mask for a block over a cache
-    mask = create_causal_mask(config=decoder.config, inputs_embeds=hidden, attention_mask=None, cache=cache,
-                              position_ids=position_ids)
+    if position_ids is None:
+        past = cache.get_seq_length()
+        position_ids = torch.arange(past, past + input_ids.shape[1], device=input_ids.device).view(1, -1)  # [1, n]
+    # None for one query without padding (SDPA runs unmasked); a real mask for a block over a cache;
+    # a 4-D mask given is used as it is
+    mask = attention_mask if attention_mask is not None else create_causal_mask(
+        config=decoder.config, inputs_embeds=hidden, attention_mask=None, cache=cache, position_ids=position_ids)
     position_embeddings = decoder.rotary_emb(hidden, position_ids=position_ids)
     states = {}
     for index, layer in enumerate(decoder.layers):
