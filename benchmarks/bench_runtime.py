@@ -4,8 +4,9 @@ Greedy decoding of the shipped golden prompts, side by side, interleaved prompt 
 machine load hits every method alike: ours target-only, HF `generate` target-only, HF assisted
 generation with the same draft and k (constant schedule, no confidence threshold), ours
 speculative, and the head methods on the same target: EAGLE-3 chain and EAGLE-3 tree with the demo
-EAGLE-3 head (demo_heads.build_demo_head; --no-eagle3 leaves them out) and Medusa tree with the demo
-Medusa heads (demo_medusa.build_demo_medusa; --no-medusa). The HF methods run stock transformers: their own copies of the two models, loaded
+EAGLE-3 head (demo_heads.build_demo_head; --no-eagle3 leaves them out), Medusa tree with the demo
+Medusa heads (demo_medusa.build_demo_medusa; --no-medusa) and MTP chain with the demo target's MTP
+layer (demo_mtp.build_demo_mtp; --no-mtp). The HF methods run stock transformers: their own copies of the two models, loaded
 with its default attention (ours load through the runtime, see runtime/attention.py). Reports
 tokens/s and ratios, alpha-hat, tau, c, the theoretical speedup of DESIGN.md §2 and our
 efficiency = measured / theoretical, end to end and in the decode phase. For the head methods the
@@ -57,6 +58,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", help="float32, bfloat16, float16")
     parser.add_argument("--no-eagle3", action="store_true", help="leave out the EAGLE-3 chain and tree rows")
     parser.add_argument("--no-medusa", action="store_true", help="leave out the Medusa tree row")
+    parser.add_argument("--no-mtp", action="store_true", help="leave out the MTP chain row")
     args = parser.parse_args()
 
     import torch
@@ -70,7 +72,7 @@ def main() -> None:
     from specreg.runtime.pair import ModelPair, load_pair
 
     target_dir, draft_dir = build_demo_pair(args.dir, log=print)
-    head_dir = medusa_dir = None
+    head_dir = medusa_dir = mtp_dir = None
     if not args.no_eagle3:
         from specreg.runtime.demo_heads import build_demo_head
 
@@ -79,6 +81,10 @@ def main() -> None:
         from specreg.runtime.demo_medusa import build_demo_medusa
 
         medusa_dir = build_demo_medusa(f"{args.dir}/medusa", target_dir, log=print)
+    if not args.no_mtp:
+        from specreg.runtime.demo_mtp import build_demo_mtp
+
+        mtp_dir = build_demo_mtp(f"{args.dir}/target-mtp", target_dir, log=print)
     if args.threads:
         torch.set_num_threads(args.threads)
     pair = load_pair(target_dir, draft_dir, device=args.device, dtype=args.dtype)
@@ -129,6 +135,14 @@ def main() -> None:
                                 draft=load_medusa_heads(medusa_dir, pair.target))
         heads.append((f"ours Medusa tree ({tree.num_nodes} nodes)", medusa_pair,
                       dataclasses.replace(config, method="medusa", k=tree.depth, tree=tree.paths), []))
+
+    if mtp_dir is not None:
+        from specreg.runtime.mtp import load_mtp_head, read_runnable_mtp
+
+        # target-mtp is the same target plus its MTP layer: the layer's tensors on the same target object
+        mtp_pair = ModelPair(target=pair.target, tokenizer=pair.tokenizer, vocab_size=pair.vocab_size,
+                             draft=load_mtp_head(read_runnable_mtp(mtp_dir), pair.target))
+        heads.append(("ours MTP chain (k=3)", mtp_pair, dataclasses.replace(config, method="mtp", k=3), []))
 
     def head_method(head_pair, head_config, metrics):
         def run(ids):
@@ -239,7 +253,8 @@ def main() -> None:
         # the same over the measured per-depth rates (stricter), and with the measured verify cost
         tokens_per_step = expected_tokens_per_step(summary_h["per_position_acceptance"], depth)
         bound = tokens_per_step / (draft_step_cost + 1.0)
-        head_verify = tree_verify if head_config.tree is not None else verify_cost  # chains: k + 1 tokens
+        head_verify = (tree_verify if head_config.tree is not None else verify_cost if depth == args.k
+                       else verify_cost_chain(pair, prompts[0], depth))  # chains: k + 1 tokens
         measured_h = rate[name] / base
         decode_h = summary_h["decode_tokens_per_s"] / target_summary["decode_tokens_per_s"]
         print(f"\n{name}")
