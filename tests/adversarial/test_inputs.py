@@ -12,8 +12,6 @@ import json
 import os
 import shutil
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,12 +20,11 @@ from specreg.core.fingerprint import compare_fingerprints, fingerprint_model, re
 from specreg.core.types import ModelFingerprint, ModelRef
 from specreg.errors import ModelReferenceError
 
-SPECREG = [sys.executable, "-m", "specreg.cli"]
+from clirun import run_specreg  # tests/ is on sys.path (tests/conftest.py)
 
 
-def run_cli(*args, env=None, cwd=None, timeout=300):
-    result = subprocess.run(SPECREG + [str(a) for a in args], capture_output=True, text=True, cwd=cwd,
-                            env={**os.environ, **(env or {})}, timeout=timeout)
+def run_cli(*args, env=None, cwd=None):
+    result = run_specreg(args, env={**os.environ, **(env or {})}, cwd=cwd)
     assert "Traceback" not in result.stderr, result.stderr
     return result
 
