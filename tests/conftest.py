@@ -14,6 +14,12 @@ from pathlib import Path
 
 import pytest
 
+# One torch (OpenMP) thread for the tiny test models, here and in every process the tests start:
+# on this 2-core machine, shared with MLflow servers and other runs, two spinning OpenMP threads
+# made tests/runtime 6x slower (82 s against 13 s for test_equivalence + test_runtime_config).
+# Set before anything imports torch; an explicit OMP_NUM_THREADS of the caller wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 TESTS_DIR = Path(__file__).parent
 sys.path.insert(0, str(TESTS_DIR))  # tinymodels and other shared test helpers
 

@@ -63,7 +63,11 @@ class MlflowServer:
         ]
 
     def start(self, timeout_s: float = 240.0) -> "MlflowServer":  # a loaded 2-core machine needs minutes
-        env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", DO_NOT_TRACK="true")
+        # No job runner: it starts two more interpreters (and a 10-worker Huey consumer) beside
+        # each server, for MLflow's GenAI jobs that specreg never submits (mlflow/server/__init__.py,
+        # MLFLOW_SERVER_ENABLE_JOB_EXECUTION, MLflow 3.17).
+        env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", DO_NOT_TRACK="true",
+                   MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
         env.pop("MLFLOW_TRACKING_URI", None)
         with open(self.log_path, "ab") as log:
             # Own process group: stop/kill reach uvicorn and the job runner it spawns.

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from datetime import datetime
@@ -27,12 +26,11 @@ from specreg.registry.store.store import SCHEMA_HEAD
 sys.path.insert(0, str(Path(__file__).parent.parent / "governance"))
 from govstate import policy_file, record_validation  # noqa: E402,F401
 
-SPECREG = [sys.executable, "-m", "specreg.cli"]
+from clirun import run_specreg  # tests/ is on sys.path (tests/conftest.py)
 
 
 def run(*args, env_extra: dict | None = None):
-    result = subprocess.run(SPECREG + [str(a) for a in args], capture_output=True, text=True, timeout=180,
-                            env={**os.environ, **(env_extra or {})})
+    result = run_specreg(args, env={**os.environ, **(env_extra or {})})
     assert "Traceback" not in result.stderr, result.stderr
     return result
 

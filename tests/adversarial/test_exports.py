@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,11 +21,11 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "governance"))
 from govstate import POLICY_TOML, record_validation  # noqa: E402
 from pgroles import as_user
 
-SPECREG = [sys.executable, "-m", "specreg.cli"]
+from clirun import run_specreg  # tests/ is on sys.path (tests/conftest.py)
 
 
 def run(*args):
-    result = subprocess.run(SPECREG + [str(a) for a in args], capture_output=True, text=True, timeout=120)
+    result = run_specreg(args)
     assert "Traceback" not in result.stderr, result.stderr
     return result
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -22,13 +21,12 @@ from specreg.registry.store.entities import PairState
 sys.path.insert(0, str(Path(__file__).parent.parent / "governance"))
 from govstate import POLICY_TOML, policy_file, record_validation  # noqa: E402,F401
 
-SPECREG = [sys.executable, "-m", "specreg.cli"]
+from clirun import run_specreg  # tests/ is on sys.path (tests/conftest.py)
 
 
 def run(*args, env: dict | None = None, unset: tuple[str, ...] = ()):
     environment = {k: v for k, v in {**os.environ, **(env or {})}.items() if k not in unset}
-    result = subprocess.run(SPECREG + [str(a) for a in args], capture_output=True, text=True, timeout=180,
-                            env=environment)
+    result = run_specreg(args, env=environment)
     assert "Traceback" not in result.stderr, result.stderr
     return result
 

@@ -21,7 +21,7 @@ from metrics_server import FakeVllm, MetricsServer  # noqa: E402
 from pgroles import as_user
 from specreg.registry.store.store import SCHEMA_HEAD
 
-SPECREG = [sys.executable, "-m", "specreg.cli"]
+from clirun import run_specreg  # tests/ is on sys.path (tests/conftest.py)
 
 # A real `specreg` process that waits for a shared start time, so that six of them reach the
 # fresh database together (the CLI itself, its argv, nothing replaced).
@@ -30,7 +30,7 @@ AT_START = ("import sys, time; start = float(sys.argv[1]); time.sleep(max(0.0, s
 
 
 def run(*args):
-    result = subprocess.run(SPECREG + [str(a) for a in args], capture_output=True, text=True, timeout=120)
+    result = run_specreg(args)
     assert "Traceback" not in result.stderr, result.stderr
     return result
 

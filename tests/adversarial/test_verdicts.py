@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from specreg.api import Registry
 from specreg.errors import PolicyViolation
 from pgroles import as_user
 
-SPECREG = [sys.executable, "-m", "specreg.cli"]
+from clirun import SPECREG, run_specreg  # tests/ is on sys.path (tests/conftest.py)
 
 GOLDEN_YAML = """
 name: verdicts
@@ -37,7 +36,7 @@ records:
 
 
 def run(*args):
-    result = subprocess.run(SPECREG + [str(a) for a in args], capture_output=True, text=True, timeout=300)
+    result = run_specreg(args)
     assert "Traceback" not in result.stderr, result.stderr
     return result
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,12 +18,11 @@ from specreg.api import Registry
 sys.path.insert(0, str(Path(__file__).parent.parent / "governance"))
 from govstate import POLICY_TOML, record_validation  # noqa: E402
 
-SPECREG = [sys.executable, "-m", "specreg.cli"]
+from clirun import run_specreg  # tests/ is on sys.path (tests/conftest.py)
 
 
 def run(*args, env=None):
-    result = subprocess.run(SPECREG + [str(a) for a in args], capture_output=True, text=True, timeout=120,
-                            env={**os.environ, **(env or {})})
+    result = run_specreg(args, env={**os.environ, **(env or {})})
     assert "Traceback" not in result.stderr, result.stderr
     return result
 

@@ -24,12 +24,11 @@ from specreg.registry.deploy.lock import LOCK_FILE, lock_body, verify_lock
 sys.path.insert(0, str(Path(__file__).parent.parent / "governance"))
 from govstate import POLICY_TOML, record_validation  # noqa: E402
 
-SPECREG = [sys.executable, "-m", "specreg.cli"]
+from clirun import run_specreg  # tests/ is on sys.path (tests/conftest.py)
 
 
 def run(*args, env=None):
-    result = subprocess.run(SPECREG + [str(a) for a in args], capture_output=True, text=True, timeout=120,
-                            env={**os.environ, **(env or {})})
+    result = run_specreg(args, env={**os.environ, **(env or {})})
     assert "Traceback" not in result.stderr, result.stderr
     return result
 

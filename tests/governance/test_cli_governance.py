@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 
 from govstate import record_validation, register_versions
@@ -15,14 +13,13 @@ from sqlalchemy import create_engine, text
 from pgroles import as_user
 from specreg.api import Registry
 
-SPECREG = [sys.executable, "-m", "specreg.cli"]
+from clirun import run_specreg  # tests/ is on sys.path (tests/conftest.py)
 
 
 def run(*args, user="alice"):
     """`specreg ARGS` as ``user``: $SPECREG_USER, and on PostgreSQL connected as that role."""
     args = [as_user(str(args[i]), user) if i and args[i - 1] == "--db" else a for i, a in enumerate(args)]
-    result = subprocess.run(SPECREG + [str(a) for a in args], capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "SPECREG_USER": user})
+    result = run_specreg(args, env={**os.environ, "SPECREG_USER": user})
     assert "Traceback" not in result.stderr, result.stderr
     return result
 

@@ -6,8 +6,6 @@ operation completes with a warning and `specreg sync` catches up. Real registry 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -22,7 +20,7 @@ from specreg.registry.store.entities import PairState
 sys.path.insert(0, str(Path(__file__).parent.parent / "governance"))
 from govstate import POLICY_TOML, record_validation  # noqa: E402
 
-SPECREG = [sys.executable, "-m", "specreg.cli"]
+from clirun import run_specreg  # tests/ is on sys.path (tests/conftest.py)
 
 
 @pytest.fixture
@@ -34,8 +32,7 @@ def mirror_on(monkeypatch, tmp_path):
 
 
 def cli(*args):
-    result = subprocess.run(SPECREG + [str(a) for a in args], capture_output=True, text=True, timeout=180,
-                            env=dict(os.environ))
+    result = run_specreg(args)
     assert "Traceback" not in result.stderr, result.stderr
     return result
 

@@ -12,12 +12,20 @@ import pytest
 
 from pgroles import as_user
 
-SPECREG = [sys.executable, "-m", "specreg.cli"]
+from clirun import SPECREG, run_specreg  # tests/ is on sys.path (tests/conftest.py)
+
+
+def run_process(*args, env=None):
+    """`python -m specreg.cli ARGS` as a real process (the entry point as users start it)."""
+    result = subprocess.run(SPECREG + [str(a) for a in args], capture_output=True, text=True,
+                            env={**os.environ, **(env or {})}, timeout=120)
+    assert "Traceback" not in result.stderr, result.stderr
+    return result
 
 
 def run(*args, env=None):
-    result = subprocess.run(SPECREG + [str(a) for a in args], capture_output=True, text=True,
-                            env={**os.environ, **(env or {})}, timeout=120)
+    """The same command in this process (tests/clirun.py): the same checks, no interpreter start."""
+    result = run_specreg(args, env={**os.environ, **(env or {})})
     assert "Traceback" not in result.stderr, result.stderr
     return result
 
@@ -30,29 +38,30 @@ def one_line_error(result, code, *fragments):
 
 
 def test_register_list_show_history(db_url, tiny_models):
-    registered = run("register", "chat", "--target", tiny_models["target"], "--draft", tiny_models["draft"],
-                     "-k", "4", "--notes", "first cut", "--db", as_user(db_url, "carol"), "--user", "carol", "--json")
+    registered = run_process("register", "chat", "--target", tiny_models["target"], "--draft", tiny_models["draft"],
+                             "-k", "4", "--notes", "first cut", "--db", as_user(db_url, "carol"), "--user", "carol",
+                             "--json")
     assert registered.returncode == 0, registered.stderr
     data = json.loads(registered.stdout)
     assert data["created"] is True and data["version"] == 1 and data["registered_by"] == "carol"
 
-    again = run("register", "chat", "--target", tiny_models["target"], "--draft", tiny_models["draft"],
-                "-k", "4", "--db", db_url)
+    again = run_process("register", "chat", "--target", tiny_models["target"], "--draft", tiny_models["draft"],
+                        "-k", "4", "--db", db_url)
     assert again.returncode == 0 and "already registered as chat@1" in again.stdout
 
-    listing = run("list", "--db", db_url, "--json")
+    listing = run_process("list", "--db", db_url, "--json")
     assert [(r["name"], r["version"], r["state"]) for r in json.loads(listing.stdout)] == [("chat", 1, "registered")]
-    table = run("list", "--db", db_url)
+    table = run_process("list", "--db", db_url)
     assert table.stdout.splitlines()[0].split() == ["PAIR", "VERSION", "STATE", "METHOD", "K", "BY", "REGISTERED", "(UTC)"]
 
-    shown = json.loads(run("show", "chat@1", "--db", db_url, "--json").stdout)
+    shown = json.loads(run_process("show", "chat@1", "--db", db_url, "--json").stdout)
     assert shown["target"]["fingerprint"]["weights_sha256"] == data["target"]["fingerprint"]["weights_sha256"]
     assert shown["config"]["num_speculative_tokens"] == 4
     assert [e["action"] for e in shown["events"]] == ["register"]
-    human = run("show", "chat", "--db", db_url).stdout
+    human = run_process("show", "chat", "--db", db_url).stdout
     assert "chat@1  state registered" in human and "chat template" in human
 
-    history = json.loads(run("history", "chat", "--db", db_url, "--json").stdout)
+    history = json.loads(run_process("history", "chat", "--db", db_url, "--json").stdout)
     assert [(e["action"], e["actor"], e["reason"]) for e in history] == [("register", "carol", "first cut")]
 
 
@@ -84,14 +93,14 @@ def test_user_errors_are_one_line(db_url, tiny_models, tmp_path):
 
 
 def test_unreachable_database_is_one_line():
-    result = run("list", "--db", "postgresql+psycopg://nobody@127.0.0.1:9/none")
+    result = run_process("list", "--db", "postgresql+psycopg://nobody@127.0.0.1:9/none")
     one_line_error(result, 1, "database postgresql+psycopg://nobody@127.0.0.1:9/none")
-    result = run("list", "--db", "not a url")
+    result = run_process("list", "--db", "not a url")
     one_line_error(result, 1, "not a valid SQLAlchemy URL")
 
 
 def test_missing_required_option_is_usage_error():
-    result = run("register", "x")
+    result = run_process("register", "x")
     assert result.returncode == 2 and "--target" in result.stderr
 
 

@@ -6,8 +6,6 @@ SQLite and PostgreSQL, through the API and the real CLI."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -21,7 +19,7 @@ from specreg.errors import HeadMismatchError, UsageError
 from specreg.registry.store.entities import SpecMethod
 from specreg.registry.store.orm import PairVersionRow
 
-SPECREG = [sys.executable, "-m", "specreg.cli"]
+from clirun import run_specreg  # tests/ is on sys.path (tests/conftest.py)
 
 
 @pytest.fixture
@@ -146,7 +144,7 @@ def test_a_head_for_another_target_is_refused_unless_allowed_and_then_recorded(t
 
 
 def run_cli(*args, db):
-    return subprocess.run([*SPECREG, *args, "--db", db], capture_output=True, text=True, timeout=120)
+    return run_specreg([*args, "--db", db])
 
 
 def test_cli_registers_each_kind_and_refuses_a_wrong_head_in_one_line(tmp_path, models):

@@ -4,27 +4,22 @@ HTML / Markdown / JUnit outputs (self-contained: no network resource)."""
 from __future__ import annotations
 
 import json
-import sys
 import xml.etree.ElementTree as ElementTree
 
-import pytest
+from clirun import run_specreg  # tests/ is on sys.path (tests/conftest.py)
 
 
-def run_cli(monkeypatch, capsys, *args) -> tuple[int, str, str]:
-    from specreg.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["specreg", *args])
-    with pytest.raises(SystemExit) as exited:
-        main()
-    out, err = capsys.readouterr()
-    return exited.value.code, out, err
+def run_cli(*args) -> tuple[int, str, str]:
+    """`specreg ARGS` in this process (tests/clirun.py) -> (exit code, stdout, stderr)."""
+    result = run_specreg(args)
+    return result.returncode, result.stdout, result.stderr
 
 
-def test_exit_codes_table_and_reports(registry, models, golden_path, tmp_path, monkeypatch, capsys):
+def test_exit_codes_table_and_reports(registry, models, golden_path, tmp_path):
     db = ["--db", registry.db_url]
     registry.register("cli", target=str(models["target"]), draft=str(models["self"]), num_speculative_tokens=3)
     report, markdown, junit = tmp_path / "r.html", tmp_path / "r.md", tmp_path / "r.xml"
-    code, out, _ = run_cli(monkeypatch, capsys, "validate", "cli@1", "--golden", str(golden_path), "--device", "cpu",
+    code, out, _ = run_cli("validate", "cli@1", "--golden", str(golden_path), "--device", "cpu",
                            "--checks", "integrity,equivalence,acceptance,performance", "--report", str(report),
                            "--markdown", str(markdown), "--junit", str(junit), *db)
     assert code == 0, out
@@ -37,7 +32,7 @@ def test_exit_codes_table_and_reports(registry, models, golden_path, tmp_path, m
     assert suite.get("tests") == "4" and suite.get("failures") == "0"
 
     registry.register("cli", target=str(models["target"]), draft=str(models["draft"]), num_speculative_tokens=3)
-    code, out, err = run_cli(monkeypatch, capsys, "validate", "cli@2", "--golden", str(golden_path), "--device", "cpu",
+    code, out, err = run_cli("validate", "cli@2", "--golden", str(golden_path), "--device", "cpu",
                              "--checks", "acceptance", "--json", "--junit", str(junit), *db)
     assert code == 100
     data = json.loads(out)
@@ -46,7 +41,7 @@ def test_exit_codes_table_and_reports(registry, models, golden_path, tmp_path, m
     assert "Traceback" not in err
     assert ElementTree.parse(junit).getroot().find("testsuite").get("failures") == "1"
 
-    code, _, err = run_cli(monkeypatch, capsys, "validate", "cli@2", "--golden", str(tmp_path / "missing.yaml"), *db)
+    code, _, err = run_cli("validate", "cli@2", "--golden", str(tmp_path / "missing.yaml"), *db)
     assert code == 1 and "missing.yaml" in err and err.strip().count("\n") == 0  # before any model loads
-    code, _, err = run_cli(monkeypatch, capsys, "validate", "cli@2", "--checks", "nope", *db)
+    code, _, err = run_cli("validate", "cli@2", "--checks", "nope", *db)
     assert code == 2 and "unknown check 'nope'" in err
