@@ -116,7 +116,7 @@ def mtp_target(models, tmp_path_factory):
                                 tmp_path_factory.mktemp("mtp") / "target-mtp")
 
 
-def test_mtp_pair_registers_and_validates_through_the_cli(registry, mtp_target, golden_path, monkeypatch, capsys):
+def test_mtp_pair_registers_and_validates_through_the_cli(registry, mtp_target, golden_path):
     """`specreg register --method mtp` then `specreg validate` on SQLite: every check runs on our
     runtime, the distribution check drawing from the MTP layer's own law."""
     import json
@@ -124,10 +124,10 @@ def test_mtp_pair_registers_and_validates_through_the_cli(registry, mtp_target, 
     from .test_cli_validate import run_cli
 
     db = ["--db", registry.db_url]
-    code, out, err = run_cli(monkeypatch, capsys, "register", "mtp", "--target", str(mtp_target), "--method", "mtp",
+    code, out, err = run_cli("register", "mtp", "--target", str(mtp_target), "--method", "mtp",
                              "-k", "2", "--user", "alice", *db)
     assert code == 0, err
-    code, out, err = run_cli(monkeypatch, capsys, "validate", "mtp@1", "--golden", str(golden_path), "--device", "cpu",
+    code, out, err = run_cli("validate", "mtp@1", "--golden", str(golden_path), "--device", "cpu",
                              "--gpu-memory", "1GiB", "--distribution-samples", "2000", "--json", *db)
     data = json.loads(out)
     found = {check["name"]: check for check in data["checks"]}
