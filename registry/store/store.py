@@ -146,13 +146,17 @@ class Store:
     def check_schema(self, auto_create: bool = True) -> None:
         """A fresh database is migrated to the head; an out-of-date one is refused. Several
         processes starting on one fresh database queue on the migration lock: the first
-        migrates, the others find the head when they get the lock."""
+        migrates, the others find the head when they get the lock (a revision read before it,
+        mid-migration, is read again under it)."""
         revision = self.current_revision()
         if revision == SCHEMA_HEAD:
             return
-        if revision is None and auto_create:
+        if auto_create:
             from specreg.registry.store.migrate import migration_lock
 
+            # while another process migrates a fresh database, the revisions between none and the
+            # head are visible one by one (a register refused "at 0001" beside five racing ones):
+            # decide under the migration lock, which the migrating process holds throughout
             with self._errors(), migration_lock(self.engine):
                 revision = self.current_revision()
                 if revision is None:

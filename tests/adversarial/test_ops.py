@@ -74,6 +74,35 @@ def test_migration_lock_serialises_and_times_out(db_url):
         pass
 
 
+def test_a_process_reading_a_migration_in_progress_waits_for_it(db_url):
+    """A fresh database shows the revisions between none and the head one by one while the first
+    process migrates it; another process opening it then must wait for the migration lock and
+    find the head, not refuse the database as out of date (seen once in the six-process race)."""
+    import threading
+
+    from specreg.registry.store.migrate import migration_lock
+    from specreg.registry.store.store import Store
+
+    migrating = Store(db_url, check=False)
+    migrating.upgrade("0001")  # a migration part-way through, as another process sees it
+    outcome = {}
+
+    def open_store():
+        try:
+            outcome["revision"] = Store(db_url).current_revision()
+        except Exception as exc:  # noqa: BLE001 - the test reports what happened
+            outcome["error"] = str(exc)
+
+    with migration_lock(migrating.engine):
+        opener = threading.Thread(target=open_store)
+        opener.start()
+        opener.join(1.5)
+        assert opener.is_alive(), outcome  # waiting on the lock, not refused at revision 0001
+        migrating._upgrade("head")  # the migrating process finishes under its lock
+    opener.join(30)
+    assert outcome == {"revision": SCHEMA_HEAD}
+
+
 # --- observe: interval and response size ---------------------------------------------------------
 
 @pytest.fixture
