@@ -20,6 +20,8 @@ This module imports torch at import time: import it lazily.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from specreg.runtime.sampling import draft_token
@@ -34,6 +36,57 @@ def block_causal_mask(cache, length: int, device):
     keys = torch.arange(past + length, device=device)
     queries = torch.arange(past, past + length, device=device)
     return (keys[None, :] <= queries[:, None]).view(1, 1, length, past + length)
+
+
+@dataclass(frozen=True)
+class TreeStep:
+    """One depth of drafting a tree with a head (tree_plan); node ids index the tree's nodes."""
+
+    parents: object  # [p] long: nodes of the depth above with children, whose outputs rank them
+    children: object  # [c] long: the nodes of this depth
+    child_parent_rows: object  # [c] long: each child's parent's row in `parents`
+    child_ranks: object  # [c] long: each child's rank among its parent's top-k
+    feed: object  # [f] long: this depth's nodes with children, fed to the head next
+    feed_parents: object  # [f] long: their parents, whose outputs they are fed with
+    tree_mask: object  # [f, entries + f] bool: which tree entries of the head cache each sees
+
+
+def tree_plan(tree, device) -> list[TreeStep]:
+    """The per-depth index tensors and masks of drafting `tree` with a head, built once per tree
+    and device (kept with the tree's other buffers). The head's cache holds the tree entries in
+    the order they are fed: depth 1's fed nodes, then depth 2's, ..."""
+    key = ("head_plan", str(device))
+    if key in tree._buffers:
+        return tree._buffers[key]
+    has_children = set(tree.parents)
+    entry_of: dict[int, int] = {}
+    steps = []
+    for depth in range(1, tree.depth + 1):
+        parents = [node for node in range(tree.num_nodes + 1) if tree.depths[node] == depth - 1 and node in has_children]
+        children = [node for node in range(1, tree.num_nodes + 1) if tree.depths[node] == depth]
+        feed = [node for node in children if node in has_children]
+        entries = len(entry_of)
+        mask = torch.zeros(len(feed), entries + len(feed), dtype=torch.bool)
+        for query, node in enumerate(feed):
+            mask[query, entries + query] = True
+            ancestor = tree.parents[node]
+            while ancestor > 0:
+                mask[query, entry_of[ancestor]] = True
+                ancestor = tree.parents[ancestor]
+        for query, node in enumerate(feed):
+            entry_of[node] = entries + query
+        row = {node: index for index, node in enumerate(parents)}
+
+        def longs(values):
+            return torch.tensor(values, dtype=torch.long, device=device)
+
+        steps.append(TreeStep(parents=longs(parents), children=longs(children),
+                              child_parent_rows=longs([row[tree.parents[node]] for node in children]),
+                              child_ranks=longs([tree.paths[node - 1][-1] for node in children]),
+                              feed=longs(feed), feed_parents=longs([tree.parents[node] for node in feed]),
+                              tree_mask=mask.to(device)))
+    tree._buffers[key] = steps
+    return steps
 
 
 class HeadDrafter:
@@ -93,47 +146,31 @@ class HeadDrafter:
         has run once. A node at depth d with last rank r gets rank r of the head's distribution at
         its parent; each depth is one head forward over the nodes of the depth above that have
         children, each attending to the seeded entries, its ancestors' entries and itself, at the
-        position of token n - 1 + depth. The candidates are the top-k, deterministic: a point-mass q
-        per node keeps the tree rule exact (EAGLE's tree sampling)."""
+        position of token n - 1 + depth (tree_plan). The candidates are the top-k, deterministic: a
+        point-mass q per node keeps the tree rule exact (EAGLE's tree sampling)."""
         device = tokens.device
         if self.features is None:
             return torch.empty(0, dtype=torch.long, device=device), None
         length = tokens.shape[1]
         output = self.seed(tokens)  # [1, 1, H]
-        outputs = {0: output[0, -1]}  # node -> the head's output that predicts its children
-        node_tokens = [int(tokens[0, -1])] + [0] * tree.num_nodes
-        has_children = set(tree.parents)
-        entry_of = {}  # node -> its entry in the head's cache
-        for depth in range(1, tree.depth + 1):
-            parents = [node for node in range(tree.num_nodes + 1)
-                       if tree.depths[node] == depth - 1 and node in has_children]
-            logits = self.head.draft_logits(torch.stack([outputs[node] for node in parents]))[:, : self.vocab_size]
-            ranked = torch.topk(logits, tree.width, dim=-1).indices.tolist()  # [parents, width]
-            row = {node: index for index, node in enumerate(parents)}
-            at_depth = [node for node in range(1, tree.num_nodes + 1) if tree.depths[node] == depth]
-            for node in at_depth:
-                node_tokens[node] = ranked[row[tree.parents[node]]][tree.paths[node - 1][-1]]
-            feed = [node for node in at_depth if node in has_children]
-            if not feed:
+        outputs = output.new_zeros(tree.num_nodes + 1, output.shape[-1])  # [nodes+1, H] each node's head output
+        outputs[0] = output[0, -1]
+        node_token_ids = torch.empty(tree.num_nodes + 1, dtype=torch.long, device=device)  # [nodes+1]
+        node_token_ids[0] = tokens[0, -1]
+        for depth, step in enumerate(tree_plan(tree, device), start=1):
+            logits = self.head.draft_logits(outputs[step.parents])[:, : self.vocab_size]  # [parents, vocab]
+            ranked = torch.topk(logits, tree.width, dim=-1).indices  # [parents, width]
+            node_token_ids[step.children] = ranked[step.child_parent_rows, step.child_ranks]
+            if step.feed.numel() == 0:
                 break
-            past = self.cache.get_seq_length()
-            allowed = torch.zeros(len(feed), past + len(feed), dtype=torch.bool, device=device)
-            allowed[:, : length - 1] = True  # the seeded entries of x_1 .. x_{n-1}
-            for query, node in enumerate(feed):
-                allowed[query, past + query] = True
-                ancestor = tree.parents[node]
-                while ancestor > 0:
-                    allowed[query, entry_of[ancestor]] = True
-                    ancestor = tree.parents[ancestor]
-            input_ids = torch.tensor([[node_tokens[node] for node in feed]], device=device)  # [1, m]
-            parent_states = torch.stack([self.head.recycle(outputs[tree.parents[node]]) for node in feed])
-            positions = torch.full((1, len(feed)), length - 1 + depth + self.head.position_shift, device=device)
-            out = self.head(input_ids, parent_states.unsqueeze(0), self.cache, 0,
-                            attention_mask=allowed.view(1, 1, len(feed), -1), position_ids=positions)  # [1, m, H]
+            feed = step.feed.numel()
+            seeded = torch.ones(feed, length - 1, dtype=torch.bool, device=device)  # the entries of x_1 .. x_{n-1}
+            mask = torch.cat([seeded, step.tree_mask], dim=1).view(1, 1, feed, -1)
+            positions = torch.full((1, feed), length - 1 + depth + self.head.position_shift, device=device)
+            out = self.head(node_token_ids[step.feed].view(1, -1), self.head.recycle(outputs[step.feed_parents]).unsqueeze(0),
+                            self.cache, 0, attention_mask=mask, position_ids=positions)  # [1, feed, H]
             self.forwards += 1
-            for query, node in enumerate(feed):
-                outputs[node], entry_of[node] = out[0, query], past + query
-        node_token_ids = torch.tensor(node_tokens, dtype=torch.long, device=device)  # [nodes+1]
+            outputs[step.feed] = out[0]
         if self.temperature <= 0:
             return node_token_ids, None
         return node_token_ids, torch.nn.functional.one_hot(node_token_ids, self.vocab_size).to(output.dtype)
