@@ -214,7 +214,7 @@ def compact_cache(cache, keep_length: int, accepted_nodes) -> None:
 
     # the accepted nodes' entries (gathered first) move down to keep_length.. in path order, then
     # the tail is cut: only m rows are copied, not the whole prefix (1.35x -> 1.25x a one-token
-    # step for the demo's 8-node tree, 2026-12-01)
+    # step for an 8-node tree on the demo target, 2026-12-01)
     count = accepted_nodes.shape[0]
     for layer in cache.layers:
         if type(layer).__name__ != "DynamicLayer":
