@@ -31,7 +31,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from specreg.errors import ModelReferenceError, RuntimeConfigError
-from specreg.runtime.head_drafter import block_causal_mask
+from specreg.runtime.head_drafter import head_inputs
 
 
 def default_aux_layer_ids(num_layers: int) -> tuple[int, ...]:
@@ -142,12 +142,8 @@ class Eagle3Head(torch.nn.Module):
         drafting pass their own); position_ids # [1, n]: positions other than consecutive ones (tree
         nodes of one depth share theirs).
         """
-        length = input_ids.shape[1]
-        if position_ids is None:
-            position_ids = torch.arange(start_position, start_position + length, device=input_ids.device).view(1, -1)
-        position_embeddings = self.rotary_emb(hidden, position_ids)
-        if attention_mask is None:
-            attention_mask = block_causal_mask(cache, length, input_ids.device)
+        _, position_embeddings, attention_mask = head_inputs(self.rotary_emb, hidden, cache, start_position,
+                                                             input_ids.shape[1], attention_mask, position_ids)
         return self.layers[0](self.embed_tokens(input_ids), hidden, attention_mask, position_embeddings, cache)
 
     # what head_drafter.HeadDrafter needs beside forward and draft_logits

@@ -27,6 +27,18 @@ import torch
 from specreg.runtime.sampling import draft_token
 
 
+def head_inputs(rotary_emb, hidden, cache, start_position: int, length: int, attention_mask=None,
+                position_ids=None):
+    """What a head's layer needs beside its inputs, for `length` new entries # hidden [b, length, H]:
+    (position_ids # [1, length], default consecutive from start_position; the rotary position
+    embeddings; the attention mask, default block_causal_mask over `cache`)."""
+    if position_ids is None:
+        position_ids = torch.arange(start_position, start_position + length, device=hidden.device).view(1, -1)
+    if attention_mask is None:
+        attention_mask = block_causal_mask(cache, length, hidden.device)
+    return position_ids, rotary_emb(hidden, position_ids), attention_mask
+
+
 def block_causal_mask(cache, length: int, device):
     """The causal mask of `length` new queries over `cache` # [1, 1, length, past + length] bool,
     or None for one query (SDPA runs unmasked)."""

@@ -47,7 +47,7 @@ from transformers import DynamicCache
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from specreg.errors import RuntimeConfigError
-from specreg.runtime.head_drafter import block_causal_mask
+from specreg.runtime.head_drafter import head_inputs
 
 # the module's own names under model.layers.{N+i}. (deepseek_mtp.py _rewrite_spec_layer_name);
 # the rest belongs to the decoder block
@@ -111,12 +111,8 @@ class MtpHead(torch.nn.Module):
 
         attention_mask: None builds the causal mask of a block over the cache (training and tree
         drafting pass their own); position_ids # [1, n]: positions other than consecutive ones."""
-        length = input_ids.shape[1]
-        if position_ids is None:
-            position_ids = torch.arange(start_position, start_position + length, device=input_ids.device).view(1, -1)
-        position_embeddings = self.rotary_emb(hidden, position_ids)
-        if attention_mask is None:
-            attention_mask = block_causal_mask(cache, length, input_ids.device)
+        position_ids, position_embeddings, attention_mask = head_inputs(
+            self.rotary_emb, hidden, cache, start_position, input_ids.shape[1], attention_mask, position_ids)
         return self.layers[0](self.embed_tokens(input_ids), hidden, position_ids, attention_mask,
                               position_embeddings, cache)
 
