@@ -165,8 +165,8 @@ def tree_forward(model, cache, pending_ids, node_token_ids, tree: CandidateTree 
     node_token_ids  # [nodes+1]   root first
     tree: None runs the root alone (node_token_ids # [1]).
     hidden_state_ids: indices into transformers' hidden_states as in pair.forward_logits (0 = the
-    embeddings, num_hidden_layers = the decoder's final normed state, the default: what lm_head
-    and Medusa heads read).
+    embeddings, num_hidden_layers = the decoder's final normed state, the default when none are
+    given: what lm_head and Medusa heads read).
     Returns (logits # [nodes+1, vocab] at the root and each node, hidden # [n - 1 + nodes+1, A * H]:
     the requested states of every position fed, the pending tokens before the root first).
     """
@@ -196,7 +196,7 @@ def tree_forward(model, cache, pending_ids, node_token_ids, tree: CandidateTree 
                               past + before_root + buffers.depths]).view(1, -1)  # [1, queries]
     input_ids = torch.cat([pending_ids[:, :-1], node_token_ids.view(1, -1)], dim=1)  # [1, queries]
     final = model.config.num_hidden_layers
-    hidden_state_ids = (final,) if hidden_state_ids is None else tuple(hidden_state_ids)
+    hidden_state_ids = tuple(hidden_state_ids or (final,))
     # the decode loop's own forward (pair.forward_logits), with the tree's mask and positions
     logits, hidden = forward_logits(model, input_ids, cache, size, hidden_state_ids,
                                     attention_mask=mask.view(1, 1, queries, -1), position_ids=position_ids)
