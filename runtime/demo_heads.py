@@ -117,12 +117,20 @@ def write_stamp(out_dir, stamp_name: str, key: str, started: float, cpu_started:
          "build_cpu_seconds": round(time.process_time() - cpu_started, 1), **extra}, indent=2))
 
 
-def corpus_stream(tokenizer):
-    """The demo corpus (with the golden prompts) as one token stream # [tokens], as the pair trained on."""
+def frozen_target(target_dir):
+    """The demo target the heads learn from -> (target, its parameters frozen; the demo corpus with
+    the golden prompts as one token stream # [tokens], as the pair trained on)."""
     import torch
 
+    from specreg.runtime.loading import load_model, load_tokenizer
+
+    tokenizer = load_tokenizer(target_dir)
+    target = load_model(target_dir)
+    for parameter in target.parameters():
+        parameter.requires_grad_(False)
     corpus = demo_corpus(golden_texts=golden_texts())
-    return torch.tensor(tokenizer("".join(corpus), add_special_tokens=False)["input_ids"], dtype=torch.long)
+    stream = torch.tensor(tokenizer("".join(corpus), add_special_tokens=False)["input_ids"], dtype=torch.long)
+    return target, stream
 
 
 def head_cache_key(method: str, target_dir) -> str:
@@ -142,7 +150,6 @@ def build_demo_head(directory, method: str = "eagle3", *, target_dir=None, force
     """
     from specreg.errors import RuntimeConfigError
     from specreg.runtime.eagle3 import new_eagle3_head, save_eagle3_head
-    from specreg.runtime.loading import load_model, load_tokenizer
 
     if method != "eagle3":
         raise RuntimeConfigError(f"demo head method {method!r}: only 'eagle3' is built so far")
@@ -154,9 +161,7 @@ def build_demo_head(directory, method: str = "eagle3", *, target_dir=None, force
     if cached_build(head_dir, "demo-head.json", key, "model.safetensors", force):
         return head_dir
     started, cpu_started = time.perf_counter(), time.process_time()
-    tokenizer = load_tokenizer(target_dir)
-    target = load_model(target_dir)
-    stream = corpus_stream(tokenizer)
+    target, stream = frozen_target(target_dir)
     head = new_eagle3_head(target, frequent_tokens(stream, EAGLE3_DRAFT_VOCAB), seed=3)
     train_eagle3_head(head, target, stream, *EAGLE3_TRAINING, seed=3, max_lr=EAGLE3_LR, log=log)
     save_eagle3_head(head, head_dir, str(Path(target_dir).resolve()), target.config.architectures or [])

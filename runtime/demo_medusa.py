@@ -89,9 +89,8 @@ def train_medusa_heads(heads, hidden, probs, steps: int, batch: int, seed: int, 
 def build_demo_medusa(out_dir, target_dir, *, force: bool = False, log=None) -> Path:
     """Build (or reuse the cached) Medusa heads for the demo target in `target_dir` -> out_dir,
     a Medusa head directory (config.json, medusa_lm_head.safetensors, demo-heads.json)."""
-    from specreg.runtime.demo_heads import cached_build, corpus_stream, write_stamp
+    from specreg.runtime.demo_heads import cached_build, frozen_target, write_stamp
     from specreg.runtime.demo_pair import SEQUENCE_LENGTH
-    from specreg.runtime.loading import load_model, load_tokenizer
     from specreg.runtime.medusa import WEIGHTS_FILE, new_medusa_heads, save_medusa_heads
 
     out_dir, target_dir = Path(out_dir), Path(target_dir)
@@ -99,11 +98,7 @@ def build_demo_medusa(out_dir, target_dir, *, force: bool = False, log=None) -> 
     if cached_build(out_dir, "demo-heads.json", key, WEIGHTS_FILE, force):
         return out_dir
     started, cpu_started = time.perf_counter(), time.process_time()
-    tokenizer = load_tokenizer(target_dir)
-    target = load_model(target_dir)
-    for parameter in target.parameters():
-        parameter.requires_grad_(False)
-    stream = corpus_stream(tokenizer)
+    target, stream = frozen_target(target_dir)
     hidden, probs = target_states(target, stream, MEDUSA_WINDOWS, SEQUENCE_LENGTH, seed=4)
     heads = new_medusa_heads(target, MEDUSA_HEADS, MEDUSA_LAYERS, seed=4)
     train_medusa_heads(heads, hidden, probs, *MEDUSA_TRAINING, seed=4, max_lr=MEDUSA_LR, log=log)

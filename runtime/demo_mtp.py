@@ -86,10 +86,9 @@ def build_demo_mtp(out_dir, target_dir, *, force: bool = False, log=None) -> Pat
     """Build (or reuse the cached) demo target with one trained MTP layer -> out_dir: the files of
     target_dir, config.json with num_nextn_predict_layers = 1, and model.safetensors with the MTP
     module under model.layers.{num_hidden_layers}.* (DeepSeek names; mtp.save_target_with_mtp)."""
-    from specreg.runtime.demo_heads import cached_build, corpus_stream, write_stamp
+    from specreg.runtime.demo_heads import cached_build, frozen_target, write_stamp
     from specreg.runtime.demo_medusa import corpus_windows, target_states
     from specreg.runtime.demo_pair import SEQUENCE_LENGTH
-    from specreg.runtime.loading import load_model, load_tokenizer
     from specreg.runtime.mtp import new_mtp_head, save_target_with_mtp
 
     out_dir, target_dir = Path(out_dir), Path(target_dir)
@@ -97,11 +96,7 @@ def build_demo_mtp(out_dir, target_dir, *, force: bool = False, log=None) -> Pat
     if cached_build(out_dir, "demo-mtp.json", key, "model.safetensors", force):
         return out_dir
     started, cpu_started = time.perf_counter(), time.process_time()
-    tokenizer = load_tokenizer(target_dir)
-    target = load_model(target_dir)
-    for parameter in target.parameters():
-        parameter.requires_grad_(False)
-    stream = corpus_stream(tokenizer)
+    target, stream = frozen_target(target_dir)
     windows = corpus_windows(stream, MTP_WINDOWS, SEQUENCE_LENGTH, seed=6)  # [w, L] the windows states are of
     hidden, probs = target_states(target, stream, MTP_WINDOWS, SEQUENCE_LENGTH, seed=6)
     head = new_mtp_head(target, seed=6)
