@@ -52,9 +52,17 @@ def test_each_node_gets_the_logits_of_its_path(target, prompts, paths, cached):
         torch.testing.assert_close(logits[node], expected, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("accepted", [[], [1], [2, 6], [1, 4, 7], [3]])
-def test_compacted_cache_continues_like_a_sequential_one(target, prompts, accepted):
-    tree = parse_tree(MEDUSA_TREE)
+# leading nodes already in their place are not moved by compact_cache: [1] and a chain's [1, 2, 3]
+# move nothing, [1, 4, 7], [1, 3] and [1, 2, 4] move what follows them, [2, 6] and [3] every node
+FORK = [(0,), (0, 0), (0, 1), (0, 0, 0)]  # nodes 1: (0,), 2: (0, 0), 3: (0, 1), 4: (0, 0, 0)
+
+
+@pytest.mark.parametrize("paths, accepted", [(MEDUSA_TREE, []), (MEDUSA_TREE, [1]), (MEDUSA_TREE, [2, 6]),
+                                             (MEDUSA_TREE, [1, 4, 7]), (MEDUSA_TREE, [3]),
+                                             ([(0,), (0, 0), (0, 0, 0)], [1, 2, 3]),
+                                             (FORK, [1, 3]), (FORK, [1, 2, 4])])
+def test_compacted_cache_continues_like_a_sequential_one(target, prompts, paths, accepted):
+    tree = parse_tree(paths)
     prompt = prompts[2]
     cache = DynamicCache(config=target.config)
     with torch.inference_mode():
