@@ -10,9 +10,14 @@ layer (demo_mtp.build_demo_mtp; --no-mtp). The HF methods run stock transformers
 with its default attention (ours load through the runtime, see runtime/attention.py). Reports
 tokens/s and ratios, alpha-hat, tau, c, the theoretical speedup of DESIGN.md §2 and our
 efficiency = measured / theoretical, end to end and in the decode phase. For the head methods the
-prediction is DESIGN.md §2 in its tree form: expected tokens per step from the measured per-depth
-acceptance over (the heads' drafting cost per step + 1), both in one-token target steps; the cost of
+prediction is DESIGN.md §2 in its tree form: expected tokens per step with alpha = alpha-hat (and,
+stricter, from the measured per-depth rates) over (the heads' drafting cost per step + 1), both in
+one-token target steps; the cost of
 the verification forward over the whole tree is measured against a one-token step beside it.
+Each head row also gives the prediction with each generation's prefill counted (TTFT as measured,
+on both sides: §2 models decode steps only) and with the verification at its measured cost.
+--ignore-eos runs every generation to max_new_tokens past EOS (vLLM's benchmarks' --ignore-eos):
+the steady state the formula describes.
 
     .venv/bin/python benchmarks/bench_runtime.py [--dir .demo/pair] [--k 4] [--max-new-tokens 64] [--ignore-eos]
 """
@@ -280,6 +285,16 @@ def main() -> None:
         print(f"efficiency = measured/predicted    {measured_h / predicted:.2f} end to end, "
               f"{decode_h / predicted:.2f} decode phase  (target >= 0.8); against the per-depth bound "
               f"{measured_h / bound:.2f} / {decode_h / bound:.2f}")
+        # end to end, each generation also pays a prefill that §2 does not model (and a head drafts
+        # nothing in it: it needs the target's states first): §2's prediction for the decode steps, plus
+        # the prefill as measured (TTFT) on both sides, target-only decode steps at their measured rate
+        per_prompt = summary_h["generated_tokens"] / summary_h["generations"]
+        target_step = 1.0 / target_summary["decode_tokens_per_s"]
+        predicted_e2e = ((target_summary["ttft_s"] + (per_prompt - 1) * target_step)
+                         / (summary_h["ttft_s"] + (per_prompt - 1) / tokens_alpha * (draft_step_cost + 1.0) * target_step))
+        print(f"  with the prefill counted         predicted {predicted_e2e:.2f}x end to end "
+              f"(TTFT {target_summary['ttft_s'] * 1000:.1f} / {summary_h['ttft_s'] * 1000:.1f} ms, "
+              f"{per_prompt:.1f} tokens per prompt): efficiency {measured_h / predicted_e2e:.2f}")
         # what the loop loses besides the verification's width: the same over a prediction that
         # prices the verification at its measured cost
         print(f"  with the measured verify cost    {measured_h / with_verify:.2f} end to end, "
