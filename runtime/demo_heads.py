@@ -12,7 +12,8 @@ import json
 import time
 from pathlib import Path
 
-from specreg.runtime.demo_pair import SEQUENCE_LENGTH, build_demo_pair, cache_key, demo_corpus, golden_texts
+from specreg.runtime.demo_pair import (SEQUENCE_LENGTH, OneCycleAdamW, build_demo_pair, cache_key, demo_corpus,
+                                      golden_texts)
 
 
 # EAGLE-3 head: the draft vocabulary is the corpus' most frequent tokens (as EAGLE-3 selects it);
@@ -47,8 +48,7 @@ def train_eagle3_head(head, target, stream, steps: int, batch_size: int, seed: i
     for parameter in target.parameters():
         parameter.requires_grad_(False)
     trainable = [p for name, p in head.named_parameters() if not name.startswith("embed_tokens")]
-    optimizer = torch.optim.AdamW(trainable, lr=max_lr, weight_decay=0.0, betas=(0.9, 0.95))
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=max_lr, total_steps=steps, pct_start=0.1)
+    optimizer = OneCycleAdamW(trainable, steps, max_lr)
     generator = torch.Generator().manual_seed(seed)
     draft_to_target = torch.arange(head.d2t.shape[0]) + head.d2t  # [V_draft]
     length = SEQUENCE_LENGTH - 1
@@ -78,11 +78,7 @@ def train_eagle3_head(head, target, stream, steps: int, batch_size: int, seed: i
             logits = head.lm_head(head.norm(hidden[:, : length - ttt]))  # [batch, length - ttt, Vd]
             loss = loss + torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels[:, ttt:].flatten(),
                                                             ignore_index=-100)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-        optimizer.step()
-        schedule.step()
+        optimizer.step(loss)
         if log and (step % 50 == 0 or step == steps - 1):
             log(f"eagle3 step {step:4d}/{steps} loss {loss.item() / ttt_steps:.3f}")
     return head.eval()

@@ -66,23 +66,21 @@ def train_medusa_heads(heads, hidden, probs, steps: int, batch: int, seed: int, 
     probs # [w, length, vocab]. Returns the heads in eval mode."""
     import torch
 
+    from specreg.runtime.demo_pair import OneCycleAdamW
+
     num_heads = heads.num_heads
     usable = hidden.shape[1] - num_heads  # positions t with t + num_heads inside the window
     inputs = hidden[:, :usable].reshape(-1, hidden.shape[-1]).clone()  # [m, H]
     labels = torch.stack([probs[:, 1 + i:1 + i + usable] for i in range(num_heads)])  # [heads, w, usable, vocab]
     labels = labels.reshape(num_heads, -1, probs.shape[-1])  # [heads, m, vocab]
-    optimizer = torch.optim.AdamW(heads.parameters(), lr=max_lr, weight_decay=0.0, betas=(0.9, 0.95))
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=max_lr, total_steps=steps, pct_start=0.1)
+    optimizer = OneCycleAdamW(heads.parameters(), steps, max_lr, clip=None)
     generator = torch.Generator().manual_seed(seed)
     heads.train()
     for step in range(steps):
         rows = torch.randint(0, inputs.shape[0], (batch,), generator=generator)
         logits = heads(inputs[rows])  # [heads, batch, vocab]
         loss = -(labels[:, rows] * torch.log_softmax(logits.float(), dim=-1)).sum(-1).mean()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        schedule.step()
+        optimizer.step(loss)
         if log and (step % 100 == 0 or step == steps - 1):
             log(f"medusa step {step:4d}/{steps} loss {loss.item():.3f}")
     return heads.eval()

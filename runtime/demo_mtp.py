@@ -43,11 +43,12 @@ def train_mtp_head(head, tokens, hidden, probs, steps: int, batch: int, seed: in
     import torch
     from transformers import DynamicCache
 
+    from specreg.runtime.demo_pair import OneCycleAdamW
+
     trainable = list(head.layers.parameters())
     for name, parameter in head.named_parameters():
         parameter.requires_grad_(name.startswith("layers."))
-    optimizer = torch.optim.AdamW(trainable, lr=max_lr, weight_decay=0.0, betas=(0.9, 0.95))
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=max_lr, total_steps=steps, pct_start=0.1)
+    optimizer = OneCycleAdamW(trainable, steps, max_lr)
     generator = torch.Generator().manual_seed(seed)
     greedy = probs.argmax(dim=-1)  # [w, L] the target's greedy token after each position
     length = tokens.shape[1] - 1  # entries per step: positions 0 .. L-2
@@ -70,11 +71,7 @@ def train_mtp_head(head, tokens, hidden, probs, steps: int, batch: int, seed: in
             loss = loss + torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(),
                                                             labels[:, 1 + ttt:].flatten())
             state = head.recycle(prenorm)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-        optimizer.step()
-        schedule.step()
+        optimizer.step(loss)
         if log and (step % 50 == 0 or step == steps - 1):
             log(f"mtp step {step:4d}/{steps} loss {loss.item() / ttt_steps:.3f}")
     for parameter in head.parameters():

@@ -241,23 +241,43 @@ def grow_from_draft(draft, shape: dict, tokenizer, seed: int):
     return target
 
 
+class OneCycleAdamW:
+    """The demo trainers' optimizer: AdamW (betas 0.9 / 0.95, no weight decay) under a one-cycle
+    schedule up to max_lr over `steps` steps; step(loss) is one update (zero the gradients,
+    backward, clip the gradient norm to `clip` unless None, step, advance the schedule)."""
+
+    def __init__(self, parameters, steps: int, max_lr: float, clip: float | None = 1.0):
+        import torch
+
+        self.parameters = list(parameters)
+        self.clip = clip
+        self.optimizer = torch.optim.AdamW(self.parameters, lr=max_lr, weight_decay=0.0, betas=(0.9, 0.95))
+        self.schedule = torch.optim.lr_scheduler.OneCycleLR(self.optimizer, max_lr=max_lr, total_steps=steps,
+                                                            pct_start=0.1)
+
+    def step(self, loss) -> None:
+        import torch
+
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.parameters, self.clip)
+        self.optimizer.step()
+        self.schedule.step()
+
+
 def train(model, stream, steps: int, batch_size: int, seed: int, max_lr: float, log=None):
     """`steps` AdamW steps (one-cycle schedule up to max_lr) on random windows of `stream` # [tokens]."""
     import torch
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=max_lr, weight_decay=0.0, betas=(0.9, 0.95))
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=max_lr, total_steps=steps, pct_start=0.1)
+    optimizer = OneCycleAdamW(model.parameters(), steps, max_lr)
     generator = torch.Generator().manual_seed(seed)
     model.train()
     for step in range(steps):
         starts = torch.randint(0, stream.shape[0] - SEQUENCE_LENGTH - 1, (batch_size,), generator=generator)
         batch = torch.stack([stream[s:s + SEQUENCE_LENGTH] for s in starts.tolist()])  # [batch, seq]
         loss = model(input_ids=batch, labels=batch).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
+        optimizer.step(loss)
         if log and (step % 50 == 0 or step == steps - 1):
             log(f"step {step:4d}/{steps} loss {loss.item():.3f}")
     return model.eval()
