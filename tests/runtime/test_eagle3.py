@@ -12,6 +12,8 @@ from specreg.errors import RuntimeConfigError, SpecregError
 from specreg.runtime.decode import DecodeConfig, speculative_generate, target_only_generate
 from specreg.runtime.pair import ModelPair, forward_logits, load_pair
 
+from headrollback import assert_drafts_equal_a_fresh_drafter  # tests/ is on sys.path (tests/conftest.py)
+
 from .test_equivalence import hf_greedy
 
 
@@ -72,40 +74,7 @@ def test_trained_head_is_accepted_and_metrics_come_out_as_for_draft_models(targe
 def test_drafts_after_rollback_equal_a_head_seeded_from_scratch(target, tokenizer, heads, prompts):
     """Rollback: every step's drafts equal those of a fresh drafter fed the whole verified sequence's
     target states at once, so nothing of a rejected (or own-state) entry survives in the head cache."""
-    from transformers import DynamicCache
-
-    from specreg.runtime import acceptance
-    from specreg.runtime.head_drafter import HeadDrafter
-
-    head = heads["trained"]
-    pair = head_pair(target, tokenizer, head)
-    steps = []  # (verified sequence before the step, drafts)
-    generated = []
-
-    def recording_rule(draft_token_ids, target_token_ids):
-        num_accepted, emitted = acceptance.greedy_accept(draft_token_ids, target_token_ids)
-        steps.append((list(prompts[1]) + list(generated), draft_token_ids.tolist()))
-        generated.extend(emitted.tolist())
-        return num_accepted, emitted
-
-    config = DecodeConfig(method="eagle3", k=4, max_new_tokens=30, eos_token_ids=())
-    result = speculative_generate(pair, prompts[1], config, greedy_rule=recording_rule)
-    first = target_only_generate(pair, prompts[1], DecodeConfig(max_new_tokens=1, eos_token_ids=())).token_ids
-    assert result.token_ids[:1] == first
-    # the rule saw the steps after the prefill; generated misses the prefill's token: put it first
-    rejected_steps = 0
-    for index, (verified, drafts) in enumerate(steps):
-        sequence = torch.tensor([verified[:len(prompts[1])] + first + verified[len(prompts[1]):]])
-        fresh = HeadDrafter(head, pair.vocab_size)
-        with torch.inference_mode():
-            _, hidden = forward_logits(target, sequence[:, :-1], DynamicCache(config=target.config), 1,
-                                       head.aux_layer_ids)
-            fresh.rollback(sequence.shape[1] - 1, hidden)
-            assert fresh.propose(sequence, len(drafts))[0].tolist() == drafts, f"step {index}"
-        next_sequence = steps[index + 1][0] if index + 1 < len(steps) else None
-        if next_sequence is not None and len(next_sequence) - len(verified) < 5:
-            rejected_steps += 1
-    assert rejected_steps >= 2  # rollbacks past rejected drafts happened and were checked
+    assert_drafts_equal_a_fresh_drafter(head_pair(target, tokenizer, heads["trained"]), "eagle3", prompts[1])
 
 
 def test_sampling_runs_reproducibly_within_the_vocabulary(target, tokenizer, heads, prompts):

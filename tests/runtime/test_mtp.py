@@ -17,6 +17,8 @@ from specreg.errors import ModelReferenceError, RuntimeConfigError
 from specreg.runtime.decode import DecodeConfig, speculative_generate, target_only_generate
 from specreg.runtime.pair import forward_logits, load_pair
 
+from headrollback import assert_drafts_equal_a_fresh_drafter  # tests/ is on sys.path (tests/conftest.py)
+
 from .test_equivalence import hf_greedy
 
 
@@ -119,37 +121,10 @@ def test_first_draft_follows_the_deepseek_formula_from_the_files_tensors(mtp_dir
         assert drafter.propose(tokens, 1)[0].tolist() == expected.tolist()
 
 
-def test_drafts_after_rollback_equal_a_drafter_seeded_from_scratch(mtp_pairs, target, prompts):
+def test_drafts_after_rollback_equal_a_drafter_seeded_from_scratch(mtp_pairs, prompts):
     """Every step's drafts equal those of a fresh drafter fed the whole verified sequence's target
     states at once: nothing of a rejected (or own-state) entry survives in the MTP cache."""
-    from specreg.runtime import acceptance
-    from specreg.runtime.head_drafter import HeadDrafter
-
-    pair = mtp_pairs["trained"]
-    steps, generated = [], []
-
-    def recording_rule(draft_token_ids, target_token_ids):
-        num_accepted, emitted = acceptance.greedy_accept(draft_token_ids, target_token_ids)
-        steps.append((list(prompts[1]) + list(generated), draft_token_ids.tolist()))
-        generated.extend(emitted.tolist())
-        return num_accepted, emitted
-
-    config = DecodeConfig(method="mtp", k=4, max_new_tokens=30, eos_token_ids=())
-    result = speculative_generate(pair, prompts[1], config, greedy_rule=recording_rule)
-    first = result.token_ids[:1]  # the prefill's token (the rule sees the steps after it)
-    rejected_steps = 0
-    for index, (verified, drafts) in enumerate(steps):
-        sequence = torch.tensor([verified[:len(prompts[1])] + first + verified[len(prompts[1]):]])
-        fresh = HeadDrafter(pair.draft, pair.vocab_size)
-        with torch.inference_mode():
-            _, hidden = forward_logits(target, sequence[:, :-1], DynamicCache(config=target.config), 1,
-                                       fresh.hidden_state_ids)
-            fresh.rollback(sequence.shape[1] - 1, hidden)
-            assert fresh.propose(sequence, len(drafts))[0].tolist() == drafts, f"step {index}"
-        following = steps[index + 1][0] if index + 1 < len(steps) else None
-        if following is not None and len(following) - len(verified) < 5:
-            rejected_steps += 1
-    assert rejected_steps >= 2  # rollbacks past rejected drafts happened and were checked
+    assert_drafts_equal_a_fresh_drafter(mtp_pairs["trained"], "mtp", prompts[1])
 
 
 def test_every_draft_step_runs_the_first_mtp_layer(mtp_dirs, prompts, tmp_path):
