@@ -35,6 +35,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
 
+    from specreg.errors import RuntimeConfigError
+    from specreg.runtime.tree import parse_tree
+
+    try:
+        trees = [parse_tree(paths) for paths in json.loads(args.trees)]
+    except (json.JSONDecodeError, TypeError, RuntimeConfigError) as error:
+        parser.error(f"--trees {args.trees!r}: {error}")
+
     import torch
 
     from specreg.golden_prompts.loader import load_golden_set
@@ -47,7 +55,6 @@ def main() -> None:
     from specreg.runtime.medusa import load_medusa_heads
     from specreg.runtime.metrics import aggregate
     from specreg.runtime.pair import ModelPair, load_pair
-    from specreg.runtime.tree import parse_tree
 
     target_dir, _ = build_demo_pair(args.dir, log=print)
     head_dir = build_demo_head(args.dir, "eagle3", target_dir=target_dir, log=print)
@@ -60,7 +67,6 @@ def main() -> None:
     prompts = [record.encode(pair.tokenizer) for record in load_golden_set("default")][::args.every]
     eos = () if args.ignore_eos else None
     base_config = DecodeConfig(max_new_tokens=args.max_new_tokens, eos_token_ids=eos)
-    trees = [parse_tree(paths) for paths in json.loads(args.trees)]
     runs = {"target-only": lambda ids: target_only_generate(pair, ids, base_config)}
     for index, tree in enumerate(trees):
         for name, (method, head) in heads.items():
