@@ -154,33 +154,24 @@ def tree_candidates(root_token_id, proposals, tree: CandidateTree):
     return torch.cat([root, proposals[depths - 1, ranks]])
 
 
-ROOT_ONLY: dict = {}  # device -> the buffers of a tree with no nodes
-
-
-def tree_forward(model, cache, pending_ids, node_token_ids, tree: CandidateTree | None,
+def tree_forward(model, cache, pending_ids, node_token_ids, tree: CandidateTree,
                  hidden_state_ids: tuple[int, ...] | None = None):
     """One target forward over the uncached tokens and the tree, appending all to `cache`.
 
     pending_ids     # [1, n]      tokens the cache lacks, the root (= node_token_ids[0]) last
     node_token_ids  # [nodes+1]   root first
-    tree: None runs the root alone (node_token_ids # [1]).
     hidden_state_ids: indices into transformers' hidden_states as in pair.forward_logits (0 = the
     embeddings, num_hidden_layers = the decoder's final normed state, the default when none are
     given: what lm_head and Medusa heads read).
     Returns (logits # [nodes+1, vocab] at the root and each node, hidden # [n - 1 + nodes+1, A * H]:
     the requested states of every position fed, the pending tokens before the root first).
+    A step without a tree (the prefill, a target-only step) is pair.forward_logits' causal forward.
     """
     import torch
 
     device = pending_ids.device
-    if tree is None:  # the root alone: a plain causal step (the prefill before any proposal)
-        buffers = ROOT_ONLY.get(str(device)) or ROOT_ONLY.setdefault(str(device), TreeBuffers(
-            torch.ones(1, 1, dtype=torch.bool, device=device), torch.zeros(1, dtype=torch.long, device=device),
-            None, None, None))
-        size = 1
-    else:
-        buffers = tree.buffers(device)
-        size = tree.num_nodes + 1
+    buffers = tree.buffers(device)
+    size = tree.num_nodes + 1
     past = cache.get_seq_length()
     before_root = pending_ids.shape[1] - 1
     queries = before_root + size

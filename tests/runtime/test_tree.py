@@ -8,6 +8,7 @@ import torch
 from transformers import DynamicCache
 
 from specreg.errors import RuntimeConfigError
+from specreg.runtime.pair import forward_logits
 from specreg.runtime.tree import chain_tree, compact_cache, parse_tree, tree_candidates, tree_forward
 
 MEDUSA_TREE = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]
@@ -73,9 +74,9 @@ def test_compacted_cache_continues_like_a_sequential_one(target, prompts, paths,
         kept = prompt + node_tokens[accepted].tolist()
         assert cache.get_seq_length() == len(kept)
         bonus = 77
-        logits, _ = tree_forward(target, cache, torch.tensor([[bonus]]), torch.tensor([bonus]), None)
+        logits = forward_logits(target, torch.tensor([[bonus]]), cache)  # the decode loop's next step
     expected, sequential = sequential_logits(target, kept + [bonus])
-    torch.testing.assert_close(logits[0], expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logits[0, -1], expected, atol=1e-5, rtol=1e-5)
     for ours, theirs in zip(cache.layers, sequential.layers):
         torch.testing.assert_close(ours.keys, theirs.keys, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(ours.values, theirs.values, atol=1e-5, rtol=1e-5)
