@@ -2,9 +2,9 @@
 
 All keep the same small interface: propose(tokens, k) -> (draft_token_ids # [<=k],
 draft_probs # [<=k, vocab] or None in greedy mode) and rollback(valid_length, hidden_states=None).
-A drafter that reads the target's hidden states (EAGLE-3, eagle3.py; Medusa, medusa.py; MTP, mtp.py) names them
-in `hidden_state_ids`; the decode loop then hands it the kept positions' states after each
-verification. A tree drafter (Medusa, EAGLE-3 with a tree) proposes propose_tree(tokens, tree) ->
+A drafter that reads the target's hidden states (head_drafter.HeadDrafter for EAGLE-3 heads,
+eagle3.py, and MTP layers, mtp.py; medusa.MedusaDrafter) names them in `hidden_state_ids`; the
+decode loop then hands it the kept positions' states after each verification. A tree drafter (Medusa, EAGLE-3 with a tree) proposes propose_tree(tokens, tree) ->
 the tree's node tokens, root first.
 make_drafter() builds the drafter of a method.
 """
@@ -108,19 +108,16 @@ def make_drafter(pair, config, generator=None):
     sampling = config.temperature > 0
     if config.method == "ngram":
         return NgramDrafter(pair.vocab_size, config.prompt_lookup_min, config.prompt_lookup_max, sampling)
-    if config.method == "eagle3":
+    if config.method in ("eagle3", "mtp"):
         from specreg.runtime.eagle3 import Eagle3Head
-        from specreg.runtime.head_drafter import HeadDrafter
-
-        if not isinstance(pair.draft, Eagle3Head):
-            raise RuntimeConfigError("method 'eagle3' needs an EAGLE-3 head (load_pair(..., method='eagle3'))")
-        return HeadDrafter(pair.draft, pair.vocab_size, config.temperature, config.top_k, config.top_p, generator)
-    if config.method == "mtp":
         from specreg.runtime.head_drafter import HeadDrafter
         from specreg.runtime.mtp import MtpHead
 
-        if not isinstance(pair.draft, MtpHead):
-            raise RuntimeConfigError("method 'mtp' needs the target's MTP layers (load_pair(..., method='mtp'))")
+        head_class, what = (Eagle3Head, "an EAGLE-3 head") if config.method == "eagle3" else \
+            (MtpHead, "the target's MTP layers")
+        if not isinstance(pair.draft, head_class):
+            raise RuntimeConfigError(f"method {config.method!r} needs {what} "
+                                     f"(load_pair(..., method={config.method!r}))")
         return HeadDrafter(pair.draft, pair.vocab_size, config.temperature, config.top_k, config.top_p, generator)
     if config.method == "medusa":
         from specreg.runtime.medusa import MedusaDrafter, MedusaHeads

@@ -148,7 +148,7 @@ class MedusaDrafter:
         if tree.depth > heads.num_heads:
             raise RuntimeConfigError(f"tree depth {tree.depth} exceeds the {heads.num_heads} Medusa heads "
                                      f"(head i proposes depth i + 1)")
-        self.heads, self.tree, self.vocab_size, self.sampling = heads, tree, vocab_size, sampling
+        self.heads, self.vocab_size, self.sampling = heads, vocab_size, sampling
         self.hidden_state_ids = (final_state_id,)  # the decoder's final normed state (forward_logits' index)
         self.hidden = None  # [H] the state where the next root token was predicted
         self.forwards = 0

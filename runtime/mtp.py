@@ -270,6 +270,3 @@ def save_target_with_mtp(head: MtpHead, target_dir, out_dir) -> Path:
     state.update(mtp_state_dict(head))
     save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     return out_dir
-
-
-# --- drafting ------------------------------------------------------------------------------------
