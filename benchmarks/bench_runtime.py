@@ -76,7 +76,8 @@ def main() -> None:
 
     from specreg.golden_prompts.loader import load_golden_set
     from specreg.runtime.choose_k import (choose_k, expected_speedup, expected_tokens_per_step,
-                                          measure_cost_ratio, measure_step_time, median_ratio)
+                                          head_draft_step_cost, measure_cost_ratio, measure_step_time,
+                                          median_ratio)
     from specreg.runtime.decode import DecodeConfig, speculative_generate, target_only_generate
     from specreg.runtime.demo_pair import build_demo_pair
     from specreg.runtime.metrics import aggregate
@@ -255,10 +256,9 @@ def main() -> None:
     for name, head_pair, head_config, metrics in heads:
         summary_h = aggregate(metrics)
         depth = head_config.k
-        # drafting cost per step in one-token target steps: the head's seconds over the steps that
-        # drafted (every step but each generation's prefill), as the loop ran them
-        drafting_steps = summary_h["target_forwards"] - summary_h["generations"]
-        draft_step_cost = summary_h["draft_time_s"] / drafting_steps / one_step
+        # drafting cost per step in one-token target steps, as validate's performance check reads it
+        drafting_steps = summary_h["target_forwards"] - summary_h["generations"]  # every step but the prefills
+        draft_step_cost = head_draft_step_cost(summary_h, one_step)
         # DESIGN.md §2 as written (alpha = alpha-hat, as for the draft model above), in its tree form:
         # expected tokens per step over (the heads' drafting cost per step + one verification)
         tokens_alpha = expected_tokens_per_step(summary_h["acceptance_rate"], depth)

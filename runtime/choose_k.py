@@ -47,6 +47,14 @@ def choose_k(per_position_acceptance, cost_ratio: float, k_max: int = 8) -> tupl
     return best_k, best
 
 
+def head_draft_step_cost(summary: dict, one_step_s: float) -> float:
+    """A head method's drafting cost per step in one-token target steps, from metrics.aggregate()
+    over its generations: the drafting seconds over the steps that drafted, every verification but
+    each generation's prefill (a head has no target states before it); 0.0 without such a step."""
+    drafting_steps = summary["target_forwards"] - summary["generations"]
+    return summary["draft_time_s"] / drafting_steps / one_step_s if drafting_steps > 0 else 0.0
+
+
 def choose_tree_depth(per_depth_acceptance, draft_step_cost: float, verify_costs: dict[int, float]) -> tuple[int, float]:
     """The depth to cut a candidate tree at: measured per-depth acceptance (a tree's per-position
     acceptance, position = depth), the drafting cost of one step and the verification cost of the

@@ -77,7 +77,8 @@ def check_performance(pair, decodes, *, method: str = "draft_model", k: int = 4,
     tree_figures = {}
     if tree is not None:
         # the tree cut at each measured depth: its verification cost against a one-token step here
-        from specreg.runtime.choose_k import choose_tree_depth, measure_step_time, measure_tree_step_time
+        from specreg.runtime.choose_k import (choose_tree_depth, head_draft_step_cost, measure_step_time,
+                                              measure_tree_step_time)
         from specreg.runtime.tree import parse_tree
 
         full = parse_tree(tree)
@@ -86,8 +87,7 @@ def check_performance(pair, decodes, *, method: str = "draft_model", k: int = 4,
         depths = range(1, max(1, min(full.depth, len(measured))) + 1)
         verify_costs = {depth: measure_tree_step_time(pair.target, prompt, full.pruned(depth), steps=8) / one_step
                         for depth in depths}
-        drafting_steps = speculative["target_forwards"] - len(decodes.runs)  # every step but each prefill
-        draft_step_cost = (speculative["draft_time_s"] / drafting_steps / one_step) if drafting_steps > 0 else 0.0
+        draft_step_cost = head_draft_step_cost(speculative, one_step)
         best_k, expected = choose_tree_depth(per_position, draft_step_cost, verify_costs)
         extrapolated_k, extrapolated = best_k, expected  # a tree is never cut deeper than registered
         tree_figures = {"tree_nodes": full.num_nodes, "recommended_tree_nodes": full.pruned(best_k).num_nodes,

@@ -7,7 +7,8 @@ import math
 import pytest
 
 from specreg.errors import RuntimeConfigError
-from specreg.runtime.choose_k import choose_k, expected_speedup, expected_tokens_per_step, measure_cost_ratio
+from specreg.runtime.choose_k import (choose_k, choose_tree_depth, expected_speedup, expected_tokens_per_step,
+                                      head_draft_step_cost, measure_cost_ratio)
 from specreg.runtime.decode import DecodeConfig, speculative_generate, target_only_generate
 from specreg.runtime.metrics import GenerationMetrics, aggregate
 from specreg.runtime.pair import load_pair, make_pair
@@ -196,6 +197,22 @@ def test_expected_speedup_formulas_and_choice_of_k():
     # per-position lists: acceptance that collapses after position 2 caps k
     assert choose_k([0.9, 0.9, 0.0, 0.0], 0.05, 8)[0] == 2
     assert math.isclose(expected_tokens_per_step([0.5, 0.5], 2), 1.75)
+
+
+def test_tree_depth_choice_and_head_drafting_cost():
+    # per-depth acceptance 0.9, 0.5, 0.1: tokens per step 1.9, 2.35, 2.395 at depths 1, 2, 3
+    per_depth = [0.9, 0.5, 0.1]
+    verify = {1: 1.05, 2: 1.10, 3: 1.40}
+    depth, speedup = choose_tree_depth(per_depth, 0.2, verify)
+    assert depth == 2 and speedup == pytest.approx(2.35 / 1.30)
+    # verification free at every depth: the deepest cut wins
+    assert choose_tree_depth(per_depth, 0.2, {1: 1.0, 2: 1.0, 3: 1.0})[0] == 3
+    # a chain priced as DESIGN §2 prices it is expected_speedup
+    assert choose_tree_depth(0.8, 3 * 0.1, {3: 1.0})[1] == pytest.approx(expected_speedup(0.8, 3, 0.1))
+    # drafting seconds over the steps that drafted (each generation's prefill drafts nothing)
+    summary = {"target_forwards": 12, "generations": 2, "draft_time_s": 0.05}
+    assert head_draft_step_cost(summary, 0.01) == pytest.approx(0.5)
+    assert head_draft_step_cost({"target_forwards": 2, "generations": 2, "draft_time_s": 0.0}, 0.01) == 0.0
 
 
 def test_cost_ratio_is_measured(target, drafts, prompts):
