@@ -46,8 +46,8 @@ def corpus_windows(stream, windows: int, length: int, seed: int):
 
 
 def target_states(target, stream, windows: int, length: int, seed: int):
-    """The frozen target over corpus_windows(stream, windows, length, seed) ->
-    (hidden # [windows, length, H] final normed states, probs # [windows, length, vocab])."""
+    """The frozen target over corpus_windows(stream, windows, length, seed) -> (the windows # [windows,
+    length], hidden # [windows, length, H] final normed states, probs # [windows, length, vocab])."""
     import torch
 
     tokens = corpus_windows(stream, windows, length, seed)  # [windows, length]
@@ -58,7 +58,7 @@ def target_states(target, stream, windows: int, length: int, seed: int):
             states = target.get_decoder()(input_ids=batch).last_hidden_state  # [b, length, H]
             hidden.append(states)
             probs.append(torch.softmax(target.get_output_embeddings()(states).float(), dim=-1))
-    return torch.cat(hidden), torch.cat(probs)
+    return tokens, torch.cat(hidden), torch.cat(probs)
 
 
 def train_medusa_heads(heads, hidden, probs, steps: int, batch: int, seed: int, max_lr: float, log=None):
@@ -99,7 +99,7 @@ def build_demo_medusa(out_dir, target_dir, *, force: bool = False, log=None) -> 
         return out_dir
     started, cpu_started = time.perf_counter(), time.process_time()
     target, stream = frozen_target(target_dir)
-    hidden, probs = target_states(target, stream, MEDUSA_WINDOWS, SEQUENCE_LENGTH, seed=4)
+    _, hidden, probs = target_states(target, stream, MEDUSA_WINDOWS, SEQUENCE_LENGTH, seed=4)
     heads = new_medusa_heads(target, MEDUSA_HEADS, MEDUSA_LAYERS, seed=4)
     train_medusa_heads(heads, hidden, probs, *MEDUSA_TRAINING, seed=4, max_lr=MEDUSA_LR, log=log)
     save_medusa_heads(heads, out_dir, str(target_dir.resolve()))

@@ -84,7 +84,7 @@ def build_demo_mtp(out_dir, target_dir, *, force: bool = False, log=None) -> Pat
     target_dir, config.json with num_nextn_predict_layers = 1, and model.safetensors with the MTP
     module under model.layers.{num_hidden_layers}.* (DeepSeek names; mtp.save_target_with_mtp)."""
     from specreg.runtime.demo_heads import cached_build, frozen_target, write_stamp
-    from specreg.runtime.demo_medusa import corpus_windows, target_states
+    from specreg.runtime.demo_medusa import target_states
     from specreg.runtime.demo_pair import SEQUENCE_LENGTH
     from specreg.runtime.mtp import new_mtp_head, save_target_with_mtp
 
@@ -94,8 +94,7 @@ def build_demo_mtp(out_dir, target_dir, *, force: bool = False, log=None) -> Pat
         return out_dir
     started, cpu_started = time.perf_counter(), time.process_time()
     target, stream = frozen_target(target_dir)
-    windows = corpus_windows(stream, MTP_WINDOWS, SEQUENCE_LENGTH, seed=6)  # [w, L] the windows states are of
-    hidden, probs = target_states(target, stream, MTP_WINDOWS, SEQUENCE_LENGTH, seed=6)
+    windows, hidden, probs = target_states(target, stream, MTP_WINDOWS, SEQUENCE_LENGTH, seed=6)  # [w, L], ...
     head = new_mtp_head(target, seed=6)
     train_mtp_head(head, windows, hidden, probs, *MTP_TRAINING, seed=6, max_lr=MTP_LR, log=log)
     save_target_with_mtp(head, target_dir, out_dir)

@@ -244,4 +244,4 @@ def demo_pair(directory, method, force):
     if method == "mtp":
         from specreg.runtime.demo_mtp import build_demo_mtp
 
-        click.echo(f"mtp: {build_demo_mtp(target_dir.parent / 'target-mtp', target_dir, force=force, log=log)}")
+        click.echo(f"mtp: {build_demo_mtp(Path(directory) / 'target-mtp', target_dir, force=force, log=log)}")

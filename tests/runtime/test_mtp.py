@@ -29,14 +29,13 @@ def mtp_dirs(tiny_dir, target, tokenizer, tmp_path_factory):
     near-uniform, so acceptance stays modest: the demo is where high acceptance is shown)."""
     from tinymodels import CORPUS
 
-    from specreg.runtime.demo_medusa import corpus_windows, target_states
+    from specreg.runtime.demo_medusa import target_states
     from specreg.runtime.demo_mtp import train_mtp_head
     from specreg.runtime.mtp import new_mtp_head, save_target_with_mtp
 
     root = tmp_path_factory.mktemp("mtp")
     stream = torch.tensor(tokenizer("".join(CORPUS * 3), add_special_tokens=False)["input_ids"])
-    windows = corpus_windows(stream, 24, 48, seed=5)  # [24, 48]
-    hidden, probs = target_states(target, stream, 24, 48, seed=5)
+    windows, hidden, probs = target_states(target, stream, 24, 48, seed=5)  # [24, 48], ...
     trained = new_mtp_head(target, seed=5)
     train_mtp_head(trained, windows, hidden.clone(), probs.clone(), steps=60, batch=4, seed=5, max_lr=1e-2,
                    ttt_steps=2)
