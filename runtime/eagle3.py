@@ -30,13 +30,9 @@ import torch
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
+from specreg.core.heads import default_aux_layer_ids  # vLLM's get_eagle3_aux_hidden_state_layers
 from specreg.errors import ModelReferenceError, RuntimeConfigError
 from specreg.runtime.head_drafter import head_inputs
-
-
-def default_aux_layer_ids(num_layers: int) -> tuple[int, ...]:
-    """vLLM's get_eagle3_aux_hidden_state_layers: early, middle and late layers."""
-    return (2, num_layers // 2, num_layers - 3)
 
 
 @dataclass
