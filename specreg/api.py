@@ -481,6 +481,42 @@ class Registry:
         self.mirror(version.label)
         return outcome
 
+    def validate_engine(self, ref: str | PairRef, *, engine: str, golden: str = "default",
+                        engine_url: str | None = None, reference_url: str | None = None,
+                        model_name: str | None = None, concurrency: tuple[int, ...] = (1, 4),
+                        parity_tolerance: float = 0.03, near_tie_tolerance: float | None = None,
+                        dtype: str = "float32", threads: int | None = None, progress=None):
+        """Validate a version in a serving engine and record its engine baseline (see
+        specreg.engine_validation): ``engine`` llamacpp (started here from the pair's files) or
+        vllm / sglang at ``engine_url`` (``reference_url``: the same engine without speculation,
+        for equivalence). Returns engine_validation.EngineOutcome; the pair's state is unchanged."""
+        from specreg.engine_validation import EngineOptions, check_options, validate_in_engine
+        from specreg.golden_prompts.loader import load_golden_set
+
+        options = check_options(EngineOptions(
+            engine=engine, engine_url=engine_url, reference_url=reference_url, model_name=model_name,
+            tiers=tuple(concurrency), parity_tolerance=parity_tolerance, near_tie_tolerance=near_tie_tolerance,
+            dtype=dtype, threads=threads))
+        version = self.get(ref)
+        golden_set = load_golden_set(golden)
+        return validate_in_engine(self.store, version, golden_set, options, actor=self.user, progress=progress)
+
+    def engine_baselines(self, ref: str | PairRef, engine: str | None = None) -> list:
+        """Engine baselines (registry.store.engine_baselines.EngineBaseline) of a version, oldest first."""
+        from specreg.registry.store.engine_baselines import EngineBaselineStore
+
+        version = self.get(ref)
+        return EngineBaselineStore(self.store).list(version.name, version.version, engine)
+
+    def engine_baseline(self, version: PairVersion, engine: str):
+        """The newest passed baseline of ``engine`` for ``version`` on its current binding, or None:
+        what exports, alert rules and observe for that engine compare with, where one exists."""
+        from specreg.registry.store.engine_baselines import ENGINES, EngineBaselineStore
+
+        if engine not in ENGINES:
+            return None
+        return EngineBaselineStore(self.store).latest(version.name, version.version, engine)
+
     def validation_runs(self, ref: str | PairRef) -> list:
         """Validation runs (registry.entities.ValidationRun) of a version, oldest first; runs
         whose process died are marked aborted first."""

@@ -23,6 +23,7 @@ from specreg.errors import (ConcurrentUpdateError, IllegalTransitionError, NotFo
                             PolicyViolation)
 from specreg.core.fingerprint import compare_fingerprints, fingerprint_model
 from specreg.core.identity import normalize_user, same_user
+from specreg.registry.governance.engine_gate import engine_baseline_conditions
 from specreg.registry.governance.policy import EnvironmentPolicy, Policy
 from specreg.registry.store.entities import PairState, PairVersion
 from specreg.registry.store.orm import (ApprovalRow, AuditEventRow, AuditHeadRow, EnvironmentPointerRow, PairRow,
@@ -356,6 +357,7 @@ def evaluate(session: Session, row: PairVersionRow, env: EnvironmentPolicy, *, g
                                 else "no acceptance baselines recorded" + (f" in run {run.id}" if run else ""),
                                 {"overall": figures} if figures else {}))
     conditions.append(acceptance_condition(session, row, run, figures, env, golden_sha256, holder))
+    conditions.extend(engine_baseline_conditions(session, row, env, golden_sha256=golden_sha256, now=now))
     conditions.append(approval_condition(session, row, env, chain))
     return conditions, run
 

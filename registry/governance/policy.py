@@ -18,6 +18,12 @@ below applies. Top-level keys are defaults for every environment; each
     approvers               who may approve for this environment; [] = anyone but the registrant
     acceptance_tolerance    relative drop of acceptance allowed against the baseline (0.1 = 10%)
     max_validation_age_days a validation older than this no longer counts (omit: no limit)
+    required_engine_baselines
+                            engines (llamacpp, vllm, sglang) that must have validated the version
+                            (`specreg validate NAME@V --engine ENGINE`) on the golden set, on its
+                            binding, with parity and equivalence in the engine passing (and within
+                            max_validation_age_days); exports and alert rules for an engine then use
+                            that engine's baseline. Default [] (none required).
 
 A top-level ``[identity]`` table says who may act:
 
@@ -52,6 +58,7 @@ required_checks = ["integrity", "tokenizer", "chat_template", "equivalence", "ac
 allow_warnings = false
 acceptance_tolerance = 0.10
 max_validation_age_days = 30
+# required_engine_baselines = ["llamacpp"]   # engines that must have validated a version first
 
 [required_checks_by_method]
 # no second tokenizer or chat template to compare: tokenizer is the head's fit to the target's
@@ -75,12 +82,13 @@ approvers = []   # anyone but the registrant (four-eyes)
 ENVIRONMENT_KEYS = {
     "golden_set": str, "required_checks": list, "allow_warnings": bool, "approval_required": bool,
     "approvers": list, "acceptance_tolerance": (int, float), "max_validation_age_days": (int, float),
-    "required_checks_by_method": dict,
+    "required_checks_by_method": dict, "required_engine_baselines": list,
 }
 ENVIRONMENT_DEFAULTS: dict[str, Any] = {
     "golden_set": "default", "required_checks": ["integrity", "equivalence", "acceptance"],
     "allow_warnings": False, "approval_required": False, "approvers": [],
     "acceptance_tolerance": 0.10, "max_validation_age_days": None, "required_checks_by_method": {},
+    "required_engine_baselines": [],
 }
 
 
@@ -97,6 +105,7 @@ class EnvironmentPolicy:
     acceptance_tolerance: float
     max_validation_age_days: float | None
     required_checks_by_method: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    required_engine_baselines: tuple[str, ...] = ()  # engines whose baseline a version needs first
 
     def checks_for(self, method: str) -> tuple[str, ...]:
         """The checks a pair of kind `method` (draft_model, ngram, eagle3, ...) must have passed."""
@@ -110,6 +119,7 @@ class EnvironmentPolicy:
             "allow_warnings": self.allow_warnings, "approval_required": self.approval_required,
             "approvers": list(self.approvers), "acceptance_tolerance": self.acceptance_tolerance,
             "max_validation_age_days": self.max_validation_age_days,
+            "required_engine_baselines": list(self.required_engine_baselines),
         }
 
 
@@ -220,6 +230,7 @@ def parse_policy(document: Any, source: str) -> Policy:
                                      if merged["max_validation_age_days"] is not None else None),
             required_checks_by_method={method: tuple(checks) for method, checks in
                                        merged["required_checks_by_method"].items()},
+            required_engine_baselines=tuple(merged["required_engine_baselines"]),
         )
     return Policy(built, source, allow_claimed_user)
 
@@ -243,6 +254,13 @@ def check_value(source: str, where: str, value: Any, key: str | None = None) -> 
                 raise UsageError(f"policy {source}: {where}.{method}: unknown method (known: {', '.join(methods)})")
             if not isinstance(checks, list) or not all(isinstance(v, str) and v for v in checks):
                 raise UsageError(f"policy {source}: {where}.{method} must be a list of non-empty strings")
+    if key == "required_engine_baselines":
+        from specreg.registry.store.engine_baselines import ENGINES
+
+        unknown = [engine for engine in value if engine not in ENGINES]
+        if unknown or not all(isinstance(engine, str) for engine in value):
+            raise UsageError(f"policy {source}: {where}: unknown engine {(unknown or value)[0]!r} "
+                             f"(known: {', '.join(ENGINES)})")
     if key == "approvers":
         try:
             value = [normalize_user(v, what="approver") for v in value]

@@ -219,3 +219,26 @@ class ObservationRow(Base):
     observed_at: Mapped[datetime] = mapped_column(DateTime, nullable=False)
     figures: Mapped[dict] = mapped_column(JSON, nullable=False)
     verdict: Mapped[str] = mapped_column(String(16), nullable=False)  # ok|drift|no-data
+
+
+class EngineBaselineRow(Base):
+    """The pair's acceptance, equivalence and throughput as a serving engine measured them on a
+    golden set (`specreg validate --engine`), beside our runtime's baseline (validation_run_id)."""
+
+    __tablename__ = "engine_baselines"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    pair_version_id: Mapped[int] = mapped_column(ForeignKey("pair_versions.id", ondelete="RESTRICT"), nullable=False, index=True)
+    engine: Mapped[str] = mapped_column(String(16), nullable=False)  # llamacpp|vllm|sglang
+    engine_version: Mapped[str] = mapped_column(String(64), nullable=False)
+    engine_build: Mapped[str] = mapped_column(String(255), nullable=False)  # build id / binary digest
+    source: Mapped[str] = mapped_column(Text, nullable=False)  # "local" (specreg started it) or the URL
+    status: Mapped[str] = mapped_column(String(16), nullable=False)  # passed|failed
+    golden_set: Mapped[str] = mapped_column(String(255), nullable=False)
+    golden_sha256: Mapped[str] = mapped_column(String(64), nullable=False)
+    binding_sha256: Mapped[str] = mapped_column(String(64), nullable=False)
+    validation_run_id: Mapped[int | None] = mapped_column(ForeignKey("validation_runs.id", ondelete="RESTRICT"))
+    baselines: Mapped[dict] = mapped_column(JSON, nullable=False)  # the engine's acceptance, as validation baselines
+    report: Mapped[dict] = mapped_column(JSON, nullable=False)  # parity, equivalence, throughput, settings
+    actor: Mapped[str] = mapped_column(String(255), nullable=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime, nullable=False)

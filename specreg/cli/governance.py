@@ -273,9 +273,17 @@ def policy_show(policy_path, as_json):
         return
     click.echo(f"# {policy.source}")
     click.echo(f"# {policy.identity_text()}")
-    print_table(["ENV", "GOLDEN SET", "APPROVAL", "APPROVERS", "TOLERANCE", "MAX AGE (DAYS)", "REQUIRED CHECKS"],
+    for env in policy.environments.values():
+        if env.required_engine_baselines:
+            engines = ", ".join(env.required_engine_baselines)
+            click.echo(f"# {env.name}: a version needs a passed engine baseline from {engines} (`specreg validate "
+                       f"NAME@V --engine ENGINE` on golden set {env.golden_set}) before it is promoted; exports "
+                       f"and alert rules for that engine use its baseline")
+    print_table(["ENV", "GOLDEN SET", "APPROVAL", "APPROVERS", "TOLERANCE", "MAX AGE (DAYS)", "ENGINE BASELINES",
+                 "REQUIRED CHECKS"],
                 [[e.name, e.golden_set, "required" if e.approval_required else "-", ", ".join(e.approvers) or "anyone but registrant",
                   f"{e.acceptance_tolerance:.0%}", e.max_validation_age_days or "-",
+                  ", ".join(e.required_engine_baselines) or "-",
                   "; ".join([", ".join(e.required_checks)] + [f"{method}: {', '.join(checks)}" for method, checks
                                                                in e.required_checks_by_method.items()])]
                  for e in policy.environments.values()])

@@ -23,15 +23,43 @@ from specreg.cli.common import (cli, db_option, user_option, json_option, open_r
 @click.option("--report", "report_path", default=None, metavar="FILE", help="Write the HTML report.")
 @click.option("--markdown", "markdown_path", default=None, metavar="FILE", help="Write a Markdown summary (e.g. $GITHUB_STEP_SUMMARY).")
 @click.option("--junit", "junit_path", default=None, metavar="FILE", help="Write JUnit XML: one testcase per check.")
+@click.option("--engine", type=click.Choice(["llamacpp", "vllm", "sglang"]), default=None,
+              help="Validate in a serving engine instead: llamacpp starts llama-server here; vllm/sglang need --engine-url.")
+@click.option("--engine-url", default=None, metavar="URL", help="A vLLM / SGLang server someone else started (with the pair's draft).")
+@click.option("--engine-reference-url", default=None, metavar="URL", help="The same engine serving the target without speculation (equivalence).")
+@click.option("--engine-model", default=None, metavar="NAME", help="The served model name (vLLM metrics label; default: the server's).")
+@click.option("--concurrency", default="1,4", show_default=True, metavar="LIST", help="Engine throughput tiers (llama-server -np).")
+@click.option("--parity-tolerance", type=float, default=0.03, show_default=True, help="Largest |alpha_engine - alpha_ours| overall.")
 @db_option
 @user_option
 @json_option
 def validate(ref, golden, device, dtype, checks, gpu_memory, acceptance_tolerance, near_tie_tolerance,
-             distribution_samples, report_path, markdown_path, junit_path, db_url, user, as_json):
-    """Validate a pair version on golden prompts; exit 0 pass, 100 a check failed, 1 error."""
-    from specreg.errors import PolicyViolation
+             distribution_samples, report_path, markdown_path, junit_path, engine, engine_url, engine_reference_url,
+             engine_model, concurrency, parity_tolerance, db_url, user, as_json):
+    """Validate a pair version on golden prompts; exit 0 pass, 100 a check failed, 1 error.
+
+    With --engine: run the golden prompts through a serving engine and record the pair's engine
+    baseline (parity with our runtime, equivalence in the engine, tokens/s per concurrency tier)."""
+    from specreg.errors import PolicyViolation, UsageError
     from specreg.registry.review import reports
     from specreg.validation import ValidationInterrupted
+
+    if engine is None and (engine_url or engine_reference_url or engine_model):
+        raise UsageError("--engine-url / --engine-reference-url / --engine-model need --engine")
+    if engine is not None:
+        if report_path or markdown_path or junit_path or checks:
+            raise UsageError("--report/--markdown/--junit/--checks apply to our runtime's validation, not --engine")
+        try:
+            tiers = tuple(int(part) for part in concurrency.split(",") if part.strip())
+        except ValueError:
+            raise UsageError(f"invalid --concurrency {concurrency!r}: comma-separated integers, e.g. 1,4") from None
+        from specreg.cli.engine_report import run_engine_validation
+
+        run_engine_validation(open_registry(db_url, user), ref, engine=engine, golden=golden, engine_url=engine_url,
+                              reference_url=engine_reference_url, model_name=engine_model, tiers=tiers,
+                              parity_tolerance=parity_tolerance, near_tie_tolerance=near_tie_tolerance,
+                              dtype=dtype, as_json=as_json)
+        return
 
     # a report path that cannot be written fails now, not after the run was recorded
     for option, path in (("--report", report_path), ("--markdown", markdown_path), ("--junit", junit_path)):

@@ -1,0 +1,332 @@
+"""Validation in a serving engine, end to end (``specreg validate NAME@V --engine ENGINE``).
+
+Local llama.cpp: start ``llama-server`` from the pair's ``llamacpp`` export (with the draft, and
+the same command without it), send every golden prompt as token ids (greedy; the export drafts
+with ``--spec-draft-p-min 0`` from F32/BF16 GGUF), read acceptance the engine's way (per
+response ``timings.draft_n``/``draft_n_accepted`` and the ``/metrics`` counters around each
+request), decode the same token ids on our runtime, and judge parity, equivalence in the engine
+and throughput per concurrency tier (``-np``). ``--engine-url URL --engine vllm|sglang``: the
+same against a server someone else started. The result is the pair's engine baseline, stamped
+with the engine's name, version and build; every server started here is stopped, also on
+Ctrl-C, SIGTERM and errors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from specreg.core.types import FAIL
+from specreg.errors import SpecregError, UsageError
+from specreg.registry.store.entities import PairVersion
+from specreg.registry.store.store import Store
+
+DEFAULT_TIERS = (1, 4)
+MAX_CONCURRENCY = 64
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    engine: str = "llamacpp"
+    engine_url: str | None = None  # a server someone else started (vllm, sglang)
+    reference_url: str | None = None  # the same engine serving the target without speculation
+    model_name: str | None = None  # vLLM's served model name (its metrics label)
+    tiers: tuple[int, ...] = DEFAULT_TIERS
+    parity_tolerance: float = 0.03
+    near_tie_tolerance: float | None = None  # default by the GGUF / engine dtype
+    dtype: str = "float32"
+    threads: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"engine": self.engine, "engine_url": self.engine_url, "reference_url": self.reference_url,
+                "model_name": self.model_name, "tiers": list(self.tiers), "parity_tolerance": self.parity_tolerance,
+                "near_tie_tolerance": self.near_tie_tolerance, "dtype": self.dtype, "threads": self.threads}
+
+
+def check_options(options: EngineOptions) -> EngineOptions:
+    """UsageError (one line) for a combination that cannot run."""
+    from specreg.registry.deploy.engine_client import ENGINES, check_url
+
+    if options.engine not in ENGINES:
+        raise UsageError(f"invalid --engine {options.engine!r}: use one of {', '.join(ENGINES)}")
+    if options.engine in ("vllm", "sglang") and not options.engine_url:
+        raise UsageError(f"--engine {options.engine} runs against a server you started: pass --engine-url URL")
+    if options.engine == "llamacpp" and options.engine_url:
+        raise UsageError("--engine llamacpp starts llama-server itself from the pair's export: drop --engine-url")
+    if options.reference_url and not options.engine_url:
+        raise UsageError("--engine-reference-url goes with --engine-url")
+    for url in (options.engine_url, options.reference_url):
+        if url:
+            check_url(url)
+    if not options.tiers or any(not 1 <= tier <= MAX_CONCURRENCY for tier in options.tiers):
+        raise UsageError(f"invalid --concurrency {','.join(map(str, options.tiers))}: tiers from 1 to {MAX_CONCURRENCY}")
+    if not 0 < options.parity_tolerance < 1:
+        raise UsageError(f"invalid parity tolerance {options.parity_tolerance!r}: use a fraction in (0, 1)")
+    if options.dtype not in ("float32", "bfloat16"):
+        raise UsageError(f"invalid --dtype {options.dtype} for an engine validation: float32 or bfloat16 "
+                         f"(comparable numerics)")
+    tiers = tuple(sorted(set(options.tiers) | {1}))  # concurrency 1 always: parity and equivalence run there
+    return EngineOptions(**{**options.__dict__, "tiers": tiers})
+
+
+@dataclass
+class EngineRun:
+    """What one engine pass over the golden prompts returned."""
+
+    completions: list  # engine_client.EngineCompletion per prompt, in prompt order
+    rows: list[dict[str, Any]]  # counts rows (validators.engine)
+    tokens_per_s: float | None
+
+
+@dataclass
+class EngineOutcome:
+    baseline: Any  # registry.store.engine_baselines.EngineBaseline
+    checks: tuple
+    report: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return self.baseline.status == "passed"
+
+
+def drive(engine: str, base_url: str, prompts: list[dict[str, Any]], *, concurrency: int, model: str | None,
+          counters: bool, progress: Callable[[str], None] | None = None) -> EngineRun:
+    """Every prompt through the engine at ``concurrency``. ``counters`` (concurrency 1): read the
+    /metrics counters around each request, so steps and per-position acceptance are per prompt."""
+    from specreg.registry.deploy import engine_client
+
+    rows: list[dict[str, Any]] = []
+
+    def one(prompt):
+        before = engine_client.read_counters(engine, base_url, model) if counters else None
+        done = engine_client.complete(engine, base_url, prompt["prompt_ids"], prompt["max_new_tokens"], model=model)
+        row = {"record": prompt["record"], "category": prompt["category"], "generated_tokens": len(done.token_ids),
+               "drafted": done.drafted, "accepted": done.accepted, "draft_steps": done.draft_steps,
+               "accepted_per_position": done.accepted_per_position}
+        if before is not None:
+            delta = engine_client.read_counters(engine, base_url, model).minus(before, base_url)
+            row["draft_steps"] = int(delta.drafts)
+            row["drafted"], row["accepted"] = int(delta.draft_tokens), int(delta.accepted_tokens)
+            row["accepted_per_position"] = [int(delta.accepted_per_position[p]) for p in sorted(delta.accepted_per_position)]
+            row["response_drafted"], row["response_accepted"] = done.drafted, done.accepted
+        if progress:
+            progress(prompt["record"])
+        return done, row
+
+    results, wall = engine_client.run_concurrently(one, prompts, concurrency)
+    completions = [done for done, _ in results]
+    generated = sum(len(done.token_ids) for done in completions)
+    # at concurrency 1 the scrapes between requests are not the engine's time: sum the requests
+    seconds = sum(done.seconds for done in completions) if concurrency == 1 else wall
+    return EngineRun(completions, [row for _, row in results], generated / seconds if seconds > 0 else None)
+
+
+def golden_prompts(golden, tokenizer) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Encode each record as our runtime does (the engine gets the same ids) -> (prompts, skipped)."""
+    import jinja2
+
+    from specreg.errors import ModelReferenceError
+
+    prompts, skipped = [], []
+    for record in golden:
+        try:
+            ids = record.encode(tokenizer)
+        except (ModelReferenceError, jinja2.TemplateError) as exc:
+            skipped.append({"record": record.id, "reason": " ".join(str(exc).split())[:200]})
+            continue
+        prompts.append({"record": record.id, "category": record.category, "prompt_ids": list(ids),
+                        "max_new_tokens": record.max_new_tokens, "sampled_in_record": not record.is_greedy,
+                        "golden": record})
+    return prompts, skipped
+
+
+def runtime_pass(pair, prompts, version: PairVersion, progress=None) -> list[dict[str, Any]]:
+    """Our runtime's greedy speculative decode of every prompt -> counts rows (+ "token_ids")."""
+    from specreg.runtime.decode import speculative_generate
+    from specreg.validators.engine import runtime_row
+    from specreg.validators.equivalence import SpeculativeSettings, decode_config
+
+    config = version.config
+    settings = SpeculativeSettings(method=config.method.value, k=config.num_speculative_tokens,
+                                   prompt_lookup_min=config.prompt_lookup_min or 1,
+                                   prompt_lookup_max=config.prompt_lookup_max or 3, tree=config.tree)
+    rows = []
+    for prompt in prompts:
+        generation = speculative_generate(pair, prompt["prompt_ids"], decode_config(prompt["golden"], settings, greedy=True))
+        rows.append({**runtime_row(prompt["record"], prompt["category"], generation.metrics),
+                     "token_ids": list(generation.token_ids)})
+        if progress:
+            progress(prompt["record"])
+    return rows
+
+
+def runtime_margin(pair) -> Callable[[list[int], list[int]], dict]:
+    """(prompt ids, generated prefix) -> our runtime's plain-decoding top-2 there."""
+    from specreg.validators.equivalence import plain_next_token_logits
+
+    def margin(prompt_ids, prefix):
+        top = plain_next_token_logits(pair, list(prompt_ids) + list(prefix)).topk(2)
+        return {"top2_ids": [int(i) for i in top.indices], "margin": float(top.values[0] - top.values[1])}
+
+    return margin
+
+
+def validate_in_engine(store: Store, version: PairVersion, golden, options: EngineOptions, *, actor: str,
+                       progress: Callable[[str, str], None] | None = None) -> EngineOutcome:
+    """Run ``version`` through the engine, compare with our runtime, store the engine baseline.
+
+    progress(stage, record_id) after each prompt of each stage. SIGINT/SIGTERM raise
+    ValidationInterrupted after every server started here was stopped; nothing is stored then."""
+    from specreg.registry.store.engine_baselines import EngineBaselineStore
+    from specreg.registry.store.validations import ValidationStore
+    from specreg.validation import interrupt_on_signals
+
+    options = check_options(options)
+    started = time.time()
+    with interrupt_on_signals():
+        if options.engine == "llamacpp":
+            report, baselines, checks, identity = _local_llamacpp(version, golden, options, progress)
+        else:
+            report, baselines, checks, identity = _remote(store, version, golden, options, progress)
+    report["seconds"] = round(time.time() - started, 1)
+    report["checks"] = [check.to_dict() for check in checks]
+    passed = not any(check.status == FAIL for check in checks)
+    failed = [check.name for check in checks if check.status == FAIL]
+    report["reason"] = f"{', '.join(failed)} failed" if failed else None
+    run = ValidationStore(store).latest_passed(version.name, version.version)
+    baseline = EngineBaselineStore(store).record(
+        version, engine=options.engine, engine_version=identity["version"] or "unknown",
+        engine_build=identity["build"] or "unknown", source=options.engine_url or "local", passed=passed,
+        golden_set=golden.name, golden_sha256=golden.content_sha256,
+        validation_run_id=run.id if run is not None else None, baselines=baselines, report=report, actor=actor)
+    return EngineOutcome(baseline, tuple(checks), report)
+
+
+def _local_llamacpp(version: PairVersion, golden, options: EngineOptions, progress):
+    from specreg.registry.deploy import llamacpp_serve
+    from specreg.runtime.pair import load_pair
+    from specreg.validators import engine as checks_module
+    from specreg.validators.suite import default_near_tie_tolerance
+
+    config = version.config
+    plan = llamacpp_serve.server_plan(version, dtype=options.dtype, threads=options.threads)
+    pair = load_pair(version.target.path, version.draft.path if version.draft else None, device="cpu",
+                     dtype=options.dtype, target_fingerprint=version.target.fingerprint,
+                     draft_fingerprint=version.draft.fingerprint if version.draft else None,
+                     method=config.method.value)
+    prompts, skipped = golden_prompts(golden, pair.tokenizer)
+    if not prompts:
+        raise SpecregError(f"no prompt of golden set {golden.name} could be encoded with the target's tokenizer")
+    ours_rows = runtime_pass(pair, prompts, version, progress=lambda r: progress and progress("runtime", r))
+    top_tier = max(options.tiers)
+    spec, plain, tiers = {}, {}, []
+    with llamacpp_serve.running(plan, draft=True, parallel=top_tier) as server:
+        identity = llamacpp_serve.identity(plan, server)
+        spec[1] = drive("llamacpp", server.url, prompts, concurrency=1, model=None, counters=True,
+                        progress=lambda r: progress and progress("engine", r))
+        for tier in options.tiers[1:]:
+            spec[tier] = drive("llamacpp", server.url, prompts, concurrency=tier, model=None, counters=False)
+    with llamacpp_serve.running(plan, draft=False, parallel=top_tier) as server:
+        plain[1] = drive("llamacpp", server.url, prompts, concurrency=1, model=None, counters=False,
+                         progress=lambda r: progress and progress("engine-no-draft", r))
+        for tier in options.tiers[1:]:
+            plain[tier] = drive("llamacpp", server.url, prompts, concurrency=tier, model=None, counters=False)
+        tolerance = options.near_tie_tolerance if options.near_tie_tolerance is not None \
+            else default_near_tie_tolerance(options.dtype)
+
+        def top_of(record, position):  # the target-only engine's top-2 where the outputs part
+            from specreg.registry.deploy.engine_client import complete
+
+            again = complete("llamacpp", server.url, record["prompt_ids"], position + 1, top_logprobs=2)
+            return again.top_logprobs[position] if again.top_logprobs and len(again.top_logprobs) > position else None
+
+        records = [{"record": p["record"], "category": p["category"], "prompt_ids": p["prompt_ids"],
+                    "speculative": s.token_ids, "target_only": t.token_ids}
+                   for p, s, t in zip(prompts, spec[1].completions, plain[1].completions)]
+        equivalence = checks_module.check_engine_equivalence(records, engine_name="llama.cpp", tolerance=tolerance,
+                                                             top_of=top_of, our_margin=runtime_margin(pair))
+    k = config.num_speculative_tokens
+    ours = {**checks_module.baselines_of(ours_rows, k), "source": "our runtime, greedy, same token ids"}
+    engine_baselines = checks_module.baselines_of(spec[1].rows, k)
+    parity = checks_module.check_parity(ours, engine_baselines, engine_name="llama.cpp",
+                                        tolerance=options.parity_tolerance)
+    for tier in options.tiers:
+        tiers.append({"concurrency": tier, "with_draft_tokens_per_s": spec[tier].tokens_per_s,
+                      "without_draft_tokens_per_s": plain[tier].tokens_per_s})
+    throughput = checks_module.check_throughput(tiers, engine_name="llama.cpp")
+    same_as_runtime = sum(1 for row, done in zip(ours_rows, spec[1].completions) if row["token_ids"] == done.token_ids)
+    report = {"engine": "llamacpp", "identity": identity, "command": plan.describe(draft=True, parallel=top_tier),
+              "command_without_draft": plan.describe(draft=False, parallel=top_tier), "options": options.to_dict(),
+              "prompts": len(prompts), "skipped": skipped, "ours": ours, "per_prompt": spec[1].rows,
+              "engine_matches_runtime_tokens": same_as_runtime, "throughput": tiers}
+    return report, engine_baselines, [parity, equivalence, throughput], identity
+
+
+def _remote(store: Store, version: PairVersion, golden, options: EngineOptions, progress):
+    """vLLM / SGLang someone else started: drive, read, compare with our recorded baselines."""
+    from specreg.registry.deploy import engine_client
+    from specreg.registry.store.validations import ValidationStore
+    from specreg.runtime.loading import load_tokenizer
+    from specreg.validators import engine as checks_module
+    from specreg.validators.suite import default_near_tie_tolerance
+
+    engine, url = options.engine, engine_client.check_url(options.engine_url)
+    identity = engine_client.server_identity(engine, url)
+    tokenizer = load_tokenizer(version.target.path, expected=version.target.fingerprint)
+    prompts, skipped = golden_prompts(golden, tokenizer)
+    if not prompts:
+        raise SpecregError(f"no prompt of golden set {golden.name} could be encoded with the target's tokenizer")
+    model = options.model_name or identity.get("model")
+    spec = {1: drive(engine, url, prompts, concurrency=1, model=model, counters=engine == "vllm",
+                     progress=lambda r: progress and progress("engine", r))}
+    for tier in options.tiers[1:]:
+        spec[tier] = drive(engine, url, prompts, concurrency=tier, model=model, counters=False)
+    plain: dict[int, EngineRun] = {}
+    checks = []
+    k = version.config.num_speculative_tokens
+    engine_baselines = checks_module.baselines_of(spec[1].rows, k)
+    run = ValidationStore(store).latest_passed(version.name, version.version)
+    if run is None or not run.baselines:
+        raise SpecregError(f"{version.label} has no passed validation on our runtime to compare {engine} with: "
+                           f"run `specreg validate {version.label}` first")
+    ours = {**run.baselines, "source": f"validation run {run.id} (our runtime; sampled records as their records ask)"}
+    checks.append(checks_module.check_parity(ours, engine_baselines, engine_name=engine,
+                                             tolerance=options.parity_tolerance))
+    if options.reference_url:
+        reference = engine_client.check_url(options.reference_url)
+        for tier in options.tiers:
+            plain[tier] = drive(engine, reference, prompts, concurrency=tier, model=model, counters=False,
+                                progress=(lambda r: progress and progress("engine-no-draft", r)) if tier == 1 else None)
+        tolerance = options.near_tie_tolerance if options.near_tie_tolerance is not None \
+            else default_near_tie_tolerance("bfloat16")
+
+        def top_of(record, position):
+            again = engine_client.complete(engine, reference, record["prompt_ids"], position + 1, model=model,
+                                           top_logprobs=2)
+            return again.top_logprobs[position] if again.top_logprobs and len(again.top_logprobs) > position else None
+
+        records = [{"record": p["record"], "category": p["category"], "prompt_ids": p["prompt_ids"],
+                    "speculative": s.token_ids, "target_only": t.token_ids}
+                   for p, s, t in zip(prompts, spec[1].completions, plain[1].completions)]
+        checks.append(checks_module.check_engine_equivalence(records, engine_name=engine, tolerance=tolerance,
+                                                             top_of=top_of if engine == "llamacpp" else None))
+    else:
+        from specreg.core.types import SKIP, CheckResult
+
+        checks.append(CheckResult("engine_equivalence", SKIP, f"no --engine-reference-url: no {engine} without "
+                                  f"speculation to compare outputs with"))
+    tiers = [{"concurrency": tier, "with_draft_tokens_per_s": spec[tier].tokens_per_s,
+              "without_draft_tokens_per_s": plain[tier].tokens_per_s if tier in plain else None}
+             for tier in options.tiers]
+    checks.append(checks_module.check_throughput(tiers, engine_name=engine))
+    report = {"engine": engine, "identity": identity, "url": url, "options": options.to_dict(),
+              "prompts": len(prompts), "skipped": skipped, "ours": ours, "per_prompt": spec[1].rows,
+              "throughput": tiers}
+    return report, engine_baselines, checks, identity
+
+
+@contextlib.contextmanager
+def _nothing():
+    yield

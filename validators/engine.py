@@ -1,0 +1,201 @@
+"""Validation in a serving engine (``specreg validate --engine``): the checks over what the
+engine did with the golden prompts, beside what our runtime did with the same token ids.
+
+- **parity**: acceptance in the engines' terms (DESIGN.md §2), ours against the engine's, overall
+  and per category: α̂ = accepted / drafted; τ = 1 + accepted / steps that had drafts;
+  per-position = accepted at position i / steps that had drafts (vLLM's unconditional rate).
+  |α_engine − α_ours| overall beyond the tolerance fails; a category beyond it warns.
+- **equivalence in the engine**: the engine's speculative greedy output against the same engine
+  without a draft, every difference listed. At the first difference of a prompt the evidence is
+  the engine's own top-2 log-probabilities there (target-only run) and, when our runtime holds the
+  model, its plain-decoding top-1/top-2 logit margin (validators.equivalence): both tokens in the
+  top two with a margin under the tolerance is a numerical near-tie (warn); anything else fails.
+- **throughput**: tokens/s with and without the draft at each concurrency tier, and the speedup.
+
+Rows are plain dicts, one per prompt: {"record", "category", "generated_tokens", "drafted",
+"accepted", "draft_steps", "accepted_per_position"} (counts; None where unknown).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from specreg.core.types import FAIL, PASS, SKIP, WARN, CheckResult
+
+PARITY_TOLERANCE = 0.03  # |alpha_engine - alpha_ours| overall, greedy (issue 20)
+MAX_DIFFERENCES = 50
+
+
+def runtime_row(record_id: str, category: str, metrics) -> dict[str, Any]:
+    """Our runtime's GenerationMetrics of one greedy speculative decode -> a counts row in the
+    engines' terms: a step that had drafts reached position 0, so draft steps = reached[0]."""
+    reached = list(metrics.reached_per_position or [])
+    return {"record": record_id, "category": category, "generated_tokens": metrics.generated_tokens,
+            "drafted": metrics.drafted, "accepted": metrics.accepted,
+            "draft_steps": getattr(metrics, "draft_steps", None) or (reached[0] if reached else 0),
+            "accepted_per_position": list(metrics.accepted_per_position or [])}
+
+
+def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Pooled counts of some rows -> acceptance_rate, mean_acceptance_length (engines' τ),
+    per_position_acceptance (unconditional), and the counts; None where a count is unknown."""
+    def total(key):
+        values = [row.get(key) for row in rows]
+        return None if any(v is None for v in values) else sum(values)
+
+    drafted, accepted, steps = total("drafted"), total("accepted"), total("draft_steps")
+    per_position = None
+    if steps and all(row.get("accepted_per_position") is not None for row in rows):
+        width = max((len(row["accepted_per_position"]) for row in rows), default=0)
+        sums = [sum(row["accepted_per_position"][i] for row in rows if i < len(row["accepted_per_position"]))
+                for i in range(width)]
+        per_position = [value / steps for value in sums]
+    return {"acceptance_rate": accepted / drafted if drafted else None,
+            "mean_acceptance_length": 1.0 + accepted / steps if steps and accepted is not None else None,
+            "per_position_acceptance": per_position, "drafted": drafted, "accepted": accepted,
+            "num_drafts": steps, "generated_tokens": total("generated_tokens"), "generations": len(rows)}
+
+
+def baselines_of(rows: list[dict[str, Any]], k: int) -> dict[str, Any]:
+    """Rows -> {"k", "overall", "per_category"}: the validation baselines' shape, so exports and
+    observe read an engine baseline as they read ours."""
+    categories: dict[str, list] = {}
+    for row in rows:
+        categories.setdefault(row["category"], []).append(row)
+    return {"k": k, "tau_definition": "1 + accepted / steps with drafts", "overall": figures(rows),
+            "per_category": {category: figures(group) for category, group in categories.items()}}
+
+
+def check_parity(ours: dict[str, Any], engine: dict[str, Any], *, engine_name: str,
+                 tolerance: float = PARITY_TOLERANCE) -> CheckResult:
+    """Our baselines (baselines_of) against the engine's -> CheckResult "engine_parity"."""
+    scopes = [("overall", ours.get("overall") or {}, engine.get("overall") or {})]
+    scopes += [(category, figures_ours, (engine.get("per_category") or {}).get(category) or {})
+               for category, figures_ours in sorted((ours.get("per_category") or {}).items())]
+    rows = []
+    for scope, mine, theirs in scopes:
+        alpha_ours, alpha_engine = mine.get("acceptance_rate"), theirs.get("acceptance_rate")
+        delta = abs(alpha_engine - alpha_ours) if alpha_ours is not None and alpha_engine is not None else None
+        rows.append({"scope": scope, "alpha_ours": alpha_ours, "alpha_engine": alpha_engine, "alpha_delta": delta,
+                     "tau_ours": mine.get("mean_acceptance_length"), "tau_engine": theirs.get("mean_acceptance_length"),
+                     "per_position_ours": mine.get("per_position_acceptance"),
+                     "per_position_engine": theirs.get("per_position_acceptance"),
+                     "drafted_ours": mine.get("drafted"), "drafted_engine": theirs.get("drafted"),
+                     "within": delta is not None and delta <= tolerance})
+    overall = rows[0]
+    evidence = {"rows": rows, "tolerance": tolerance, "ours_source": ours.get("source"), "engine": engine_name}
+    figures_out = {"alpha_ours": overall["alpha_ours"], "alpha_engine": overall["alpha_engine"],
+                   "alpha_delta": overall["alpha_delta"], "tau_ours": overall["tau_ours"],
+                   "tau_engine": overall["tau_engine"]}
+    if overall["alpha_delta"] is None:
+        return CheckResult("engine_parity", SKIP if not overall["drafted_engine"] else FAIL,
+                           f"no acceptance to compare (drafted: ours {overall['drafted_ours']}, "
+                           f"{engine_name} {overall['drafted_engine']})", evidence, figures_out)
+    headline = (f"alpha ours {overall['alpha_ours']:.3f} vs {engine_name} {overall['alpha_engine']:.3f} "
+                f"(|d| {overall['alpha_delta']:.3f}, tolerance {tolerance:g}); tau ours "
+                f"{_fmt(overall['tau_ours'])} vs {_fmt(overall['tau_engine'])}")
+    if not overall["within"]:
+        return CheckResult("engine_parity", FAIL, headline, evidence, figures_out)
+    off = [row["scope"] for row in rows[1:] if row["alpha_delta"] is not None and not row["within"]]
+    if off:
+        return CheckResult("engine_parity", WARN, f"{headline}; categories beyond the tolerance: {', '.join(off)}",
+                           evidence, figures_out)
+    return CheckResult("engine_parity", PASS, headline, evidence, figures_out)
+
+
+def _fmt(value) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first position where two token lists differ (a length difference counts), or None."""
+    for position, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return position
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def describe_engine_difference(record: dict[str, Any], position: int, speculative: list[int], plain: list[int],
+                               engine_top: list[tuple[int, float]] | None, tolerance: float,
+                               our_margin: Callable[[list[int], list[int]], dict] | None = None) -> dict[str, Any]:
+    """One difference: both tokens, the engine's target-only top-2 there, our runtime's plain margin."""
+    spec_token = speculative[position] if position < len(speculative) else None
+    plain_token = plain[position] if position < len(plain) else None
+    found: dict[str, Any] = {"record": record["record"], "category": record["category"], "position": position,
+                             "speculative_token_id": spec_token, "target_only_token_id": plain_token,
+                             "speculative_length": len(speculative), "target_only_length": len(plain),
+                             "tolerance": tolerance}
+    tops = []
+    if engine_top:
+        top2 = engine_top[:2]
+        found["engine_top2"] = [[token, logprob] for token, logprob in top2]
+        if len(top2) == 2:
+            found["engine_margin"] = top2[0][1] - top2[1][1]
+            tops.append(({token for token, _ in top2}, found["engine_margin"]))
+    if our_margin is not None:
+        ours = our_margin(record["prompt_ids"], plain[:position])
+        found["runtime_top2_ids"], found["runtime_margin"] = ours["top2_ids"], ours["margin"]
+        tops.append((set(ours["top2_ids"]), ours["margin"]))
+    # a difference in length only (one side stopped): the token that ended is not a rival token
+    tokens = {t for t in (spec_token, plain_token) if t is not None}
+    found["near_tie"] = bool(tops) and all(tokens <= top and margin < tolerance for top, margin in tops)
+    return found
+
+
+def check_engine_equivalence(records: list[dict[str, Any]], *, engine_name: str, tolerance: float,
+                             top_of: Callable[[dict[str, Any], int], list[tuple[int, float]] | None] | None = None,
+                             our_margin: Callable[[list[int], list[int]], dict] | None = None) -> CheckResult:
+    """records: [{"record", "category", "prompt_ids", "speculative", "target_only"}] (token ids
+    from the engine with and without its draft) -> CheckResult "engine_equivalence", every
+    difference in the evidence (up to MAX_DIFFERENCES). top_of(record, position): the engine's
+    target-only top log-probabilities at that position."""
+    differences = []
+    for record in records:
+        position = first_difference(record["speculative"], record["target_only"])
+        if position is None:
+            continue
+        top = top_of(record, position) if top_of is not None else None
+        differences.append(describe_engine_difference(record, position, record["speculative"], record["target_only"],
+                                                       top, tolerance, our_margin))
+    prompts = len(records)
+    near = sum(1 for d in differences if d["near_tie"])
+    figures_out = {"prompts": prompts, "exact": prompts - len(differences), "near_tie": near,
+                   "fail": len(differences) - near, "tokens_compared": sum(len(r["target_only"]) for r in records)}
+    evidence = {"differences": differences[:MAX_DIFFERENCES], "tolerance": tolerance, "engine": engine_name}
+    if not prompts:
+        return CheckResult("engine_equivalence", SKIP, "no prompt compared", evidence, figures_out)
+    hard = [d for d in differences if not d["near_tie"]]
+    if hard:
+        first = hard[0]
+        margin = first.get("engine_margin", first.get("runtime_margin"))
+        return CheckResult("engine_equivalence", FAIL,
+                           f"{len(differences)} of {prompts} prompts differ in {engine_name} with and without the "
+                           f"draft; '{first['record']}' at token {first['position']}: {first['speculative_token_id']} vs "
+                           f"{first['target_only_token_id']}, margin {_fmt(margin)} (tolerance {tolerance:g})",
+                           evidence, figures_out)
+    if differences:
+        return CheckResult("engine_equivalence", WARN,
+                           f"near-tie: {len(differences)} of {prompts} prompts differ in {engine_name}, each where the "
+                           f"target's top-1/top-2 margin is below {tolerance:g}", evidence, figures_out)
+    return CheckResult("engine_equivalence", PASS,
+                       f"{prompts} prompts, {figures_out['tokens_compared']} tokens: {engine_name} output with the "
+                       f"draft identical to without it", evidence, figures_out)
+
+
+def check_throughput(tiers: list[dict[str, Any]], *, engine_name: str) -> CheckResult:
+    """tiers: [{"concurrency", "with_draft_tokens_per_s", "without_draft_tokens_per_s", ...}] ->
+    CheckResult "engine_throughput" (informational: pass, or warn when the draft slows a tier)."""
+    rows = []
+    for tier in tiers:
+        with_draft, without = tier.get("with_draft_tokens_per_s"), tier.get("without_draft_tokens_per_s")
+        rows.append({**tier, "speedup": with_draft / without if with_draft and without else None})
+    evidence = {"tiers": rows, "engine": engine_name}
+    figures_out = {f"speedup_c{row['concurrency']}": row["speedup"] for row in rows}
+    text = "; ".join(f"c={row['concurrency']}: {_fmt(row.get('with_draft_tokens_per_s'))} tok/s with the draft, "
+                     f"{_fmt(row.get('without_draft_tokens_per_s'))} without"
+                     + (f" ({row['speedup']:.2f}x)" if row["speedup"] else "") for row in rows)
+    slower = [row["concurrency"] for row in rows if row["speedup"] is not None and row["speedup"] < 1.0]
+    if slower:
+        return CheckResult("engine_throughput", WARN, f"{text}; the draft slows concurrency "
+                           f"{', '.join(map(str, slower))}", evidence, figures_out)
+    return CheckResult("engine_throughput", PASS if rows else SKIP, text or "not measured", evidence, figures_out)
