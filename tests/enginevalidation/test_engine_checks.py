@@ -1,0 +1,102 @@
+"""The engine-validation checks (validators/engine.py) on exact counts: the engines' tau and
+per-position figures, parity against the tolerance, every difference in the engine listed and
+judged a near-tie only with the evidence, throughput tiers."""
+
+from __future__ import annotations
+
+import pytest
+
+from specreg.runtime.metrics import GenerationMetrics
+from specreg.validators import engine
+
+
+def test_runtime_row_counts_steps_with_drafts_only_as_the_engines_do():
+    metrics = GenerationMetrics()
+    # 4 steps: k=3 all accepted, k=3 one accepted, nothing drafted (an ngram miss), k=2 none accepted
+    for drafted, accepted, emitted in ((3, 3, 4), (3, 1, 2), (0, 0, 1), (2, 0, 1)):
+        metrics.record_step(drafted, accepted, emitted)
+    metrics.generated_tokens = 8
+    row = engine.runtime_row("r1", "code", metrics)
+    assert row == {"record": "r1", "category": "code", "generated_tokens": 8, "drafted": 8, "accepted": 4,
+                   "draft_steps": 3, "accepted_per_position": [2, 1, 1]}
+    figures = engine.figures([row])
+    assert figures["acceptance_rate"] == 0.5
+    assert figures["mean_acceptance_length"] == pytest.approx(1 + 4 / 3)  # not 8 emitted / 4 forwards
+    assert figures["per_position_acceptance"] == pytest.approx([2 / 3, 1 / 3, 1 / 3])  # unconditional
+    assert metrics.mean_acceptance_length == 2.0  # our runtime's other figure, kept apart
+
+
+def test_baselines_pool_counts_per_category():
+    rows = [{"record": "a", "category": "code", "generated_tokens": 10, "drafted": 8, "accepted": 6, "draft_steps": 2,
+             "accepted_per_position": [2, 2, 1, 1]},
+            {"record": "b", "category": "mail", "generated_tokens": 5, "drafted": 4, "accepted": 0, "draft_steps": 1,
+             "accepted_per_position": [0, 0, 0, 0]}]
+    baselines = engine.baselines_of(rows, k=4)
+    assert baselines["k"] == 4
+    assert baselines["overall"]["acceptance_rate"] == 0.5
+    assert baselines["overall"]["mean_acceptance_length"] == 3.0
+    assert baselines["overall"]["per_position_acceptance"] == pytest.approx([2 / 3, 2 / 3, 1 / 3, 1 / 3])
+    assert baselines["per_category"]["mail"]["acceptance_rate"] == 0.0
+    assert baselines["per_category"]["code"]["num_drafts"] == 2
+    unknown = engine.figures([{**rows[0], "draft_steps": None, "accepted_per_position": None}])
+    assert unknown["mean_acceptance_length"] is None and unknown["acceptance_rate"] == 0.75
+
+
+def _figures(alpha, tau=2.0):
+    return {"acceptance_rate": alpha, "mean_acceptance_length": tau, "per_position_acceptance": [alpha],
+            "drafted": 100}
+
+
+def test_parity_fails_beyond_the_tolerance_and_warns_for_a_category():
+    ours = {"overall": _figures(0.60), "per_category": {"code": _figures(0.70), "mail": _figures(0.50)}}
+    close = {"overall": _figures(0.625), "per_category": {"code": _figures(0.72), "mail": _figures(0.45)}}
+    result = engine.check_parity(ours, close, engine_name="llama.cpp", tolerance=0.03)
+    assert result.status == "warn" and "mail" in result.summary
+    assert result.figures["alpha_delta"] == pytest.approx(0.025)
+    far = {"overall": _figures(0.64), "per_category": {}}
+    assert engine.check_parity(ours, far, engine_name="llama.cpp", tolerance=0.03).status == "fail"
+    same = {"overall": _figures(0.60), "per_category": {"code": _figures(0.70), "mail": _figures(0.50)}}
+    assert engine.check_parity(ours, same, engine_name="llama.cpp").status == "pass"
+
+
+def _record(name, speculative, plain):
+    return {"record": name, "category": "code", "prompt_ids": [1, 2, 3], "speculative": speculative,
+            "target_only": plain}
+
+
+def test_equivalence_lists_every_difference_and_needs_evidence_for_a_near_tie():
+    records = [_record("same", [5, 6, 7], [5, 6, 7]), _record("tie", [5, 9, 1], [5, 6, 7]),
+               _record("real", [4, 4], [5, 6])]
+    tops = {("tie", 1): [(6, -0.6930), (9, -0.6935)], ("real", 0): [(5, -0.1), (8, -3.0)]}
+    result = engine.check_engine_equivalence(records, engine_name="llama.cpp", tolerance=1e-3,
+                                             top_of=lambda record, position: tops[(record["record"], position)])
+    assert result.status == "fail"
+    assert result.figures == {"prompts": 3, "exact": 1, "near_tie": 1, "fail": 1, "tokens_compared": 8}
+    tie, real = result.evidence["differences"]
+    assert (tie["record"], tie["position"], tie["near_tie"]) == ("tie", 1, True)
+    assert tie["engine_margin"] == pytest.approx(0.0005)
+    assert (real["record"], real["position"], real["near_tie"]) == ("real", 0, False)
+    # the same tie with our runtime's margin too: both must say near-tie
+    wide = engine.check_engine_equivalence(records[:2], engine_name="llama.cpp", tolerance=1e-3,
+                                           top_of=lambda record, position: tops[(record["record"], position)],
+                                           our_margin=lambda prompt, prefix: {"top2_ids": [6, 9], "margin": 0.5})
+    assert wide.status == "fail" and wide.evidence["differences"][0]["runtime_margin"] == 0.5
+    no_evidence = engine.check_engine_equivalence(records[:2], engine_name="llama.cpp", tolerance=1e-3)
+    assert no_evidence.status == "fail"  # a difference without evidence is never a near-tie
+    only_ties = engine.check_engine_equivalence(records[:2], engine_name="llama.cpp", tolerance=1e-3,
+                                                top_of=lambda record, position: tops[(record["record"], position)])
+    assert only_ties.status == "warn"
+
+
+def test_first_difference_counts_a_length_difference():
+    assert engine.first_difference([1, 2], [1, 2]) is None
+    assert engine.first_difference([1, 2, 3], [1, 2]) == 2
+    assert engine.first_difference([1, 3], [1, 2]) == 1
+
+
+def test_throughput_speedup_per_tier_and_a_slower_tier_warns():
+    result = engine.check_throughput([{"concurrency": 1, "with_draft_tokens_per_s": 30.0, "without_draft_tokens_per_s": 20.0},
+                                      {"concurrency": 4, "with_draft_tokens_per_s": 30.0, "without_draft_tokens_per_s": 40.0}],
+                                     engine_name="llama.cpp")
+    assert result.status == "warn" and "concurrency 4" in result.summary
+    assert result.figures == {"speedup_c1": 1.5, "speedup_c4": 0.75}
