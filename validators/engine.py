@@ -87,6 +87,7 @@ def check_parity(ours: dict[str, Any], engine: dict[str, Any], *, engine_name: s
     figures_out = {"alpha_ours": overall["alpha_ours"], "alpha_engine": overall["alpha_engine"],
                    "alpha_delta": overall["alpha_delta"], "tau_ours": overall["tau_ours"],
                    "tau_engine": overall["tau_engine"]}
+    figures_out = {key: value for key, value in figures_out.items() if value is not None}
     if overall["alpha_delta"] is None:
         return CheckResult("engine_parity", SKIP if not overall["drafted_engine"] else FAIL,
                            f"no acceptance to compare (drafted: ours {overall['drafted_ours']}, "
@@ -190,7 +191,7 @@ def check_throughput(tiers: list[dict[str, Any]], *, engine_name: str) -> CheckR
         with_draft, without = tier.get("with_draft_tokens_per_s"), tier.get("without_draft_tokens_per_s")
         rows.append({**tier, "speedup": with_draft / without if with_draft and without else None})
     evidence = {"tiers": rows, "engine": engine_name}
-    figures_out = {f"speedup_c{row['concurrency']}": row["speedup"] for row in rows}
+    figures_out = {f"speedup_c{row['concurrency']}": row["speedup"] for row in rows if row["speedup"] is not None}
     text = "; ".join(f"c={row['concurrency']}: {_fmt(row.get('with_draft_tokens_per_s'))} tok/s with the draft, "
                      f"{_fmt(row.get('without_draft_tokens_per_s'))} without"
                      + (f" ({row['speedup']:.2f}x)" if row["speedup"] else "") for row in rows)
