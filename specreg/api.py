@@ -198,6 +198,15 @@ def describe_head(config: SpecConfig, target: ModelRef, draft: ModelRef | None, 
     return description
 
 
+def export_engine(fmt: str, options: dict | None) -> str | None:
+    """The engine whose baseline an export of format ``fmt`` uses: the format's engine
+    (k8s-vllm: vllm), prometheus-rules: its rules_engine option when that names one engine."""
+    if fmt == "prometheus-rules":
+        chosen = (options or {}).get("rules_engine")
+        return chosen if chosen in ("vllm", "sglang") else None
+    return {"k8s-vllm": "vllm"}.get(fmt, fmt)
+
+
 class Registry:
     """The registry of speculative-decoding pairs over one database.
 
@@ -517,6 +526,15 @@ class Registry:
             return None
         return EngineBaselineStore(self.store).latest(version.name, version.version, engine)
 
+    def baselines_for_engine(self, version: PairVersion, engine: str | None, baselines: dict | None) -> dict | None:
+        """``baselines`` (ours) with the acceptance figures of ``engine``'s baseline where one
+        exists (registry.store.engine_baselines.with_engine_baseline): what exports, alert rules
+        and observe for that engine compare with."""
+        from specreg.registry.store.engine_baselines import with_engine_baseline
+
+        found = self.engine_baseline(version, engine) if engine else None
+        return with_engine_baseline(baselines, found) if baselines is not None else baselines
+
     def validation_runs(self, ref: str | PairRef) -> list:
         """Validation runs (registry.entities.ValidationRun) of a version, oldest first; runs
         whose process died are marked aborted first."""
@@ -569,6 +587,7 @@ class Registry:
             baselines = {**run.baselines, "golden_set": run.golden_set, "golden_sha256": run.golden_sha256,
                          "validated_at": run.finished_at.isoformat(timespec="seconds") + "Z",
                          **({"memory": memory} if memory else {})}
+        baselines = self.baselines_for_engine(version, export_engine(fmt, options), baselines)
         if not approved and not force:
             raise PolicyViolation(f"{version.label} is not validated and approved ({standing.reason}); export refused "
                                   f"(--force exports it marked UNAPPROVED)")
@@ -627,7 +646,7 @@ class Registry:
         if tolerance is None:
             tolerance = (self.policy(policy_path).environment(pair_ref.environment).acceptance_tolerance
                          if pair_ref.environment else 0.1)
-        baselines = self.baselines(version.label)
+        baselines = self.baselines_for_engine(version, engine, self.baselines(version.label))
         live = observe(metrics_url, engine=engine, interval=interval, model_name=model_name,
                        sleep=sleep or time.sleep)
         verdict = compare_with_baseline(live, baselines, tolerance)

@@ -579,6 +579,11 @@ def header_lines(
         f"baselines: golden set {baselines.get('golden_set')} (sha256 {baselines.get('golden_sha256')}),"
         f" validated at {baselines.get('validated_at')}"
     )
+    measured = baselines.get("engine_baseline")
+    if measured:  # the engine's own figures (specreg validate --engine), ours kept beside them
+        lines.append(f"  measured in {measured['engine']} {measured['engine_version']} ({measured['engine_build']}), "
+                     f"engine baseline {measured['id']} at {measured['measured_at']}; our runtime: "
+                     f"{format_figures((baselines.get('runtime') or {}).get('overall') or {})}")
     lines.append(f"  overall: {format_figures(baselines.get('overall') or {})}")
     for category, figures in sorted((baselines.get("per_category") or {}).items()):
         lines.append(f"  category {category}: {format_figures(figures or {})}")

@@ -133,3 +133,21 @@ class EngineBaselineStore:
         with self.store.session() as session:
             found = session.execute(query).first()
             return to_entity(*found) if found else None
+
+
+def with_engine_baseline(baselines: dict[str, Any] | None, found: EngineBaseline | None) -> dict[str, Any] | None:
+    """Our runtime's baselines (as exports and observe read them) with the acceptance figures
+    replaced by the engine's where an engine baseline exists; ours stay beside them, named
+    (``runtime``), and ``engine_baseline`` says which engine build measured the figures."""
+    if found is None:
+        return baselines
+    engine = found.baselines
+    merged = dict(baselines or {})
+    if baselines is not None:
+        merged["runtime"] = {key: baselines.get(key) for key in ("k", "overall", "per_category")}
+    merged.update({"k": engine.get("k"), "overall": engine.get("overall"), "per_category": engine.get("per_category"),
+                   "golden_set": found.golden_set, "golden_sha256": found.golden_sha256,
+                   "engine_baseline": {"id": found.id, "engine": found.engine, "engine_version": found.engine_version,
+                                       "engine_build": found.engine_build,
+                                       "measured_at": found.created_at.isoformat(timespec="seconds") + "Z"}})
+    return merged

@@ -96,3 +96,28 @@ def test_policy_show_explains_the_key(tmp_path):
             "--engine ENGINE` on golden set smoke) before it is promoted") in shown.stdout
     default = run_specreg(["policy", "show"])
     assert "# required_engine_baselines = [\"llamacpp\"]" in default.stdout
+
+
+def test_exports_and_observe_for_an_engine_use_its_baseline(db_url, tiny_models):
+    registry = Registry(db_url)
+    ref = registry.register("pair", target=str(tiny_models["target"]), draft=str(tiny_models["draft"]),
+                            num_speculative_tokens=2).version.label
+    record_validation(registry, ref, acceptance_rate=0.8)
+    version = registry.get(ref)
+    before = dict(registry.export(ref, "vllm", force=True))["vllm-serve.sh"]
+    assert "overall: acceptance_rate=0.8000" in before and "measured in" not in before
+    found = EngineBaselineStore(registry.store).record(
+        version, engine="vllm", engine_version="0.33.0", engine_build="vllm 0.33.0", source="http://staging:8000",
+        passed=True, golden_set="smoke", golden_sha256=load_golden_set("smoke").content_sha256,
+        validation_run_id=None, report={},
+        baselines={"k": 2, "overall": {"acceptance_rate": 0.7123, "mean_acceptance_length": 2.3},
+                   "per_category": {}}, actor="tester")
+    after = dict(registry.export(ref, "vllm", force=True))["vllm-serve.sh"]
+    assert "overall: acceptance_rate=0.7123 mean_acceptance_length=2.3000" in after
+    assert (f"measured in vllm 0.33.0 (vllm 0.33.0), engine baseline {found.id} at" in after
+            and "our runtime: acceptance_rate=0.8000" in after)
+    # an engine without a baseline keeps ours; SGLang's export too
+    assert "overall: acceptance_rate=0.8000" in dict(registry.export(ref, "sglang", force=True))["sglang-launch.sh"]
+    merged = registry.baselines_for_engine(version, "vllm", registry.baselines(ref))
+    assert merged["overall"]["acceptance_rate"] == 0.7123 and merged["runtime"]["overall"]["acceptance_rate"] == 0.8
+    assert registry.baselines_for_engine(version, "sglang", registry.baselines(ref))["overall"]["acceptance_rate"] == 0.8
