@@ -13,7 +13,6 @@ Ctrl-C, SIGTERM and errors.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -211,7 +210,10 @@ def _local_llamacpp(version: PairVersion, golden, options: EngineOptions, progre
     from specreg.validators.suite import default_near_tie_tolerance
 
     config = version.config
-    plan = llamacpp_serve.server_plan(version, dtype=options.dtype, threads=options.threads)
+    from specreg.settings import specreg_home
+
+    plan = llamacpp_serve.server_plan(version, cache=specreg_home() / "gguf", dtype=options.dtype,
+                                      threads=options.threads)
     pair = load_pair(version.target.path, version.draft.path if version.draft else None, device="cpu",
                      dtype=options.dtype, target_fingerprint=version.target.fingerprint,
                      draft_fingerprint=version.draft.fingerprint if version.draft else None,
@@ -326,7 +328,3 @@ def _remote(store: Store, version: PairVersion, golden, options: EngineOptions, 
               "throughput": tiers}
     return report, engine_baselines, checks, identity
 
-
-@contextlib.contextmanager
-def _nothing():
-    yield

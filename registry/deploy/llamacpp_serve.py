@@ -89,13 +89,10 @@ def model_key(fingerprint) -> str:
                           f"{fingerprint.tokenizer_sha256}".encode()).hexdigest()
 
 
-def convert_to_gguf(model_dir: str, fingerprint_sha: str, dtype: str) -> Path:
+def convert_to_gguf(model_dir: str, fingerprint_sha: str, dtype: str, cache: Path) -> Path:
     """The GGUF of a registered checkpoint, made once by llama.cpp's convert_hf_to_gguf.py and
-    cached under $SPECREG_HOME/gguf by the model's fingerprint and type."""
-    from specreg import settings
-
+    cached in ``cache`` by the model's fingerprint and type."""
     outtype = GGUF_TYPES[dtype]
-    cache = Path(settings.specreg_home()) / "gguf"
     cache.mkdir(parents=True, exist_ok=True)
     out = cache / f"{fingerprint_sha[:24]}-{outtype}.gguf"
     if out.is_file():
@@ -116,8 +113,9 @@ def convert_to_gguf(model_dir: str, fingerprint_sha: str, dtype: str) -> Path:
     return out
 
 
-def server_plan(version: PairVersion, *, dtype: str = "float32", threads: int | None = None) -> ServerPlan:
-    """What llama-server loads for ``version``; UsageError for a pair kind it cannot serve here."""
+def server_plan(version: PairVersion, *, cache: Path, dtype: str = "float32", threads: int | None = None) -> ServerPlan:
+    """What llama-server loads for ``version`` (GGUF files kept in ``cache``); UsageError for a
+    pair kind it cannot serve here."""
     from specreg.registry.governance.decisions import fingerprint_changes
 
     if version.config.method is not SpecMethod.DRAFT_MODEL:
@@ -130,7 +128,7 @@ def server_plan(version: PairVersion, *, dtype: str = "float32", threads: int | 
     if changes:
         raise SpecregError(f"{version.label}: the models changed since registration ({'; '.join(changes)}); "
                            f"nothing is converted or served")
-    ggufs = [convert_to_gguf(model.path, model_key(model.fingerprint), dtype) for model in (version.target, version.draft)]
+    ggufs = [convert_to_gguf(model.path, model_key(model.fingerprint), dtype, cache) for model in (version.target, version.draft)]
     return ServerPlan(binary, ggufs[0], ggufs[1], version.config.num_speculative_tokens,
                       threads or max(1, os.cpu_count() or 1))
 
