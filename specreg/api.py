@@ -511,7 +511,8 @@ class Registry:
         Every format but prometheus-rules also gets the pair lock (``specreg.lock.json``, see
         registry.deploy.lock), signed with the ECDSA private key file ``signing_key``; without one
         the lock says ``signed: false`` and a warning says so."""
-        from specreg.registry.deploy.exports import check_exportable, lock_engine, render_export, write_export
+        from specreg.registry.deploy.exports import check_exportable, lock_engine, render_export
+        from specreg.registry.deploy.writing import write_export
         from specreg.registry.deploy.lock import LOCK_FILE, lock_text
         from specreg.registry.governance.decisions import approval_standing
         from specreg.registry.governance.decisions import audit_check
