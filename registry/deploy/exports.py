@@ -722,7 +722,7 @@ def head_refusal(pair_version: PairVersion, fmt: str) -> str | None:
     llm_args.py source; see the README's engine table): vLLM has no static token tree for eagle3
     and builds MTP drafters only for the targets config/speculative.py hf_config_override
     rewrites; SGLang's EAGLE trees are dynamic top-k trees; TGI 3.3 does n-gram or Medusa only."""
-    from specreg.core.heads import served_mtp_family
+    from specreg.core.heads.mtp import served_mtp_family
 
     config = pair_version.config
     if config.method not in (SpecMethod.EAGLE3, SpecMethod.MTP) or fmt == "prometheus-rules":
