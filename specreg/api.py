@@ -180,7 +180,8 @@ def describe_head(config: SpecConfig, target: ModelRef, draft: ModelRef | None, 
     """Read the head (or the target's MTP layers) and check it fits the target -> what the binding
     records: the head's description (no path: a location is not an identity) and the fit's
     findings. HeadMismatchError / ModelReferenceError name the field that does not fit."""
-    from specreg.core.heads import check_head_fits, read_head
+    from specreg.core.heads import read_head
+    from specreg.core.heads.fit import check_head_fits
 
     method = config.method.value
     head = read_head(draft.path if draft is not None else target.path, method=method)

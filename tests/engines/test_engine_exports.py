@@ -78,7 +78,7 @@ def tiny_pair(models: dict[str, Path], method: SpecMethod, max_batch: int | None
     (default: the tiny Llama, or the tiny DeepSeek-V3 for mtp) is the target directory."""
     target = target_ref(target or (mtp_target(models) if method == SpecMethod.MTP else models["target"]))
     if method == SpecMethod.MTP:
-        # what registration reads of the target's MTP layers (specreg.core.heads.read_mtp)
+        # what registration reads of the target's MTP layers (specreg.core.heads.mtp.read_mtp)
         layers = json.loads((Path(target.reference) / "config.json").read_text()).get("num_nextn_predict_layers")
         config = SpecConfig(method, K, max_batch_size_for_speculation=max_batch,
                             head={"layout": "mtp:deepseek", "num_heads": layers})
