@@ -28,11 +28,9 @@ MAX_DIFFERENCES = 50
 
 def runtime_row(record_id: str, category: str, metrics) -> dict[str, Any]:
     """Our runtime's GenerationMetrics of one greedy speculative decode -> a counts row in the
-    engines' terms: a step that had drafts reached position 0, so draft steps = reached[0]."""
-    reached = list(metrics.reached_per_position or [])
+    engines' terms (draft_steps: verifications that had drafts, as runtime/metrics.py counts)."""
     return {"record": record_id, "category": category, "generated_tokens": metrics.generated_tokens,
-            "drafted": metrics.drafted, "accepted": metrics.accepted,
-            "draft_steps": getattr(metrics, "draft_steps", None) or (reached[0] if reached else 0),
+            "drafted": metrics.drafted, "accepted": metrics.accepted, "draft_steps": metrics.draft_steps,
             "accepted_per_position": list(metrics.accepted_per_position or [])}
 
 

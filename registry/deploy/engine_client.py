@@ -182,7 +182,8 @@ def complete(engine: str, base_url: str, prompt_ids: list[int], max_tokens: int,
 def read_counters(engine: str, base_url: str, model_name: str | None = None) -> Counters | None:
     """The speculative-decoding counters of the engine's /metrics -> Counters; None for SGLang
     (its /metrics holds gauges over a window: its per-request meta_info is read instead)."""
-    from specreg.registry.deploy.observe import parse_samples, read_vllm
+    from specreg.registry.deploy.engines.vllm import read_metrics
+    from specreg.registry.deploy.observe import parse_samples
 
     if engine == "sglang":
         return None
@@ -191,7 +192,7 @@ def read_counters(engine: str, base_url: str, model_name: str | None = None) -> 
     if engine == "llamacpp":
         # llama-server's names are vLLM's under the llamacpp: prefix, without model labels
         text = text.replace("llamacpp:spec_decode_", "vllm:spec_decode_")
-    totals = read_vllm(parse_samples(text, url), model_name, url)
+    totals = read_metrics(parse_samples(text, url), model_name, url)
     return Counters(totals["drafts"], totals["draft_tokens"], totals["accepted_tokens"],
                     dict(totals["accepted_per_position"]))
 

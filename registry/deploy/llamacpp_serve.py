@@ -116,7 +116,7 @@ def convert_to_gguf(model_dir: str, fingerprint_sha: str, dtype: str, cache: Pat
 def server_plan(version: PairVersion, *, cache: Path, dtype: str = "float32", threads: int | None = None) -> ServerPlan:
     """What llama-server loads for ``version`` (GGUF files kept in ``cache``); UsageError for a
     pair kind it cannot serve here."""
-    from specreg.registry.governance.decisions import fingerprint_changes
+    from specreg.registry.governance.queries import fingerprint_changes
 
     if version.config.method is not SpecMethod.DRAFT_MODEL:
         raise UsageError(f"validate --engine llamacpp runs draft_model pairs; {version.label} is "

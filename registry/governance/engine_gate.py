@@ -11,14 +11,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from specreg.registry.governance.policy import EnvironmentPolicy
+from specreg.registry.governance.queries import Condition
 from specreg.registry.store.orm import EngineBaselineRow, PairVersionRow
 
 
 def engine_baseline_conditions(session: Session, row: PairVersionRow, env: EnvironmentPolicy, *,
                                golden_sha256: str, now: datetime) -> list:
     """One Condition ``engine_baseline.ENGINE`` per engine the policy requires."""
-    from specreg.registry.governance.decisions import Condition
-
     conditions = []
     label = f"{row.pair.name}@{row.version}"
     for engine in env.required_engine_baselines:

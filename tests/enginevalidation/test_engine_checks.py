@@ -23,7 +23,8 @@ def test_runtime_row_counts_steps_with_drafts_only_as_the_engines_do():
     assert figures["acceptance_rate"] == 0.5
     assert figures["mean_acceptance_length"] == pytest.approx(1 + 4 / 3)  # not 8 emitted / 4 forwards
     assert figures["per_position_acceptance"] == pytest.approx([2 / 3, 1 / 3, 1 / 3])  # unconditional
-    assert metrics.mean_acceptance_length == 2.0  # our runtime's other figure, kept apart
+    assert figures["mean_acceptance_length"] == metrics.mean_acceptance_length  # the runtime's tau, same terms
+    assert metrics.tokens_per_target_forward == 2.0  # our runtime's other figure, kept apart
 
 
 def test_baselines_pool_counts_per_category():
