@@ -587,15 +587,25 @@ def compare_fingerprints(recorded: ModelFingerprint, current: ModelFingerprint) 
 
 def metadata_changes(recorded: ModelFingerprint, directory: Path) -> list[str]:
     """What changed in a folder's config, tokenizer, chat template and (scheme >= 2) behaviour
-    files since ``recorded`` (weights are not read): compare_fingerprints' messages."""
+    files since ``recorded`` (weights are not read): compare_fingerprints' messages.
+
+    The shard indexes (SHARD_INDEX_FILES) are left out: they decide which weights load, so the
+    weight loader checks the one it reads (runtime.loading.load_verified_model), and a folder
+    holding only the tokenizer's files (load_tokenizer's private copy) is not missing them."""
     directory = Path(directory)
     tokenizer_form = canonical_tokenizer(directory)
     chat_template = read_chat_template(directory)
+
+    def without_indexes(files: dict[str, str] | None) -> dict[str, str] | None:
+        return None if files is None else {name: digest for name, digest in files.items()
+                                           if name not in SHARD_INDEX_FILES}
+
+    recorded = replace(recorded, behaviour_files=without_indexes(recorded.behaviour_files))
     current = replace(
         recorded,
         config_sha256=config_sha256(read_json_file(directory / "config.json")),
         tokenizer_sha256=sha256_hex(canonical_json(tokenizer_form)) if tokenizer_form is not None else None,
         chat_template_sha256=sha256_hex(chat_template.encode()) if chat_template else None,
-        behaviour_files=behaviour_files(directory),
+        behaviour_files=without_indexes(behaviour_files(directory)),
     )
     return compare_fingerprints(recorded, current)
