@@ -48,7 +48,7 @@ def llamacpp_home() -> Path:
 def server_binary() -> Path:
     binary = llamacpp_home() / "build" / "bin" / "llama-server"
     if not binary.is_file() or not os.access(binary, os.X_OK):
-        raise SpecregError(f"llama-server not found at {binary}: build it first (`make llama-server`), or point "
+        raise SpecregError(f"llama-server not found at {binary}: build it first (README, llama.cpp section), or point "
                            f"$SPECREG_LLAMACPP_HOME at a llama.cpp home with src/ and build/bin/")
     return binary
 
