@@ -103,22 +103,29 @@ def truncated_draft(target, layers: int):
 
 def distillation_text(tokenizer, target, prompts: int, new_tokens: int, seed: int = 0, log=None):
     """# [tokens]: demo-workload prompts through the chat template, each followed by the target's
-    greedy continuation, concatenated."""
+    greedy continuation (generated in one left-padded batch), concatenated."""
     import torch
 
     from specreg.runtime.demo_pair import WORKLOADS
 
     rng = random.Random(seed)
-    stream = []
+    encoded = []
+    for index in range(prompts):
+        prompt, _ = WORKLOADS[index % len(WORKLOADS)](rng)
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                             tokenize=False)
+        encoded.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+    width = max(len(ids) for ids in encoded)
+    pad = tokenizer.pad_token_id
+    batch = torch.tensor([[pad] * (width - len(ids)) + ids for ids in encoded])  # [prompts, width]
+    mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in encoded])
     with torch.no_grad():
-        for index in range(prompts):
-            prompt, _ = WORKLOADS[index % len(WORKLOADS)](rng)
-            ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                                tokenize=False)
-            ids = tokenizer(ids, add_special_tokens=False, return_tensors="pt")["input_ids"]
-            out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                                  do_sample=False, pad_token_id=tokenizer.pad_token_id)
-            stream.extend(out[0].tolist())
+        out = target.generate(batch, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
+                              pad_token_id=pad)
+    stream = []
+    for ids, row in zip(encoded, out[:, width:].tolist()):
+        answer = row[: row.index(tokenizer.eos_token_id) + 1] if tokenizer.eos_token_id in row else row
+        stream.extend(ids + answer)
     if log:
         log(f"distillation text: {prompts} prompts, {len(stream)} tokens")
     return torch.tensor(stream, dtype=torch.long)
