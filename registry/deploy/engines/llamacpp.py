@@ -1,0 +1,254 @@
+"""llama.cpp's llama-server (llama-server.sh): a draft-model pair served on CPU, with the GGUF
+files it loads made from the registered files by llama.cpp's own convert_hf_to_gguf.py, and a
+Python handle to start and stop that server (``start_server``, ``serve_export``).
+
+Facts from the llama.cpp this specreg builds (llamacpp_build: the source vendored by the
+llama-cpp-python 0.3.36 sdist): the flags are those of common/arg.cpp, listed in
+templates/engines/llamacpp-0.3.36.json and checked against the built binary's --help by the
+tests. ``--spec-type draft-simple`` makes ``-md`` draft (without a type the draft model is
+loaded and nothing is drafted); ``--spec-draft-n-max`` is k; ``--spec-draft-p-min 0`` drafts
+every position greedily, as our runtime does (the server's own default is 0 in this build, but
+it has changed between builds); ``-np`` is the number of slots (requests decoded together).
+Each completion's ``timings`` carries ``draft_n`` and ``draft_n_accepted`` when it drafted;
+``--metrics`` serves /metrics with ``llamacpp:spec_decode_*`` counters (server-task.cpp).
+
+An export with -o DIR writes DIR/gguf/target/ and DIR/gguf/draft/ (``write_models``) before the
+lock is built, and the lock records every file of those folders (``engine_files``): they are
+what the server loads, and `specreg verify --target DIR/gguf/target --draft DIR/gguf/draft`
+checks them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specreg.errors import SpecregError, UsageError
+from specreg.registry.deploy.engines import llamacpp_build
+from specreg.registry.deploy.engines.common import Export
+from specreg.registry.store.entities import PairVersion, SpecMethod
+
+ENGINE = "llamacpp"
+VERSIONS = (llamacpp_build.VERSION,)
+SCHEMA = f"llamacpp-{llamacpp_build.VERSION}.json"
+FILES = ("llama-server.sh",)
+# -np slots; -t threads (None: llama.cpp's own choice); GGUF type of the converted files
+OPTIONS: dict[str, Any] = {"parallel": 1, "threads": None, "gguf_type": "f32"}
+GGUF_DIR = "gguf"
+ROLES = ("target", "draft")
+
+DRAFTS = "llamacpp:spec_decode_num_drafts_total"
+DRAFT_TOKENS = "llamacpp:spec_decode_num_draft_tokens_total"
+ACCEPTED = "llamacpp:spec_decode_num_accepted_tokens_total"
+ACCEPTED_PER_POS = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total"
+
+
+def check_options(opts: dict[str, Any]) -> None:
+    try:
+        opts["parallel"] = int(opts["parallel"])
+        if opts["threads"] is not None:
+            opts["threads"] = int(opts["threads"])
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"export option has a bad value: {exc}") from None
+    if opts["parallel"] < 1 or (opts["threads"] is not None and opts["threads"] < 1):
+        raise UsageError("export options parallel and threads must be >= 1")
+    if opts["gguf_type"] not in llamacpp_build.CONVERT_TYPES:
+        raise UsageError(f"export option gguf_type={opts['gguf_type']!r} must be one of "
+                         f"{', '.join(llamacpp_build.CONVERT_TYPES)}")
+
+
+def refusal(pair_version: PairVersion) -> str | None:
+    method = pair_version.config.method
+    if method is SpecMethod.DRAFT_MODEL:
+        return None
+    return (f"this export writes llama-server's separate draft model (--spec-type draft-simple) only; its "
+            f"{method.value} drafting (draft-eagle3, draft-mtp, ngram-*) reads other files and options that "
+            f"were not checked against our runtime")
+
+
+def sources(pair_version: PairVersion, opts: dict[str, Any]) -> tuple[str, str | None]:
+    """The GGUF folders, relative to the export folder (llama-server.sh runs from there): what
+    `specreg verify --target/--draft` checks."""
+    return f"{GGUF_DIR}/target", f"{GGUF_DIR}/draft" if pair_version.draft is not None else None
+
+
+def gguf_file(role: str, opts: dict[str, Any]) -> str:
+    return f"{GGUF_DIR}/{role}/{gguf_name(opts)}"
+
+
+def gguf_name(opts: dict[str, Any]) -> str:
+    return f"model-{opts['gguf_type']}.gguf"
+
+
+def context(export: Export) -> dict[str, Any]:
+    if refusal(export.pair_version) or export.draft_source is None:
+        return {"llamacpp_command": None}
+    name = gguf_name(export.opts)
+    return {"llamacpp_command": command(f"{export.target_source}/{name}", f"{export.draft_source}/{name}",
+                                        export.config.num_speculative_tokens, export.opts, export.served_name)}
+
+
+def command(target_gguf: str, draft_gguf: str | None, k: int, opts: dict[str, Any], served_name: str,
+            program: str = "llama-server") -> list[list[str]]:
+    """llama-server's argument lines: the target, the draft drafting k tokens greedily at every
+    step (none without a draft), the slots, /metrics, the name and the address."""
+    lines = [[program], ["-m", target_gguf]]
+    if draft_gguf is not None:
+        lines.append(["-md", draft_gguf, "--spec-type", "draft-simple"])
+        lines.append(["--spec-draft-n-max", str(k), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"])
+    lines.append(["-np", str(opts["parallel"])])
+    if opts.get("threads"):
+        lines.append(["-t", str(opts["threads"])])
+    lines.append(["--metrics", "-a", served_name])
+    lines.append(["--host", str(opts["host"]), "--port", str(opts["port"])])
+    return lines
+
+
+def write_models(pair_version: PairVersion, out_dir: str | Path, opts: dict[str, Any],
+                 overwrite: bool = False, log=None) -> dict[str, Path]:
+    """Convert the registered target and draft folders into GGUF files under out_dir/gguf/<role>/
+    (convert_hf_to_gguf.py of the built llama.cpp); returns {role: folder}. An existing file is
+    refused unless ``overwrite``; each file is written beside its place and moved there whole."""
+    folders = {}
+    for role in ROLES:
+        model = getattr(pair_version, role)
+        if model is None:
+            continue
+        path = Path(out_dir) / gguf_file(role, opts)
+        if path.exists() and not overwrite:
+            raise SpecregError(f"{path} exists; refusing to overwrite it (use --overwrite)")
+        for stale in path.parent.glob("*.gguf") if path.parent.is_dir() else ():
+            stale.unlink()
+        if log:
+            log(f"converting {role} {model.path} to {path}")
+        llamacpp_build.convert(model.path, path, opts["gguf_type"])
+        folders[role] = path.parent
+    return folders
+
+
+# ---------------------------------------------------------------------------------------------
+# Running llama-server: for tests, `specreg validate --engine llamacpp` and the demo.
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@dataclass
+class LlamaServer:
+    """A llama-server process started by start_server; ``stop()`` (or leaving a ``with``) ends it."""
+
+    process: subprocess.Popen
+    port: int
+    argv: list[str]
+    log_path: Path
+    started_s: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def completion(self, prompt: str | list[int], max_tokens: int, timeout: float = 300, **fields) -> dict:
+        """POST /completion (greedy unless ``fields`` say otherwise); the server's JSON answer,
+        with ``timings`` (``draft_n``, ``draft_n_accepted`` when it drafted)."""
+        body = {"prompt": prompt, "n_predict": max_tokens, "temperature": 0.0, "top_k": 1, "cache_prompt": False,
+                **fields}
+        return self.post("/completion", body, timeout)
+
+    def post(self, path: str, body: dict, timeout: float = 300) -> dict:
+        request = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return json.loads(response.read())
+
+    def metrics(self, timeout: float = 30) -> str:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=timeout) as response:
+            return response.read().decode()
+
+    def stop(self, timeout: float = 30) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def __enter__(self) -> LlamaServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def start_server(target_gguf: str | Path, draft_gguf: str | Path | None = None, *, k: int = 4, parallel: int = 1,
+                 port: int | None = None, threads: int | None = None, log_path: str | Path | None = None,
+                 timeout: float = 300, log=None) -> LlamaServer:
+    """Start the built llama-server (llamacpp_build.binary: built on first use) on 127.0.0.1 and
+    wait until /health answers 200. ``draft_gguf`` None serves the target alone; ``parallel`` is
+    -np; ``port`` None picks a free loopback port. The argument lines are command()'s, the same
+    the export writes. Raises SpecregError with the end of the server's log if it exits or does
+    not become healthy within ``timeout`` seconds (the process is stopped then)."""
+    program = llamacpp_build.binary(log=log)
+    port = port or free_port()
+    opts = {"parallel": parallel, "threads": threads, "host": "127.0.0.1", "port": port}
+    argv = [word for line in command(str(target_gguf), None if draft_gguf is None else str(draft_gguf), k, opts,
+                                     "specreg", program=str(program)) for word in line]
+    log_path = Path(log_path) if log_path else Path(os.environ.get("TMPDIR", "/tmp")) / f"llama-server-{port}.log"
+    started = time.monotonic()
+    with open(log_path, "w") as output:
+        process = subprocess.Popen(argv, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    server = LlamaServer(process=process, port=port, argv=argv, log_path=log_path)
+    while True:
+        if process.poll() is not None:
+            raise SpecregError(f"llama-server exited with {process.returncode} before serving: {log_tail(log_path)}")
+        try:
+            with urllib.request.urlopen(server.url + "/health", timeout=5) as response:
+                if response.status == 200:
+                    break
+        except OSError:
+            pass
+        if time.monotonic() - started > timeout:
+            server.stop()
+            raise SpecregError(f"llama-server did not become healthy in {timeout:.0f} s: {log_tail(log_path)}")
+        time.sleep(0.25)
+    server.started_s = round(time.monotonic() - started, 2)
+    server.info = {"program": str(program), **llamacpp_build.source_info()}
+    return server
+
+
+def serve_export(export_dir: str | Path, *, draft: bool = True, parallel: int = 1, port: int | None = None,
+                 threads: int | None = None, log=None) -> LlamaServer:
+    """start_server on the GGUF files of a llamacpp export folder (specreg export --format
+    llamacpp -o DIR), with k from its lock; ``draft`` False serves the same target without the
+    draft (the baseline for equivalence and speedup)."""
+    folder = Path(export_dir)
+    lock_path = folder / "specreg.lock.json"
+    try:
+        lock = json.loads(lock_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SpecregError(f"{lock_path}: not a readable lock ({exc})") from None
+    found = {role: sorted((folder / GGUF_DIR / role).glob("*.gguf")) for role in ROLES}
+    if len(found["target"]) != 1 or len(found["draft"]) != 1:
+        raise SpecregError(f"{folder}: not a llamacpp export (expected one GGUF in each of "
+                           f"{GGUF_DIR}/target and {GGUF_DIR}/draft)")
+    k = int(lock["speculative_config"]["num_speculative_tokens"])
+    return start_server(found["target"][0], found["draft"][0] if draft else None, k=k, parallel=parallel,
+                        port=port, threads=threads, log=log)
+
+
+def log_tail(path: Path, lines: int = 5) -> str:
+    try:
+        return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
