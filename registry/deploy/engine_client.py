@@ -124,10 +124,9 @@ def complete(engine: str, base_url: str, prompt_ids: list[int], max_tokens: int,
         choice = (answer.get("choices") or [{}])[0]
         probabilities = None
         if top_logprobs:
-            import math
-
-            probabilities = [[(int(p["id"]), math.log(p["prob"]) if p["prob"] > 0 else float("-inf"))
-                              for p in entry.get("probs", [])]
+            # server-task.cpp probs_vector_to_json: per token "top_logprobs" [{"id", "logprob"}] (the
+            # target's softmax before sampling, n_probs of them, best first)
+            probabilities = [[(int(p["id"]), float(p["logprob"])) for p in entry.get("top_logprobs") or []]
                              for entry in verbose.get("completion_probabilities") or []]
         return EngineCompletion(
             token_ids=[int(t) for t in verbose.get("tokens") or []], finish_reason=choice.get("finish_reason"),
