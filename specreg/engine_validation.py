@@ -62,6 +62,8 @@ def check_options(options: EngineOptions) -> EngineOptions:
             check_url(url)
     if not options.tiers or any(not 1 <= tier <= MAX_CONCURRENCY for tier in options.tiers):
         raise UsageError(f"invalid --concurrency {','.join(map(str, options.tiers))}: tiers from 1 to {MAX_CONCURRENCY}")
+    if options.threads is not None and not 1 <= options.threads <= 256:
+        raise UsageError(f"invalid --engine-threads {options.threads}: 1 to 256")
     if not 0 < options.parity_tolerance < 1:
         raise UsageError(f"invalid parity tolerance {options.parity_tolerance!r}: use a fraction in (0, 1)")
     if options.dtype not in ("float32", "bfloat16"):

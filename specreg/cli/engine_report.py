@@ -19,7 +19,7 @@ def _positions(values) -> str:
 
 
 def run_engine_validation(registry, ref: str, *, engine: str, golden: str, engine_url, reference_url, model_name,
-                          tiers, parity_tolerance, near_tie_tolerance, dtype, as_json: bool) -> None:
+                          tiers, parity_tolerance, near_tie_tolerance, dtype, threads=None, as_json: bool = False) -> None:
     from specreg.errors import PolicyViolation
     from specreg.validation import ValidationInterrupted
 
@@ -33,7 +33,7 @@ def run_engine_validation(registry, ref: str, *, engine: str, golden: str, engin
         outcome = registry.validate_engine(ref, engine=engine, golden=golden, engine_url=engine_url,
                                            reference_url=reference_url, model_name=model_name, concurrency=tiers,
                                            parity_tolerance=parity_tolerance, near_tie_tolerance=near_tie_tolerance,
-                                           dtype=dtype, progress=progress)
+                                           dtype=dtype, threads=threads, progress=progress)
     except ValidationInterrupted as exc:
         click.echo(f"\nspecreg: engine validation aborted by {exc.signal_name}; the server was stopped, nothing "
                    f"was recorded", err=True)
