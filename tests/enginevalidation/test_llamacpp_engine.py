@@ -48,7 +48,7 @@ def test_validate_in_llamacpp_parity_equivalence_throughput_and_no_orphan(db_url
                             num_speculative_tokens=4).version.label
     before = set(llama_servers())
     done = run_specreg(["validate", ref, "--engine", "llamacpp", "--golden", "smoke", "--concurrency", "1,2",
-                        "--db", db_url, "--json"])
+                        "--engine-threads", "1", "--db", db_url, "--json"])
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     assert set(llama_servers()) <= before  # both servers (with and without the draft) stopped
     baseline = json.loads(done.stdout)
@@ -84,7 +84,7 @@ def test_ctrl_c_stops_llama_server_and_records_nothing(db_url, smol_pair, tmp_pa
                             num_speculative_tokens=4).version.label
     before = set(llama_servers())
     process = subprocess.Popen([*SPECREG, "validate", ref, "--engine", "llamacpp", "--golden", "smoke",
-                                "--db", db_url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                "--engine-threads", "1", "--db", db_url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 600
         while not set(llama_servers()) - before:  # wait until our llama-server runs
