@@ -57,9 +57,11 @@ OPTION_DEFAULTS: dict[str, Any] = {**COMMON_OPTIONS,
 EXPORTED_METHODS = (SpecMethod.DRAFT_MODEL, SpecMethod.NGRAM, SpecMethod.EAGLE3, SpecMethod.MTP)
 MEDUSA_REFUSAL = (
     "no engine version specreg targets serves Medusa heads stored apart from their base model: vLLM 0.33 "
-    "has no medusa method (not in its SpeculativeMethod list), SGLang 0.5.23 has no Medusa algorithm, "
-    "TensorRT-LLM's Medusa decoding runs only on its TensorRT engine flow (not trtllm-serve's PyTorch backend), "
-    "and TGI 3.3 reads Medusa heads only from a combined model repository")
+    "has no medusa method (vllm/config/speculative.py:74-82 SpeculativeMethod), SGLang 0.5.23 has no Medusa "
+    "algorithm (sglang/srt/speculative/spec_info.py:39-47 SpeculativeAlgorithm), TensorRT-LLM 1.2's Medusa runs "
+    "only on its TensorRT engine flow (llm_args.py MedusaDecodingConfig.supports_backend refuses pytorch, "
+    "trtllm-serve's backend), and TGI 3.3 reads Medusa heads only from a combined model repository "
+    "(server/text_generation_server/models/__init__.py:522-551)")
 
 EXPORTABLE_STATES = (PairState.VALIDATED, PairState.APPROVED, PairState.PROMOTED)
 

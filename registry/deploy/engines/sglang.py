@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specreg.registry.deploy.engines.common import Export, head_refusal, mtp_family
+from specreg.registry.deploy.engines.common import Export, mtp_family, mtp_refusal
 from specreg.registry.store.entities import PairVersion, SpecMethod
 
 ENGINE = "sglang"
@@ -20,18 +20,27 @@ ACCEPT_LENGTH = "sglang:spec_accept_length"
 ACCEPT_RATE = "sglang:spec_accept_rate"
 
 NGRAM_REFUSAL = (
-    "SGLang 0.5.23's NGRAM drafts a token tree (--speculative-num-draft-tokens nodes, BFS breadth 1-10) from a trie "
-    "shared by all requests (--speculative-ngram-capacity), matching suffixes of up to "
-    "--speculative-ngram-max-trie-depth tokens with no minimum; prompt_lookup_min/max have no counterpart, so the "
-    "validated baselines would not describe what it serves; use vllm or trtllm")
+    "SGLang 0.5.23's NGRAM drafts a token tree (--speculative-num-draft-tokens nodes, BFS breadth 1-10) from one "
+    "corpus shared by all requests (sglang/srt/speculative/ngram_worker.py:114-123 builds a single NgramCorpus "
+    "of --speculative-ngram-capacity), matching suffixes of up to --speculative-ngram-max-trie-depth tokens with "
+    "no minimum; prompt_lookup_min/max have no counterpart, so the validated baselines would not describe what it "
+    "serves; use vllm or trtllm")
+TREE_REFUSAL = ("the registered candidate tree is static; SGLang 0.5.23's EAGLE drafts a dynamic top-k tree "
+                "(--speculative-eagle-topk, sglang/srt/arg_groups/fields/spec.py:62) and has no static-tree flag")
 
 
 def refusal(pair_version: PairVersion) -> str | None:
-    if pair_version.config.method is SpecMethod.NGRAM:
+    config = pair_version.config
+    if config.method is SpecMethod.NGRAM:
         return NGRAM_REFUSAL
-    reason = head_refusal(pair_version)
-    if reason is None and pair_version.config.method is SpecMethod.MTP and mtp_family(pair_version) != "deepseek":
-        reason = f"its NEXTN/MTP drafting is checked here for DeepSeek-family targets only, not {mtp_family(pair_version)}"
+    if config.tree is not None and config.method.has_head:
+        return TREE_REFUSAL
+    reason = mtp_refusal(pair_version)
+    if reason is None and config.method is SpecMethod.MTP and mtp_family(pair_version) != "deepseek":
+        # sglang/srt/configs/model_config.py:1032-1036 turns DeepseekV3/V32ForCausalLM drafts into their
+        # NextN model; the other families' NEXTN paths were not checked here
+        reason = (f"its NEXTN/MTP drafting is checked here for DeepSeek-family targets only "
+                  f"(sglang/srt/configs/model_config.py:1032-1036), not {mtp_family(pair_version)}")
     return reason
 
 
