@@ -21,11 +21,11 @@ from typing import Any
 
 from specreg.errors import PolicyViolation, SpecregError, UsageError
 from specreg.core.types import ModelRef
-from specreg.registry.deploy.engines import FORMATS as ENGINE_FORMATS
-from specreg.registry.deploy.engines import engine_modules
+from specreg.registry.deploy.engines import engine_modules, format_modules
 from specreg.registry.deploy.engines.common import Export
 from specreg.registry.store.entities import PairState, PairVersion, SpecMethod
 
+ENGINE_FORMATS = format_modules()  # format -> its engine module (engines/__init__.py FORMATS)
 FORMATS = tuple(ENGINE_FORMATS)
 # The files each format writes; each is rendered from templates/exports/<file name>.j2.
 FORMAT_FILES = {fmt: module.FILES for fmt, module in ENGINE_FORMATS.items()}
@@ -84,10 +84,18 @@ def engine_schema(engine: str) -> dict[str, Any]:
 # Quoting filters shared by the shipped and the user templates.
 
 
+def shell_word(word: Any) -> str:
+    """One word, quoted; {"export_dir": NAME} is NAME inside the folder of the script itself
+    ("$EXPORT_DIR"/NAME: the template sets EXPORT_DIR), for files the export writes beside it."""
+    if isinstance(word, dict) and set(word) == {"export_dir"}:
+        return '"$EXPORT_DIR"/' + shlex.quote(str(word["export_dir"]))
+    return shlex.quote(str(word))
+
+
 def shell_lines(lines: list[list[str]]) -> str:
-    """One command over several lines: each inner list is quoted word by word and the lines are
-    joined with backslash continuations."""
-    return " \\\n    ".join(" ".join(shlex.quote(str(word)) for word in words) for words in lines)
+    """One command over several lines: each inner list is quoted word by word (shell_word) and the
+    lines are joined with backslash continuations."""
+    return " \\\n    ".join(" ".join(shell_word(word) for word in words) for words in lines)
 
 
 def to_json(value: Any, indent: int | None = None) -> str:
@@ -146,14 +154,16 @@ def render_export(
     export anchors the chain outside the database (`specreg audit verify --expect-head`).
     """
     exportable = check_exportable(pair_version, baselines, fmt, approved, force)
-    context = build_context(pair_version, baselines, fmt, approved=exportable, options=options)
+    export = resolve_export(pair_version, baselines, fmt, approved=exportable, options=options)
+    context = build_context(export, fmt)
+    layout = list((head_layout(export, fmt) or {}).items())
     if audit_head:
         context["audit_head"] = audit_head
         context["header_lines"] = [*context["header_lines"],
                                    f"audit_head: {audit_head} (check: specreg audit verify --expect-head)"]
     context["lock"] = lock_context(lock, context)
     if template_path is not None:
-        return [render_user_template(Path(template_path), context)]
+        return [render_user_template(Path(template_path), context), *layout]
 
     from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
@@ -166,7 +176,34 @@ def render_export(
         autoescape=False,  # shell, JSON and YAML: quoting is done by the filters
     )
     env.filters.update(FILTERS)
-    return [(name, env.get_template(name + ".j2").render(context)) for name in FORMAT_FILES[fmt]]
+    return [*((name, env.get_template(name + ".j2").render(context)) for name in FORMAT_FILES[fmt]), *layout]
+
+
+def head_layout(export: Export, fmt: str) -> dict[str, str] | None:
+    """The head directory as the format's engine loads it, where it differs from the registered one
+    (engines/<engine>.py head_layout; SGLang's EAGLE-3): {relative name: text or writing.Link}."""
+    module = ENGINE_FORMATS[fmt]
+    return module.head_layout(export) if hasattr(module, "head_layout") else None
+
+
+def draft_layout(pair_version: PairVersion, baselines: dict[str, Any] | None, fmt: str, approved: bool,
+                 options: dict[str, Any] | None = None) -> tuple[str, dict[str, str]] | None:
+    """(folder, {file: sha256}) of the head layout an export of ``fmt`` writes, for the pair lock to
+    bind the files the engine loads: a written file by its text, a linked one by the registered
+    head's file of that name. None when the engine loads the registered directory itself."""
+    from specreg.core.fingerprint import sha256_file, sha256_hex
+    from specreg.registry.deploy.writing import Link
+
+    layout = head_layout(resolve_export(pair_version, baselines, fmt, approved, options), fmt)
+    if not layout:
+        return None
+    folder = next(iter(layout)).split("/", 1)[0]
+    digests = {}
+    for name, value in layout.items():
+        inside = name.split("/", 1)[1]
+        digests[inside] = (sha256_file(Path(pair_version.draft.path) / inside) if isinstance(value, Link)
+                           else sha256_hex(value.encode("utf-8")))
+    return folder, dict(sorted(digests.items()))
 
 
 def check_exportable(pair_version: PairVersion, baselines: dict[str, Any] | None, fmt: str, approved: bool,
@@ -286,19 +323,10 @@ def merge_options(options: dict[str, Any] | None) -> dict[str, Any]:
     return merged
 
 
-def build_context(
-    pair_version: PairVersion,
-    baselines: dict[str, Any] | None,
-    fmt: str,
-    approved: bool,
-    options: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The plain (JSON-like) context every template of ``fmt`` renders from: the common keys
-    here, and each engine module's own (engines/<engine>.py ``context``).
-
-    Only dicts, lists, strings and numbers go in, never entity objects: a sandboxed user
-    template then has no Python methods to reach through.
-    """
+def resolve_export(pair_version: PairVersion, baselines: dict[str, Any] | None, fmt: str, approved: bool,
+                   options: dict[str, Any] | None = None) -> Export:
+    """The export's inputs resolved (options, where the engine finds the models, thresholds), after
+    every refusal: the engine version, the pair kind, the format module's refusal and checks."""
     opts = merge_options(options)
     module = ENGINE_FORMATS[fmt]
     engine, engine_versions = FORMAT_ENGINES[fmt]
@@ -340,10 +368,25 @@ def build_context(
         for key in ("acceptance_rate", "mean_acceptance_length")
         if isinstance(overall.get(key), (int, float))
     }
-    export = Export(pair_version=pair_version, baselines=baselines, approved=approved, opts=opts,
-                    target_source=target_source, draft_source=draft_source,
-                    served_name=opts["served_model_name"] or pair_version.name, overall=overall,
-                    thresholds=thresholds)
+    return Export(pair_version=pair_version, baselines=baselines, approved=approved, opts=opts,
+                  target_source=target_source, draft_source=draft_source,
+                  served_name=opts["served_model_name"] or pair_version.name, overall=overall,
+                  thresholds=thresholds)
+
+
+def build_context(export: Export, fmt: str) -> dict[str, Any]:
+    """The plain (JSON-like) context every template of ``fmt`` renders from: the common keys
+    here, and each engine module's own (engines/<engine>.py ``context``).
+
+    Only dicts, lists, strings and numbers go in, never entity objects: a sandboxed user
+    template then has no Python methods to reach through.
+    """
+    pair_version, baselines, approved, opts = export.pair_version, export.baselines, export.approved, export.opts
+    config = pair_version.config
+    engine, engine_versions = FORMAT_ENGINES[fmt]
+    engine_version = opts["engine_version"] or engine_versions[0]
+    thresholds = export.thresholds
+    has_draft_dir = pair_version.draft is not None
     context = {
         "format": fmt,
         "engine": engine,
@@ -357,8 +400,8 @@ def build_context(
             "state": pair_version.state.value,
             "binding_sha256": pair_version.binding_sha256,
         },
-        "target": model_context(pair_version.target, target_source),
-        "draft": model_context(pair_version.draft, draft_source) if has_draft_dir else None,
+        "target": model_context(pair_version.target, export.target_source),
+        "draft": model_context(pair_version.draft, export.draft_source) if has_draft_dir else None,
         "config": config.to_dict(),
         "baselines": baselines,
         "thresholds": thresholds,

@@ -45,18 +45,6 @@ def test_eagle3_to_vllm_names_the_head_as_the_speculative_model():
                            "draft_tensor_parallel_size": 1}
 
 
-def test_eagle3_to_sglang_is_a_chain_of_k():
-    script = files_of(head_pair(SpecMethod.EAGLE3, k=5), "sglang")["sglang-launch.sh"]
-    words = shlex.split(script.split("sglang.launch_server", 1)[1].replace("\\\n", " "), comments=True)
-    flag = {words[i]: words[i + 1] for i in range(len(words) - 1) if words[i].startswith("--")}
-    assert flag["--speculative-algorithm"] == "EAGLE3"
-    assert flag["--speculative-draft-model-path"] == "/models/eagle3-head"
-    # SGLang forces num-draft-tokens = num-steps + 1 with top-k 1: a chain of k
-    assert (flag["--speculative-num-steps"], flag["--speculative-eagle-topk"],
-            flag["--speculative-num-draft-tokens"]) == ("5", "1", "6")
-    assert "--enable-metrics" in words
-
-
 def test_eagle3_to_trtllm_and_k8s():
     config = yaml.safe_load(files_of(head_pair(SpecMethod.EAGLE3), "trtllm")["trtllm-config.yaml"])
     spec = config["speculative_config"]
