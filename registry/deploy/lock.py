@@ -157,7 +157,7 @@ def build_lock(version, *, engine: dict[str, Any] | None, baselines: dict[str, A
     """The unsigned lock of a PairVersion (``signed: false``, ``signature: null``).
 
     Hashes every file of the models at their registered paths. The caller has checked that
-    the models still match their registered fingerprints (governance.decisions.fingerprint_changes).
+    the models still match their registered fingerprints (governance.queries.fingerprint_changes).
     ``draft_layout``: (folder, {file: sha256}) when the engine loads the head from a layout the
     export writes (exports.draft_layout: SGLang's EAGLE-3); the lock then binds those files, and
     `verify --draft` is given that folder."""
@@ -370,7 +370,7 @@ def check_registry(report: VerifyReport, lock: dict[str, Any], registry_url: str
     """The version still exists with the same binding, is not retired and (with ``environment``)
     still holds that environment."""
     from specreg.errors import NotFoundError
-    from specreg.registry.governance.decisions import holder_of
+    from specreg.registry.governance.queries import holder_of
     from specreg.registry.store.entities import PairState
     from specreg.registry.store.store import Store
 

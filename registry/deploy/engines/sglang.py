@@ -152,7 +152,7 @@ def head_config(pair_version: PairVersion) -> dict[str, Any]:
 
 
 def target_layers(pair_version: PairVersion) -> int:
-    from specreg.core.heads import read_target_shape
+    from specreg.core.heads.spec import read_target_shape
 
     return read_target_shape(pair_version.target.path).num_hidden_layers
 
