@@ -51,6 +51,11 @@ class RuntimeConfigError(SpecregError):
     """A speculative runtime setup that cannot run (vocab mismatch, k < 1, prompt too long)."""
 
 
+class RuntimeUnsupportedError(RuntimeConfigError):
+    """A pair the engines run but specreg's own runtime does not (e.g. an EAGLE-3 aux layer id
+    N): validation's runtime checks could not run, which is an error, never the pair's fail."""
+
+
 class MlflowUnavailable(SpecregError):
     """MLflow cannot be reached or used; specreg's own database is still complete and
     `specreg sync` brings MLflow up to date later."""
