@@ -72,6 +72,30 @@ class HeadMismatchError(SpecregError):
     message names the field."""
 
 
+class PathTooLongError(UsageError):
+    """A path argument the file system cannot hold (ENAMETOOLONG): a component over NAME_MAX
+    bytes (255 on Linux and macOS file systems), or the whole path over PATH_MAX."""
+
+    NAME_MAX = 255
+
+    def __init__(self, path):
+        import os
+
+        path = os.fsdecode(path)
+        longest = max((len(os.fsencode(part)) for part in path.split(os.sep)), default=0)
+        shown = path if len(path) <= 80 else path[:40] + "..." + path[-20:]
+        super().__init__(f"{shown}: path too long for the file system (longest component {longest} bytes; "
+                         f"the limit is usually {self.NAME_MAX})")
+
+    @classmethod
+    def refuse(cls, path) -> None:
+        """Raise for ``path`` when a component is over NAME_MAX, before anything is created."""
+        import os
+
+        if any(len(os.fsencode(part)) > cls.NAME_MAX for part in os.fsdecode(path).split(os.sep)):
+            raise cls(path)
+
+
 class IdentityError(UsageError):
     """A user name that cannot identify one person (control characters, confusable
     spellings), or a claimed identity the database's authentication does not back."""

@@ -6,7 +6,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from specreg.errors import SpecregError
+from specreg.errors import PathTooLongError, SpecregError
 
 
 def write_export(files: list[tuple[str, str]], out_dir: str | Path, overwrite: bool = False) -> list[Path]:
@@ -19,6 +19,7 @@ def write_export(files: list[tuple[str, str]], out_dir: str | Path, overwrite: b
     once every one is written, so a failure leaves neither a half-written file nor a partial set.
     """
     out = Path(out_dir)
+    PathTooLongError.refuse(out)  # before a folder on the way is made
     _refuse_non_directory(out)
     root = out.resolve()
     targets: list[tuple[Path, str]] = []
