@@ -68,8 +68,8 @@ def read_eagle3_config(path) -> Eagle3Spec:
     # as is (llama_eagle3.py getattr(config, "norm_before_residual", False))
     for flag in ("fc_norm", "norm_output"):  # vLLM 0.33 knows these; this runtime does not run them
         if data.get(flag):
-            raise RuntimeConfigError(f"{path}: {flag} is true: this runtime drafts with EAGLE-3 heads without it "
-                                     "and refuses rather than run the head differently from vLLM")
+            raise RuntimeUnsupportedError(f"{path}: {flag} is true: this runtime drafts with EAGLE-3 heads without it "
+                                          "and refuses rather than run the head differently from vLLM")
     return Eagle3Spec(layer_config=LlamaConfig(**layer), draft_vocab_size=head.draft_vocab_size,
                       aux_layer_ids=head.aux_layer_ids, target_hidden_size=head.target_hidden_size,
                       norm_before_residual=bool(data.get("norm_before_residual", head.layout == "speculators")),
@@ -175,8 +175,8 @@ def check_head_fits(spec: Eagle3Spec, target_config, target_vocab_size: int, nam
 
     num_layers, target_hidden = target_config.num_hidden_layers, target_config.hidden_size
     if spec.layer_config.num_hidden_layers != 1:
-        raise RuntimeConfigError(f"{name}: the head has {spec.layer_config.num_hidden_layers} decoder layers; "
-                                 "the runtime drafts with one-layer EAGLE-3 heads only")
+        raise RuntimeUnsupportedError(f"{name}: the head has {spec.layer_config.num_hidden_layers} decoder layers; "
+                                      "the runtime drafts with one-layer EAGLE-3 heads only")
     ids = spec.aux_layer_ids if spec.aux_layer_ids is not None else default_aux_layer_ids(num_layers)
     if len(set(ids)) != len(ids):  # the target's default on 4..6 layers (a declared repeat is refused earlier)
         raise RuntimeConfigError(f"{name}: the head names no aux layer ids and the target's default {list(ids)} "
