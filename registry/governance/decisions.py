@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 
 from specreg.errors import (ConcurrentUpdateError, IllegalTransitionError, NotFoundError,
                             PolicyViolation)
+from specreg.core.baselines import drift_floor, in_engine_terms
 from specreg.core.fingerprint import compare_fingerprints, fingerprint_model
 from specreg.core.identity import normalize_user, same_user
 from specreg.registry.governance.policy import EnvironmentPolicy, Policy
@@ -177,10 +178,13 @@ def finished_runs(session: Session, pair_version_id: int) -> list[ValidationRunR
 
 
 def overall_figures(run: ValidationRunRow | None) -> dict[str, float] | None:
-    """``{"acceptance_rate", "mean_acceptance_length"}`` of a run's baselines (None: none recorded)."""
-    overall = ((run.baselines or {}).get("overall") or {}) if run is not None else {}
-    figures = {key: overall.get(key) for key in ("acceptance_rate", "mean_acceptance_length")}
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in figures.values()):
+    """``{"acceptance_rate", "mean_acceptance_length"}`` of a run's baselines (None: none recorded);
+    without "mean_acceptance_length" when the run recorded tau before the engines' definition
+    (specreg.core.baselines), so that it is never compared with an engine-counted tau."""
+    overall = ((in_engine_terms(run.baselines) or {}).get("overall") or {}) if run is not None else {}
+    figures = {key: overall.get(key) for key in ("acceptance_rate", "mean_acceptance_length")
+               if isinstance(overall.get(key), (int, float)) and not isinstance(overall.get(key), bool)}
+    if "acceptance_rate" not in figures:
         return None
     return {k: float(v) for k, v in figures.items()}
 
@@ -383,23 +387,28 @@ def acceptance_condition(session: Session, row: PairVersionRow, run: ValidationR
                          {"figures": figures})
     drops: list[str] = []
     compared: list[dict[str, Any]] = []
+    not_compared: list[str] = []
     k = (run.baselines or {}).get("k")
     for source, reference in references:
         baseline = overall_figures(reference)
+        if "mean_acceptance_length" in figures and "mean_acceptance_length" not in baseline:
+            not_compared.append(f"tau not compared with {source}: recorded before the engines' definition")
         # tau counts up to k + 1 tokens a step: comparable only at the same k; alpha-hat always
         same_k = k is not None and (reference.baselines or {}).get("k") == k
         for key, value in figures.items():
-            if key == "mean_acceptance_length" and not same_k:
+            if key not in baseline or key == "mean_acceptance_length" and not same_k:
                 continue
-            floor = baseline[key] * (1 - env.acceptance_tolerance)
+            floor = drift_floor(key, baseline[key], env.acceptance_tolerance)
             compared.append({"reference": source, "figure": key, "value": value, "baseline": baseline[key], "floor": floor})
             if value < floor:
                 drops.append(f"{key} {value:.3f} < {floor:.3f} ({source} {baseline[key]:.3f} - {env.acceptance_tolerance:.0%})")
+    details = {"compared": compared, "not_compared": not_compared}
     if drops:
-        return Condition("acceptance", False, "; ".join(drops), {"compared": compared})
+        return Condition("acceptance", False, "; ".join(drops + not_compared), details)
     return Condition("acceptance", True,
                      f"acceptance rate {figures['acceptance_rate']:.3f} within {env.acceptance_tolerance:.0%} of "
-                     + ", ".join(source for source, _ in references), {"compared": compared})
+                     + ", ".join(source for source, _ in references) + "".join(f"; {n}" for n in not_compared),
+                     details)
 
 
 def approval_condition(session: Session, row: PairVersionRow, env: EnvironmentPolicy,
@@ -725,7 +734,7 @@ def latest_validation_summary(store: Store, version: PairVersion) -> dict[str, A
         if not runs:
             return None
         run = runs[0]
-        baselines = run.baselines or {}
+        baselines = in_engine_terms(run.baselines) or {}
         overall = baselines.get("overall") or {}
         return {
             "run": run.id, "status": run.status, "golden_set": run.golden_set, "golden_sha256": run.golden_sha256,
