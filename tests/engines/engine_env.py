@@ -107,16 +107,17 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
 
 
-def run_engine(engine: str, cases: list[dict], workdir: Path, timeout: int = 900) -> dict:
-    """Run engine_check.py on the cases with the engine first on the import path; returns
-    {"results": [...], "schema": {...}, "stand_ins": [...], "seconds": N}."""
+def run_engine(engine: str, cases: list[dict], workdir: Path, timeout: int = 900, script: Path = CHECK_SCRIPT) -> dict:
+    """Run engine_check.py (or another ``script`` of this folder taking the same arguments) on the
+    cases with the engine first on the import path; returns engine_check's
+    {"results": [...], "schema": {...}, "stand_ins": [...], "seconds": N} or the script's output."""
     paths = prepare_engine(engine)
-    cases_path, out_path = workdir / f"{engine}-cases.json", workdir / f"{engine}-out.json"
+    cases_path, out_path = workdir / f"{engine}-{script.stem}-cases.json", workdir / f"{engine}-{script.stem}-out.json"
     cases_path.write_text(json.dumps(cases))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([*map(str, paths["deps"]), str(paths["code"])]),
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_TARGET_DEVICE="cpu")
     started = time.monotonic()
-    completed = subprocess.run([sys.executable, str(CHECK_SCRIPT), engine, str(cases_path), str(out_path)],
+    completed = subprocess.run([sys.executable, str(script), engine, str(cases_path), str(out_path)],
                                env=env, capture_output=True, text=True, timeout=timeout)
     TIMINGS[f"{engine} run"] = round(time.monotonic() - started, 1)
     assert completed.returncode == 0, f"{engine} check crashed:\n{completed.stderr[-4000:]}"
