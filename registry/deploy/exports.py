@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from specreg.errors import PolicyViolation, SpecregError, UsageError
+from specreg.core.baselines import drift_floor, in_engine_terms, legacy_tau_note
 from specreg.core.types import ModelRef
 from specreg.registry.deploy.engines import FORMATS as ENGINE_FORMATS
 from specreg.registry.deploy.engines import engine_modules
@@ -295,9 +296,12 @@ def build_context(
     here, and each engine module's own (engines/<engine>.py ``context``).
 
     Only dicts, lists, strings and numbers go in, never entity objects: a sandboxed user
-    template then has no Python methods to reach through.
+    template then has no Python methods to reach through. Baselines are read in the engines'
+    terms (specreg.core.baselines): one recorded before tau was counted as the engines count it
+    gives no tau threshold (nor alert), and the header says why.
     """
     opts = merge_options(options)
+    baselines = in_engine_terms(baselines)
     module = ENGINE_FORMATS[fmt]
     engine, engine_versions = FORMAT_ENGINES[fmt]
     engine_version = opts["engine_version"] or engine_versions[0]
@@ -332,9 +336,8 @@ def build_context(
     if hasattr(module, "sources"):
         target_source, draft_source = module.sources(pair_version, opts)
     overall = (baselines or {}).get("overall") or {}
-    floor = 1.0 - opts["tolerance"]
     thresholds = {
-        key: round(overall[key] * floor, 6)
+        key: round(drift_floor(key, overall[key], opts["tolerance"]), 6)
         for key in ("acceptance_rate", "mean_acceptance_length")
         if isinstance(overall.get(key), (int, float))
     }
@@ -438,7 +441,10 @@ def header_lines(
         lines.append(f"  category {category}: {format_figures(figures or {})}")
     if thresholds:
         lines.append(
-            f"drift floor (baseline * (1 - {opts['tolerance']})): "
+            f"drift floor (alpha-hat * (1 - {opts['tolerance']}); tau: 1 + (tau - 1) * (1 - {opts['tolerance']}), "
+            f"tau = 1 + accepted / draft steps as the engines count it): "
             + " ".join(f"{key}={value}" for key, value in thresholds.items())
         )
+    if legacy_tau_note(baselines):
+        lines.append("no tau floor: " + legacy_tau_note(baselines, "this baseline"))
     return lines
