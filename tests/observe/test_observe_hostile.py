@@ -160,3 +160,20 @@ def test_tau_floor_applies_the_tolerance_to_the_accepted_part():
     verdict = compare_with_baseline({"acceptance_rate": 0.65, "mean_acceptance_length": 2.88}, BASELINES)
     tau = next(check for check in verdict["checks"] if check["metric"] == "mean_acceptance_length")
     assert tau["floor"] == pytest.approx(2.89) and tau["ok"] is False and verdict["verdict"] == "drift"
+
+
+@pytest.mark.parametrize("label", ["²", "1" * 5000, "-1", "1.5", "", "٣", "1000"])
+def test_position_labels_that_are_no_draft_position_are_one_line_errors(server, label):
+    """MED-9: "²".isdigit() is true and int("²") raises; int() of 5000 digits raises past Python's
+    4300-digit limit; both were tracebacks. vLLM labels positions 0..k-1 (str(pos))."""
+    from metrics_server import FakeVllm
+
+    engine = FakeVllm()
+    engine.step("chat-pair", 5, 4, [4, 3, 2, 1])
+    engine.per_pos.labels("chat-pair", "0", label).inc(1)
+    server.body = engine.body
+    with pytest.raises(SpecregError) as raised:
+        observe(server.url, "vllm", interval=1, sleep=lambda s: None)
+    message = str(raised.value)
+    assert "\n" not in message and len(message) < 300
+    assert f"{server.url}: vllm:spec_decode_num_accepted_tokens_per_pos_total has position label" in message
