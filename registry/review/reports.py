@@ -14,7 +14,7 @@ from specreg.registry.store.entities import PairVersion, ValidationRun
 
 # the specreg.templates package (templates/ at the top of the repository), not registry/templates
 TEMPLATE_DIR = Path(specreg.templates.__file__).resolve().parent / "reports"
-STATUS_MARK = {"pass": "✅", "warn": "⚠️", "fail": "❌", "skip": "⏭️"}
+STATUS_MARK = {"pass": "✅", "warn": "⚠️", "fail": "❌", "skip": "⏭️", "error": "⛔"}
 CHART_WIDTH, CHART_HEIGHT, CHART_MARGIN = 560, 200, 36
 
 
@@ -104,7 +104,7 @@ def render_markdown(run: ValidationRun, version: PairVersion | None = None) -> s
 
 
 def render_junit(run: ValidationRun) -> str:
-    """JUnit XML: one test case per check; fail -> <failure>, skip -> <skipped>, warn -> passes
+    """JUnit XML: one test case per check; fail -> <failure>, error (could not run) -> <error>, skip -> <skipped>, warn -> passes
     with the summary in system-out."""
     return _environment(True).get_template("validation.junit.xml.j2").render(**report_context(run))
 

@@ -140,15 +140,18 @@ class ValidationStore:
             session.flush()
             return run_to_entity(row, pair_version.name, pair_version.version), moved
 
-    def abort(self, run_id: int, status: str, reason: str) -> None:
-        """Mark a still-running run ``aborted`` or ``error`` with the reason; the pair's state is
-        left as it was. A run that already finished is left alone."""
+    def abort(self, run_id: int, status: str, reason: str, summary: dict[str, Any] | None = None) -> None:
+        """Mark a still-running run ``aborted`` or ``error`` with the reason (and the suite's
+        summary, for a run that ended because a check could not run); the pair's state is left
+        as it was. A run that already finished is left alone."""
         with self.store.session(write=True) as session:
             row = session.get(ValidationRunRow, run_id, with_for_update=True)
             if row is None or row.status != RUNNING:
                 return
             row.status = status
             row.error = reason[:2000]
+            if summary is not None:
+                row.summary = summary
             row.finished_at = utcnow()
 
     def reap_dead_runs(self) -> int:
