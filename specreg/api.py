@@ -602,14 +602,14 @@ class Registry:
 
     def observe(self, ref: str | PairRef, metrics_url: str, *, engine: str = "vllm", interval: float = 30.0,
                 model_name: str | None = None, tolerance: float | None = None, policy_path: str | None = None,
-                sleep=None) -> dict:
+                sleep=None, deadline_s: float | None = None) -> dict:
         """Scrape the engine's metrics twice, compare live acceptance with the version's
         baselines and store the observation. ``tolerance`` defaults to the policy's drift
         tolerance of the environment in ``NAME@ENV`` (else 0.1). Returns the observation with
         "verdict" (ok|drift|no-data) and "exit_code" (0|100|1)."""
         import time
 
-        from specreg.registry.deploy.observe import compare_with_baseline, observe
+        from specreg.registry.deploy.observe import SCRAPE_DEADLINE_S, compare_with_baseline, observe
 
         pair_ref = parse_ref(ref) if isinstance(ref, str) else ref
         version = self.get(pair_ref)
@@ -618,7 +618,7 @@ class Registry:
                          if pair_ref.environment else 0.1)
         baselines = self.baselines(version.label)
         live = observe(metrics_url, engine=engine, interval=interval, model_name=model_name,
-                       sleep=sleep or time.sleep)
+                       sleep=sleep or time.sleep, deadline_s=SCRAPE_DEADLINE_S if deadline_s is None else deadline_s)
         verdict = compare_with_baseline(live, baselines, tolerance)
         stored = self.store.add_observation(version.name, version.version, environment=pair_ref.environment,
                                             engine=engine, url=metrics_url, figures={**live, **verdict},

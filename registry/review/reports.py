@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import specreg.templates
+from specreg.core.baselines import in_engine_terms
 from specreg.registry.store.entities import PairVersion, ValidationRun
 
 # the specreg.templates package (templates/ at the top of the repository), not registry/templates
@@ -62,7 +63,9 @@ def report_context(run: ValidationRun, version: PairVersion | None = None) -> di
     """Everything the report templates show, from the persisted run (and the version)."""
     checks = {check.name: check for check in run.checks}
     acceptance = checks.get("acceptance")
-    figures = ((acceptance.evidence or {}).get("baselines") if acceptance else None) or run.baselines or {}
+    # an old run's tau was tokens per target forward: shown under that name, not as tau
+    figures = in_engine_terms(((acceptance.evidence or {}).get("baselines") if acceptance else None)
+                              or run.baselines) or {}
     overall = figures.get("overall") or {}
     per_position = [float(v) for v in overall.get("per_position_acceptance") or []]
     position_chart = bar_chart(per_position, [str(i + 1) for i in range(len(per_position))], 1.0) if per_position else None

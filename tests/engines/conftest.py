@@ -15,7 +15,7 @@ from engine_env import EngineUnavailable, in_ci, run_engine  # noqa: E402
 
 
 def run_or_skip(engine: str, cases: list[dict], workdir: Path, **options) -> dict:
-    """run_engine (options: its timeout, script), skipping the test without network (a failure with CI=true)."""
+    """run_engine, skipping the test without network (a failure with CI=true)."""
     try:
         return run_engine(engine, cases, workdir, **options)
     except EngineUnavailable as exc:

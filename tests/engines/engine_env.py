@@ -110,11 +110,11 @@ def _digest(path: Path) -> str:
 
 
 def run_engine(engine: str, cases: list[dict], workdir: Path, timeout: int = 900, script: Path = CHECK_SCRIPT) -> dict:
-    """Run engine_check.py (or another check `script` of this folder, e.g. ngram_check.py) on the
-    cases with the engine first on the import path; returns {"results": [...], "schema": {...},
-    "stand_ins": [...], "seconds": N} (ngram_check.py: "results" alone)."""
+    """Run engine_check.py (or another ``script`` of this folder taking the same arguments) on the
+    cases with the engine first on the import path; returns engine_check's
+    {"results": [...], "schema": {...}, "stand_ins": [...], "seconds": N} or the script's output."""
     paths = prepare_engine(engine)
-    cases_path, out_path = workdir / f"{engine}-cases.json", workdir / f"{engine}-out.json"
+    cases_path, out_path = workdir / f"{engine}-{script.stem}-cases.json", workdir / f"{engine}-{script.stem}-out.json"
     cases_path.write_text(json.dumps(cases))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([*map(str, paths["deps"]), str(paths["code"])]),
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_TARGET_DEVICE="cpu")
