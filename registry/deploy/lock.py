@@ -31,7 +31,7 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from specreg.errors import ModelReferenceError, SpecregError, UsageError
+from specreg.errors import ModelReferenceError, PathTooLongError, SpecregError, UsageError
 from specreg.core.fingerprint import canonical_json, sha256_file, sha256_hex
 
 LOCK_FILE = "specreg.lock.json"
@@ -97,9 +97,13 @@ def create_key_pair(out_dir: str | Path) -> tuple[Path, Path]:
 
     out = Path(out_dir).expanduser()
     private_path, public_path = out / PRIVATE_KEY_FILE, out / PUBLIC_KEY_FILE
+    PathTooLongError.refuse(out)  # before mkdir makes a folder on the way
+    if out.is_symlink() and not out.exists():
+        raise UsageError(f"--out {out}: a symlink to {os.readlink(out)}, which does not exist")
     for path in (private_path, public_path):
-        if path.exists():
-            raise SpecregError(f"{path} exists; refusing to overwrite a signing key")
+        if os.path.lexists(path):  # a dangling symlink too: O_EXCL below would refuse it with a traceback
+            what = f"is a symlink to {os.readlink(path)}" if path.is_symlink() else "exists"
+            raise SpecregError(f"{path} {what}; refusing to overwrite a signing key")
     out.mkdir(parents=True, exist_ok=True)
     key = ec.generate_private_key(ec.SECP256R1())
     private_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
@@ -153,11 +157,15 @@ def model_files(directory: str | Path) -> dict[str, str]:
 
 def build_lock(version, *, engine: dict[str, Any] | None, baselines: dict[str, Any] | None,
                approvals: list[dict[str, Any]], audit_head: dict[str, Any], approved: bool,
-               exported_by: str, engine_models: dict[str, Path] | None = None) -> dict[str, Any]:
+               exported_by: str, draft_layout: tuple[str, dict[str, str]] | None = None,
+               engine_models: dict[str, Path] | None = None) -> dict[str, Any]:
     """The unsigned lock of a PairVersion (``signed: false``, ``signature: null``).
 
     Hashes every file of the models at their registered paths. The caller has checked that
     the models still match their registered fingerprints (governance.queries.fingerprint_changes).
+    ``draft_layout``: (folder, {file: sha256}) when the engine loads the head from a layout the
+    export writes (exports.draft_layout: SGLang's EAGLE-3); the lock then binds those files, and
+    `verify --draft` is given that folder.
     ``engine_models``: role -> the folder of files an engine loads instead, made from the
     registered ones by the export (llamacpp's GGUF files); recorded as the role's
     ``engine_files``, signed, and what `specreg verify` checks for that role."""
@@ -177,6 +185,8 @@ def build_lock(version, *, engine: dict[str, Any] | None, baselines: dict[str, A
             "chat_template_sha256": fingerprint.chat_template_sha256,
             "files": model_files(model.path),
         }
+        if role == "draft" and draft_layout is not None:
+            models[role]["layout"], models[role]["files"] = draft_layout
         if engine_models and role in engine_models:
             models[role]["engine_files"] = model_files(engine_models[role])
     return {

@@ -41,7 +41,8 @@ def validate(ref, golden, device, dtype, checks, gpu_memory, acceptance_toleranc
 
     With --engine: run the golden prompts through a serving engine and record the pair's engine
     baseline (parity with our runtime, equivalence in the engine, tokens/s per concurrency tier)."""
-    from specreg.errors import PolicyViolation, UsageError
+    from specreg.errors import PolicyViolation, SpecregError, UsageError
+    from specreg.registry.store.validations import ERROR
     from specreg.registry.review import reports
     from specreg.validation import ValidationInterrupted
 
@@ -102,6 +103,8 @@ def validate(ref, golden, device, dtype, checks, gpu_memory, acceptance_toleranc
     else:
         print_table(["CHECK", "STATUS", "SUMMARY"], [[c.name, c.status, c.summary] for c in run.checks])
         click.echo(f"{run.label}: validation run {run.id} {run.status}; state {version.state.value}")
+    if run.status == ERROR:  # a check could not run: no verdict on the pair, exit 1 (not 100)
+        raise SpecregError(f"{run.label}: validation run {run.id} could not judge the pair: {run.error}")
     if not outcome.passed:
         why = f"{', '.join(run.failed_checks)} failed" if run.failed_checks else (run.summary or {}).get("reason")
         raise PolicyViolation(f"{run.label} failed validation run {run.id}: {why or 'see the run'}")
