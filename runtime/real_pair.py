@@ -77,10 +77,8 @@ def dequantized_target(gguf_path: Path):
     settings = loaded.config.to_dict()
     for key in ("quantization_config", "_name_or_path", "transformers_version"):
         settings.pop(key, None)
-    config = LlamaConfig.from_dict(settings)
-    with torch.device("meta"):
-        model = LlamaForCausalLM(config)
-    model.load_state_dict(loaded.state_dict(), assign=True)
+    model = LlamaForCausalLM(LlamaConfig.from_dict(settings))
+    model.load_state_dict(loaded.state_dict())
     model.tie_weights()
     return model.eval(), tokenizer
 
@@ -187,11 +185,20 @@ def cache_key(gguf_sha256: str) -> str:
 def build_real_pair(directory, *, force: bool = False, log=None) -> tuple[Path, Path]:
     """Build (or reuse the cached) real pair under ``directory`` -> (target_dir, draft_dir): both
     Hugging Face folders with the same tokenizer files, the target in 3 safetensors shards."""
+    import fcntl
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".lock", "w") as lock:  # two processes (pytest workers) build it once
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build_real_pair(directory, force, log)
+
+
+def _build_real_pair(directory: Path, force: bool, log) -> tuple[Path, Path]:
     import torch
 
     from specreg.core.fingerprint import sha256_file
 
-    directory = Path(directory)
     target_dir, draft_dir = directory / "target", directory / "draft"
     stamp = directory / "real-pair.json"
     gguf_path = smollm2_gguf(log)
