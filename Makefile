@@ -25,7 +25,7 @@ test: install
 # llama.cpp's llama-server, built once from the llama-cpp-python sdist (fetched from the package index)
 # into $SPECREG_ENGINE_CACHE (default /var/cache/specreg/engines); a few minutes the first time.
 llamacpp: install
-	$(PY) -m specreg.registry.deploy.engines.llamacpp_build
+	$(VENV)/bin/specreg llamacpp-build
 
 demo: install llamacpp
 	DEMO_DIR="$(DEMO_DIR)" PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/demo.sh

@@ -123,7 +123,7 @@ specreg export smollm2@1 --format llamacpp -o "$DEMO_DIR/exports/llamacpp" --opt
   --option "port=$LLAMA_PORT" --signing-key "$DEMO_DIR/keys/specreg-signing.key"
 specreg verify --lock "$DEMO_DIR/exports/llamacpp/specreg.lock.json" --public-key "$DEMO_DIR/keys/specreg-signing.pub" \
   --target "$DEMO_DIR/exports/llamacpp/gguf/target" --draft "$DEMO_DIR/exports/llamacpp/gguf/draft"
-LLAMA_SERVER=$(python -m specreg.registry.deploy.engines.llamacpp_build) \
+LLAMA_SERVER=$(specreg llamacpp-build) \
   sh "$DEMO_DIR/exports/llamacpp/llama-server.sh" > "$DEMO_DIR/llama-server.log" 2>&1 &
 LLAMA_PID=$!
 trap 'kill $LLAMA_PID 2>/dev/null || true' EXIT

@@ -144,3 +144,12 @@ def observe(ref, metrics_url, engine, interval, model_name, tolerance, deadline,
         for reason in result["reasons"] + result.get("not_compared", []):
             click.echo(f"- {reason}")
     sys.exit(result["exit_code"])
+
+
+@cli.command(name="llamacpp-build")
+def llamacpp_build():
+    """Build llama.cpp's llama-server once (from the llama-cpp-python sdist, fetched from the package
+    index) into $SPECREG_ENGINE_CACHE and print its path; later calls print the cached one."""
+    from specreg.registry.deploy.engines.llamacpp_build import binary
+
+    click.echo(binary(log=lambda line: click.echo(line, err=True)))

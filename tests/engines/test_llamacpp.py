@@ -91,7 +91,8 @@ def test_lock_binds_the_gguf_files_the_server_loads(exported):
 def test_server_drafts_with_the_exported_draft(exported):
     from specreg.registry.deploy.engines.llamacpp import serve_export
 
-    with serve_export(exported["dir"], parallel=1) as server:
+    # one thread: on a loaded shared machine two spinning ggml threads cost seconds per token
+    with serve_export(exported["dir"], parallel=1, threads=1) as server:
         answer = server.completion(FRANCE_IDS, max_tokens=16)
         metrics = server.metrics()
     assert server.process.poll() is not None  # stopped

