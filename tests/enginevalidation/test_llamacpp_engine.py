@@ -56,7 +56,8 @@ def test_validate_in_llamacpp_parity_equivalence_throughput_and_no_orphan(db_url
     checks = {c["name"]: c for c in report["checks"]}
     assert baseline["engine"] == "llamacpp" and "llama-server sha256" in baseline["engine_build"]
     assert "--spec-draft-p-min 0" in report["command"] and "--spec-type draft-simple" in report["command"]
-    assert "-md" not in report["command_without_draft"].split()
+    assert "--spec-draft-model" in report["command"].split()
+    assert "--spec-draft-model" not in report["command_without_draft"].split()
     # acceptance the engine's way: per response (timings) and /metrics agree, prompt by prompt
     for row in report["per_prompt"]:
         assert (row["response_drafted"], row["response_accepted"]) == (row["drafted"], row["accepted"])
