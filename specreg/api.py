@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from dataclasses import dataclass
 
@@ -349,28 +350,57 @@ class Registry:
 
         return load_policy(path)
 
-    def approve(self, ref: str | PairRef, note: str | None = None):
-        """Record this user's approval (four-eyes: never the registrant; only after a passed
-        validation). Returns approvals.Approval."""
+    def approve(self, ref: str | PairRef, note: str | None = None, *, key: str | None = None,
+                environment: str | None = None):
+        """Sign and record this user's approval with their private key ``key`` (else
+        ``$SPECREG_APPROVAL_KEY``), enrolled to them in the keyring (four-eyes: never the
+        registrant; only after a passed validation). ``environment``: the approval holds for
+        that environment only (default: any). Returns approvals.Approval."""
+        return self.decide(ref, "approved", note, key, environment)
+
+    def reject(self, ref: str | PairRef, note: str | None = None, *, key: str | None = None,
+               environment: str | None = None):
+        """Sign and record this user's rejection (withdraws the approvals signed before it).
+        Returns approvals.Approval."""
+        return self.decide(ref, "rejected", note, key, environment)
+
+    def decide(self, ref: str | PairRef, decision: str, note: str | None, key: str | None,
+               environment: str | None):
         check_text("note", note)
         from specreg.registry.governance import approvals
 
+        key = key or os.environ.get("SPECREG_APPROVAL_KEY") or None
+        if key is None:
+            raise UsageError(f"{decision[:-1]}ing signs with your own key: pass --key FILE (or set "
+                             f"SPECREG_APPROVAL_KEY); make one with `specreg keys create`")
+        policy = self.policy()
+        if environment is not None:
+            policy.environment(environment)  # an unknown environment: one line, nothing written
         version = self.get(ref)
-        approval = approvals.decide(self.store, version.name, version.version, actor=self.user,
-                                     decision=approvals.APPROVED, note=note)
+        decided = approvals.decide(self.store, policy, version.name, version.version, actor=self.user,
+                                   decision=decision, note=note, key=key, scope=environment or approvals.ANY_SCOPE)
         self.mirror(version.label)
-        return approval
+        return decided
 
-    def reject(self, ref: str | PairRef, note: str | None = None):
-        """Record this user's rejection (withdraws an approved state). Returns approvals.Approval."""
-        check_text("note", note)
-        from specreg.registry.governance import approvals
+    def enrol_key(self, person: str, public_key: str):
+        """Enrol the public key file ``public_key`` as ``person``'s approval key (this user must be
+        one of the policy's [keyring] enrollers). Returns signatures.KeyringEntry."""
+        from specreg.registry.governance.keyring import enrol
 
-        version = self.get(ref)
-        rejection = approvals.decide(self.store, version.name, version.version, actor=self.user,
-                                      decision=approvals.REJECTED, note=note)
-        self.mirror(version.label)
-        return rejection
+        from pathlib import Path
+
+        path = Path(public_key).expanduser()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SpecregError(f"public key {path}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
+        return enrol(self.store, self.policy(), person, text, actor=self.user)
+
+    def keyring(self):
+        """(the enrolled keys that count, one line per keyring row that does not)."""
+        from specreg.registry.governance.keyring import list_keys
+
+        return list_keys(self.store, self.policy())
 
     def promote(self, ref: str | PairRef, environment: str, *, reason: str | None = None,
                 policy_path: str | None = None, expected_holder: int | None | str = "current"):
@@ -399,7 +429,7 @@ class Registry:
         check_text("reason", reason)
         from specreg.registry.governance import moves
 
-        move = moves.rollback(self.store, check_name(name), environment, actor=self.user, reason=reason)
+        move = moves.rollback(self.store, self.policy(), check_name(name), environment, actor=self.user, reason=reason)
         self.mirror(name)
         return move
 
@@ -513,7 +543,7 @@ class Registry:
         registry.deploy.lock), signed with the ECDSA private key file ``signing_key``; without one
         the lock says ``signed: false`` and a warning says so."""
         from specreg.registry.deploy.exports import check_exportable, lock_engine, render_export, write_export
-        from specreg.registry.deploy.lock import LOCK_FILE, lock_text
+        from specreg.registry.deploy.lock import LOCK_FILE, exported_digests, lock_text, sign_lock
         from specreg.registry.governance.approvals import approval_standing
         from specreg.registry.governance.decisions import audit_check
         from specreg.registry.store.validations import ValidationStore
@@ -524,7 +554,7 @@ class Registry:
         if not audited.passed and not force:
             raise PolicyViolation(f"export of {version.label} refused: {audited.reason}")
         env = self.policy().environment(pair_ref.environment) if pair_ref.environment else None
-        standing = approval_standing(self.store, version.name, version.version, env)
+        standing = approval_standing(self.store, self.policy(), version.name, version.version, env)
         approved = standing.passed and audited.passed
         run = ValidationStore(self.store).latest_passed(version.name, version.version)
         baselines = None
@@ -541,10 +571,19 @@ class Registry:
         lock = None
         if fmt != "prometheus-rules":  # the rules load no model: nothing to lock
             lock = self.pair_lock(version, engine=lock_engine(fmt), baselines=baselines,
-                                  signing_key=signing_key, approved=exportable)
-        files = render_export(version, baselines, fmt, approved=approved, force=force,
-                              template_path=template, options=options, lock=lock,
-                              audit_head=audited.details.get("audit_head") or self.store.audit_head())
+                                  signing_key=None, approved=exportable, environment=env)
+        head = audited.details.get("audit_head") or self.store.audit_head()
+        # the engine files go under the lock's signature (serve script, config, each container's
+        # args): rendered once to take their digests, then again around the signed lock (the
+        # Kubernetes manifest carries it; the files do not depend on the lock's content)
+        placeholder = {**lock, "signature": {} if signing_key else None} if lock is not None else None
+        files = render_export(version, baselines, fmt, approved=approved, force=force, template_path=template,
+                              options=options, lock=placeholder, audit_head=head)
+        if lock is not None:
+            lock["exported"] = exported_digests(files)
+            lock = sign_lock(lock, signing_key) if signing_key else lock
+            files = render_export(version, baselines, fmt, approved=approved, force=force, template_path=template,
+                                  options=options, lock=lock, audit_head=head)
         if lock is not None:
             files.append((LOCK_FILE, lock_text(lock)))
         if out_dir is not None:
@@ -555,7 +594,7 @@ class Registry:
         return files
 
     def pair_lock(self, version: PairVersion, *, engine: dict | None, baselines: dict | None,
-                  signing_key: str | None, approved: bool) -> dict:
+                  signing_key: str | None, approved: bool, environment=None) -> dict:
         """The lock of ``version`` (registry.deploy.lock.build_lock), signed when ``signing_key`` is given.
 
         Refused (PolicyViolation) when a model no longer matches its registered fingerprint: a
@@ -569,10 +608,17 @@ class Registry:
         if changes:
             raise PolicyViolation(f"{version.label}: the models changed since registration ({'; '.join(changes)}); "
                                   f"no lock is written for files that were not validated")
-        approvals = [{"decision": a.decision, "actor": a.actor, "at": a.created_at.isoformat(timespec="seconds") + "Z",
-                      "source": a.source, "note": a.note}
-                     for a in approvals.approvals(self.store, version.name, version.version)]
-        lock = build_lock(version, engine=engine, baselines=baselines, approvals=approvals,
+        policy = self.policy()
+        env = environment or approvals.export_environment(policy)
+        # the signed decisions that count now, each with its signature: verify checks them again
+        # against the keyring the platform mounts, without the registry
+        signed = [{"decision": a.decision, "actor": a.actor, "at": a.created_at.isoformat(timespec="seconds") + "Z",
+                   "scope": a.scope, "key_id": a.key_id, "note": a.note, "signature": a.signature}
+                  for a in approvals.counted_approvals(self.store, policy, version.name, version.version)]
+        approval_policy = {"environment": env.name, "approvals_required": env.approvals_required,
+                           "approvers": list(env.approvers), "policy_sha256": policy.sha256}
+        lock = build_lock(version, engine=engine, baselines=baselines, approvals=signed,
+                          approval_policy=approval_policy,
                           audit_head={"hash": self.store.audit_head()}, approved=approved,
                           exported_by=self.user)
         return sign_lock(lock, signing_key) if signing_key else lock

@@ -81,7 +81,7 @@ def audit_condition(row: PairVersionRow, chain: list[AuditEventRow], problem: st
                      {"audit_head": head})
 
 
-def evaluate(session: Session, row: PairVersionRow, env: EnvironmentPolicy, *, golden_sha256: str,
+def evaluate(session: Session, row: PairVersionRow, env: EnvironmentPolicy, policy: Policy, *, golden_sha256: str,
              changes: list[str], holder: PairVersionRow | None, now: datetime) -> tuple[list[Condition], ValidationRunRow | None]:
     """Every condition for ``row`` to hold environment ``env``, read inside ``session``.
 
@@ -161,7 +161,7 @@ def evaluate(session: Session, row: PairVersionRow, env: EnvironmentPolicy, *, g
                                 else "no acceptance baselines recorded" + (f" in run {run.id}" if run else ""),
                                 {"overall": figures} if figures else {}))
     conditions.append(acceptance_condition(session, row, run, figures, env, golden_sha256, holder))
-    conditions.append(approval_condition(session, row, env, chain))
+    conditions.append(approval_condition(session, row, env, policy, chain))
     return conditions, run
 
 
@@ -224,7 +224,7 @@ def gate(store: Store, policy: Policy, version: PairVersion, environment: str) -
         row = store.version_row(session, version.name, version.version)
         pointer = pointer_row(session, row.pair_id, environment)
         holder = session.get(PairVersionRow, pointer.pair_version_id) if pointer and pointer.pair_version_id else None
-        conditions, run = evaluate(session, row, env, golden_sha256=golden_sha256, changes=changes,
+        conditions, run = evaluate(session, row, env, policy, golden_sha256=golden_sha256, changes=changes,
                                    holder=holder, now=utcnow())
         head = next((c.details.get("audit_head") for c in conditions if c.name == "audit"), None)
         return GateResult(version.name, version.version, environment, policy.source, tuple(conditions),

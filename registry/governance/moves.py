@@ -17,10 +17,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from specreg.core.identity import same_user
 from specreg.errors import ConcurrentUpdateError, IllegalTransitionError, NotFoundError, PolicyViolation
-from specreg.registry.governance.approvals import (APPROVED, REJECTED, UNATTRIBUTED, chained_approvals,
-                                                   latest_decision)
+from specreg.registry.governance.approvals import export_environment, rejected_by, standing
 from specreg.registry.governance.decisions import evaluate
 from specreg.registry.governance.policy import Policy
 from specreg.registry.governance.queries import (fingerprint_changes, golden_set_sha256, lock_pair, pointer_row,
@@ -44,17 +42,16 @@ class PointerMove:
                 "previous_version": self.previous_version, "action": self.action}
 
 
-def release(store: Store, session: Session, row: PairVersionRow, *, actor: str, environment: str,
+def release(store: Store, policy: Policy, session: Session, row: PairVersionRow, *, actor: str, environment: str,
             replaced_by: int | None, reason: str | None) -> None:
     """A version lost ``environment``: when it holds no other environment its state returns
-    to approved (validated if it never had an approval), with an audit event."""
+    to approved (validated unless its signed approvals stand), with an audit event."""
     still_holds = session.scalar(select(EnvironmentPointerRow.id).where(
         EnvironmentPointerRow.pair_version_id == row.id, EnvironmentPointerRow.environment != environment))
     if still_holds is not None or row.state != PairState.PROMOTED.value:
         return
     chain, _ = verified_chain(session)
-    approved = any(a.decision == APPROVED and a.source != UNATTRIBUTED and not same_user(a.actor, row.registered_by)
-                   for a in chained_approvals(session, row, chain))
+    approved = standing(session, row, export_environment(policy), policy, chain)[0].passed
     store.transition(row.pair.name, row.version, PairState.APPROVED if approved else PairState.VALIDATED,
                      actor=actor, action="release", reason=reason,
                      details={"environment": environment, "replaced_by": replaced_by}, session=session)
@@ -86,7 +83,7 @@ def promote(store: Store, policy: Policy, name: str, version: int, environment: 
                 f"this promote started: nothing changed")
         if holder is not None and holder.id == row.id:
             raise IllegalTransitionError(f"{label} already holds {environment}: nothing to do")
-        conditions, run = evaluate(session, row, env, golden_sha256=golden_sha256, changes=changes,
+        conditions, run = evaluate(session, row, env, policy, golden_sha256=golden_sha256, changes=changes,
                                    holder=holder, now=utcnow())
         failed = [c for c in conditions if not c.passed]
         if failed:
@@ -107,7 +104,7 @@ def promote(store: Store, policy: Policy, name: str, version: int, environment: 
                                   "validation_run": run.id if run else None, "approval": approval,
                                   "policy": policy.source}, session=session)
         if holder is not None:
-            release(store, session, holder, actor=actor, environment=environment, replaced_by=version,
+            release(store, policy, session, holder, actor=actor, environment=environment, replaced_by=version,
                     reason=f"{label} promoted to {environment}")
         return PointerMove(name, environment, version, holder_version, "promote")
 
@@ -116,7 +113,7 @@ def describe_holder(version: int | None) -> str:
     return f"version {version}" if version is not None else "no version"
 
 
-def rollback(store: Store, name: str, environment: str, *, actor: str, reason: str | None = None) -> PointerMove:
+def rollback(store: Store, policy: Policy, name: str, environment: str, *, actor: str, reason: str | None = None) -> PointerMove:
     """Point ``environment`` back at the version that held it before, in one transaction.
 
     The rolled-back version releases the environment; the previous one becomes the holder. It
@@ -148,10 +145,9 @@ def rollback(store: Store, name: str, environment: str, *, actor: str, reason: s
         target = f"cannot roll back {name}@{environment} to {name}@{previous.version}"
         if previous.state in (PairState.RETIRED.value, PairState.FAILED.value):
             raise PolicyViolation(f"{target}: it is {previous.state}")
-        latest = latest_decision(session, previous)
-        if latest is not None and latest.decision == REJECTED:
-            note = f": {latest.note}" if latest.note else ""
-            raise PolicyViolation(f"{target}: it was rejected by {latest.actor}{note}")
+        rejecter = rejected_by(session, previous, policy)
+        if rejecter is not None:
+            raise PolicyViolation(f"{target}: it was rejected by {rejecter} (signed)")
         if changes:
             raise PolicyViolation(f"{target}: its models changed since registration: {', '.join(changes)}")
         current = session.get(PairVersionRow, pointer.pair_version_id) if pointer.pair_version_id else None
@@ -162,7 +158,7 @@ def rollback(store: Store, name: str, environment: str, *, actor: str, reason: s
         store.transition(name, previous.version, PairState.PROMOTED, actor=actor, action="rollback", reason=reason,
                          details={"environment": environment, "previous_version": current_version}, session=session)
         if current is not None:
-            release(store, session, current, actor=actor, environment=environment, replaced_by=previous.version,
+            release(store, policy, session, current, actor=actor, environment=environment, replaced_by=previous.version,
                     reason=f"rolled back to {name}@{previous.version}")
         return PointerMove(name, environment, previous.version, current_version, "rollback")
 

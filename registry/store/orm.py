@@ -189,6 +189,29 @@ class ApprovalRow(Base):
     # event is in the verified chain and says the same (a row written straight into the table,
     # or one whose event was edited, counts for nothing). NULL: a row no event vouches for.
     event_hash: Mapped[str | None] = mapped_column(String(64))
+    # The approver's DSSE signature (a Sigstore bundle) over the decision's in-toto statement
+    # (governance/signatures.py), the key that made it and the environment it was given for
+    # (``*``: any). A row without a valid signature by a key enrolled to ``actor`` counts for nothing.
+    signature: Mapped[dict | None] = mapped_column(JSON)
+    key_id: Mapped[str | None] = mapped_column(String(64))
+    scope: Mapped[str | None] = mapped_column(String(32))
+
+
+class ApproverKeyRow(Base):
+    """The approvers' keyring: a person's public key, who enrolled it and when, and the hash of
+    the audit event that recorded the enrolment (a key counts only while that event is in the
+    verified chain and was written by an enroller the policy names)."""
+
+    __tablename__ = "approver_keys"
+    __table_args__ = (UniqueConstraint("key_id", name="uq_approver_keys_key_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    person: Mapped[str] = mapped_column(String(255), nullable=False)
+    key_id: Mapped[str] = mapped_column(String(64), nullable=False)  # sha256 of the public key PEM
+    public_key: Mapped[str] = mapped_column(Text, nullable=False)  # SubjectPublicKeyInfo PEM
+    enrolled_by: Mapped[str] = mapped_column(String(255), nullable=False)
+    enrolled_at: Mapped[datetime] = mapped_column(DateTime, nullable=False)
+    event_hash: Mapped[str | None] = mapped_column(String(64))
 
 
 class EnvironmentPointerRow(Base):

@@ -12,12 +12,15 @@ from specreg.errors import SpecregError
 @cli.command()
 @click.argument("ref", metavar="NAME@VERSION")
 @click.option("--note", default=None, help="Why; kept with the approval.")
+@click.option("--key", envvar="SPECREG_APPROVAL_KEY", default=None, metavar="FILE",
+              help="Your private key (enrolled to you); the approval is your signature.")
+@click.option("--env", "environment", default=None, metavar="ENV", help="Approve for this environment only.")
 @db_option
 @user_option
 @json_option
-def approve(ref, note, db_url, user, as_json):
+def approve(ref, note, key, environment, db_url, user, as_json):
     """Approve a validated version (four-eyes: never by its registrant)."""
-    approval = open_registry(db_url, user).approve(ref, note=note)
+    approval = open_registry(db_url, user).approve(ref, note=note, key=key, environment=environment)
     if as_json:
         print_json(approval.to_dict())
     else:
@@ -27,12 +30,15 @@ def approve(ref, note, db_url, user, as_json):
 @cli.command()
 @click.argument("ref", metavar="NAME@VERSION")
 @click.option("--note", default=None, help="Why; kept with the rejection.")
+@click.option("--key", envvar="SPECREG_APPROVAL_KEY", default=None, metavar="FILE",
+              help="Your private key (enrolled to you); the rejection is your signature.")
+@click.option("--env", "environment", default=None, metavar="ENV", help="Reject for this environment only.")
 @db_option
 @user_option
 @json_option
-def reject(ref, note, db_url, user, as_json):
+def reject(ref, note, key, environment, db_url, user, as_json):
     """Reject a version: a promotion needing approval is refused until someone approves again."""
-    approval = open_registry(db_url, user).reject(ref, note=note)
+    approval = open_registry(db_url, user).reject(ref, note=note, key=key, environment=environment)
     if as_json:
         print_json(approval.to_dict())
     else:

@@ -1,0 +1,46 @@
+"""approver_keys (the approvers' keyring) and signed approvals
+
+Revision ID: 0005
+Revises: 0004
+Create Date: 2026-12-01 16:10:00
+
+An approval counts only with a DSSE signature by a key enrolled to its approver (issue 21 §1):
+``approvals.signature`` holds the Sigstore bundle, ``key_id`` the signing key, ``scope`` the
+environment it was given for (``*``: any). Rows written before have no signature and no longer
+count; their approvers sign again with `specreg approve`.
+"""
+from alembic import op
+import sqlalchemy as sa
+
+
+revision = '0005'
+down_revision = '0004'
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.create_table(
+        'approver_keys',
+        sa.Column('id', sa.Integer(), nullable=False),
+        sa.Column('person', sa.String(length=255), nullable=False),
+        sa.Column('key_id', sa.String(length=64), nullable=False),
+        sa.Column('public_key', sa.Text(), nullable=False),
+        sa.Column('enrolled_by', sa.String(length=255), nullable=False),
+        sa.Column('enrolled_at', sa.DateTime(), nullable=False),
+        sa.Column('event_hash', sa.String(length=64), nullable=True),
+        sa.PrimaryKeyConstraint('id'),
+        sa.UniqueConstraint('key_id', name='uq_approver_keys_key_id'),
+    )
+    with op.batch_alter_table('approvals', schema=None) as batch_op:
+        batch_op.add_column(sa.Column('signature', sa.JSON(), nullable=True))
+        batch_op.add_column(sa.Column('key_id', sa.String(length=64), nullable=True))
+        batch_op.add_column(sa.Column('scope', sa.String(length=32), nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table('approvals', schema=None) as batch_op:
+        batch_op.drop_column('scope')
+        batch_op.drop_column('key_id')
+        batch_op.drop_column('signature')
+    op.drop_table('approver_keys')
