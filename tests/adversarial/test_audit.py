@@ -35,12 +35,12 @@ def run(*args, env_extra: dict | None = None):
     return result
 
 
-def approved_pair(db_url: str, tiny_models, name: str) -> Registry:
+def approved_pair(db_url: str, tiny_models, name: str, approval_key) -> Registry:
     """alice registers, a validation passes, bob approves."""
     alice = Registry(as_user(db_url, "alice"), user="alice")
     alice.register(name, target=str(tiny_models["target"]), draft=str(tiny_models["draft"]), num_speculative_tokens=2)
     record_validation(alice, f"{name}@1")
-    Registry(as_user(db_url, "bob"), user="bob").approve(f"{name}@1", note="fine")
+    Registry(as_user(db_url, "bob"), user="bob").approve(f"{name}@1", key=approval_key(db_url, "bob"), note="fine")
     return alice
 
 
@@ -52,8 +52,8 @@ def sql(db_url: str, *statements: str, **params) -> None:
     engine.dispose()
 
 
-def test_gate_and_export_outputs_carry_the_audit_head(db_url, tiny_models, policy_file, tmp_path):
-    registry = approved_pair(db_url, tiny_models, "anchor")
+def test_gate_and_export_outputs_carry_the_audit_head(db_url, tiny_models, policy_file, tmp_path, approval_key):
+    registry = approved_pair(db_url, tiny_models, "anchor", approval_key)
     head = registry.store.audit_head()
     junit, markdown = tmp_path / "gate.xml", tmp_path / "gate.md"
     gate = run("gate", "anchor@1", "--env", "production", "--db", db_url, "--json", "--junit", junit,
@@ -70,8 +70,8 @@ def test_gate_and_export_outputs_carry_the_audit_head(db_url, tiny_models, polic
     assert verified.returncode == 0 and f"head {head}" in verified.stdout
 
 
-def test_deleting_the_newest_events_with_the_head_row_is_caught_by_the_anchor(db_url, tiny_models, policy_file):
-    registry = approved_pair(db_url, tiny_models, "tail")
+def test_deleting_the_newest_events_with_the_head_row_is_caught_by_the_anchor(db_url, tiny_models, policy_file, approval_key):
+    registry = approved_pair(db_url, tiny_models, "tail", approval_key)
     keep = registry.store.audit_head()  # after register, validate, approve
     assert run("promote", "tail@1", "--to", "staging", "--db", as_user(db_url, "carol"), "--user", "carol").returncode == 0
     anchored = json.loads(run("gate", "tail@1", "--env", "production", "--db", db_url, "--json").stdout)["audit_head"]
@@ -90,8 +90,8 @@ def test_deleting_the_newest_events_with_the_head_row_is_caught_by_the_anchor(db
     assert gate.returncode == 100 and "tail@1 is promoted in its row but approved by its audit events" in gate.stderr
 
 
-def test_rehashing_the_whole_chain_is_caught_by_the_anchor(db_url, tiny_models, policy_file):
-    registry = approved_pair(db_url, tiny_models, "rehash")
+def test_rehashing_the_whole_chain_is_caught_by_the_anchor(db_url, tiny_models, policy_file, approval_key):
+    registry = approved_pair(db_url, tiny_models, "rehash", approval_key)
     exported = run("export", "rehash@1", "--format", "vllm", "--db", db_url).stdout
     anchored = next(line.split()[2] for line in exported.splitlines() if line.startswith("# audit_head: "))
 
@@ -149,8 +149,8 @@ def test_a_forged_approval_row_does_not_pass_the_gate(db_url, tiny_models, polic
         "specreg: error: export of forged@1 refused: forged@1 is approved in its row but validated by its audit events\n")
 
 
-def test_an_approval_row_pointing_at_someone_elses_event_does_not_count(db_url, tiny_models, policy_file):
-    alice = approved_pair(db_url, tiny_models, "borrow")
+def test_an_approval_row_pointing_at_someone_elses_event_does_not_count(db_url, tiny_models, policy_file, approval_key):
+    alice = approved_pair(db_url, tiny_models, "borrow", approval_key)
     assert alice.gate("borrow@1", "production").passed
     # bob's approval row is re-labelled as mallory's (the event still says bob): it stops counting
     sql(db_url, "UPDATE approvals SET actor = 'mallory'")
@@ -166,8 +166,8 @@ def test_an_approval_row_pointing_at_someone_elses_event_does_not_count(db_url, 
     assert alice.gate("borrow@1", "production").passed  # mallory's "rejection" is not in the log either
 
 
-def test_a_registration_row_written_by_hand_is_refused(db_url, tiny_models, policy_file):
-    alice = approved_pair(db_url, tiny_models, "byhand")
+def test_a_registration_row_written_by_hand_is_refused(db_url, tiny_models, policy_file, approval_key):
+    alice = approved_pair(db_url, tiny_models, "byhand", approval_key)
     # the registrant rewritten by hand (e.g. so that alice could approve her own pair)
     sql(db_url, "UPDATE pair_versions SET registered_by = 'mallory'")
     gate = alice.gate("byhand@1", "production")
@@ -175,8 +175,8 @@ def test_a_registration_row_written_by_hand_is_refused(db_url, tiny_models, poli
     assert "audit: byhand@1: registrant 'mallory' differs from its registration event's actor 'alice'" in gate.reasons
 
 
-def test_a_database_from_before_the_link_upgrades_with_its_approvals_linked(db_url, tiny_models, policy_file):
-    registry = approved_pair(db_url, tiny_models, "upgrade")
+def test_a_database_from_before_the_link_upgrades_with_its_approvals_linked(db_url, tiny_models, policy_file, approval_key):
+    registry = approved_pair(db_url, tiny_models, "upgrade", approval_key)
     version_id = registry.get("upgrade@1").id
     owner = create_engine(db_url)  # the database's owner migrates (on PostgreSQL alice may not alter tables)
     run_downgrade(owner, "0002")  # the schema an older specreg left behind
@@ -218,9 +218,9 @@ def rehash_plain(db_url: str, edit_action: str, new_reason: str, drop_key_event:
     engine.dispose()
 
 
-def test_with_an_audit_key_a_rehash_without_the_key_is_caught(db_url, tiny_models, policy_file, monkeypatch):
+def test_with_an_audit_key_a_rehash_without_the_key_is_caught(db_url, tiny_models, policy_file, monkeypatch, approval_key):
     monkeypatch.setenv("SPECREG_AUDIT_KEY", "team-secret-0123456789")
-    approved_pair(db_url, tiny_models, "keyed")
+    approved_pair(db_url, tiny_models, "keyed", approval_key)
     assert run("audit", "verify", "--db", db_url).returncode == 0
     engine = create_engine(db_url)
     with engine.connect() as connection:
@@ -241,9 +241,9 @@ def test_with_an_audit_key_a_rehash_without_the_key_is_caught(db_url, tiny_model
     assert "SPECREG_AUDIT_KEY is set but the chain has no audit-key event: it was re-hashed without the key" in dropped.stderr
 
 
-def test_a_keyed_chain_needs_the_key_to_verify_and_to_write(db_url, tiny_models, policy_file, monkeypatch):
+def test_a_keyed_chain_needs_the_key_to_verify_and_to_write(db_url, tiny_models, policy_file, monkeypatch, approval_key):
     monkeypatch.setenv("SPECREG_AUDIT_KEY", "team-secret-0123456789")
-    approved_pair(db_url, tiny_models, "needkey")
+    approved_pair(db_url, tiny_models, "needkey", approval_key)
     monkeypatch.delenv("SPECREG_AUDIT_KEY")
     unverified = run("audit", "verify", "--db", db_url)
     assert unverified.returncode == 1

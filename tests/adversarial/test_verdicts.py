@@ -164,7 +164,7 @@ def test_qwen2_draft_runs_through_the_runtime(db_url, models, golden):
 
 # --- item 10: a run where every check skipped is not a pass --------------------------------------
 
-def test_a_run_that_checked_nothing_is_not_passed(db_url, models, golden):
+def test_a_run_that_checked_nothing_is_not_passed(db_url, models, golden, approval_key):
     alice = Registry(as_user(db_url, "alice"), user="alice")
     alice.register("skips", target=str(models["target"]), draft=str(models["self"]), num_speculative_tokens=3)
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
@@ -178,7 +178,7 @@ def test_a_run_that_checked_nothing_is_not_passed(db_url, models, golden):
     assert run_row.status == "failed" and [c.status for c in run_row.checks] == ["skip"]
     assert alice.get("skips@1").state.value != "validated"
     with pytest.raises(PolicyViolation, match="has not passed validation"):
-        Registry(as_user(db_url, "bob"), user="bob").approve("skips@1")
+        Registry(as_user(db_url, "bob"), user="bob").approve("skips@1", key=approval_key(db_url, "bob"))
 
 
 # --- item 11: acceptance compared only at the same k ---------------------------------------------

@@ -28,7 +28,7 @@ def run(*args, env=None):
 
 
 @pytest.fixture
-def approved_pair(db_url, tiny_models, tmp_path, monkeypatch):
+def approved_pair(db_url, tiny_models, tmp_path, monkeypatch, approval_key):
     """deploy@1 validated (recorded rows), approved by bob and promoted to staging; deploy@2 only registered."""
     policy = tmp_path / "specreg.toml"
     policy.write_text(POLICY_TOML)
@@ -38,7 +38,7 @@ def approved_pair(db_url, tiny_models, tmp_path, monkeypatch):
         alice.register("deploy", target=str(tiny_models["target"]), draft=str(tiny_models["draft"]),
                        num_speculative_tokens=k, max_batch_size_for_speculation=8)
     record_validation(alice, "deploy@1", acceptance_rate=0.8, mean_acceptance_length=3.0)
-    Registry(as_user(db_url, "bob"), user="bob").approve("deploy@1", note="looks right")
+    Registry(as_user(db_url, "bob"), user="bob").approve("deploy@1", key=approval_key(db_url, "bob"), note="looks right")
     alice.promote("deploy@1", "staging", reason="first rollout")
     return db_url
 

@@ -45,7 +45,7 @@ def keys(tmp_path):
 
 
 @pytest.fixture
-def deployed(tmp_path, tiny_models, keys, monkeypatch):
+def deployed(tmp_path, tiny_models, keys, monkeypatch, approval_key):
     """lock@1 registered from copies of the tiny models (so a test may tamper with them),
     validated (recorded rows), approved by bob, promoted to staging and exported with a signed
     lock. Returns the paths a deploy has."""
@@ -59,7 +59,9 @@ def deployed(tmp_path, tiny_models, keys, monkeypatch):
     alice = Registry(db, user="alice")
     alice.register("lock", target=str(target), draft=str(draft), num_speculative_tokens=3)
     record_validation(alice, "lock@1", acceptance_rate=0.8, mean_acceptance_length=3.0)
-    Registry(db, user="bob").approve("lock@1", note="checked")
+    Registry(db, user="bob").approve("lock@1", key=approval_key(db, "bob"), note="checked")
+    keyring = tmp_path / "approvers.json"  # what the platform mounts beside the public key
+    assert run("keys", "export", "--out", keyring, "--db", db).returncode == 0
     alice.promote("lock@1", "staging", reason="first rollout")
     out = tmp_path / "out"
     result = run("export", "lock@staging", "--format", "vllm", "-o", out, "--db", db,
@@ -67,7 +69,7 @@ def deployed(tmp_path, tiny_models, keys, monkeypatch):
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""  # signed: no warning
     return {"db": db, "target": target, "draft": draft, "lock": out / LOCK_FILE, "private": keys[0],
-            "public": keys[1], "tmp": tmp_path}
+            "public": keys[1], "tmp": tmp_path, "keyring": keyring, "out": out}
 
 
 def verify(deployed, *extra, lock=None, public_key=None, target=None, draft=None):
