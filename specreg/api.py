@@ -181,7 +181,8 @@ def describe_head(config: SpecConfig, target: ModelRef, draft: ModelRef | None, 
     """Read the head (or the target's MTP layers) and check it fits the target -> what the binding
     records: the head's description (no path: a location is not an identity) and the fit's
     findings. HeadMismatchError / ModelReferenceError name the field that does not fit."""
-    from specreg.core.heads import check_head_fits, read_head
+    from specreg.core.heads import read_head
+    from specreg.core.heads.fit import check_head_fits
 
     method = config.method.value
     head = read_head(draft.path if draft is not None else target.path, method=method)
@@ -542,8 +543,9 @@ class Registry:
         Every format but prometheus-rules also gets the pair lock (``specreg.lock.json``, see
         registry.deploy.lock), signed with the ECDSA private key file ``signing_key``; without one
         the lock says ``signed: false`` and a warning says so."""
-        from specreg.registry.deploy.exports import check_exportable, lock_engine, render_export, write_export
+        from specreg.registry.deploy.exports import check_exportable, lock_engine, render_export
         from specreg.registry.deploy.lock import LOCK_FILE, exported_digests, lock_text, sign_lock
+        from specreg.registry.deploy.writing import write_export
         from specreg.registry.governance.approvals import approval_standing
         from specreg.registry.governance.decisions import audit_check
         from specreg.registry.store.validations import ValidationStore

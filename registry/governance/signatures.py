@@ -28,6 +28,7 @@ from specreg.errors import IdentityError, SpecregError
 
 PREDICATE_TYPE = "https://specreg.dev/approval/v1"
 KEYRING_FORMAT = "specreg.keyring/v1"
+KEYRING_FILE = "approvers.json"  # the name `specreg keys export` suggests and the k8s manifest mounts
 ANY_SCOPE = "*"
 APPROVED, REJECTED = "approved", "rejected"
 MAX_KEYRING_BYTES = 4 * 1024 * 1024
