@@ -316,13 +316,13 @@ def verify_lock(lock_path: str | Path, *, public_key: str | Path | None, target:
         raise UsageError(f"the lock binds a draft model ({models['draft']['reference']}): pass --draft DIR")
     if "draft" not in models and draft is not None:
         raise UsageError("the lock binds no draft model (method ngram): do not pass --draft")
-    if lock.get("approved") is True and keyring is None and not allow_unapproved:
-        raise UsageError("the lock records an approved export: pass --keyring FILE (the approvers' public keys, "
-                         "`specreg keys export`) to check its approvers' signatures")
     report = VerifyReport(pair=lock["pair"]["label"], signed=lock.get("signature") is not None)
     key_path = Path(public_key).expanduser() if public_key is not None else None
     if not check_signature(report, lock, key_path, allow_unsigned):
         return report
+    if lock.get("approved") is True and report.signed and keyring is None and not allow_unapproved:
+        raise UsageError("the lock records an approved export: pass --keyring FILE (the approvers' public keys, "
+                         "`specreg keys export`) to check its approvers' signatures")
     if lock.get("approved") is not True:
         if not report.add("approved", allow_unapproved,
                           "lock records an UNAPPROVED export (--force)"

@@ -145,7 +145,8 @@ def tally(decisions: Iterable[SignedDecision], *, registrant: str, approvers: tu
         note = counted[rejections[-1]].predicate.get("note")
         return Tally(False, f"rejected by {rejected_by}" + (f": {note}" if note else ""), (), rejected_by)
     if len(people) >= threshold:
-        return Tally(True, f"approved by {', '.join(people)} (signed; {threshold} needed)", tuple(people), None)
+        return Tally(True, f"approved by {', '.join(people)}: {len(people)} valid signature(s), {threshold} needed",
+                     tuple(people), None)
     others = [d for d in relevant if d.decision == APPROVED and d not in counted]
     if not people and others:
         last = others[-1]

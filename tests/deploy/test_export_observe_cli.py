@@ -73,7 +73,7 @@ def test_export_writes_engine_configs_with_identity(approved_pair, tmp_path, tin
     assert kinds == ["ConfigMap", "Deployment", "Service"]  # the ConfigMap holds the pair lock
     pod = documents[1]["spec"]["template"]["spec"]
     assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == "models"
-    assert [v["name"] for v in pod["volumes"]] == ["models", "specreg-lock"]  # one list: both containers' volumes
+    assert [v["name"] for v in pod["volumes"]] == ["models", "specreg-lock", "specreg-approvers"]  # one list
     # the initContainer checks the very paths the engine loads, on the same mount
     assert pod["initContainers"][0]["volumeMounts"][0] == pod["containers"][0]["volumeMounts"][0]
     no_volume = run("export", "deploy@1", "--format", "k8s-vllm", "--db", approved_pair)
