@@ -372,7 +372,8 @@ class Registry:
 
         key = key or os.environ.get("SPECREG_APPROVAL_KEY") or None
         if key is None:
-            raise UsageError(f"{decision[:-1]}ing signs with your own key: pass --key FILE (or set "
+            raise UsageError(f"{'an approval' if decision == 'approved' else 'a rejection'} is your signature: "
+                             f"pass --key FILE (or set "
                              f"SPECREG_APPROVAL_KEY); make one with `specreg keys create`")
         policy = self.policy()
         if environment is not None:

@@ -20,11 +20,11 @@ def approval_key(db_url: str, person: str, folder: Path) -> str:
     home = Path(folder) / "approval-keys" / person
     if not (home / PRIVATE_KEY_FILE).exists():
         create_key_pair(home)
-    registry = Registry(as_user(db_url, ENROLLER), user=ENROLLER)
-    entries, _ = registry.keyring()
-    from specreg.core.signing import key_id, public_key_pem
+    from specreg.errors import SpecregError
 
-    mine = key_id(public_key_pem((home / PUBLIC_KEY_FILE).read_text(), "key"))
-    if not any(e.key_id == mine for e in entries):
-        registry.enrol_key(person, str(home / PUBLIC_KEY_FILE))
+    try:
+        Registry(as_user(db_url, ENROLLER), user=ENROLLER).enrol_key(person, str(home / PUBLIC_KEY_FILE))
+    except SpecregError as exc:
+        if "is already enrolled to" not in str(exc):
+            raise
     return str(home / PRIVATE_KEY_FILE)

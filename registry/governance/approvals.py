@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from specreg.core.identity import normalize_user, same_user
 from specreg.core.signing import load_signer, signer_key_id
-from specreg.errors import PolicyViolation
+from specreg.errors import PolicyViolation, SpecregError
 from specreg.registry.governance.keyring import keyring_entries
 from specreg.registry.governance.policy import EnvironmentPolicy, Policy
 from specreg.registry.governance.queries import Condition, finished_runs, lock_pair
@@ -58,7 +58,7 @@ class Approval:
 def approvals_of(session: Session, pair_version_id: int) -> list[ApprovalRow]:
     """Every decision row of a version, oldest first, whether or not it counts."""
     return list(session.scalars(select(ApprovalRow).where(ApprovalRow.pair_version_id == pair_version_id)
-                                .order_by(ApprovalRow.created_at, ApprovalRow.id)))
+                                .order_by(ApprovalRow.id)))
 
 
 def chained_approvals(session: Session, row: PairVersionRow, chain: list[AuditEventRow]) -> list[ApprovalRow]:
@@ -200,7 +200,10 @@ def decide(store: Store, policy: Policy, name: str, version: int, *, actor: str,
     with store.session(write=True) as session:
         lock_pair(session, name)
         row = store.version_row(session, name, version, lock=True)
-        keyring, _ = keyring_entries(session, policy)
+        chain, problem = verified_chain(session)
+        if problem is not None:
+            raise SpecregError(f"cannot record a decision on {label}: the audit chain does not verify ({problem})")
+        keyring, _ = keyring_entries(session, policy, chain)
         entry = keyring.get(kid)
         if entry is None or not same_user(entry.person, actor):
             whose = f"is enrolled to {entry.person}" if entry else "is not enrolled (or its enrolment does not count)"

@@ -83,7 +83,7 @@ def test_deleting_the_newest_events_with_the_head_row_is_caught_by_the_anchor(db
     assert run("audit", "verify", "--db", db_url).returncode == 0  # the chain itself still links
     caught = run("audit", "verify", "--expect-head", anchored, "--db", db_url)
     assert caught.returncode == 100, caught.stderr
-    assert caught.stderr == (f"specreg: error: audit head {anchored} is not in the chain of 3 event(s) (head now "
+    assert caught.stderr == (f"specreg: error: audit head {anchored} is not in the chain of 4 event(s) (head now "
                              f"{keep}): events were deleted from its end or the chain was re-hashed\n")
     # the row still says promoted, its events no longer do: the gate refuses too
     gate = run("gate", "tail@1", "--env", "staging", "--db", db_url)
@@ -133,7 +133,8 @@ def test_a_forged_approval_row_does_not_pass_the_gate(db_url, tiny_models, polic
     gate = run("gate", "forged@1", "--env", "production", "--db", db_url, "--json")
     assert gate.returncode == 100
     [approval] = [c for c in json.loads(gate.stdout)["conditions"] if c["name"] == "approval"]
-    assert not approval["passed"] and "by mallory) have no matching event in the verified audit chain" in approval["reason"]
+    assert not approval["passed"] and "approval 1 by mallory: no matching event in the verified audit chain" in \
+        approval["reason"]
     assert run("audit", "verify", "--db", db_url).returncode == 0  # the log is intact: the row is simply not in it
 
     # and the state moved by hand to match: the row disagrees with its events
@@ -193,7 +194,13 @@ def test_a_database_from_before_the_link_upgrades_with_its_approvals_linked(db_u
     engine.dispose()
     assert [tuple(row) for row in linked] == [("bob", True), ("mallory", False)]
     gate = Registry(db_url).gate("upgrade@1", "production")
-    assert gate.passed, gate.reasons  # bob's approval (in the log) counts; mallory's row does not
+    # since schema 0005 an approval is a signature: bob's unsigned row from before no longer counts
+    # (the downgrade dropped the keyring and signatures), nor does mallory's row, and both are named
+    assert gate.reasons == ["approval: production needs an approval by someone other than the registrant alice "
+                            "(no signed approval counts); not counted: approval 1 by bob: no signature; "
+                            "approval 2 by mallory: no matching event in the verified audit chain"]
+    Registry(as_user(db_url, "bob"), user="bob").approve("upgrade@1", key=approval_key(db_url, "bob"))
+    assert Registry(db_url).gate("upgrade@1", "production").passed
 
 
 def rehash_plain(db_url: str, edit_action: str, new_reason: str, drop_key_event: bool = False) -> None:
@@ -226,7 +233,8 @@ def test_with_an_audit_key_a_rehash_without_the_key_is_caught(db_url, tiny_model
     with engine.connect() as connection:
         actions = [row[0] for row in connection.execute(text("SELECT action FROM audit_events ORDER BY id"))]
     engine.dispose()
-    assert actions == ["audit-key", "register", "validate", "approve"]  # the first keyed write starts the chain
+    # the first keyed write starts the chain
+    assert actions == ["audit-key", "register", "validate", "enrol-key", "approve"]
 
     rehash_plain(db_url, "approve", "approved after a thorough review")
     caught = run("audit", "verify", "--db", db_url)
@@ -248,7 +256,8 @@ def test_a_keyed_chain_needs_the_key_to_verify_and_to_write(db_url, tiny_models,
     unverified = run("audit", "verify", "--db", db_url)
     assert unverified.returncode == 1
     assert "the chain is keyed from here on; set SPECREG_AUDIT_KEY to verify it" in unverified.stderr
-    refused = run("reject", "needkey@1", "--db", as_user(db_url, "bob"), "--user", "bob")
-    assert refused.returncode == 1 and "the audit chain is keyed (event 1): set SPECREG_AUDIT_KEY" in refused.stderr
+    refused = run("reject", "needkey@1", "--db", as_user(db_url, "bob"), "--user", "bob",
+                  "--key", approval_key(db_url, "bob"))
+    assert refused.returncode == 1 and "the chain is keyed from here on; set SPECREG_AUDIT_KEY" in refused.stderr
     wrong = run("audit", "verify", "--db", db_url, env_extra={"SPECREG_AUDIT_KEY": "another-key"})
     assert wrong.returncode == 1 and "re-hashed without SPECREG_AUDIT_KEY" in wrong.stderr

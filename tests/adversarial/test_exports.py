@@ -123,25 +123,25 @@ def two_holders(db_url, models, approval_key) -> tuple[str, str]:
 
 def test_rollback_refuses_a_rejected_version(pair, approval_key):
     db_url, models = pair
-    first, second = two_holders(db_url, models)
+    first, second = two_holders(db_url, models, approval_key)
     Registry(as_user(db_url, "carol"), user="carol").reject(first, key=approval_key(db_url, "carol"), note="leaks the system prompt")
     refused = run("rollback", "ship", "--env", "production", "--db", as_user(db_url, "alice"), "--user", "alice")
     one_line_error(refused, 100, "ship@1", "rejected by carol")
     assert Registry(db_url).get("ship@production").label == second  # nothing moved
 
 
-def test_rollback_refuses_a_failed_version(pair):
+def test_rollback_refuses_a_failed_version(pair, approval_key):
     db_url, models = pair
-    first, second = two_holders(db_url, models)
+    first, second = two_holders(db_url, models, approval_key)
     record_validation(Registry(as_user(db_url, "alice"), user="alice"), first, status="failed")
     refused = run("rollback", "ship", "--env", "production", "--db", as_user(db_url, "alice"), "--user", "alice")
     one_line_error(refused, 100, "ship@1", "failed")
     assert Registry(db_url).get("ship@production").label == second
 
 
-def test_rollback_refuses_changed_fingerprints(pair):
+def test_rollback_refuses_changed_fingerprints(pair, approval_key):
     db_url, models = pair
-    first, second = two_holders(db_url, models)
+    first, second = two_holders(db_url, models, approval_key)
     weights = next(models["draft"].glob("*.safetensors"))
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0xFF  # one flipped bit in the last tensor's data
@@ -151,9 +151,9 @@ def test_rollback_refuses_changed_fingerprints(pair):
     assert Registry(db_url).get("ship@production").label == second
 
 
-def test_rollback_to_an_intact_approved_version_still_works(pair):
+def test_rollback_to_an_intact_approved_version_still_works(pair, approval_key):
     db_url, models = pair
-    first, second = two_holders(db_url, models)
+    first, second = two_holders(db_url, models, approval_key)
     result = run("rollback", "ship", "--env", "production", "--db", as_user(db_url, "alice"), "--user", "alice")
     assert result.returncode == 0, result.stderr
     assert Registry(db_url).get("ship@production").label == first
