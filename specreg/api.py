@@ -288,9 +288,15 @@ class Registry:
             "draft": draft_ref.fingerprint.to_dict() if draft_ref else None,
             "config": config.to_dict(),
         }))
+        from specreg.registry.deploy.lock import list_model_files
+
+        # every file engines may read, not only those the fingerprint covers: an export whose file
+        # set differs is refused (issue 21 MED-1)
+        model_files = {role: list(list_model_files(ref.path)) for role, ref in (("target", target_ref),
+                                                                                 ("draft", draft_ref)) if ref}
         version, created = self.store.create_version(
             name=name, target=target_ref, draft=draft_ref, config=config, binding_sha256=binding,
-            actor=self.user, notes=notes, allow_pickle=allow_pickle,
+            actor=self.user, notes=notes, allow_pickle=allow_pickle, model_files=model_files,
         )
         return RegisterResult(version, created)
 
@@ -607,7 +613,9 @@ class Registry:
         from specreg.registry.governance import approvals
         from specreg.registry.governance.queries import fingerprint_changes
 
-        changes = fingerprint_changes(version)
+        from specreg.registry.deploy.lock import file_set_changes
+
+        changes = fingerprint_changes(version) + file_set_changes(version)
         if changes:
             raise PolicyViolation(f"{version.label}: the models changed since registration ({'; '.join(changes)}); "
                                   f"no lock is written for files that were not validated")

@@ -7,7 +7,8 @@ Create Date: 2026-12-01 16:10:00
 An approval counts only with a DSSE signature by a key enrolled to its approver (issue 21 §1):
 ``approvals.signature`` holds the Sigstore bundle, ``key_id`` the signing key, ``scope`` the
 environment it was given for (``*``: any). Rows written before have no signature and no longer
-count; their approvers sign again with `specreg approve`.
+count; their approvers sign again with `specreg approve`. ``pair_versions.model_files``: every
+file of each model directory at registration (NULL for versions registered before).
 """
 from alembic import op
 import sqlalchemy as sa
@@ -36,9 +37,13 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column('signature', sa.JSON(), nullable=True))
         batch_op.add_column(sa.Column('key_id', sa.String(length=64), nullable=True))
         batch_op.add_column(sa.Column('scope', sa.String(length=32), nullable=True))
+    with op.batch_alter_table('pair_versions', schema=None) as batch_op:
+        batch_op.add_column(sa.Column('model_files', sa.JSON(), nullable=True))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table('pair_versions', schema=None) as batch_op:
+        batch_op.drop_column('model_files')
     with op.batch_alter_table('approvals', schema=None) as batch_op:
         batch_op.drop_column('scope')
         batch_op.drop_column('key_id')

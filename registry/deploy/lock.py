@@ -70,6 +70,18 @@ def list_model_files(directory: str | Path) -> dict[str, Path]:
     return dict(sorted(found.items()))
 
 
+def file_set_changes(version) -> list[str]:
+    """The files added to or missing from each model directory since registration, by name
+    (empty: the same set, or a version registered before file lists were recorded)."""
+    changes: list[str] = []
+    for role, recorded in (version.model_files or {}).items():
+        model = getattr(version, role)
+        now = set(list_model_files(model.path))
+        changes += [f"{role} file {name} was added" for name in sorted(now - set(recorded))]
+        changes += [f"{role} file {name} is missing" for name in sorted(set(recorded) - now)]
+    return changes
+
+
 def model_files(directory: str | Path) -> dict[str, str]:
     """sha256 (hex) of every file list_model_files finds, by relative path."""
     return {name: sha256_file(path) for name, path in list_model_files(directory).items()}

@@ -53,6 +53,10 @@ class PairVersionRow(Base):
     allow_pickle: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False)
     tree: Mapped[list | None] = mapped_column(JSON)  # SpecConfig.tree as lists
     head: Mapped[dict | None] = mapped_column(JSON)  # SpecConfig.head
+    # Every file of each model directory at registration ({"target": [names], "draft": [names]}): an
+    # export whose file set differs is refused, naming the files (engines read files the
+    # fingerprint does not cover: hf_quant_config.json, params.json, a subfolder).
+    model_files: Mapped[dict | None] = mapped_column(JSON)
 
     pair: Mapped[PairRow] = relationship(back_populates="versions")
 
@@ -60,7 +64,7 @@ class PairVersionRow(Base):
     IMMUTABLE_COLUMNS = ("pair_id", "version", "binding_sha256", "method", "num_speculative_tokens",
                          "prompt_lookup_min", "prompt_lookup_max", "max_batch_size_for_speculation",
                          "target", "draft", "registered_by", "registered_at", "notes", "allow_pickle", "tree",
-                         "head")
+                         "head", "model_files")
 
     def to_entity(self, events: tuple[AuditEvent, ...] = ()) -> PairVersion:
         return PairVersion(
@@ -85,6 +89,7 @@ class PairVersionRow(Base):
             notes=self.notes,
             allow_pickle=self.allow_pickle,
             events=events,
+            model_files=self.model_files,
         )
 
 

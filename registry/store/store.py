@@ -233,7 +233,8 @@ class Store:
     # --- pair versions ------------------------------------------------------------------
 
     def create_version(self, *, name: str, target: ModelRef, draft: ModelRef | None, config: SpecConfig,
-                       binding_sha256: str, actor: str, notes: str | None, allow_pickle: bool) -> tuple[PairVersion, bool]:
+                       binding_sha256: str, actor: str, notes: str | None, allow_pickle: bool,
+                       model_files: dict[str, list[str]] | None = None) -> tuple[PairVersion, bool]:
         """Insert version N+1 of ``name`` (or return the existing one with the same binding)
         together with its audit event, in one transaction. Returns (version, created)."""
         actor = normalize_user(actor, what="registrant")
@@ -261,6 +262,7 @@ class Store:
                         head=config.head,
                         target=target.to_dict(), draft=draft.to_dict() if draft else None,
                         registered_by=actor, registered_at=now, notes=notes, allow_pickle=allow_pickle,
+                        model_files=model_files,
                     )
                     session.add(row)
                     session.flush()
