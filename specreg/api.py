@@ -376,6 +376,7 @@ class Registry:
         check_text("note", note)
         from specreg.registry.governance import approvals
 
+        actor = self.user  # who acts comes first: a refused identity is refused before any key is read
         key = key or os.environ.get("SPECREG_APPROVAL_KEY") or None
         if key is None:
             raise UsageError(f"{'an approval' if decision == 'approved' else 'a rejection'} is your signature: "
@@ -385,7 +386,7 @@ class Registry:
         if environment is not None:
             policy.environment(environment)  # an unknown environment: one line, nothing written
         version = self.get(ref)
-        decided = approvals.decide(self.store, policy, version.name, version.version, actor=self.user,
+        decided = approvals.decide(self.store, policy, version.name, version.version, actor=actor,
                                    decision=decision, note=note, key=key, scope=environment or approvals.ANY_SCOPE)
         self.mirror(version.label)
         return decided
