@@ -267,11 +267,13 @@ def file_identity(path: Path) -> tuple[int, int, int, int]:
     return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
-def check_files(report: VerifyReport, role: str, recorded: dict[str, str], directory: Path) -> bool:
+def check_files(report: VerifyReport, role: str, recorded: dict[str, str], directory: Path,
+                seen: dict[str, tuple[Path, tuple[int, int, int, int]]]) -> bool:
     """Compare the files of ``directory`` with the lock: names first (no hashing), then the
     digests in name order, stopping at the first difference. Each file is stat'ed (device,
     inode, size, mtime_ns) before and after it is hashed: a file replaced or written while it
-    was read is a mismatch, whatever its digest came out as."""
+    was read is a mismatch, whatever its digest came out as. ``seen`` collects each file's
+    identity for check_unchanged, which stats them all again once everything is hashed."""
     on_disk = list_model_files(directory)
     for name in sorted(recorded.keys() ^ on_disk.keys()):
         if name in recorded:
@@ -289,6 +291,7 @@ def check_files(report: VerifyReport, role: str, recorded: dict[str, str], direc
         if before != after:
             return report.add(f"{role}_files", False, f"{role} file {name} changed while it was verified "
                                                       f"(inode, size or mtime): refusing", f"{role}/{name}")
+        seen[f"{role}/{name}"] = (path, after)
         if digest != recorded[name]:
             return report.add(f"{role}_files", False, f"{role} file {name} differs from the lock (sha256)",
                               f"{role}/{name}")
@@ -334,7 +337,23 @@ def verify_lock(lock_path: str | Path, *, public_key: str | Path | None, target:
         return report
     if registry_url is not None and not check_registry(report, lock, registry_url, environment):
         return report
+    seen: dict[str, tuple[Path, tuple[int, int, int, int]]] = {}
     for role, directory in (("target", target), ("draft", draft)):
-        if role in models and not check_files(report, role, models[role]["files"], Path(directory)):
+        if role in models and not check_files(report, role, models[role]["files"], Path(directory), seen):
             return report
+    check_unchanged(report, seen)
     return report
+
+
+def check_unchanged(report: VerifyReport, seen: dict[str, tuple[Path, tuple[int, int, int, int]]]) -> bool:
+    """Every file hashed is still the file that was hashed (same device, inode, size, mtime_ns)
+    once all are hashed: one replaced after its own hash but before verify ends is refused."""
+    for name, (path, identity) in seen.items():
+        try:
+            now = file_identity(path)
+        except FileNotFoundError:
+            now = None
+        if now != identity:
+            return report.add("unchanged", False, f"{name} was replaced or changed after it was hashed, while "
+                                                  f"verify ran: refusing", name)
+    return report.add("unchanged", True, f"{len(seen)} file(s) unchanged since they were hashed")

@@ -166,6 +166,7 @@ def test_verify_matching_files_exit_0(deployed):
         "ok  registry: lock@1 is promoted and holds staging",
         f"ok  target_files: 6 file(s) in {deployed['target']} match the lock",
         f"ok  draft_files: 6 file(s) in {deployed['draft']} match the lock",
+        "ok  unchanged: 12 file(s) unchanged since they were hashed",
         "verified lock@1: signed lock, files match",
     ]
 
@@ -348,7 +349,7 @@ def test_verify_lock_api_reports_every_check(deployed):
                          target=deployed["target"],
                          draft=deployed["draft"])
     assert report.passed and [c["name"] for c in report.checks] == ["signature", "approvals", "target_files",
-                                                                      "draft_files"]
+                                                                      "draft_files", "unchanged"]
 
 
 def test_k8s_init_container_verifies_before_the_engine_starts(deployed):
