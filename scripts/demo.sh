@@ -30,6 +30,9 @@ mtp = ["integrity", "tokenizer", "equivalence", "distribution", "acceptance"]
 [environments.staging]
 approval_required = false
 
+[keyring]
+enrollers = ["admin"]   # who may enrol an approver's public key
+
 [environments.production]
 approval_required = true
 approvers = ["bob"]
@@ -47,7 +50,10 @@ step "validate on the smoke golden set with our speculative runtime (HTML report
 specreg validate demo-chat@1 --golden smoke --device cpu --gpu-memory 1GiB \
   --report "$DEMO_DIR/validation.html" --markdown "$DEMO_DIR/validation.md"
 
-step "approve: bob reviews (alice registered it, so she may not approve it)"
+step "approve: bob reviews (alice registered it, so she may not approve it); his approval is his signature"
+specreg keys create --out "$DEMO_DIR/keys/bob"                                   # bob's own key pair
+specreg keys enrol bob --public-key "$DEMO_DIR/keys/bob/specreg-signing.pub" --user admin   # an enroller, audited
+export SPECREG_APPROVAL_KEY="$DEMO_DIR/keys/bob/specreg-signing.key"
 specreg approve demo-chat@1 --user bob --note "acceptance and equivalence look right"
 
 step "promote to staging, then production"
@@ -57,6 +63,7 @@ specreg env list demo-chat
 
 step "export deployment configs carrying the pair's identity and baselines, with a signed pair lock"
 specreg keys create --out "$DEMO_DIR/keys"
+specreg keys export --out "$DEMO_DIR/keys/approvers.json"   # the approvers' keyring the platform mounts
 for format in vllm sglang trtllm k8s-vllm prometheus-rules; do
   # the manifest mounts the models from a volume: here the host folder the demo pair lies in
   options=()
@@ -68,6 +75,7 @@ cat "$DEMO_DIR/exports/vllm/vllm-serve.sh"
 
 step "deploy-time check: the files the engine will load match the signed lock (exit 0, 100 mismatch)"
 specreg verify --lock "$DEMO_DIR/exports/vllm/specreg.lock.json" --public-key "$DEMO_DIR/keys/specreg-signing.pub" \
+  --keyring "$DEMO_DIR/keys/approvers.json" --config "$DEMO_DIR/exports/vllm/vllm-serve.sh" \
   --target "$DEMO_DIR/pair/target" --draft "$DEMO_DIR/pair/draft" --registry "sqlite:///$SPECREG_HOME/registry.db" \
   --env production
 
