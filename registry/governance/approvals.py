@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from specreg.core.identity import normalize_user, same_user
 from specreg.core.signing import load_signer, signer_key_id
 from specreg.errors import PolicyViolation, SpecregError
-from specreg.registry.governance.keyring import keyring_entries
+from specreg.registry.governance.keyring import keyring_entries, written_by_its_actor
 from specreg.registry.governance.policy import EnvironmentPolicy, Policy
 from specreg.registry.governance.queries import Condition, finished_runs, lock_pair
 from specreg.registry.governance.signatures import (ANY_SCOPE, APPROVED, REJECTED, KeyringEntry, SignedDecision,
@@ -64,7 +64,7 @@ def approvals_of(session: Session, pair_version_id: int) -> list[ApprovalRow]:
 def chained_approvals(session: Session, row: PairVersionRow, chain: list[AuditEventRow]) -> list[ApprovalRow]:
     """The decisions of ``row`` that the verified audit chain vouches for: the row names an
     event (``event_hash``) of the chain, and that event records this very decision (same
-    version, approval id, decision, approver, note)."""
+    version, approval id, decision, approver, note), written (PostgreSQL) by the approver's role."""
     events = {e.event_hash: e for e in chain}
     counted = []
     for approval in approvals_of(session, row.id):
@@ -76,7 +76,8 @@ def chained_approvals(session: Session, row: PairVersionRow, chain: list[AuditEv
                 and event.action == ("approve" if approval.decision == APPROVED else "reject")
                 and details.get("approval") == approval.id and details.get("decision") == approval.decision
                 and details.get("source") == approval.source and event.reason == approval.note
-                and same_user(details.get("approver", event.actor), approval.actor)):
+                and same_user(details.get("approver", event.actor), approval.actor)
+                and written_by_its_actor(event)):
             counted.append(approval)
     return counted
 
@@ -86,22 +87,27 @@ def signed_decisions(session: Session, row: PairVersionRow, chain: list[AuditEve
     """(the decisions of ``row`` that count: chained and validly signed by their approver, one
     line per decision row that does not count and why)."""
     chained = {a.id for a in chained_approvals(session, row, chain)}
+    events = {e.event_hash: e for e in chain}
     valid, refused = [], []
     for approval in approvals_of(session, row.id):
         label = f"{'approval' if approval.decision == APPROVED else 'rejection'} {approval.id} by {approval.actor}"
-        if approval.id not in chained:
-            refused.append(f"{label}: no matching event in the verified audit chain")
-            continue
+        event = events.get(approval.event_hash) if approval.event_hash else None
+        problems = []  # every reason, so each defence is visible on its own
+        if approval.id not in chained and event is not None and not written_by_its_actor(event):
+            problems.append(f"its audit event says {event.actor} but database role {event.session_role} wrote it")
+        elif approval.id not in chained:
+            problems.append("no matching event in the verified audit chain")
         try:
             signed = check_decision(approval.signature, keyring, pair=row.pair.name, version=row.version,
                                     binding_sha256=row.binding_sha256)
+            if signed.decision != approval.decision or not same_user(signed.approver, approval.actor):
+                problems.append(f"its signature says {signed.decision} by {signed.approver}")
         except ValueError as exc:
-            refused.append(f"{label}: {exc}")
-            continue
-        if signed.decision != approval.decision or not same_user(signed.approver, approval.actor):
-            refused.append(f"{label}: its signature says {signed.decision} by {signed.approver}")
-            continue
-        valid.append((approval, signed))
+            problems.append(str(exc))
+        if problems:
+            refused.append(f"{label}: {'; '.join(problems)}")
+        else:
+            valid.append((approval, signed))
     return valid, refused
 
 

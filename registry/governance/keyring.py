@@ -51,6 +51,17 @@ def enrol(store: Store, policy: Policy, person: str, public_key_text: str, *, ac
         return entry_of(row)
 
 
+def written_by_its_actor(event: AuditEventRow) -> bool:
+    """On PostgreSQL the server stamps each event with the role that wrote it (session_role,
+    covered by the event hash): an event counts as its actor's only when that role is the actor,
+    or the authenticated role recorded beside a claimed user. Events without a stamp (SQLite,
+    or written before schema 0005) pass: there is no authenticated role to compare."""
+    role = getattr(event, "session_role", None)
+    if role is None:
+        return True
+    return same_user(role, str((event.details or {}).get("authenticated_role") or event.actor))
+
+
 def entry_of(row: ApproverKeyRow) -> KeyringEntry:
     return KeyringEntry(row.person, row.key_id, row.public_key, row.enrolled_by,
                         row.enrolled_at.isoformat(timespec="seconds") + "Z")
@@ -71,6 +82,9 @@ def keyring_entries(session: Session, policy: Policy,
         if event is None or details.get("key_row") != row.id or details.get("key_id") != row.key_id \
                 or not same_user(str(details.get("person")), row.person) or not same_user(event.actor, row.enrolled_by):
             refused.append(f"{label}: no matching enrolment event in the verified audit chain")
+        elif not written_by_its_actor(event):
+            refused.append(f"{label}: its enrolment event says {event.actor} but database role {event.session_role} "
+                           f"wrote it")
         elif key_id(row.public_key) != row.key_id:
             refused.append(f"{label}: its public key does not hash to its key id")
         elif not any(same_user(row.enrolled_by, e) for e in policy.enrollers):

@@ -110,6 +110,10 @@ class AuditEventRow(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime, nullable=False)
     prev_hash: Mapped[str] = mapped_column(String(64), nullable=False)
     event_hash: Mapped[str] = mapped_column(String(64), nullable=False, unique=True)
+    # PostgreSQL: the database role that wrote the row (session_user), stamped by a trigger the
+    # schema owner owns (migration 0005) whatever the writer sends, and covered by event_hash;
+    # NULL on SQLite (no authentication) and for events written before 0005.
+    session_role: Mapped[str | None] = mapped_column(String(255))
 
     def to_entity(self) -> AuditEvent:
         return AuditEvent(
@@ -200,6 +204,7 @@ class ApprovalRow(Base):
     signature: Mapped[dict | None] = mapped_column(JSON)
     key_id: Mapped[str | None] = mapped_column(String(64))
     scope: Mapped[str | None] = mapped_column(String(32))
+    session_role: Mapped[str | None] = mapped_column(String(255))  # stamped as audit_events.session_role
 
 
 class ApproverKeyRow(Base):
@@ -217,6 +222,7 @@ class ApproverKeyRow(Base):
     enrolled_by: Mapped[str] = mapped_column(String(255), nullable=False)
     enrolled_at: Mapped[datetime] = mapped_column(DateTime, nullable=False)
     event_hash: Mapped[str | None] = mapped_column(String(64))
+    session_role: Mapped[str | None] = mapped_column(String(255))  # stamped as audit_events.session_role
 
 
 class EnvironmentPointerRow(Base):

@@ -214,6 +214,16 @@ def upgrade(db_url):
     click.echo(f"database {safe_url(url)}: schema {before or 'empty'} -> {store.current_revision()}")
 
 
+@db.command()
+@click.argument("role")
+def grants(role):
+    """Print the least-privilege GRANTs for one person's PostgreSQL login ROLE (run them as the
+    schema owner after `specreg db upgrade`, e.g. `specreg db grants alice | psql URL`)."""
+    from specreg.registry.store.grants import grants_sql
+
+    click.echo(grants_sql(role), nl=False)
+
+
 @cli.command(name="demo-pair")
 @click.argument("directory", type=click.Path(file_okay=False))
 @click.option("--method", type=click.Choice(["draft_model", "eagle3", "medusa", "mtp"]), default="draft_model",

@@ -75,10 +75,14 @@ def test_a_forged_row_with_a_chained_event_naming_bob_does_not_count(db_url, tin
     approval_key(db_url, "bob")  # bob is a real enrolled approver: his name alone is not enough
     approval = forge_row(alice, "forge", "bob", None)
     assert alice.verify_audit()[1] is None
+    # SQLite: nothing authenticates the writer, the signature is what is missing; PostgreSQL: the
+    # server stamped the event with role alice too (issue 21 §4)
+    why = ("its audit event says bob but database role alice wrote it; no signature" if "postgresql" in db_url
+           else "no signature")
     reasons = [c.reason for c in alice.gate("forge@1", "production").conditions if c.name == "approval"]
     assert reasons == [f"production needs an approval by someone other than the registrant alice (no signed approval "
-                       f"counts); not counted: approval {approval} by bob: no signature"]
-    with pytest.raises(PolicyViolation, match=f"approval {approval} by bob: no signature"):
+                       f"counts); not counted: approval {approval} by bob: {why}"]
+    with pytest.raises(PolicyViolation, match=f"approval {approval} by bob: {why}"):
         alice.promote("forge@1", "production")
     one_line(run("export", "forge@1", "--format", "vllm", "--db", db_url), 100, "not validated and approved")
 
@@ -93,7 +97,7 @@ def test_a_signature_by_alices_own_key_naming_bob_does_not_count(db_url, tiny_mo
                                    approver="bob", signed_at=utcnow(), note=None)
     approval = forge_row(alice, "ownkey", "bob", sign_decision(load_signer(key), predicate))
     [reason] = [c.reason for c in alice.gate("ownkey@1", "production").conditions if c.name == "approval"]
-    assert f"approval {approval} by bob: signed by alice's key but names 'bob' as approver" in reason
+    assert f"approval {approval} by bob: " in reason and "signed by alice's key but names 'bob' as approver" in reason
 
 
 def test_a_signature_for_another_binding_does_not_count(db_url, tiny_models, policy_file, approval_key):
@@ -360,3 +364,68 @@ def test_a_gigabyte_lock_is_refused_without_reading_it(shipped):
     code, stderr, rss_kib = json.loads(done.stdout)
     one_line(subprocess.CompletedProcess(argv, code, "", stderr), 1, "over 67108864 bytes; not a pair lock")
     assert rss_kib < 300 * 1024, rss_kib  # the 1 GiB file is never read: about the interpreter's own size
+
+
+# --- §4: on PostgreSQL the server stamps who wrote each row ------------------------------------------
+
+def test_role_alice_cannot_write_an_event_whose_stamped_role_is_bob(postgres_url, tiny_models, policy_file,
+                                                                     tmp_path):
+    """With the README's least-privilege grants (tests/pgroles.py), alice inserts an audit event
+    and a keyring row claiming bob and admin: the server stamps alice on both, the event hash
+    no longer matches, and the key does not count. She can neither edit nor delete events."""
+    import psycopg
+    from sqlalchemy import text
+
+    alice = validated(postgres_url, tiny_models, "stamp")
+    alice_url = as_user(postgres_url, "alice")
+    engine = Registry(alice_url, user="alice").store.engine
+    with engine.begin() as connection:
+        connection.execute(text(
+            "INSERT INTO audit_events (pair_name, version, action, actor, details, created_at, prev_hash, event_hash, "
+            "session_role) VALUES ('stamp', 1, 'approve', 'bob', '{}', now(), 'x', 'forged', 'bob')"))
+        stamped = connection.execute(text("SELECT session_role FROM audit_events WHERE event_hash = 'forged'")).scalar()
+    assert stamped == "alice"
+    for statement in ("UPDATE audit_events SET session_role = 'bob'", "DELETE FROM audit_events",
+                      "UPDATE approvals SET actor = 'bob'", "DROP TRIGGER specreg_stamp_session_role ON audit_events"):
+        with pytest.raises(Exception) as refused, engine.begin() as connection:
+            connection.execute(text(statement))
+        assert isinstance(refused.value.orig, psycopg.errors.InsufficientPrivilege), statement
+    engine.dispose()
+    assert "event" in (alice.verify_audit()[1] or "")  # the forged row breaks the chain where it sits
+
+
+def test_a_keyring_row_and_enrolment_event_forged_by_alice_do_not_count(postgres_url, tiny_models, policy_file,
+                                                                        tmp_path):
+    """HIGH-1 on PostgreSQL, one step further: alice writes a keyring row giving bob a key she
+    holds, with a correctly chained "admin enrolled it" event, then signs as bob."""
+    from specreg.core.signing import key_id, public_key_pem
+    from specreg.registry.store.orm import ApproverKeyRow
+
+    validated(postgres_url, tiny_models, "keyforge")
+    alice = Registry(as_user(postgres_url, "alice"), user="alice")
+    private, public = create_key_pair(tmp_path / "alice-as-bob")
+    pem = public_key_pem(public.read_text(), "key")
+    with alice.store.session(write=True) as session:
+        row = ApproverKeyRow(person="bob", key_id=key_id(pem), public_key=pem, enrolled_by="admin",
+                             enrolled_at=utcnow())
+        session.add(row)
+        session.flush()
+        row.event_hash = alice.store.append_event(
+            session, pair_name="-", version=None, action="enrol-key", from_state=None, to_state=None, actor="admin",
+            reason=None, details={"person": "bob", "key_id": key_id(pem), "key_row": row.id}).event_hash
+    assert alice.verify_audit()[1] is None  # the chain links: alice hashed her own (stamped) role
+    listed = json.loads(run("keys", "list", "--db", postgres_url, "--json").stdout)
+    assert listed["not_counted"] == [f"key {key_id(pem)[:12]} of bob: its enrolment event says admin but database "
+                                     f"role alice wrote it"]
+    signed = run("approve", "keyforge@1", "--db", as_user(postgres_url, "bob"), "--key", private,
+                 env={"SPECREG_USER": "bob"})
+    one_line(signed, 100, "is not enrolled (or its enrolment does not count), not to bob")
+
+
+def test_db_grants_prints_the_least_privilege_grants():
+    printed = run("db", "grants", "alice")
+    assert printed.returncode == 0
+    assert "GRANT SELECT ON ALL TABLES IN SCHEMA public TO alice;" in printed.stdout
+    assert "GRANT UPDATE (state) ON pair_versions TO alice;" in printed.stdout
+    assert "DELETE" not in printed.stdout and "audit_events TO" not in printed.stdout.replace("INSERT ON", "")
+    one_line(run("db", "grants", "Robert'); DROP TABLE pairs;--"), 2, "plain lower-case PostgreSQL role name")
