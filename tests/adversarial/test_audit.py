@@ -14,7 +14,6 @@ import sys
 import xml.etree.ElementTree as ET
 from datetime import datetime
 from pathlib import Path
-
 import pytest
 
 from sqlalchemy import create_engine, text
