@@ -14,8 +14,8 @@ import sys
 import xml.etree.ElementTree as ET
 from datetime import datetime
 from pathlib import Path
-import pytest
 
+import pytest
 from sqlalchemy import create_engine, text
 
 from pgroles import as_user
