@@ -403,7 +403,9 @@ class Registry:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise SpecregError(f"public key {path}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
-        return enrol(self.store, self.policy(), person, text, actor=self.user)
+        from specreg.core.signing import public_key_pem
+
+        return enrol(self.store, self.policy(), person, public_key_pem(text, f"public key {path}"), actor=self.user)
 
     def keyring(self):
         """(the enrolled keys that count, one line per keyring row that does not)."""

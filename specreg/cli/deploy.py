@@ -147,8 +147,13 @@ def keys_export(out_path, db_url):
 
     from specreg.registry.governance.signatures import keyring_document
 
+    from specreg.errors import SpecregError
+
     entries, _ = open_registry(db_url).keyring()
-    Path(out_path).write_text(json.dumps(keyring_document(entries), indent=2) + "\n", encoding="utf-8")
+    try:
+        Path(out_path).write_text(json.dumps(keyring_document(entries), indent=2) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise SpecregError(f"keyring {out_path}: cannot write ({exc.strerror or exc})") from None
     click.echo(f"wrote {len(entries)} key(s) to {out_path}")
 
 
