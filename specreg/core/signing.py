@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from specreg.errors import SpecregError
+from specreg.errors import PathTooLongError, SpecregError, UsageError
 
 PRIVATE_KEY_FILE = "specreg-signing.key"
 PUBLIC_KEY_FILE = "specreg-signing.pub"
@@ -78,9 +78,13 @@ def create_key_pair(out_dir: str | Path) -> tuple[Path, Path]:
 
     out = Path(out_dir).expanduser()
     private_path, public_path = out / PRIVATE_KEY_FILE, out / PUBLIC_KEY_FILE
+    PathTooLongError.refuse(out)  # before mkdir makes a folder on the way
+    if out.is_symlink() and not out.exists():
+        raise UsageError(f"--out {out}: a symlink to {os.readlink(out)}, which does not exist")
     for path in (private_path, public_path):
-        if path.exists():
-            raise SpecregError(f"{path} exists; refusing to overwrite a signing key")
+        if os.path.lexists(path):  # a dangling symlink too: O_EXCL below would refuse it with a traceback
+            what = f"is a symlink to {os.readlink(path)}" if path.is_symlink() else "exists"
+            raise SpecregError(f"{path} {what}; refusing to overwrite a signing key")
     out.mkdir(parents=True, exist_ok=True)
     key = ec.generate_private_key(ec.SECP256R1())
     private_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
