@@ -397,6 +397,7 @@ class Registry:
         from specreg.registry.governance import approvals
 
         actor = self.user  # who acts comes first: a refused identity is refused before any key is read
+        ref = parse_ref(ref) if isinstance(ref, str) else ref  # so does a malformed NAME@VERSION
         key = key or os.environ.get("SPECREG_APPROVAL_KEY") or None
         if key is None:
             raise UsageError(f"{'an approval' if decision == 'approved' else 'a rejection'} is your signature: "
