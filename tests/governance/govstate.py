@@ -51,7 +51,8 @@ def record_validation(registry: Registry, ref: str, *, status: str = "passed", g
         # the keys validators/acceptance.py records (BASELINE_KEYS), for 100 drafted tokens
         return {"acceptance_rate": rate, "mean_acceptance_length": mean_acceptance_length,
                 "per_position_acceptance": [rate, rate * 0.9], "drafted": 100, "accepted": round(100 * rate),
-                "generated_tokens": 64, "target_forwards": 20, "longest_rejection_run": 1, "generations": 4}
+                "generated_tokens": 64, "target_forwards": 20, "longest_rejection_run": 1, "generations": 4,
+                "tokens_per_target_forward": 3.2}
 
     baselines = {"k": version.config.num_speculative_tokens, "overall": figures(acceptance_rate),
                  "per_category": {"code": figures(acceptance_rate + 0.05)}} if status == "passed" else None
