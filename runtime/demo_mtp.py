@@ -36,10 +36,11 @@ def mtp_cache_key(target_dir) -> str:
 
 
 def train_mtp_head(head, tokens, hidden, probs, steps: int, batch: int, seed: int, max_lr: float,
-                   ttt_steps: int = MTP_TTT_STEPS, log=None):
+                   ttt_steps: int = MTP_TTT_STEPS, progress=None):
     """Train head.layers[0] on target windows: tokens # [w, L], hidden # [w, L, H] the target's
     final normed states, probs # [w, L, vocab] its next-token distributions. Entry i of step s
-    (token t_{i+1+s} at position i+s) learns argmax probs[:, i+1+s]. Returns the head in eval mode."""
+    (token t_{i+1+s} at position i+s) learns argmax probs[:, i+1+s]. progress(what, step, steps,
+    "loss ...") after each step. Returns the head in eval mode."""
     import torch
     from transformers import DynamicCache
 
@@ -72,14 +73,14 @@ def train_mtp_head(head, tokens, hidden, probs, steps: int, batch: int, seed: in
                                                             labels[:, 1 + ttt:].flatten())
             state = head.recycle(prenorm)
         optimizer.step(loss)
-        if log and (step % 50 == 0 or step == steps - 1):
-            log(f"mtp step {step:4d}/{steps} loss {loss.item() / ttt_steps:.3f}")
+        if progress:
+            progress("demo MTP layer: training", step + 1, steps, f"loss {loss.item() / ttt_steps:.3f}")
     for parameter in head.parameters():
         parameter.requires_grad_(False)
     return head.eval()
 
 
-def build_demo_mtp(out_dir, target_dir, *, force: bool = False, log=None) -> Path:
+def build_demo_mtp(out_dir, target_dir, *, force: bool = False, progress=None) -> Path:
     """Build (or reuse the cached) demo target with one trained MTP layer -> out_dir: the files of
     target_dir, config.json with num_nextn_predict_layers = 1, and model.safetensors with the MTP
     module under model.layers.{num_hidden_layers}.* (DeepSeek names; mtp.save_target_with_mtp)."""
@@ -96,7 +97,7 @@ def build_demo_mtp(out_dir, target_dir, *, force: bool = False, log=None) -> Pat
     target, stream = frozen_target(target_dir)
     windows, hidden, probs = target_states(target, stream, MTP_WINDOWS, SEQUENCE_LENGTH, seed=6)  # [w, L], ...
     head = new_mtp_head(target, seed=6)
-    train_mtp_head(head, windows, hidden, probs, *MTP_TRAINING, seed=6, max_lr=MTP_LR, log=log)
+    train_mtp_head(head, windows, hidden, probs, *MTP_TRAINING, seed=6, max_lr=MTP_LR, progress=progress)
     save_target_with_mtp(head, target_dir, out_dir)
     write_stamp(out_dir, "demo-mtp.json", key, started, cpu_started)
     return out_dir

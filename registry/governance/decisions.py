@@ -23,6 +23,7 @@ from specreg.errors import (ConcurrentUpdateError, IllegalTransitionError, NotFo
                             PolicyViolation)
 from specreg.core.fingerprint import compare_fingerprints, fingerprint_model
 from specreg.core.identity import normalize_user, same_user
+from specreg.registry.governance.floors import SPEEDUP_EXCEPTION, floor_conditions
 from specreg.registry.governance.policy import EnvironmentPolicy, Policy
 from specreg.registry.store.entities import PairState, PairVersion
 from specreg.registry.store.orm import (ApprovalRow, AuditEventRow, AuditHeadRow, EnvironmentPointerRow, PairRow,
@@ -109,10 +110,12 @@ class PointerMove:
     version: int  # the new holder
     previous_version: int | None  # the holder it replaced
     action: str  # promote | rollback
+    exception: dict[str, Any] | None = None  # a promote's recorded exception to min_speedup
 
     def to_dict(self) -> dict[str, Any]:
         return {"pair": self.pair, "environment": self.environment, "version": self.version,
-                "previous_version": self.previous_version, "action": self.action}
+                "previous_version": self.previous_version, "action": self.action,
+                **({"exception": self.exception} if self.exception else {})}
 
 
 # --- facts gathered outside the transaction ---------------------------------------------------
@@ -356,6 +359,8 @@ def evaluate(session: Session, row: PairVersionRow, env: EnvironmentPolicy, *, g
                                 else "no acceptance baselines recorded" + (f" in run {run.id}" if run else ""),
                                 {"overall": figures} if figures else {}))
     conditions.append(acceptance_condition(session, row, run, figures, env, golden_sha256, holder))
+    events = [e for e in chain if e.pair_name == row.pair.name and e.version == row.version]
+    conditions += floor_conditions(run, env, overall_figures(run) if run is not None else None, events)
     conditions.append(approval_condition(session, row, env, chain))
     return conditions, run
 
@@ -495,7 +500,7 @@ def release(store: Store, session: Session, row: PairVersionRow, *, actor: str, 
 
 
 def promote(store: Store, policy: Policy, name: str, version: int, environment: str, *, actor: str,
-            expected_holder: int | None, reason: str | None = None) -> PointerMove:
+            expected_holder: int | None, reason: str | None = None, allow_slower: str | None = None) -> PointerMove:
     """Make ``name@version`` the holder of ``environment`` if the policy allows it.
 
     ``expected_holder``: the version number (None: nobody) the caller saw holding the
@@ -522,10 +527,14 @@ def promote(store: Store, policy: Policy, name: str, version: int, environment: 
             raise IllegalTransitionError(f"{label} already holds {environment}: nothing to do")
         conditions, run = evaluate(session, row, env, golden_sha256=golden_sha256, changes=changes,
                                    holder=holder, now=utcnow())
-        failed = [c for c in conditions if not c.passed]
+        # an exception waives a measured speedup below the floor, never a speedup not measured
+        excepted = next((c for c in conditions if c.name == SPEEDUP_EXCEPTION and not c.passed
+                         and "speedup" in c.details), None) if allow_slower else None
+        failed = [c for c in conditions if not c.passed and c is not excepted]
         if failed:
             raise PolicyViolation(f"cannot promote {label} to {environment}: "
-                                  + "; ".join(f"{c.name}: {c.reason}" for c in failed))
+                                  + "; ".join(f"{c.name}: {c.reason}" for c in failed),
+                                  reasons=[(c.name, c.reason) for c in failed])
         now = utcnow()
         if pointer is None:
             pointer = EnvironmentPointerRow(pair_id=pair.id, environment=environment, pair_version_id=row.id,
@@ -539,11 +548,16 @@ def promote(store: Store, policy: Policy, name: str, version: int, environment: 
         store.transition(name, version, PairState.PROMOTED, actor=actor, action="promote", reason=reason,
                          details={"environment": environment, "previous_version": holder_version,
                                   "validation_run": run.id if run else None, "approval": approval,
-                                  "policy": policy.source}, session=session)
+                                  "policy": policy.source,
+                                  **({"exception": {"condition": SPEEDUP_EXCEPTION, "reason": allow_slower,
+                                                    **excepted.details}} if excepted else {})},
+                         session=session)
         if holder is not None:
             release(store, session, holder, actor=actor, environment=environment, replaced_by=version,
                     reason=f"{label} promoted to {environment}")
-        return PointerMove(name, environment, version, holder_version, "promote")
+        return PointerMove(name, environment, version, holder_version, "promote",
+                           {"condition": SPEEDUP_EXCEPTION, "reason": allow_slower, **excepted.details}
+                           if excepted else None)
 
 
 def describe_holder(version: int | None) -> str:

@@ -17,6 +17,9 @@ from specreg.errors import SpecregError
 
 def main() -> None:
     """Entry point: user errors become one line on stderr and an exit code, never a traceback."""
+    from specreg.runtime.process import prepare_process
+
+    prepare_process()  # threads for torch and no library progress bars, before torch is imported
     try:
         try:
             code = cli.main(standalone_mode=False)
@@ -29,7 +32,9 @@ def main() -> None:
         exc.show()
         sys.exit(exc.exit_code)
     except SpecregError as exc:
-        click.echo(f"specreg: error: {printable(exc)}", err=True)
+        lines = getattr(exc, "lines", None) or [f"error: {exc}"]  # a Refusal: one reason a line
+        click.echo("\n".join(f"specreg: {printable(line)}" if index == 0 else printable(line)
+                             for index, line in enumerate(lines)), err=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         click.echo("specreg: interrupted", err=True)

@@ -222,26 +222,29 @@ def upgrade(db_url):
                                       "target with a trained MTP layer (DIRECTORY/target-mtp).")
 @click.option("--force", is_flag=True, help="Rebuild even when a cached build matches.")
 def demo_pair(directory, method, force):
-    """Build (or reuse) the tiny demo target/draft pair in DIRECTORY (about 30 s on 2 idle CPU cores);
-    with --method eagle3 also an EAGLE-3 head for the demo target (about 2 min), with --method
-    medusa Medusa heads and the tree to register them with (about 2.5 min), with --method mtp also
-    the demo target with one trained MTP layer inside (register it with --method mtp, no --draft)."""
+    """Build (or reuse) the tiny demo target/draft pair in DIRECTORY, or a head for its target.
+
+    The pair takes 1-2 CPU-minutes. With --method eagle3 also an EAGLE-3 head for the demo target,
+    with --method medusa Medusa heads and the tree to register them with, with --method mtp also
+    the demo target with one trained MTP layer inside (register it with --method mtp, no
+    --draft). Each build is cached under a key of its recipe: a second run reuses it in seconds."""
+    from specreg.cli.progress import Progress
     from specreg.runtime.demo_pair import build_demo_pair
 
-    log = lambda line: click.echo(line, err=True)  # noqa: E731
-    target_dir, draft_dir = build_demo_pair(directory, force=force, log=log)
+    progress = Progress()
+    target_dir, draft_dir = build_demo_pair(directory, force=force, progress=progress)
     click.echo(f"target: {target_dir}")
     click.echo(f"draft:  {draft_dir}")
     if method == "eagle3":
         from specreg.runtime.demo_heads import build_demo_head
 
-        click.echo(f"eagle3: {build_demo_head(directory, 'eagle3', target_dir=target_dir, force=force, log=log)}")
+        click.echo(f"eagle3: {build_demo_head(directory, 'eagle3', target_dir=target_dir, force=force, progress=progress)}")
     if method == "medusa":
         from specreg.runtime.demo_medusa import DEMO_TREE, build_demo_medusa
 
-        click.echo(f"medusa: {build_demo_medusa(Path(directory) / 'medusa', target_dir, force=force, log=log)}")
+        click.echo(f"medusa: {build_demo_medusa(Path(directory) / 'medusa', target_dir, force=force, progress=progress)}")
         click.echo(f"tree:   {json.dumps([list(path) for path in DEMO_TREE], separators=(',', ':'))}")
     if method == "mtp":
         from specreg.runtime.demo_mtp import build_demo_mtp
 
-        click.echo(f"mtp: {build_demo_mtp(Path(directory) / 'target-mtp', target_dir, force=force, log=log)}")
+        click.echo(f"mtp: {build_demo_mtp(Path(directory) / 'target-mtp', target_dir, force=force, progress=progress)}")
