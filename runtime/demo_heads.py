@@ -58,6 +58,8 @@ def train_eagle3_head(head, target, stream, steps: int, batch_size: int, seed: i
     diagonal = torch.eye(length, dtype=torch.bool)  # step s over an earlier step's entries
     head.train()
     target.eval()
+    if progress:
+        progress("demo EAGLE-3 head: training", 0, steps)  # the clock of the ETA starts here
     for step in range(steps):
         starts = torch.randint(0, stream.shape[0] - SEQUENCE_LENGTH - 1, (batch_size,), generator=generator)
         batch = torch.stack([stream[s:s + SEQUENCE_LENGTH] for s in starts.tolist()])  # [batch, seq]

@@ -77,6 +77,8 @@ def train_medusa_heads(heads, hidden, probs, steps: int, batch: int, seed: int, 
     optimizer = OneCycleAdamW(heads.parameters(), steps, max_lr, clip=None)
     generator = torch.Generator().manual_seed(seed)
     heads.train()
+    if progress:
+        progress("demo Medusa heads: training", 0, steps)  # the clock of the ETA starts here
     for step in range(steps):
         rows = torch.randint(0, inputs.shape[0], (batch,), generator=generator)
         logits = heads(inputs[rows])  # [heads, batch, vocab]

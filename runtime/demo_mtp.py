@@ -57,6 +57,8 @@ def train_mtp_head(head, tokens, hidden, probs, steps: int, batch: int, seed: in
     causal = index[None, :] <= index[:, None]  # [length, length] step 0 over step 0
     diagonal = torch.eye(length, dtype=torch.bool)  # step s over an earlier step's entries
     head.train()
+    if progress:
+        progress("demo MTP layer: training", 0, steps)  # the clock of the ETA starts here
     for step in range(steps):
         rows = torch.randint(0, tokens.shape[0], (batch,), generator=generator)
         window, labels = tokens[rows], greedy[rows]  # [b, L], [b, L]

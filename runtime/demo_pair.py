@@ -275,6 +275,8 @@ def train(model, stream, steps: int, batch_size: int, seed: int, max_lr: float, 
     optimizer = OneCycleAdamW(model.parameters(), steps, max_lr)
     generator = torch.Generator().manual_seed(seed)
     model.train()
+    if progress:
+        progress(what, 0, steps)  # the clock of the ETA starts here
     for step in range(steps):
         starts = torch.randint(0, stream.shape[0] - SEQUENCE_LENGTH - 1, (batch_size,), generator=generator)
         batch = torch.stack([stream[s:s + SEQUENCE_LENGTH] for s in starts.tolist()])  # [batch, seq]
