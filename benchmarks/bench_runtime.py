@@ -196,14 +196,14 @@ def main() -> None:
     theoretical = expected_speedup(summary["acceptance_rate"], args.k, cost_ratio)
     # the same formula over the measured per-position (conditional) rates: their product is what
     # tau measures, so this is the stricter bound when acceptance is not the same at every position
-    theoretical_per_position = expected_speedup(summary["per_position_acceptance"], args.k, cost_ratio)
+    theoretical_per_position = expected_speedup(summary["per_position_acceptance_conditional"], args.k, cost_ratio)
     # the formula prices a verification like a one-token step; on a CPU a forward over k+1 tokens
     # costs more (wider matmuls, a materialised mask): measured here to explain the gap, not to move it
     # back to back, median of the ratios (as measure_cost_ratio does): one burst of load skews one ratio
     verify_cost = verify_cost_chain(pair, prompts[0], args.k)
-    with_verify_cost = expected_tokens_per_step(summary["per_position_acceptance"], args.k) / (
+    with_verify_cost = expected_tokens_per_step(summary["per_position_acceptance_conditional"], args.k) / (
         verify_cost + args.k * cost_ratio)
-    best_k, best_speedup = choose_k(summary["per_position_acceptance"], cost_ratio, k_max=12)
+    best_k, best_speedup = choose_k(summary["per_position_acceptance_conditional"], cost_ratio, k_max=12)
 
     names = list(methods)
     rate = {name: statistics.median(rates[name]) for name in names}
@@ -224,11 +224,14 @@ def main() -> None:
     measured_decode = summary["decode_tokens_per_s"] / target_summary["decode_tokens_per_s"]
     print()
     print(f"alpha-hat (acceptance rate)        {summary['acceptance_rate']:.3f}")
-    print(f"tau (mean acceptance length)       {summary['mean_acceptance_length']:.2f}")
-    # tau counts tokens verified past EOS / the budget too; short outputs lose part of their last step
+    print(f"tau (mean acceptance length)       {summary['mean_acceptance_length']:.2f}  (1 + accepted / draft steps, "
+          f"as vLLM counts it; ours, tokens / target forward: {summary['tokens_per_target_forward']:.2f})")
+    # tokens per forward count tokens verified past EOS / the budget too; short outputs lose part of their last step
     print(f"tokens delivered / target forward  {summary['generated_tokens'] / summary['target_forwards']:.2f}  "
           f"({summary['generated_tokens'] / summary['generations']:.1f} tokens per prompt)")
-    print("per-position acceptance            " + ", ".join(f"{a:.2f}" for a in summary["per_position_acceptance"]))
+    print("per-position acceptance            " + ", ".join(f"{a:.2f}" for a in summary["per_position_acceptance"])
+          + "  (vLLM's, / draft steps; conditional: "
+          + ", ".join(f"{a:.2f}" for a in summary["per_position_acceptance_conditional"]) + ")")
     print(f"c (draft step / target step)       {cost_ratio:.3f}  (target {1 / cost_ratio:.1f}x the draft)")
     print(f"theoretical speedup (k={args.k})        {theoretical:.2f}x  (DESIGN.md §2 with alpha = alpha-hat)")
     print(f"  with per-position rates          {theoretical_per_position:.2f}x  (1 + sum of products = tau's expectation)")
@@ -258,14 +261,14 @@ def main() -> None:
         summary_h = aggregate(metrics)
         depth = head_config.k
         # drafting cost per step in one-token target steps, as validate's performance check reads it
-        drafting_steps = summary_h["target_forwards"] - summary_h["generations"]  # every step but the prefills
+        drafting_steps = summary_h["draft_steps"]
         draft_step_cost = head_draft_step_cost(summary_h, one_step)
         # DESIGN.md §2 as written (alpha = alpha-hat, as for the draft model above), in its tree form:
         # expected tokens per step over (the heads' drafting cost per step + one verification)
         tokens_alpha = expected_tokens_per_step(summary_h["acceptance_rate"], depth)
         predicted = tokens_alpha / (draft_step_cost + 1.0)
         # the same over the measured per-depth rates (stricter), and with the measured verify cost
-        tokens_per_step = expected_tokens_per_step(summary_h["per_position_acceptance"], depth)
+        tokens_per_step = expected_tokens_per_step(summary_h["per_position_acceptance_conditional"], depth)
         bound = tokens_per_step / (draft_step_cost + 1.0)
         head_verify = (tree_verify if head_config.tree is not None else verify_cost if depth == args.k
                        else verify_cost_chain(pair, prompts[0], depth))  # chains: k + 1 tokens
@@ -273,8 +276,10 @@ def main() -> None:
         decode_h = summary_h["decode_tokens_per_s"] / target_summary["decode_tokens_per_s"]
         print(f"\n{name}")
         print(f"alpha-hat / tau                    {summary_h['acceptance_rate']:.3f} / "
-              f"{summary_h['mean_acceptance_length']:.2f}  (tau counts the prefill step, which drafts nothing)")
-        print("per-depth acceptance               " + ", ".join(f"{a:.2f}" for a in summary_h["per_position_acceptance"]))
+              f"{summary_h['mean_acceptance_length']:.2f}  (tokens / target forward "
+              f"{summary_h['tokens_per_target_forward']:.2f}: it counts the prefill step, which drafts nothing)")
+        print("per-depth acceptance               " + ", ".join(f"{a:.2f}" for a in summary_h["per_position_acceptance"])
+              + "  (conditional: " + ", ".join(f"{a:.2f}" for a in summary_h["per_position_acceptance_conditional"]) + ")")
         print(f"drafting cost per step             {draft_step_cost:.3f} one-token target steps "
               f"({summary_h['draft_forwards'] / drafting_steps:.1f} head forwards)")
         print(f"predicted speedup                  {predicted:.2f}x  (DESIGN.md §2 with alpha = alpha-hat, tree form: "

@@ -5,43 +5,45 @@ from __future__ import annotations
 import time
 
 
-def acceptance_by_position(per_position_acceptance, k: int) -> list[float]:
-    """A constant alpha or the measured per-position list -> k conditional acceptances.
+def acceptance_by_position(conditional_acceptance, k: int) -> list[float]:
+    """A constant alpha or the measured per-position conditional rates (metrics'
+    per_position_acceptance_conditional; vLLM's unconditional per_position_acceptance already holds
+    the products) -> k conditional acceptances.
 
     Positions past the measured ones reuse the last measured value: an extrapolation, which
     callers must name as such (validators/performance.py recommends within the measured depth).
     """
-    if isinstance(per_position_acceptance, (int, float)):
-        return [float(per_position_acceptance)] * k
-    values = [float(a) for a in per_position_acceptance]
+    if isinstance(conditional_acceptance, (int, float)):
+        return [float(conditional_acceptance)] * k
+    values = [float(a) for a in conditional_acceptance]
     if not values:
         return [0.0] * k
     return (values + [values[-1]] * k)[:k]
 
 
-def expected_tokens_per_step(per_position_acceptance, k: int) -> float:
+def expected_tokens_per_step(conditional_acceptance, k: int) -> float:
     """Expected tokens emitted per target forward: 1 + sum_j prod_{i<=j} a_i.
 
     With a constant alpha this is (1 - alpha^(k+1)) / (1 - alpha).
     """
     expected, reach = 1.0, 1.0
-    for acceptance in acceptance_by_position(per_position_acceptance, k):
+    for acceptance in acceptance_by_position(conditional_acceptance, k):
         reach *= acceptance
         expected += reach
     return expected
 
 
-def expected_speedup(per_position_acceptance, k: int, cost_ratio: float) -> float:
+def expected_speedup(conditional_acceptance, k: int, cost_ratio: float) -> float:
     """Expected wall-clock speedup over target-only: tokens per step / (k * c + 1)."""
-    return expected_tokens_per_step(per_position_acceptance, k) / (k * cost_ratio + 1.0)
+    return expected_tokens_per_step(conditional_acceptance, k) / (k * cost_ratio + 1.0)
 
 
-def choose_k(per_position_acceptance, cost_ratio: float, k_max: int = 8) -> tuple[int, float]:
-    """Measured acceptance (alpha or per-position list) and c = draft/target step cost ->
+def choose_k(conditional_acceptance, cost_ratio: float, k_max: int = 8) -> tuple[int, float]:
+    """Measured acceptance (alpha or per-position conditional list) and c = draft/target step cost ->
     (k in 1..k_max maximising expected speedup, that expected speedup). No closed form: search."""
-    best_k, best = 1, expected_speedup(per_position_acceptance, 1, cost_ratio)
+    best_k, best = 1, expected_speedup(conditional_acceptance, 1, cost_ratio)
     for k in range(2, k_max + 1):
-        speedup = expected_speedup(per_position_acceptance, k, cost_ratio)
+        speedup = expected_speedup(conditional_acceptance, k, cost_ratio)
         if speedup > best:
             best_k, best = k, speedup
     return best_k, best
@@ -49,15 +51,16 @@ def choose_k(per_position_acceptance, cost_ratio: float, k_max: int = 8) -> tupl
 
 def head_draft_step_cost(summary: dict, one_step_s: float) -> float:
     """A head method's drafting cost per step in one-token target steps, from metrics.aggregate()
-    over its generations: the drafting seconds over the steps that drafted, every verification but
-    each generation's prefill (a head has no target states before it); 0.0 without such a step."""
-    drafting_steps = summary["target_forwards"] - summary["generations"]
+    over its generations: the drafting seconds over the steps that drafted (draft_steps: not a
+    generation's prefill, where a head has no target states yet, nor a step the budget left no room
+    to draft in); 0.0 without such a step."""
+    drafting_steps = summary["draft_steps"]
     return summary["draft_time_s"] / drafting_steps / one_step_s if drafting_steps > 0 else 0.0
 
 
 def choose_tree_depth(per_depth_acceptance, draft_step_cost: float, verify_costs: dict[int, float]) -> tuple[int, float]:
-    """The depth to cut a candidate tree at: measured per-depth acceptance (a tree's per-position
-    acceptance, position = depth), the drafting cost of one step and the verification cost of the
+    """The depth to cut a candidate tree at: measured per-depth conditional acceptance (a tree's
+    per_position_acceptance_conditional, position = depth), the drafting cost of one step and the verification cost of the
     tree cut at each depth d (verify_costs[d]), both in one-token target steps ->
     (depth, expected speedup = tokens per step / (draft_step_cost + verify_costs[depth])).
     A chain is the case verify cost 1 and draft cost k * c (expected_speedup)."""

@@ -30,7 +30,7 @@ import torch
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from specreg.core.heads import default_aux_layer_ids  # vLLM's get_eagle3_aux_hidden_state_layers
+from specreg.core.heads.eagle3 import default_aux_layer_ids  # vLLM's get_eagle3_aux_hidden_state_layers
 from specreg.errors import ModelReferenceError, RuntimeConfigError
 from specreg.runtime.head_drafter import head_inputs
 
@@ -45,7 +45,7 @@ class Eagle3Spec:
     target_hidden_size: int | None = None
     norm_before_residual: bool = False
     norm_before_fc: bool = False
-    head: object = None  # the specreg.core.heads.HeadSpec read from the directory (None: built here)
+    head: object = None  # the specreg.core.heads.spec.HeadSpec read from the directory (None: built here)
 
 
 def read_eagle3_config(path) -> Eagle3Spec:
@@ -169,9 +169,9 @@ def check_head_fits(spec: Eagle3Spec, target_config, target_vocab_size: int, nam
     """RuntimeConfigError / HeadMismatchError with a one-line reason when this runtime cannot draft
     for the loaded target with the head; else the aux layer ids to collect, in vLLM's order. The
     head's own consistency (tensor shapes against its config) was checked by read_head; its
-    vocabulary map by specreg.core.heads.check_vocab_fit, as at registration. Runs on the config
+    vocabulary map by specreg.core.heads.vocabulary.check_vocab_fit, as at registration. Runs on the config
     and tensor headers only, before any forward pass."""
-    from specreg.core.heads import check_vocab_fit
+    from specreg.core.heads.vocabulary import check_vocab_fit
 
     num_layers, target_hidden = target_config.num_hidden_layers, target_config.hidden_size
     if spec.layer_config.num_hidden_layers != 1:

@@ -1,4 +1,18 @@
-"""Per-generation metrics, named as vLLM names them (DESIGN.md §2), and their aggregate."""
+"""Per-generation metrics, named as vLLM names them (DESIGN.md §2), and their aggregate.
+
+The engines' terms (vLLM's SpecDecodingStats/SpecDecodingLogging, SGLang's accept length): a
+*draft step* is a verification that had drafts; a step that drafted nothing (n-gram found no
+match, a head before its first target states, speculation off) is not one.
+- acceptance_rate (alpha-hat) = accepted / drafted tokens
+- mean_acceptance_length (tau) = 1 + accepted / draft_steps (vLLM ``1 + num_accepted_tokens /
+  num_drafts``; SGLang ``completion_tokens / spec_verify_ct``)
+- per_position_acceptance[i] = steps that accepted position i / draft_steps (vLLM's
+  unconditional rate: the chance that drafts 0..i were all accepted)
+Ours, under their own names, never to be compared with an engine's tau or per-position:
+- tokens_per_target_forward = emitted tokens / all verification forwards (draft steps or not)
+- per_position_acceptance_conditional[i] = accepted at i / draft steps that reached i (the
+  factors of DESIGN.md §2's speedup formula, which choose_k multiplies)
+"""
 
 from __future__ import annotations
 
@@ -20,9 +34,10 @@ def percentile(values: list[float], q: float) -> float | None:
 class GenerationMetrics:
     """Counters one generation fills as it runs; summary() gives the named figures.
 
-    Counts: drafted / accepted draft tokens; accepted_per_position[i] / reached_per_position[i]
-    (a draft reaches position i when drafts 0..i-1 were all accepted); verify_steps and
-    verify_emitted (tokens emitted by verification forwards, bonus included); ttft_tokens: the
+    Counts: drafted / accepted draft tokens; draft_steps (verifications that had drafts);
+    accepted_per_position[i] / reached_per_position[i] (a draft reaches position i when drafts
+    0..i-1 were all accepted); verify_steps and verify_emitted (every verification forward, with or
+    without drafts, and the tokens they emitted, bonus included); ttft_tokens: the
     tokens that came with the first one (the first step's, prefill included: up to k+1 when it
     verified drafts). Decode phase: everything after that first step, the part DESIGN.md §2's
     speedup formula models (prefill is outside it). Times in seconds. Per-token latency: a
@@ -31,6 +46,7 @@ class GenerationMetrics:
 
     drafted: int = 0
     accepted: int = 0
+    draft_steps: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
     reached_per_position: list[int] = field(default_factory=list)
     target_forwards: int = 0
@@ -57,6 +73,8 @@ class GenerationMetrics:
         self.verify_emitted += num_emitted
         self.drafted += num_drafted
         self.accepted += num_accepted
+        if num_drafted > 0:
+            self.draft_steps += 1
         for position in range(num_drafted):
             if position >= len(self.reached_per_position):
                 self.reached_per_position.append(0)
@@ -79,10 +97,22 @@ class GenerationMetrics:
 
     @property
     def mean_acceptance_length(self) -> float | None:
+        """tau as the engines count it: 1 + accepted / draft steps; None without a draft step."""
+        return 1.0 + self.accepted / self.draft_steps if self.draft_steps else None
+
+    @property
+    def tokens_per_target_forward(self) -> float | None:
+        """Ours: emitted tokens / every verification forward, steps without drafts included."""
         return self.verify_emitted / self.verify_steps if self.verify_steps else None
 
     @property
     def per_position_acceptance(self) -> list[float]:
+        """vLLM's per-position rate: steps that accepted position i / draft steps."""
+        return [a / self.draft_steps for a in self.accepted_per_position] if self.draft_steps else []
+
+    @property
+    def per_position_acceptance_conditional(self) -> list[float]:
+        """Accepted at position i / draft steps that reached it (what choose_k multiplies)."""
         return [a / r if r else 0.0 for a, r in zip(self.accepted_per_position, self.reached_per_position)]
 
     @property
@@ -99,9 +129,12 @@ class GenerationMetrics:
         return {
             "drafted": self.drafted,
             "accepted": self.accepted,
+            "draft_steps": self.draft_steps,
             "acceptance_rate": self.acceptance_rate,
             "mean_acceptance_length": self.mean_acceptance_length,
             "per_position_acceptance": self.per_position_acceptance,
+            "tokens_per_target_forward": self.tokens_per_target_forward,
+            "per_position_acceptance_conditional": self.per_position_acceptance_conditional,
             "target_forwards": self.target_forwards,
             "draft_forwards": self.draft_forwards,
             "generated_tokens": self.generated_tokens,
@@ -135,7 +168,7 @@ def aggregate(metrics: list[GenerationMetrics]) -> dict:
     ttfts = []
     decode_tokens, decode_seconds = 0, 0.0
     for one in metrics:
-        for name in ("drafted", "accepted", "target_forwards", "draft_forwards", "verify_steps",
+        for name in ("drafted", "accepted", "draft_steps", "target_forwards", "draft_forwards", "verify_steps",
                      "verify_emitted", "generated_tokens", "prompt_tokens", "total_time_s",
                      "draft_time_s", "verify_time_s"):
             setattr(total, name, getattr(total, name) + getattr(one, name))

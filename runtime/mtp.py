@@ -28,7 +28,7 @@ What we followed (the released vLLM 0.33.0 wheel, read 2026-12-01):
 transformers' DeepSeek-V3 ignores the MTP layer on load (_keys_to_ignore_on_load_unexpected), as
 its LlamaForCausalLM ignores model.layers.{N}.*: the directory still loads as the plain target.
 
-The runtime runs the DeepSeek naming (specreg.core.heads.read_mtp's "deepseek" family) on Llama
+The runtime runs the DeepSeek naming (specreg.core.heads.mtp.read_mtp's "deepseek" family) on Llama
 targets, whose MTP block is a LlamaDecoderLayer with the target's config. Other families (the
 DeepSeek MLA/MoE block, MiMo, Qwen3-Next's and Qwen3.5's gated attention) are refused by name.
 
@@ -139,10 +139,10 @@ class MtpHead(torch.nn.Module):
 # --- reading a target's MTP layers ---------------------------------------------------------------
 
 def read_runnable_mtp(target_path):
-    """The target's MTP layers as specreg.core.heads.read_mtp lists them -> HeadSpec, refused
+    """The target's MTP layers as specreg.core.heads.mtp.read_mtp lists them -> HeadSpec, refused
     (RuntimeConfigError, one line naming the field) when this runtime does not run their family.
     Reads config.json and the safetensors headers only: call it before loading the target."""
-    from specreg.core.heads import read_mtp
+    from specreg.core.heads.mtp import read_mtp
 
     spec = read_mtp(target_path)  # ModelReferenceError: no count field, or no tensors under the prefix
     family = spec.layout.split(":", 1)[1]
@@ -159,7 +159,7 @@ def read_runnable_mtp(target_path):
 def layer_prefix(num_hidden_layers: int, index: int, names) -> str:
     """The prefix MTP layer `index` is stored under among tensor `names` (read_mtp's DeepSeek naming:
     model.layers.{num_hidden_layers + index}. or one of its variants)."""
-    from specreg.core.heads import MTP_LAYOUTS
+    from specreg.core.heads.mtp import MTP_LAYOUTS
 
     layout = next(lay for lay in MTP_LAYOUTS if lay.family == RUN_FAMILY)
     prefixes = layout.layer_prefixes(num_hidden_layers, index)

@@ -180,7 +180,8 @@ def describe_head(config: SpecConfig, target: ModelRef, draft: ModelRef | None, 
     """Read the head (or the target's MTP layers) and check it fits the target -> what the binding
     records: the head's description (no path: a location is not an identity) and the fit's
     findings. HeadMismatchError / ModelReferenceError name the field that does not fit."""
-    from specreg.core.heads import check_head_fits, read_head
+    from specreg.core.heads import read_head
+    from specreg.core.heads.fit import check_head_fits
 
     method = config.method.value
     head = read_head(draft.path if draft is not None else target.path, method=method)
@@ -304,7 +305,7 @@ class Registry:
     def resolve_environment(self, pair_ref: PairRef, *, with_events: bool = False) -> PairVersion:
         """The version of ``pair_ref.name`` that holds ``pair_ref.environment`` now."""
         from specreg.errors import NotFoundError
-        from specreg.registry.governance.decisions import holder_of
+        from specreg.registry.governance.queries import holder_of
 
         version = holder_of(self.store, pair_ref.name, pair_ref.environment)
         if version is None:
@@ -333,10 +334,10 @@ class Registry:
     def retire(self, ref: str | PairRef, reason: str | None = None, *, force: bool = False) -> PairVersion:
         """Retire a version; refused (PolicyViolation) while it holds an environment unless ``force``."""
         check_text("reason", reason)
-        from specreg.registry.governance import decisions
+        from specreg.registry.governance import moves
 
         version = self.get(ref)
-        retired = decisions.retire(self.store, version.name, version.version, actor=self.user, reason=reason,
+        retired = moves.retire(self.store, version.name, version.version, actor=self.user, reason=reason,
                                     force=force)
         self.mirror(version.label)
         return retired
@@ -351,31 +352,31 @@ class Registry:
 
     def approve(self, ref: str | PairRef, note: str | None = None):
         """Record this user's approval (four-eyes: never the registrant; only after a passed
-        validation). Returns decisions.Approval."""
+        validation). Returns approvals.Approval."""
         check_text("note", note)
-        from specreg.registry.governance import decisions
+        from specreg.registry.governance import approvals
 
         version = self.get(ref)
-        approval = decisions.decide(self.store, version.name, version.version, actor=self.user,
-                                     decision=decisions.APPROVED, note=note)
+        approval = approvals.decide(self.store, version.name, version.version, actor=self.user,
+                                     decision=approvals.APPROVED, note=note)
         self.mirror(version.label)
         return approval
 
     def reject(self, ref: str | PairRef, note: str | None = None):
-        """Record this user's rejection (withdraws an approved state). Returns decisions.Approval."""
+        """Record this user's rejection (withdraws an approved state). Returns approvals.Approval."""
         check_text("note", note)
-        from specreg.registry.governance import decisions
+        from specreg.registry.governance import approvals
 
         version = self.get(ref)
-        rejection = decisions.decide(self.store, version.name, version.version, actor=self.user,
-                                      decision=decisions.REJECTED, note=note)
+        rejection = approvals.decide(self.store, version.name, version.version, actor=self.user,
+                                      decision=approvals.REJECTED, note=note)
         self.mirror(version.label)
         return rejection
 
     def promote(self, ref: str | PairRef, environment: str, *, reason: str | None = None,
                 policy_path: str | None = None, expected_holder: int | None | str = "current",
                 allow_slower: str | None = None):
-        """Make the version hold ``environment`` under the policy; returns decisions.PointerMove.
+        """Make the version hold ``environment`` under the policy; returns moves.PointerMove.
 
         ``expected_holder``: the version number you saw holding the environment (None: none);
         the default reads it now. If another promote moves the pointer before this one commits,
@@ -386,26 +387,27 @@ class Registry:
         check_text("allow-slower reason", allow_slower)
         if allow_slower is not None and not allow_slower.strip():
             raise UsageError("--allow-slower needs a reason: who decided it and why, for the audit log")
-        from specreg.registry.governance import decisions
+        from specreg.registry.governance import moves
+        from specreg.registry.governance.queries import holder_of
 
         version = self.get(ref)
         policy = self.policy(policy_path)
         policy.environment(environment)  # unknown environment: fail before any work
         self.mirror(version.label)  # an approval given in the MLflow UI counts for this promote
         if expected_holder == "current":
-            expected_holder = decisions.holder_of(self.store, version.name, environment)
-        move = decisions.promote(self.store, policy, version.name, version.version, environment,
-                                  actor=self.user, expected_holder=expected_holder, reason=reason,
-                                  allow_slower=allow_slower)
+            expected_holder = holder_of(self.store, version.name, environment)
+        move = moves.promote(self.store, policy, version.name, version.version, environment,
+                             actor=self.user, expected_holder=expected_holder, reason=reason,
+                             allow_slower=allow_slower)
         self.mirror(version.label)
         return move
 
     def rollback(self, name: str, environment: str, *, reason: str | None = None):
-        """Point ``environment`` of pair ``name`` back at its previous holder; decisions.PointerMove."""
+        """Point ``environment`` of pair ``name`` back at its previous holder; moves.PointerMove."""
         check_text("reason", reason)
-        from specreg.registry.governance import decisions
+        from specreg.registry.governance import moves
 
-        move = decisions.rollback(self.store, check_name(name), environment, actor=self.user, reason=reason)
+        move = moves.rollback(self.store, check_name(name), environment, actor=self.user, reason=reason)
         self.mirror(name)
         return move
 
@@ -427,15 +429,15 @@ class Registry:
 
     def diff(self, ref_a: str | PairRef, ref_b: str | PairRef) -> list[dict]:
         """Models, fingerprints, config and validation figures of two versions side by side."""
-        from specreg.registry.governance import decisions
+        from specreg.registry.governance import compare
 
-        return decisions.diff(self.store, self.get(ref_a), self.get(ref_b))
+        return compare.diff(self.store, self.get(ref_a), self.get(ref_b))
 
     def environments(self, name: str | None = None) -> list[dict]:
         """Environment pointers: which version holds each environment, and which did before."""
-        from specreg.registry.governance import decisions
+        from specreg.registry.governance import moves
 
-        return decisions.environment_pointers(self.store, check_name(name) if name else None)
+        return moves.environment_pointers(self.store, check_name(name) if name else None)
 
     def environment_history(self, name: str, environment: str, *, at: str | None = None) -> list:
         """Which version of ``name`` held ``environment`` when, from the audit log: a list of
@@ -528,9 +530,10 @@ class Registry:
         Every format but prometheus-rules also gets the pair lock (``specreg.lock.json``, see
         registry.deploy.lock), signed with the ECDSA private key file ``signing_key``; without one
         the lock says ``signed: false`` and a warning says so."""
-        from specreg.registry.deploy.exports import check_exportable, lock_engine, render_export, write_export
+        from specreg.registry.deploy.exports import check_exportable, lock_engine, render_export
+        from specreg.registry.deploy.writing import write_export
         from specreg.registry.deploy.lock import LOCK_FILE, lock_text
-        from specreg.registry.governance.decisions import approval_standing
+        from specreg.registry.governance.approvals import approval_standing
         from specreg.registry.governance.decisions import audit_check
         from specreg.registry.store.validations import ValidationStore
 
@@ -578,15 +581,16 @@ class Registry:
         lock must bind the files that were validated and approved."""
         from specreg.errors import PolicyViolation
         from specreg.registry.deploy.lock import build_lock, sign_lock
-        from specreg.registry.governance import decisions
+        from specreg.registry.governance import approvals
+        from specreg.registry.governance.queries import fingerprint_changes
 
-        changes = decisions.fingerprint_changes(version)
+        changes = fingerprint_changes(version)
         if changes:
             raise PolicyViolation(f"{version.label}: the models changed since registration ({'; '.join(changes)}); "
                                   f"no lock is written for files that were not validated")
         approvals = [{"decision": a.decision, "actor": a.actor, "at": a.created_at.isoformat(timespec="seconds") + "Z",
                       "source": a.source, "note": a.note}
-                     for a in decisions.approvals(self.store, version.name, version.version)]
+                     for a in approvals.approvals(self.store, version.name, version.version)]
         lock = build_lock(version, engine=engine, baselines=baselines, approvals=approvals,
                           audit_head={"hash": self.store.audit_head()}, approved=approved,
                           exported_by=self.user)

@@ -181,6 +181,19 @@ def test_checker_catches_a_reintroduced_cycle(tmp_path):
     assert find_cycle(graph) is not None
 
 
+def test_engine_modules_do_not_import_the_common_export_code():
+    """registry/deploy/exports.py imports each engine module (engines.FORMATS), never the other way:
+    a new engine plugs in with its module and one table line, and no engine reaches into another's
+    export through the common code."""
+    modules = module_files()
+    engines = {name: path for name, path in modules.items() if name.startswith("specreg.registry.deploy.engines")}
+    assert "specreg.registry.deploy.engines.vllm" in engines
+    problems = [f"{path.relative_to(ROOT)}:{line}: imports {imported}"
+                for name, path in sorted(engines.items()) for imported, line in imports_of(path, name)
+                if imported.startswith(("specreg.registry.deploy.exports", "specreg.registry.deploy.writing"))]
+    assert problems == []
+
+
 @pytest.mark.parametrize("module", ["specreg.core.types", "specreg.core.fingerprint"])
 def test_core_imports_nothing_heavy(module):
     import subprocess

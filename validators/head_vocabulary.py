@@ -25,7 +25,8 @@ def check_head_vocabulary(method: str, head_dir: str | None, target_dir: str, *,
     method: "eagle3" | "medusa" | "mtp"; head_dir: the head's directory (None for mtp).
     Returns a pass with what was compared, or a fail naming the field that no longer fits.
     """
-    from specreg.core.heads import check_head_fits, read_head
+    from specreg.core.heads import read_head
+    from specreg.core.heads.fit import check_head_fits
 
     try:
         head = read_head(head_dir if head_dir is not None else target_dir, method=method)

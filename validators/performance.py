@@ -72,7 +72,7 @@ def check_performance(pair, decodes, *, method: str = "draft_model", k: int = 4,
             cost_ratio = in_loop_cost_ratio(speculative)
         else:
             cost_ratio = measure_cost_ratio(pair.target, pair.draft, decodes.runs[0].prompt_ids, steps=8)
-    measured = speculative["per_position_acceptance"] or []
+    measured = speculative["per_position_acceptance_conditional"] or []  # the factors choose_k multiplies
     per_position = measured or [speculative["acceptance_rate"] or 0.0]
     tree_figures = {}
     if tree is not None:

@@ -157,7 +157,7 @@ def build_lock(version, *, engine: dict[str, Any] | None, baselines: dict[str, A
     """The unsigned lock of a PairVersion (``signed: false``, ``signature: null``).
 
     Hashes every file of the models at their registered paths. The caller has checked that
-    the models still match their registered fingerprints (governance.decisions.fingerprint_changes)."""
+    the models still match their registered fingerprints (governance.queries.fingerprint_changes)."""
     models: dict[str, Any] = {}
     for role in ROLES:
         model = getattr(version, role)
@@ -365,7 +365,7 @@ def check_registry(report: VerifyReport, lock: dict[str, Any], registry_url: str
     """The version still exists with the same binding, is not retired and (with ``environment``)
     still holds that environment."""
     from specreg.errors import NotFoundError
-    from specreg.registry.governance.decisions import holder_of
+    from specreg.registry.governance.queries import holder_of
     from specreg.registry.store.entities import PairState
     from specreg.registry.store.store import Store
 

@@ -6,7 +6,8 @@ vLLM exposes counters, so the live figures are computed from their deltas betwee
 mean_acceptance_length = 1 + d(accepted tokens) / d(drafts). SGLang exposes gauges that hold
 both figures already (over its own logging window); the live value is the mean of the two
 scrapes. TensorRT-LLM's trtllm-serve has no Prometheus speculative-decoding metrics specreg
-knows the names of, so observing it is refused with that reason.
+knows the names of, so observing it is refused with that reason. Each engine's metric names and
+reader are in its module (registry/deploy/engines/<engine>.py ``read_metrics``).
 """
 
 from __future__ import annotations
@@ -21,13 +22,6 @@ from typing import Any, Callable
 from specreg.errors import SpecregError, UsageError
 
 ENGINES = ("vllm", "sglang", "trtllm")
-
-VLLM_DRAFTS = "vllm:spec_decode_num_drafts_total"
-VLLM_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
-VLLM_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
-VLLM_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
-SGLANG_ACCEPT_LENGTH = "sglang:spec_accept_length"
-SGLANG_ACCEPT_RATE = "sglang:spec_accept_rate"
 
 # The live figures compare_with_baseline checks, against baselines["overall"].
 COMPARED = ("acceptance_rate", "mean_acceptance_length")
@@ -92,38 +86,13 @@ def select(samples: list[tuple[str, dict[str, str], float]], name: str, model_na
     return matching
 
 
-def read_vllm(samples, model_name: str | None, source: str) -> dict[str, Any]:
-    """Counter totals of one vLLM scrape, summed over the remaining series (engines, ranks)."""
-    totals = {
-        "drafts": sum(value for _, value in select(samples, VLLM_DRAFTS, model_name, source)),
-        "draft_tokens": sum(value for _, value in select(samples, VLLM_DRAFT_TOKENS, model_name, source)),
-        "accepted_tokens": sum(value for _, value in select(samples, VLLM_ACCEPTED, model_name, source)),
-    }
-    per_position: dict[int, float] = {}
-    for name, labels, value in samples:
-        # Optional: older or differently configured engines do not export it.
-        if name == VLLM_ACCEPTED_PER_POS and (model_name is None or labels.get("model_name") == model_name):
-            if str(labels.get("position", "")).isdigit():
-                position = int(labels["position"])
-                per_position[position] = per_position.get(position, 0.0) + value
-    totals["accepted_per_position"] = per_position
-    return totals
-
-
-def read_sglang(samples, model_name: str | None, source: str) -> dict[str, Any]:
-    """Gauge values of one SGLang scrape, averaged over the remaining series (e.g. DP ranks)."""
-    figures = {}
-    for key, name in (("mean_acceptance_length", SGLANG_ACCEPT_LENGTH), ("acceptance_rate", SGLANG_ACCEPT_RATE)):
-        series = select(samples, name, model_name, source)
-        figures[key] = sum(value for _, value in series) / len(series)
-    return figures
-
-
 def read_engine(text: str, engine: str, model_name: str | None, source: str) -> dict[str, Any]:
     """Parse one scrape body and read the engine's speculative-decoding metrics from it."""
+    from specreg.registry.deploy.engines import engine_modules
+
     check_engine(engine)
     samples = parse_samples(text, source)
-    return read_vllm(samples, model_name, source) if engine == "vllm" else read_sglang(samples, model_name, source)
+    return engine_modules()[engine].read_metrics(samples, model_name, source)
 
 
 def check_engine(engine: str) -> None:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from specreg.registry.governance.queries import Condition
+
 SPEEDUP_EXCEPTION = "speedup"  # the one condition an explicit exception may waive
 
 
@@ -42,8 +44,6 @@ def floor_conditions(run, env, figures: dict[str, float] | None, events) -> list
     """The Conditions of ``env``'s floors for a version judged on validation ``run`` (None: none):
     ``figures``: the run's overall acceptance figures; ``events``: the version's verified audit
     events (an exception to min_speedup counts only from them)."""
-    from specreg.registry.governance.decisions import Condition
-
     conditions = []
     floor = env.min_acceptance_rate
     if floor is not None:

@@ -97,7 +97,7 @@ class Review:
         recorded as unattributed and does not satisfy four-eyes until a named approver
         confirms it with `specreg approve`. A malformed tag (``LGTM``) is warned about and
         ignored."""
-        from specreg.registry.governance import decisions
+        from specreg.registry.governance import approvals as decisions
 
         from specreg.registry.store.store import verified_chain
 
@@ -128,7 +128,7 @@ class Review:
 
     def attribute(self, version: PairVersion, in_mlflow: dict) -> tuple[str, str, str, str | None, str | None]:
         """(decision, approver, source, why unattributed or None, permission) of a UI tag."""
-        from specreg.registry.governance import decisions
+        from specreg.registry.governance import approvals as decisions
 
         status, named = in_mlflow["status"], in_mlflow["named"]
         permission = self.mlflow.model_permission(version.name, named) if named else None
@@ -147,7 +147,7 @@ class Review:
     def record_ui_decision(self, version: PairVersion, in_mlflow: dict, status: str, actor: str, source: str,
                            why: str | None, permission: str | None) -> str | None:
         """Record a decision set in the MLflow UI (not written by specreg); see sync_approval."""
-        from specreg.registry.governance import decisions
+        from specreg.registry.governance import approvals as decisions
 
         named = in_mlflow["named"]
         details = {"mlflow_tag": in_mlflow["raw"], "named_user": named, "permission": permission}
@@ -172,9 +172,9 @@ class Review:
 
     def sync_aliases(self, pair_name: str) -> dict[str, int | None]:
         """MLflow aliases follow the registry's environment pointers."""
-        from specreg.registry.governance import decisions
+        from specreg.registry.governance import moves
 
-        pointers = decisions.environment_pointers(self.store, pair_name)
+        pointers = moves.environment_pointers(self.store, pair_name)
         current = self.mlflow.aliases(pair_name) if pointers else {}
         result: dict[str, int | None] = {}
         for pointer in pointers:

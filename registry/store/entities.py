@@ -44,7 +44,7 @@ class SpecConfig:
     max_batch_size_for_speculation: int | None = None
     # Candidate tree (Medusa / EAGLE top-k): paths of top-i choices per depth, e.g. ((0,), (1,), (0, 0)).
     tree: tuple[tuple[int, ...], ...] | None = None
-    # What registration read of the head (specreg.core.heads.HeadSpec.to_dict() + fit notes);
+    # What registration read of the head (specreg.core.heads.spec.HeadSpec.to_dict() + fit notes);
     # for MTP the target tensors that form the module.
     head: dict[str, Any] | None = None
 

@@ -265,7 +265,7 @@ def test_gate_on_a_scheme_one_registration_still_passes_integrity(tiny_models, t
     from sqlalchemy import select, update
 
     from specreg import Registry
-    from specreg.registry.governance import decisions
+    from specreg.registry.governance import queries as decisions
     from specreg.registry.store.orm import PairVersionRow
 
     registry = Registry(f"sqlite:///{tmp_path / 'r.db'}")

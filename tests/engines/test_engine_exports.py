@@ -78,7 +78,7 @@ def tiny_pair(models: dict[str, Path], method: SpecMethod, max_batch: int | None
     (default: the tiny Llama, or the tiny DeepSeek-V3 for mtp) is the target directory."""
     target = target_ref(target or (mtp_target(models) if method == SpecMethod.MTP else models["target"]))
     if method == SpecMethod.MTP:
-        # what registration reads of the target's MTP layers (specreg.core.heads.read_mtp)
+        # what registration reads of the target's MTP layers (specreg.core.heads.mtp.read_mtp)
         layers = json.loads((Path(target.reference) / "config.json").read_text()).get("num_nextn_predict_layers")
         config = SpecConfig(method, K, max_batch_size_for_speculation=max_batch,
                             head={"layout": "mtp:deepseek", "num_heads": layers})
@@ -289,7 +289,7 @@ def test_sglang_parses_the_mtp_export(sglang_run, tiny_models):
 @pytest.mark.parametrize("fmt", ["vllm", "k8s-vllm", "sglang"])
 def test_mtp_on_a_target_no_engine_drafts_for_is_refused(fmt, tiny_models):
     """A Llama target that merely carries num_nextn_predict_layers: our export refuses it in one line
-    (head_refusal) and writes nothing; test_vllm_refuses_mtp_on_llama shows vLLM refuses it too."""
+    (engines.common.head_refusal) and writes nothing; test_vllm_refuses_mtp_on_llama shows vLLM refuses it too."""
     pair = tiny_pair(tiny_models, SpecMethod.MTP, None, target=llama_with_nextn_layers(tiny_models))
     options = {"model_volume": "pvc:models"} if fmt == "k8s-vllm" else None
     with pytest.raises(UsageError) as info:

@@ -65,8 +65,10 @@ def test_trained_head_is_accepted_and_metrics_come_out_as_for_draft_models(targe
     metrics = speculative_generate(pair, prompts[0], config).metrics
     summary = metrics.summary()
     assert summary["acceptance_rate"] > random_rate and metrics.accepted > 0
-    # tau = emitted per verification forward = 1 + accepted / forwards (the prefill step drafts nothing)
-    assert summary["mean_acceptance_length"] == pytest.approx(1 + metrics.accepted / metrics.verify_steps)
+    # the prefill step drafts nothing (no target states yet): tau (engines) leaves it out, ours counts it
+    assert metrics.draft_steps == metrics.verify_steps - 1
+    assert summary["mean_acceptance_length"] == pytest.approx(1 + metrics.accepted / (metrics.verify_steps - 1))
+    assert summary["tokens_per_target_forward"] == pytest.approx(1 + metrics.accepted / metrics.verify_steps)
     assert len(summary["per_position_acceptance"]) == 3
     assert summary["per_position_acceptance"][0] >= summary["per_position_acceptance"][2]
 

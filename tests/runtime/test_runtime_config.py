@@ -141,9 +141,11 @@ def test_metrics_summary_and_aggregate(target, tokenizer, drafts, prompts):
     for metrics in runs:
         summary = metrics.summary()
         assert summary["generated_tokens"] == 20
-        # every target forward is a verification (the first over prompt + drafts); tau counts the bonus
-        assert summary["mean_acceptance_length"] == pytest.approx(20 / summary["target_forwards"])
-        assert summary["mean_acceptance_length"] == pytest.approx(1 + metrics.accepted / summary["target_forwards"])
+        # every target forward is a verification (the first over prompt + drafts); a draft model drafts
+        # in each but one whose budget leaves no room for a draft (one token left): not a draft step
+        assert summary["target_forwards"] - 1 <= summary["draft_steps"] <= summary["target_forwards"]
+        assert summary["tokens_per_target_forward"] == pytest.approx(20 / summary["target_forwards"])
+        assert summary["mean_acceptance_length"] == pytest.approx(1 + metrics.accepted / summary["draft_steps"])
         assert summary["draft_forwards"] == summary["drafted"]
         assert summary["latency_p50_s"] <= summary["latency_p95_s"] <= summary["latency_p99_s"]
         assert summary["ttft_s"] > 0 and summary["tokens_per_s"] > 0
@@ -175,13 +177,60 @@ def test_decode_phase_leaves_out_the_first_step(target, tokenizer, drafts, promp
 
 def test_per_position_acceptance_and_rejection_runs():
     metrics = GenerationMetrics()
+    metrics.record_step(0, 0, 1)  # a step that drafted nothing (an n-gram miss): not a draft step
     for accepted in (3, 1, 0, 0, 0, 2):
         metrics.record_step(3, accepted, accepted + 1)
-    # position 0 reached 6 times, accepted 3; position 1 reached 3 times, accepted 2; ...
-    assert metrics.per_position_acceptance == [3 / 6, 2 / 3, 1 / 2]
+    assert (metrics.draft_steps, metrics.verify_steps) == (6, 7)
+    # vLLM's per-position rate: accepted at position i / draft steps (positions 0, 1, 2 accepted 3, 2, 1 times)
+    assert metrics.per_position_acceptance == [3 / 6, 2 / 6, 1 / 6]
+    # ours, conditional: position 0 reached 6 times, accepted 3; position 1 reached 3 times, accepted 2; ...
+    assert metrics.per_position_acceptance_conditional == [3 / 6, 2 / 3, 1 / 2]
     assert metrics.longest_rejection_run == 3
     assert metrics.acceptance_rate == 6 / 18
-    assert metrics.mean_acceptance_length == 12 / 6
+    # tau as the engines count it leaves the step without drafts out; ours counts every forward
+    assert metrics.mean_acceptance_length == 1 + 6 / 6
+    assert metrics.tokens_per_target_forward == 13 / 7
+    summary = metrics.summary()
+    assert (summary["draft_steps"], summary["mean_acceptance_length"], summary["tokens_per_target_forward"]) == (
+        6, 2.0, 13 / 7)
+    pooled = aggregate([metrics, metrics])
+    assert (pooled["draft_steps"], pooled["mean_acceptance_length"]) == (12, 2.0)
+    assert pooled["per_position_acceptance"] == [3 / 6, 2 / 6, 1 / 6]
+    assert pooled["per_position_acceptance_conditional"] == [3 / 6, 2 / 3, 1 / 2]
+    nothing = GenerationMetrics()
+    nothing.record_step(0, 0, 1)
+    assert (nothing.mean_acceptance_length, nothing.per_position_acceptance, nothing.tokens_per_target_forward) == (
+        None, [], 1.0)
+
+
+class StepLog(GenerationMetrics):
+    """GenerationMetrics that also keeps each step's (drafted, accepted) as the decode loop reports it."""
+
+    def __init__(self):
+        super().__init__()
+        self.steps = []
+
+    def record_step(self, num_drafted, num_accepted, num_emitted):
+        self.steps.append((num_drafted, num_accepted))
+        super().record_step(num_drafted, num_accepted, num_emitted)
+
+
+def test_ngram_tau_counts_only_steps_with_drafts(target, tokenizer, prompts):
+    """An n-gram pair on a prompt that matches only now and then: steps without a match are verified
+    (one target forward, one token) but are not draft steps, as vLLM counts num_drafts."""
+    from specreg.runtime.decode import stream_generate
+
+    metrics = StepLog()
+    config = DecodeConfig(method="ngram", k=3, max_new_tokens=40, eos_token_ids=(), prompt_lookup_max=3)
+    list(stream_generate(make_pair(target, tokenizer), prompts[0] * 2, config, metrics=metrics))
+    with_drafts = [(d, a) for d, a in metrics.steps if d > 0]
+    assert 0 < len(with_drafts) < len(metrics.steps)  # both kinds of step happened
+    assert metrics.draft_steps == len(with_drafts)
+    accepted = sum(a for _, a in with_drafts)
+    assert metrics.mean_acceptance_length == pytest.approx(1 + accepted / len(with_drafts))
+    assert metrics.tokens_per_target_forward == pytest.approx(metrics.verify_emitted / len(metrics.steps))
+    assert metrics.mean_acceptance_length > metrics.tokens_per_target_forward
+    assert metrics.per_position_acceptance[0] == pytest.approx(sum(a > 0 for _, a in with_drafts) / len(with_drafts))
 
 
 def test_expected_speedup_formulas_and_choice_of_k():
@@ -210,9 +259,10 @@ def test_tree_depth_choice_and_head_drafting_cost():
     # a chain priced as DESIGN §2 prices it is expected_speedup
     assert choose_tree_depth(0.8, 3 * 0.1, {3: 1.0})[1] == pytest.approx(expected_speedup(0.8, 3, 0.1))
     # drafting seconds over the steps that drafted (each generation's prefill drafts nothing)
-    summary = {"target_forwards": 12, "generations": 2, "draft_time_s": 0.05}
+    summary = {"target_forwards": 12, "generations": 2, "draft_steps": 10, "draft_time_s": 0.05}
     assert head_draft_step_cost(summary, 0.01) == pytest.approx(0.5)
-    assert head_draft_step_cost({"target_forwards": 2, "generations": 2, "draft_time_s": 0.0}, 0.01) == 0.0
+    assert head_draft_step_cost({"target_forwards": 2, "generations": 2, "draft_steps": 0, "draft_time_s": 0.0},
+                                0.01) == 0.0
 
 
 def test_cost_ratio_is_measured(target, drafts, prompts):

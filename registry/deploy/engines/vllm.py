@@ -1,0 +1,131 @@
+"""vLLM 0.33: `vllm serve TARGET --speculative-config JSON` (vllm-serve.sh, and the same JSON in
+vllm-speculative-config.json), its alert expressions and its metrics reader.
+
+Facts from the released vllm 0.33.0 wheel (tests/engines runs the exports through it)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from specreg.errors import UsageError
+from specreg.registry.deploy.engines.common import Export, head_refusal
+from specreg.registry.store.entities import PairVersion, SpecMethod
+
+ENGINE = "vllm"
+VERSIONS = ("0.33",)
+SCHEMA = "vllm-0.33.json"
+FILES = ("vllm-serve.sh", "vllm-speculative-config.json")
+# --max-num-seqs; also the end of the k=0 range of a batch cutoff
+OPTIONS: dict[str, Any] = {"max_num_seqs": None}
+
+DRAFTS = "vllm:spec_decode_num_drafts_total"
+DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+
+
+def check_options(opts: dict[str, Any]) -> None:
+    if opts["max_num_seqs"] is not None:
+        try:
+            opts["max_num_seqs"] = int(opts["max_num_seqs"])
+        except (TypeError, ValueError) as exc:
+            raise UsageError(f"export option has a bad value: {exc}") from None
+        if opts["max_num_seqs"] < 1:
+            raise UsageError(f"export option max_num_seqs={opts['max_num_seqs']} must be >= 1")
+
+
+def refusal(pair_version: PairVersion) -> str | None:
+    return head_refusal(pair_version)
+
+
+def context(export: Export) -> dict[str, Any]:
+    speculative = speculative_config(export.pair_version, export.draft_source, export.opts)
+    lines = command(export.target_source, export.pair_version.target.revision, speculative, export.served_name,
+                    export.opts)
+    return {"speculative_config": speculative, "vllm_command": lines,
+            "vllm_argv": [word for line in lines for word in line]}
+
+
+def speculative_config(pair_version: PairVersion, draft_source: str | None, opts: dict[str, Any]) -> dict[str, Any]:
+    """The dict vLLM 0.33 takes as --speculative-config."""
+    config = pair_version.config
+    k = config.num_speculative_tokens
+    speculative: dict[str, Any] = {"method": config.method.value, "num_speculative_tokens": k}
+    if config.method in (SpecMethod.DRAFT_MODEL, SpecMethod.EAGLE3):
+        # eagle3: `model` is the head; vLLM builds its draft ModelConfig with the target's tokenizer
+        speculative["model"] = draft_source
+        speculative["draft_tensor_parallel_size"] = opts["draft_tensor_parallel_size"]
+        if pair_version.draft.revision:
+            speculative["revision"] = pair_version.draft.revision
+    elif config.method is SpecMethod.MTP:
+        # No `model`: vLLM drafts with the target's own MTP layers, building the draft ModelConfig from
+        # the target's path but with the speculative config's `revision` (None: the default branch;
+        # vllm/config/speculative.py SpeculativeConfig.revision and __post_init__), so pin it too.
+        if pair_version.target.revision:
+            speculative["revision"] = pair_version.target.revision
+    else:
+        if config.prompt_lookup_min is not None:
+            speculative["prompt_lookup_min"] = config.prompt_lookup_min
+        if config.prompt_lookup_max is not None:
+            speculative["prompt_lookup_max"] = config.prompt_lookup_max
+    cutoff = config.max_batch_size_for_speculation
+    if cutoff:
+        # Ranges are inclusive and vLLM carries the last range's k to every larger batch size
+        # (build_dynamic_sd_schedule_lookup), so "off above the cutoff" needs a last range with k = 0.
+        schedule = [[1, cutoff, k]]
+        if opts["max_num_seqs"] is None or opts["max_num_seqs"] > cutoff:
+            schedule.append([cutoff + 1, max(opts["max_num_seqs"] or 0, cutoff + 1), 0])
+        speculative["num_speculative_tokens_per_batch_size"] = schedule
+    return speculative
+
+
+def command(target_source: str, revision: str | None, speculative: dict[str, Any], served_name: str,
+            opts: dict[str, Any]) -> list[list[str]]:
+    lines = [["vllm", "serve", target_source], ["--speculative-config", json.dumps(speculative)]]
+    if revision:
+        lines.append(["--revision", revision])
+    if opts["tensor_parallel_size"] > 1:
+        lines.append(["--tensor-parallel-size", str(opts["tensor_parallel_size"])])
+    if opts["max_num_seqs"] is not None:
+        lines.append(["--max-num-seqs", str(opts["max_num_seqs"])])
+    # The served name becomes the `model_name` label of the metrics observe and the rules filter on.
+    lines.append(["--served-model-name", served_name])
+    lines.append(["--host", str(opts["host"]), "--port", str(opts["port"])])
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------
+# Metrics: counters, so live figures come from deltas between scrapes (observe.live_figures).
+
+
+def alert_expressions(selector: str, window: str) -> dict[str, str]:
+    """PromQL of the live figures: alpha = rate(accepted) / rate(draft tokens), tau = 1 +
+    rate(accepted) / rate(drafts). With no traffic the ratios are NaN and a comparison with NaN
+    is false, so an idle server does not fire."""
+
+    def rate(metric: str) -> str:
+        return f"sum(rate({metric}{selector}[{window}]))"
+
+    return {"acceptance_rate": f"{rate(ACCEPTED)} / {rate(DRAFT_TOKENS)}",
+            "mean_acceptance_length": f"1 + {rate(ACCEPTED)} / {rate(DRAFTS)}"}
+
+
+def read_metrics(samples, model_name: str | None, source: str) -> dict[str, Any]:
+    """Counter totals of one vLLM scrape, summed over the remaining series (engines, ranks)."""
+    from specreg.registry.deploy.observe import select
+
+    totals = {
+        "drafts": sum(value for _, value in select(samples, DRAFTS, model_name, source)),
+        "draft_tokens": sum(value for _, value in select(samples, DRAFT_TOKENS, model_name, source)),
+        "accepted_tokens": sum(value for _, value in select(samples, ACCEPTED, model_name, source)),
+    }
+    per_position: dict[int, float] = {}
+    for name, labels, value in samples:
+        # Optional: older or differently configured engines do not export it.
+        if name == ACCEPTED_PER_POS and (model_name is None or labels.get("model_name") == model_name):
+            if str(labels.get("position", "")).isdigit():
+                position = int(labels["position"])
+                per_position[position] = per_position.get(position, 0.0) + value
+    totals["accepted_per_position"] = per_position
+    return totals

@@ -1,0 +1,221 @@
+"""Moving environment pointers: promote under a policy, rollback, retire, and what a version
+that loses an environment returns to.
+
+Every state change here is one transaction (``Store.session(write=True)``): the pair row is
+locked first (SELECT ... FOR UPDATE on PostgreSQL; BEGIN IMMEDIATE already serialises writers
+on SQLite), then the environment pointer, so two promotes of one pair queue; a promote also
+carries the holder it saw when it started (compare-and-set), so of two racing promotes
+exactly one wins and the other gets ConcurrentUpdateError with nothing changed. Slow work
+(re-fingerprinting the models, loading the golden set) happens before the transaction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from specreg.core.identity import same_user
+from specreg.errors import ConcurrentUpdateError, IllegalTransitionError, NotFoundError, PolicyViolation
+from specreg.registry.governance.approvals import (APPROVED, REJECTED, UNATTRIBUTED, chained_approvals,
+                                                   latest_decision)
+from specreg.registry.governance.decisions import evaluate
+from specreg.registry.governance.floors import SPEEDUP_EXCEPTION
+from specreg.registry.governance.policy import Policy
+from specreg.registry.governance.queries import (fingerprint_changes, golden_set_sha256, lock_pair, pointer_row,
+                                                 version_number)
+from specreg.registry.store.entities import PairState, PairVersion
+from specreg.registry.store.orm import EnvironmentPointerRow, PairRow, PairVersionRow
+from specreg.registry.store.store import Store, utcnow, verified_chain
+
+@dataclass(frozen=True)
+class PointerMove:
+    """What a promote or rollback did to one environment pointer."""
+
+    pair: str
+    environment: str
+    version: int  # the new holder
+    previous_version: int | None  # the holder it replaced
+    action: str  # promote | rollback
+    exception: dict[str, Any] | None = None  # a promote's recorded exception to min_speedup
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pair": self.pair, "environment": self.environment, "version": self.version,
+                "previous_version": self.previous_version, "action": self.action,
+                **({"exception": self.exception} if self.exception else {})}
+
+
+def release(store: Store, session: Session, row: PairVersionRow, *, actor: str, environment: str,
+            replaced_by: int | None, reason: str | None) -> None:
+    """A version lost ``environment``: when it holds no other environment its state returns
+    to approved (validated if it never had an approval), with an audit event."""
+    still_holds = session.scalar(select(EnvironmentPointerRow.id).where(
+        EnvironmentPointerRow.pair_version_id == row.id, EnvironmentPointerRow.environment != environment))
+    if still_holds is not None or row.state != PairState.PROMOTED.value:
+        return
+    chain, _ = verified_chain(session)
+    approved = any(a.decision == APPROVED and a.source != UNATTRIBUTED and not same_user(a.actor, row.registered_by)
+                   for a in chained_approvals(session, row, chain))
+    store.transition(row.pair.name, row.version, PairState.APPROVED if approved else PairState.VALIDATED,
+                     actor=actor, action="release", reason=reason,
+                     details={"environment": environment, "replaced_by": replaced_by}, session=session)
+
+
+def promote(store: Store, policy: Policy, name: str, version: int, environment: str, *, actor: str,
+            expected_holder: int | None, reason: str | None = None, allow_slower: str | None = None) -> PointerMove:
+    """Make ``name@version`` the holder of ``environment`` if the policy allows it.
+
+    ``expected_holder``: the version number (None: nobody) the caller saw holding the
+    environment; if another promote moved the pointer since, ConcurrentUpdateError and nothing
+    changes. Refusals raise PolicyViolation naming every failed condition. The pointer, the
+    previous holder, the state moves and the audit events are one transaction. ``allow_slower``:
+    why a version whose measured speedup is below the policy's min_speedup may hold it anyway
+    (recorded in the promote's audit event as an exception; every other condition still applies)."""
+    env = policy.environment(environment)
+    version_entity = store.get_version(name, version)
+    changes = fingerprint_changes(version_entity)
+    golden_sha256 = golden_set_sha256(env.golden_set)
+    label = f"{name}@{version}"
+    with store.session(write=True) as session:
+        pair = lock_pair(session, name)
+        row = store.version_row(session, name, version, lock=True)
+        pointer = pointer_row(session, pair.id, environment, lock=True)
+        holder = session.get(PairVersionRow, pointer.pair_version_id) if pointer and pointer.pair_version_id else None
+        holder_version = holder.version if holder else None
+        if holder_version != expected_holder:
+            raise ConcurrentUpdateError(
+                f"{name}@{environment} is now held by {describe_holder(holder_version)} (moved by {pointer.updated_by} "
+                f"at {pointer.updated_at.isoformat(timespec='seconds')}), not {describe_holder(expected_holder)} as when "
+                f"this promote started: nothing changed")
+        if holder is not None and holder.id == row.id:
+            raise IllegalTransitionError(f"{label} already holds {environment}: nothing to do")
+        conditions, run = evaluate(session, row, env, golden_sha256=golden_sha256, changes=changes,
+                                   holder=holder, now=utcnow())
+        # an exception waives a measured speedup below the floor, never a speedup not measured
+        excepted = next((c for c in conditions if c.name == SPEEDUP_EXCEPTION and not c.passed
+                         and "speedup" in c.details), None) if allow_slower else None
+        exception = {"condition": SPEEDUP_EXCEPTION, "reason": allow_slower, **excepted.details} if excepted else None
+        failed = [c for c in conditions if not c.passed and c is not excepted]
+        if failed:
+            raise PolicyViolation(f"cannot promote {label} to {environment}: "
+                                  + "; ".join(f"{c.name}: {c.reason}" for c in failed),
+                                  reasons=[(c.name, c.reason) for c in failed])
+        now = utcnow()
+        if pointer is None:
+            pointer = EnvironmentPointerRow(pair_id=pair.id, environment=environment, pair_version_id=row.id,
+                                            previous_version_id=None, updated_by=actor, updated_at=now)
+            session.add(pointer)
+        else:
+            pointer.previous_version_id = pointer.pair_version_id
+            pointer.pair_version_id, pointer.updated_by, pointer.updated_at = row.id, actor, now
+        session.flush()
+        approval = next((c.details.get("approval") for c in conditions if c.name == "approval"), None)
+        store.transition(name, version, PairState.PROMOTED, actor=actor, action="promote", reason=reason,
+                         details={"environment": environment, "previous_version": holder_version,
+                                  "validation_run": run.id if run else None, "approval": approval,
+                                  "policy": policy.source, **({"exception": exception} if exception else {})},
+                         session=session)
+        if holder is not None:
+            release(store, session, holder, actor=actor, environment=environment, replaced_by=version,
+                    reason=f"{label} promoted to {environment}")
+        return PointerMove(name, environment, version, holder_version, "promote", exception)
+
+
+def describe_holder(version: int | None) -> str:
+    return f"version {version}" if version is not None else "no version"
+
+
+def rollback(store: Store, name: str, environment: str, *, actor: str, reason: str | None = None) -> PointerMove:
+    """Point ``environment`` back at the version that held it before, in one transaction.
+
+    The rolled-back version releases the environment; the previous one becomes the holder. It
+    is refused (PolicyViolation) when the previous one is retired or failed, when the latest
+    decision on it is a rejection, or when its models changed since registration (re-hashed
+    here, before the transaction). Afterwards no earlier holder is remembered: a second
+    rollback is refused rather than flipping back to the version just rolled back."""
+    seen_previous, changes = None, []
+    with store.session() as session:
+        pair_id = session.scalar(select(PairRow.id).where(PairRow.name == name))
+        pointer = pointer_row(session, pair_id, environment) if pair_id is not None else None
+        if pointer is not None and pointer.previous_version_id is not None:
+            seen_previous = version_number(session, pointer.previous_version_id)
+    if seen_previous is not None:
+        # slow (hashes every weight file): outside the transaction, re-checked against the pointer below
+        changes = fingerprint_changes(store.get_version(name, seen_previous))
+    with store.session(write=True) as session:
+        pair = lock_pair(session, name)
+        pointer = pointer_row(session, pair.id, environment, lock=True)
+        if pointer is None:
+            raise NotFoundError(f"no version of {name} has held environment {environment}")
+        if pointer.previous_version_id is None:
+            raise IllegalTransitionError(f"{name}@{environment}: no previous holder recorded to roll back to; "
+                                         f"promote a version explicitly")
+        previous = session.get(PairVersionRow, pointer.previous_version_id, with_for_update=True)
+        if previous.version != seen_previous:
+            raise ConcurrentUpdateError(f"{name}@{environment}: the previous holder changed while rolling back "
+                                        f"(now {name}@{previous.version}): nothing changed, run it again")
+        target = f"cannot roll back {name}@{environment} to {name}@{previous.version}"
+        if previous.state in (PairState.RETIRED.value, PairState.FAILED.value):
+            raise PolicyViolation(f"{target}: it is {previous.state}")
+        latest = latest_decision(session, previous)
+        if latest is not None and latest.decision == REJECTED:
+            note = f": {latest.note}" if latest.note else ""
+            raise PolicyViolation(f"{target}: it was rejected by {latest.actor}{note}")
+        if changes:
+            raise PolicyViolation(f"{target}: its models changed since registration: {', '.join(changes)}")
+        current = session.get(PairVersionRow, pointer.pair_version_id) if pointer.pair_version_id else None
+        current_version = current.version if current else None
+        pointer.pair_version_id, pointer.previous_version_id = previous.id, None
+        pointer.updated_by, pointer.updated_at = actor, utcnow()
+        session.flush()
+        store.transition(name, previous.version, PairState.PROMOTED, actor=actor, action="rollback", reason=reason,
+                         details={"environment": environment, "previous_version": current_version}, session=session)
+        if current is not None:
+            release(store, session, current, actor=actor, environment=environment, replaced_by=previous.version,
+                    reason=f"rolled back to {name}@{previous.version}")
+        return PointerMove(name, environment, previous.version, current_version, "rollback")
+
+
+def retire(store: Store, name: str, version: int, *, actor: str, reason: str | None = None,
+           force: bool = False) -> PairVersion:
+    """Retire ``name@version``. Refused (PolicyViolation) while it holds an environment unless
+    ``force``: then those environments are left without a holder (``rollback`` restores their
+    previous one)."""
+    label = f"{name}@{version}"
+    with store.session(write=True) as session:
+        lock_pair(session, name)
+        row = store.version_row(session, name, version, lock=True)
+        held = list(session.scalars(select(EnvironmentPointerRow).where(
+            EnvironmentPointerRow.pair_version_id == row.id).with_for_update()))
+        environments = sorted(p.environment for p in held)
+        if held and not force:
+            raise PolicyViolation(f"{label} holds {', '.join(environments)}: roll back or promote another version "
+                                  f"first, or retire with --force")
+        now = utcnow()
+        for pointer in held:
+            pointer.pair_version_id, pointer.updated_by, pointer.updated_at = None, actor, now
+        # a retired version can no longer be a rollback target
+        for pointer in session.scalars(select(EnvironmentPointerRow).where(
+                EnvironmentPointerRow.previous_version_id == row.id).with_for_update()):
+            pointer.previous_version_id = None
+        session.flush()
+        return store.transition(name, version, PairState.RETIRED, actor=actor, action="retire", reason=reason,
+                                details={"released": environments, "force": force}, session=session)
+
+
+def environment_pointers(store: Store, name: str | None = None) -> list[dict[str, Any]]:
+    """Every environment pointer (of one pair or all): holder and previous holder."""
+    with store.session() as session:
+        query = select(EnvironmentPointerRow, PairRow.name).join(PairRow, PairRow.id == EnvironmentPointerRow.pair_id)
+        if name is not None:
+            if session.scalar(select(PairRow.id).where(PairRow.name == name)) is None:
+                raise NotFoundError(f"unknown pair {name}")
+            query = query.where(PairRow.name == name)
+        rows = session.execute(query.order_by(PairRow.name, EnvironmentPointerRow.environment)).all()
+        return [{"pair": pair_name, "environment": p.environment,
+                 "version": version_number(session, p.pair_version_id),
+                 "previous_version": version_number(session, p.previous_version_id),
+                 "updated_by": p.updated_by, "updated_at": p.updated_at.isoformat(timespec="seconds")}
+                for p, pair_name in rows]

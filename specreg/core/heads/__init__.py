@@ -1,0 +1,60 @@
+"""Speculative heads that draft from the target's own states: EAGLE-3 (and EAGLE), Medusa, MTP.
+
+`read_head` (here) recognises a head directory (for MTP: the target's own directory) and returns a
+HeadSpec; `fit.check_head_fits` checks it against the target and raises HeadMismatchError naming
+the field (hidden size, aux layer ids inside the target's layers, vocabulary, the d2t/t2d map,
+the draft token strings, the declared verifier). A head directory that cannot be read raises
+ModelReferenceError naming the file and field. Nothing here imports torch or transformers:
+configs are JSON, shapes come from the safetensors headers, d2t/t2d are read as raw bytes.
+
+One module per concern; each names the engine and format sources it follows:
+- spec.py: HeadSpec, HeadTensor, TargetShape and the config-field readers every format uses;
+- tensors.py: weight files and tensors from safetensors headers (and one tensor's raw bytes);
+- eagle3.py: EAGLE-3 heads (speculators format and original EAGLE checkpoints) and EAGLE(-1/2),
+  the aux layer ids;
+- medusa.py: Medusa heads (FasterDecoding/Medusa, TGI);
+- mtp.py: the MTP layers inside a target (vLLM's MTP families);
+- vocabulary.py: the d2t/t2d vocabulary map and the draft token strings against the target's;
+- fit.py: the declared verifier and check_head_fits, which binds a head to a target.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specreg.core.fingerprint import read_json_file
+from specreg.core.heads.eagle3 import read_eagle_checkpoint, read_speculators
+from specreg.core.heads.medusa import read_medusa
+from specreg.core.heads.mtp import read_mtp
+from specreg.core.heads.spec import HeadSpec
+from specreg.errors import ModelReferenceError, UsageError
+
+HEAD_METHODS = ("eagle3", "eagle", "medusa", "mtp")
+
+
+def read_head(directory: str | Path, method: str | None = None) -> HeadSpec:
+    """Recognise the head in `directory`: an EAGLE-3 head (speculators format or the original
+    EAGLE layout), an EAGLE head, or Medusa heads; with method="mtp", `directory` is the target
+    itself and its MTP layers are read (read_mtp). `method`, when given, must be what the
+    directory holds. Raises ModelReferenceError naming the file and field when it cannot be read."""
+    if method is not None and method not in HEAD_METHODS:
+        raise UsageError(f"unknown head method {method!r}: use one of {', '.join(HEAD_METHODS)}")
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise ModelReferenceError(f"{directory}: no such head directory")
+    if method == "mtp":
+        return read_mtp(directory)
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise ModelReferenceError(f"{directory}: no config.json (not a head directory)")
+    config = read_json_file(config_path)
+    if "speculators_model_type" in config:
+        spec = read_speculators(directory, config_path, config)
+    elif "medusa_num_heads" in config:
+        spec = read_medusa(directory, config_path, config)
+    else:
+        spec = read_eagle_checkpoint(directory, config_path, config)
+    if method is not None and spec.method != method:
+        raise ModelReferenceError(f"{directory}: holds {spec.method} head(s) ({spec.layout} layout), not {method}")
+    return spec
+
