@@ -11,7 +11,7 @@ import sys
 import click
 
 from specreg.cli import deploy, governance, registration, review, validation  # noqa: F401  (register commands)
-from specreg.cli.common import cli, printable, print_warnings
+from specreg.cli.common import cli, echo_err, printable, print_warnings
 from specreg.errors import SpecregError
 
 
@@ -33,8 +33,7 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except SpecregError as exc:
         lines = getattr(exc, "lines", None) or [f"error: {exc}"]  # a Refusal: one reason a line
-        click.echo("\n".join(f"specreg: {printable(line)}" if index == 0 else printable(line)
-                             for index, line in enumerate(lines)), err=True)
+        echo_err([f"specreg: {printable(line)}" if index == 0 else printable(line) for index, line in enumerate(lines)])
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         click.echo("specreg: interrupted", err=True)

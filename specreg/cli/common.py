@@ -42,8 +42,27 @@ def open_registry(db_url: str | None, user: str | None = None, policy_path: str 
 def print_warnings() -> None:
     for registry in OPENED_REGISTRIES:
         for warning in registry.warnings:
-            click.echo(f"specreg: warning: {printable(warning)}", err=True)
+            echo_err([f"specreg: warning: {printable(warning)}"])
         registry.warnings.clear()
+
+
+def echo_err(lines: list[str]) -> None:
+    """Lines for people on stderr (already ``printable``), wrapped to the terminal when stderr is
+    one: a continuation is indented two spaces past its line's own indent."""
+    import shutil
+    import sys
+    import textwrap
+
+    width = shutil.get_terminal_size((100, 24)).columns if sys.stderr.isatty() else None
+    out = []
+    for line in lines:
+        if width is None or len(line) <= width:
+            out.append(line)
+            continue
+        indent = " " * (len(line) - len(line.lstrip(" ")) + 2)
+        out += textwrap.wrap(line, width, subsequent_indent=indent, break_on_hyphens=False,
+                             break_long_words=True) or [line]
+    click.echo("\n".join(out), err=True)
 
 
 def print_json(data) -> None:
