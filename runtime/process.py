@@ -4,7 +4,7 @@ that decides it) and silence for the progress bars of the libraries it calls.
 Every command that runs models (`specreg demo-pair`, `validate`, `gate --rerun`, the
 benchmarks) goes through ``limit_threads`` (the CLI through ``prepare_process`` at start). The rule: ``$SPECREG_THREADS`` when set, else an
 explicit ``$OMP_NUM_THREADS``, else the cores this process may run on that the 1-minute load
-average leaves free, at least 1 and never more than those cores. Spinning OpenMP threads on
+average leaves free (rounded), at least 1 and never more than those cores. Spinning OpenMP threads on
 cores other work holds cost far more than they bring: on the 2-core machine with load 5-18,
 torch's default (one thread a core) made the demo pair's build take 52 minutes and > 10
 CPU-minutes for 55 CPU-seconds of work, and tests/runtime ran 6x slower (82 s against 13 s).
@@ -38,7 +38,7 @@ def explicit_threads() -> int | None:
 
 def decide_threads(cores: int | None = None, load: float | None = None) -> int:
     """Threads for torch in this process: explicit_threads() capped at the cores, else the free
-    cores (cores minus the 1-minute load average, rounded down), in [1, cores]."""
+    cores (cores minus the 1-minute load average, rounded), in [1, cores]."""
     cores = usable_cores() if cores is None else cores
     explicit = explicit_threads()
     if explicit is not None:
@@ -48,7 +48,7 @@ def decide_threads(cores: int | None = None, load: float | None = None) -> int:
             load = os.getloadavg()[0]
         except (AttributeError, OSError):
             load = float(cores)  # unknown load: assume busy, one thread
-    return max(1, min(cores, int(cores - load)))
+    return max(1, min(cores, int(cores - load + 0.5)))
 
 
 def limit_threads() -> int:

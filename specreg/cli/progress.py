@@ -33,7 +33,7 @@ class Progress:
         self.interval = interval
         self.what: str | None = None
         self.started = 0.0
-        self.last_line = 0.0
+        self.last_line: float | None = None  # when the last plain line was printed (None: none yet)
         self.bar = None
 
     def __call__(self, what: str, done: int, total: int, detail: str = "") -> None:
@@ -42,7 +42,7 @@ class Progress:
         now = time.monotonic()
         if what != self.what:
             self.close()
-            self.what, self.started, self.last_line = what, now, 0.0
+            self.what, self.started, self.last_line = what, now, None
             if self.use_bar:
                 from tqdm import tqdm
 
@@ -56,7 +56,7 @@ class Progress:
             if done >= total:
                 self.close()
             return
-        if done < total and now - self.last_line < self.interval:
+        if done < total and self.last_line is not None and now - self.last_line < self.interval:
             return
         self.last_line = now
         elapsed = now - self.started
