@@ -81,3 +81,15 @@ def test_validate_gate_and_a_refused_promote_fit_100_columns(tiny_models, tmp_pa
     assert any(line.startswith("  - approval: ") for line in reasons)
     assert "    fix: specreg validate wide@1 --golden default" in fixes
     assert len(fixes) == len(reasons) and all(line.startswith(("  - ", "    ", "      ")) for line in refusal)
+
+
+def test_top_level_help_summaries_are_whole_and_fit(tmp_path):
+    env = {**os.environ, "SPECREG_HOME": str(tmp_path / "home"), "TERM": "xterm"}
+    env.pop("COLUMNS", None)
+    code, lines = in_terminal(["--help"], env)
+    assert code == 0
+    assert_fits(lines)
+    commands = lines[lines.index("Commands:") + 1:]
+    assert not [line for line in commands if line.rstrip().endswith("...")]  # click cut them at ~45 characters
+    text = " ".join(" ".join(commands).split())
+    assert "validate Validate a pair version on golden prompts; exit 0 pass, 100 a check failed, 1 error." in text
