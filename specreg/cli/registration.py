@@ -13,7 +13,7 @@ from specreg.cli.common import (cli, db_option, echo_lines, user_option, json_op
 
 @cli.command()
 @click.argument("name")
-@click.option("--target", required=True, metavar="REF", help="Target model: local HF directory or ORG/NAME@REVISION in the local cache.")
+@click.option("--target", required=True, metavar="REF", help="Target model: a local folder (recorded by its absolute path) or a hub id ORG/NAME@REVISION already in the local Hugging Face cache (never downloaded).")
 @click.option("--draft", default=None, metavar="REF", help="Draft model (draft_model), or the head directory (eagle3, medusa).")
 @click.option("--num-speculative-tokens", "-k", "num_speculative_tokens", type=int, default=None,
               help="Draft tokens per step (k); with --tree, the tree's depth.")
@@ -43,7 +43,11 @@ def register(name, target, draft, num_speculative_tokens, method, tree, allow_ve
     if as_json:
         print_json({"created": result.created, **version.to_dict(with_events=False)})
     elif result.created:
-        click.echo(f"registered {version.label} (binding {version.binding_sha256[:12]})")
+        # where each model was found: a local folder by its absolute path, a hub id with its revision
+        models = [("target", version.target)] + ([("draft", version.draft)] if version.draft else [])
+        echo_lines([f"registered {version.label} (binding {version.binding_sha256[:12]})"]
+                   + [f"  {role}: {model.reference}" + (f" (revision {model.revision})" if model.revision else "")
+                      for role, model in models])
     else:
         click.echo(f"already registered as {version.label}: same fingerprints and config, nothing new recorded")
 
