@@ -530,7 +530,7 @@ class Registry:
         Every format but prometheus-rules also gets the pair lock (``specreg.lock.json``, see
         registry.deploy.lock), signed with the ECDSA private key file ``signing_key``; without one
         the lock says ``signed: false`` and a warning says so."""
-        from specreg.registry.deploy.exports import check_exportable, lock_engine, render_export
+        from specreg.registry.deploy.exports import check_exportable, draft_layout, lock_engine, render_export
         from specreg.registry.deploy.writing import write_export
         from specreg.registry.deploy.lock import LOCK_FILE, lock_text
         from specreg.registry.governance.approvals import approval_standing
@@ -560,7 +560,8 @@ class Registry:
         lock = None
         if fmt != "prometheus-rules":  # the rules load no model: nothing to lock
             lock = self.pair_lock(version, engine=lock_engine(fmt), baselines=baselines,
-                                  signing_key=signing_key, approved=exportable)
+                                  signing_key=signing_key, approved=exportable,
+                                  draft_layout=draft_layout(version, baselines, fmt, exportable, options))
         files = render_export(version, baselines, fmt, approved=approved, force=force,
                               template_path=template, options=options, lock=lock,
                               audit_head=audited.details.get("audit_head") or self.store.audit_head())
@@ -574,7 +575,7 @@ class Registry:
         return files
 
     def pair_lock(self, version: PairVersion, *, engine: dict | None, baselines: dict | None,
-                  signing_key: str | None, approved: bool) -> dict:
+                  signing_key: str | None, approved: bool, draft_layout: tuple | None = None) -> dict:
         """The lock of ``version`` (registry.deploy.lock.build_lock), signed when ``signing_key`` is given.
 
         Refused (PolicyViolation) when a model no longer matches its registered fingerprint: a
@@ -593,7 +594,7 @@ class Registry:
                      for a in approvals.approvals(self.store, version.name, version.version)]
         lock = build_lock(version, engine=engine, baselines=baselines, approvals=approvals,
                           audit_head={"hash": self.store.audit_head()}, approved=approved,
-                          exported_by=self.user)
+                          exported_by=self.user, draft_layout=draft_layout)
         return sign_lock(lock, signing_key) if signing_key else lock
 
     def observe(self, ref: str | PairRef, metrics_url: str, *, engine: str = "vllm", interval: float = 30.0,

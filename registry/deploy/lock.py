@@ -153,11 +153,14 @@ def model_files(directory: str | Path) -> dict[str, str]:
 
 def build_lock(version, *, engine: dict[str, Any] | None, baselines: dict[str, Any] | None,
                approvals: list[dict[str, Any]], audit_head: dict[str, Any], approved: bool,
-               exported_by: str) -> dict[str, Any]:
+               exported_by: str, draft_layout: tuple[str, dict[str, str]] | None = None) -> dict[str, Any]:
     """The unsigned lock of a PairVersion (``signed: false``, ``signature: null``).
 
     Hashes every file of the models at their registered paths. The caller has checked that
-    the models still match their registered fingerprints (governance.queries.fingerprint_changes)."""
+    the models still match their registered fingerprints (governance.queries.fingerprint_changes).
+    ``draft_layout``: (folder, {file: sha256}) when the engine loads the head from a layout the
+    export writes (exports.draft_layout: SGLang's EAGLE-3); the lock then binds those files, and
+    `verify --draft` is given that folder."""
     models: dict[str, Any] = {}
     for role in ROLES:
         model = getattr(version, role)
@@ -174,6 +177,8 @@ def build_lock(version, *, engine: dict[str, Any] | None, baselines: dict[str, A
             "chat_template_sha256": fingerprint.chat_template_sha256,
             "files": model_files(model.path),
         }
+        if role == "draft" and draft_layout is not None:
+            models[role]["layout"], models[role]["files"] = draft_layout
     return {
         "lock_format": LOCK_FORMAT,
         "pair": {"name": version.name, "version": version.version, "label": version.label,

@@ -8,12 +8,13 @@ import sys
 import click
 
 from specreg.cli.common import cli, db_option, fmt_number, json_option, open_registry, print_json, print_table
+from specreg.registry.deploy.engines import FORMATS
 
 
 @cli.command()
 @click.argument("ref", metavar="NAME@VERSION|NAME@ENV")
 @click.option("--format", "fmt", required=True,
-              type=click.Choice(["vllm", "sglang", "trtllm", "tgi", "k8s-vllm", "prometheus-rules"]))
+              type=click.Choice(list(FORMATS)))
 @click.option("-o", "--output", "out_dir", default=None, metavar="DIR", help="Write the files here (default: print them).")
 @click.option("--template", default=None, metavar="PATH", help="Render this Jinja2 template (sandboxed) instead.")
 @click.option("--option", "option_pairs", multiple=True, metavar="KEY=VALUE",
@@ -41,14 +42,19 @@ def export(ref, fmt, out_dir, template, option_pairs, force, overwrite, signing_
         options[key] = value if key == "engine_version" else yaml_scalar(value)
     files = open_registry(db_url).export(ref, fmt, out_dir=out_dir, force=force, overwrite=overwrite,
                                          template=template, options=options or None, signing_key=signing_key)
-    if as_json:
-        print_json([{"file": name, "text": text} for name, text in files])
+    from specreg.registry.deploy.writing import Link
+
+    if as_json:  # a Link entry (a head file the layout links to) has "link" instead of "text"
+        print_json([{"file": name, "link" if isinstance(text, Link) else "text": str(text)} for name, text in files])
     elif out_dir:
-        for name, _ in files:
-            click.echo(f"wrote {out_dir.rstrip('/')}/{name}")
+        for name, text in files:
+            click.echo(f"wrote {out_dir.rstrip('/')}/{name}" + (f" -> {text}" if isinstance(text, Link) else ""))
     else:
         for name, text in files:
-            click.echo(f"# --- {name}\n{text}", nl=not text.endswith("\n"))
+            if isinstance(text, Link):
+                click.echo(f"# --- {name} -> {text} (a link; -o DIR writes it)")
+            else:
+                click.echo(f"# --- {name}\n{text}", nl=not text.endswith("\n"))
 
 
 def yaml_scalar(value: str):

@@ -6,7 +6,7 @@ The released engines, run for real on the exports: vLLM 0.33.0 and SGLang 0.5.23
 On first use the wheels are fetched with ``pip download --no-deps`` from the package index,
 unpacked whole, and the Python packages their parsers and config classes import are installed
 with ``pip install --no-deps --target`` from tests/engines/vllm-deps.txt (and, in front of
-it for SGLang, sglang-deps.txt); torch comes from the test venv. Everything is cached under
+it for SGLang, sglang-deps.txt); torch comes from the test venv for vLLM and from sglang-config-deps.txt (SGLang's pin) for SGLang. Everything is cached under
 $SPECREG_ENGINE_CACHE, default <repo>/.cache/engines (gitignored); a second run reuses it.
 
 Without network the tests skip, unless CI=true, where a missing engine is a failure.
@@ -65,8 +65,9 @@ def run_pip(args: list[str], what: str) -> None:
 
 
 # The dependency folders each engine imports from, first one first: SGLang's few extra
-# packages (its own transformers pin among them) sit in front of the vLLM set it shares.
-DEPS_LAYERS = {"vllm": ("vllm",), "sglang": ("sglang", "vllm")}
+# packages (its own transformers pin among them) and the torch it pins with torchvision
+# (sglang-config-deps.txt: its model-config path imports torchvision) sit in front of the vLLM set.
+DEPS_LAYERS = {"vllm": ("vllm",), "sglang": ("sglang", "sglang-config", "vllm")}
 
 
 def prepare_engine(engine: str) -> dict[str, object]:

@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from specreg.errors import UsageError
-from specreg.registry.deploy.engines.common import Export, head_refusal
+from specreg.registry.deploy.engines.common import Export, mtp_refusal
 from specreg.registry.store.entities import PairVersion, SpecMethod
 
 ENGINE = "vllm"
@@ -35,8 +35,15 @@ def check_options(opts: dict[str, Any]) -> None:
             raise UsageError(f"export option max_num_seqs={opts['max_num_seqs']} must be >= 1")
 
 
+# vllm/config/speculative.py:407 SpeculativeConfig has no token-tree field: eagle3 and mtp draft a chain
+TREE_REFUSAL = ("the registered candidate tree is static; vLLM 0.33's eagle3 and mtp draft a chain "
+                "(vllm/config/speculative.py:407 SpeculativeConfig has no token-tree field)")
+
+
 def refusal(pair_version: PairVersion) -> str | None:
-    return head_refusal(pair_version)
+    if pair_version.config.tree is not None and pair_version.config.method.has_head:
+        return TREE_REFUSAL
+    return mtp_refusal(pair_version)
 
 
 def context(export: Export) -> dict[str, Any]:
