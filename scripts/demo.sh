@@ -56,6 +56,7 @@ wait_for_build() {  # METHOD: wait for its background build, then show where it 
     cat "$DEMO_DIR/build-$1.log" >&2; echo "the demo $1 build failed" >&2; exit 1
   fi
   unset "builds[$1]"
+  grep -E '^(eagle3|mtp):' "$DEMO_DIR/build-$1.log" || true  # where the build (or its cache) put it
 }
 
 step "register the pair (fingerprints of both models + the speculative config, version 1)"
@@ -99,7 +100,6 @@ specreg show demo-chat@1
 
 step "an EAGLE-3 head on the same target: built from the target's own hidden states, registered, validated, approved, promoted, exported"
 wait_for_build eagle3
-specreg demo-pair "$DEMO_DIR/pair" --method eagle3  # built in the background: reused from its cache
 specreg register demo-chat-eagle3 --target "$DEMO_DIR/pair/target" --draft "$DEMO_DIR/pair/eagle3" \
   --method eagle3 --num-speculative-tokens 4 --notes "EAGLE-3 head built by specreg demo-pair --method eagle3"
 specreg validate demo-chat-eagle3@1 --golden smoke --device cpu --gpu-memory 1GiB \
@@ -118,7 +118,6 @@ specreg show demo-chat-eagle3@1
 
 step "MTP: the demo target with one MTP layer inside (DeepSeek naming), registered without --draft, validated, approved"
 wait_for_build mtp
-specreg demo-pair "$DEMO_DIR/pair" --method mtp  # built in the background: reused from its cache
 specreg register demo-chat-mtp --target "$DEMO_DIR/pair/target-mtp" --method mtp \
   --num-speculative-tokens 3 --notes "MTP layer built by specreg demo-pair --method mtp"
 specreg validate demo-chat-mtp@1 --golden smoke --device cpu --gpu-memory 1GiB \
