@@ -397,8 +397,8 @@ def header_lines(
         fingerprint = model.fingerprint
         where = f"revision {model.revision}" if model.revision else "local folder"
         lines.append(
-            f"{role}: {served_reference(model)} ({where}) "
-            f"weights_sha256={fingerprint.weights_sha256} tokenizer_sha256={fingerprint.tokenizer_sha256}"
+            f"{role}: {served_reference(model)} ({where}) weights_sha256={fingerprint.weights_sha256}"
+            + (f" tokenizer_sha256={fingerprint.tokenizer_sha256}" if fingerprint.tokenizer_sha256 else "")
         )
     config = pair_version.config
     # only the settings the pair has: an unset one is left out, never written as Python's None

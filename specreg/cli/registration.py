@@ -71,15 +71,17 @@ def list_command(db_url, as_json):
 
 def describe_model(role: str, model) -> list[str]:
     fp = model.fingerprint
-    params = f"{fp.parameter_count:,}" if fp.parameter_count is not None else "?"
+    params = f"{fp.parameter_count:,}" if fp.parameter_count is not None else "-"
+    shown = lambda value: "-" if value is None else value  # noqa: E731 - never Python's None on screen
     return [
         f"{role}: {model.reference}" + (f" (revision {model.revision})" if model.revision else ""),
         f"  path            {model.path}",
-        f"  architecture    {fp.architecture}  vocab {fp.vocab_size} (tokenizer {fp.tokenizer_length})  "
-        f"params {params}  dtype {fp.dtype}  max positions {fp.max_position_embeddings}",
+        f"  architecture    {shown(fp.architecture)}  vocab {shown(fp.vocab_size)} (tokenizer "
+        f"{shown(fp.tokenizer_length)})  params {params}  dtype {shown(fp.dtype)}  max positions "
+        f"{shown(fp.max_position_embeddings)}",
         f"  weights         {fp.weights_sha256}  ({fp.weight_format}, {len(fp.weight_files)} file(s))",
         f"  config          {fp.config_sha256}",
-        f"  tokenizer       {fp.tokenizer_sha256}",
+        f"  tokenizer       {fp.tokenizer_sha256 or '(none)'}",
         f"  chat template   {fp.chat_template_sha256 or '(none)'}",
     ]
 
@@ -87,11 +89,14 @@ def describe_model(role: str, model) -> list[str]:
 def describe_head(head: dict) -> list[str]:
     fit = head.get("fit") or {}
     where = "target tensors" if head.get("method") == "mtp" else "tensors"
-    lines = [f"  head            {head.get('layout')}: hidden {head.get('hidden_size')}, draft vocab "
-             f"{head.get('draft_vocab_size')}, aux layers {fit.get('aux_layer_ids')}, heads {head.get('num_heads')}, "
-             f"layers {head.get('num_layers')}, {len(head.get('tensors') or [])} {where}",
-             f"  verifier        {head.get('verifier_name_or_path')} "
-             + ("(matches the target)" if fit.get("verifier_matched") else "(MISMATCH allowed at registration)")]
+    values = {"hidden": head.get("hidden_size"), "draft vocab": head.get("draft_vocab_size"),
+              "aux layers": fit.get("aux_layer_ids"), "heads": head.get("num_heads"), "layers": head.get("num_layers")}
+    sizes = [f"{label} {value}" for label, value in values.items() if value not in (None, [])]  # what the format has
+    verifier = head.get("verifier_name_or_path")
+    lines = [f"  head            {head.get('layout')}: " + ", ".join(sizes + [f"{len(head.get('tensors') or [])} {where}"]),
+             f"  verifier        " + (f"{verifier} " + ("(matches the target)" if fit.get("verifier_matched")
+                                                        else "(MISMATCH allowed at registration)")
+                                      if verifier else "(none declared: the head is read against this target)")]
     lines += [f"  note            {note}" for note in fit.get("notes") or []]
     return lines
 
