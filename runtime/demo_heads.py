@@ -153,7 +153,6 @@ def build_demo_head(directory, method: str = "eagle3", *, target_dir=None, force
     to target-only (300 steps: 224 CPU-s, 0.935).
     """
     from specreg.errors import RuntimeConfigError
-    from specreg.runtime.eagle3 import new_eagle3_head, save_eagle3_head
 
     if method != "eagle3":
         raise RuntimeConfigError(f"demo head method {method!r}: only 'eagle3' is built so far")
@@ -163,7 +162,8 @@ def build_demo_head(directory, method: str = "eagle3", *, target_dir=None, force
     head_dir = directory / method
     key = head_cache_key(method, target_dir)
     if cached_build(head_dir, "demo-head.json", key, "model.safetensors", force):
-        return head_dir
+        return head_dir  # found before torch and transformers are imported
+    from specreg.runtime.eagle3 import new_eagle3_head, save_eagle3_head
     started, cpu_started = time.perf_counter(), time.process_time()
     target, stream = frozen_target(target_dir)
     head = new_eagle3_head(target, frequent_tokens(stream, EAGLE3_DRAFT_VOCAB), seed=3)

@@ -87,14 +87,14 @@ def build_demo_mtp(out_dir, target_dir, *, force: bool = False, progress=None) -
     target_dir, config.json with num_nextn_predict_layers = 1, and model.safetensors with the MTP
     module under model.layers.{num_hidden_layers}.* (DeepSeek names; mtp.save_target_with_mtp)."""
     from specreg.runtime.demo_heads import cached_build, frozen_target, write_stamp
-    from specreg.runtime.demo_medusa import target_states
-    from specreg.runtime.demo_pair import SEQUENCE_LENGTH
-    from specreg.runtime.mtp import new_mtp_head, save_target_with_mtp
 
     out_dir, target_dir = Path(out_dir), Path(target_dir)
     key = mtp_cache_key(target_dir)
     if cached_build(out_dir, "demo-mtp.json", key, "model.safetensors", force):
-        return out_dir
+        return out_dir  # found before torch and transformers are imported
+    from specreg.runtime.demo_medusa import target_states
+    from specreg.runtime.demo_pair import SEQUENCE_LENGTH
+    from specreg.runtime.mtp import new_mtp_head, save_target_with_mtp
     started, cpu_started = time.perf_counter(), time.process_time()
     target, stream = frozen_target(target_dir)
     windows, hidden, probs = target_states(target, stream, MTP_WINDOWS, SEQUENCE_LENGTH, seed=6)  # [w, L], ...

@@ -292,10 +292,8 @@ def build_demo_pair(directory, *, force: bool = False, progress=None) -> tuple[P
 
     Both are Hugging Face directories (config, safetensors, the same tokenizer files).
     progress(what, done, total, detail): each step of the build (specreg.cli.progress.Progress).
+    A cached build is found without importing torch or transformers (seconds of imports).
     """
-    import torch
-
-    from specreg.runtime.process import limit_threads, quiet_libraries
 
     directory = Path(directory)
     target_dir, draft_dir = directory / "target", directory / "draft"
@@ -304,6 +302,10 @@ def build_demo_pair(directory, *, force: bool = False, progress=None) -> tuple[P
     if not force and stamp.is_file() and json.loads(stamp.read_text()).get("cache_key") == key \
             and (target_dir / "model.safetensors").is_file() and (draft_dir / "model.safetensors").is_file():
         return target_dir, draft_dir
+    import torch
+
+    from specreg.runtime.process import limit_threads, quiet_libraries
+
     limit_threads()
     quiet_libraries()
     started, cpu_started = time.perf_counter(), time.process_time()
