@@ -75,6 +75,25 @@ def check_range(field: str, value: int | None, low: int, high: int) -> int | Non
     return value
 
 
+# pair_versions.version is an SQL INTEGER: 32 bits on PostgreSQL, so no version is above this
+MAX_VERSION = 2**31 - 1
+
+
+def parse_version(text: str, where: str) -> int | None:
+    """A version number as typed ('7' or 'v7', ASCII digits) -> 7; None when ``text`` is not one.
+    UsageError naming ``where`` for 0 or a number past MAX_VERSION (no version can have it, and
+    the database could not even be asked: SQLite stops at 64 bits, PostgreSQL's INTEGER at 32)."""
+    match = re.fullmatch(r"v?([0-9]+)", text)
+    if match is None:
+        return None
+    digits = match.group(1).lstrip("0") or "0"
+    if len(digits) > len(str(MAX_VERSION)) or int(digits) > MAX_VERSION:  # int() of 5000 digits raises
+        raise UsageError(f"invalid version in {where}: past the largest version number, {MAX_VERSION}")
+    if int(digits) < 1:
+        raise UsageError(f"invalid version in {where}: versions start at 1")
+    return int(digits)
+
+
 def parse_ref(text: str) -> PairRef:
     """Parse NAME, NAME@VERSION (digits, optionally 'v'-prefixed) or NAME@ENV."""
     name, _, selector = text.partition("@")
@@ -83,11 +102,9 @@ def parse_ref(text: str) -> PairRef:
         if text.endswith("@"):
             raise UsageError(f"invalid reference {text!r}: nothing after '@'")
         return PairRef(name)
-    digits = selector[1:] if selector[:1] == "v" and selector[1:].isdigit() else selector
-    if digits.isdigit():
-        if int(digits) < 1:
-            raise UsageError(f"invalid version in {text!r}: versions start at 1")
-        return PairRef(name, version=int(digits))
+    version = parse_version(selector, repr(text) if len(text) <= 60 else repr(text[:40] + "..."))
+    if version is not None:
+        return PairRef(name, version=version)
     if re.fullmatch(r"[a-z][a-z0-9_-]{0,31}", selector):
         return PairRef(name, environment=selector)
     raise UsageError(f"invalid reference {text!r}: expected NAME, NAME@VERSION or NAME@ENVIRONMENT")
@@ -196,6 +213,8 @@ def describe_head(config: SpecConfig, target: ModelRef, draft: ModelRef | None, 
     description["fit"] = {"aux_layer_ids": list(fit.aux_layer_ids), "verifier_matched": fit.verifier_matched,
                           "compared_token_strings": fit.compared_token_strings, "notes": list(fit.notes),
                           "allow_verifier_mismatch": allow_verifier_mismatch}
+    if fit.warnings:  # only when there are: the binding of a pair without them is as before
+        description["fit"]["warnings"] = list(fit.warnings)
     return description
 
 
@@ -280,6 +299,7 @@ class Registry:
         if config.method.has_head:
             head = describe_head(config, target_ref, draft_ref, allow_verifier_mismatch=allow_verifier_mismatch)
             config = dataclasses.replace(config, head=head)
+            self.warnings.extend(head["fit"].get("warnings", ()))
         elif allow_verifier_mismatch:
             raise UsageError("--allow-verifier-mismatch applies to methods eagle3, medusa and mtp")
         binding = sha256_hex(canonical_json({
@@ -599,14 +619,14 @@ class Registry:
 
     def observe(self, ref: str | PairRef, metrics_url: str, *, engine: str = "vllm", interval: float = 30.0,
                 model_name: str | None = None, tolerance: float | None = None, policy_path: str | None = None,
-                sleep=None) -> dict:
+                sleep=None, deadline_s: float | None = None) -> dict:
         """Scrape the engine's metrics twice, compare live acceptance with the version's
         baselines and store the observation. ``tolerance`` defaults to the policy's drift
         tolerance of the environment in ``NAME@ENV`` (else 0.1). Returns the observation with
         "verdict" (ok|drift|no-data) and "exit_code" (0|100|1)."""
         import time
 
-        from specreg.registry.deploy.observe import compare_with_baseline, observe
+        from specreg.registry.deploy.observe import SCRAPE_DEADLINE_S, compare_with_baseline, observe
 
         pair_ref = parse_ref(ref) if isinstance(ref, str) else ref
         version = self.get(pair_ref)
@@ -615,7 +635,7 @@ class Registry:
                          if pair_ref.environment else 0.1)
         baselines = self.baselines(version.label)
         live = observe(metrics_url, engine=engine, interval=interval, model_name=model_name,
-                       sleep=sleep or time.sleep)
+                       sleep=sleep or time.sleep, deadline_s=SCRAPE_DEADLINE_S if deadline_s is None else deadline_s)
         verdict = compare_with_baseline(live, baselines, tolerance)
         stored = self.store.add_observation(version.name, version.version, environment=pair_ref.environment,
                                             engine=engine, url=metrics_url, figures={**live, **verdict},

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from specreg.errors import PolicyViolation, SpecregError, UsageError
+from specreg.core.baselines import drift_floor, in_engine_terms, legacy_tau_note
 from specreg.core.types import ModelRef
 from specreg.registry.deploy.engines import engine_modules, format_modules
 from specreg.registry.deploy.rendering import FILTERS, render_user_template
@@ -260,8 +261,11 @@ def merge_options(options: dict[str, Any] | None) -> dict[str, Any]:
 def resolve_export(pair_version: PairVersion, baselines: dict[str, Any] | None, fmt: str, approved: bool,
                    options: dict[str, Any] | None = None) -> Export:
     """The export's inputs resolved (options, where the engine finds the models, thresholds), after
-    every refusal: the engine version, the pair kind, the format module's refusal and checks."""
+    every refusal: the engine version, the pair kind, the format module's refusal and checks.
+    Baselines are read in the engines' terms (specreg.core.baselines): one recorded before tau
+    was counted as the engines count it gives no tau threshold (nor alert); the header says why."""
     opts = merge_options(options)
+    baselines = in_engine_terms(baselines)
     module = ENGINE_FORMATS[fmt]
     engine, engine_versions = FORMAT_ENGINES[fmt]
     engine_version = opts["engine_version"] or engine_versions[0]
@@ -296,9 +300,8 @@ def resolve_export(pair_version: PairVersion, baselines: dict[str, Any] | None, 
     if hasattr(module, "sources"):
         target_source, draft_source = module.sources(pair_version, opts)
     overall = (baselines or {}).get("overall") or {}
-    floor = 1.0 - opts["tolerance"]
     thresholds = {
-        key: round(overall[key] * floor, 6)
+        key: round(drift_floor(key, overall[key], opts["tolerance"]), 6)
         for key in ("acceptance_rate", "mean_acceptance_length")
         if isinstance(overall.get(key), (int, float))
     }
@@ -418,7 +421,10 @@ def header_lines(
         lines.append(f"  category {category}: {format_figures(figures or {})}")
     if thresholds:
         lines.append(
-            f"drift floor (baseline * (1 - {opts['tolerance']})): "
+            f"drift floor (alpha-hat * (1 - {opts['tolerance']}); tau: 1 + (tau - 1) * (1 - {opts['tolerance']}), "
+            f"tau = 1 + accepted / draft steps as the engines count it): "
             + " ".join(f"{key}={value}" for key, value in thresholds.items())
         )
+    if legacy_tau_note(baselines):
+        lines.append("no tau floor: " + legacy_tau_note(baselines, "this baseline"))
     return lines

@@ -31,7 +31,7 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from specreg.errors import ModelReferenceError, SpecregError, UsageError
+from specreg.errors import ModelReferenceError, PathTooLongError, SpecregError, UsageError
 from specreg.core.fingerprint import canonical_json, sha256_file, sha256_hex
 
 LOCK_FILE = "specreg.lock.json"
@@ -97,9 +97,13 @@ def create_key_pair(out_dir: str | Path) -> tuple[Path, Path]:
 
     out = Path(out_dir).expanduser()
     private_path, public_path = out / PRIVATE_KEY_FILE, out / PUBLIC_KEY_FILE
+    PathTooLongError.refuse(out)  # before mkdir makes a folder on the way
+    if out.is_symlink() and not out.exists():
+        raise UsageError(f"--out {out}: a symlink to {os.readlink(out)}, which does not exist")
     for path in (private_path, public_path):
-        if path.exists():
-            raise SpecregError(f"{path} exists; refusing to overwrite a signing key")
+        if os.path.lexists(path):  # a dangling symlink too: O_EXCL below would refuse it with a traceback
+            what = f"is a symlink to {os.readlink(path)}" if path.is_symlink() else "exists"
+            raise SpecregError(f"{path} {what}; refusing to overwrite a signing key")
     out.mkdir(parents=True, exist_ok=True)
     key = ec.generate_private_key(ec.SECP256R1())
     private_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,

@@ -6,7 +6,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from specreg.errors import SpecregError
+from specreg.errors import PathTooLongError, SpecregError
 
 
 class Link(str):
@@ -25,6 +25,7 @@ def write_export(files: list[tuple[str, str]], out_dir: str | Path, overwrite: b
     A ``Link`` entry becomes a symbolic link to its path (an existing link is replaced, not followed).
     """
     out = Path(out_dir)
+    PathTooLongError.refuse(out)  # before a folder on the way is made
     _refuse_non_directory(out)
     root = out.resolve()
     targets: list[tuple[Path, str]] = []

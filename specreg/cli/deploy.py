@@ -123,11 +123,14 @@ def keys_create(out_dir):
 @click.option("--interval", type=float, default=30.0, show_default=True, help="Seconds between the two scrapes.")
 @click.option("--model-name", default=None, help="Only series with this model_name label.")
 @click.option("--tolerance", type=float, default=None, help="Relative drop that counts as drift (default: the policy's).")
+@click.option("--deadline", type=float, default=30.0, show_default=True,
+              help="Seconds one scrape may take in all, connect to last byte.")
 @click.option("--policy", "policy_path", envvar="SPECREG_POLICY", default=None, metavar="FILE")
 @db_option
 @json_option
-def observe(ref, metrics_url, engine, interval, model_name, tolerance, policy_path, db_url, as_json):
-    """Live acceptance from the engine's metrics against the recorded baseline (exit 0 ok, 100 drift, 1 error)."""
+def observe(ref, metrics_url, engine, interval, model_name, tolerance, deadline, policy_path, db_url, as_json):
+    """Live acceptance from the engine's metrics against the recorded baseline (exit 0 ok, 100 drift,
+    1 error, no data or an invalid reading)."""
     from specreg.cli.progress import Progress
 
     progress = Progress(enabled=not as_json)
@@ -145,7 +148,7 @@ def observe(ref, metrics_url, engine, interval, model_name, tolerance, policy_pa
 
     result = open_registry(db_url).observe(ref, metrics_url, engine=engine, interval=interval,
                                            model_name=model_name, tolerance=tolerance, policy_path=policy_path,
-                                           sleep=wait)
+                                           deadline_s=deadline, sleep=wait)
     if as_json:
         print_json(result)
     else:
@@ -153,6 +156,6 @@ def observe(ref, metrics_url, engine, interval, model_name, tolerance, policy_pa
         print_table(["METRIC", "LIVE", "BASELINE", "FLOOR", "OK"],
                     [[c["metric"], fmt_number(c["live"]), fmt_number(c["baseline"]), fmt_number(c["floor"]),
                       {True: "yes", False: "NO", None: "-"}[c["ok"]]] for c in result["checks"]])
-        for reason in result["reasons"]:
+        for reason in result["reasons"] + result.get("not_compared", []):
             click.echo(f"- {reason}")
     sys.exit(result["exit_code"])

@@ -98,6 +98,7 @@ def describe_head(head: dict) -> list[str]:
                                                         else "(MISMATCH allowed at registration)")
                                       if verifier else "(none declared: the head is read against this target)")]
     lines += [f"  note            {note}" for note in fit.get("notes") or []]
+    lines += [f"  warning         {warning}" for warning in fit.get("warnings") or []]
     return lines
 
 

@@ -67,7 +67,8 @@ def run_pip(args: list[str], what: str) -> None:
 # The dependency folders each engine imports from, first one first: SGLang's few extra
 # packages (its own transformers pin among them) and the torch it pins with torchvision
 # (sglang-config-deps.txt: its model-config path imports torchvision) sit in front of the vLLM set.
-DEPS_LAYERS = {"vllm": ("vllm",), "sglang": ("sglang", "sglang-config", "vllm")}
+# vLLM's numba (its n-gram proposer's compiler) is a small layer of its own behind the vLLM set.
+DEPS_LAYERS = {"vllm": ("vllm", "vllm-numba"), "sglang": ("sglang", "sglang-config", "vllm")}
 
 
 def prepare_engine(engine: str) -> dict[str, object]:
@@ -108,16 +109,17 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
 
 
-def run_engine(engine: str, cases: list[dict], workdir: Path, timeout: int = 900) -> dict:
-    """Run engine_check.py on the cases with the engine first on the import path; returns
-    {"results": [...], "schema": {...}, "stand_ins": [...], "seconds": N}."""
+def run_engine(engine: str, cases: list[dict], workdir: Path, timeout: int = 900, script: Path = CHECK_SCRIPT) -> dict:
+    """Run engine_check.py (or another ``script`` of this folder taking the same arguments) on the
+    cases with the engine first on the import path; returns engine_check's
+    {"results": [...], "schema": {...}, "stand_ins": [...], "seconds": N} or the script's output."""
     paths = prepare_engine(engine)
-    cases_path, out_path = workdir / f"{engine}-cases.json", workdir / f"{engine}-out.json"
+    cases_path, out_path = workdir / f"{engine}-{script.stem}-cases.json", workdir / f"{engine}-{script.stem}-out.json"
     cases_path.write_text(json.dumps(cases))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([*map(str, paths["deps"]), str(paths["code"])]),
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_TARGET_DEVICE="cpu")
     started = time.monotonic()
-    completed = subprocess.run([sys.executable, str(CHECK_SCRIPT), engine, str(cases_path), str(out_path)],
+    completed = subprocess.run([sys.executable, str(script), engine, str(cases_path), str(out_path)],
                                env=env, capture_output=True, text=True, timeout=timeout)
     TIMINGS[f"{engine} run"] = round(time.monotonic() - started, 1)
     assert completed.returncode == 0, f"{engine} check crashed:\n{completed.stderr[-4000:]}"

@@ -23,6 +23,8 @@ BASELINES = {
     "golden_set": "default",
     "golden_sha256": "9" * 64,
     "validated_at": "2025-01-02T03:04:05+00:00",
+    "k": 4,
+    "tau_definition": "engines",  # tau = 1 + accepted / draft steps (specreg.core.baselines)
     "overall": {"acceptance_rate": 0.71, "mean_acceptance_length": 3.1,
                 "per_position_acceptance": [0.9, 0.8, 0.7, 0.6]},
     "per_category": {
