@@ -133,6 +133,7 @@ specreg show demo-chat-mtp@1
 step "done"
 cat <<TEXT
 Outputs in $DEMO_DIR: validation.html, validation.md, validation-eagle3.html, validation-mtp.html, exports/,
+build-eagle3.log and build-mtp.log (the head builds),
 gate.xml, gate.md.
 Review in the MLflow UI: SPECREG_HOME=$SPECREG_HOME .venv/bin/specreg ui demo-chat
 TEXT
