@@ -29,7 +29,7 @@ from specreg.registry.store.lifecycle import check_transition
 from specreg.registry.store.orm import AuditEventRow, AuditHeadRow, ObservationRow, PairRow, PairVersionRow
 
 # The newest migration in migrations/versions; a test checks it equals alembic's head.
-SCHEMA_HEAD = "0005"
+SCHEMA_HEAD = "0006"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 

@@ -1,15 +1,15 @@
 """engine baselines: a pair's acceptance, equivalence and throughput measured in a serving engine
 
-Revision ID: 0005
-Revises: 0004
+Revision ID: 0006
+Revises: 0005
 Create Date: 2026-12-01 15:30:00.000000
 """
 from alembic import op
 import sqlalchemy as sa
 
 
-revision = '0005'
-down_revision = '0004'
+revision = '0006'
+down_revision = '0005'
 branch_labels = None
 depends_on = None
 
