@@ -170,6 +170,7 @@ def test_k8s_deployment_and_service(draft_pair, baselines):
     # The engine reads the models from the mounted volume, by their in-container paths.
     assert argv[2] == "/models/target"
     assert json.loads(flags["--speculative-config"])["model"] == "/models/draft"
+    assert engine_args["immutable"] is True  # no kubectl edit, no file swapped under a running pod
     assert engine_args["data"]["vllm-config.yaml"] == rendered(draft_pair, baselines, "k8s-vllm", options={
         "namespace": "serving", "model_volume": "pvc:llm-models"})["vllm-config.yaml"]
     assert container["volumeMounts"] == [{"name": "models", "mountPath": "/models", "readOnly": True},
