@@ -36,10 +36,31 @@ enrollers = ["admin"]   # who may enrol an approver's public key
 [environments.production]
 approval_required = true
 approvers = ["bob"]
+min_acceptance_rate = 0.3   # as the built-in policy: no first baseline a draft rarely matches
+min_speedup = 1.0           # never slower than the target alone (or promote --allow-slower REASON)
 TOML
 
 step "build (or reuse) the demo pair: a 20-layer target and a 1-layer draft sharing one tokenizer"
 specreg demo-pair "$DEMO_DIR/pair"
+
+# The EAGLE-3 head and the MTP layer train from the demo target while the first pair goes through
+# the chain: each process runs one torch thread (specreg decides it), so on two cores the builds
+# and the chain run side by side. Their progress goes to $DEMO_DIR/build-METHOD.log; a failed
+# build stops the demo where it is waited for.
+declare -A builds=()
+for method in eagle3 mtp; do
+  specreg demo-pair "$DEMO_DIR/pair" --method "$method" > "$DEMO_DIR/build-$method.log" 2>&1 &
+  builds[$method]=$!
+done
+trap 'for pid in "${builds[@]}"; do kill "$pid" 2>/dev/null; done; true' EXIT
+wait_for_build() {  # METHOD: wait for its background build, then show where it went
+  printf '(waiting for the %s build in the background: %s)\n' "$1" "$DEMO_DIR/build-$1.log"
+  if ! wait "${builds[$1]}"; then
+    cat "$DEMO_DIR/build-$1.log" >&2; echo "the demo $1 build failed" >&2; exit 1
+  fi
+  unset "builds[$1]"
+  grep -E '^(eagle3|mtp):' "$DEMO_DIR/build-$1.log" || true  # where the build (or its cache) put it
+}
 
 step "register the pair (fingerprints of both models + the speculative config, version 1)"
 specreg register demo-chat --target "$DEMO_DIR/pair/target" --draft "$DEMO_DIR/pair/draft" \
@@ -86,7 +107,7 @@ specreg audit verify
 specreg show demo-chat@1
 
 step "an EAGLE-3 head on the same target: built from the target's own hidden states, registered, validated, approved, promoted, exported"
-specreg demo-pair "$DEMO_DIR/pair" --method eagle3
+wait_for_build eagle3
 specreg register demo-chat-eagle3 --target "$DEMO_DIR/pair/target" --draft "$DEMO_DIR/pair/eagle3" \
   --method eagle3 --num-speculative-tokens 4 --notes "EAGLE-3 head built by specreg demo-pair --method eagle3"
 specreg validate demo-chat-eagle3@1 --golden smoke --device cpu --gpu-memory 1GiB \
@@ -104,7 +125,7 @@ cat "$DEMO_DIR/exports/eagle3-vllm/vllm-serve.sh"
 specreg show demo-chat-eagle3@1
 
 step "MTP: the demo target with one MTP layer inside (DeepSeek naming), registered without --draft, validated, approved"
-specreg demo-pair "$DEMO_DIR/pair" --method mtp
+wait_for_build mtp
 specreg register demo-chat-mtp --target "$DEMO_DIR/pair/target-mtp" --method mtp \
   --num-speculative-tokens 3 --notes "MTP layer built by specreg demo-pair --method mtp"
 specreg validate demo-chat-mtp@1 --golden smoke --device cpu --gpu-memory 1GiB \
@@ -120,6 +141,7 @@ specreg show demo-chat-mtp@1
 step "done"
 cat <<TEXT
 Outputs in $DEMO_DIR: validation.html, validation.md, validation-eagle3.html, validation-mtp.html, exports/,
+build-eagle3.log and build-mtp.log (the head builds),
 gate.xml, gate.md.
 Review in the MLflow UI: SPECREG_HOME=$SPECREG_HOME .venv/bin/specreg ui demo-chat
 TEXT

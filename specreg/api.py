@@ -435,13 +435,19 @@ class Registry:
         return list_keys(self.store, self.policy())
 
     def promote(self, ref: str | PairRef, environment: str, *, reason: str | None = None,
-                policy_path: str | None = None, expected_holder: int | None | str = "current"):
+                policy_path: str | None = None, expected_holder: int | None | str = "current",
+                allow_slower: str | None = None):
         """Make the version hold ``environment`` under the policy; returns moves.PointerMove.
 
         ``expected_holder``: the version number you saw holding the environment (None: none);
         the default reads it now. If another promote moves the pointer before this one commits,
-        ConcurrentUpdateError and nothing changes. PolicyViolation names every failed condition."""
+        ConcurrentUpdateError and nothing changes. PolicyViolation names every failed condition.
+        ``allow_slower``: why a version below the policy's min_speedup may hold the environment
+        anyway; recorded in the audit log as an exception (no other condition is waived)."""
         check_text("reason", reason)
+        check_text("allow-slower reason", allow_slower)
+        if allow_slower is not None and not allow_slower.strip():
+            raise UsageError("--allow-slower needs a reason: who decided it and why, for the audit log")
         from specreg.registry.governance import moves
         from specreg.registry.governance.queries import holder_of
 
@@ -452,7 +458,8 @@ class Registry:
         if expected_holder == "current":
             expected_holder = holder_of(self.store, version.name, environment)
         move = moves.promote(self.store, policy, version.name, version.version, environment,
-                                  actor=self.user, expected_holder=expected_holder, reason=reason)
+                             actor=self.user, expected_holder=expected_holder, reason=reason,
+                             allow_slower=allow_slower)
         self.mirror(version.label)
         return move
 
@@ -465,9 +472,10 @@ class Registry:
         self.mirror(name)
         return move
 
-    def gate(self, ref: str | PairRef, environment: str, *, policy_path: str | None = None, rerun: bool = False):
+    def gate(self, ref: str | PairRef, environment: str, *, policy_path: str | None = None, rerun: bool = False,
+             progress=None):
         """Evaluate whether the version may hold ``environment`` now; returns decisions.GateResult.
-        ``rerun``: validate again first on the policy's golden set."""
+        ``rerun``: validate again first on the policy's golden set (``progress`` as for validate)."""
         from specreg.registry.governance import decisions
 
         policy = self.policy(policy_path)
@@ -477,7 +485,7 @@ class Registry:
             validate = getattr(self, "validate", None)
             if validate is None:
                 raise SpecregError("gate --rerun needs Registry.validate, which this specreg does not have")
-            validate(version.label, golden=env.golden_set)
+            validate(version.label, golden=env.golden_set, progress=progress)
         return decisions.gate(self.store, policy, version, environment)
 
     def diff(self, ref_a: str | PairRef, ref_b: str | PairRef) -> list[dict]:
@@ -514,8 +522,9 @@ class Registry:
         """Validate a pair version on golden set ``golden`` (a shipped name or a file path) and
         record the run; the version moves to validated or failed.
 
-        checks: "a,b" or a list (default: all of validators.suite.CHECK_NAMES); progress(done,
-        total, record_id) per golden prompt; hooks: runtime rule overrides (tests only).
+        checks: "a,b" or a list (default: all of validators.suite.CHECK_NAMES); progress(what, done,
+        total, detail) per check, golden prompt and sampled prefix (validators.suite.run_suite);
+        hooks: runtime rule overrides (tests only).
         Returns registry.validations.ValidationOutcome (run, version after the move, checks).
         A failing check does not raise: look at ``outcome.passed``. Errors raise SpecregError;
         SIGINT/SIGTERM raise ValidationInterrupted; both leave the run aborted/error and the
@@ -541,6 +550,14 @@ class Registry:
         golden_set = load_golden_set(golden)
         outcome = validate_version(self.store, version, golden_set, options, actor=self.user,
                                    progress=progress, hooks=hooks)
+        try:
+            policy = self.policy(self._policy_path)
+        except SpecregError:
+            policy = None  # a broken policy file is reported by the commands that apply it
+        if policy is not None:
+            from specreg.registry.governance.floors import low_baseline_warnings
+
+            self.warnings += low_baseline_warnings(outcome.run, policy)
         self.mirror(version.label)
         return outcome
 

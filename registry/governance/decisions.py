@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from specreg.core.baselines import drift_floor
 from specreg.core.identity import same_user
 from specreg.registry.governance.approvals import approval_condition
+from specreg.registry.governance.floors import floor_conditions
 from specreg.registry.governance.policy import EnvironmentPolicy, Policy
 from specreg.registry.governance.queries import (Condition, finished_runs, fingerprint_changes, golden_set_sha256,
                                                  overall_figures, pointer_row)
@@ -162,6 +163,8 @@ def evaluate(session: Session, row: PairVersionRow, env: EnvironmentPolicy, poli
                                 else "no acceptance baselines recorded" + (f" in run {run.id}" if run else ""),
                                 {"overall": figures} if figures else {}))
     conditions.append(acceptance_condition(session, row, run, figures, env, golden_sha256, holder))
+    events = [e for e in chain if e.pair_name == row.pair.name and e.version == row.version]
+    conditions += floor_conditions(run, env, overall_figures(run) if run is not None else None, events)
     conditions.append(approval_condition(session, row, env, policy, chain))
     return conditions, run
 

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from specreg.errors import ConcurrentUpdateError, IllegalTransitionError, NotFoundError, PolicyViolation
 from specreg.registry.governance.approvals import export_environment, rejected_by, standing
 from specreg.registry.governance.decisions import evaluate
+from specreg.registry.governance.floors import SPEEDUP_EXCEPTION
 from specreg.registry.governance.policy import Policy
 from specreg.registry.governance.queries import (fingerprint_changes, golden_set_sha256, lock_pair, pointer_row,
                                                  version_number)
@@ -36,10 +37,12 @@ class PointerMove:
     version: int  # the new holder
     previous_version: int | None  # the holder it replaced
     action: str  # promote | rollback
+    exception: dict[str, Any] | None = None  # a promote's recorded exception to min_speedup
 
     def to_dict(self) -> dict[str, Any]:
         return {"pair": self.pair, "environment": self.environment, "version": self.version,
-                "previous_version": self.previous_version, "action": self.action}
+                "previous_version": self.previous_version, "action": self.action,
+                **({"exception": self.exception} if self.exception else {})}
 
 
 def release(store: Store, policy: Policy, session: Session, row: PairVersionRow, *, actor: str, environment: str,
@@ -58,13 +61,15 @@ def release(store: Store, policy: Policy, session: Session, row: PairVersionRow,
 
 
 def promote(store: Store, policy: Policy, name: str, version: int, environment: str, *, actor: str,
-            expected_holder: int | None, reason: str | None = None) -> PointerMove:
+            expected_holder: int | None, reason: str | None = None, allow_slower: str | None = None) -> PointerMove:
     """Make ``name@version`` the holder of ``environment`` if the policy allows it.
 
     ``expected_holder``: the version number (None: nobody) the caller saw holding the
     environment; if another promote moved the pointer since, ConcurrentUpdateError and nothing
     changes. Refusals raise PolicyViolation naming every failed condition. The pointer, the
-    previous holder, the state moves and the audit events are one transaction."""
+    previous holder, the state moves and the audit events are one transaction. ``allow_slower``:
+    why a version whose measured speedup is below the policy's min_speedup may hold it anyway
+    (recorded in the promote's audit event as an exception; every other condition still applies)."""
     env = policy.environment(environment)
     version_entity = store.get_version(name, version)
     changes = fingerprint_changes(version_entity)
@@ -85,10 +90,15 @@ def promote(store: Store, policy: Policy, name: str, version: int, environment: 
             raise IllegalTransitionError(f"{label} already holds {environment}: nothing to do")
         conditions, run = evaluate(session, row, env, policy, golden_sha256=golden_sha256, changes=changes,
                                    holder=holder, now=utcnow())
-        failed = [c for c in conditions if not c.passed]
+        # an exception waives a measured speedup below the floor, never a speedup not measured
+        excepted = next((c for c in conditions if c.name == SPEEDUP_EXCEPTION and not c.passed
+                         and "speedup" in c.details), None) if allow_slower else None
+        exception = {"condition": SPEEDUP_EXCEPTION, "reason": allow_slower, **excepted.details} if excepted else None
+        failed = [c for c in conditions if not c.passed and c is not excepted]
         if failed:
             raise PolicyViolation(f"cannot promote {label} to {environment}: "
-                                  + "; ".join(f"{c.name}: {c.reason}" for c in failed))
+                                  + "; ".join(f"{c.name}: {c.reason}" for c in failed),
+                                  reasons=[(c.name, c.reason) for c in failed])
         now = utcnow()
         if pointer is None:
             pointer = EnvironmentPointerRow(pair_id=pair.id, environment=environment, pair_version_id=row.id,
@@ -102,11 +112,12 @@ def promote(store: Store, policy: Policy, name: str, version: int, environment: 
         store.transition(name, version, PairState.PROMOTED, actor=actor, action="promote", reason=reason,
                          details={"environment": environment, "previous_version": holder_version,
                                   "validation_run": run.id if run else None, "approval": approval,
-                                  "policy": policy.source}, session=session)
+                                  "policy": policy.source, **({"exception": exception} if exception else {})},
+                         session=session)
         if holder is not None:
             release(store, policy, session, holder, actor=actor, environment=environment, replaced_by=version,
                     reason=f"{label} promoted to {environment}")
-        return PointerMove(name, environment, version, holder_version, "promote")
+        return PointerMove(name, environment, version, holder_version, "promote", exception)
 
 
 def describe_holder(version: int | None) -> str:

@@ -20,6 +20,13 @@ below applies. Top-level keys are defaults for every environment; each
                             approval (default 1: four-eyes)
     acceptance_tolerance    relative drop of acceptance allowed against the baseline (0.1 = 10%)
     max_validation_age_days a validation older than this no longer counts (omit: no limit)
+    min_acceptance_rate     the validation's acceptance rate must reach this (omit: no floor). The
+                            first validated version sets the baseline later versions are compared
+                            with: without a floor a version with acceptance 0 would pass and make
+                            every later regression check compare against 0
+    min_speedup             the validation's measured speedup at the pair's k must reach this
+                            (omit: no floor); `promote --allow-slower REASON` makes an explicit
+                            exception, recorded in the audit log, that the gate then honours
 
 A top-level ``[identity]`` table says who may act:
 
@@ -82,18 +89,22 @@ approval_required = false
 approval_required = true
 approvers = []   # anyone but the registrant (four-eyes)
 approvals_required = 1   # signed approvals by distinct people other than the registrant
+min_acceptance_rate = 0.3   # a draft accepted less often is no baseline to hold later versions to
+min_speedup = 1.0   # never slower than the target alone at its k (else promote --allow-slower REASON)
 """
 
 ENVIRONMENT_KEYS = {
     "golden_set": str, "required_checks": list, "allow_warnings": bool, "approval_required": bool,
     "approvers": list, "acceptance_tolerance": (int, float), "max_validation_age_days": (int, float),
     "required_checks_by_method": dict, "approvals_required": int,
+    "min_acceptance_rate": (int, float), "min_speedup": (int, float),
 }
 ENVIRONMENT_DEFAULTS: dict[str, Any] = {
     "golden_set": "default", "required_checks": ["integrity", "equivalence", "acceptance"],
     "allow_warnings": False, "approval_required": False, "approvers": [],
     "acceptance_tolerance": 0.10, "max_validation_age_days": None, "required_checks_by_method": {},
     "approvals_required": 1,
+    "min_acceptance_rate": None, "min_speedup": None,
 }
 DEFAULT_ENROLLERS = ("admin",)
 
@@ -112,6 +123,21 @@ class EnvironmentPolicy:
     max_validation_age_days: float | None
     required_checks_by_method: dict[str, tuple[str, ...]] = field(default_factory=dict)
     approvals_required: int = 1
+    min_acceptance_rate: float | None = None  # the validation's acceptance rate must reach it
+    min_speedup: float | None = None  # the validation's measured speedup must reach it (or an exception)
+
+    def floors_text(self) -> list[str]:
+        """The floors of this environment in words, for `specreg policy show`."""
+        lines = []
+        if self.min_acceptance_rate is not None:
+            lines.append(f"{self.name}: the validation's acceptance rate must be at least {self.min_acceptance_rate:g} "
+                         "(min_acceptance_rate): the first validated version sets the baseline later versions are "
+                         "compared with, so a draft that is rarely accepted would make that comparison meaningless")
+        if self.min_speedup is not None:
+            lines.append(f"{self.name}: the validation's measured speedup at the pair's k must be at least "
+                         f"{self.min_speedup:g}x (min_speedup); `specreg promote NAME@VERSION --to {self.name} "
+                         "--allow-slower REASON` makes an explicit exception, recorded in the audit log")
+        return lines
 
     def checks_for(self, method: str) -> tuple[str, ...]:
         """The checks a pair of kind `method` (draft_model, ngram, eagle3, ...) must have passed."""
@@ -125,6 +151,7 @@ class EnvironmentPolicy:
             "allow_warnings": self.allow_warnings, "approval_required": self.approval_required,
             "approvers": list(self.approvers), "acceptance_tolerance": self.acceptance_tolerance,
             "max_validation_age_days": self.max_validation_age_days, "approvals_required": self.approvals_required,
+            "min_acceptance_rate": self.min_acceptance_rate, "min_speedup": self.min_speedup,
         }
 
 
@@ -254,8 +281,14 @@ def parse_policy(document: Any, source: str) -> Policy:
             required_checks_by_method={method: tuple(checks) for method, checks in
                                        merged["required_checks_by_method"].items()},
             approvals_required=merged["approvals_required"],
+            min_acceptance_rate=optional_float(merged["min_acceptance_rate"]),
+            min_speedup=optional_float(merged["min_speedup"]),
         )
     return Policy(built, source, allow_claimed_user, enrollers)
+
+
+def optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def check_value(source: str, where: str, value: Any, key: str | None = None) -> Any:
@@ -288,6 +321,10 @@ def check_value(source: str, where: str, value: Any, key: str | None = None) -> 
         raise UsageError(f"policy {source}: {where} = {value} must be a finite number")
     if key == "approvals_required" and not 1 <= value <= 100:
         raise UsageError(f"policy {source}: {where} = {value} must be between 1 and 100")
+    if key == "min_acceptance_rate" and not 0 <= value <= 1:
+        raise UsageError(f"policy {source}: {where} = {value} must be in [0, 1]")
+    if key == "min_speedup" and not 0 < value <= 100:
+        raise UsageError(f"policy {source}: {where} = {value} must be in (0, 100]")
     if key == "max_validation_age_days" and value <= 0:
         raise UsageError(f"policy {source}: {where} = {value} must be > 0")
     return value

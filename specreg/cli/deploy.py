@@ -190,9 +190,24 @@ def keys_create(out_dir):
 def observe(ref, metrics_url, engine, interval, model_name, tolerance, deadline, policy_path, db_url, as_json):
     """Live acceptance from the engine's metrics against the recorded baseline (exit 0 ok, 100 drift,
     1 error, no data or an invalid reading)."""
+    from specreg.cli.progress import Progress
+
+    progress = Progress(enabled=not as_json)
+
+    def wait(seconds: float) -> None:  # the interval between the two scrapes, with progress
+        import time
+
+        whole, what = int(seconds), f"observe: {seconds:g} s between the two scrapes of {metrics_url}"
+        progress(what, 0, max(whole, 1))
+        for second in range(whole):
+            time.sleep(1)
+            progress(what, second + 1, whole)
+        time.sleep(seconds - whole)
+        progress.close()
+
     result = open_registry(db_url).observe(ref, metrics_url, engine=engine, interval=interval,
                                            model_name=model_name, tolerance=tolerance, policy_path=policy_path,
-                                           deadline_s=deadline)
+                                           deadline_s=deadline, sleep=wait)
     if as_json:
         print_json(result)
     else:

@@ -38,7 +38,13 @@ def test_gate_promote_rollback_from_the_command_line(tiny_models, policy_file, t
     assert data["passed"] is False and data["verdict"] == "refused"
     assert data["reasons"] == ["approval: production needs an approval by someone other than the registrant alice "
                                "(no signed approval counts)"]
-    assert refused.stderr.count("\n") == 1 and "gate refused cli@1 for production: approval:" in refused.stderr
+    # one reason a line, each with the command that fixes it
+    assert refused.stderr.splitlines() == [
+        "specreg: gate refused cli@1 for production:",
+        "  - approval: production needs an approval by someone other than the registrant alice (no signed approval "
+        "counts)",
+        "    fix: specreg approve cli@1 --user APPROVER --key APPROVER_KEY (a key enrolled to someone other than the "
+        "registrant: specreg keys enrol)"]
     suite = ET.parse(junit).getroot().find("testsuite")
     cases = {case.get("name"): case for case in suite.iter("testcase")}
     assert len(cases) == len(data["conditions"]) == int(suite.get("tests"))
@@ -62,8 +68,11 @@ def test_gate_promote_rollback_from_the_command_line(tiny_models, policy_file, t
 
     run("approve", v2, "--db", db_url, "--key", bob_key, user="bob")
     worse = run("promote", v2, "--to", "production", "--db", db_url)
-    assert worse.returncode == 100 and worse.stderr.count("\n") == 1
-    assert "acceptance: acceptance_rate 0.500 < 0.720 (production holder cli@1" in worse.stderr
+    assert worse.returncode == 100
+    headline, reason, fix = worse.stderr.splitlines()  # one reason, then the command that fixes it
+    assert headline.startswith("specreg: cannot promote cli@2 to production (policy ")
+    assert reason.startswith("  - acceptance: acceptance_rate 0.500 < 0.720 (production holder cli@1")
+    assert fix.startswith("    fix: specreg validate cli@2 --golden smoke")
     assert run("promote", v2, "--to", "staging", "--db", db_url).returncode == 0
     stale = run("promote", v1, "--to", "staging", "--expect", "none", "--db", db_url)
     assert stale.returncode == 1 and "cli@staging is now held by version 2" in stale.stderr
