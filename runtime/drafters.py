@@ -58,10 +58,13 @@ class DraftModelDrafter:
 
 
 class NgramDrafter:
-    """Prompt lookup: continue the latest earlier occurrence of the last n tokens.
+    """Prompt lookup as vLLM 0.33.0 proposes it (vllm/v1/spec_decode/ngram_proposer.py,
+    _find_longest_matched_ngram_and_propose_tokens): the longest n in [prompt_lookup_min,
+    prompt_lookup_max] whose last-n tokens occur earlier in the sequence (prompt and generated
+    tokens alike), continued from its earliest occurrence.
 
-    n runs from prompt_lookup_max down to prompt_lookup_min; the draft distribution is a point
-    mass on each proposed token, so sampling accepts x with probability p(x).
+    The draft distribution is a point mass on each proposed token, so sampling accepts x with
+    probability p(x).
     """
 
     def __init__(self, vocab_size: int, prompt_lookup_min: int = 1, prompt_lookup_max: int = 3,
@@ -72,12 +75,17 @@ class NgramDrafter:
         self.forwards = 0  # no model, kept for the metrics
 
     def lookup(self, token_list: list[int], k: int) -> list[int]:
-        """The continuation (<= k tokens) of the latest earlier match, or [] when none."""
+        """The continuation (<= k tokens, fewer where the sequence ends first) of the earliest
+        occurrence of the longest matching n-gram, or [] when no n >= prompt_lookup_min matches.
+
+        An occurrence starts before the tail does (it may overlap it). vLLM also caps k at
+        max_model_len minus the sequence length; decode.py caps k at the token budget before calling.
+        """
         length = len(token_list)
         for n in range(min(self.prompt_lookup_max, length - 1), self.prompt_lookup_min - 1, -1):
             tail = token_list[length - n:]
-            # latest start first; the match must end before the tail starts being its own match
-            for start in range(length - n - 1, -1, -1):
+            # earliest start first (vLLM keeps the last match in its reversed scan, ngram_proposer.py:263-265)
+            for start in range(length - n):
                 if token_list[start:start + n] == tail:
                     return token_list[start + n:start + n + k]
         return []

@@ -31,7 +31,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from specreg.core.heads.eagle3 import default_aux_layer_ids  # vLLM's get_eagle3_aux_hidden_state_layers
-from specreg.errors import ModelReferenceError, RuntimeConfigError
+from specreg.errors import ModelReferenceError, RuntimeConfigError, RuntimeUnsupportedError
 from specreg.runtime.head_drafter import head_inputs
 
 
@@ -68,8 +68,8 @@ def read_eagle3_config(path) -> Eagle3Spec:
     # as is (llama_eagle3.py getattr(config, "norm_before_residual", False))
     for flag in ("fc_norm", "norm_output"):  # vLLM 0.33 knows these; this runtime does not run them
         if data.get(flag):
-            raise RuntimeConfigError(f"{path}: {flag} is true: this runtime drafts with EAGLE-3 heads without it "
-                                     "and refuses rather than run the head differently from vLLM")
+            raise RuntimeUnsupportedError(f"{path}: {flag} is true: this runtime drafts with EAGLE-3 heads without it "
+                                          "and refuses rather than run the head differently from vLLM")
     return Eagle3Spec(layer_config=LlamaConfig(**layer), draft_vocab_size=head.draft_vocab_size,
                       aux_layer_ids=head.aux_layer_ids, target_hidden_size=head.target_hidden_size,
                       norm_before_residual=bool(data.get("norm_before_residual", head.layout == "speculators")),
@@ -175,18 +175,26 @@ def check_head_fits(spec: Eagle3Spec, target_config, target_vocab_size: int, nam
 
     num_layers, target_hidden = target_config.num_hidden_layers, target_config.hidden_size
     if spec.layer_config.num_hidden_layers != 1:
-        raise RuntimeConfigError(f"{name}: the head has {spec.layer_config.num_hidden_layers} decoder layers; "
-                                 "the runtime drafts with one-layer EAGLE-3 heads only")
+        raise RuntimeUnsupportedError(f"{name}: the head has {spec.layer_config.num_hidden_layers} decoder layers; "
+                                      "the runtime drafts with one-layer EAGLE-3 heads only")
     ids = spec.aux_layer_ids if spec.aux_layer_ids is not None else default_aux_layer_ids(num_layers)
+    if len(set(ids)) != len(ids):  # the target's default on 4..6 layers (a declared repeat is refused earlier)
+        raise RuntimeConfigError(f"{name}: the head names no aux layer ids and the target's default {list(ids)} "
+                                 f"names a layer twice on a {num_layers}-layer target: vLLM collects each layer once "
+                                 f"and the head's fc, sized for {len(ids)} states, cannot read them")
     # vLLM 0.33 collects the aux states in layer order, each once (interfaces.py
     # _set_aux_hidden_state_layers: tuple(sorted(set(layers)))): fc reads them in that order
     ids = tuple(sorted(set(ids)))
-    bad = [i for i in ids if not 0 <= i < num_layers]
+    bad = [i for i in ids if not 0 <= i <= num_layers]
     if not ids or bad:
+        raise RuntimeConfigError(f"{name}: eagle_aux_hidden_state_layer_ids {list(ids)} out of range on a "
+                                 f"{num_layers}-layer target (each must be in 0..{num_layers})")
+    if num_layers in ids:
         # id N (the stream after the last layer, before the final norm) is valid in vLLM; this
-        # runtime's hidden_states[N] is the normed output, so it refuses N rather than read it wrong
-        raise RuntimeConfigError(f"{name}: eagle_aux_hidden_state_layer_ids {list(ids)} out of range for this "
-                                 f"runtime on a {num_layers}-layer target (each must be in 0..{num_layers - 1})")
+        # runtime's hidden_states[N] is the normed output, so it does not run N rather than read it wrong
+        raise RuntimeUnsupportedError(f"{name}: aux layer id {num_layers} (the last layer's output before the "
+                                      f"final norm) is read by vLLM, but this runtime reads ids 0..{num_layers - 1} "
+                                      "only")
     declared = spec.target_hidden_size or spec.layer_config.hidden_size
     if declared != target_hidden:
         raise RuntimeConfigError(f"{name}: head is for hidden size {declared} (fc reads {len(ids)} aux states of "

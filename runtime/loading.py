@@ -49,7 +49,9 @@ def load_model(path, device: str = "cpu", dtype="float32", expected=None):
     """A model directory -> AutoModelForCausalLM in eval mode on `device` in `dtype`, with the
     runtime's attention (attention.py) where it would run transformers' sdpa.
 
-    Refuses remote code and pickle weights: only safetensors are read. ``expected`` (the
+    Refuses remote code, and pickle weights unless the model was registered with them
+    (``expected.weight_format`` "pickle", i.e. --allow-pickle), which are then read with
+    torch.load(weights_only=True) (load_pickle_weights). ``expected`` (the
     ModelFingerprint recorded at registration): config and weights are read once into memory,
     hashed and compared with it, and the model is built from those very bytes, so a file
     swapped after the integrity check is never loaded as the registered one
@@ -62,7 +64,8 @@ def load_model(path, device: str = "cpu", dtype="float32", expected=None):
     path = Path(path)
     if not (path / "config.json").is_file():
         raise ModelReferenceError(f"{path}: no config.json, not a Hugging Face model directory")
-    if not any(path.glob("*.safetensors")):
+    pickle_registered = expected is not None and expected.weight_format == "pickle"
+    if not any(path.glob("*.safetensors")) and not pickle_registered:
         raise ModelReferenceError(f"{path}: no *.safetensors weights (pickle weights are refused)")
     try:
         if expected is None:
@@ -94,9 +97,11 @@ def read_verified(path: Path, digest: str | None, what: str) -> bytes:
 def load_verified_model(path: Path, expected, torch_dtype):
     """Build the model from config and safetensors bytes checked against ``expected``.
 
-    The files read are those transformers' from_pretrained(use_safetensors=True) would read
+    The files read are those transformers' from_pretrained would read
     (modeling_utils._get_resolved_checkpoint_files): config.json's ``transformers_weights``,
-    else model.safetensors, else the shards model.safetensors.index.json names.
+    else model.safetensors, else the shards model.safetensors.index.json names; for a model
+    registered with pickle weights (no safetensors): pytorch_model.bin, else the shards
+    pytorch_model.bin.index.json names, each read with weights_only=True.
     """
     from safetensors.torch import load as load_safetensors
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -114,8 +119,11 @@ def load_verified_model(path: Path, expected, torch_dtype):
         names = [explicit]
     elif not explicit and (path / "model.safetensors").is_file():
         names = ["model.safetensors"]
+    elif not explicit and expected.weight_format == "pickle" and (path / "pytorch_model.bin").is_file():
+        names = ["pytorch_model.bin"]
     else:
-        index_name = explicit or "model.safetensors.index.json"
+        index_name = explicit or ("pytorch_model.bin.index.json" if expected.weight_format == "pickle"
+                                  else "model.safetensors.index.json")
         index_digest = (expected.behaviour_files or {}).get(index_name) if expected.scheme else None
         index_bytes = read_verified(path / index_name, None, index_name)
         index = read_json_file(path / index_name, data=index_bytes)
@@ -127,10 +135,10 @@ def load_verified_model(path: Path, expected, torch_dtype):
     for name in names:
         if not isinstance(name, str) or name not in expected.weight_files:
             raise ModelReferenceError(f"{path}: weight file {name!r} is not one the fingerprint covers; not loading it")
-        if not name.endswith(".safetensors"):
-            raise ModelReferenceError(f"{path / name}: not safetensors (pickle weights are refused)")
+        # a pickle file is in the fingerprint only when it was registered with --allow-pickle
         data = read_verified(path / name, expected.weight_files[name], f"weight file {name}")
-        state_dict.update(load_safetensors(data))
+        state_dict.update(load_safetensors(data) if name.endswith(".safetensors")
+                          else load_pickle_weights(data, path / name))
         del data
     model_type = config_dict.get("model_type")
     if model_type not in CONFIG_MAPPING:
@@ -140,6 +148,30 @@ def load_verified_model(path: Path, expected, torch_dtype):
     if model_class is None:
         raise ModelReferenceError(f"{config_path}: model_type {model_type!r} has no causal LM in transformers")
     return model_class.from_pretrained(None, config=config, state_dict=state_dict, dtype=torch_dtype)
+
+
+def load_pickle_weights(source: bytes | Path, where: Path) -> dict:
+    """A PyTorch pickle weight file -> {name: tensor}, read with torch.load(weights_only=True):
+    torch's restricted unpickler rebuilds tensors and plain containers and refuses anything else
+    (no code runs). source: the file's bytes (read and verified by the caller), or its path,
+    memory-mapped (sizes without reading the data). ModelReferenceError naming the file when it
+    is not a plain state dict."""
+    import io
+
+    import torch
+
+    try:
+        if isinstance(source, bytes):
+            state = torch.load(io.BytesIO(source), map_location="cpu", weights_only=True)
+        else:
+            state = torch.load(source, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as exc:  # noqa: BLE001 - UnpicklingError, RuntimeError, EOFError ... for a bad file
+        reason = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise ModelReferenceError(f"{where}: cannot load with torch.load(weights_only=True): {reason}") from None
+    if not isinstance(state, dict) or not all(isinstance(key, str) and isinstance(value, torch.Tensor)
+                                              for key, value in state.items()):
+        raise ModelReferenceError(f"{where}: not a state dict of named tensors")
+    return state
 
 
 # Files a tokenizer (and AutoTokenizer's choice of class) may read: copied, then checked.

@@ -75,12 +75,11 @@ class GenerationMetrics:
         self.accepted += num_accepted
         if num_drafted > 0:
             self.draft_steps += 1
-        for position in range(num_drafted):
-            if position >= len(self.reached_per_position):
-                self.reached_per_position.append(0)
-                self.accepted_per_position.append(0)
-            if position > num_accepted:
-                break
+        # one entry per position drafted so far, as vLLM keeps one counter per position from 0 to k - 1
+        for _ in range(len(self.reached_per_position), num_drafted):
+            self.reached_per_position.append(0)
+            self.accepted_per_position.append(0)
+        for position in range(min(num_drafted, num_accepted + 1)):
             self.reached_per_position[position] += 1
             if position < num_accepted:
                 self.accepted_per_position[position] += 1

@@ -46,7 +46,7 @@ import torch
 from transformers import DynamicCache
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from specreg.errors import RuntimeConfigError
+from specreg.errors import RuntimeConfigError, RuntimeUnsupportedError
 from specreg.runtime.head_drafter import head_inputs
 
 # the module's own names under model.layers.{N+i}. (deepseek_mtp.py _rewrite_spec_layer_name);
@@ -149,7 +149,7 @@ def read_runnable_mtp(target_path):
     config = json.loads((Path(target_path) / "config.json").read_text())
     model_type = config.get("model_type")
     if family != RUN_FAMILY or model_type != RUN_MODEL_TYPE:
-        raise RuntimeConfigError(
+        raise RuntimeUnsupportedError(  # engines run these families: validation's runtime checks cannot
             f"{Path(target_path) / 'config.json'}: model_type {model_type!r} ({spec.layout} layers): the runtime "
             f"runs MTP layers only in the DeepSeek naming on Llama targets (model_type 'llama'), as Llama decoder "
             f"layers; this family's MTP block is another layer type, refused rather than run wrong")

@@ -75,6 +75,25 @@ def check_range(field: str, value: int | None, low: int, high: int) -> int | Non
     return value
 
 
+# pair_versions.version is an SQL INTEGER: 32 bits on PostgreSQL, so no version is above this
+MAX_VERSION = 2**31 - 1
+
+
+def parse_version(text: str, where: str) -> int | None:
+    """A version number as typed ('7' or 'v7', ASCII digits) -> 7; None when ``text`` is not one.
+    UsageError naming ``where`` for 0 or a number past MAX_VERSION (no version can have it, and
+    the database could not even be asked: SQLite stops at 64 bits, PostgreSQL's INTEGER at 32)."""
+    match = re.fullmatch(r"v?([0-9]+)", text)
+    if match is None:
+        return None
+    digits = match.group(1).lstrip("0") or "0"
+    if len(digits) > len(str(MAX_VERSION)) or int(digits) > MAX_VERSION:  # int() of 5000 digits raises
+        raise UsageError(f"invalid version in {where}: past the largest version number, {MAX_VERSION}")
+    if int(digits) < 1:
+        raise UsageError(f"invalid version in {where}: versions start at 1")
+    return int(digits)
+
+
 def parse_ref(text: str) -> PairRef:
     """Parse NAME, NAME@VERSION (digits, optionally 'v'-prefixed) or NAME@ENV."""
     name, _, selector = text.partition("@")
@@ -83,11 +102,9 @@ def parse_ref(text: str) -> PairRef:
         if text.endswith("@"):
             raise UsageError(f"invalid reference {text!r}: nothing after '@'")
         return PairRef(name)
-    digits = selector[1:] if selector[:1] == "v" and selector[1:].isdigit() else selector
-    if digits.isdigit():
-        if int(digits) < 1:
-            raise UsageError(f"invalid version in {text!r}: versions start at 1")
-        return PairRef(name, version=int(digits))
+    version = parse_version(selector, repr(text) if len(text) <= 60 else repr(text[:40] + "..."))
+    if version is not None:
+        return PairRef(name, version=version)
     if re.fullmatch(r"[a-z][a-z0-9_-]{0,31}", selector):
         return PairRef(name, environment=selector)
     raise UsageError(f"invalid reference {text!r}: expected NAME, NAME@VERSION or NAME@ENVIRONMENT")
@@ -196,6 +213,8 @@ def describe_head(config: SpecConfig, target: ModelRef, draft: ModelRef | None, 
     description["fit"] = {"aux_layer_ids": list(fit.aux_layer_ids), "verifier_matched": fit.verifier_matched,
                           "compared_token_strings": fit.compared_token_strings, "notes": list(fit.notes),
                           "allow_verifier_mismatch": allow_verifier_mismatch}
+    if fit.warnings:  # only when there are: the binding of a pair without them is as before
+        description["fit"]["warnings"] = list(fit.warnings)
     return description
 
 
@@ -280,6 +299,7 @@ class Registry:
         if config.method.has_head:
             head = describe_head(config, target_ref, draft_ref, allow_verifier_mismatch=allow_verifier_mismatch)
             config = dataclasses.replace(config, head=head)
+            self.warnings.extend(head["fit"].get("warnings", ()))
         elif allow_verifier_mismatch:
             raise UsageError("--allow-verifier-mismatch applies to methods eagle3, medusa and mtp")
         binding = sha256_hex(canonical_json({
@@ -513,8 +533,9 @@ class Registry:
         Every format but prometheus-rules also gets the pair lock (``specreg.lock.json``, see
         registry.deploy.lock), signed with the ECDSA private key file ``signing_key``; without one
         the lock says ``signed: false`` and a warning says so."""
-        from specreg.registry.deploy.engines import FORMATS as ENGINE_FORMATS
-        from specreg.registry.deploy.exports import check_exportable, lock_engine, merge_options, render_export
+        from specreg.registry.deploy.engines import format_modules
+        from specreg.registry.deploy.exports import (check_exportable, draft_layout, lock_engine, merge_options,
+                                                     render_export)
         from specreg.registry.deploy.writing import write_export
         from specreg.registry.deploy.lock import LOCK_FILE, lock_text
         from specreg.registry.governance.approvals import approval_standing
@@ -541,17 +562,19 @@ class Registry:
             raise PolicyViolation(f"{version.label} is not validated and approved ({standing.reason}); export refused "
                                   f"(--force exports it marked UNAPPROVED)")
         exportable = check_exportable(version, baselines, fmt, approved, force)  # refuse before hashing
-        engine_models = None
-        module = ENGINE_FORMATS[fmt]
+        engine_layouts = None
+        module = format_modules()[fmt]
         if hasattr(module, "write_models"):  # llamacpp: the export makes the files the engine loads (GGUF)
             if out_dir is None:
                 raise UsageError(f"export format {fmt} writes the model files the engine loads: give -o DIR")
             opts = merge_options(options)
-            engine_models = lambda: module.write_models(version, out_dir, opts, overwrite=overwrite)  # noqa: E731
+            engine_layouts = lambda: module.write_models(version, out_dir, opts, overwrite=overwrite)  # noqa: E731
         lock = None
         if fmt != "prometheus-rules":  # the rules load no model: nothing to lock
             lock = self.pair_lock(version, engine=lock_engine(fmt), baselines=baselines,
-                                  signing_key=signing_key, approved=exportable, engine_models=engine_models)
+                                  signing_key=signing_key, approved=exportable,
+                                  draft_layout=draft_layout(version, baselines, fmt, exportable, options),
+                                  engine_layouts=engine_layouts)
         files = render_export(version, baselines, fmt, approved=approved, force=force,
                               template_path=template, options=options, lock=lock,
                               audit_head=audited.details.get("audit_head") or self.store.audit_head())
@@ -565,12 +588,14 @@ class Registry:
         return files
 
     def pair_lock(self, version: PairVersion, *, engine: dict | None, baselines: dict | None,
-                  signing_key: str | None, approved: bool, engine_models=None) -> dict:
+                  signing_key: str | None, approved: bool, draft_layout: tuple | None = None,
+                  engine_layouts=None) -> dict:
         """The lock of ``version`` (registry.deploy.lock.build_lock), signed when ``signing_key`` is given.
 
         Refused (PolicyViolation) when a model no longer matches its registered fingerprint: a
-        lock must bind the files that were validated and approved. ``engine_models``: called once
-        that check passed, it makes the files the engine loads ({role: folder}, llamacpp's GGUF)."""
+        lock must bind the files that were validated and approved. ``engine_layouts``: called once
+        that check passed, it makes the files the engine loads ({role: (folder, {file: sha256})},
+        llamacpp's GGUF files; build_lock binds them as that role's files)."""
         from specreg.errors import PolicyViolation
         from specreg.registry.deploy.lock import build_lock, sign_lock
         from specreg.registry.governance import approvals
@@ -585,19 +610,20 @@ class Registry:
                      for a in approvals.approvals(self.store, version.name, version.version)]
         lock = build_lock(version, engine=engine, baselines=baselines, approvals=approvals,
                           audit_head={"hash": self.store.audit_head()}, approved=approved,
-                          exported_by=self.user, engine_models=engine_models() if engine_models else None)
+                          exported_by=self.user, draft_layout=draft_layout,
+                          engine_layouts=engine_layouts() if engine_layouts else None)
         return sign_lock(lock, signing_key) if signing_key else lock
 
     def observe(self, ref: str | PairRef, metrics_url: str, *, engine: str = "vllm", interval: float = 30.0,
                 model_name: str | None = None, tolerance: float | None = None, policy_path: str | None = None,
-                sleep=None) -> dict:
+                sleep=None, deadline_s: float | None = None) -> dict:
         """Scrape the engine's metrics twice, compare live acceptance with the version's
         baselines and store the observation. ``tolerance`` defaults to the policy's drift
         tolerance of the environment in ``NAME@ENV`` (else 0.1). Returns the observation with
         "verdict" (ok|drift|no-data) and "exit_code" (0|100|1)."""
         import time
 
-        from specreg.registry.deploy.observe import compare_with_baseline, observe
+        from specreg.registry.deploy.observe import SCRAPE_DEADLINE_S, compare_with_baseline, observe
 
         pair_ref = parse_ref(ref) if isinstance(ref, str) else ref
         version = self.get(pair_ref)
@@ -606,7 +632,7 @@ class Registry:
                          if pair_ref.environment else 0.1)
         baselines = self.baselines(version.label)
         live = observe(metrics_url, engine=engine, interval=interval, model_name=model_name,
-                       sleep=sleep or time.sleep)
+                       sleep=sleep or time.sleep, deadline_s=SCRAPE_DEADLINE_S if deadline_s is None else deadline_s)
         verdict = compare_with_baseline(live, baselines, tolerance)
         stored = self.store.add_observation(version.name, version.version, environment=pair_ref.environment,
                                             engine=engine, url=metrics_url, figures={**live, **verdict},

@@ -51,6 +51,11 @@ class RuntimeConfigError(SpecregError):
     """A speculative runtime setup that cannot run (vocab mismatch, k < 1, prompt too long)."""
 
 
+class RuntimeUnsupportedError(RuntimeConfigError):
+    """A pair the engines run but specreg's own runtime does not (e.g. an EAGLE-3 aux layer id
+    N): validation's runtime checks could not run, which is an error, never the pair's fail."""
+
+
 class MlflowUnavailable(SpecregError):
     """MLflow cannot be reached or used; specreg's own database is still complete and
     `specreg sync` brings MLflow up to date later."""
@@ -65,6 +70,30 @@ class HeadMismatchError(SpecregError):
     """A speculative head (EAGLE-3, Medusa, MTP) that does not fit its target: hidden size,
     layer count and aux layer ids, vocabulary, draft-to-target map or declared verifier. The
     message names the field."""
+
+
+class PathTooLongError(UsageError):
+    """A path argument the file system cannot hold (ENAMETOOLONG): a component over NAME_MAX
+    bytes (255 on Linux and macOS file systems), or the whole path over PATH_MAX."""
+
+    NAME_MAX = 255
+
+    def __init__(self, path):
+        import os
+
+        path = os.fsdecode(path)
+        longest = max((len(os.fsencode(part)) for part in path.split(os.sep)), default=0)
+        shown = path if len(path) <= 80 else path[:40] + "..." + path[-20:]
+        super().__init__(f"{shown}: path too long for the file system (longest component {longest} bytes; "
+                         f"the limit is usually {self.NAME_MAX})")
+
+    @classmethod
+    def refuse(cls, path) -> None:
+        """Raise for ``path`` when a component is over NAME_MAX, before anything is created."""
+        import os
+
+        if any(len(os.fsencode(part)) > cls.NAME_MAX for part in os.fsdecode(path).split(os.sep)):
+            raise cls(path)
 
 
 class IdentityError(UsageError):

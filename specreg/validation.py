@@ -12,6 +12,7 @@ import signal
 import threading
 from dataclasses import dataclass
 
+from specreg.core.types import ERROR as ERROR_VERDICT
 from specreg.errors import IllegalTransitionError
 from specreg.registry.store.entities import PairState, PairVersion, ValidationRun
 from specreg.registry.store.store import Store
@@ -63,7 +64,8 @@ def validate_version(store: Store, version: PairVersion, golden, options, *, act
 
     golden: a loaded GoldenSet; options: validators.suite.ValidationOptions; progress, hooks:
     see run_suite. The run row is written before the first check and each check as it ends;
-    the pair moves (validated / failed) with the run's end in one transaction. On SIGINT /
+    the pair moves (validated / failed) with the run's end in one transaction. A run in which a
+    check could not run (and none failed) ends as ``error`` and leaves the pair's state. On SIGINT /
     SIGTERM the run is marked aborted and ValidationInterrupted propagates; on any other error
     it is marked error and the error propagates; the pair's state is unchanged in both cases.
     """
@@ -84,8 +86,13 @@ def validate_version(store: Store, version: PairVersion, golden, options, *, act
             result = run_suite(version, golden, options, device=device, previous_baselines=previous,
                                on_check=lambda check: runs.record_check(run.id, check),
                                progress=progress, hooks=hooks)
-            finished, moved = runs.finish(run.id, version, passed=result.passed, summary=result.summary,
-                                          baselines=result.baselines, actor=actor)
+            if result.verdict == ERROR_VERDICT:
+                # a check could not run: the run judged nothing about the pair, whose state stays
+                runs.abort(run.id, ERROR, result.reason or "a check could not run", summary=result.summary)
+                finished, moved = runs.get(run.id), version
+            else:
+                finished, moved = runs.finish(run.id, version, passed=result.passed, summary=result.summary,
+                                              baselines=result.baselines, actor=actor)
     except ValidationInterrupted as exc:
         runs.abort(run.id, ABORTED, f"interrupted by {exc.signal_name}")
         raise

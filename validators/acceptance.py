@@ -2,30 +2,35 @@
 category, measured on the golden prompts decoded as their records ask (greedy or sampled), and
 compared with the baselines of the previous validated version of the same pair name.
 
-A relative drop beyond the tolerance (default 10%) of alpha-hat or tau, overall or in any
-category both runs measured, fails. Tau counts up to k + 1 tokens per step, so it is compared
-only between runs at the same k (baselines record k); alpha-hat is compared always: a new draft that accepts less loses the speedup the
-platform planned for. When the run passes, ``acceptance_baselines`` becomes this version's
-baselines (what `observe`, exports and the next version compare with).
+A relative drop beyond the tolerance (default 10%) of alpha-hat or of tau's accepted part (tau - 1:
+specreg.core.baselines.drift_floor), overall or in any category both runs measured, fails. Tau counts up to k + 1 tokens per step, so it is compared
+only between runs at the same k (baselines record k), and only with a baseline that counted tau as
+the engines do (specreg.core.baselines); alpha-hat is compared always: a new draft that accepts
+less loses the speedup the platform planned for. When the run passes, ``acceptance_baselines``
+becomes this version's baselines (what `observe`, exports and the next version compare with).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from specreg.core.baselines import ENGINE_TAU, drift_floor, in_engine_terms, legacy_tau_note, relative_change
 from specreg.core.types import FAIL, PASS, SKIP, CheckResult
 
 CHECK_NAME = "acceptance"
 DEFAULT_TOLERANCE = 0.10
 COMPARED = ("acceptance_rate", "mean_acceptance_length")
 BASELINE_KEYS = ("acceptance_rate", "mean_acceptance_length", "per_position_acceptance", "drafted",
-                 "accepted", "generated_tokens", "target_forwards", "longest_rejection_run", "generations")
+                 "accepted", "draft_steps", "generated_tokens", "target_forwards", "longest_rejection_run",
+                 "generations", "tokens_per_target_forward", "per_position_acceptance_conditional")
 
 
 def acceptance_baselines(decodes, k: int | None = None) -> dict[str, Any]:
-    """GoldenDecodes -> {"k": k, "overall": figures, "per_category": {category: figures}} with
-    the names vLLM uses (acceptance_rate, mean_acceptance_length, per_position_acceptance ...);
-    k is the speculative depth the figures were measured at."""
+    """GoldenDecodes -> {"k": k, "tau_definition": "engines", "overall": figures, "per_category":
+    {category: figures}} with the names and definitions vLLM uses (acceptance_rate,
+    mean_acceptance_length, per_position_acceptance ...) and ours under their own names
+    (tokens_per_target_forward, per_position_acceptance_conditional); k is the speculative depth
+    the figures were measured at."""
     from specreg.runtime.metrics import aggregate
 
     def figures(runs) -> dict[str, Any]:
@@ -35,13 +40,16 @@ def acceptance_baselines(decodes, k: int | None = None) -> dict[str, Any]:
     categories: dict[str, list] = {}
     for run in decodes.runs:
         categories.setdefault(run.category, []).append(run)
-    return {"k": k, "overall": figures(decodes.runs),
+    return {"k": k, "tau_definition": ENGINE_TAU, "overall": figures(decodes.runs),
             "per_category": {category: figures(runs) for category, runs in categories.items()}}
 
 
 def comparable_metrics(current: dict[str, Any], previous: dict[str, Any]) -> tuple[tuple[str, ...], list[str]]:
     """(metrics of COMPARED that two baselines can be compared on, why any other is not):
-    tau (mean_acceptance_length) only when both recorded the same k."""
+    tau (mean_acceptance_length) only when both counted it as the engines do, at the same k."""
+    legacy = legacy_tau_note(in_engine_terms(previous)) or legacy_tau_note(in_engine_terms(current), "this run")
+    if legacy:
+        return ("acceptance_rate",), [legacy]
     k_now, k_before = current.get("k"), previous.get("k")
     if k_now is not None and k_now == k_before:
         return COMPARED, []
@@ -54,6 +62,7 @@ def compare_baselines(current: dict[str, Any], previous: dict[str, Any], toleran
     """Every compared figure (overall and per shared category; tau only at the same k, see
     comparable_metrics) -> list of {scope, metric, current, baseline, floor, relative_change, ok}."""
     rows = []
+    current, previous = in_engine_terms(current), in_engine_terms(previous)
     metrics, _ = comparable_metrics(current, previous)
     scopes = [("overall", current.get("overall") or {}, previous.get("overall") or {})]
     for category, figures in (current.get("per_category") or {}).items():
@@ -65,9 +74,9 @@ def compare_baselines(current: dict[str, Any], previous: dict[str, Any], toleran
             value, baseline = now.get(metric), before.get(metric)
             if not isinstance(value, (int, float)) or not isinstance(baseline, (int, float)) or baseline <= 0:
                 continue
-            floor = baseline * (1.0 - tolerance)
-            rows.append({"scope": scope, "metric": metric, "current": value, "baseline": baseline,
-                         "floor": floor, "relative_change": value / baseline - 1.0, "ok": value >= floor})
+            floor = drift_floor(metric, baseline, tolerance)
+            rows.append({"scope": scope, "metric": metric, "current": value, "baseline": baseline, "floor": floor,
+                         "relative_change": relative_change(metric, value, baseline), "ok": value >= floor})
     return rows
 
 
@@ -102,8 +111,9 @@ def check_acceptance(decodes, *, previous: tuple[int, dict[str, Any]] | None = N
     drops = [row for row in comparison if not row["ok"]]
     if drops:
         worst = min(drops, key=lambda row: row["relative_change"])
+        part = " (its accepted part, tau - 1)" if worst["metric"] == "mean_acceptance_length" else ""
         summary = (f"{headline}; {worst['metric']} ({worst['scope']}) {worst['current']:.3f} is "
-                   f"{-worst['relative_change']:.0%} below v{version}'s {worst['baseline']:.3f} "
+                   f"{-worst['relative_change']:.0%}{part} below v{version}'s {worst['baseline']:.3f} "
                    f"(tolerance {tolerance:.0%}; {len(drops)} figure(s) dropped)")
         return CheckResult(CHECK_NAME, FAIL, summary, evidence, figures)
     return CheckResult(CHECK_NAME, PASS, f"{headline}; within {tolerance:.0%} of v{version}'s baseline "

@@ -76,23 +76,50 @@ def format_bytes(count: float) -> str:
 
 
 def weight_files(model_dir: Path) -> list[Path]:
-    """The safetensors files of a model folder (the shards named in the index when there is one)."""
+    """The safetensors files of a model folder (the shards named in the index when there is one);
+    without safetensors, its pickle weights (pytorch_model.bin or the shards its index names),
+    which registration accepted only with --allow-pickle."""
     index = model_dir / "model.safetensors.index.json"
+    if not index.is_file() and not any(model_dir.glob("*.safetensors")):
+        pickle_index = model_dir / "pytorch_model.bin.index.json"
+        if pickle_index.is_file():
+            index = pickle_index
+        elif (model_dir / "pytorch_model.bin").is_file():
+            return [model_dir / "pytorch_model.bin"]
     if index.is_file():
         try:
             weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
         except (OSError, ValueError, KeyError, TypeError):
-            raise ModelReferenceError(f"{index}: not a valid safetensors index") from None
+            raise ModelReferenceError(f"{index}: not a valid weight index") from None
         files = [model_dir / name for name in sorted(set(weight_map.values()))]
     else:
         files = sorted(model_dir.glob("*.safetensors"))
     if not files:
-        raise ModelReferenceError(f"{model_dir}: no .safetensors weights (only safetensors are supported)")
+        raise ModelReferenceError(f"{model_dir}: no weight files (*.safetensors, or pytorch_model.bin with "
+                                  "--allow-pickle)")
     return files
 
 
+# torch dtypes of a pickle checkpoint -> the safetensors dtype codes sized above
+TORCH_DTYPE_CODES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16",
+                     "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2", "int64": "I64", "int32": "I32",
+                     "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL"}
+
+
+def tensor_headers(path: Path) -> dict[str, dict[str, Any]]:
+    """name -> {"dtype": safetensors code, "shape"} of one weight file: the safetensors header, or
+    for a pickle file the tensors torch.load(weights_only=True, mmap=True) maps without reading."""
+    if path.suffix == ".safetensors":
+        return {name: info for name, info in read_safetensors_header(path).items() if name != "__metadata__"}
+    from specreg.runtime.loading import load_pickle_weights
+
+    return {name: {"dtype": TORCH_DTYPE_CODES.get(str(tensor.dtype).removeprefix("torch."), str(tensor.dtype)),
+                   "shape": list(tensor.shape)}
+            for name, tensor in load_pickle_weights(path, path).items()}
+
+
 def weight_bytes(model_dir: str | Path, dtype: str | None = None) -> dict[str, Any]:
-    """Weight memory of a model folder from its safetensors headers.
+    """Weight memory of a model folder from its safetensors headers (pickle: see tensor_headers).
 
     dtype: None counts tensors as stored; a name ("float32", "bf16") recounts every floating
     tensor at that size (integer/quantized tensors keep theirs), as loading with dtype= does.
@@ -105,9 +132,7 @@ def weight_bytes(model_dir: str | Path, dtype: str | None = None) -> dict[str, A
     by_dtype: dict[str, float] = {}
     files = weight_files(model_dir)
     for path in files:
-        for name, info in read_safetensors_header(path).items():
-            if name == "__metadata__":
-                continue
+        for name, info in tensor_headers(path).items():
             try:
                 code, shape = info["dtype"], info["shape"]
                 size = SAFETENSORS_DTYPE_BYTES[code]

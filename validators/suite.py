@@ -9,8 +9,9 @@ import platform
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from specreg.errors import HeadMismatchError, RuntimeConfigError, UsageError
-from specreg.core.types import FAIL, SKIP, CheckResult, combine_statuses
+from specreg.errors import (HeadMismatchError, ModelReferenceError, RuntimeConfigError, RuntimeUnsupportedError,
+                            UsageError)
+from specreg.core.types import ERROR, FAIL, SKIP, CheckResult, combine_statuses
 
 STATIC_CHECKS = ("integrity", "tokenizer", "chat_template", "memory")
 RUNTIME_CHECKS = ("equivalence", "distribution", "acceptance", "performance")
@@ -63,13 +64,14 @@ class SuiteResult:
     @property
     def verdict(self) -> str:
         """The worst check status; a run in which no check ran (all skipped, or none) fails:
-        it measured nothing, so it must not make a version validated."""
+        it measured nothing, so it must not make a version validated. "error": no check failed
+        but one could not run, so the run judged nothing about the pair (its state stays)."""
         status = combine_statuses(check.status for check in self.checks)
         return FAIL if status == SKIP else status
 
     @property
     def passed(self) -> bool:
-        return self.verdict != FAIL
+        return self.verdict not in (FAIL, ERROR)
 
     @property
     def reason(self) -> str | None:
@@ -77,6 +79,9 @@ class SuiteResult:
         failed = [check.name for check in self.checks if check.status == FAIL]
         if failed:
             return f"{', '.join(failed)} failed"
+        errors = [check for check in self.checks if check.status == ERROR]
+        if errors:
+            return "; ".join(f"{check.name}: {check.summary}" for check in errors)
         if self.verdict == FAIL:
             skipped = ", ".join(check.name for check in self.checks) or "none selected"
             return f"no check ran (every selected check was skipped: {skipped})"
@@ -84,9 +89,9 @@ class SuiteResult:
 
 
 def guarded(name: str, check: Callable[[], CheckResult]) -> CheckResult:
-    """Run one check; an exception inside it becomes that check's ``fail`` with a one-line
-    reason, so one broken check never takes the others (or the recorded run) down. Interrupts
-    (KeyboardInterrupt, SystemExit) still propagate."""
+    """Run one check; an exception inside it becomes that check's result with a one-line reason
+    (see error_result), so one broken check never takes the others (or the recorded run) down.
+    Interrupts (KeyboardInterrupt, SystemExit) still propagate."""
     try:
         return check()
     except UsageError:
@@ -96,10 +101,15 @@ def guarded(name: str, check: Callable[[], CheckResult]) -> CheckResult:
 
 
 def error_result(name: str, exc: Exception) -> CheckResult:
-    """A ``fail`` for check ``name`` that could not run because of ``exc`` (one-line reason)."""
+    """Check ``name`` stopped on ``exc`` -> its result, one line. A ModelReferenceError names a
+    file of the pair that is wrong or changed since registration: the pair's ``fail``. Anything
+    else means the check could not run: ``error``, which judges nothing about the pair (a
+    sound pair is never failed because specreg could not check it)."""
     message = " ".join(str(exc).split())[:300] or type(exc).__name__
-    return CheckResult(name, FAIL, f"the check could not run: {message}",
-                       {"error": {"type": type(exc).__name__, "message": message}})
+    evidence = {"error": {"type": type(exc).__name__, "message": message}}
+    if isinstance(exc, ModelReferenceError):
+        return CheckResult(name, FAIL, message, evidence)
+    return CheckResult(name, ERROR, f"the check could not run: {message}", evidence)
 
 
 def environment(device: str, dtype: str) -> dict[str, Any]:
@@ -157,7 +167,7 @@ def run_suite(pair_version, golden, options: ValidationOptions, *, device: str,
     if "integrity" in selected:
         emit(guarded("integrity", lambda: integrity.check_integrity(
             {"target": pair_version.target, "draft": pair_version.draft}, allow_pickle=pair_version.allow_pickle)))
-        if result.checks[-1].failed:
+        if result.checks[-1].status in (FAIL, ERROR):
             # the files are not the registered ones: nothing measured on them would be about this version
             for name in selected[1:]:
                 emit(CheckResult(name, SKIP, "not run: integrity failed, the models on disk are not the "
@@ -239,13 +249,24 @@ def run_suite(pair_version, golden, options: ValidationOptions, *, device: str,
         except UsageError:
             raise
         except Exception as exc:  # noqa: BLE001 - every runtime check needs the decodes
-            # RuntimeConfigError: the runtime refuses to verify one model against the other
-            refused = "refuses" if isinstance(exc, (RuntimeConfigError, HeadMismatchError)) else "cannot run"
+            # RuntimeConfigError / HeadMismatchError: the pair's models do not fit each other (a
+            # fail); ModelReferenceError: a file is wrong or changed (a fail); RuntimeUnsupportedError
+            # (something engines run that this runtime does not) or any other error: the checks could
+            # not run (an error, no verdict on the pair)
             message = " ".join(str(exc).split())[:300] or type(exc).__name__
+            if isinstance(exc, ModelReferenceError):
+                status, why, not_run = FAIL, message, "the pair's files cannot be loaded"
+            elif isinstance(exc, (RuntimeConfigError, HeadMismatchError)) \
+                    and not isinstance(exc, RuntimeUnsupportedError):
+                status, why, not_run = FAIL, f"the runtime refuses this pair: {message}", "the runtime refuses this pair"
+            else:
+                status, why = ERROR, f"the check could not run: the runtime stopped on this pair: {message}"
+                not_run = "the runtime could not run this pair"
+                if isinstance(exc, RuntimeUnsupportedError):
+                    why = f"the check could not run: {message}"
             for name in runtime_checks:
-                status, summary = (FAIL, f"the runtime {refused} this pair: {message}") if name == runtime_checks[0] \
-                    else (SKIP, f"not run: the runtime {refused} this pair")
-                emit(CheckResult(name, status, summary, {"error": {"type": type(exc).__name__, "message": message}}))
+                status_now, summary = (status, why) if name == runtime_checks[0] else (SKIP, f"not run: {not_run}")
+                emit(CheckResult(name, status_now, summary, {"error": {"type": type(exc).__name__, "message": message}}))
             result.summary = build_summary(result, golden, options, device)
             return result
 

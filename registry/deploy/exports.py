@@ -1,10 +1,12 @@
 """Deployment exports: a pair version rendered as serving-engine configs that carry its identity
 (name@version, fingerprints) and its acceptance baselines.
 
-Python builds every value (engine argument lists, the speculative-config dict, PromQL
-expressions); the Jinja2 templates in templates/exports/ only lay them out, and every value
-goes through a quoting filter (``shquote``, ``json``, ``yaml``), so that model paths with
-spaces or quotes cannot break a shell line, a JSON document or a YAML file.
+What every format shares lives here: the options, the refusals common to all engines, the
+template context and rendering. Each engine's own part (version, options, refusals, the pair in
+its terms, a head layout it loads, metrics) is its module in engines/, listed in engines.FORMATS.
+Python builds every value; the Jinja2 templates in templates/exports/ only lay them out, and
+every value goes through a quoting filter (rendering.py), so that model paths with spaces or
+quotes cannot break a shell line, a JSON document or a YAML file.
 
 Engine names and keys follow DESIGN.md section 4; the schema files in templates/engines/ list
 them for each targeted engine version and the tests hold every output to them.
@@ -13,19 +15,18 @@ them for each targeted engine version and the tests hold every output to them.
 from __future__ import annotations
 
 import json
-import math
-import re
-import shlex
 from pathlib import Path
 from typing import Any
 
 from specreg.errors import PolicyViolation, SpecregError, UsageError
+from specreg.core.baselines import drift_floor, in_engine_terms, legacy_tau_note
 from specreg.core.types import ModelRef
-from specreg.registry.deploy.engines import FORMATS as ENGINE_FORMATS
-from specreg.registry.deploy.engines import engine_modules
+from specreg.registry.deploy.engines import engine_modules, format_modules
+from specreg.registry.deploy.rendering import FILTERS, render_user_template
 from specreg.registry.deploy.engines.common import Export
 from specreg.registry.store.entities import PairState, PairVersion, SpecMethod
 
+ENGINE_FORMATS = format_modules()  # format -> its engine module (engines/__init__.py FORMATS)
 FORMATS = tuple(ENGINE_FORMATS)
 # The files each format writes; each is rendered from templates/exports/<file name>.j2.
 FORMAT_FILES = {fmt: module.FILES for fmt, module in ENGINE_FORMATS.items()}
@@ -57,9 +58,11 @@ OPTION_DEFAULTS: dict[str, Any] = {**COMMON_OPTIONS,
 EXPORTED_METHODS = (SpecMethod.DRAFT_MODEL, SpecMethod.NGRAM, SpecMethod.EAGLE3, SpecMethod.MTP)
 MEDUSA_REFUSAL = (
     "no engine version specreg targets serves Medusa heads stored apart from their base model: vLLM 0.33 "
-    "has no medusa method (not in its SpeculativeMethod list), SGLang 0.5.23 has no Medusa algorithm, "
-    "TensorRT-LLM's Medusa decoding runs only on its TensorRT engine flow (not trtllm-serve's PyTorch backend), "
-    "and TGI 3.3 reads Medusa heads only from a combined model repository")
+    "has no medusa method (vllm/config/speculative.py:74-82 SpeculativeMethod), SGLang 0.5.23 has no Medusa "
+    "algorithm (sglang/srt/speculative/spec_info.py:39-47 SpeculativeAlgorithm), TensorRT-LLM 1.2's Medusa runs "
+    "only on its TensorRT engine flow (llm_args.py MedusaDecodingConfig.supports_backend refuses pytorch, "
+    "trtllm-serve's backend), and TGI 3.3 reads Medusa heads only from a combined model repository "
+    "(server/text_generation_server/models/__init__.py:522-551)")
 
 EXPORTABLE_STATES = (PairState.VALIDATED, PairState.APPROVED, PairState.PROMOTED)
 
@@ -76,44 +79,6 @@ def engine_schema(engine: str) -> dict[str, Any]:
     if engine not in ENGINE_SCHEMAS:
         raise UsageError(f"unknown engine {engine!r}; known: {', '.join(ENGINE_SCHEMAS)}")
     return json.loads((templates_dir() / "engines" / ENGINE_SCHEMAS[engine]).read_text())
-
-
-# ---------------------------------------------------------------------------------------------
-# Quoting filters shared by the shipped and the user templates.
-
-
-def shell_lines(lines: list[list[str]]) -> str:
-    """One command over several lines: each inner list is quoted word by word and the lines are
-    joined with backslash continuations."""
-    return " \\\n    ".join(" ".join(shlex.quote(str(word)) for word in words) for words in lines)
-
-
-def to_json(value: Any, indent: int | None = None) -> str:
-    return json.dumps(value, indent=indent, ensure_ascii=False)
-
-
-def to_yaml_scalar(value: Any) -> str:
-    """A YAML flow value on one line: strings double-quoted by the YAML emitter itself
-    (escapes newlines, quotes and colons), everything else as JSON, which YAML reads too."""
-    import yaml
-
-    if isinstance(value, str):
-        return yaml.safe_dump(value, default_style='"', width=math.inf, allow_unicode=True).strip()
-    return json.dumps(value)
-
-
-def one_line(value: Any) -> str:
-    """Text safe inside a one-line comment: a newline would end the comment."""
-    return re.sub(r"[\r\n\x0b\x0c\x85\u2028\u2029]+", " ", str(value))
-
-
-FILTERS = {
-    "shquote": lambda value: shlex.quote(str(value)),
-    "shell_lines": shell_lines,
-    "json": to_json,
-    "yaml": to_yaml_scalar,
-    "comment": one_line,
-}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -144,14 +109,16 @@ def render_export(
     export anchors the chain outside the database (`specreg audit verify --expect-head`).
     """
     exportable = check_exportable(pair_version, baselines, fmt, approved, force)
-    context = build_context(pair_version, baselines, fmt, approved=exportable, options=options)
+    export = resolve_export(pair_version, baselines, fmt, approved=exportable, options=options)
+    context = build_context(export, fmt)
+    layout = list((head_layout(export, fmt) or {}).items())
     if audit_head:
         context["audit_head"] = audit_head
         context["header_lines"] = [*context["header_lines"],
                                    f"audit_head: {audit_head} (check: specreg audit verify --expect-head)"]
     context["lock"] = lock_context(lock, context)
     if template_path is not None:
-        return [render_user_template(Path(template_path), context)]
+        return [render_user_template(Path(template_path), context), *layout]
 
     from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
@@ -164,7 +131,34 @@ def render_export(
         autoescape=False,  # shell, JSON and YAML: quoting is done by the filters
     )
     env.filters.update(FILTERS)
-    return [(name, env.get_template(name + ".j2").render(context)) for name in FORMAT_FILES[fmt]]
+    return [*((name, env.get_template(name + ".j2").render(context)) for name in FORMAT_FILES[fmt]), *layout]
+
+
+def head_layout(export: Export, fmt: str) -> dict[str, str] | None:
+    """The head directory as the format's engine loads it, where it differs from the registered one
+    (engines/<engine>.py head_layout; SGLang's EAGLE-3): {relative name: text or writing.Link}."""
+    module = ENGINE_FORMATS[fmt]
+    return module.head_layout(export) if hasattr(module, "head_layout") else None
+
+
+def draft_layout(pair_version: PairVersion, baselines: dict[str, Any] | None, fmt: str, approved: bool,
+                 options: dict[str, Any] | None = None) -> tuple[str, dict[str, str]] | None:
+    """(folder, {file: sha256}) of the head layout an export of ``fmt`` writes, for the pair lock to
+    bind the files the engine loads: a written file by its text, a linked one by the registered
+    head's file of that name. None when the engine loads the registered directory itself."""
+    from specreg.core.fingerprint import sha256_file, sha256_hex
+    from specreg.registry.deploy.writing import Link
+
+    layout = head_layout(resolve_export(pair_version, baselines, fmt, approved, options), fmt)
+    if not layout:
+        return None
+    folder = next(iter(layout)).split("/", 1)[0]
+    digests = {}
+    for name, value in layout.items():
+        inside = name.split("/", 1)[1]
+        digests[inside] = (sha256_file(Path(pair_version.draft.path) / inside) if isinstance(value, Link)
+                           else sha256_hex(value.encode("utf-8")))
+    return folder, dict(sorted(digests.items()))
 
 
 def check_exportable(pair_version: PairVersion, baselines: dict[str, Any] | None, fmt: str, approved: bool,
@@ -219,38 +213,6 @@ def lock_context(lock: dict[str, Any] | None, context: dict[str, Any]) -> dict[s
             "mount": LOCK_MOUNT, "key_mount": PUBLIC_KEY_MOUNT, "verify_argv": argv}
 
 
-def render_user_template(template_path: Path, context: dict[str, Any]) -> tuple[str, str]:
-    """Render a user template in Jinja2's sandbox; returns (output file name, text).
-
-    The output name is the template's file name without a trailing ``.j2``. HTML and XML
-    outputs are autoescaped. Anything the sandbox refuses (Python internals such as
-    ``''.__class__``), a syntax error or an undefined name becomes one SpecregError line.
-    """
-    from jinja2 import StrictUndefined, TemplateSyntaxError
-    from jinja2.exceptions import SecurityError
-    from jinja2.sandbox import SandboxedEnvironment
-
-    if not template_path.is_file():
-        raise SpecregError(f"template {template_path}: no such file")
-    out_name = template_path.name[: -len(".j2")] if template_path.name.endswith(".j2") else template_path.name
-    escape = out_name.lower().endswith((".html", ".htm", ".xml", ".svg"))
-    env = SandboxedEnvironment(
-        undefined=StrictUndefined, autoescape=escape, trim_blocks=True, lstrip_blocks=True,
-        keep_trailing_newline=True,
-    )
-    env.filters.update(FILTERS)
-    try:
-        text = env.from_string(template_path.read_text(encoding="utf-8")).render(context)
-    except SecurityError as exc:
-        raise SpecregError(f"template {template_path}: refused by the sandbox: {exc}") from None
-    except TemplateSyntaxError as exc:
-        raise SpecregError(f"template {template_path}:{exc.lineno}: syntax error: {exc.message}") from None
-    except Exception as exc:  # a user template is user input: any failure is theirs, one line
-        first_line = (str(exc).splitlines() or [type(exc).__name__])[0]
-        raise SpecregError(f"template {template_path}: {type(exc).__name__}: {first_line}") from None
-    return out_name, text
-
-
 # ---------------------------------------------------------------------------------------------
 # The template context: every value a template needs, computed here.
 
@@ -284,20 +246,14 @@ def merge_options(options: dict[str, Any] | None) -> dict[str, Any]:
     return merged
 
 
-def build_context(
-    pair_version: PairVersion,
-    baselines: dict[str, Any] | None,
-    fmt: str,
-    approved: bool,
-    options: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The plain (JSON-like) context every template of ``fmt`` renders from: the common keys
-    here, and each engine module's own (engines/<engine>.py ``context``).
-
-    Only dicts, lists, strings and numbers go in, never entity objects: a sandboxed user
-    template then has no Python methods to reach through.
-    """
+def resolve_export(pair_version: PairVersion, baselines: dict[str, Any] | None, fmt: str, approved: bool,
+                   options: dict[str, Any] | None = None) -> Export:
+    """The export's inputs resolved (options, where the engine finds the models, thresholds), after
+    every refusal: the engine version, the pair kind, the format module's refusal and checks.
+    Baselines are read in the engines' terms (specreg.core.baselines): one recorded before tau
+    was counted as the engines count it gives no tau threshold (nor alert); the header says why."""
     opts = merge_options(options)
+    baselines = in_engine_terms(baselines)
     module = ENGINE_FORMATS[fmt]
     engine, engine_versions = FORMAT_ENGINES[fmt]
     engine_version = opts["engine_version"] or engine_versions[0]
@@ -332,16 +288,30 @@ def build_context(
     if hasattr(module, "sources"):
         target_source, draft_source = module.sources(pair_version, opts)
     overall = (baselines or {}).get("overall") or {}
-    floor = 1.0 - opts["tolerance"]
     thresholds = {
-        key: round(overall[key] * floor, 6)
+        key: round(drift_floor(key, overall[key], opts["tolerance"]), 6)
         for key in ("acceptance_rate", "mean_acceptance_length")
         if isinstance(overall.get(key), (int, float))
     }
-    export = Export(pair_version=pair_version, baselines=baselines, approved=approved, opts=opts,
-                    target_source=target_source, draft_source=draft_source,
-                    served_name=opts["served_model_name"] or pair_version.name, overall=overall,
-                    thresholds=thresholds)
+    return Export(pair_version=pair_version, baselines=baselines, approved=approved, opts=opts,
+                  target_source=target_source, draft_source=draft_source,
+                  served_name=opts["served_model_name"] or pair_version.name, overall=overall,
+                  thresholds=thresholds)
+
+
+def build_context(export: Export, fmt: str) -> dict[str, Any]:
+    """The plain (JSON-like) context every template of ``fmt`` renders from: the common keys
+    here, and each engine module's own (engines/<engine>.py ``context``).
+
+    Only dicts, lists, strings and numbers go in, never entity objects: a sandboxed user
+    template then has no Python methods to reach through.
+    """
+    pair_version, baselines, approved, opts = export.pair_version, export.baselines, export.approved, export.opts
+    config = pair_version.config
+    engine, engine_versions = FORMAT_ENGINES[fmt]
+    engine_version = opts["engine_version"] or engine_versions[0]
+    thresholds = export.thresholds
+    has_draft_dir = pair_version.draft is not None
     context = {
         "format": fmt,
         "engine": engine,
@@ -355,8 +325,8 @@ def build_context(
             "state": pair_version.state.value,
             "binding_sha256": pair_version.binding_sha256,
         },
-        "target": model_context(pair_version.target, target_source),
-        "draft": model_context(pair_version.draft, draft_source) if has_draft_dir else None,
+        "target": model_context(pair_version.target, export.target_source),
+        "draft": model_context(pair_version.draft, export.draft_source) if has_draft_dir else None,
         "config": config.to_dict(),
         "baselines": baselines,
         "thresholds": thresholds,
@@ -438,7 +408,10 @@ def header_lines(
         lines.append(f"  category {category}: {format_figures(figures or {})}")
     if thresholds:
         lines.append(
-            f"drift floor (baseline * (1 - {opts['tolerance']})): "
+            f"drift floor (alpha-hat * (1 - {opts['tolerance']}); tau: 1 + (tau - 1) * (1 - {opts['tolerance']}), "
+            f"tau = 1 + accepted / draft steps as the engines count it): "
             + " ".join(f"{key}={value}" for key, value in thresholds.items())
         )
+    if legacy_tau_note(baselines):
+        lines.append("no tau floor: " + legacy_tau_note(baselines, "this baseline"))
     return lines

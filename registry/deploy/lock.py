@@ -31,7 +31,7 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from specreg.errors import ModelReferenceError, SpecregError, UsageError
+from specreg.errors import ModelReferenceError, PathTooLongError, SpecregError, UsageError
 from specreg.core.fingerprint import canonical_json, sha256_file, sha256_hex
 
 LOCK_FILE = "specreg.lock.json"
@@ -97,9 +97,13 @@ def create_key_pair(out_dir: str | Path) -> tuple[Path, Path]:
 
     out = Path(out_dir).expanduser()
     private_path, public_path = out / PRIVATE_KEY_FILE, out / PUBLIC_KEY_FILE
+    PathTooLongError.refuse(out)  # before mkdir makes a folder on the way
+    if out.is_symlink() and not out.exists():
+        raise UsageError(f"--out {out}: a symlink to {os.readlink(out)}, which does not exist")
     for path in (private_path, public_path):
-        if path.exists():
-            raise SpecregError(f"{path} exists; refusing to overwrite a signing key")
+        if os.path.lexists(path):  # a dangling symlink too: O_EXCL below would refuse it with a traceback
+            what = f"is a symlink to {os.readlink(path)}" if path.is_symlink() else "exists"
+            raise SpecregError(f"{path} {what}; refusing to overwrite a signing key")
     out.mkdir(parents=True, exist_ok=True)
     key = ec.generate_private_key(ec.SECP256R1())
     private_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
@@ -153,14 +157,16 @@ def model_files(directory: str | Path) -> dict[str, str]:
 
 def build_lock(version, *, engine: dict[str, Any] | None, baselines: dict[str, Any] | None,
                approvals: list[dict[str, Any]], audit_head: dict[str, Any], approved: bool,
-               exported_by: str, engine_models: dict[str, Path] | None = None) -> dict[str, Any]:
+               exported_by: str, draft_layout: tuple[str, dict[str, str]] | None = None,
+               engine_layouts: dict[str, tuple[str, dict[str, str]]] | None = None) -> dict[str, Any]:
     """The unsigned lock of a PairVersion (``signed: false``, ``signature: null``).
 
     Hashes every file of the models at their registered paths. The caller has checked that
     the models still match their registered fingerprints (governance.queries.fingerprint_changes).
-    ``engine_models``: role -> the folder of files an engine loads instead, made from the
-    registered ones by the export (llamacpp's GGUF files); recorded as the role's
-    ``engine_files``, signed, and what `specreg verify` checks for that role."""
+    ``draft_layout``: (folder, {file: sha256}) when the engine loads the head from a layout the
+    export writes (exports.draft_layout: SGLang's EAGLE-3); the lock then binds those files, and
+    `verify --draft` is given that folder. ``engine_layouts``: the same for any role, by role
+    (llamacpp's GGUF files, engines/llamacpp.write_models: `verify --target/--draft` get gguf/<role>)."""
     models: dict[str, Any] = {}
     for role in ROLES:
         model = getattr(version, role)
@@ -177,8 +183,10 @@ def build_lock(version, *, engine: dict[str, Any] | None, baselines: dict[str, A
             "chat_template_sha256": fingerprint.chat_template_sha256,
             "files": model_files(model.path),
         }
-        if engine_models and role in engine_models:
-            models[role]["engine_files"] = model_files(engine_models[role])
+        if role == "draft" and draft_layout is not None:
+            models[role]["layout"], models[role]["files"] = draft_layout
+        if engine_layouts and role in engine_layouts:
+            models[role]["layout"], models[role]["files"] = engine_layouts[role]
     return {
         "lock_format": LOCK_FORMAT,
         "pair": {"name": version.name, "version": version.version, "label": version.label,
@@ -216,7 +224,6 @@ def statement_manifest(lock: dict[str, Any]):
     items = [item(LOCK_FILE, sha256_hex(canonical_json(lock_body(lock))))]
     for role, model in lock["models"].items():
         items += [item(f"{role}/{name}", digest) for name, digest in model["files"].items()]
-        items += [item(f"{role}.engine/{name}", digest) for name, digest in model.get("engine_files", {}).items()]
     ignored = [f"{role}/{name}" for role in lock["models"] for name in IGNORED_NAMES]
     serialization = manifest._FileSerialization("sha256", allow_symlinks=True, ignore_paths=ignored)
     return manifest.Manifest(lock["pair"]["label"], items, serialization)
@@ -294,7 +301,7 @@ def read_lock(path: str | Path) -> dict[str, Any]:
         if not set(lock["models"]) <= set(ROLES) or "target" not in lock["models"]:
             raise KeyError("models must be target and optionally draft")
         for role, model in lock["models"].items():
-            for name, digest in {**model["files"], **model.get("engine_files", {})}.items():
+            for name, digest in model["files"].items():
                 if not (isinstance(digest, str) and SHA256_HEX.fullmatch(digest)):
                     raise ValueError(f"{role} file {name}: {digest!r} is not a sha256")
     except (KeyError, TypeError, AttributeError, ValueError) as exc:
@@ -442,8 +449,6 @@ def verify_lock(lock_path: str | Path, *, public_key: str | Path | None, target:
     if registry_url is not None and not check_registry(report, lock, registry_url, environment):
         return report
     for role, directory in (("target", target), ("draft", draft)):
-        # the files the engine loads: an export's engine files where it made them, else the model's
-        recorded = models[role].get("engine_files") or models[role]["files"] if role in models else None
-        if role in models and not check_files(report, role, recorded, Path(directory)):
+        if role in models and not check_files(report, role, models[role]["files"], Path(directory)):
             return report
     return report

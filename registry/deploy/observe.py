@@ -12,13 +12,17 @@ reader are in its module (registry/deploy/engines/<engine>.py ``read_metrics``).
 
 from __future__ import annotations
 
+import http.client
 import math
+import socket
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from typing import Any, Callable
 
+from specreg.core.baselines import drift_floor, in_engine_terms, legacy_tau_note
 from specreg.errors import SpecregError, UsageError
 
 ENGINES = ("vllm", "sglang", "trtllm")
@@ -29,26 +33,107 @@ COMPARED = ("acceptance_rate", "mean_acceptance_length")
 # memory and parse time a wrong or hostile endpoint can cost.
 MAX_RESPONSE_BYTES = 16 * 2**20
 MAX_INTERVAL_S = 86_400.0  # a day between the two scrapes at most
+SCRAPE_DEADLINE_S = 30.0  # one whole scrape, connect to last byte (a /metrics page takes well under 1 s)
 
 
-def scrape(url: str, timeout: float = 5.0, max_bytes: int = MAX_RESPONSE_BYTES) -> str:
-    """GET a Prometheus text endpoint; returns the body. Unreachable endpoint, HTTP error or a
-    body over ``max_bytes`` (read no further) -> SpecregError naming the URL."""
+def scrape(url: str, timeout: float = 5.0, max_bytes: int = MAX_RESPONSE_BYTES,
+           deadline_s: float = SCRAPE_DEADLINE_S) -> str:
+    """GET a Prometheus text endpoint; returns the body. Unreachable endpoint, HTTP error, a body
+    over ``max_bytes`` (read no further) or one not complete within ``deadline_s`` -> SpecregError
+    naming the URL. ``timeout`` bounds each socket operation; the deadline bounds the whole
+    exchange (a server trickling a byte a second never lets a per-read timeout expire)."""
     if urllib.parse.urlparse(url).scheme not in ("http", "https"):
         raise UsageError(f"metrics URL {url!r} must be http:// or https://")
+    deadline = Deadline(deadline_s)
+    opener = urllib.request.build_opener(*deadline.handlers())
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            body = response.read(max_bytes + 1)
+        with deadline, opener.open(url, timeout=timeout) as response:
+            body = b""
+            while len(body) <= max_bytes:
+                chunk = response.read1(min(65536, max_bytes + 1 - len(body)))
+                if not chunk:
+                    break
+                body += chunk
+            if deadline.expired:
+                raise TimeoutError
             if len(body) > max_bytes:
                 raise SpecregError(f"metrics endpoint {url} sent more than {max_bytes} bytes; a metrics page "
                                    f"is far smaller: is this the engine's /metrics?")
             return body.decode("utf-8", errors="replace")
-    except urllib.error.HTTPError as exc:
-        raise SpecregError(f"metrics endpoint {url} answered HTTP {exc.code} {exc.reason}") from None
-    except urllib.error.URLError as exc:
-        raise SpecregError(f"cannot reach metrics endpoint {url}: {exc.reason}") from None
-    except (TimeoutError, OSError) as exc:
-        raise SpecregError(f"cannot read metrics endpoint {url}: {exc}") from None
+    except Exception as exc:
+        if deadline.expired:  # whatever the cut socket raised on the way
+            raise SpecregError(f"metrics endpoint {url} did not send its whole answer within {deadline_s:g} s "
+                               f"(a stalled or trickling server); observe again or raise --deadline") from None
+        if isinstance(exc, urllib.error.HTTPError):
+            raise SpecregError(f"metrics endpoint {url} answered HTTP {exc.code} {exc.reason}") from None
+        if isinstance(exc, urllib.error.URLError):
+            raise SpecregError(f"cannot reach metrics endpoint {url}: {exc.reason}") from None
+        if isinstance(exc, (TimeoutError, OSError, http.client.HTTPException)):
+            raise SpecregError(f"cannot read metrics endpoint {url}: {exc or type(exc).__name__}") from None
+        raise
+
+
+class Deadline:
+    """A total time limit on one HTTP exchange: when it passes, every socket the exchange opened is
+    shut down, so the connect, header or body read blocked on it returns at once (context manager;
+    ``handler`` gives urllib handlers whose connections register their sockets here)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.expired = False
+        self.sockets: list[socket.socket] = []
+        self.lock = threading.Lock()
+        self.timer = threading.Timer(seconds, self.expire)
+        self.timer.daemon = True
+
+    def __enter__(self) -> "Deadline":
+        self.timer.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.timer.cancel()
+
+    def expire(self) -> None:
+        with self.lock:
+            self.expired = True
+            for sock in self.sockets:
+                shut(sock)
+
+    def watch(self, sock: socket.socket) -> socket.socket:
+        with self.lock:
+            self.sockets.append(sock)
+            if self.expired:
+                shut(sock)
+        return sock
+
+    def handlers(self) -> list[urllib.request.BaseHandler]:
+        """urllib handlers for http and https whose connections' raw sockets (before any TLS
+        handshake) this deadline watches."""
+        deadline = self
+
+        def watched(connection_class):
+            class Connection(connection_class):
+                def __init__(self, *args, **kwargs):
+                    super().__init__(*args, **kwargs)
+                    self._create_connection = lambda *a, **k: deadline.watch(socket.create_connection(*a, **k))
+            return Connection
+
+        class Handler(urllib.request.HTTPHandler):
+            def http_open(self, request):
+                return self.do_open(watched(http.client.HTTPConnection), request)
+
+        class SecureHandler(urllib.request.HTTPSHandler):
+            def https_open(self, request):
+                return self.do_open(watched(http.client.HTTPSConnection), request, context=self._context)
+
+        return [Handler(), SecureHandler()]
+
+
+def shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:  # already closed
+        pass
 
 
 def parse_samples(text: str, source: str) -> list[tuple[str, dict[str, str], float]]:
@@ -147,17 +232,19 @@ def live_figures(first: dict[str, Any], second: dict[str, Any], engine: str, int
 
 
 def observe(url: str, engine: str = "vllm", interval: float = 30.0, model_name: str | None = None,
-            sleep: Callable[[float], None] = time.sleep, timeout: float = 5.0) -> dict[str, Any]:
-    """Scrape ``url`` twice, ``interval`` seconds apart, and return the live figures of
-    ``live_figures`` plus "url", "model_name" and "observed_at" (UTC ISO time)."""
+            sleep: Callable[[float], None] = time.sleep, timeout: float = 5.0,
+            deadline_s: float = SCRAPE_DEADLINE_S) -> dict[str, Any]:
+    """Scrape ``url`` twice, ``interval`` seconds apart (each scrape within ``deadline_s``), and
+    return the live figures of ``live_figures`` plus "url", "model_name" and "observed_at" (UTC ISO time)."""
     from datetime import datetime, timezone
 
     check_engine(engine)
     check_interval(interval)
-    first = read_engine(scrape(url, timeout), engine, model_name, url)
+    check_seconds("--deadline", deadline_s)
+    first = read_engine(scrape(url, timeout, deadline_s=deadline_s), engine, model_name, url)
     started = time.monotonic()
     sleep(interval)
-    second = read_engine(scrape(url, timeout), engine, model_name, url)
+    second = read_engine(scrape(url, timeout, deadline_s=deadline_s), engine, model_name, url)
     live = live_figures(first, second, engine, max(time.monotonic() - started, interval), url)
     live.update({"url": url, "model_name": model_name,
                  "observed_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
@@ -167,42 +254,92 @@ def observe(url: str, engine: str = "vllm", interval: float = 30.0, model_name: 
 def check_interval(interval: float) -> None:
     """UsageError unless the interval is a finite number of seconds in (0, MAX_INTERVAL_S]:
     NaN, inf and 1e300 would crash time.sleep."""
-    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not math.isfinite(interval) \
-            or not 0 < interval <= MAX_INTERVAL_S:
-        raise UsageError(f"--interval {interval!r} must be a number of seconds above 0 and at most {MAX_INTERVAL_S:g}")
+    check_seconds("--interval", interval)
+
+
+def check_seconds(option: str, seconds: float) -> None:
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
+            or not 0 < seconds <= MAX_INTERVAL_S:
+        raise UsageError(f"{option} {seconds!r} must be a number of seconds above 0 and at most {MAX_INTERVAL_S:g}")
+
+
+def reading_problems(live: dict[str, Any], k: int | None = None) -> list[str]:
+    """Why the live figures cannot be a speculative-decoding reading (empty: they can).
+
+    Checked whatever the engine: 0 <= acceptance_rate <= 1; 1 <= mean_acceptance_length <= k + 1
+    (k: the baselines' depth, when recorded); per-position rates in [0, 1], never rising with the
+    position; from counters, accepted <= draft tokens and drafts <= draft tokens. Any of these
+    broken means a wrong endpoint, a buggy exporter or a forged page, never an "ok"."""
+    problems = []
+
+    def bad(value) -> bool:
+        return isinstance(value, (int, float)) and not math.isfinite(value)
+
+    rate, tau = live.get("acceptance_rate"), live.get("mean_acceptance_length")
+    accepted, draft_tokens, drafts = live.get("accepted_tokens"), live.get("draft_tokens"), live.get("drafts")
+    if isinstance(accepted, (int, float)) and isinstance(draft_tokens, (int, float)) and accepted > draft_tokens:
+        problems.append(f"{accepted:g} tokens accepted but only {draft_tokens:g} drafted in the interval")
+    if isinstance(drafts, (int, float)) and isinstance(draft_tokens, (int, float)) and drafts > draft_tokens:
+        problems.append(f"{drafts:g} drafts but only {draft_tokens:g} draft tokens in the interval")
+    if rate is not None and (bad(rate) or not 0.0 <= rate <= 1.0):
+        problems.append(f"acceptance_rate {rate:g} is not a rate between 0 and 1")
+    if tau is not None and (bad(tau) or tau < 1.0):
+        problems.append(f"mean_acceptance_length {tau:g} is below 1 (every step emits at least one token)")
+    elif tau is not None and isinstance(k, int) and tau > k + 1:
+        problems.append(f"mean_acceptance_length {tau:g} is above k + 1 = {k + 1} (the validated depth k = {k})")
+    positions = live.get("per_position_acceptance") or []
+    if any(bad(p) or not 0.0 <= p <= 1.0 for p in positions):
+        problems.append("per-position acceptance outside [0, 1]: " + ", ".join(f"{p:g}" for p in positions))
+    elif any(later > earlier + 1e-9 for earlier, later in zip(positions, positions[1:])):
+        problems.append("per-position acceptance rises with the position (position i + 1 is accepted only "
+                        "after position i): " + ", ".join(f"{p:g}" for p in positions))
+    return problems
 
 
 def compare_with_baseline(live: dict[str, Any], baselines: dict[str, Any] | None, tolerance: float = 0.1) -> dict[str, Any]:
-    """Compare live figures with baselines["overall"].
+    """Compare live figures with baselines["overall"] (read in the engines' terms, see
+    specreg.core.baselines: a baseline recorded before tau was counted as the engines count it
+    is not compared on tau, and ``not_compared`` says why).
 
-    A figure drifts when it falls below baseline * (1 - tolerance); higher is never drift.
-    Out: {"verdict": "ok" | "drift" | "no-data", "exit_code": 0 | 100 | 1, "reasons": [str],
-    "checks": [{"metric", "live", "baseline", "floor", "ok"}], "tolerance"}. "no-data" (no drafts
-    in the interval) cannot be judged, so its exit code fails closed (1), as DESIGN.md section 7 asks.
+    A figure drifts when it falls below its drift floor (specreg.core.baselines.drift_floor);
+    higher is never drift. Out: {"verdict": "ok" | "drift" | "no-data" | "invalid", "exit_code":
+    0 | 100 | 1 | 1, "reasons": [str], "checks": [{"metric", "live", "baseline", "floor", "ok"}],
+    "not_compared": [str], "tolerance"}. "no-data" (no drafts in the interval) and "invalid" (the
+    reading cannot be true: reading_problems) cannot be judged, so their exit code fails closed
+    (1), as DESIGN.md section 7 asks.
     """
     if not 0.0 <= tolerance < 1.0:
         raise UsageError(f"tolerance {tolerance} must be in [0, 1)")
-    overall = (baselines or {}).get("overall") or {}
-    if not any(isinstance(overall.get(metric), (int, float)) for metric in COMPARED):
+    baselines = in_engine_terms(baselines) or {}
+    overall = baselines.get("overall") or {}
+    if not isinstance(overall.get("acceptance_rate"), (int, float)):
         raise SpecregError("no recorded acceptance baseline to compare with (validate the version first)")
+    not_compared = [note] if (note := legacy_tau_note(baselines)) else []
     checks, reasons = [], []
     for metric in COMPARED:
         baseline = overall.get(metric)
         if not isinstance(baseline, (int, float)):
             continue
         value = live.get(metric)
-        floor = baseline * (1.0 - tolerance)
+        floor = drift_floor(metric, baseline, tolerance)
         ok = None if value is None else value >= floor
         checks.append({"metric": metric, "live": value, "baseline": baseline, "floor": floor, "ok": ok})
         if value is None:
             reasons.append(f"{metric}: no speculative drafts during the interval, nothing to compare")
         elif not ok:
-            reasons.append(f"{metric} {value:.4f} is below {floor:.4f} (baseline {baseline:.4f} - {tolerance:.0%})")
-    if any(check["ok"] is False for check in checks):
+            reasons.append(f"{metric} {value:.4f} is below {floor:.4f} (baseline {baseline:.4f} - {tolerance:.0%}"
+                           + (" of the accepted part" if metric == "mean_acceptance_length" else "") + ")")
+    problems = reading_problems(live, baselines.get("k"))
+    if problems:
+        verdict, reasons = "invalid", [f"invalid reading: {problem}" for problem in problems]
+        for check in checks:
+            check["ok"] = None
+    elif any(check["ok"] is False for check in checks):
         verdict = "drift"
     elif any(check["ok"] is None for check in checks):
         verdict = "no-data"
     else:
         verdict = "ok"
-    exit_code = {"ok": 0, "drift": 100, "no-data": 1}[verdict]
-    return {"verdict": verdict, "exit_code": exit_code, "reasons": reasons, "checks": checks, "tolerance": tolerance}
+    exit_code = {"ok": 0, "drift": 100, "no-data": 1, "invalid": 1}[verdict]
+    return {"verdict": verdict, "exit_code": exit_code, "reasons": reasons, "checks": checks,
+            "not_compared": not_compared, "tolerance": tolerance}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from specreg.core.baselines import in_engine_terms
 from specreg.registry.governance.queries import finished_runs
 from specreg.registry.store.entities import PairVersion
 from specreg.registry.store.store import Store
@@ -15,7 +16,7 @@ def latest_validation_summary(store: Store, version: PairVersion) -> dict[str, A
         if not runs:
             return None
         run = runs[0]
-        baselines = run.baselines or {}
+        baselines = in_engine_terms(run.baselines) or {}
         overall = baselines.get("overall") or {}
         return {
             "run": run.id, "status": run.status, "golden_set": run.golden_set, "golden_sha256": run.golden_sha256,

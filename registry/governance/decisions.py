@@ -10,6 +10,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from specreg.core.baselines import drift_floor
 from specreg.core.identity import same_user
 from specreg.registry.governance.approvals import approval_condition
 from specreg.registry.governance.policy import EnvironmentPolicy, Policy
@@ -188,23 +189,28 @@ def acceptance_condition(session: Session, row: PairVersionRow, run: ValidationR
                          {"figures": figures})
     drops: list[str] = []
     compared: list[dict[str, Any]] = []
+    not_compared: list[str] = []
     k = (run.baselines or {}).get("k")
     for source, reference in references:
         baseline = overall_figures(reference)
+        if "mean_acceptance_length" in figures and "mean_acceptance_length" not in baseline:
+            not_compared.append(f"tau not compared with {source}: recorded before the engines' definition")
         # tau counts up to k + 1 tokens a step: comparable only at the same k; alpha-hat always
         same_k = k is not None and (reference.baselines or {}).get("k") == k
         for key, value in figures.items():
-            if key == "mean_acceptance_length" and not same_k:
+            if key not in baseline or key == "mean_acceptance_length" and not same_k:
                 continue
-            floor = baseline[key] * (1 - env.acceptance_tolerance)
+            floor = drift_floor(key, baseline[key], env.acceptance_tolerance)
             compared.append({"reference": source, "figure": key, "value": value, "baseline": baseline[key], "floor": floor})
             if value < floor:
                 drops.append(f"{key} {value:.3f} < {floor:.3f} ({source} {baseline[key]:.3f} - {env.acceptance_tolerance:.0%})")
+    details = {"compared": compared, "not_compared": not_compared}
     if drops:
-        return Condition("acceptance", False, "; ".join(drops), {"compared": compared})
+        return Condition("acceptance", False, "; ".join(drops + not_compared), details)
     return Condition("acceptance", True,
                      f"acceptance rate {figures['acceptance_rate']:.3f} within {env.acceptance_tolerance:.0%} of "
-                     + ", ".join(source for source, _ in references), {"compared": compared})
+                     + ", ".join(source for source, _ in references) + "".join(f"; {n}" for n in not_compared),
+                     details)
 
 
 def audit_check(store: Store, version: PairVersion) -> Condition:

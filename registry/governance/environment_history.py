@@ -73,7 +73,10 @@ def parse_time(text: str) -> datetime:
     except (ValueError, AttributeError):
         raise UsageError(f"invalid time {text!r}: use ISO 8601, e.g. 2026-12-01T10:00:00Z") from None
     if parsed.tzinfo is not None:
-        parsed = parsed.astimezone(timezone.utc).replace(tzinfo=None)
+        try:
+            parsed = parsed.astimezone(timezone.utc).replace(tzinfo=None)
+        except OverflowError:  # 0001-01-01T00:00+14:00 is in year 0 in UTC, 9999-12-31T23:59-14:00 in 10000
+            raise UsageError(f"invalid time {text!r}: outside the years 1 to 9999 once converted to UTC") from None
     return parsed
 
 

@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from specreg.core.baselines import in_engine_terms
 from specreg.core.fingerprint import compare_fingerprints, fingerprint_model
 from specreg.errors import NotFoundError
 from specreg.registry.store.entities import PairVersion
@@ -91,9 +92,12 @@ def finished_runs(session: Session, pair_version_id: int) -> list[ValidationRunR
 
 
 def overall_figures(run: ValidationRunRow | None) -> dict[str, float] | None:
-    """``{"acceptance_rate", "mean_acceptance_length"}`` of a run's baselines (None: none recorded)."""
-    overall = ((run.baselines or {}).get("overall") or {}) if run is not None else {}
-    figures = {key: overall.get(key) for key in ("acceptance_rate", "mean_acceptance_length")}
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in figures.values()):
+    """``{"acceptance_rate", "mean_acceptance_length"}`` of a run's baselines (None: none recorded);
+    without "mean_acceptance_length" when the run recorded tau before the engines' definition
+    (specreg.core.baselines), so that it is never compared with an engine-counted tau."""
+    overall = ((in_engine_terms(run.baselines) or {}).get("overall") or {}) if run is not None else {}
+    figures = {key: overall.get(key) for key in ("acceptance_rate", "mean_acceptance_length")
+               if isinstance(overall.get(key), (int, float)) and not isinstance(overall.get(key), bool)}
+    if "acceptance_rate" not in figures:
         return None
     return {k: float(v) for k, v in figures.items()}

@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import specreg.templates
+from specreg.core.baselines import in_engine_terms
 from specreg.registry.store.entities import PairVersion, ValidationRun
 
 # the specreg.templates package (templates/ at the top of the repository), not registry/templates
 TEMPLATE_DIR = Path(specreg.templates.__file__).resolve().parent / "reports"
-STATUS_MARK = {"pass": "✅", "warn": "⚠️", "fail": "❌", "skip": "⏭️"}
+STATUS_MARK = {"pass": "✅", "warn": "⚠️", "fail": "❌", "skip": "⏭️", "error": "⛔"}
 CHART_WIDTH, CHART_HEIGHT, CHART_MARGIN = 560, 200, 36
 
 
@@ -62,7 +63,9 @@ def report_context(run: ValidationRun, version: PairVersion | None = None) -> di
     """Everything the report templates show, from the persisted run (and the version)."""
     checks = {check.name: check for check in run.checks}
     acceptance = checks.get("acceptance")
-    figures = ((acceptance.evidence or {}).get("baselines") if acceptance else None) or run.baselines or {}
+    # an old run's tau was tokens per target forward: shown under that name, not as tau
+    figures = in_engine_terms(((acceptance.evidence or {}).get("baselines") if acceptance else None)
+                              or run.baselines) or {}
     overall = figures.get("overall") or {}
     per_position = [float(v) for v in overall.get("per_position_acceptance") or []]
     position_chart = bar_chart(per_position, [str(i + 1) for i in range(len(per_position))], 1.0) if per_position else None
@@ -101,7 +104,7 @@ def render_markdown(run: ValidationRun, version: PairVersion | None = None) -> s
 
 
 def render_junit(run: ValidationRun) -> str:
-    """JUnit XML: one test case per check; fail -> <failure>, skip -> <skipped>, warn -> passes
+    """JUnit XML: one test case per check; fail -> <failure>, error (could not run) -> <error>, skip -> <skipped>, warn -> passes
     with the summary in system-out."""
     return _environment(True).get_template("validation.junit.xml.j2").render(**report_context(run))
 

@@ -165,7 +165,7 @@ class CheckResultRow(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     validation_run_id: Mapped[int] = mapped_column(ForeignKey("validation_runs.id", ondelete="CASCADE"), nullable=False, index=True)
     name: Mapped[str] = mapped_column(String(64), nullable=False)
-    status: Mapped[str] = mapped_column(String(8), nullable=False)  # pass|warn|fail|skip
+    status: Mapped[str] = mapped_column(String(8), nullable=False)  # pass|warn|fail|skip|error
     summary: Mapped[str] = mapped_column(Text, nullable=False)
     evidence: Mapped[dict | list | None] = mapped_column(JSON)
     figures: Mapped[dict | None] = mapped_column(JSON)

@@ -16,6 +16,7 @@ from typing import Any
 
 from sqlalchemy import select
 
+from specreg.core.baselines import in_engine_terms
 from specreg.core.types import CheckResult
 from specreg.registry.store.entities import PairState, PairVersion, ValidationRun
 from specreg.registry.store.orm import CheckResultRow, PairRow, PairVersionRow, ValidationRunRow
@@ -30,7 +31,7 @@ def run_to_entity(row: ValidationRunRow, pair_name: str, version: int) -> Valida
         id=row.id, pair_name=pair_name, version=version, status=row.status, golden_set=row.golden_set,
         golden_sha256=row.golden_sha256, binding_sha256=row.binding_sha256,
         environment=row.environment or {}, options=row.options or {}, summary=row.summary,
-        baselines=row.baselines, actor=row.actor, pid=row.pid, started_at=row.started_at,
+        baselines=in_engine_terms(row.baselines), actor=row.actor, pid=row.pid, started_at=row.started_at,
         finished_at=row.finished_at, error=row.error, mlflow_run_id=row.mlflow_run_id,
         checks=tuple(CheckResult(c.name, c.status, c.summary, c.evidence, c.figures or {}) for c in row.checks),
     )
@@ -139,15 +140,18 @@ class ValidationStore:
             session.flush()
             return run_to_entity(row, pair_version.name, pair_version.version), moved
 
-    def abort(self, run_id: int, status: str, reason: str) -> None:
-        """Mark a still-running run ``aborted`` or ``error`` with the reason; the pair's state is
-        left as it was. A run that already finished is left alone."""
+    def abort(self, run_id: int, status: str, reason: str, summary: dict[str, Any] | None = None) -> None:
+        """Mark a still-running run ``aborted`` or ``error`` with the reason (and the suite's
+        summary, for a run that ended because a check could not run); the pair's state is left
+        as it was. A run that already finished is left alone."""
         with self.store.session(write=True) as session:
             row = session.get(ValidationRunRow, run_id, with_for_update=True)
             if row is None or row.status != RUNNING:
                 return
             row.status = status
             row.error = reason[:2000]
+            if summary is not None:
+                row.summary = summary
             row.finished_at = utcnow()
 
     def reap_dead_runs(self) -> int:
@@ -213,7 +217,7 @@ class ValidationStore:
             if found is None:
                 return None
             row, _, found_version = found
-            return found_version, row.baselines
+            return found_version, in_engine_terms(row.baselines)
 
     def set_mlflow_run_id(self, run_id: int, mlflow_run_id: str) -> None:
         with self.store.session(write=True) as session:

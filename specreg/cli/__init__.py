@@ -6,13 +6,14 @@ API (``specreg.Registry``) and prints (tables for people, ``--json`` for machine
 
 from __future__ import annotations
 
+import errno
 import sys
 
 import click
 
 from specreg.cli import deploy, governance, registration, review, validation  # noqa: F401  (register commands)
 from specreg.cli.common import cli, printable, print_warnings
-from specreg.errors import SpecregError
+from specreg.errors import PathTooLongError, SpecregError
 
 
 def main() -> None:
@@ -31,6 +32,14 @@ def main() -> None:
     except SpecregError as exc:
         click.echo(f"specreg: error: {printable(exc)}", err=True)
         sys.exit(exc.exit_code)
+    except OSError as exc:
+        # a path argument (-o, --out, --report, --target, --golden ...) the file system cannot hold;
+        # each command checks its paths before it writes anything, so nothing was half-written
+        if exc.errno != errno.ENAMETOOLONG:
+            raise
+        error = PathTooLongError(exc.filename if exc.filename is not None else "a path")
+        click.echo(f"specreg: error: {printable(error)}", err=True)
+        sys.exit(error.exit_code)
     except KeyboardInterrupt:
         click.echo("specreg: interrupted", err=True)
         sys.exit(130)

@@ -8,12 +8,13 @@ import sys
 import click
 
 from specreg.cli.common import cli, db_option, fmt_number, json_option, open_registry, print_json, print_table
+from specreg.registry.deploy.engines import FORMATS
 
 
 @cli.command()
 @click.argument("ref", metavar="NAME@VERSION|NAME@ENV")
 @click.option("--format", "fmt", required=True,
-              type=click.Choice(["vllm", "sglang", "trtllm", "tgi", "k8s-vllm", "prometheus-rules", "llamacpp"]))
+              type=click.Choice(list(FORMATS)))
 @click.option("-o", "--output", "out_dir", default=None, metavar="DIR", help="Write the files here (default: print them).")
 @click.option("--template", default=None, metavar="PATH", help="Render this Jinja2 template (sandboxed) instead.")
 @click.option("--option", "option_pairs", multiple=True, metavar="KEY=VALUE",
@@ -41,14 +42,19 @@ def export(ref, fmt, out_dir, template, option_pairs, force, overwrite, signing_
         options[key] = value if key == "engine_version" else yaml_scalar(value)
     files = open_registry(db_url).export(ref, fmt, out_dir=out_dir, force=force, overwrite=overwrite,
                                          template=template, options=options or None, signing_key=signing_key)
-    if as_json:
-        print_json([{"file": name, "text": text} for name, text in files])
+    from specreg.registry.deploy.writing import Link
+
+    if as_json:  # a Link entry (a head file the layout links to) has "link" instead of "text"
+        print_json([{"file": name, "link" if isinstance(text, Link) else "text": str(text)} for name, text in files])
     elif out_dir:
-        for name, _ in files:
-            click.echo(f"wrote {out_dir.rstrip('/')}/{name}")
+        for name, text in files:
+            click.echo(f"wrote {out_dir.rstrip('/')}/{name}" + (f" -> {text}" if isinstance(text, Link) else ""))
     else:
         for name, text in files:
-            click.echo(f"# --- {name}\n{text}", nl=not text.endswith("\n"))
+            if isinstance(text, Link):
+                click.echo(f"# --- {name} -> {text} (a link; -o DIR writes it)")
+            else:
+                click.echo(f"# --- {name}\n{text}", nl=not text.endswith("\n"))
 
 
 def yaml_scalar(value: str):
@@ -117,13 +123,17 @@ def keys_create(out_dir):
 @click.option("--interval", type=float, default=30.0, show_default=True, help="Seconds between the two scrapes.")
 @click.option("--model-name", default=None, help="Only series with this model_name label.")
 @click.option("--tolerance", type=float, default=None, help="Relative drop that counts as drift (default: the policy's).")
+@click.option("--deadline", type=float, default=30.0, show_default=True,
+              help="Seconds one scrape may take in all, connect to last byte.")
 @click.option("--policy", "policy_path", envvar="SPECREG_POLICY", default=None, metavar="FILE")
 @db_option
 @json_option
-def observe(ref, metrics_url, engine, interval, model_name, tolerance, policy_path, db_url, as_json):
-    """Live acceptance from the engine's metrics against the recorded baseline (exit 0 ok, 100 drift, 1 error)."""
+def observe(ref, metrics_url, engine, interval, model_name, tolerance, deadline, policy_path, db_url, as_json):
+    """Live acceptance from the engine's metrics against the recorded baseline (exit 0 ok, 100 drift,
+    1 error, no data or an invalid reading)."""
     result = open_registry(db_url).observe(ref, metrics_url, engine=engine, interval=interval,
-                                           model_name=model_name, tolerance=tolerance, policy_path=policy_path)
+                                           model_name=model_name, tolerance=tolerance, policy_path=policy_path,
+                                           deadline_s=deadline)
     if as_json:
         print_json(result)
     else:
@@ -131,7 +141,7 @@ def observe(ref, metrics_url, engine, interval, model_name, tolerance, policy_pa
         print_table(["METRIC", "LIVE", "BASELINE", "FLOOR", "OK"],
                     [[c["metric"], fmt_number(c["live"]), fmt_number(c["baseline"]), fmt_number(c["floor"]),
                       {True: "yes", False: "NO", None: "-"}[c["ok"]]] for c in result["checks"]])
-        for reason in result["reasons"]:
+        for reason in result["reasons"] + result.get("not_compared", []):
             click.echo(f"- {reason}")
     sys.exit(result["exit_code"])
 

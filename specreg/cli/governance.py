@@ -44,10 +44,12 @@ def parse_expected_holder(value: str | None):
         return "current"
     if value.lower() == "none":
         return None
-    digits = value[1:] if value[:1] == "v" else value
-    if not digits.isdigit():
+    from specreg.api import parse_version
+
+    version = parse_version(value, f"--expect {value[:40]!r}")
+    if version is None:
         raise click.BadParameter(f"{value!r}: a version number or 'none'", param_hint="--expect")
-    return int(digits)
+    return version
 
 
 @cli.command()

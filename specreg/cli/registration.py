@@ -89,6 +89,7 @@ def describe_head(head: dict) -> list[str]:
              f"  verifier        {head.get('verifier_name_or_path')} "
              + ("(matches the target)" if fit.get("verifier_matched") else "(MISMATCH allowed at registration)")]
     lines += [f"  note            {note}" for note in fit.get("notes") or []]
+    lines += [f"  warning         {warning}" for warning in fit.get("warnings") or []]
     return lines
 
 

@@ -29,7 +29,8 @@ from specreg.cli.common import (cli, db_option, user_option, json_option, open_r
 def validate(ref, golden, device, dtype, checks, gpu_memory, acceptance_tolerance, near_tie_tolerance,
              distribution_samples, report_path, markdown_path, junit_path, db_url, user, as_json):
     """Validate a pair version on golden prompts; exit 0 pass, 100 a check failed, 1 error."""
-    from specreg.errors import PolicyViolation
+    from specreg.errors import PolicyViolation, SpecregError
+    from specreg.registry.store.validations import ERROR
     from specreg.registry.review import reports
     from specreg.validation import ValidationInterrupted
 
@@ -73,6 +74,8 @@ def validate(ref, golden, device, dtype, checks, gpu_memory, acceptance_toleranc
     else:
         print_table(["CHECK", "STATUS", "SUMMARY"], [[c.name, c.status, c.summary] for c in run.checks])
         click.echo(f"{run.label}: validation run {run.id} {run.status}; state {version.state.value}")
+    if run.status == ERROR:  # a check could not run: no verdict on the pair, exit 1 (not 100)
+        raise SpecregError(f"{run.label}: validation run {run.id} could not judge the pair: {run.error}")
     if not outcome.passed:
         why = f"{', '.join(run.failed_checks)} failed" if run.failed_checks else (run.summary or {}).get("reason")
         raise PolicyViolation(f"{run.label} failed validation run {run.id}: {why or 'see the run'}")

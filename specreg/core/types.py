@@ -8,12 +8,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
-STATUSES = (PASS, WARN, FAIL, SKIP)
+PASS, WARN, FAIL, SKIP, ERROR = "pass", "warn", "fail", "skip", "error"
+STATUSES = (PASS, WARN, FAIL, SKIP, ERROR)
 
-# Worst wins: fail > warn > pass > skip. A skip never hides a result that was measured, and a
-# combination is "skip" only when every part was skipped.
-_SEVERITY = {SKIP: 0, PASS: 1, WARN: 2, FAIL: 3}
+# Worst wins: fail > error > warn > pass > skip. "error": the check could not run, so it judged
+# nothing about the pair; a measured fail outranks it. A skip never hides a result that was
+# measured, and a combination is "skip" only when every part was skipped.
+_SEVERITY = {SKIP: 0, PASS: 1, WARN: 2, ERROR: 3, FAIL: 4}
 
 
 @dataclass(frozen=True)
@@ -21,7 +22,7 @@ class CheckResult:
     """Outcome of one check.
 
     name: the check ("tokenizer", "chat_template", "memory", ...).
-    status: "pass", "warn", "fail" or "skip".
+    status: "pass", "warn", "fail", "skip" or "error" (the check could not run: no verdict on the pair).
     summary: one line a reviewer reads first.
     evidence: JSON-able facts behind the status (a list of findings or a dict).
     figures: numbers by name (bytes, counts, rates) for tables, baselines and MLflow metrics.
@@ -68,7 +69,7 @@ class CheckResult:
 
 
 def combine_statuses(statuses: Iterable[str]) -> str:
-    """Worst status of several (fail > warn > pass > skip); "skip" for none."""
+    """Worst status of several (fail > error > warn > pass > skip); "skip" for none."""
     worst = SKIP
     for status in statuses:
         if status not in _SEVERITY:

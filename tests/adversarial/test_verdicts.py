@@ -234,3 +234,76 @@ def test_recommended_k_stays_within_the_measured_positions(models, golden):
     assert result.figures["recommended_k"] == 4
     assert result.figures["extrapolated_k"] == 12
     assert "extrapolated" in result.summary and "k=12" in result.summary
+
+
+# --- a check that could not run is an error, never a fail (issue 21 §7) -----------------------
+
+def pickle_copy(source: Path, destination: Path) -> Path:
+    """The model in ``source`` with its weights as a PyTorch pickle (pytorch_model.bin, as
+    torch.save writes it) instead of safetensors."""
+    import torch
+    from safetensors.torch import load_file
+
+    destination = Path(shutil.copytree(source, destination, ignore=shutil.ignore_patterns("*.safetensors")))
+    torch.save(load_file(source / "model.safetensors"), destination / "pytorch_model.bin")
+    return destination
+
+
+def test_a_pickle_pair_registered_with_allow_pickle_is_validated(db_url, models, golden, tmp_path):
+    target = pickle_copy(models["target"], tmp_path / "target-bin")
+    draft = pickle_copy(models["draft"], tmp_path / "draft-bin")
+    run("register", "pkl", "--target", target, "--draft", draft, "-k", "3", "--allow-pickle", "--db", db_url)
+    result = run("validate", "pkl@1", "--golden", golden, "--device", "cpu", "--gpu-memory", "1GiB",
+                 "--checks", "integrity,memory,equivalence", "--db", db_url, "--json")
+    found = {c["name"]: (c["status"], c["summary"]) for c in json.loads(result.stdout)["checks"]}
+    assert {name: status for name, (status, _) in found.items()} == \
+        {"integrity": "pass", "memory": "pass", "equivalence": "pass"}, found
+    assert result.returncode == 0, result.stderr
+    # the same figures as the safetensors pair: the pickle was read, not guessed
+    registry = Registry(as_user(db_url, "alice"), user="alice")
+    registry.register("st", target=str(models["target"]), draft=str(models["draft"]), num_speculative_tokens=3)
+    same = registry.validate("st@1", golden=str(golden), device="cpu", gpu_memory="1GiB",
+                             checks="integrity,memory,equivalence")
+    memory = next(c for c in same.checks if c.name == "memory")
+    assert json.loads(result.stdout)["checks"][1]["figures"] == memory.figures
+
+
+def test_a_pickle_file_is_read_with_weights_only(models, tmp_path):
+    """A .bin that would run code when unpickled is refused with a one-line reason, not run."""
+    import pickle
+
+    from specreg.core.fingerprint import fingerprint_model
+    from specreg.runtime.loading import load_model
+    from specreg.errors import ModelReferenceError
+
+    target = pickle_copy(models["target"], tmp_path / "evil")
+    marker = tmp_path / "ran"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    (target / "pytorch_model.bin").write_bytes(pickle.dumps({"x": Evil()}))
+    expected = fingerprint_model(target, allow_pickle=True)
+    with pytest.raises(ModelReferenceError, match="pytorch_model.bin: cannot load"):
+        load_model(target, "cpu", "float32", expected=expected)
+    assert not marker.exists()
+
+
+def test_a_check_that_could_not_run_is_an_error_not_a_fail(db_url, models, golden):
+    """A check that raises (here the runtime's greedy rule breaks mid-decode) records "error": the
+    run is an error and the pair's state does not move to failed (the CLI's exit 1 for it:
+    tests/adversarial/test_head_verdicts.py, aux layer id N)."""
+    registry = Registry(as_user(db_url, "alice"), user="alice")
+    registry.register("err", target=str(models["target"]), draft=str(models["draft"]), num_speculative_tokens=3)
+
+    def broken_rule(*args, **kwargs):
+        raise ZeroDivisionError("division by zero")
+
+    outcome = registry.validate("err@1", golden=str(golden), device="cpu", checks="integrity,equivalence,acceptance",
+                                hooks={"greedy_rule": broken_rule})
+    assert statuses(outcome) == {"integrity": "pass", "equivalence": "error", "acceptance": "skip"}, outcome.checks
+    equivalence = next(c for c in outcome.checks if c.name == "equivalence")
+    assert equivalence.summary == "the check could not run: the runtime stopped on this pair: division by zero"
+    assert outcome.run.status == "error" and outcome.version.state.value == "registered"
+    assert not outcome.passed

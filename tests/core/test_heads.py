@@ -8,6 +8,7 @@ safetensors library (numpy arrays), tokenizer.json files written by hand or trai
 from __future__ import annotations
 
 import json
+import re
 import struct
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from specreg.core.heads.spec import HeadSpec
 from specreg.core.heads.vocabulary import read_vocab_map, tokenizer_token_strings
 from specreg.errors import HeadMismatchError, ModelReferenceError, UsageError
 
-from headfiles import (DRAFT_IDS, DRAFT_VOCAB, VOCAB, token_vocab, vocab_maps, write_eagle3, write_medusa,
+from headfiles import (DRAFT_IDS, DRAFT_VOCAB, HIDDEN, VOCAB, token_vocab, vocab_maps, write_eagle3, write_medusa,
                        write_target, write_tokenizer)
 
 
@@ -129,23 +130,31 @@ MTP_CASES = {
                  ["model.layers.6.eh_proj.weight", "model.layers.6.enorm.weight", "model.layers.6.hnorm.weight",
                   "model.layers.6.shared_head.norm.weight", "model.layers.6.self_attn.q_proj.weight"]),
     "mimo": ({"architectures": ["MiMoForCausalLM"], "model_type": "mimo", "num_nextn_predict_layers": 1},
-             ["model.mtp_layers.0.input_proj.weight", "model.mtp_layers.0.token_layernorm.weight"]),
+             ["model.mtp_layers.0.hidden_layernorm.weight", "model.mtp_layers.0.input_proj.weight",
+              "model.mtp_layers.0.token_layernorm.weight"]),
     "qwen3_next": ({"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next"},
                    ["mtp.fc.weight", "mtp.layers.0.mlp.gate.weight", "mtp.norm.weight",
-                    "mtp.pre_fc_norm_embedding.weight"]),
+                    "mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight"]),
     "qwen3_5": ({"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
                  "text_config": {"mtp_num_hidden_layers": 1}},
-                ["mtp.fc.weight", "mtp.layers.0.self_attn.q_proj.weight", "mtp.norm.weight"]),
+                ["mtp.fc.weight", "mtp.layers.0.self_attn.q_proj.weight", "mtp.norm.weight",
+                 "mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight"]),
     "generic": ({"num_nextn_predict_layers": 1},  # a Llama target trained with a DeepSeek-style MTP layer
-                ["model.layers.6.eh_proj.weight", "model.layers.6.mlp.up_proj.weight"]),
+                ["model.layers.6.eh_proj.weight", "model.layers.6.enorm.weight", "model.layers.6.hnorm.weight",
+                 "model.layers.6.mlp.up_proj.weight"]),
 }
+MTP_PROJECTIONS = ("eh_proj.weight", "input_proj.weight", "mtp.fc.weight")  # [H, 2H]; the rest sized 4 here
+
+
+def mtp_tensors(names) -> dict[str, np.ndarray]:
+    return {name: np.zeros((HIDDEN, 2 * HIDDEN) if name.endswith(MTP_PROJECTIONS) else 4, np.float32)
+            for name in names}
 
 
 @pytest.mark.parametrize("family", sorted(MTP_CASES))
 def test_mtp_layers_inside_the_target_are_read(tmp_path, family):
     config, names = MTP_CASES[family]
-    target = write_target(tmp_path / "target", config_extra=config,
-                          extra_tensors={name: np.zeros(4, np.float32) for name in names})
+    target = write_target(tmp_path / "target", config_extra=config, extra_tensors=mtp_tensors(names))
     head = read_head(target, method="mtp")
     assert (head.method, head.layout) == ("mtp", f"mtp:{'deepseek' if family == 'generic' else family}")
     assert [t.name for t in head.tensors] == sorted(names)  # not model.layers.0-5, embed or lm_head
@@ -158,7 +167,7 @@ def test_mtp_layers_inside_the_target_are_read(tmp_path, family):
 def test_mtp_declared_without_its_tensors_is_refused(tmp_path):
     target = write_target(tmp_path / "target", config_extra={"model_type": "deepseek_v3",
                                                              "num_nextn_predict_layers": 2},
-                          extra_tensors={"model.layers.6.eh_proj.weight": np.zeros(4, np.float32)})
+                          extra_tensors=mtp_tensors(MTP_CASES["deepseek"][1]))
     with pytest.raises(ModelReferenceError, match=r"num_nextn_predict_layers = 2 but the weights hold no tensor "
                                                   r"under model\.layers\.7\."):
         read_mtp(target)
@@ -173,10 +182,34 @@ def test_target_without_mtp_is_refused(tmp_path):
         read_mtp(zero)
 
 
+@pytest.mark.parametrize("family, dropped", [("deepseek", "model.layers.6.eh_proj.weight"),
+                                             ("generic", "model.layers.6.hnorm.weight"),
+                                             ("mimo", "model.mtp_layers.0.input_proj.weight"),
+                                             ("qwen3_next", "mtp.pre_fc_norm_hidden.weight")])
+def test_an_mtp_layer_without_its_projection_is_refused_as_vllm_does(tmp_path, family, dropped):
+    """vLLM 0.33 raises "Following weights were not initialized from checkpoint" for it: register
+    must not accept what no engine loads (issue 21 §7)."""
+    config, names = MTP_CASES[family]
+    target = write_target(tmp_path / "target", config_extra=config,
+                          extra_tensors=mtp_tensors([name for name in names if name != dropped]))
+    with pytest.raises(ModelReferenceError, match=f"has no {re.escape(dropped)}: vLLM 0.33 builds it .* "
+                                                  "refuses a checkpoint without it"):
+        read_head(target, method="mtp")
+
+
+def test_an_mtp_projection_of_the_wrong_width_is_refused(tmp_path):
+    config, names = MTP_CASES["deepseek"]
+    tensors = mtp_tensors(names)
+    tensors["model.layers.6.eh_proj.weight"] = np.zeros((HIDDEN, HIDDEN), np.float32)
+    target = write_target(tmp_path / "target", config_extra=config, extra_tensors=tensors)
+    with pytest.raises(ModelReferenceError, match=r"eh_proj.weight has shape \[16, 16\], expected \[16, 32\]"):
+        read_mtp(target)
+
+
 def test_mtp_of_another_target_does_not_fit(tmp_path):
     config, names = MTP_CASES["deepseek"]
     target = write_target(tmp_path / "target", config_extra=config,
-                          extra_tensors={name: np.zeros(4, np.float32) for name in names})
+                          extra_tensors=mtp_tensors(names))
     other = write_target(tmp_path / "other")
     with pytest.raises(HeadMismatchError, match="^MTP layers: read from .*target, but the target is .*other"):
         check_head_fits(read_mtp(target), other)
@@ -250,7 +283,33 @@ def test_aux_layer_id_out_of_range_is_named(tmp_path, aux, message):
 def test_the_last_layer_output_is_a_valid_aux_layer(tmp_path):
     target = write_target(tmp_path / "target")
     head = read_head(write_eagle3(tmp_path / "head", aux=[0, 3, 6], verifier=str(target)))
-    assert check_head_fits(head, target).aux_layer_ids == (0, 3, 6)
+    fit = check_head_fits(head, target)
+    assert fit.aux_layer_ids == (0, 3, 6)
+    # vLLM reads it, specreg's runtime does not: said at registration (issue 21 §7)
+    assert len(fit.warnings) == 1 and fit.warnings[0].startswith("aux layer ids: [0, 3, 6] include 6, the output of "
+                                                                 "the target's last layer: vLLM 0.33 reads it")
+    assert not check_head_fits(read_head(write_eagle3(tmp_path / "inner", aux=[0, 3, 5], verifier=str(target))),
+                               target).warnings
+
+
+@pytest.mark.parametrize("layers, repeated", [(4, "[2, 2, 1] names layer 2"), (5, "[2, 2, 2] names layer 2"),
+                                              (6, "[2, 3, 3] names layer 3")])
+def test_default_aux_layers_that_repeat_a_layer_are_refused_as_vllm_cannot_run_them(tmp_path, layers, repeated):
+    """vLLM 0.33 collects each default layer once and feeds fc fewer states than it was sized for
+    (a shape error at its first forward): refused at registration with that reason (issue 21 §7)."""
+    target = write_target(tmp_path / "target", layers=layers)
+    head = read_head(write_eagle3(tmp_path / "head", aux=None, verifier=str(target)))
+    with pytest.raises(HeadMismatchError, match=r"^aux layer ids: the head names none, and the target's default "
+                                                r"\(2, N // 2, N - 3\) = " + re.escape(repeated) + " twice on this "
+                                                f"{layers}-layer target; vLLM 0.33 collects each layer once"):
+        check_head_fits(head, target)
+    assert check_head_fits(read_head(write_eagle3(tmp_path / "named", aux=[1, 2, 3], verifier=str(target))),
+                           target).aux_layer_ids == (1, 2, 3)
+    for deep_enough in (3, 7):  # (2, 1, 0) and (2, 3, 4): three layers, as fc expects
+        other = write_target(tmp_path / f"target-{deep_enough}", layers=deep_enough)
+        fit = check_head_fits(read_head(write_eagle3(tmp_path / f"head-{deep_enough}", aux=None,
+                                                     verifier=str(other))), other)
+        assert len(set(fit.aux_layer_ids)) == 3
 
 
 def test_the_default_aux_layers_must_fit_a_shallow_target(tmp_path):
@@ -679,8 +738,7 @@ def test_any_odd_config_value_is_a_specreg_error_never_a_traceback(tmp_path, kin
         head_dir = write_medusa(tmp_path / "head", base=str(target))
     else:
         config, names = MTP_CASES["deepseek"]
-        head_dir = target = write_target(tmp_path / "mtp", config_extra=config,
-                                         extra_tensors={name: np.zeros(4, np.float32) for name in names})
+        head_dir = target = write_target(tmp_path / "mtp", config_extra=config, extra_tensors=mtp_tensors(names))
     read_head(head_dir, method="mtp" if kind == "mtp" else None)
     check_head_fits(read_head(head_dir, method="mtp" if kind == "mtp" else None), target)
     original = json.loads((head_dir / edited).read_text())

@@ -423,3 +423,31 @@ def test_head_pair_lock_binds_the_head_and_the_init_container_checks_it(tmp_path
     (head / "config.json").write_text("{}")
     refused(verify({"public": keys[1]}, "--allow-unapproved", lock=out / LOCK_FILE, target=target, draft=head),
             "draft file config.json differs from the lock")
+
+
+def test_sglang_eagle3_lock_binds_the_layout_sglang_loads(tmp_path, monkeypatch, keys):
+    """`specreg export --format sglang` of an EAGLE-3 pair writes the head as SGLang loads it
+    (sglang-eagle3-head/) and signs that folder's files: verify passes on it, and refuses the
+    registered head directory, whose config.json SGLang cannot read."""
+    from headfiles import write_eagle3, write_target
+
+    monkeypatch.chdir(tmp_path)
+    target = write_target(tmp_path / "models" / "target")
+    head = write_eagle3(tmp_path / "eagle3-head", aux=(1, 3, 4), verifier="models/target")
+    db = f"sqlite:///{tmp_path / 'registry.db'}"
+    Registry(db, user="alice").register("heads", target="models/target", draft=str(head), method="eagle3",
+                                        num_speculative_tokens=3)
+    out = tmp_path / "sglang"
+    result = run("export", "heads@1", "--format", "sglang", "-o", out, "--force", "--db", db, "--signing-key", keys[0])
+    assert result.returncode == 0, result.stderr
+    assert f"sglang-eagle3-head/model.safetensors -> {head / 'model.safetensors'}" in result.stdout
+    layout = out / "sglang-eagle3-head"
+    lock = json.loads((out / LOCK_FILE).read_text())
+    assert lock["models"]["draft"]["layout"] == "sglang-eagle3-head"
+    assert lock["models"]["draft"]["files"] == {p.name: sha256(p) for p in sorted(layout.iterdir())}
+    assert json.loads((layout / "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == \
+        [0, 2, 3]
+    assert verify({"public": keys[1]}, "--allow-unapproved", lock=out / LOCK_FILE, target=target,
+                  draft=layout).returncode == 0
+    refused(verify({"public": keys[1]}, "--allow-unapproved", lock=out / LOCK_FILE, target=target, draft=head),
+            "draft file config.json differs from the lock")

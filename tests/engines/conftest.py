@@ -14,10 +14,10 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "exports"))  # exportcase
 from engine_env import EngineUnavailable, in_ci, run_engine  # noqa: E402
 
 
-def run_or_skip(engine: str, cases: list[dict], workdir: Path) -> dict:
+def run_or_skip(engine: str, cases: list[dict], workdir: Path, **options) -> dict:
     """run_engine, skipping the test without network (a failure with CI=true)."""
     try:
-        return run_engine(engine, cases, workdir)
+        return run_engine(engine, cases, workdir, **options)
     except EngineUnavailable as exc:
         if in_ci():
             pytest.fail(f"{engine} cannot run in CI: {exc}")

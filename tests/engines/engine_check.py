@@ -12,9 +12,8 @@ vLLM: the `vllm serve` parser built as vllm.entrypoints.cli.main builds it (Serv
 its validate(), AsyncEngineArgs.from_cli_args, create_engine_config() (which builds the target
 ModelConfig and SpeculativeConfig, whose __post_init__ builds the draft ModelConfig), and the
 scheduler's batch-size lookup build_dynamic_sd_schedule_lookup with the engine's max_num_seqs.
-SGLang: sglang.srt.server_args.prepare_server_args (launch_server's parser and
-ServerArgs.from_cli_args), which leaves the record unresolved, and the alias step of its
-resolution (speculative_hook._resolve_speculative_algorithm_alias).
+SGLang: the launch parser, the alias step, the whole argument resolution (with --device cpu), the
+target and draft ModelConfig and the aux layers an EAGLE-3 target captures (check_sglang).
 """
 
 from __future__ import annotations
@@ -57,6 +56,7 @@ def check_vllm(cases: list[dict]) -> list[dict]:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+    from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import get_eagle3_aux_layers_from_config
 
     results = []
     for case in cases:
@@ -102,6 +102,11 @@ def check_vllm(cases: list[dict]) -> list[dict]:
                                         if spec.draft_model_config else None),
                     "draft_vocab_size": spec.draft_model_config.get_vocab_size() if spec.draft_model_config else None,
                     "target_vocab_size": config.model_config.get_vocab_size(),
+                    # the target layers whose entering state vLLM hands an EAGLE-3 head: its runner's
+                    # reading of the draft config (the Llama target appends the state at idx + 1
+                    # after layer idx, models/llama.py, so an id is the state entering that layer)
+                    "eagle3_aux_layers": (list(get_eagle3_aux_layers_from_config(spec) or [])
+                                          if spec.method == "eagle3" else None),
                 }
                 if spec.num_speculative_tokens_per_batch_size:
                     # The same call the scheduler makes (vllm/v1/core/sched/scheduler.py).
@@ -120,8 +125,26 @@ def check_vllm(cases: list[dict]) -> list[dict]:
 
 
 def check_sglang(cases: list[dict]) -> list[dict]:
+    """Per case: the launch parser (prepare_server_args), the alias step with the draft's config
+    (_resolve_speculative_algorithm_alias -> get_config), then SGLang's whole argument resolution
+    (ServerArgs.resolve_once, runtime_context.publish) with one flag added, --device cpu: without an
+    accelerator, resolution stops at get_device (serving_hook.handle_missing_default_values).
+    On the resolved arguments: the target and draft ModelConfig (is_draft_model: the architecture
+    rewrites of model_config.py), the model classes SGLang's registry picks for them, and the aux
+    layers an EAGLE-3 target will capture: resolve_spec_aux_hidden_state_config, then the target
+    class's own set_eagle3_layers_to_capture, the method SGLang's model runner calls with those ids
+    (model_runner_components/attention_backend_setup.py), run on a holder of the attributes it sets."""
+    from types import SimpleNamespace
+
+    from sglang.srt import runtime_context
+    from sglang.srt.arg_groups.overrides import resolved_view
     from sglang.srt.arg_groups.speculative_hook import _resolve_speculative_algorithm_alias
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_executor.model_runner_components.spec_aux_hidden_state import (
+        resolve_spec_aux_hidden_state_config)
+    from sglang.srt.models.registry import ModelRegistry
     from sglang.srt.server_args import prepare_server_args
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     fields = ("model_path", "revision", "served_model_name", "host", "port", "tp_size", "enable_metrics",
               "speculative_algorithm", "speculative_draft_model_path", "speculative_draft_model_revision",
@@ -134,13 +157,35 @@ def check_sglang(cases: list[dict]) -> list[dict]:
             assert argv[:3] == ["python", "-m", "sglang.launch_server"], f"not an SGLang launch: {argv[:3]}"
             server_args = prepare_server_args(argv[3:])
             result["server_args"] = {name: getattr(server_args, name) for name in fields}
-            # The algorithm the launch resolves it to (handle_speculative_decoding's alias step:
-            # NEXTN -> EAGLE). The rest of ServerArgs.resolve_once, and this step given a draft path
-            # (it reads the draft's config), import sglang.srt.configs, which imports torchvision:
-            # no CPU build of it here, so those are not run.
-            if server_args.speculative_draft_model_path is None:
-                result["resolved_speculative_algorithm"] = _resolve_speculative_algorithm_alias(
-                    server_args.speculative_algorithm, None)
+            result["resolved_speculative_algorithm"] = _resolve_speculative_algorithm_alias(
+                server_args.speculative_algorithm, server_args.speculative_draft_model_path)
+            resolved_args = prepare_server_args([*argv[3:], "--device", "cpu"])
+            resolved_args.resolve_once()
+            runtime_context.publish(resolved_args, role="scheduler")
+            view = resolved_view(resolved_args)
+            result["resolved"] = {name: getattr(view, name) for name in fields if name != "enable_metrics"}
+            target = ModelConfig.from_server_args(resolved_args)
+            result["target"] = {"architectures": target.hf_config.architectures,
+                                "class": ModelRegistry.resolve_model_cls(target.hf_config.architectures)[1],
+                                "num_hidden_layers": target.num_hidden_layers}
+            if view.speculative_draft_model_path is not None:
+                draft = ModelConfig.from_server_args(
+                    resolved_args, model_path=view.speculative_draft_model_path,
+                    model_revision=view.speculative_draft_model_revision, is_draft_model=True)
+                result["draft"] = {"architectures": draft.hf_config.architectures,
+                                   "model_type": draft.hf_config.model_type,
+                                   "class": ModelRegistry.resolve_model_cls(draft.hf_config.architectures)[1],
+                                   "num_hidden_layers": draft.num_hidden_layers}
+            algorithm = SpeculativeAlgorithm.from_string(view.speculative_algorithm)
+            aux = resolve_spec_aux_hidden_state_config(server_args=resolved_args, model_config=target,
+                                                       spec_algorithm=algorithm, is_draft_worker=False)
+            result["eagle_aux_hidden_state_layer_ids"] = aux.eagle_aux_hidden_state_layer_ids
+            if aux.eagle_use_aux_hidden_state:
+                target_class = ModelRegistry.resolve_model_cls(target.hf_config.architectures)[0]
+                holder = SimpleNamespace(pp_group=SimpleNamespace(is_last_rank=True), config=target.hf_config,
+                                         model=SimpleNamespace())
+                target_class.set_eagle3_layers_to_capture(holder, aux.eagle_aux_hidden_state_layer_ids)
+                result["layers_to_capture"] = sorted(set(holder.model.layers_to_capture))
         except SystemExit as exc:
             result["error"] = f"SystemExit: argparse exit {exc.code}"
         except BaseException as exc:  # noqa: BLE001

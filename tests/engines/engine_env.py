@@ -6,7 +6,7 @@ The released engines, run for real on the exports: vLLM 0.33.0 and SGLang 0.5.23
 On first use the wheels are fetched with ``pip download --no-deps`` from the package index,
 unpacked whole, and the Python packages their parsers and config classes import are installed
 with ``pip install --no-deps --target`` from tests/engines/vllm-deps.txt (and, in front of
-it for SGLang, sglang-deps.txt); torch comes from the test venv. Everything is cached under
+it for SGLang, sglang-deps.txt); torch comes from the test venv for vLLM and from sglang-config-deps.txt (SGLang's pin) for SGLang. Everything is cached under
 $SPECREG_ENGINE_CACHE, default <repo>/.cache/engines (gitignored); a second run reuses it.
 
 Without network the tests skip, unless CI=true, where a missing engine is a failure.
@@ -65,8 +65,10 @@ def run_pip(args: list[str], what: str) -> None:
 
 
 # The dependency folders each engine imports from, first one first: SGLang's few extra
-# packages (its own transformers pin among them) sit in front of the vLLM set it shares.
-DEPS_LAYERS = {"vllm": ("vllm",), "sglang": ("sglang", "vllm")}
+# packages (its own transformers pin among them) and the torch it pins with torchvision
+# (sglang-config-deps.txt: its model-config path imports torchvision) sit in front of the vLLM set.
+# vLLM's numba (its n-gram proposer's compiler) is a small layer of its own behind the vLLM set.
+DEPS_LAYERS = {"vllm": ("vllm", "vllm-numba"), "sglang": ("sglang", "sglang-config", "vllm")}
 
 
 def prepare_engine(engine: str) -> dict[str, object]:
@@ -107,16 +109,17 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
 
 
-def run_engine(engine: str, cases: list[dict], workdir: Path, timeout: int = 900) -> dict:
-    """Run engine_check.py on the cases with the engine first on the import path; returns
-    {"results": [...], "schema": {...}, "stand_ins": [...], "seconds": N}."""
+def run_engine(engine: str, cases: list[dict], workdir: Path, timeout: int = 900, script: Path = CHECK_SCRIPT) -> dict:
+    """Run engine_check.py (or another ``script`` of this folder taking the same arguments) on the
+    cases with the engine first on the import path; returns engine_check's
+    {"results": [...], "schema": {...}, "stand_ins": [...], "seconds": N} or the script's output."""
     paths = prepare_engine(engine)
-    cases_path, out_path = workdir / f"{engine}-cases.json", workdir / f"{engine}-out.json"
+    cases_path, out_path = workdir / f"{engine}-{script.stem}-cases.json", workdir / f"{engine}-{script.stem}-out.json"
     cases_path.write_text(json.dumps(cases))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([*map(str, paths["deps"]), str(paths["code"])]),
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_TARGET_DEVICE="cpu")
     started = time.monotonic()
-    completed = subprocess.run([sys.executable, str(CHECK_SCRIPT), engine, str(cases_path), str(out_path)],
+    completed = subprocess.run([sys.executable, str(script), engine, str(cases_path), str(out_path)],
                                env=env, capture_output=True, text=True, timeout=timeout)
     TIMINGS[f"{engine} run"] = round(time.monotonic() - started, 1)
     assert completed.returncode == 0, f"{engine} check crashed:\n{completed.stderr[-4000:]}"

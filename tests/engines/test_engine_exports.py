@@ -23,21 +23,39 @@ from specreg.core.types import ModelRef
 from specreg.errors import UsageError
 from specreg.registry.store.entities import PairState, PairVersion, SpecConfig, SpecMethod
 from specreg.registry.deploy.exports import engine_schema, render_export, templates_dir
+from specreg.registry.deploy.writing import write_export
 
 K = 4
 CUTOFF = 16
 
 
+# The layers the EAGLE-3 head was trained on, in the speculators' (and vLLM's) numbering: the
+# state entering layers 1, 3 and 6 of an 8-layer target. SGLang reads explicit ids one layer later
+# (the issue's example: [1, 3, 6] in the head's config become [2, 4, 7] in SGLang).
+TRAINED_AUX = [1, 3, 6]
+
+
+def eagle3_target(models: dict[str, Path]) -> Path:
+    """A tiny 8-layer Llama over the tiny tokenizer (tests/tinymodels.py), beside the others: deep
+    enough for aux layers inside it."""
+    from tinymodels import build_llama
+
+    target = models["target"].parent / "llama-8-layers"
+    if not target.exists():
+        build_llama(target, models["tokenizer"], seed=4, hidden_size=96, num_layers=8)
+    return target
+
+
 def eagle3_head(models: dict[str, Path]) -> Path:
-    """A speculators-format EAGLE-3 head sized for the tiny target (tests/headfiles.py), beside it."""
+    """A speculators-format EAGLE-3 head for eagle3_target, trained on TRAINED_AUX (tests/headfiles.py)."""
     from headfiles import write_eagle3
 
-    config = json.loads((models["target"] / "config.json").read_text())
+    target = eagle3_target(models)
+    config = json.loads((target / "config.json").read_text())
     head = models["target"].parent / "eagle3-head"
     if not head.exists():
-        layers = config["num_hidden_layers"]
         write_eagle3(head, hidden=config["hidden_size"], vocab=config["vocab_size"], draft_vocab=config["vocab_size"],
-                     vocab_map=False, aux=[1, layers // 2, layers], verifier=str(models["target"]))
+                     vocab_map=False, aux=TRAINED_AUX, verifier=str(target))
     return head
 
 
@@ -76,7 +94,8 @@ def tiny_pair(models: dict[str, Path], method: SpecMethod, max_batch: int | None
               target: Path | None = None) -> PairVersion:
     """A pair of the tiny local models (tests/tinymodels.py), registered by their paths; ``target``
     (default: the tiny Llama, or the tiny DeepSeek-V3 for mtp) is the target directory."""
-    target = target_ref(target or (mtp_target(models) if method == SpecMethod.MTP else models["target"]))
+    default = {SpecMethod.MTP: mtp_target, SpecMethod.EAGLE3: eagle3_target}.get(method, lambda m: m["target"])
+    target = target_ref(target or default(models))
     if method == SpecMethod.MTP:
         # what registration reads of the target's MTP layers (specreg.core.heads.mtp.read_mtp)
         layers = json.loads((Path(target.reference) / "config.json").read_text()).get("num_nextn_predict_layers")
@@ -84,8 +103,12 @@ def tiny_pair(models: dict[str, Path], method: SpecMethod, max_batch: int | None
                             head={"layout": "mtp:deepseek", "num_heads": layers})
         draft = None
     elif method == SpecMethod.EAGLE3:
-        config = SpecConfig(method, K, max_batch_size_for_speculation=max_batch, head={"layout": "speculators"})
+        # what registration records of the head (specreg.api.describe_head: read_head + check_head_fits)
+        from specreg.api import describe_head
+
         draft = ModelRef(str(eagle3_head(models)), str(eagle3_head(models)), None, fingerprint("e"))
+        config = SpecConfig(method, K, max_batch_size_for_speculation=max_batch)
+        config = dataclasses.replace(config, head=describe_head(config, target, draft, allow_verifier_mismatch=False))
     elif method == SpecMethod.DRAFT_MODEL:
         config = SpecConfig(method, K, max_batch_size_for_speculation=max_batch)
         draft = ModelRef(str(models["draft"]), str(models["draft"]), "d1e2f3", fingerprint("b"))
@@ -120,7 +143,8 @@ SGLANG_CASES = [
 
 
 def export_argv(case: tuple, models: dict[str, Path], workdir: Path) -> tuple[list[str], dict]:
-    """Render one case and return the engine argv as the engine would receive it."""
+    """Render one case, write it as `specreg export -o` does, and return the engine argv as the
+    engine would receive it from the written script (paths beside the script resolve there)."""
     case_id, fmt, method, max_batch, options = case
     options = dict(options)
     pair = tiny_pair(models, method, max_batch)
@@ -134,7 +158,9 @@ def export_argv(case: tuple, models: dict[str, Path], workdir: Path) -> tuple[li
         container = deployment["spec"]["template"]["spec"]["containers"][0]
         return container["command"] + container["args"], files
     script = {"vllm": "vllm-serve.sh", "sglang": "sglang-launch.sh"}[fmt]
-    return record_argv(files[script], workdir / case_id), files
+    out = workdir / case_id / "export"
+    write_export(list(files.items()), out)
+    return record_argv(files[script], workdir / case_id, script=out / script), files
 
 
 @pytest.fixture(scope="session")
@@ -173,6 +199,10 @@ def sglang_run(tiny_models, tmp_path_factory, engine_runner):
         argv, files = export_argv(case, tiny_models, workdir)
         cases.append({"id": case[0], "argv": argv})
         exported[case[0]] = (argv, files)
+    # What the export wrote before SGLang got its own head layout: the speculators head directory itself.
+    old = list(next(c for c in cases if c["id"] == "sglang-eagle3")["argv"])
+    old[old.index("--speculative-draft-model-path") + 1] = str(eagle3_head(tiny_models))
+    cases.append({"id": "speculators-head", "argv": old})
     output = engine_runner("sglang", cases, workdir)
     return {result["id"]: result for result in output["results"]}, exported, output
 
@@ -199,8 +229,10 @@ def test_vllm_builds_its_config_from_the_export(case, vllm_run, tiny_models):
         assert spec["revision"] == "d1e2f3"
         assert spec["draft_vocab_size"] == spec["target_vocab_size"]
     elif case[2] == SpecMethod.EAGLE3:
-        # vLLM built the head's draft ModelConfig from the exported head directory
+        # vLLM built the head's draft ModelConfig from the exported head directory, and its runner hands
+        # the head the states entering the layers it was trained on
         assert Path(spec["draft_model"]) == eagle3_head(tiny_models)
+        assert spec["eagle3_aux_layers"] == TRAINED_AUX
     elif case[2] == SpecMethod.MTP:
         # No `model` exported: vLLM drafts from the target's own directory, its config rewritten by
         # SpeculativeConfig.hf_config_override into DeepSeek's MTP drafter with the target's 1 layer.
@@ -262,11 +294,54 @@ def test_sglang_parses_the_export(sglang_run, tiny_models):
     assert args["enable_metrics"] is True
     assert args["served_model_name"] == "tiny-pair"
     assert output["stand_ins"] == []
+    # the whole resolution ran, and both models' configs were loaded by SGLang's ModelConfig
+    draft = ok(results["sglang-draft"])
+    assert draft["resolved_speculative_algorithm"] == draft["resolved"]["speculative_algorithm"] == "STANDALONE"
+    assert draft["target"]["class"] == draft["draft"]["class"] == "LlamaForCausalLM"
+    assert Path(draft["resolved"]["speculative_draft_model_path"]) == tiny_models["draft"]
     eagle3 = ok(results["sglang-eagle3"])["server_args"]
     assert eagle3["speculative_algorithm"] == "EAGLE3"
-    assert Path(eagle3["speculative_draft_model_path"]) == eagle3_head(tiny_models)
+    assert Path(eagle3["speculative_draft_model_path"]).name == "sglang-eagle3-head"  # the layout beside the script
     assert (eagle3["speculative_num_steps"], eagle3["speculative_eagle_topk"],
             eagle3["speculative_num_draft_tokens"]) == (K, 1, K + 1)
+
+
+def test_sglang_loads_the_eagle3_head_layout_the_export_writes(sglang_run, tiny_models):
+    """SGLang 0.5.23 resolves the launch (its whole argument resolution, --device cpu) and builds
+    the target's and the draft's ModelConfig from the exported files: the head directory the
+    export wrote (config.json in SGLang's terms beside links to the head's weights) is read as
+    LlamaForCausalLMEagle3, the class SGLang's registry serves EAGLE-3 heads with."""
+    results, exported, _ = sglang_run
+    result = ok(results["sglang-eagle3"])
+    draft_path = Path(result["resolved"]["speculative_draft_model_path"])
+    assert draft_path.name == "sglang-eagle3-head" and draft_path.parent.name == "export"
+    assert (draft_path / "model.safetensors").resolve() == (eagle3_head(tiny_models) / "model.safetensors")
+    assert result["resolved_speculative_algorithm"] == "EAGLE3"
+    assert result["target"] == {"architectures": ["LlamaForCausalLM"], "class": "LlamaForCausalLM",
+                                "num_hidden_layers": 8}
+    assert result["draft"] == {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
+                               "class": "LlamaForCausalLMEagle3", "num_hidden_layers": 1}
+    assert (result["resolved"]["speculative_num_steps"], result["resolved"]["speculative_eagle_topk"],
+            result["resolved"]["speculative_num_draft_tokens"]) == (K, 1, K + 1)
+
+
+def test_sglang_captures_the_layers_the_head_was_trained_on(sglang_run):
+    """The ids the export writes ([0, 2, 5], SGLang's numbering) become, through SGLang's own aux
+    resolution and the Llama target's set_eagle3_layers_to_capture (+1), captures at the inputs of
+    layers 1, 3 and 6: the head's trained layers. The head's own ids, read as they are, would be
+    captured at [2, 4, 7]."""
+    results, _, _ = sglang_run
+    result = ok(results["sglang-eagle3"])
+    assert result["eagle_aux_hidden_state_layer_ids"] == [i - 1 for i in TRAINED_AUX]
+    assert result["layers_to_capture"] == TRAINED_AUX
+
+
+def test_sglang_cannot_load_the_speculators_head_directory(sglang_run):
+    """Why the export writes SGLang its own layout: handed the registered (speculators) head, SGLang's
+    get_config raises before any weight loads."""
+    results, _, _ = sglang_run
+    assert results["speculators-head"].get("error", "").startswith(
+        "ValueError: Unrecognized model in"), results["speculators-head"]
 
 
 def test_sglang_parses_the_mtp_export(sglang_run, tiny_models):
@@ -284,6 +359,15 @@ def test_sglang_parses_the_mtp_export(sglang_run, tiny_models):
     assert (args["speculative_num_steps"], args["speculative_eagle_topk"], args["speculative_num_draft_tokens"]) == \
         (K, 1, K + 1)
     assert args["enable_metrics"] is True and args["served_model_name"] == "tiny-pair"
+    # SGLang's resolution drafts from the target's own directory, read as its NextN model
+    # (sglang/srt/configs/model_config.py:1032-1036), with the k-step chain the export asked for
+    assert Path(result["resolved"]["speculative_draft_model_path"]) == mtp_target(tiny_models)
+    assert result["resolved"]["speculative_algorithm"] == "EAGLE"
+    assert result["target"]["architectures"] == ["DeepseekV3ForCausalLM"]
+    assert (result["draft"]["architectures"], result["draft"]["class"]) == \
+        (["DeepseekV3ForCausalLMNextN"], "DeepseekV3ForCausalLMNextN")
+    assert (result["resolved"]["speculative_num_steps"], result["resolved"]["speculative_eagle_topk"],
+            result["resolved"]["speculative_num_draft_tokens"]) == (K, 1, K + 1)
 
 
 @pytest.mark.parametrize("fmt", ["vllm", "k8s-vllm", "sglang"])

@@ -23,6 +23,8 @@ BASELINES = {
     "golden_set": "default",
     "golden_sha256": "9" * 64,
     "validated_at": "2025-01-02T03:04:05+00:00",
+    "k": 4,
+    "tau_definition": "engines",  # tau = 1 + accepted / draft steps (specreg.core.baselines)
     "overall": {"acceptance_rate": 0.71, "mean_acceptance_length": 3.1,
                 "per_position_acceptance": [0.9, 0.8, 0.7, 0.6]},
     "per_category": {
@@ -101,18 +103,21 @@ def check_command(words: list[str], schema: dict) -> dict[str, str]:
 ENGINE_PROGRAMS = ("vllm", "python", "trtllm-serve", "text-generation-launcher", "llama-server")
 
 
-def record_argv(script_text: str, workdir: Path) -> list[str]:
+def record_argv(script_text: str, workdir: Path, script: Path | None = None) -> list[str]:
     """Run an exported shell script with the engine executables replaced by a recorder that
-    writes its argv NUL-separated: the real shell does the word splitting and quoting."""
+    writes its argv NUL-separated: the real shell does the word splitting and quoting.
+    ``script``: run that file where the export wrote it (its paths relative to the script resolve
+    there) instead of a copy of ``script_text`` under ``workdir``."""
     bin_dir, record = workdir / "fake-bin", workdir / "argv.bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     for program in ENGINE_PROGRAMS:
         path = bin_dir / program
         path.write_text(f"#!/bin/sh\nprintf '%s\\0' \"$(basename \"$0\")\" \"$@\" > '{record}'\n")
         path.chmod(path.stat().st_mode | stat.S_IXUSR)
-    script = workdir / "out" / "script.sh"
-    script.parent.mkdir(exist_ok=True)
-    script.write_text(script_text)
+    if script is None:
+        script = workdir / "out" / "script.sh"
+        script.parent.mkdir(exist_ok=True)
+        script.write_text(script_text)
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", HOME="/should-not-expand")
     subprocess.run(["sh", str(script)], check=True, env=env, capture_output=True, timeout=30)
     return record.read_bytes().decode().split("\0")[:-1]

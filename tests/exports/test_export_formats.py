@@ -89,7 +89,12 @@ def test_sglang_refuses_ngram_pair_with_reason(ngram_pair, baselines):
 
 @pytest.mark.parametrize("method", [SpecMethod.DRAFT_MODEL, SpecMethod.NGRAM])
 def test_trtllm_yaml_and_command(method, baselines, run_script):
-    files = rendered(make_pair(method), baselines, "trtllm")
+    import dataclasses
+
+    pair = make_pair(method)
+    if method == SpecMethod.NGRAM:  # TensorRT-LLM has no minimum match length (test_trtllm_refuses_a_minimum_...)
+        pair = dataclasses.replace(pair, config=dataclasses.replace(pair.config, prompt_lookup_min=1))
+    files = rendered(pair, baselines, "trtllm")
     schema = engine_schema("trtllm")
     config = yaml.safe_load(files["trtllm-config.yaml"])
     jsonschema.validate(config, schema["config"])
@@ -101,9 +106,12 @@ def test_trtllm_yaml_and_command(method, baselines, run_script):
     assert "TensorRT-LLM 1.2" in files["trtllm-config.yaml"]
     if method == SpecMethod.DRAFT_MODEL:
         assert speculative["decoding_type"] == "DraftTarget"
-        assert speculative["speculative_model_dir"] == DRAFT_REFERENCE
+        assert speculative["speculative_model"] == DRAFT_REFERENCE  # 1.2's field (speculative_model_dir: its alias)
     else:
         assert speculative["decoding_type"] == "NGram" and speculative["max_matching_ngram_size"] == 5
+        # per-request pool, oldest match: vLLM's prompt lookup; TensorRT-LLM's default pool is shared
+        assert (speculative["is_public_pool"], speculative["is_use_oldest"], speculative["is_keep_all"]) == \
+            (False, True, True)
     flags = check_command(run_script(files["trtllm-serve.sh"]), schema)
     assert flags["--config"] == "trtllm-config.yaml"
 
@@ -113,13 +121,23 @@ def test_unknown_engine_version_is_refused(fmt, version, draft_pair, ngram_pair,
     pair = ngram_pair if fmt == "tgi" else draft_pair
     with pytest.raises(UsageError, match=f"engine_version={version} is not one of them"):
         render_export(pair, baselines, fmt, approved=True, options={"engine_version": version})
-    assert render_export(pair, baselines, fmt, approved=True, options={"engine_version": None})
+    if fmt != "tgi":  # TGI 3.3 serves no pair kind as validated (test_tgi_refuses_ngram_with_its_source)
+        assert render_export(pair, baselines, fmt, approved=True, options={"engine_version": None})
 
 
-def test_tgi_ngram_speculate(ngram_pair, baselines, run_script):
-    files = rendered(ngram_pair, baselines, "tgi")
-    flags = check_command(run_script(files["tgi-launch.sh"]), engine_schema("tgi"))
-    assert flags["--speculate"] == "4" and flags["--model-id"] == TARGET_REFERENCE
+def test_tgi_refuses_ngram_with_its_source(ngram_pair, baselines):
+    """TGI's --speculate n-gram seeds on one token, first occurrence, and drafts even without a match:
+    not the prompt lookup (prompt_lookup_min/max) the pair was validated with."""
+    with pytest.raises(UsageError) as info:
+        render_export(ngram_pair, baselines, "tgi", approved=True)
+    assert "server/text_generation_server/utils/tokens.py:209-229" in str(info.value)
+    assert "first occurrence" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_trtllm_refuses_a_minimum_ngram_it_cannot_keep(baselines):
+    """prompt_lookup_min = 2 was validated; TensorRT-LLM's pool also matches 1-token patterns."""
+    with pytest.raises(UsageError, match=r"prompt_lookup_min = 2 .*ngram.py NGramPoolManager.get_draft_tokens"):
+        render_export(make_pair(SpecMethod.NGRAM), baselines, "trtllm", approved=True)
 
 
 def test_tgi_refuses_draft_model_pair(draft_pair, baselines):
@@ -196,7 +214,7 @@ def test_prometheus_rules_use_engine_metric_names(draft_pair, baselines):
     rules = document["groups"][0]["rules"]
     known = set(engine_schema("vllm")["metrics"]["counters"]) | set(engine_schema("sglang")["metrics"]["gauges"])
     floors = {"SpecDecodeAcceptanceRateBelowBaseline": 0.71 * 0.8,
-              "SpecDecodeAcceptanceLengthBelowBaseline": 3.1 * 0.8}
+              "SpecDecodeAcceptanceLengthBelowBaseline": 1 + (3.1 - 1) * 0.8}  # tau's accepted part
     assert {(rule["labels"]["engine"], rule["alert"]) for rule in rules} == {
         (engine, alert) for engine in ("vllm", "sglang") for alert in floors}
     for rule in rules:
@@ -239,9 +257,12 @@ def test_checker_rejects_unknown_names():
         check_command(["vllm", "serve", "m", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2, '
                        '"disable_by_batch_size": 4}'], schema)
     with pytest.raises(jsonschema.ValidationError):
-        # 1.2's DecodingBaseConfig is strict: its field is speculative_model_dir, `speculative_model` is refused
+        # 1.2's DecodingBaseConfig is strict: its field is speculative_model (speculative_model_dir an alias)
         jsonschema.validate({"speculative_config": {"decoding_type": "DraftTarget", "max_draft_len": 4,
-                                                    "speculative_model": "d"}}, engine_schema("trtllm")["config"])
+                                                    "speculative_model_path": "d"}}, engine_schema("trtllm")["config"])
+    for key in ("speculative_model", "speculative_model_dir"):
+        jsonschema.validate({"speculative_config": {"decoding_type": "DraftTarget", "max_draft_len": 4, key: "d"}},
+                            engine_schema("trtllm")["config"])
 
 
 def test_unknown_format_and_option(draft_pair, baselines):

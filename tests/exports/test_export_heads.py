@@ -22,11 +22,13 @@ HEAD = ModelRef("/models/eagle3-head", "/cache/eagle3-head", None, fingerprint("
 
 
 def head_pair(method: SpecMethod, *, k: int = 3, tree=None, model_type: str = "llama",
-              architecture: str = "LlamaForCausalLM", head: dict | None = None):
+              architecture: str = "LlamaForCausalLM", head: dict | None = None, aux=(2, 8, 13)):
+    """``aux``: the trained aux layer ids registration records (head.fit.aux_layer_ids), vLLM's numbering."""
     base = make_pair()
     target = dataclasses.replace(base.target, fingerprint=dataclasses.replace(
         base.target.fingerprint, model_type=model_type, architecture=architecture))
-    config = SpecConfig(method, k, tree=tree, head=head or {"layout": "speculators", "num_heads": 1})
+    config = SpecConfig(method, k, tree=tree, head=head or {"layout": "speculators", "num_heads": 1,
+                                                             "fit": {"aux_layer_ids": list(aux)}})
     draft = HEAD if method in (SpecMethod.EAGLE3, SpecMethod.MEDUSA) else None
     return dataclasses.replace(base, target=target, draft=draft, config=config)
 
@@ -43,24 +45,14 @@ def test_eagle3_to_vllm_names_the_head_as_the_speculative_model():
                            "draft_tensor_parallel_size": 1}
 
 
-def test_eagle3_to_sglang_is_a_chain_of_k():
-    script = files_of(head_pair(SpecMethod.EAGLE3, k=5), "sglang")["sglang-launch.sh"]
-    words = shlex.split(script.split("sglang.launch_server", 1)[1].replace("\\\n", " "), comments=True)
-    flag = {words[i]: words[i + 1] for i in range(len(words) - 1) if words[i].startswith("--")}
-    assert flag["--speculative-algorithm"] == "EAGLE3"
-    assert flag["--speculative-draft-model-path"] == "/models/eagle3-head"
-    # SGLang forces num-draft-tokens = num-steps + 1 with top-k 1: a chain of k
-    assert (flag["--speculative-num-steps"], flag["--speculative-eagle-topk"],
-            flag["--speculative-num-draft-tokens"]) == ("5", "1", "6")
-    assert "--enable-metrics" in words
-
-
 def test_eagle3_to_trtllm_and_k8s():
     config = yaml.safe_load(files_of(head_pair(SpecMethod.EAGLE3), "trtllm")["trtllm-config.yaml"])
     spec = config["speculative_config"]
     # 1.2 knows "Eagle" (EagleDecodingConfig; eagle3_one_model selects EAGLE-3), not "Eagle3"
-    assert (spec["decoding_type"], spec["max_draft_len"], spec["speculative_model_dir"], spec["eagle3_one_model"]) == \
+    assert (spec["decoding_type"], spec["max_draft_len"], spec["speculative_model"], spec["eagle3_one_model"]) == \
         ("Eagle", 3, "/models/eagle3-head", True)  # the reference: model_source's default
+    # the head's trained states entering layers 2, 8, 13 are TensorRT-LLM's outputs of layers 1, 7, 12
+    assert spec["eagle3_layers_to_capture"] == [1, 7, 12]
     jsonschema.validate(config, engine_schema("trtllm")["config"])
     manifest = files_of(head_pair(SpecMethod.EAGLE3), "k8s-vllm", model_volume="pvc:models")["k8s-vllm.yaml"]
     deployment = next(d for d in yaml.safe_load_all(manifest) if d and d["kind"] == "Deployment")
@@ -85,14 +77,28 @@ def test_mtp_on_a_deepseek_target_exports_without_a_draft():
     jsonschema.validate(config, engine_schema("trtllm")["config"])
 
 
+def test_trtllm_mtp_reuses_a_one_layer_target_for_k_tokens():
+    """DeepSeek-V3/R1 have one MTP layer; TensorRT-LLM 1.2 runs it k times (MTP-Eagle: llm_args.py
+    MTPDecodingConfig.spec_dec_mode, use_mtp_vanilla false), the chain specreg validates."""
+    pair = head_pair(SpecMethod.MTP, k=3, model_type="deepseek_v3", architecture="DeepseekV3ForCausalLM",
+                     head={"layout": "mtp:deepseek", "num_heads": 1})
+    spec = yaml.safe_load(files_of(pair, "trtllm")["trtllm-config.yaml"])["speculative_config"]
+    assert (spec["decoding_type"], spec["num_nextn_predict_layers"], spec["use_mtp_vanilla"]) == ("MTP", 3, False)
+    jsonschema.validate({"speculative_config": spec}, engine_schema("trtllm")["config"])
+
+
 @pytest.mark.parametrize("pair, fmt, reason", [
     (head_pair(SpecMethod.MEDUSA, tree=((0,), (1,), (0, 0))), "vllm", "vLLM 0.33 has no medusa method"),
     (head_pair(SpecMethod.MEDUSA), "tgi", "combined model repository"),
     (head_pair(SpecMethod.EAGLE3), "tgi", "TGI 3.3's --speculate does Medusa"),
-    (head_pair(SpecMethod.EAGLE3, tree=((0,), (1,), (0, 0))), "vllm", "vLLM 0.33's eagle3 drafts a chain"),
+    (head_pair(SpecMethod.EAGLE3, tree=((0,), (1,), (0, 0))), "vllm", "speculative.py:407 SpeculativeConfig"),
+    (head_pair(SpecMethod.EAGLE3, tree=((0,), (1,), (0, 0))), "sglang", "fields/spec.py:62"),
     (head_pair(SpecMethod.MTP, k=1), "vllm", "no engine builds an MTP drafter for model_type 'llama'"),
-    (head_pair(SpecMethod.MTP, k=2, model_type="deepseek_v3", architecture="DeepseekV3ForCausalLM"), "trtllm",
-     "one token per MTP layer: k = 2 but the target has 1"),
+    (head_pair(SpecMethod.MTP, k=3, model_type="deepseek_v3", architecture="DeepseekV3ForCausalLM",
+               head={"layout": "mtp:deepseek", "num_heads": 2}), "trtllm",
+     "k = 3 but the target has 2 MTP layers.*MTPDecodingConfig.spec_dec_mode"),
+    (head_pair(SpecMethod.EAGLE3, aux=(0, 8, 13)), "trtllm", "reads the embeddings.*maybe_capture_hidden_states"),
+    (head_pair(SpecMethod.EAGLE3, tree=((0,), (1,), (0, 0))), "trtllm", "PLEASE DO NOT USE IT"),
     (head_pair(SpecMethod.MTP, k=1, model_type="qwen3_next", architecture="Qwen3NextForCausalLM"), "sglang",
      "DeepSeek-family targets only"),
 ])

@@ -18,7 +18,7 @@ import yaml
 from specreg.registry.deploy.exports import render_export
 
 RULES_OPTIONS = {"tolerance": 0.1, "for": "10m", "rate_window": "5m"}
-# Baselines (exportcase.BASELINES): alpha 0.71, tau 3.1 -> floors 0.639 and 2.79.
+# Baselines (exportcase.BASELINES): alpha 0.71, tau 3.1 -> floors 0.639 and 1 + 2.1 * 0.9 = 2.89.
 RATE_ALERT, LENGTH_ALERT = "SpecDecodeAcceptanceRateBelowBaseline", "SpecDecodeAcceptanceLengthBelowBaseline"
 
 
@@ -67,7 +67,7 @@ def test_promtool_checks_rules_and_alerts_fire_only_below_the_floor(draft_pair, 
         # (series, {alert: engines expected to fire at 20m})
         # Healthy: alpha 300/400 = 0.75, tau 1 + 300/100 = 4.0; SGLang 0.8 / 3.5.
         (vllm_counters("chat-pair", 100, 400, 300) + sglang_gauges("chat-pair", 0.8, 3.5), {}),
-        # alpha 200/400 = 0.5 < 0.639 but tau 1 + 200/100 = 3.0 >= 2.79: only the rate alert.
+        # alpha 200/400 = 0.5 < 0.639 but tau 1 + 200/100 = 3.0 >= 2.89: only the rate alert.
         (vllm_counters("chat-pair", 100, 400, 200), {RATE_ALERT: ("vllm",)}),
         # alpha 0.25, tau 2.0: both, on vLLM; SGLang below both floors too.
         (vllm_counters("chat-pair", 100, 400, 100) + sglang_gauges("chat-pair", 0.5, 2.0),

@@ -41,8 +41,10 @@ def utcnow() -> datetime:
 def record_validation(registry: Registry, ref: str, *, status: str = "passed", golden: str = "smoke",
                       golden_sha256: str | None = None, acceptance_rate: float = 0.8,
                       mean_acceptance_length: float = 3.0, checks: dict[str, str] | None = None,
-                      finished_at: datetime | None = None, binding_sha256: str | None = None) -> int:
-    """Insert a finished validation run of ``ref`` and move its state; returns the run id."""
+                      finished_at: datetime | None = None, binding_sha256: str | None = None,
+                      tau_definition: str | None = "engines") -> int:
+    """Insert a finished validation run of ``ref`` and move its state; returns the run id.
+    ``tau_definition=None`` stores baselines as runs before the engines' tau did."""
     version = registry.get(ref)
     finished_at = finished_at or utcnow()
     def figures(rate: float) -> dict:
@@ -53,6 +55,8 @@ def record_validation(registry: Registry, ref: str, *, status: str = "passed", g
 
     baselines = {"k": version.config.num_speculative_tokens, "overall": figures(acceptance_rate),
                  "per_category": {"code": figures(acceptance_rate + 0.05)}} if status == "passed" else None
+    if baselines and tau_definition:
+        baselines["tau_definition"] = tau_definition
     store = registry.store
     with store.session(write=True) as session:
         run = ValidationRunRow(

@@ -147,6 +147,26 @@ def test_gate_conditions_fail_with_named_reasons(db_url, tiny_models, policy_fil
     assert "days old (limit 30)" in failed(alice.gate(v5, "staging"))["validation_age"]
 
 
+def test_gate_compares_tau_only_with_engine_tau_and_on_its_accepted_part(db_url, tiny_models, policy_file):
+    alice = Registry(as_user(db_url, "alice"), user="alice")
+    one, two = register_versions(alice, tiny_models, "t", 2)
+    # tau 3.0 at validation, 2.75 now: 8% lower, but its accepted part (tau - 1) fell 12.5%, past 10%
+    record_validation(alice, one, acceptance_rate=0.80, mean_acceptance_length=3.0)
+    record_validation(alice, one, acceptance_rate=0.80, mean_acceptance_length=2.75)
+    reasons = failed(alice.gate(one, "staging"))
+    assert list(reasons) == ["acceptance"]
+    assert "mean_acceptance_length 2.750 < 2.800 (run 1 of this version 3.000 - 10%)" in reasons["acceptance"]
+    # an earlier run recorded before the engines' tau (tokens per target forward, 1.45 for an n-gram
+    # pair whose engine tau is 2.1): alpha is compared, tau is not, and the gate says so
+    record_validation(alice, two, acceptance_rate=0.80, mean_acceptance_length=1.45, tau_definition=None)
+    record_validation(alice, two, acceptance_rate=0.79, mean_acceptance_length=2.1)
+    gate = alice.gate(two, "staging")
+    assert gate.passed, failed(gate)
+    acceptance = next(c for c in gate.conditions if c.name == "acceptance")
+    assert [row["figure"] for row in acceptance.details["compared"]] == ["acceptance_rate"]
+    assert "tau not compared with run 3 of this version: recorded before the engines' definition" in acceptance.reason
+
+
 def test_approval_rules_rejection_and_stale_approval(db_url, tiny_models, policy_file, tmp_path):
     alice, bob, carol = (Registry(as_user(db_url, u), user=u) for u in ("alice", "bob", "carol"))
     (ref,) = register_versions(alice, tiny_models, "ap", 1)

@@ -13,7 +13,7 @@ from specreg.registry.deploy.observe import compare_with_baseline, observe
 from metrics_server import FakeVllm, MetricsServer
 
 BASELINES = {"golden_set": "default", "golden_sha256": "9" * 64, "validated_at": "2025-01-02T03:04:05+00:00",
-             "overall": {"acceptance_rate": 0.71, "mean_acceptance_length": 3.1,
+             "k": 4, "tau_definition": "engines", "overall": {"acceptance_rate": 0.71, "mean_acceptance_length": 3.1,
                          "per_position_acceptance": [0.9, 0.8, 0.7, 0.6]},
              "per_category": {}}
 
@@ -52,7 +52,7 @@ def test_vllm_drift(server):
     engine = FakeVllm()
     engine.step("chat-pair", 0, 4, [0, 0, 0, 0])  # vLLM creates its labelled series at zero on start
     server.body = engine.body
-    # 100 drafts of 4, 100 accepted: alpha 0.25 < 0.639, tau 2.0 < 2.79
+    # 100 drafts of 4, 100 accepted: alpha 0.25 < 0.639, tau 2.0 < 1 + 2.1 * 0.9 = 2.89
     live = observe(server.url, "vllm", interval=1, sleep=lambda s: engine.step("chat-pair", 100, 4, [60, 30, 10, 0]))
     verdict = compare_with_baseline(live, BASELINES, tolerance=0.1)
     assert verdict["verdict"] == "drift" and verdict["exit_code"] == 100

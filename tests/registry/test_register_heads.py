@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
-from headfiles import LAYERS, write_eagle3, write_medusa, write_target
+from headfiles import HIDDEN, LAYERS, write_eagle3, write_medusa, write_target
 from pgroles import as_user
 from specreg.api import Registry
 from specreg.errors import HeadMismatchError, UsageError
@@ -27,7 +27,8 @@ def models(tmp_path, monkeypatch):
     """A target at models/target (the name the heads declare as their verifier) and heads for it."""
     monkeypatch.chdir(tmp_path)
     target = write_target(tmp_path / "models" / "target")
-    mtp_tensors = {f"model.layers.{LAYERS}.{name}": np.zeros(4, np.float32)
+    mtp_tensors = {f"model.layers.{LAYERS}.{name}": np.zeros((HIDDEN, 2 * HIDDEN) if name == "eh_proj.weight" else 4,
+                                                              np.float32)
                    for name in ("eh_proj.weight", "enorm.weight", "hnorm.weight", "shared_head.norm.weight")}
     return {
         "target": target,

@@ -166,7 +166,8 @@ def test_original_eagle_layout_loads_the_same_head(tiny_dir, target, tokenizer, 
     ("d2t_out_of_range", r"vocabulary map: d2t maps 150 draft id\(s\) outside the target's 300 ids"),
     ("d2t_not_one_to_one", "vocabulary map: d2t is not one to one: draft ids 0 and 1 both map to target id 1"),
     ("other_hidden_size", r"tensor fc.weight has shape \[64, 96\], expected \[64, 192\]"),
-    ("aux_out_of_range", r"eagle_aux_hidden_state_layer_ids \[1, 3, 7\] out of range for this runtime on a 3-layer target"),
+    ("aux_out_of_range", r"eagle_aux_hidden_state_layer_ids \[1, 3, 7\] out of range on a 3-layer target "
+                         r"\(each must be in 0..3\)"),
     ("draft_vocab_mismatch", r"tensor lm_head.weight has shape \[150, 64\], expected \[7, 64\]"),
     ("target_width", "head is for hidden size 32 .* target hidden_size is 64"),
 ])

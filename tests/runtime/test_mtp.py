@@ -182,7 +182,7 @@ def one_line(exc) -> str:
 def test_targets_the_runtime_cannot_run_are_refused_in_one_line(mtp_dirs, tmp_path):
     from safetensors.torch import load_file, save_file
 
-    from headfiles import LAYERS, write_target
+    from headfiles import HIDDEN, LAYERS, write_target
 
     # num_nextn_predict_layers but no tensor of the layer (a checkpoint saved without it)
     bare = shutil.copytree(mtp_dirs["trained"], tmp_path / "bare")
@@ -194,27 +194,39 @@ def test_targets_the_runtime_cannot_run_are_refused_in_one_line(mtp_dirs, tmp_pa
         load_pair(bare, method="mtp")
     assert f"no tensor under model.layers.{layers}." in one_line(exc)
 
-    # some of its tensors missing
-    partial = shutil.copytree(mtp_dirs["trained"], tmp_path / "partial")
+    # its projection missing: refused where the layers are read (specreg.core.heads.mtp, as at registration)
+    no_projection = shutil.copytree(mtp_dirs["trained"], tmp_path / "no-projection")
     save_file({n: v for n, v in weights.items() if not n.endswith("eh_proj.weight")},
+              str(no_projection / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ModelReferenceError) as exc:
+        load_pair(no_projection, method="mtp")
+    assert f"has no model.layers.{layers}.eh_proj.weight: vLLM 0.33 builds it" in one_line(exc)
+
+    # some of its decoder layer's tensors missing
+    partial = shutil.copytree(mtp_dirs["trained"], tmp_path / "partial")
+    save_file({n: v for n, v in weights.items() if not n.endswith(f"{layers}.mlp.up_proj.weight")},
               str(partial / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(RuntimeConfigError) as exc:
         load_pair(partial, method="mtp")
-    assert f"model.layers.{layers}.eh_proj.weight" in one_line(exc) and "lacks" in one_line(exc)
+    assert f"model.layers.{layers}.mlp.up_proj.weight" in one_line(exc) and "lacks" in one_line(exc)
 
     # a tensor of the wrong shape
     wide = shutil.copytree(mtp_dirs["trained"], tmp_path / "wide")
     bad = dict(weights)
-    bad[f"model.layers.{layers}.eh_proj.weight"] = torch.zeros(3, 3)
+    bad[f"model.layers.{layers}.enorm.weight"] = torch.zeros(3)
     save_file(bad, str(wide / "model.safetensors"), metadata={"format": "pt"})
-    with pytest.raises(RuntimeConfigError, match=r"eh_proj.weight has shape \[3, 3\]") as exc:
+    with pytest.raises(RuntimeConfigError, match=r"enorm.weight has shape \[3\]") as exc:
         load_pair(wide, method="mtp")
     one_line(exc)
 
     # families whose MTP block is not a Llama layer: refused from config.json, before any weight loads
     for model_type, layout in (("deepseek_v3", "mtp:deepseek"), ("qwen3_next", "mtp:qwen3_next")):
-        extra = {f"model.layers.{LAYERS}.eh_proj.weight": np.zeros(4, np.float32),  # the DeepSeek naming
-                 "mtp.layers.0.fc.weight": np.zeros(4, np.float32)}  # Qwen3-Next's
+        extra = {f"model.layers.{LAYERS}.{name}": np.zeros((HIDDEN, 2 * HIDDEN) if name == "eh_proj.weight" else 4,
+                                                            np.float32)
+                 for name in ("eh_proj.weight", "enorm.weight", "hnorm.weight")}  # the DeepSeek naming
+        extra.update({name: np.zeros((HIDDEN, 2 * HIDDEN) if name == "mtp.fc.weight" else 4, np.float32)  # Qwen3-Next's
+                      for name in ("mtp.fc.weight", "mtp.pre_fc_norm_embedding.weight",
+                                   "mtp.pre_fc_norm_hidden.weight", "mtp.layers.0.mlp.gate.weight")})
         other = write_target(tmp_path / model_type, config_extra={"model_type": model_type,
                                                                    "num_nextn_predict_layers": 1},
                              extra_tensors=extra)

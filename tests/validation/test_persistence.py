@@ -36,7 +36,8 @@ def test_run_lifecycle_and_baselines(store_registry):
     run = start(runs, v1)
     assert run.status == "running" and run.pid is not None
     runs.record_check(run.id, CheckResult("acceptance", "pass", "ok", {"x": [1]}, {"acceptance_rate": 0.8}))
-    baselines = {"overall": {"acceptance_rate": 0.8, "mean_acceptance_length": 2.5}, "per_category": {}}
+    baselines = {"tau_definition": "engines", "overall": {"acceptance_rate": 0.8, "mean_acceptance_length": 2.5},
+                 "per_category": {}}
     finished, moved = runs.finish(run.id, v1, passed=True, summary={"verdict": "pass"}, baselines=baselines,
                                   actor="tester")
     assert finished.status == "passed" and finished.finished_at is not None
@@ -54,6 +55,33 @@ def test_run_lifecycle_and_baselines(store_registry):
     assert finished.status == "failed" and finished.baselines is None and moved.state is PairState.FAILED
     assert "acceptance" in store_registry.history("p")[-1].reason
     assert store_registry.verify_audit()[1] is None
+
+
+def test_baselines_recorded_before_engine_tau_are_read_under_their_own_names(store_registry):
+    """A run stored before tau was counted as the engines count it (no tau_definition) is not
+    rewritten; every reader gets its figures under their own names and no engine tau, so nothing
+    compares an engine's tau with tokens per target forward."""
+    from sqlalchemy import select
+
+    from specreg.registry.store.orm import ValidationRunRow
+    from specreg.registry.store.validations import ValidationStore
+
+    runs = ValidationStore(store_registry.store)
+    v1 = store_registry.get("p@1")
+    run = start(runs, v1)
+    old = {"k": 3, "overall": {"acceptance_rate": 0.8, "mean_acceptance_length": 1.45,
+                               "per_position_acceptance": [0.8, 0.5]},
+           "per_category": {"code": {"acceptance_rate": 0.9, "mean_acceptance_length": 1.6}}}
+    runs.finish(run.id, v1, passed=True, summary={}, baselines=old, actor="tester")
+    read = store_registry.baselines("p@1")
+    assert read["tau_definition"] == "tokens_per_target_forward" and read["k"] == 3
+    assert read["overall"] == {"acceptance_rate": 0.8, "mean_acceptance_length": None, "tokens_per_target_forward": 1.45,
+                               "per_position_acceptance": None, "per_position_acceptance_conditional": [0.8, 0.5]}
+    assert read["per_category"]["code"]["tokens_per_target_forward"] == 1.6
+    assert read["per_category"]["code"]["mean_acceptance_length"] is None
+    assert runs.previous_baselines("p", 2) == (1, read)
+    with store_registry.store.session() as session:  # the stored row is as it was written
+        assert session.scalars(select(ValidationRunRow.baselines)).one() == old
 
 
 def test_abort_and_reap_leave_state_unchanged(store_registry):

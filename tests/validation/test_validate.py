@@ -57,6 +57,12 @@ def test_self_draft_accepts_everything_then_random_draft_drops_against_its_basel
     overall = registry.baselines("drop@1")["overall"]
     assert first.passed and overall["acceptance_rate"] == pytest.approx(1.0)
     assert overall["mean_acceptance_length"] > 2.5  # k + 1 = 4 except where max_new_tokens cuts a step short
+    # recorded as the engines count it: tau over draft steps, vLLM's unconditional per-position rate;
+    # ours beside it (the first forward of each prompt is the prefill, which verifies drafts here)
+    assert registry.baselines("drop@1")["tau_definition"] == "engines"
+    assert overall["mean_acceptance_length"] == pytest.approx(1 + overall["accepted"] / overall["draft_steps"])
+    assert overall["per_position_acceptance"][0] == 1.0 and overall["per_position_acceptance_conditional"][0] == 1.0
+    assert overall["tokens_per_target_forward"] <= overall["mean_acceptance_length"]
 
     registry.register("drop", target=str(models["target"]), draft=str(models["draft"]), num_speculative_tokens=3)
     second = registry.validate("drop@2", golden=str(golden_path), device="cpu", checks="equivalence,acceptance")

@@ -154,7 +154,7 @@ def test_corrupt_or_missing_weights_name_the_file(pair, draft_copy):
     weights.unlink()
     with pytest.raises(ModelReferenceError) as info:
         check_memory_headroom(draft_copy, pair[1], gpu_memory="1GiB")
-    assert str(info.value) == f"{draft_copy}: no .safetensors weights (only safetensors are supported)"
+    assert str(info.value) == f"{draft_copy}: no weight files (*.safetensors, or pytorch_model.bin with --allow-pickle)"
 
 
 def test_ngram_pair_counts_the_target_alone(pair):

@@ -17,26 +17,31 @@ combine them; a ``context`` therefore returns None values, not errors, for pairs
 
 from __future__ import annotations
 
+import importlib
 from types import ModuleType
 
-from specreg.registry.deploy.engines import k8s, llamacpp, prometheus, sglang, tgi, trtllm, vllm
-
-# export format -> its module
-FORMATS: dict[str, ModuleType] = {
-    "vllm": vllm,
-    "sglang": sglang,
-    "trtllm": trtllm,
-    "tgi": tgi,
-    "k8s-vllm": k8s,
-    "prometheus-rules": prometheus,
-    "llamacpp": llamacpp,
+# export format -> its module in this package, imported on first use (the CLI lists the formats
+# without importing any engine module)
+FORMATS: dict[str, str] = {
+    "vllm": "vllm",
+    "sglang": "sglang",
+    "trtllm": "trtllm",
+    "tgi": "tgi",
+    "k8s-vllm": "k8s",
+    "prometheus-rules": "prometheus",
+    "llamacpp": "llamacpp",
 }
+
+
+def format_modules() -> dict[str, ModuleType]:
+    """Export format -> its engine module, in FORMATS order."""
+    return {fmt: importlib.import_module(f"{__name__}.{name}") for fmt, name in FORMATS.items()}
 
 
 def engine_modules() -> dict[str, ModuleType]:
     """Engine name -> the module that targets it first (a format such as k8s-vllm reuses vllm)."""
     modules: dict[str, ModuleType] = {}
-    for module in FORMATS.values():
+    for module in format_modules().values():
         if module.SCHEMA is not None:
             modules.setdefault(module.ENGINE, module)
     return modules

@@ -1,6 +1,6 @@
-"""What every engine module shares: the pair as one export sees it (``Export``) and the refusals
-that hold for every engine serving a head pair (a static tree; MTP on a target no engine builds
-an MTP drafter for)."""
+"""What every engine module shares: the pair as one export sees it (``Export``), the refusal that
+holds for every engine (MTP on a target no engine builds an MTP drafter for) and the head's trained
+aux layers, which each engine module translates into its own numbering."""
 
 from __future__ import annotations
 
@@ -30,24 +30,16 @@ class Export:
         return self.pair_version.config
 
 
-def head_refusal(pair_version: PairVersion) -> str | None:
-    """Why no engine specreg targets serves this eagle3 or mtp pair as registered (None: they may).
-
-    A static tree: vLLM has no static token tree for eagle3 and SGLang's EAGLE trees are dynamic
-    top-k trees. MTP: vLLM builds MTP drafters only for the targets config/speculative.py
-    hf_config_override rewrites."""
-    config = pair_version.config
-    if config.method not in (SpecMethod.EAGLE3, SpecMethod.MTP):
+def mtp_refusal(pair_version: PairVersion) -> str | None:
+    """Why no engine serves this mtp pair (None: one may): the engines build MTP drafters only for
+    the target types vLLM's SpeculativeConfig.hf_config_override rewrites
+    (vllm/config/speculative.py:711-830; SGLang and TensorRT-LLM serve a subset of them)."""
+    if pair_version.config.method is not SpecMethod.MTP or mtp_family(pair_version) is not None:
         return None
-    if config.tree is not None:
-        return ("the registered candidate tree is static; vLLM 0.33's eagle3 drafts a chain, SGLang 0.5.23 "
-                "builds a dynamic top-k tree, and TensorRT-LLM's eagle_choices were not checked against its release")
-    if config.method is SpecMethod.MTP and mtp_family(pair_version) is None:
-        target = pair_version.target.fingerprint
-        return (f"no engine builds an MTP drafter for model_type {target.model_type!r} "
-                f"({target.architecture}): vLLM 0.33 rewrites only DeepSeek-V3/V3.2, GLM, MiMo, Qwen3-Next, "
-                f"Qwen3.5 and similar targets into MTP drafters (config/speculative.py hf_config_override)")
-    return None
+    target = pair_version.target.fingerprint
+    return (f"no engine builds an MTP drafter for model_type {target.model_type!r} "
+            f"({target.architecture}): vLLM 0.33 rewrites only DeepSeek-V3/V3.2, GLM, MiMo, Qwen3-Next, "
+            f"Qwen3.5 and similar targets into MTP drafters (config/speculative.py hf_config_override)")
 
 
 def mtp_family(pair_version: PairVersion) -> str | None:
@@ -56,3 +48,15 @@ def mtp_family(pair_version: PairVersion) -> str | None:
 
     target = pair_version.target.fingerprint
     return served_mtp_family(target.model_type, [target.architecture] if target.architecture else [])
+
+
+def trained_aux_layers(pair_version: PairVersion) -> tuple[int, ...]:
+    """The target hidden states an EAGLE-3 head was trained on, as registration recorded them
+    (config.head["fit"]["aux_layer_ids"]: declared, or the target's default), sorted and unique.
+
+    In vLLM's numbering, which the speculators format uses: id i is the state entering decoder
+    layer i (transformers' hidden_states[i]; 0 the embeddings, N the last layer's output before
+    the final norm): vllm/model_executor/models/llama.py:429-441 appends the state at idx + 1
+    after layer idx. Each engine module translates these into its own terms."""
+    fit = (pair_version.config.head or {}).get("fit") or {}
+    return tuple(sorted(set(fit.get("aux_layer_ids") or ())))

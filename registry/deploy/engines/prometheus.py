@@ -24,6 +24,7 @@ OPTIONS: dict[str, Any] = {
     "rules_engine": "all",  # prometheus-rules for "vllm", "sglang" or "all"
 }
 PROMETHEUS_DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
+TAU_PART = " of its accepted part, tau - 1"
 ALERT_NAMES = {"acceptance_rate": "SpecDecodeAcceptanceRateBelowBaseline",
                "mean_acceptance_length": "SpecDecodeAcceptanceLengthBelowBaseline"}
 
@@ -62,7 +63,8 @@ def promql_string(value: str) -> str:
 
 def alert_rules(pair_version: PairVersion, overall: dict[str, Any], thresholds: dict[str, float],
                 served_name: str, opts: dict[str, Any]) -> list[dict[str, Any]]:
-    """Alerting rules on the engines' own metrics, firing below baseline * (1 - tolerance)."""
+    """Alerting rules on the engines' own metrics, firing below the thresholds (exports.py:
+    specreg.core.baselines.drift_floor of baselines counted as the engines count them)."""
     selector = "{model_name=" + promql_string(served_name) + "}"
     engines = tuple(RULE_ENGINES) if opts["rules_engine"] == "all" else (opts["rules_engine"],)
     rules = []
@@ -79,7 +81,8 @@ def alert_rules(pair_version: PairVersion, overall: dict[str, Any], thresholds: 
                     "summary": f"{pair_version.label}: live {metric} below its validated baseline on {engine}",
                     "description": (
                         f"{metric} of {served_name} has stayed below {floor} (baseline {overall[metric]}"
-                        f" minus {opts['tolerance']:.0%}) for {opts['for']}; binding {pair_version.binding_sha256}"
+                        f" minus {opts['tolerance']:.0%}{TAU_PART if metric == 'mean_acceptance_length' else ''})"
+                        f" for {opts['for']}; binding {pair_version.binding_sha256}"
                     ),
                     "baseline": str(overall[metric]),
                     "floor": str(floor),

@@ -5,9 +5,13 @@ Facts from the released sglang 0.5.23 wheel (tests/engines runs the exports thro
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
-from specreg.registry.deploy.engines.common import Export, head_refusal, mtp_family
+from specreg.errors import SpecregError
+from specreg.registry.deploy.engines.common import Export, mtp_family, mtp_refusal, trained_aux_layers
+from specreg.registry.deploy.writing import Link
 from specreg.registry.store.entities import PairVersion, SpecMethod
 
 ENGINE = "sglang"
@@ -20,18 +24,29 @@ ACCEPT_LENGTH = "sglang:spec_accept_length"
 ACCEPT_RATE = "sglang:spec_accept_rate"
 
 NGRAM_REFUSAL = (
-    "SGLang 0.5.23's NGRAM drafts a token tree (--speculative-num-draft-tokens nodes, BFS breadth 1-10) from a trie "
-    "shared by all requests (--speculative-ngram-capacity), matching suffixes of up to "
-    "--speculative-ngram-max-trie-depth tokens with no minimum; prompt_lookup_min/max have no counterpart, so the "
-    "validated baselines would not describe what it serves; use vllm or trtllm")
+    "SGLang 0.5.23's NGRAM drafts a token tree (--speculative-num-draft-tokens nodes, BFS breadth 1-10) from one "
+    "corpus shared by all requests (sglang/srt/speculative/ngram_worker.py:114-123 builds a single NgramCorpus "
+    "of --speculative-ngram-capacity), matching suffixes of up to --speculative-ngram-max-trie-depth tokens with "
+    "no minimum; prompt_lookup_min/max have no counterpart, so the validated baselines would not describe what it "
+    "serves; use vllm or trtllm")
+TREE_REFUSAL = ("the registered candidate tree is static; SGLang 0.5.23's EAGLE drafts a dynamic top-k tree "
+                "(--speculative-eagle-topk, sglang/srt/arg_groups/fields/spec.py:62) and has no static-tree flag")
 
 
 def refusal(pair_version: PairVersion) -> str | None:
-    if pair_version.config.method is SpecMethod.NGRAM:
+    config = pair_version.config
+    if config.method is SpecMethod.NGRAM:
         return NGRAM_REFUSAL
-    reason = head_refusal(pair_version)
-    if reason is None and pair_version.config.method is SpecMethod.MTP and mtp_family(pair_version) != "deepseek":
-        reason = f"its NEXTN/MTP drafting is checked here for DeepSeek-family targets only, not {mtp_family(pair_version)}"
+    if config.tree is not None and config.method.has_head:
+        return TREE_REFUSAL
+    if config.method is SpecMethod.EAGLE3:
+        return eagle3_refusal(pair_version)
+    reason = mtp_refusal(pair_version)
+    if reason is None and config.method is SpecMethod.MTP and mtp_family(pair_version) != "deepseek":
+        # sglang/srt/configs/model_config.py:1032-1036 turns DeepseekV3/V32ForCausalLM drafts into their
+        # NextN model; the other families' NEXTN paths were not checked here
+        reason = (f"its NEXTN/MTP drafting is checked here for DeepSeek-family targets only "
+                  f"(sglang/srt/configs/model_config.py:1032-1036), not {mtp_family(pair_version)}")
     return reason
 
 
@@ -39,11 +54,14 @@ def context(export: Export) -> dict[str, Any]:
     # ngram has no SGLang command (refusal above); the key stays, None, for user templates
     if export.config.method is SpecMethod.NGRAM:
         return {"sglang_command": None}
-    return {"sglang_command": command(export.pair_version, export.target_source, export.draft_source,
-                                      export.served_name, export.opts)}
+    draft: str | dict | None = export.draft_source
+    if export.config.method is SpecMethod.EAGLE3:
+        draft = {"export_dir": HEAD_DIR}  # the layout this export writes beside the script (head_layout)
+    return {"sglang_command": command(export.pair_version, export.target_source, draft, export.served_name,
+                                      export.opts)}
 
 
-def command(pair_version: PairVersion, target_source: str, draft_source: str | None, served_name: str,
+def command(pair_version: PairVersion, target_source: str, draft_source: str | dict | None, served_name: str,
             opts: dict[str, Any]) -> list[list[str]]:
     k = pair_version.config.num_speculative_tokens
     lines = [["python", "-m", "sglang.launch_server"], ["--model-path", target_source]]
@@ -68,6 +86,107 @@ def command(pair_version: PairVersion, target_source: str, draft_source: str | N
     lines.append(["--served-model-name", served_name])
     lines.append(["--host", str(opts["host"]), "--port", str(opts["port"])])
     return lines
+
+
+# ---------------------------------------------------------------------------------------------
+# EAGLE-3: SGLang 0.5.23 has no reader for the speculators layout (no model_type: its get_config ->
+# transformers AutoConfig raises before any weight loads). It loads the original EAGLE-3 layout:
+# architectures LlamaForCausalLMEagle3 (sglang/srt/models/llama_eagle3.py:272, EntryClass at 387),
+# model_type llama, the transformer fields at the top level, the aux ids in eagle_config
+# (model_runner_components/spec_aux_hidden_state.py:184-196 reads eagle_config only). Its weight
+# loader takes the speculators tensor names as they are (llama_eagle3.py:325-384: layers.0.*, fc,
+# norm, lm_head, d2t), so the layout is a new config.json beside links to the head's own files.
+
+HEAD_DIR = "sglang-eagle3-head"
+# Targets whose SGLang class captures aux id v at the input of layer v + 1 (i.e. layer v's output), the
+# rule the translation below relies on; other classes differ (gpt_oss.py:1347-1350 keeps ids that reach
+# the last layer as they are), so their heads are refused until checked.
+PLUS_ONE_CAPTURE = {
+    "LlamaForCausalLM": "sglang/srt/models/llama.py:929-941",
+    "MistralForCausalLM": "sglang/srt/models/mistral.py:33 (LlamaForCausalLM's)",
+    "Qwen2ForCausalLM": "sglang/srt/models/qwen2.py:781-794",
+    "Qwen3ForCausalLM": "sglang/srt/models/qwen3.py:778-791",
+}
+
+
+def sglang_aux_ids(aux: tuple[int, ...]) -> list[int]:
+    """The head's trained ids (vLLM's numbering: the state entering layer i) as SGLang's eagle_config
+    ids: SGLang captures id v at the input of layer v + 1 (llama.py:939-941, the loop at 486-492)."""
+    return [i - 1 for i in aux]
+
+
+def eagle3_refusal(pair_version: PairVersion) -> str | None:
+    """Why SGLang cannot load this EAGLE-3 head in the layout head_layout writes, or capture the
+    target states it was trained on (None: it can)."""
+    if pair_version.config.tree is not None:
+        return TREE_REFUSAL
+    aux = trained_aux_layers(pair_version)
+    if not aux:
+        return "the registration records no aux layer ids for the head (config.head.fit.aux_layer_ids)"
+    architecture = pair_version.target.fingerprint.architecture
+    if architecture not in PLUS_ONE_CAPTURE:
+        return (f"which target states SGLang 0.5.23 captures for an EAGLE-3 head depends on the target's model class "
+                f"(set_eagle3_layers_to_capture); it is checked for {', '.join(PLUS_ONE_CAPTURE)}, not {architecture}")
+    layers = target_layers(pair_version)
+    if max(aux) >= layers:
+        return (f"the head reads the state after the target's last layer (aux id {max(aux)} of {list(aux)}, "
+                f"{layers} layers); SGLang captures layer inputs inside its layer loop only "
+                f"({PLUS_ONE_CAPTURE[architecture]}, llama.py:486-492)")
+    layer_config = head_config(pair_version).get("transformer_layer_config") or {}
+    if layer_config.get("model_type", "llama") != "llama":
+        return (f"the head's layer is {layer_config.get('model_type')!r}; SGLang 0.5.23's EAGLE-3 head is "
+                f"LlamaForCausalLMEagle3 (sglang/srt/models/llama_eagle3.py:272)")
+    if head_config(pair_version).get("norm_before_residual"):
+        return ("the head was trained with norm_before_residual; SGLang's first EAGLE-3 layer keeps the un-normed "
+                "hidden state as the residual (sglang/srt/models/llama_eagle3.py:96-99)")
+    return None
+
+
+def head_config(pair_version: PairVersion) -> dict[str, Any]:
+    """The head's own config.json (speculators layout) from its registered directory."""
+    path = Path(pair_version.draft.path) / "config.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SpecregError(f"cannot read the EAGLE-3 head's config {path}: {exc}") from None
+
+
+def target_layers(pair_version: PairVersion) -> int:
+    from specreg.core.heads.spec import read_target_shape
+
+    return read_target_shape(pair_version.target.path).num_hidden_layers
+
+
+def head_layout(export: Export) -> dict[str, str | Link] | None:
+    """The EAGLE-3 head as SGLang 0.5.23 loads it: {name in HEAD_DIR: config.json text, or a Link to
+    the head's file of that name where the engine finds the head}. None for other pair kinds."""
+    pair_version = export.pair_version
+    if pair_version.config.method is not SpecMethod.EAGLE3:
+        return None
+    from specreg.registry.deploy.lock import list_model_files
+
+    if not Path(export.draft_source).is_absolute():
+        raise SpecregError(f"{pair_version.label}: the SGLang EAGLE-3 layout links the head's files by absolute path, "
+                           f"and {export.draft_source!r} is not one (--option model_source=path uses the path the "
+                           f"head was registered from)")
+    speculators = head_config(pair_version)
+    config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
+              **(speculators.get("transformer_layer_config") or {})}
+    config.update({
+        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "num_hidden_layers": 1,
+        "draft_vocab_size": speculators.get("draft_vocab_size"), "tie_word_embeddings": False,
+        "eagle_config": {"use_aux_hidden_state": True,
+                         "eagle_aux_hidden_state_layer_ids": sglang_aux_ids(trained_aux_layers(pair_version))},
+    })
+    if speculators.get("target_hidden_size"):
+        config["target_hidden_size"] = speculators["target_hidden_size"]
+    if speculators.get("norm_before_fc"):
+        config["eagle_config"]["norm_before_fc"] = True
+    layout: dict[str, str | Link] = {"config.json": json.dumps(config, indent=2, sort_keys=True) + "\n"}
+    for name in list_model_files(pair_version.draft.path):
+        if name != "config.json":
+            layout[name] = Link(str(Path(export.draft_source) / name))
+    return {f"{HEAD_DIR}/{name}": value for name, value in layout.items()}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,5 +1,8 @@
-"""TGI 3.3: `text-generation-launcher --speculate N` (tgi-launch.sh): n-gram drafting for a model
-without Medusa heads. No separate draft model, no EAGLE-3 or MTP drafting."""
+"""TGI 3.3: `text-generation-launcher --speculate N` (tgi-launch.sh). Its only drafting without a
+combined Medusa repository is a one-token n-gram lookup that no validated pair describes, so every
+pair kind is refused today (read from TGI's source, tag v3.3.0; the lines below are the same up to
+v3.3.7); the module stays so that the refusal says why, and the writer is ready for a method TGI
+serves as validated."""
 
 from __future__ import annotations
 
@@ -15,13 +18,22 @@ FILES = ("tgi-launch.sh",)
 OPTIONS: dict[str, Any] = {}
 
 
+SPECULATE = "launcher/src/main.rs:622-627: --speculate is Medusa heads of the model itself, else n-gram"
+NGRAM = ("server/text_generation_server/utils/tokens.py:209-229 create_n_gram_speculation seeds on the last "
+         "accepted token alone, takes its first occurrence in the sequence and proposes the k tokens after it, "
+         "and when nothing matches still proposes the tokens at positions 1..k")
+
+
 def refusal(pair_version: PairVersion) -> str | None:
     method = pair_version.config.method
     if method in (SpecMethod.EAGLE3, SpecMethod.MTP):
-        return "TGI 3.3's --speculate does Medusa (from a combined repository) or n-gram only"
+        return f"TGI 3.3's --speculate does Medusa (from a combined repository) or n-gram only ({SPECULATE})"
     if method is SpecMethod.DRAFT_MODEL:
-        return ("TGI 3.3 has no separate-draft mode (--speculate does Medusa or n-gram only); "
+        return (f"TGI 3.3 has no separate-draft mode (--speculate does Medusa or n-gram only: {SPECULATE}); "
                 "use vllm, sglang or trtllm")
+    if method is SpecMethod.NGRAM:
+        return (f"TGI 3.3's n-gram is not the prompt lookup that was validated ({NGRAM}); no option sets "
+                f"prompt_lookup_min/max; use vllm or trtllm")
     return None
 
 

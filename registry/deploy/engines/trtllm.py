@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from specreg.errors import UsageError
-from specreg.registry.deploy.engines.common import Export, head_refusal, mtp_family
+from specreg.registry.deploy.engines.common import Export, mtp_family, mtp_refusal, trained_aux_layers
 from specreg.registry.store.entities import PairVersion, SpecMethod
 
 ENGINE = "trtllm"
@@ -28,17 +28,43 @@ def check_options(opts: dict[str, Any]) -> None:
         raise UsageError(f"export option has a bad value: {exc}") from None
 
 
+# Where TensorRT-LLM 1.2 says what each refusal and key below relies on (its source, the 1.2 line's
+# tensorrt_llm/llmapi/llm_args.py and tensorrt_llm/_torch/; the PyPI wheel is a stub, so symbols, not lines).
+EAGLE_CHOICES = ("tensorrt_llm/llmapi/llm_args.py EagleDecodingConfig.validate_eagle_choices warns \"The Draft "
+                 "token tree is still under development, PLEASE DO NOT USE IT\"")
+CAPTURE = ("tensorrt_llm/_torch/speculative/eagle3.py Eagle3SpecMetadata.maybe_capture_hidden_states, called with "
+           "each decoder layer's index after the layer runs: its output")
+MTP_LAYERS = ("tensorrt_llm/llmapi/llm_args.py MTPDecodingConfig.spec_dec_mode: vanilla MTP (a target with more "
+              "than one MTP layer) runs num_nextn_predict_layers modules, one draft token each")
+NGRAM_MATCH = ("tensorrt_llm/_torch/speculative/ngram.py NGramPoolManager.get_draft_tokens tries pattern sizes "
+               "from max_matching_ngram_size down to 1 (range(..., 0, -1)); there is no minimum")
+
+
 def refusal(pair_version: PairVersion) -> str | None:
-    reason = head_refusal(pair_version)
     config = pair_version.config
-    if reason is not None or config.method is not SpecMethod.MTP:
+    if config.tree is not None and config.method.has_head:
+        return f"the registered candidate tree is static and TensorRT-LLM 1.2's eagle_choices is not usable: {EAGLE_CHOICES}"
+    reason = mtp_refusal(pair_version)
+    if reason is not None:
         return reason
-    if mtp_family(pair_version) != "deepseek":
-        return f"its NEXTN/MTP drafting is checked here for DeepSeek-family targets only, not {mtp_family(pair_version)}"
-    layers = (config.head or {}).get("num_heads")
-    if layers is not None and config.num_speculative_tokens != layers:
-        return (f"TensorRT-LLM's MTP drafts one token per MTP layer: k = {config.num_speculative_tokens} "
-                f"but the target has {layers}")
+    if config.method is SpecMethod.EAGLE3:
+        aux = trained_aux_layers(pair_version)
+        if not aux:
+            return "the registration records no aux layer ids for the head (config.head.fit.aux_layer_ids)"
+        if 0 in aux:
+            return (f"the head reads the embeddings (aux layer id 0 of {list(aux)}); TensorRT-LLM captures decoder "
+                    f"layer outputs only ({CAPTURE})")
+    if config.method is SpecMethod.MTP:
+        if mtp_family(pair_version) != "deepseek":
+            return (f"its MTP drafting is checked here for DeepSeek-family targets only (tensorrt_llm/_torch/models/"
+                    f"modeling_deepseekv3.py), not {mtp_family(pair_version)}")
+        layers = (config.head or {}).get("num_heads")
+        if layers is not None and layers > 1 and config.num_speculative_tokens != layers:
+            return (f"k = {config.num_speculative_tokens} but the target has {layers} MTP layers, and TensorRT-LLM "
+                    f"drafts one token per layer on such targets ({MTP_LAYERS})")
+    if config.method is SpecMethod.NGRAM and (config.prompt_lookup_min or 1) > 1:
+        return (f"prompt_lookup_min = {config.prompt_lookup_min} was validated, but TensorRT-LLM's n-gram also "
+                f"drafts from shorter matches ({NGRAM_MATCH})")
     return None
 
 
@@ -60,22 +86,29 @@ def speculative_config(pair_version: PairVersion, draft_source: str | None, over
                        opts: dict[str, Any]) -> dict[str, Any]:
     """The speculative_config mapping of a trtllm-serve YAML (TensorRT-LLM 1.2 LLM API)."""
     config = pair_version.config
+    k = config.num_speculative_tokens
     if config.method == SpecMethod.DRAFT_MODEL:
-        speculative: dict[str, Any] = {
-            "decoding_type": "DraftTarget",
-            "max_draft_len": config.num_speculative_tokens,
-            # the field of 1.2's DecodingBaseConfig (a strict model: `speculative_model` is refused there)
-            "speculative_model_dir": draft_source,
-        }
+        # 1.2's DecodingBaseConfig field is `speculative_model` (`speculative_model_dir` is an alias of it)
+        speculative: dict[str, Any] = {"decoding_type": "DraftTarget", "max_draft_len": k,
+                                       "speculative_model": draft_source}
     elif config.method is SpecMethod.EAGLE3:
-        # 1.2's from_dict knows "Eagle" (EagleDecodingConfig, whose eagle3_one_model mode is EAGLE-3)
-        speculative = {"decoding_type": "Eagle", "max_draft_len": config.num_speculative_tokens,
-                       "speculative_model_dir": draft_source, "eagle3_one_model": True}
+        # 1.2's from_dict knows "Eagle" (EagleDecodingConfig, whose eagle3_one_model mode is EAGLE-3).
+        # eagle3_layers_to_capture counts layer outputs: the state entering layer i (the head's id i)
+        # is layer i - 1's output; its default {1, N//2 - 1, N - 4} is the speculators' (2, N//2, N - 3).
+        speculative = {"decoding_type": "Eagle", "max_draft_len": k, "speculative_model": draft_source,
+                       "eagle3_one_model": True}
+        aux = trained_aux_layers(pair_version)
+        if aux:
+            speculative["eagle3_layers_to_capture"] = [i - 1 for i in aux]
     elif config.method is SpecMethod.MTP:
-        # "N modules produce N draft tokens": refusal keeps k equal to the layer count
-        speculative = {"decoding_type": "MTP", "num_nextn_predict_layers": config.num_speculative_tokens}
+        # a one-layer target (DeepSeek-V3/R1) runs MTP-Eagle: the one layer drafts all k tokens
+        # (llm_args.py MTPDecodingConfig.spec_dec_mode with use_mtp_vanilla false); more layers: k = layers
+        speculative = {"decoding_type": "MTP", "num_nextn_predict_layers": k, "use_mtp_vanilla": False}
     else:
-        speculative = {"decoding_type": "NGram", "max_draft_len": config.num_speculative_tokens}
+        # a private pool per request, oldest match first, like vLLM's prompt lookup (ngram.py
+        # NGramPoolManager: the public pool, shared by all requests, is the default)
+        speculative = {"decoding_type": "NGram", "max_draft_len": k, "is_public_pool": False,
+                       "is_use_oldest": True, "is_keep_all": True}
         if config.prompt_lookup_max is not None:
             speculative["max_matching_ngram_size"] = config.prompt_lookup_max
     if config.max_batch_size_for_speculation:

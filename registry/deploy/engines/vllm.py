@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from specreg.errors import UsageError
-from specreg.registry.deploy.engines.common import Export, head_refusal
+from specreg.errors import SpecregError, UsageError
+from specreg.registry.deploy.engines.common import Export, mtp_refusal
 from specreg.registry.store.entities import PairVersion, SpecMethod
 
 ENGINE = "vllm"
@@ -23,6 +23,7 @@ DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+MAX_POSITION_DIGITS = 3  # speculative depths are tens of tokens at most
 
 
 def check_options(opts: dict[str, Any]) -> None:
@@ -35,8 +36,15 @@ def check_options(opts: dict[str, Any]) -> None:
             raise UsageError(f"export option max_num_seqs={opts['max_num_seqs']} must be >= 1")
 
 
+# vllm/config/speculative.py:407 SpeculativeConfig has no token-tree field: eagle3 and mtp draft a chain
+TREE_REFUSAL = ("the registered candidate tree is static; vLLM 0.33's eagle3 and mtp draft a chain "
+                "(vllm/config/speculative.py:407 SpeculativeConfig has no token-tree field)")
+
+
 def refusal(pair_version: PairVersion) -> str | None:
-    return head_refusal(pair_version)
+    if pair_version.config.tree is not None and pair_version.config.method.has_head:
+        return TREE_REFUSAL
+    return mtp_refusal(pair_version)
 
 
 def context(export: Export) -> dict[str, Any]:
@@ -124,8 +132,18 @@ def read_metrics(samples, model_name: str | None, source: str) -> dict[str, Any]
     for name, labels, value in samples:
         # Optional: older or differently configured engines do not export it.
         if name == ACCEPTED_PER_POS and (model_name is None or labels.get("model_name") == model_name):
-            if str(labels.get("position", "")).isdigit():
-                position = int(labels["position"])
-                per_position[position] = per_position.get(position, 0.0) + value
+            position = draft_position(labels.get("position"), source)
+            per_position[position] = per_position.get(position, 0.0) + value
     totals["accepted_per_position"] = per_position
     return totals
+
+
+def draft_position(label: str | None, source: str) -> int:
+    """A per-position counter's position label as vLLM writes it (str(pos), pos in 0..k-1) -> pos.
+    Anything else ("²" and "٣" pass str.isdigit, 5000 digits break int(), "-1", "1.5") -> one-line
+    SpecregError: the page is not what vLLM serves."""
+    if label is None or not (label.isascii() and label.isdigit() and len(label) <= MAX_POSITION_DIGITS):
+        shown = repr(label)[:40] + ("..." if len(repr(label)) > 40 else "")
+        raise SpecregError(f"{source}: {ACCEPTED_PER_POS} has position label {shown}, not a draft position "
+                           f"(0 to {10 ** MAX_POSITION_DIGITS - 1}); is this vLLM's /metrics?")
+    return int(label)

@@ -65,9 +65,13 @@ def default_aux_layer_ids(num_layers: int) -> tuple[int, ...]:
     return (2, num_layers // 2, num_layers - 3)
 
 
-def check_aux_layers(head: HeadSpec, target: TargetShape) -> tuple[tuple[int, ...], str | None]:
-    """The target layers an EAGLE-3 head reads (declared, or the target's default) and a note when
-    they are the default; raises HeadMismatchError when one lies outside the target's layers."""
+def check_aux_layers(head: HeadSpec, target: TargetShape) -> tuple[tuple[int, ...], list[str], list[str]]:
+    """The target layers an EAGLE-3 head reads (declared, or the target's default) -> (ids, notes,
+    warnings). Raises HeadMismatchError when one lies outside the target's layers, or when the
+    target's default names a layer twice: vLLM 0.33 collects each layer once
+    (model_executor/models/interfaces.py:1617 `tuple(sorted(set(layers)))`) and feeds fc fewer
+    states than it sized fc for (llama_eagle3.py:210-221, 3 without ids), so the head cannot run.
+    Warns when an id is N (the last layer's output): vLLM reads it, specreg's runtime does not."""
     layers = target.num_hidden_layers
     declared = head.aux_layer_ids is not None
     aux = head.aux_layer_ids if declared else default_aux_layer_ids(layers)
@@ -78,7 +82,22 @@ def check_aux_layers(head: HeadSpec, target: TargetShape) -> tuple[tuple[int, ..
         what = "eagle_aux_hidden_state_layer_ids" if declared else "the default aux layer ids"
         raise HeadMismatchError(f"aux layer ids: {what} {list(aux)} name layer(s) {outside} outside the "
                                 f"target's {layers} layers (valid: 0 = embeddings .. {layers} = last layer output)")
-    return aux, None if declared else f"aux layer ids: the target's default {list(aux)} (the head names none)"
+    if len(set(aux)) != len(aux):  # only the default can repeat: read_layer_ids refuses a declared repeat
+        repeated = sorted({i for i in aux if aux.count(i) > 1})
+        raise HeadMismatchError(
+            f"aux layer ids: the head names none, and the target's default (2, N // 2, N - 3) = {list(aux)} "
+            f"names layer {repeated[0]} twice on this {layers}-layer target; vLLM 0.33 collects each layer once "
+            f"(models/interfaces.py:1617) and feeds fc {len(set(aux))} states where the head sized it for "
+            f"{DEFAULT_AUX_LAYER_COUNT} (models/llama_eagle3.py:210-221), so the head cannot run: name "
+            "eagle_aux_hidden_state_layer_ids in the head's config.json")
+    notes = [] if declared else [f"aux layer ids: the target's default {list(aux)} (the head names none)"]
+    warnings = []
+    if layers in aux:
+        warnings.append(f"aux layer ids: {list(aux)} include {layers}, the output of the target's last layer: "
+                        "vLLM 0.33 reads it (the residual stream before the final norm, models/llama.py:428-441), "
+                        "specreg's runtime does not, so validate's runtime checks (equivalence, distribution, "
+                        "acceptance, performance) cannot run on this pair; its static checks do")
+    return aux, notes, warnings
 
 
 # --- reading a head -----------------------------------------------------------------------

@@ -22,6 +22,8 @@ class HeadFit:
     verifier_matched: bool  # the declared verifier is the target (by fingerprint or name)
     compared_token_strings: int  # draft ids whose token strings were compared with the target's
     notes: tuple[str, ...] = field(default=())  # defaults, skipped comparisons, an allowed mismatch
+    # what an engine runs but specreg's runtime does not (validation's runtime checks cannot run)
+    warnings: tuple[str, ...] = field(default=())
 
 
 
@@ -119,10 +121,10 @@ def check_head_fits(head: HeadSpec, target_directory: str | Path, *, target_refe
                                 f"{target.hidden_size}-wide embeddings, but its hidden_size is {head.hidden_size}")
 
     aux: tuple[int, ...] = ()
+    warnings: list[str] = []
     if head.method == "eagle3":
-        aux, note = check_aux_layers(head, target)
-        if note:
-            notes.append(note)
+        aux, aux_notes, warnings = check_aux_layers(head, target)
+        notes += aux_notes
 
     if head.target_vocab_size != target.vocab_size:
         field_name = {"eagle3": "transformer_layer_config.vocab_size", "eagle": "vocab_size",
@@ -135,4 +137,4 @@ def check_head_fits(head: HeadSpec, target_directory: str | Path, *, target_refe
     if note:
         notes.append(note)
     return HeadFit(aux_layer_ids=aux, verifier_matched=matched, compared_token_strings=compared,
-                   notes=tuple(notes + verifier_notes))
+                   notes=tuple(notes + verifier_notes), warnings=tuple(warnings))

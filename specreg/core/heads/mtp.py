@@ -16,7 +16,7 @@ from pathlib import Path
 
 from specreg.core.fingerprint import read_json_file
 from specreg.core.heads.spec import HeadSpec, HeadTensor, config_value, positive_int, read_target_shape
-from specreg.core.heads.tensors import list_weight_files, read_tensors
+from specreg.core.heads.tensors import expect_shape, list_weight_files, read_tensors
 from specreg.errors import ModelReferenceError
 
 
@@ -28,6 +28,12 @@ class _MtpLayout:
     count_fields: tuple[str, ...]
     default_count: int | None  # vLLM's getattr default when the config has no count field
     shared_prefix: str | None  # tensors every MTP layer shares (Qwen's mtp.fc, mtp.norm ...)
+    # The tensors that join the token's embedding to the previous hidden state, under each layer's
+    # prefix (or shared_prefix when set), the [H, 2H] projection first. vLLM 0.33 builds them
+    # (deepseek_mtp.py:85-87, glm4_moe_mtp.py:90-92, mimo_mtp.py:54-58, qwen3_next_mtp.py:79-87
+    # and 108-113, qwen3_5_mtp.py:98 and 136-141) and refuses a checkpoint without them:
+    # "Following weights were not initialized from checkpoint" (model_loader/default_loader.py:567-572).
+    projection: tuple[str, ...] = ()
 
     def layer_prefixes(self, num_hidden_layers: int, index: int) -> tuple[str, ...]:
         if self.family == "deepseek":  # vLLM models/utils.py get_spec_layer_idx_from_weight_name
@@ -38,16 +44,31 @@ class _MtpLayout:
         return (f"mtp.layers.{index}.",)
 
 
+_QWEN_PROJECTION = ("fc.weight", "pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight")
 _DEEPSEEK_MTP = _MtpLayout("deepseek", frozenset({"deepseek_v3", "deepseek_v32", "glm_moe_dsa", "deepseek_mtp"}),
-                           frozenset({"Glm4MoeForCausalLM"}), ("num_nextn_predict_layers",), None, None)
+                           frozenset({"Glm4MoeForCausalLM"}), ("num_nextn_predict_layers",), None, None,
+                           ("eh_proj.weight", "enorm.weight", "hnorm.weight"))
 MTP_LAYOUTS = (
     _DEEPSEEK_MTP,
-    _MtpLayout("mimo", frozenset(), frozenset({"MiMoForCausalLM"}), ("num_nextn_predict_layers",), None, None),
+    _MtpLayout("mimo", frozenset(), frozenset({"MiMoForCausalLM"}), ("num_nextn_predict_layers",), None, None,
+               ("input_proj.weight", "token_layernorm.weight", "hidden_layernorm.weight")),
     _MtpLayout("qwen3_next", frozenset({"qwen3_next", "qwen3_next_mtp"}), frozenset(),
-               ("num_nextn_predict_layers",), 1, "mtp."),
+               ("num_nextn_predict_layers",), 1, "mtp.", _QWEN_PROJECTION),
     _MtpLayout("qwen3_5", frozenset({"qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text"}), frozenset(),
-               ("mtp_num_hidden_layers",), 1, "mtp."),
+               ("mtp_num_hidden_layers",), 1, "mtp.", _QWEN_PROJECTION),
 )
+
+
+def _check_projection(layout: _MtpLayout, prefix: str, tensors: dict[str, HeadTensor], hidden: int,
+                      directory: Path, where: str) -> None:
+    """The tensors joining embedding and hidden state under `prefix`, as vLLM loads them."""
+    missing = [prefix + name for name in layout.projection if prefix + name not in tensors]
+    if missing:
+        raise ModelReferenceError(f"{directory}: {where} has no {', '.join(missing)}: vLLM 0.33 builds it for "
+                                  f"{layout.family} MTP layers and refuses a checkpoint without it (\"Following "
+                                  "weights were not initialized from checkpoint\", model_loader/default_loader.py:567)")
+    expect_shape(tensors[prefix + layout.projection[0]], (hidden, 2 * hidden), directory,
+                 "it projects [embedding, hidden state] to hidden_size")
 
 
 def served_mtp_family(model_type: str | None, architectures: tuple[str, ...] | list[str] | None) -> str | None:
@@ -99,8 +120,12 @@ def read_mtp(directory: str | Path) -> HeadSpec:
         if not layer_tensors:
             raise ModelReferenceError(f"{directory}: {field_name} = {count} but the weights hold no tensor under "
                                       f"{prefixes[0]} (a checkpoint saved without its MTP layers?)")
+        if not layout.shared_prefix:
+            prefix = next(p for p in prefixes if any(name.startswith(p) for name in layer_tensors))
+            _check_projection(layout, prefix, tensors, target.hidden_size, directory, f"MTP layer {index}")
         chosen.update(layer_tensors)
     if layout.shared_prefix:
+        _check_projection(layout, layout.shared_prefix, tensors, target.hidden_size, directory, "the MTP block")
         chosen.update({name: t for name, t in tensors.items() if name.startswith(layout.shared_prefix)})
     return HeadSpec(method="mtp", layout=f"mtp:{layout.family}", path=target.path, hidden_size=target.hidden_size,
                     target_hidden_size=target.hidden_size, draft_vocab_size=target.vocab_size,

@@ -1,0 +1,79 @@
+"""Which tau a recorded acceptance baseline holds (DESIGN.md §2), so that no comparison mixes two.
+
+Baselines recorded since the engines' definitions (runtime/metrics.py) carry
+``"tau_definition": "engines"``: mean_acceptance_length = 1 + accepted / draft steps and
+per_position_acceptance = accepted at position i / draft steps, as vLLM and SGLang count them.
+Baselines recorded before carry no marker: their mean_acceptance_length was emitted tokens / every
+target forward (steps without drafts counted) and their per_position_acceptance the conditional
+rate. The engines' figures cannot be recovered from them (the number of draft steps was not
+recorded), so ``in_engine_terms`` reads them under their own names and leaves the engines' names
+empty: tau is then not compared (nor alerted on) until the version is validated again, and the
+reader says so (``legacy_tau_note``); alpha-hat meant the same then and is compared as before.
+Nothing stored is rewritten: signed locks and MLflow tags hold the old baselines verbatim.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+ENGINE_TAU = "engines"
+LEGACY_TAU = "tokens_per_target_forward"
+# an old baseline's figure -> the name it has now
+LEGACY_NAMES = {"mean_acceptance_length": "tokens_per_target_forward",
+                "per_position_acceptance": "per_position_acceptance_conditional"}
+
+
+def in_engine_terms(baselines: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Recorded baselines -> the same where every engine-named figure means the engines' figure.
+
+    Marked baselines come back unchanged; unmarked (older) ones as a copy with their figures under
+    LEGACY_NAMES, the engines' names None and ``"tau_definition": LEGACY_TAU``."""
+    if not isinstance(baselines, dict) or baselines.get("tau_definition") is not None:
+        return baselines
+
+    def renamed(figures: Any) -> Any:
+        if not isinstance(figures, dict):
+            return figures
+        moved = dict(figures)
+        for engine_name, own_name in LEGACY_NAMES.items():
+            if engine_name in moved:
+                moved[own_name] = moved.pop(engine_name)
+                moved[engine_name] = None
+        return moved
+
+    converted = dict(baselines, tau_definition=LEGACY_TAU)
+    if "overall" in baselines:
+        converted["overall"] = renamed(baselines["overall"])
+    if isinstance(baselines.get("per_category"), dict):
+        converted["per_category"] = {category: renamed(figures) for category, figures in baselines["per_category"].items()}
+    return converted
+
+
+def legacy_tau_note(baselines: dict[str, Any] | None, whose: str = "the baseline") -> str | None:
+    """One line saying why tau is not compared with ``baselines`` (None when it can be)."""
+    if isinstance(baselines, dict) and baselines.get("tau_definition") == LEGACY_TAU:
+        return (f"mean_acceptance_length not compared: {whose} was recorded before tau was counted as the engines "
+                f"count it (it holds tokens per target forward, steps without drafts included); validate that "
+                f"version again to record tau")
+    return None
+
+
+def drift_floor(metric: str, baseline: float, tolerance: float) -> float:
+    """The lowest value of ``metric`` within ``tolerance`` of its baseline (below it is drift).
+
+    alpha-hat (and any rate): baseline * (1 - tolerance). tau: its bonus token is there at every
+    step whatever the draft does, so the tolerance applies to the accepted part, tau - 1 (accepted
+    tokens per draft step, the figure TensorRT-LLM's gate also compares): 1 + (baseline - 1) *
+    (1 - tolerance). A floor of tau * (1 - tolerance) would let acceptance fall by tolerance * tau /
+    (tau - 1) before firing: 15% instead of 10% at tau 3.1, 19% at tau 2.1."""
+    if metric == "mean_acceptance_length":
+        return 1.0 + (baseline - 1.0) * (1.0 - tolerance)
+    return baseline * (1.0 - tolerance)
+
+
+def relative_change(metric: str, value: float, baseline: float) -> float:
+    """value against baseline as drift_floor measures it (tau: its accepted part); below
+    -tolerance is drift."""
+    if metric == "mean_acceptance_length":
+        return (value - 1.0) / (baseline - 1.0) - 1.0 if baseline > 1.0 else 0.0
+    return value / baseline - 1.0

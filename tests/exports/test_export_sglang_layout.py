@@ -1,0 +1,113 @@
+"""SGLang EAGLE-3: the export writes the head as SGLang 0.5.23 loads it (sglang-eagle3-head/: a
+config.json in SGLang's terms beside links to the head's own files), translates the trained aux
+layers into SGLang's numbering, refuses what SGLang cannot capture, and the pair lock binds the
+layout's files. tests/engines runs the written layout through SGLang's own model-config path."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import pytest
+from exportcase import BASELINES, fingerprint, make_pair, record_argv
+
+from specreg.core.types import ModelRef
+from specreg.errors import SpecregError, UsageError
+from specreg.registry.deploy.exports import draft_layout, render_export
+from specreg.registry.deploy.lock import build_lock, lock_text, verify_lock
+from specreg.registry.deploy.writing import Link, write_export
+from specreg.registry.store.entities import SpecConfig, SpecMethod
+
+
+LAYERS = 16
+
+
+@pytest.fixture
+def eagle3_pair(tmp_path):
+    """An eagle3 pair whose head and target directories exist: a speculators head (tests/headfiles.py)
+    trained on the states entering layers 2, 8 and 13 of a 16-layer Llama target (its config.json)."""
+    from headfiles import write_eagle3
+
+    return make_eagle3_pair(tmp_path, write_eagle3, aux=(2, 8, 13))
+
+
+def make_eagle3_pair(tmp_path: Path, write_eagle3, aux, architecture="LlamaForCausalLM", config_extra=None):
+    target = tmp_path / "target"
+    target.mkdir(exist_ok=True)
+    (target / "config.json").write_text(json.dumps({
+        "architectures": [architecture], "model_type": "llama", "hidden_size": 32, "num_hidden_layers": LAYERS,
+        "vocab_size": 64}))
+    head = write_eagle3(tmp_path / "head", hidden=32, vocab=64, draft_vocab=64, vocab_map=False, aux=list(aux),
+                        verifier=str(target), config_extra=config_extra)
+    base = make_pair()
+    identity = dataclasses.replace(base.target.fingerprint, architecture=architecture)
+    config = SpecConfig(SpecMethod.EAGLE3, 3, head={"layout": "speculators", "fit": {"aux_layer_ids": list(aux)}})
+    return dataclasses.replace(base, target=ModelRef(str(target), str(target), "abc123", identity),
+                               draft=ModelRef(str(head), str(head), None, fingerprint("e")), config=config)
+
+
+def test_the_export_writes_sglang_its_head_layout(eagle3_pair, tmp_path):
+    files = dict(render_export(eagle3_pair, BASELINES, "sglang", approved=True))
+    assert sorted(files) == ["sglang-eagle3-head/config.json", "sglang-eagle3-head/model.safetensors",
+                             "sglang-launch.sh"]
+    config = json.loads(files["sglang-eagle3-head/config.json"])
+    assert (config["architectures"], config["model_type"], config["num_hidden_layers"]) == \
+        (["LlamaForCausalLMEagle3"], "llama", 1)
+    # the states entering layers 2, 8, 13 are SGLang's ids 1, 7, 12 (it captures id v at layer v + 1)
+    assert config["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [1, 7, 12], "use_aux_hidden_state": True}
+    assert (config["hidden_size"], config["draft_vocab_size"]) == (32, 64)
+    link = files["sglang-eagle3-head/model.safetensors"]
+    assert isinstance(link, Link) and link == str(Path(eagle3_pair.draft.reference) / "model.safetensors")
+    out = tmp_path / "out"
+    write_export(list(files.items()), out)
+    argv = record_argv("", tmp_path / "run", script=out / "sglang-launch.sh")
+    flag = {argv[i]: argv[i + 1] for i in range(len(argv) - 1) if argv[i].startswith("--")}
+    assert flag["--speculative-draft-model-path"] == str(out.resolve() / "sglang-eagle3-head")
+    # SGLang counts the verified root among the draft tokens: with top-k 1, a chain of k is k + 1
+    assert (flag["--speculative-algorithm"], flag["--speculative-num-steps"], flag["--speculative-eagle-topk"],
+            flag["--speculative-num-draft-tokens"]) == ("EAGLE3", "3", "1", "4")
+    assert "--enable-metrics" in argv
+    assert (out / "sglang-eagle3-head" / "model.safetensors").resolve() == Path(eagle3_pair.draft.path) / "model.safetensors"
+    # a second export over the first replaces the links, never writes through them
+    write_export(list(files.items()), out, overwrite=True)
+    assert os.readlink(out / "sglang-eagle3-head" / "model.safetensors") == link
+
+
+def test_the_lock_binds_the_layout_sglang_loads(eagle3_pair, tmp_path):
+    """`specreg verify --draft` passes on the written layout and fails on the registered head, whose
+    config.json is not what SGLang reads."""
+    files = render_export(eagle3_pair, BASELINES, "sglang", approved=True)
+    out = tmp_path / "out"
+    write_export(files, out)
+    layout = draft_layout(eagle3_pair, BASELINES, "sglang", True)
+    lock = build_lock(eagle3_pair, engine=None, baselines=BASELINES, approvals=[], audit_head={}, approved=True,
+                      exported_by="tester", draft_layout=layout)
+    assert lock["models"]["draft"]["layout"] == "sglang-eagle3-head"
+    (out / "specreg.lock.json").write_text(lock_text(lock))
+    check = dict(lock_path=out / "specreg.lock.json", public_key=None, allow_unsigned=True, target=eagle3_pair.target.path)
+    assert verify_lock(**check, draft=out / "sglang-eagle3-head").passed
+    report = verify_lock(**check, draft=eagle3_pair.draft.path)
+    assert not report.passed and "config.json differs" in report.failure["detail"]
+
+
+@pytest.mark.parametrize("aux, architecture, extra, reason", [
+    ((2, 8, LAYERS), "LlamaForCausalLM", None, r"state after the target's last layer .*llama.py:929-941"),
+    ((2, 8, 13), "GptOssForCausalLM", None, "checked for LlamaForCausalLM.*not GptOssForCausalLM"),
+    ((2, 8, 13), "LlamaForCausalLM", {"norm_before_residual": True}, "llama_eagle3.py:96-99"),
+])
+def test_what_sglang_cannot_capture_or_load_is_refused(aux, architecture, extra, reason, tmp_path):
+    from headfiles import write_eagle3
+
+    pair = make_eagle3_pair(tmp_path, write_eagle3, aux=aux, architecture=architecture, config_extra=extra)
+    with pytest.raises(UsageError, match=reason) as info:
+        render_export(pair, BASELINES, "sglang", approved=True)
+    assert "\n" not in str(info.value)
+
+
+def test_a_head_reference_that_is_no_path_is_refused(eagle3_pair):
+    pair = dataclasses.replace(eagle3_pair, draft=dataclasses.replace(eagle3_pair.draft, reference="org/head"))
+    with pytest.raises(SpecregError, match="links the head's files by absolute path"):
+        render_export(pair, BASELINES, "sglang", approved=True)
+    assert render_export(pair, BASELINES, "sglang", approved=True, options={"model_source": "path"})
