@@ -9,12 +9,18 @@ DEMO_DIR ?= $(CURDIR)/.demo
 
 install: $(VENV)/.installed
 
+# Each step says what it does; pip shows what it downloads and installs (about 5 minutes on a
+# fresh machine, measured in issue 22; nothing on later runs).
 $(VENV)/.installed: pyproject.toml
+	@echo "== install 1/3: a virtual environment in $(VENV)"
 	$(PYTHON) -m venv $(VENV)
+	@echo "== install 2/3: torch 2.13.0, the CPU build"
 	# torch first, pinned: the CPU build on disk; a bare `torch` could pull a CUDA build.
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[dev,real]"
+	$(PY) -m pip install --disable-pip-version-check --progress-bar on torch==2.13.0
+	@echo "== install 3/3: specreg and its dependencies (transformers, MLflow, SQLAlchemy, gguf for the real pair, the test tools)"
+	$(PY) -m pip install --disable-pip-version-check --progress-bar on -e ".[dev,real]"
 	touch $@
+	@echo "== installed: $(VENV) (make demo / make test reuse it)"
 
 # Two workers, one test file each at a time (--dist loadfile): a file's module fixtures and the
 # engine tests' one subprocess per engine stay on one worker; session fixtures (tiny models, the

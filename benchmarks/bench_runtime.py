@@ -79,24 +79,25 @@ def main() -> None:
                                           head_draft_step_cost, measure_cost_ratio, measure_step_time,
                                           median_ratio)
     from specreg.runtime.decode import DecodeConfig, speculative_generate, target_only_generate
+    from specreg.cli.progress import Progress
     from specreg.runtime.demo_pair import build_demo_pair
     from specreg.runtime.metrics import aggregate
     from specreg.runtime.pair import ModelPair, load_pair
 
-    target_dir, draft_dir = build_demo_pair(args.dir, log=print)
+    target_dir, draft_dir = build_demo_pair(args.dir, progress=Progress())
     head_dir = medusa_dir = mtp_dir = None
     if not args.no_eagle3:
         from specreg.runtime.demo_heads import build_demo_head
 
-        head_dir = build_demo_head(args.dir, "eagle3", target_dir=target_dir, log=print)
+        head_dir = build_demo_head(args.dir, "eagle3", target_dir=target_dir, progress=Progress())
     if not args.no_medusa:
         from specreg.runtime.demo_medusa import build_demo_medusa
 
-        medusa_dir = build_demo_medusa(f"{args.dir}/medusa", target_dir, log=print)
+        medusa_dir = build_demo_medusa(f"{args.dir}/medusa", target_dir, progress=Progress())
     if not args.no_mtp:
         from specreg.runtime.demo_mtp import build_demo_mtp
 
-        mtp_dir = build_demo_mtp(f"{args.dir}/target-mtp", target_dir, log=print)
+        mtp_dir = build_demo_mtp(f"{args.dir}/target-mtp", target_dir, progress=Progress())
     if args.threads:
         torch.set_num_threads(args.threads)
     pair = load_pair(target_dir, draft_dir, device=args.device, dtype=args.dtype)

@@ -50,15 +50,16 @@ def main() -> None:
     from specreg.runtime.decode import DecodeConfig, speculative_generate, target_only_generate
     from specreg.runtime.demo_heads import build_demo_head
     from specreg.runtime.demo_medusa import build_demo_medusa
+    from specreg.cli.progress import Progress
     from specreg.runtime.demo_pair import build_demo_pair
     from specreg.runtime.eagle3 import load_eagle3_head
     from specreg.runtime.medusa import load_medusa_heads
     from specreg.runtime.metrics import aggregate
     from specreg.runtime.pair import ModelPair, load_pair
 
-    target_dir, _ = build_demo_pair(args.dir, log=print)
-    head_dir = build_demo_head(args.dir, "eagle3", target_dir=target_dir, log=print)
-    medusa_dir = build_demo_medusa(f"{args.dir}/medusa", target_dir, log=print)
+    target_dir, _ = build_demo_pair(args.dir, progress=Progress())
+    head_dir = build_demo_head(args.dir, "eagle3", target_dir=target_dir, progress=Progress())
+    medusa_dir = build_demo_medusa(f"{args.dir}/medusa", target_dir, progress=Progress())
     if args.threads:
         torch.set_num_threads(args.threads)
     pair = load_pair(target_dir, None)

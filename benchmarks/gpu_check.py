@@ -32,16 +32,17 @@ def main() -> int:
     from specreg.runtime.demo_heads import build_demo_head
     from specreg.runtime.demo_medusa import DEMO_TREE, build_demo_medusa
     from specreg.runtime.demo_mtp import build_demo_mtp
+    from specreg.cli.progress import Progress
     from specreg.runtime.demo_pair import build_demo_pair
     from specreg.runtime.metrics import aggregate
     from specreg.runtime.pair import load_pair
     from specreg.validators.equivalence import SpeculativeSettings, check_equivalence, decode_golden
     from specreg.validators.suite import default_near_tie_tolerance
 
-    target_dir, draft_dir = build_demo_pair(args.dir, log=print)
-    head_dir = build_demo_head(args.dir, "eagle3", target_dir=target_dir, log=print)
-    medusa_dir = build_demo_medusa(f"{args.dir}/medusa", target_dir, log=print)
-    mtp_target = build_demo_mtp(f"{args.dir}/target-mtp", target_dir, log=print)
+    target_dir, draft_dir = build_demo_pair(args.dir, progress=Progress())
+    head_dir = build_demo_head(args.dir, "eagle3", target_dir=target_dir, progress=Progress())
+    medusa_dir = build_demo_medusa(f"{args.dir}/medusa", target_dir, progress=Progress())
+    mtp_target = build_demo_mtp(f"{args.dir}/target-mtp", target_dir, progress=Progress())
     tree = tuple(tuple(path) for path in DEMO_TREE)
     depth = max(len(path) for path in tree)
     golden = load_golden_set(args.golden)

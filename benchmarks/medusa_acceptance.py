@@ -23,6 +23,7 @@ def main() -> None:
 
     from specreg.golden_prompts.loader import load_golden_set
     from specreg.runtime.demo_medusa import DEMO_TREE, build_demo_medusa
+    from specreg.cli.progress import Progress
     from specreg.runtime.demo_pair import build_demo_pair
     from specreg.runtime.decode import DecodeConfig, speculative_generate
     from specreg.runtime.metrics import aggregate
@@ -30,10 +31,10 @@ def main() -> None:
     from specreg.runtime.tree import chain_tree, parse_tree
 
     wall, cpu = time.perf_counter(), time.process_time()
-    target_dir, _ = build_demo_pair(args.directory, log=print)
+    target_dir, _ = build_demo_pair(args.directory, progress=Progress())
     print(f"demo pair: {time.perf_counter() - wall:.1f} s wall, {time.process_time() - cpu:.1f} s CPU")
     wall, cpu = time.perf_counter(), time.process_time()
-    heads_dir = build_demo_medusa(f"{args.directory}/medusa", target_dir, log=print)
+    heads_dir = build_demo_medusa(f"{args.directory}/medusa", target_dir, progress=Progress())
     print(f"medusa heads: {time.perf_counter() - wall:.1f} s wall, {time.process_time() - cpu:.1f} s CPU")
     pair = load_pair(target_dir, heads_dir, method="medusa")
     tokenizer = pair.tokenizer

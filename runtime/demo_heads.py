@@ -34,14 +34,15 @@ def frequent_tokens(stream, count: int) -> list[int]:
 
 
 def train_eagle3_head(head, target, stream, steps: int, batch_size: int, seed: int, max_lr: float,
-                      ttt_steps: int = EAGLE3_TTT_STEPS, log=None):
+                      ttt_steps: int = EAGLE3_TTT_STEPS, progress=None):
     """Distil the target into `head` on random windows of `stream` # [tokens], as speculators trains
     EAGLE-3 (eagle3/core.py, data.py): the entry for token x_{j+1} reads the target's aux state g_j
     at position j+1 and learns the target's greedy token there (cross-entropy to the target's argmax
     where the draft vocabulary holds it; speculators fits the soft distribution with a KL, we fit
     what greedy acceptance measures, which also works on a near-uniform random target); training-time test: step s >= 1 feeds the head's own previous output at the same
     index, attending to the step-0 entries up to it and to its own earlier steps' entries only.
-    Inputs of later steps are the corpus tokens (speculators' use_off_policy_tokens). Returns the head."""
+    Inputs of later steps are the corpus tokens (speculators' use_off_policy_tokens).
+    progress(what, step, steps, "loss ...") after each step. Returns the head."""
     import torch
     from transformers import DynamicCache
 
@@ -57,6 +58,8 @@ def train_eagle3_head(head, target, stream, steps: int, batch_size: int, seed: i
     diagonal = torch.eye(length, dtype=torch.bool)  # step s over an earlier step's entries
     head.train()
     target.eval()
+    if progress:
+        progress("demo EAGLE-3 head: training", 0, steps)  # the clock of the ETA starts here
     for step in range(steps):
         starts = torch.randint(0, stream.shape[0] - SEQUENCE_LENGTH - 1, (batch_size,), generator=generator)
         batch = torch.stack([stream[s:s + SEQUENCE_LENGTH] for s in starts.tolist()])  # [batch, seq]
@@ -79,8 +82,8 @@ def train_eagle3_head(head, target, stream, steps: int, batch_size: int, seed: i
             loss = loss + torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels[:, ttt:].flatten(),
                                                             ignore_index=-100)
         optimizer.step(loss)
-        if log and (step % 50 == 0 or step == steps - 1):
-            log(f"eagle3 step {step:4d}/{steps} loss {loss.item() / ttt_steps:.3f}")
+        if progress:
+            progress("demo EAGLE-3 head: training", step + 1, steps, f"loss {loss.item() / ttt_steps:.3f}")
     return head.eval()
 
 
@@ -119,7 +122,10 @@ def frozen_target(target_dir):
     import torch
 
     from specreg.runtime.loading import load_model, load_tokenizer
+    from specreg.runtime.process import limit_threads, quiet_libraries
 
+    limit_threads()
+    quiet_libraries()
     tokenizer = load_tokenizer(target_dir)
     target = load_model(target_dir)
     for parameter in target.parameters():
@@ -135,9 +141,11 @@ def head_cache_key(method: str, target_dir) -> str:
                                                        training=EAGLE3_TRAINING, lr=EAGLE3_LR, ttt=EAGLE3_TTT_STEPS))
 
 
-def build_demo_head(directory, method: str = "eagle3", *, target_dir=None, force: bool = False, log=None) -> Path:
+def build_demo_head(directory, method: str = "eagle3", *, target_dir=None, force: bool = False,
+                    progress=None) -> Path:
     """Build (or reuse the cached) self-speculation head for the demo target -> the head's directory
     (directory / method). target_dir: the demo target (default: build_demo_pair(directory)'s).
+    progress(what, done, total, detail): each training step (specreg.cli.progress.Progress).
 
     eagle3: a speculators-format EAGLE-3 head (config.json + model.safetensors) distilled from the
     target's own hidden states over the demo corpus: 103 CPU-seconds at one thread (2026-12-01);
@@ -145,21 +153,21 @@ def build_demo_head(directory, method: str = "eagle3", *, target_dir=None, force
     to target-only (300 steps: 224 CPU-s, 0.935).
     """
     from specreg.errors import RuntimeConfigError
-    from specreg.runtime.eagle3 import new_eagle3_head, save_eagle3_head
 
     if method != "eagle3":
         raise RuntimeConfigError(f"demo head method {method!r}: only 'eagle3' is built so far")
     directory = Path(directory)
     if target_dir is None:
-        target_dir, _ = build_demo_pair(directory, log=log)
+        target_dir, _ = build_demo_pair(directory, progress=progress)
     head_dir = directory / method
     key = head_cache_key(method, target_dir)
     if cached_build(head_dir, "demo-head.json", key, "model.safetensors", force):
-        return head_dir
+        return head_dir  # found before torch and transformers are imported
+    from specreg.runtime.eagle3 import new_eagle3_head, save_eagle3_head
     started, cpu_started = time.perf_counter(), time.process_time()
     target, stream = frozen_target(target_dir)
     head = new_eagle3_head(target, frequent_tokens(stream, EAGLE3_DRAFT_VOCAB), seed=3)
-    train_eagle3_head(head, target, stream, *EAGLE3_TRAINING, seed=3, max_lr=EAGLE3_LR, log=log)
+    train_eagle3_head(head, target, stream, *EAGLE3_TRAINING, seed=3, max_lr=EAGLE3_LR, progress=progress)
     save_eagle3_head(head, head_dir, str(Path(target_dir).resolve()), target.config.architectures or [])
     write_stamp(head_dir, "demo-head.json", key, started, cpu_started, method=method)
     return head_dir

@@ -61,9 +61,10 @@ def target_states(target, stream, windows: int, length: int, seed: int):
     return tokens, torch.cat(hidden), torch.cat(probs)
 
 
-def train_medusa_heads(heads, hidden, probs, steps: int, batch: int, seed: int, max_lr: float, log=None):
+def train_medusa_heads(heads, hidden, probs, steps: int, batch: int, seed: int, max_lr: float, progress=None):
     """Head i at position t learns probs[:, t + 1 + i] from hidden[:, t]. hidden # [w, length, H],
-    probs # [w, length, vocab]. Returns the heads in eval mode."""
+    probs # [w, length, vocab]. progress(what, step, steps, "loss ...") after each step. Returns
+    the heads in eval mode."""
     import torch
 
     from specreg.runtime.demo_pair import OneCycleAdamW
@@ -76,17 +77,19 @@ def train_medusa_heads(heads, hidden, probs, steps: int, batch: int, seed: int, 
     optimizer = OneCycleAdamW(heads.parameters(), steps, max_lr, clip=None)
     generator = torch.Generator().manual_seed(seed)
     heads.train()
+    if progress:
+        progress("demo Medusa heads: training", 0, steps)  # the clock of the ETA starts here
     for step in range(steps):
         rows = torch.randint(0, inputs.shape[0], (batch,), generator=generator)
         logits = heads(inputs[rows])  # [heads, batch, vocab]
         loss = -(labels[:, rows] * torch.log_softmax(logits.float(), dim=-1)).sum(-1).mean()
         optimizer.step(loss)
-        if log and (step % 100 == 0 or step == steps - 1):
-            log(f"medusa step {step:4d}/{steps} loss {loss.item():.3f}")
+        if progress:
+            progress("demo Medusa heads: training", step + 1, steps, f"loss {loss.item():.3f}")
     return heads.eval()
 
 
-def build_demo_medusa(out_dir, target_dir, *, force: bool = False, log=None) -> Path:
+def build_demo_medusa(out_dir, target_dir, *, force: bool = False, progress=None) -> Path:
     """Build (or reuse the cached) Medusa heads for the demo target in `target_dir` -> out_dir,
     a Medusa head directory (config.json, medusa_lm_head.safetensors, demo-heads.json)."""
     from specreg.runtime.demo_heads import cached_build, frozen_target, write_stamp
@@ -101,7 +104,7 @@ def build_demo_medusa(out_dir, target_dir, *, force: bool = False, log=None) -> 
     target, stream = frozen_target(target_dir)
     _, hidden, probs = target_states(target, stream, MEDUSA_WINDOWS, SEQUENCE_LENGTH, seed=4)
     heads = new_medusa_heads(target, MEDUSA_HEADS, MEDUSA_LAYERS, seed=4)
-    train_medusa_heads(heads, hidden, probs, *MEDUSA_TRAINING, seed=4, max_lr=MEDUSA_LR, log=log)
+    train_medusa_heads(heads, hidden, probs, *MEDUSA_TRAINING, seed=4, max_lr=MEDUSA_LR, progress=progress)
     save_medusa_heads(heads, out_dir, str(target_dir.resolve()))
     write_stamp(out_dir, "demo-heads.json", key, started, cpu_started, tree=[list(path) for path in DEMO_TREE])
     return out_dir

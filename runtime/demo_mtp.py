@@ -36,10 +36,11 @@ def mtp_cache_key(target_dir) -> str:
 
 
 def train_mtp_head(head, tokens, hidden, probs, steps: int, batch: int, seed: int, max_lr: float,
-                   ttt_steps: int = MTP_TTT_STEPS, log=None):
+                   ttt_steps: int = MTP_TTT_STEPS, progress=None):
     """Train head.layers[0] on target windows: tokens # [w, L], hidden # [w, L, H] the target's
     final normed states, probs # [w, L, vocab] its next-token distributions. Entry i of step s
-    (token t_{i+1+s} at position i+s) learns argmax probs[:, i+1+s]. Returns the head in eval mode."""
+    (token t_{i+1+s} at position i+s) learns argmax probs[:, i+1+s]. progress(what, step, steps,
+    "loss ...") after each step. Returns the head in eval mode."""
     import torch
     from transformers import DynamicCache
 
@@ -56,6 +57,8 @@ def train_mtp_head(head, tokens, hidden, probs, steps: int, batch: int, seed: in
     causal = index[None, :] <= index[:, None]  # [length, length] step 0 over step 0
     diagonal = torch.eye(length, dtype=torch.bool)  # step s over an earlier step's entries
     head.train()
+    if progress:
+        progress("demo MTP layer: training", 0, steps)  # the clock of the ETA starts here
     for step in range(steps):
         rows = torch.randint(0, tokens.shape[0], (batch,), generator=generator)
         window, labels = tokens[rows], greedy[rows]  # [b, L], [b, L]
@@ -72,31 +75,31 @@ def train_mtp_head(head, tokens, hidden, probs, steps: int, batch: int, seed: in
                                                             labels[:, 1 + ttt:].flatten())
             state = head.recycle(prenorm)
         optimizer.step(loss)
-        if log and (step % 50 == 0 or step == steps - 1):
-            log(f"mtp step {step:4d}/{steps} loss {loss.item() / ttt_steps:.3f}")
+        if progress:
+            progress("demo MTP layer: training", step + 1, steps, f"loss {loss.item() / ttt_steps:.3f}")
     for parameter in head.parameters():
         parameter.requires_grad_(False)
     return head.eval()
 
 
-def build_demo_mtp(out_dir, target_dir, *, force: bool = False, log=None) -> Path:
+def build_demo_mtp(out_dir, target_dir, *, force: bool = False, progress=None) -> Path:
     """Build (or reuse the cached) demo target with one trained MTP layer -> out_dir: the files of
     target_dir, config.json with num_nextn_predict_layers = 1, and model.safetensors with the MTP
     module under model.layers.{num_hidden_layers}.* (DeepSeek names; mtp.save_target_with_mtp)."""
     from specreg.runtime.demo_heads import cached_build, frozen_target, write_stamp
-    from specreg.runtime.demo_medusa import target_states
-    from specreg.runtime.demo_pair import SEQUENCE_LENGTH
-    from specreg.runtime.mtp import new_mtp_head, save_target_with_mtp
 
     out_dir, target_dir = Path(out_dir), Path(target_dir)
     key = mtp_cache_key(target_dir)
     if cached_build(out_dir, "demo-mtp.json", key, "model.safetensors", force):
-        return out_dir
+        return out_dir  # found before torch and transformers are imported
+    from specreg.runtime.demo_medusa import target_states
+    from specreg.runtime.demo_pair import SEQUENCE_LENGTH
+    from specreg.runtime.mtp import new_mtp_head, save_target_with_mtp
     started, cpu_started = time.perf_counter(), time.process_time()
     target, stream = frozen_target(target_dir)
     windows, hidden, probs = target_states(target, stream, MTP_WINDOWS, SEQUENCE_LENGTH, seed=6)  # [w, L], ...
     head = new_mtp_head(target, seed=6)
-    train_mtp_head(head, windows, hidden, probs, *MTP_TRAINING, seed=6, max_lr=MTP_LR, log=log)
+    train_mtp_head(head, windows, hidden, probs, *MTP_TRAINING, seed=6, max_lr=MTP_LR, progress=progress)
     save_target_with_mtp(head, target_dir, out_dir)
     write_stamp(out_dir, "demo-mtp.json", key, started, cpu_started)
     return out_dir

@@ -266,29 +266,34 @@ class OneCycleAdamW:
         self.schedule.step()
 
 
-def train(model, stream, steps: int, batch_size: int, seed: int, max_lr: float, log=None):
-    """`steps` AdamW steps (one-cycle schedule up to max_lr) on random windows of `stream` # [tokens]."""
+def train(model, stream, steps: int, batch_size: int, seed: int, max_lr: float, progress=None,
+          what: str = "training"):
+    """`steps` AdamW steps (one-cycle schedule up to max_lr) on random windows of `stream` # [tokens];
+    progress(what, step, steps, "loss ...") after each step (specreg.cli.progress.Progress)."""
     import torch
 
     optimizer = OneCycleAdamW(model.parameters(), steps, max_lr)
     generator = torch.Generator().manual_seed(seed)
     model.train()
+    if progress:
+        progress(what, 0, steps)  # the clock of the ETA starts here
     for step in range(steps):
         starts = torch.randint(0, stream.shape[0] - SEQUENCE_LENGTH - 1, (batch_size,), generator=generator)
         batch = torch.stack([stream[s:s + SEQUENCE_LENGTH] for s in starts.tolist()])  # [batch, seq]
         loss = model(input_ids=batch, labels=batch).loss
         optimizer.step(loss)
-        if log and (step % 50 == 0 or step == steps - 1):
-            log(f"step {step:4d}/{steps} loss {loss.item():.3f}")
+        if progress:
+            progress(what, step + 1, steps, f"loss {loss.item():.3f}")
     return model.eval()
 
 
-def build_demo_pair(directory, *, force: bool = False, log=None) -> tuple[Path, Path]:
+def build_demo_pair(directory, *, force: bool = False, progress=None) -> tuple[Path, Path]:
     """Build (or reuse the cached) demo pair under `directory` -> (target_dir, draft_dir).
 
     Both are Hugging Face directories (config, safetensors, the same tokenizer files).
+    progress(what, done, total, detail): each step of the build (specreg.cli.progress.Progress).
+    A cached build is found without importing torch or transformers (seconds of imports).
     """
-    import torch
 
     directory = Path(directory)
     target_dir, draft_dir = directory / "target", directory / "draft"
@@ -297,21 +302,33 @@ def build_demo_pair(directory, *, force: bool = False, log=None) -> tuple[Path, 
     if not force and stamp.is_file() and json.loads(stamp.read_text()).get("cache_key") == key \
             and (target_dir / "model.safetensors").is_file() and (draft_dir / "model.safetensors").is_file():
         return target_dir, draft_dir
-    started = time.perf_counter()
+    import torch
+
+    from specreg.runtime.process import limit_threads, quiet_libraries
+
+    limit_threads()
+    quiet_libraries()
+    started, cpu_started = time.perf_counter(), time.process_time()
+    step = "demo pair: tokenizer and corpus"
+    if progress:
+        progress(step, 0, 1)
     corpus = demo_corpus(golden_texts=golden_texts())
     tokenizer = train_tokenizer(corpus)
     ids = tokenizer("".join(corpus), add_special_tokens=False)["input_ids"]
     stream = torch.tensor(ids, dtype=torch.long)  # [tokens]
-    if log:
-        log(f"corpus: {len(corpus)} documents, {stream.shape[0]} tokens, vocab {len(tokenizer)}")
-    draft = train(new_llama(DRAFT_SHAPE, tokenizer, seed=2), stream, *DRAFT_TRAINING, seed=2,
-                  max_lr=DRAFT_LR, log=log)
+    if progress:
+        progress(step, 1, 1, f"{len(corpus)} documents, {stream.shape[0]} tokens, vocab {len(tokenizer)}")
+    draft = train(new_llama(DRAFT_SHAPE, tokenizer, seed=2), stream, *DRAFT_TRAINING, seed=2, max_lr=DRAFT_LR,
+                  progress=progress, what=f"demo pair: training the draft ({DRAFT_SHAPE['num_hidden_layers']} layer)")
     target = train(grow_from_draft(draft, TARGET_SHAPE, tokenizer, seed=1), stream, *TARGET_TRAINING, seed=1,
-                   max_lr=TARGET_LR, log=log)
+                   max_lr=TARGET_LR, progress=progress,
+                   what=f"demo pair: training the target ({TARGET_SHAPE['num_hidden_layers']} layers)")
     for model, folder in ((target, target_dir), (draft, draft_dir)):
         model.generation_config.pad_token_id = tokenizer.pad_token_id
         model.save_pretrained(folder, safe_serialization=True)
         tokenizer.save_pretrained(folder)
     stamp.write_text(json.dumps({"cache_key": key, "build_seconds": round(time.perf_counter() - started, 1),
+                                 "build_cpu_seconds": round(time.process_time() - cpu_started, 1),
+                                 "threads": torch.get_num_threads(),
                                  "target_shape": TARGET_SHAPE, "draft_shape": DRAFT_SHAPE}, indent=2))
     return target_dir, draft_dir

@@ -30,13 +30,37 @@ mtp = ["integrity", "tokenizer", "equivalence", "distribution", "acceptance"]
 [environments.staging]
 approval_required = false
 
+[keyring]
+enrollers = ["admin"]   # who may enrol an approver's public key
+
 [environments.production]
 approval_required = true
 approvers = ["bob"]
+min_acceptance_rate = 0.3   # as the built-in policy: no first baseline a draft rarely matches
+min_speedup = 1.0           # never slower than the target alone (or promote --allow-slower REASON)
 TOML
 
 step "build (or reuse) the demo pair: a 20-layer target and a 1-layer draft sharing one tokenizer"
 specreg demo-pair "$DEMO_DIR/pair"
+
+# The EAGLE-3 head and the MTP layer train from the demo target while the first pair goes through
+# the chain: each process runs one torch thread (specreg decides it), so on two cores the builds
+# and the chain run side by side. Their progress goes to $DEMO_DIR/build-METHOD.log; a failed
+# build stops the demo where it is waited for.
+declare -A builds=()
+for method in eagle3 mtp; do
+  specreg demo-pair "$DEMO_DIR/pair" --method "$method" > "$DEMO_DIR/build-$method.log" 2>&1 &
+  builds[$method]=$!
+done
+trap 'for pid in "${builds[@]}"; do kill "$pid" 2>/dev/null; done; true' EXIT
+wait_for_build() {  # METHOD: wait for its background build, then show where it went
+  printf '(waiting for the %s build in the background: %s)\n' "$1" "$DEMO_DIR/build-$1.log"
+  if ! wait "${builds[$1]}"; then
+    cat "$DEMO_DIR/build-$1.log" >&2; echo "the demo $1 build failed" >&2; exit 1
+  fi
+  unset "builds[$1]"
+  grep -E '^(eagle3|mtp):' "$DEMO_DIR/build-$1.log" || true  # where the build (or its cache) put it
+}
 
 step "register the pair (fingerprints of both models + the speculative config, version 1)"
 specreg register demo-chat --target "$DEMO_DIR/pair/target" --draft "$DEMO_DIR/pair/draft" \
@@ -47,7 +71,10 @@ step "validate on the smoke golden set with our speculative runtime (HTML report
 specreg validate demo-chat@1 --golden smoke --device cpu --gpu-memory 1GiB \
   --report "$DEMO_DIR/validation.html" --markdown "$DEMO_DIR/validation.md"
 
-step "approve: bob reviews (alice registered it, so she may not approve it)"
+step "approve: bob reviews (alice registered it, so she may not approve it); his approval is his signature"
+specreg keys create --out "$DEMO_DIR/keys/bob"                                   # bob's own key pair
+specreg keys enrol bob --public-key "$DEMO_DIR/keys/bob/specreg-signing.pub" --user admin   # an enroller, audited
+export SPECREG_APPROVAL_KEY="$DEMO_DIR/keys/bob/specreg-signing.key"
 specreg approve demo-chat@1 --user bob --note "acceptance and equivalence look right"
 
 step "promote to staging, then production"
@@ -57,6 +84,7 @@ specreg env list demo-chat
 
 step "export deployment configs carrying the pair's identity and baselines, with a signed pair lock"
 specreg keys create --out "$DEMO_DIR/keys"
+specreg keys export --out "$DEMO_DIR/keys/approvers.json"   # the approvers' keyring the platform mounts
 for format in vllm sglang trtllm k8s-vllm prometheus-rules; do
   # the manifest mounts the models from a volume: here the host folder the demo pair lies in
   options=()
@@ -68,6 +96,7 @@ cat "$DEMO_DIR/exports/vllm/vllm-serve.sh"
 
 step "deploy-time check: the files the engine will load match the signed lock (exit 0, 100 mismatch)"
 specreg verify --lock "$DEMO_DIR/exports/vllm/specreg.lock.json" --public-key "$DEMO_DIR/keys/specreg-signing.pub" \
+  --keyring "$DEMO_DIR/keys/approvers.json" --config "$DEMO_DIR/exports/vllm/vllm-serve.sh" \
   --target "$DEMO_DIR/pair/target" --draft "$DEMO_DIR/pair/draft" --registry "sqlite:///$SPECREG_HOME/registry.db" \
   --env production
 
@@ -78,7 +107,7 @@ specreg audit verify
 specreg show demo-chat@1
 
 step "an EAGLE-3 head on the same target: built from the target's own hidden states, registered, validated, approved, promoted, exported"
-specreg demo-pair "$DEMO_DIR/pair" --method eagle3
+wait_for_build eagle3
 specreg register demo-chat-eagle3 --target "$DEMO_DIR/pair/target" --draft "$DEMO_DIR/pair/eagle3" \
   --method eagle3 --num-speculative-tokens 4 --notes "EAGLE-3 head built by specreg demo-pair --method eagle3"
 specreg validate demo-chat-eagle3@1 --golden smoke --device cpu --gpu-memory 1GiB \
@@ -96,7 +125,7 @@ cat "$DEMO_DIR/exports/eagle3-vllm/vllm-serve.sh"
 specreg show demo-chat-eagle3@1
 
 step "MTP: the demo target with one MTP layer inside (DeepSeek naming), registered without --draft, validated, approved"
-specreg demo-pair "$DEMO_DIR/pair" --method mtp
+wait_for_build mtp
 specreg register demo-chat-mtp --target "$DEMO_DIR/pair/target-mtp" --method mtp \
   --num-speculative-tokens 3 --notes "MTP layer built by specreg demo-pair --method mtp"
 specreg validate demo-chat-mtp@1 --golden smoke --device cpu --gpu-memory 1GiB \
@@ -152,6 +181,7 @@ trap - EXIT
 step "done"
 cat <<TEXT
 Outputs in $DEMO_DIR: validation.html, validation.md, validation-eagle3.html, validation-mtp.html, exports/,
+build-eagle3.log and build-mtp.log (the head builds),
 gate.xml, gate.md.
 Review in the MLflow UI: SPECREG_HOME=$SPECREG_HOME .venv/bin/specreg ui demo-chat
 TEXT

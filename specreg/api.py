@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from dataclasses import dataclass
 
@@ -307,9 +308,15 @@ class Registry:
             "draft": draft_ref.fingerprint.to_dict() if draft_ref else None,
             "config": config.to_dict(),
         }))
+        from specreg.registry.deploy.lock import list_model_files
+
+        # every file engines may read, not only those the fingerprint covers: an export whose file
+        # set differs is refused (issue 21 MED-1)
+        model_files = {role: list(list_model_files(ref.path)) for role, ref in (("target", target_ref),
+                                                                                 ("draft", draft_ref)) if ref}
         version, created = self.store.create_version(
             name=name, target=target_ref, draft=draft_ref, config=config, binding_sha256=binding,
-            actor=self.user, notes=notes, allow_pickle=allow_pickle,
+            actor=self.user, notes=notes, allow_pickle=allow_pickle, model_files=model_files,
         )
         return RegisterResult(version, created)
 
@@ -370,37 +377,77 @@ class Registry:
 
         return load_policy(path)
 
-    def approve(self, ref: str | PairRef, note: str | None = None):
-        """Record this user's approval (four-eyes: never the registrant; only after a passed
-        validation). Returns approvals.Approval."""
+    def approve(self, ref: str | PairRef, note: str | None = None, *, key: str | None = None,
+                environment: str | None = None):
+        """Sign and record this user's approval with their private key ``key`` (else
+        ``$SPECREG_APPROVAL_KEY``), enrolled to them in the keyring (four-eyes: never the
+        registrant; only after a passed validation). ``environment``: the approval holds for
+        that environment only (default: any). Returns approvals.Approval."""
+        return self.decide(ref, "approved", note, key, environment)
+
+    def reject(self, ref: str | PairRef, note: str | None = None, *, key: str | None = None,
+               environment: str | None = None):
+        """Sign and record this user's rejection (withdraws the approvals signed before it).
+        Returns approvals.Approval."""
+        return self.decide(ref, "rejected", note, key, environment)
+
+    def decide(self, ref: str | PairRef, decision: str, note: str | None, key: str | None,
+               environment: str | None):
         check_text("note", note)
         from specreg.registry.governance import approvals
 
+        actor = self.user  # who acts comes first: a refused identity is refused before any key is read
+        ref = parse_ref(ref) if isinstance(ref, str) else ref  # so does a malformed NAME@VERSION
+        key = key or os.environ.get("SPECREG_APPROVAL_KEY") or None
+        if key is None:
+            raise UsageError(f"{'an approval' if decision == 'approved' else 'a rejection'} is your signature: "
+                             f"pass --key FILE (or set "
+                             f"SPECREG_APPROVAL_KEY); make one with `specreg keys create`")
+        policy = self.policy()
+        if environment is not None:
+            policy.environment(environment)  # an unknown environment: one line, nothing written
         version = self.get(ref)
-        approval = approvals.decide(self.store, version.name, version.version, actor=self.user,
-                                     decision=approvals.APPROVED, note=note)
+        decided = approvals.decide(self.store, policy, version.name, version.version, actor=actor,
+                                   decision=decision, note=note, key=key, scope=environment or approvals.ANY_SCOPE)
         self.mirror(version.label)
-        return approval
+        return decided
 
-    def reject(self, ref: str | PairRef, note: str | None = None):
-        """Record this user's rejection (withdraws an approved state). Returns approvals.Approval."""
-        check_text("note", note)
-        from specreg.registry.governance import approvals
+    def enrol_key(self, person: str, public_key: str):
+        """Enrol the public key file ``public_key`` as ``person``'s approval key (this user must be
+        one of the policy's [keyring] enrollers). Returns signatures.KeyringEntry."""
+        from specreg.registry.governance.keyring import enrol
 
-        version = self.get(ref)
-        rejection = approvals.decide(self.store, version.name, version.version, actor=self.user,
-                                      decision=approvals.REJECTED, note=note)
-        self.mirror(version.label)
-        return rejection
+        from pathlib import Path
+
+        path = Path(public_key).expanduser()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SpecregError(f"public key {path}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
+        from specreg.core.signing import public_key_pem
+
+        return enrol(self.store, self.policy(), person, public_key_pem(text, f"public key {path}"), actor=self.user)
+
+    def keyring(self):
+        """(the enrolled keys that count, one line per keyring row that does not)."""
+        from specreg.registry.governance.keyring import list_keys
+
+        return list_keys(self.store, self.policy())
 
     def promote(self, ref: str | PairRef, environment: str, *, reason: str | None = None,
-                policy_path: str | None = None, expected_holder: int | None | str = "current"):
+                policy_path: str | None = None, expected_holder: int | None | str = "current",
+                allow_slower: str | None = None):
         """Make the version hold ``environment`` under the policy; returns moves.PointerMove.
 
         ``expected_holder``: the version number you saw holding the environment (None: none);
         the default reads it now. If another promote moves the pointer before this one commits,
-        ConcurrentUpdateError and nothing changes. PolicyViolation names every failed condition."""
+        ConcurrentUpdateError and nothing changes. PolicyViolation names every failed condition.
+        ``allow_slower``: why a version below the policy's min_speedup may hold the environment
+        anyway; recorded in the audit log as an exception (no other condition is waived)."""
         check_text("reason", reason)
+        check_text("allow-slower reason", allow_slower)
+        if allow_slower is not None and not allow_slower.strip():
+            raise UsageError("--allow-slower needs a reason: who decided it and why, for the audit log")
         from specreg.registry.governance import moves
         from specreg.registry.governance.queries import holder_of
 
@@ -411,7 +458,8 @@ class Registry:
         if expected_holder == "current":
             expected_holder = holder_of(self.store, version.name, environment)
         move = moves.promote(self.store, policy, version.name, version.version, environment,
-                                  actor=self.user, expected_holder=expected_holder, reason=reason)
+                             actor=self.user, expected_holder=expected_holder, reason=reason,
+                             allow_slower=allow_slower)
         self.mirror(version.label)
         return move
 
@@ -420,13 +468,14 @@ class Registry:
         check_text("reason", reason)
         from specreg.registry.governance import moves
 
-        move = moves.rollback(self.store, check_name(name), environment, actor=self.user, reason=reason)
+        move = moves.rollback(self.store, self.policy(), check_name(name), environment, actor=self.user, reason=reason)
         self.mirror(name)
         return move
 
-    def gate(self, ref: str | PairRef, environment: str, *, policy_path: str | None = None, rerun: bool = False):
+    def gate(self, ref: str | PairRef, environment: str, *, policy_path: str | None = None, rerun: bool = False,
+             progress=None):
         """Evaluate whether the version may hold ``environment`` now; returns decisions.GateResult.
-        ``rerun``: validate again first on the policy's golden set."""
+        ``rerun``: validate again first on the policy's golden set (``progress`` as for validate)."""
         from specreg.registry.governance import decisions
 
         policy = self.policy(policy_path)
@@ -436,7 +485,7 @@ class Registry:
             validate = getattr(self, "validate", None)
             if validate is None:
                 raise SpecregError("gate --rerun needs Registry.validate, which this specreg does not have")
-            validate(version.label, golden=env.golden_set)
+            validate(version.label, golden=env.golden_set, progress=progress)
         return decisions.gate(self.store, policy, version, environment)
 
     def diff(self, ref_a: str | PairRef, ref_b: str | PairRef) -> list[dict]:
@@ -473,8 +522,9 @@ class Registry:
         """Validate a pair version on golden set ``golden`` (a shipped name or a file path) and
         record the run; the version moves to validated or failed.
 
-        checks: "a,b" or a list (default: all of validators.suite.CHECK_NAMES); progress(done,
-        total, record_id) per golden prompt; hooks: runtime rule overrides (tests only).
+        checks: "a,b" or a list (default: all of validators.suite.CHECK_NAMES); progress(what, done,
+        total, detail) per check, golden prompt and sampled prefix (validators.suite.run_suite);
+        hooks: runtime rule overrides (tests only).
         Returns registry.validations.ValidationOutcome (run, version after the move, checks).
         A failing check does not raise: look at ``outcome.passed``. Errors raise SpecregError;
         SIGINT/SIGTERM raise ValidationInterrupted; both leave the run aborted/error and the
@@ -500,6 +550,14 @@ class Registry:
         golden_set = load_golden_set(golden)
         outcome = validate_version(self.store, version, golden_set, options, actor=self.user,
                                    progress=progress, hooks=hooks)
+        try:
+            policy = self.policy(self._policy_path)
+        except SpecregError:
+            policy = None  # a broken policy file is reported by the commands that apply it
+        if policy is not None:
+            from specreg.registry.governance.floors import low_baseline_warnings
+
+            self.warnings += low_baseline_warnings(outcome.run, policy)
         self.mirror(version.label)
         return outcome
 
@@ -536,8 +594,8 @@ class Registry:
         from specreg.registry.deploy.engines import format_modules
         from specreg.registry.deploy.exports import (check_exportable, draft_layout, lock_engine, merge_options,
                                                      render_export)
+        from specreg.registry.deploy.lock import LOCK_FILE, exported_digests, lock_text, sign_lock
         from specreg.registry.deploy.writing import write_export
-        from specreg.registry.deploy.lock import LOCK_FILE, lock_text
         from specreg.registry.governance.approvals import approval_standing
         from specreg.registry.governance.decisions import audit_check
         from specreg.registry.store.validations import ValidationStore
@@ -548,7 +606,7 @@ class Registry:
         if not audited.passed and not force:
             raise PolicyViolation(f"export of {version.label} refused: {audited.reason}")
         env = self.policy().environment(pair_ref.environment) if pair_ref.environment else None
-        standing = approval_standing(self.store, version.name, version.version, env)
+        standing = approval_standing(self.store, self.policy(), version.name, version.version, env)
         approved = standing.passed and audited.passed
         run = ValidationStore(self.store).latest_passed(version.name, version.version)
         baselines = None
@@ -572,12 +630,21 @@ class Registry:
         lock = None
         if fmt != "prometheus-rules":  # the rules load no model: nothing to lock
             lock = self.pair_lock(version, engine=lock_engine(fmt), baselines=baselines,
-                                  signing_key=signing_key, approved=exportable,
+                                  signing_key=None, approved=exportable, environment=env,
                                   draft_layout=draft_layout(version, baselines, fmt, exportable, options),
                                   engine_layouts=engine_layouts)
-        files = render_export(version, baselines, fmt, approved=approved, force=force,
-                              template_path=template, options=options, lock=lock,
-                              audit_head=audited.details.get("audit_head") or self.store.audit_head())
+        head = audited.details.get("audit_head") or self.store.audit_head()
+        # the engine files go under the lock's signature (serve script, config, each container's
+        # args): rendered once to take their digests, then again around the signed lock (the
+        # Kubernetes manifest carries it; the files do not depend on the lock's content)
+        placeholder = {**lock, "signature": {} if signing_key else None} if lock is not None else None
+        files = render_export(version, baselines, fmt, approved=approved, force=force, template_path=template,
+                              options=options, lock=placeholder, audit_head=head)
+        if lock is not None:
+            lock["exported"] = exported_digests(files)
+            lock = sign_lock(lock, signing_key) if signing_key else lock
+            files = render_export(version, baselines, fmt, approved=approved, force=force, template_path=template,
+                                  options=options, lock=lock, audit_head=head)
         if lock is not None:
             files.append((LOCK_FILE, lock_text(lock)))
         if out_dir is not None:
@@ -588,8 +655,8 @@ class Registry:
         return files
 
     def pair_lock(self, version: PairVersion, *, engine: dict | None, baselines: dict | None,
-                  signing_key: str | None, approved: bool, draft_layout: tuple | None = None,
-                  engine_layouts=None) -> dict:
+                  signing_key: str | None, approved: bool, environment=None,
+                  draft_layout: tuple | None = None, engine_layouts=None) -> dict:
         """The lock of ``version`` (registry.deploy.lock.build_lock), signed when ``signing_key`` is given.
 
         Refused (PolicyViolation) when a model no longer matches its registered fingerprint: a
@@ -597,18 +664,25 @@ class Registry:
         that check passed, it makes the files the engine loads ({role: (folder, {file: sha256})},
         llamacpp's GGUF files; build_lock binds them as that role's files)."""
         from specreg.errors import PolicyViolation
-        from specreg.registry.deploy.lock import build_lock, sign_lock
+        from specreg.registry.deploy.lock import build_lock, file_set_changes, sign_lock
         from specreg.registry.governance import approvals
         from specreg.registry.governance.queries import fingerprint_changes
 
-        changes = fingerprint_changes(version)
+        changes = fingerprint_changes(version) + file_set_changes(version)
         if changes:
             raise PolicyViolation(f"{version.label}: the models changed since registration ({'; '.join(changes)}); "
                                   f"no lock is written for files that were not validated")
-        approvals = [{"decision": a.decision, "actor": a.actor, "at": a.created_at.isoformat(timespec="seconds") + "Z",
-                      "source": a.source, "note": a.note}
-                     for a in approvals.approvals(self.store, version.name, version.version)]
-        lock = build_lock(version, engine=engine, baselines=baselines, approvals=approvals,
+        policy = self.policy()
+        env = environment or approvals.export_environment(policy)
+        # the signed decisions that count now, each with its signature: verify checks them again
+        # against the keyring the platform mounts, without the registry
+        signed = [{"decision": a.decision, "actor": a.actor, "at": a.created_at.isoformat(timespec="seconds") + "Z",
+                   "scope": a.scope, "key_id": a.key_id, "note": a.note, "signature": a.signature}
+                  for a in approvals.counted_approvals(self.store, policy, version.name, version.version)]
+        approval_policy = {"environment": env.name, "approvals_required": env.approvals_required,
+                           "approvers": list(env.approvers), "policy_sha256": policy.sha256}
+        lock = build_lock(version, engine=engine, baselines=baselines, approvals=signed,
+                          approval_policy=approval_policy,
                           audit_head={"hash": self.store.audit_head()}, approved=approved,
                           exported_by=self.user, draft_layout=draft_layout,
                           engine_layouts=engine_layouts() if engine_layouts else None)

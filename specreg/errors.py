@@ -38,9 +38,14 @@ class SchemaOutOfDateError(StoreError):
 
 
 class PolicyViolation(SpecregError):
-    """A policy, gate or validation says no (CI exit code 100)."""
+    """A policy, gate or validation says no (CI exit code 100). ``reasons``: (condition, reason)
+    pairs when there are several; the CLI prints one a line, each with the command that fixes it."""
 
     exit_code = 100
+
+    def __init__(self, message: str, reasons: list[tuple[str, str]] | None = None):
+        super().__init__(message)
+        self.reasons = list(reasons or [])
 
 
 class GoldenSetError(SpecregError):

@@ -115,3 +115,12 @@ def tiny_models(tmp_path_factory):
         "draft2": build_llama(root / "draft2", root / "tokenizer", seed=3),
     }
     return paths
+
+
+@pytest.fixture
+def approval_key(tmp_path):
+    """``approval_key(db_url, person)``: the path of ``person``'s private approval key, enrolled
+    in that registry's keyring by admin (tests/approvers.py)."""
+    from approvers import approval_key as make
+
+    return lambda db_url, person: make(db_url, person, tmp_path)

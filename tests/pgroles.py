@@ -1,8 +1,9 @@
 """Acting as a user on PostgreSQL means authenticating as that role (specreg takes the actor
 from ``session_user``). ``as_user(db_url, "alice")`` returns the URL that connects as role
-``alice`` (created on first use: LOGIN, trust auth on the test server, and the predefined roles
-pg_read_all_data + pg_write_all_data, what an admin would grant specreg's users); a SQLite URL
-comes back unchanged (identity there is advisory: pass ``user=``)."""
+``alice`` (created on first use: LOGIN, trust auth on the test server) with the least-privilege
+grants the README recommends (`specreg db grants alice`: read everything, insert, update only
+what specreg updates, delete nothing) on that database; a SQLite URL comes back unchanged
+(identity there is advisory: pass ``user=``)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ def admin_connect(dbname: str | None = None):
     return psycopg.connect(conninfo, autocommit=True, connect_timeout=5)
 
 
-def ensure_role(name: str) -> None:
-    """CREATE ROLE name LOGIN (if missing) with read/write on every table."""
+def ensure_role(name: str, dbname: str | None = None) -> None:
+    """CREATE ROLE name LOGIN (if missing); with ``dbname``, the least-privilege grants there."""
     import psycopg
     from psycopg import sql
 
@@ -32,7 +33,13 @@ def ensure_role(name: str) -> None:
                 connection.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
             except (psycopg.errors.DuplicateObject, psycopg.errors.UniqueViolation):
                 pass  # another test process created it first
-        connection.execute(sql.SQL("GRANT pg_read_all_data, pg_write_all_data TO {}").format(sql.Identifier(name)))
+        # roles of earlier runs had the broad predefined roles: least privilege now
+        connection.execute(sql.SQL("REVOKE pg_read_all_data, pg_write_all_data FROM {}").format(sql.Identifier(name)))
+    if dbname is not None:
+        from specreg.registry.store.grants import grants_sql
+
+        with admin_connect(dbname) as connection:
+            connection.execute(grants_sql(name))
 
 
 def as_user(db_url: str, name: str) -> str:
@@ -43,5 +50,5 @@ def as_user(db_url: str, name: str) -> str:
     from specreg.registry.store.store import Store
 
     Store(db_url).engine.dispose()  # the owner migrates a fresh database first: users cannot create tables
-    ensure_role(name)
+    ensure_role(name, url.database)
     return url.set(username=name).render_as_string(hide_password=False)

@@ -188,15 +188,16 @@ def sample_one_step(draft_probs, target_probs, samples: int, seed: int, acceptan
 def check_distribution(pair, golden, decodes, *, method: str = "draft_model", samples: int = DEFAULT_SAMPLES,
                        alpha: float = DEFAULT_ALPHA, seed: int = 0, acceptance_rule: Callable | None = None,
                        max_records: int = MAX_RECORDS, tree=None,
-                       tree_acceptance_rule: Callable | None = None) -> CheckResult:
+                       tree_acceptance_rule: Callable | None = None,
+                       progress: Callable[[int, int], None] | None = None) -> CheckResult:
     """Statistical check that speculative sampling preserves the target's distribution.
 
     pair: runtime ModelPair; golden: the GoldenSet; decodes: GoldenDecodes of decode_golden
     (their greedy continuations give the fixed prefixes); method and tree: the pair's (q comes from
     its own drafter, drafter_proposal; ngram: one-hot on the target's top token);
     acceptance_rule / tree_acceptance_rule: the runtime's rules (defaults in runtime/acceptance.py;
-    tests inject broken ones). Returns a CheckResult "distribution"; skip when
-    no prompt samples.
+    tests inject broken ones); progress(done, total) after each prefix. Returns a CheckResult
+    "distribution"; skip when no prompt samples.
     """
     import torch
 
@@ -259,6 +260,8 @@ def check_distribution(pair, golden, decodes, *, method: str = "draft_model", sa
             "zero_probability_emitted": zeros,
             "ok": zeros == 0 and min(p_homogeneity, p_fit) >= threshold,
         })
+        if progress:
+            progress(index + 1, len(prefixes))
     min_p = min(min(r["p_value_vs_target_sampling"], r["p_value_vs_target_probs"]) for r in results)
     figures = {"prefixes": len(prefixes), "samples_per_prefix": samples, "min_p_value": min_p,
                "threshold": threshold, "zero_probability_emitted": zero_probability,

@@ -139,14 +139,16 @@ def default_near_tie_tolerance(dtype: str) -> float:
 def run_suite(pair_version, golden, options: ValidationOptions, *, device: str,
               previous_baselines: tuple[int, dict] | None = None,
               on_check: Callable[[CheckResult], None] | None = None,
-              progress: Callable[[int, int, str], None] | None = None,
+              progress: Callable[..., None] | None = None,
               hooks: dict | None = None) -> SuiteResult:
     """Run the selected checks on a pair version -> SuiteResult.
 
     pair_version: registry PairVersion (its recorded model paths and fingerprints); golden: a
     GoldenSet; device: resolved device string; previous_baselines: (version, baselines) of the
     previous validated version of this pair name; on_check(result) after each check (persist it);
-    progress(done, total, record_id) after each golden prompt is decoded; hooks: acceptance_rule /
+    progress(what, done, total, detail): "check NAME" 0/1 as a check starts and 1/1 (its status) as
+    it ends, "decoding golden prompts" after each prompt, the distribution check after each prefix
+    (specreg.cli.progress.Progress prints them); hooks: acceptance_rule /
     greedy_rule handed to the runtime (tests inject broken rules). Model errors raise
     (ModelReferenceError); a pair the runtime refuses fails the runtime checks instead.
     """
@@ -155,16 +157,28 @@ def run_suite(pair_version, golden, options: ValidationOptions, *, device: str,
     selected = options.selected
     result = SuiteResult()
     hooks = hooks or {}
+    totals: dict[str, int] = {}  # the last total reported for each step: its end reports done = total
+
+    def report(what: str, done: int, total: int, detail: str = "") -> None:
+        totals[what] = total
+        if progress:
+            progress(what, done, total, detail)
+
+    def starting(name: str) -> None:
+        report(f"check {name}", 0, 1)
 
     def emit(check: CheckResult) -> None:
         result.checks.append(check)
         if on_check:
             on_check(check)
+        total = totals.get(f"check {check.name}", 1)
+        report(f"check {check.name}", total, total, check.status)
 
     target_dir = pair_version.target.path
     draft_dir = pair_version.draft.path if pair_version.draft else None
     no_draft = "ngram drafting has no draft model to compare"
     if "integrity" in selected:
+        starting("integrity")  # hashes every weight file: a minute for a large model
         emit(guarded("integrity", lambda: integrity.check_integrity(
             {"target": pair_version.target, "draft": pair_version.draft}, allow_pickle=pair_version.allow_pickle)))
         if result.checks[-1].status in (FAIL, ERROR):
@@ -212,6 +226,7 @@ def run_suite(pair_version, golden, options: ValidationOptions, *, device: str,
     if "memory" in selected:
         from specreg.validators.memory import check_memory_headroom
 
+        starting("memory")
         # a head's weights are a fraction of one target layer's: the check counts the target
         emit(guarded("memory", lambda: check_memory_headroom(
             None if config.method.has_head else draft_dir, target_dir, gpu_memory=options.gpu_memory, max_context_tokens=options.max_context_tokens,
@@ -231,15 +246,16 @@ def run_suite(pair_version, golden, options: ValidationOptions, *, device: str,
             tree=config.tree)
         total = len(golden)
         done = [0]
+        decoding = "decoding golden prompts (target-only and speculative)"
 
         def advance(record_id: str) -> None:
             done[0] += 1
-            if progress:
-                progress(done[0], total, record_id)
+            report(decoding, done[0], total, record_id)
 
         try:
             # loaded from what is checked against the registered fingerprints while it is read:
             # files swapped since the integrity check are never validated as the registered ones
+            report(decoding, 0, total, "loading the models")
             pair = load_pair(target_dir, draft_dir, device=device, dtype=options.dtype,
                              target_fingerprint=pair_version.target.fingerprint,
                              draft_fingerprint=pair_version.draft.fingerprint if pair_version.draft else None,
@@ -276,10 +292,12 @@ def run_suite(pair_version, golden, options: ValidationOptions, *, device: str,
                 tolerance = default_near_tie_tolerance(options.dtype)
             emit(guarded("equivalence", lambda: equivalence.check_equivalence(pair, decodes, tolerance=tolerance)))
         if "distribution" in selected:
+            starting("distribution")
             emit(guarded("distribution", lambda: distribution.check_distribution(
                 pair, golden, decodes, method=settings.method, samples=options.distribution_samples,
                 seed=options.seed, acceptance_rule=hooks.get("acceptance_rule"), tree=settings.tree,
-                tree_acceptance_rule=hooks.get("tree_acceptance_rule"))))
+                tree_acceptance_rule=hooks.get("tree_acceptance_rule"),
+                progress=lambda done, total: report("check distribution", done, total + 1, "prefixes sampled"))))
         if "acceptance" in selected:
             check = guarded("acceptance", lambda: acceptance.check_acceptance(
                 decodes, previous=previous_baselines, tolerance=options.acceptance_tolerance, k=settings.k))
@@ -287,6 +305,7 @@ def run_suite(pair_version, golden, options: ValidationOptions, *, device: str,
             if isinstance(check.evidence, dict) and "baselines" in check.evidence:
                 result.baselines = check.evidence["baselines"]  # kept only if the run passes
         if "performance" in selected:
+            starting("performance")  # times verification steps of the pair
             emit(guarded("performance", lambda: performance.check_performance(
                 pair, decodes, method=settings.method, k=settings.k, tree=settings.tree)))
     result.summary = build_summary(result, golden, options, device)

@@ -188,6 +188,7 @@ def lock_engine(fmt: str) -> dict[str, Any]:
 
 LOCK_MOUNT = "/etc/specreg/lock"
 PUBLIC_KEY_MOUNT = "/etc/specreg/key"
+KEYRING_MOUNT = "/etc/specreg/keyring"
 
 
 def lock_context(lock: dict[str, Any] | None, context: dict[str, Any]) -> dict[str, Any] | None:
@@ -203,14 +204,31 @@ def lock_context(lock: dict[str, Any] | None, context: dict[str, Any]) -> dict[s
     argv += ["--public-key", f"{PUBLIC_KEY_MOUNT}/{PUBLIC_KEY_FILE}"] if signed else ["--allow-unsigned"]
     if not lock.get("approved"):
         argv.append("--allow-unapproved")
+    else:  # the approvers' signatures in the lock, against the keyring the platform mounts
+        from specreg.registry.governance.signatures import KEYRING_FILE
+
+        argv += ["--keyring", f"{KEYRING_MOUNT}/{KEYRING_FILE}"]
     argv += ["--target", context["target"]["source"]]
     if "draft" in lock["models"]:
         # a head pair's --draft directory is bound in the lock too, whether or not this format names it
         recorded = lock["models"]["draft"]
-        fallback = recorded["registered_path"] if context["options"]["model_source"] == "path" else recorded["reference"]
+        by_reference = context["options"]["model_source"] == "reference" and (
+            recorded.get("revision") is not None or Path(recorded["reference"]).is_absolute())  # as served_reference
+        fallback = recorded["reference"] if by_reference else recorded["registered_path"]
         argv += ["--draft", context["draft"]["source"] if context["draft"] is not None else fallback]
     return {"file": LOCK_FILE, "text": lock_text(lock), "signed": signed, "public_key_file": PUBLIC_KEY_FILE,
-            "mount": LOCK_MOUNT, "key_mount": PUBLIC_KEY_MOUNT, "verify_argv": argv}
+            "mount": LOCK_MOUNT, "key_mount": PUBLIC_KEY_MOUNT, "keyring_mount": KEYRING_MOUNT,
+            "approved": bool(lock.get("approved")), "verify_argv": argv}
+
+
+def served_reference(model) -> str:
+    """What an export names a model by under model_source=reference: the hub id, or the absolute
+    path of a local folder. A version registered before references were recorded absolute may
+    hold a relative one (``tiny/target``, valid only from the folder it was typed in, and read
+    as a hub id by an engine): its recorded absolute path is written instead."""
+    if model.revision is not None or Path(model.reference).is_absolute():
+        return model.reference
+    return model.path
 
 
 # ---------------------------------------------------------------------------------------------
@@ -282,7 +300,7 @@ def resolve_export(pair_version: PairVersion, baselines: dict[str, Any] | None, 
     if hasattr(module, "check"):
         module.check(pair_version, baselines, opts)
 
-    source = (lambda ref: ref.reference) if opts["model_source"] == "reference" else (lambda ref: ref.path)
+    source = (lambda ref: served_reference(ref)) if opts["model_source"] == "reference" else (lambda ref: ref.path)
     target_source = source(pair_version.target)
     draft_source = source(pair_version.draft) if has_draft_dir else None
     if hasattr(module, "sources"):
@@ -386,16 +404,17 @@ def header_lines(
         models.append(("draft", pair_version.draft))
     for role, model in models:
         fingerprint = model.fingerprint
+        where = f"revision {model.revision}" if model.revision else "local folder"
         lines.append(
-            f"{role}: {model.reference} (revision {model.revision or 'unknown'}) "
-            f"weights_sha256={fingerprint.weights_sha256} tokenizer_sha256={fingerprint.tokenizer_sha256}"
+            f"{role}: {served_reference(model)} ({where}) weights_sha256={fingerprint.weights_sha256}"
+            + (f" tokenizer_sha256={fingerprint.tokenizer_sha256}" if fingerprint.tokenizer_sha256 else "")
         )
     config = pair_version.config
-    lines.append(
-        f"speculative config: method={config.method.value} num_speculative_tokens={config.num_speculative_tokens}"
-        f" prompt_lookup_min={config.prompt_lookup_min} prompt_lookup_max={config.prompt_lookup_max}"
-        f" max_batch_size_for_speculation={config.max_batch_size_for_speculation}"
-    )
+    # only the settings the pair has: an unset one is left out, never written as Python's None
+    settings = [("method", config.method.value), ("num_speculative_tokens", config.num_speculative_tokens),
+                ("prompt_lookup_min", config.prompt_lookup_min), ("prompt_lookup_max", config.prompt_lookup_max),
+                ("max_batch_size_for_speculation", config.max_batch_size_for_speculation)]
+    lines.append("speculative config: " + " ".join(f"{key}={value}" for key, value in settings if value is not None))
     if not baselines:
         lines.append("baselines: none recorded")
         return lines

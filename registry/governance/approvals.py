@@ -1,5 +1,13 @@
-"""Approvals and rejections of a pair version (four-eyes): recording a decision with its audit
-event, and which recorded decisions stand (the gate's approval condition)."""
+"""Approvals and rejections of a pair version (four-eyes): recording a signed decision with its
+audit event, and which recorded decisions stand (the gate's approval condition).
+
+A decision is the approver's signature (governance/signatures.py) over the version's binding,
+the decision, the environment, the policy's hash and the validation run seen. The registry
+keeps it in an ``approvals`` row that names the audit event recording it; the gate, promote
+and export count a row only while (a) that event is in the verified chain and says the same,
+and (b) its signature verifies with a key the keyring enrols to the row's approver. Anything
+else counts for nothing and is reported by name.
+"""
 
 from __future__ import annotations
 
@@ -11,20 +19,18 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from specreg.core.identity import normalize_user, same_user
-from specreg.errors import PolicyViolation
-from specreg.registry.governance.policy import EnvironmentPolicy
+from specreg.core.signing import load_signer, signer_key_id
+from specreg.errors import PolicyViolation, SpecregError
+from specreg.registry.governance.keyring import keyring_entries, written_by_its_actor
+from specreg.registry.governance.policy import EnvironmentPolicy, Policy
 from specreg.registry.governance.queries import Condition, finished_runs, lock_pair
+from specreg.registry.governance.signatures import (ANY_SCOPE, APPROVED, REJECTED, KeyringEntry, SignedDecision,
+                                                    Tally, approval_predicate, check_decision, sign_decision, tally)
 from specreg.registry.store.entities import PairState
 from specreg.registry.store.orm import ApprovalRow, AuditEventRow, AuditHeadRow, PairVersionRow
 from specreg.registry.store.store import Store, utcnow, verified_chain
 
-APPROVED, REJECTED = "approved", "rejected"
-
-
-UNATTRIBUTED = "unattributed"  # ApprovalRow.source
-
-
-UNATTRIBUTED_ACTOR = "(unattributed)"  # ApprovalRow.actor: no user name can be spelled so
+__all__ = ["APPROVED", "REJECTED", "ANY_SCOPE"]
 
 
 @dataclass(frozen=True)
@@ -37,56 +43,28 @@ class Approval:
     decision: str  # approved | rejected
     actor: str
     note: str | None
-    source: str  # cli | mlflow
+    source: str  # cli
     created_at: datetime
+    scope: str = ANY_SCOPE
+    key_id: str | None = None
+    signature: dict | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "pair": self.pair, "version": self.version, "decision": self.decision,
-                "actor": self.actor, "note": self.note, "source": self.source,
-                "at": self.created_at.isoformat()}
+                "actor": self.actor, "note": self.note, "source": self.source, "scope": self.scope,
+                "key_id": self.key_id, "at": self.created_at.isoformat()}
 
 
 def approvals_of(session: Session, pair_version_id: int) -> list[ApprovalRow]:
-    """Every decision row of a version, oldest first, whether or not an event vouches for it."""
+    """Every decision row of a version, oldest first, whether or not it counts."""
     return list(session.scalars(select(ApprovalRow).where(ApprovalRow.pair_version_id == pair_version_id)
-                                .order_by(ApprovalRow.created_at, ApprovalRow.id)))
-
-
-def latest_decision(session: Session, row: PairVersionRow) -> ApprovalRow | None:
-    """The newest approval or rejection of ``row`` that the verified audit chain vouches for,
-    by a confirmed person other than its registrant, that a later failed validation has not
-    withdrawn (None: no standing decision)."""
-    chain, _ = verified_chain(session)
-    last_failure = next((r for r in finished_runs(session, row.id) if r.status == "failed"), None)
-    standing = [a for a in chained_approvals(session, row, chain)
-                if a.source != UNATTRIBUTED and not same_user(a.actor, row.registered_by)
-                and (last_failure is None or a.created_at >= last_failure.finished_at)]
-    return standing[-1] if standing else None
-
-
-def approval_standing(store: Store, name: str, version: int, env: EnvironmentPolicy | None = None) -> Condition:
-    """Whether ``name@version`` stands approved now, by the gate's approval rule (four-eyes, the
-    latest decision wins, a failed validation withdraws), whatever its lifecycle state says.
-    ``env``: whose approvers count (None: anyone but the registrant). An environment that needs
-    no approval does not make a version approved: the Condition passes only on an approval."""
-    from dataclasses import replace
-
-    from specreg.registry.governance.policy import ENVIRONMENT_DEFAULTS
-
-    if env is None:
-        env = EnvironmentPolicy(name="export", **{**ENVIRONMENT_DEFAULTS, "required_checks": (),
-                                                            "approvers": ()})
-    with store.session() as session:
-        chain, _ = verified_chain(session)  # a broken chain vouches for nothing: no approval counts
-        return approval_condition(session, store.version_row(session, name, version),
-                                  replace(env, approval_required=True), chain)
+                                .order_by(ApprovalRow.id)))
 
 
 def chained_approvals(session: Session, row: PairVersionRow, chain: list[AuditEventRow]) -> list[ApprovalRow]:
     """The decisions of ``row`` that the verified audit chain vouches for: the row names an
     event (``event_hash``) of the chain, and that event records this very decision (same
-    version, approval id, decision, approver, source, note). A row written straight into the
-    table, or one edited after its event, does not count."""
+    version, approval id, decision, approver, note), written (PostgreSQL) by the approver's role."""
     events = {e.event_hash: e for e in chain}
     counted = []
     for approval in approvals_of(session, row.id):
@@ -98,126 +76,194 @@ def chained_approvals(session: Session, row: PairVersionRow, chain: list[AuditEv
                 and event.action == ("approve" if approval.decision == APPROVED else "reject")
                 and details.get("approval") == approval.id and details.get("decision") == approval.decision
                 and details.get("source") == approval.source and event.reason == approval.note
-                and same_user(details.get("approver", event.actor), approval.actor)):
+                and same_user(details.get("approver", event.actor), approval.actor)
+                and written_by_its_actor(event)):
             counted.append(approval)
     return counted
 
 
-def approval_condition(session: Session, row: PairVersionRow, env: EnvironmentPolicy,
+def signed_decisions(session: Session, row: PairVersionRow, chain: list[AuditEventRow],
+                     keyring: dict[str, KeyringEntry]) -> tuple[list[tuple[ApprovalRow, SignedDecision]], list[str]]:
+    """(the decisions of ``row`` that count: chained and validly signed by their approver, one
+    line per decision row that does not count and why)."""
+    chained = {a.id for a in chained_approvals(session, row, chain)}
+    events = {e.event_hash: e for e in chain}
+    valid, refused = [], []
+    for approval in approvals_of(session, row.id):
+        label = f"{'approval' if approval.decision == APPROVED else 'rejection'} {approval.id} by {approval.actor}"
+        event = events.get(approval.event_hash) if approval.event_hash else None
+        problems = []  # every reason, so each defence is visible on its own
+        if approval.id not in chained and event is not None and not written_by_its_actor(event):
+            problems.append(f"its audit event says {event.actor} but database role {event.session_role} wrote it")
+        elif approval.id not in chained:
+            problems.append("no matching event in the verified audit chain")
+        try:
+            signed = check_decision(approval.signature, keyring, pair=row.pair.name, version=row.version,
+                                    binding_sha256=row.binding_sha256)
+            if signed.decision != approval.decision or not same_user(signed.approver, approval.actor):
+                problems.append(f"its signature says {signed.decision} by {signed.approver}")
+        except ValueError as exc:
+            problems.append(str(exc))
+        if problems:
+            refused.append(f"{label}: {'; '.join(problems)}")
+        else:
+            valid.append((approval, signed))
+    return valid, refused
+
+
+def standing(session: Session, row: PairVersionRow, env: EnvironmentPolicy, policy: Policy,
+             chain: list[AuditEventRow]) -> tuple[Tally, list[str], list[ApprovalRow]]:
+    """The tally of ``row``'s signed decisions for ``env`` (a failed validation withdraws the
+    decisions signed before it), the lines naming what did not count, and the approval rows
+    whose signatures count now."""
+    keyring, bad_keys = keyring_entries(session, policy, chain)
+    valid, refused = signed_decisions(session, row, chain, keyring)
+    last_failure = next((r for r in finished_runs(session, row.id) if r.status == "failed"), None)
+    result = tally([signed for _, signed in valid], registrant=row.registered_by, approvers=env.approvers,
+                   scope=env.name, threshold=env.approvals_required,
+                   since=last_failure.finished_at if last_failure is not None else None,
+                   what=env.name if env.name != ANY_SCOPE else f"{row.pair.name}@{row.version}")
+    stale = [s for _, s in valid if last_failure is not None and s.decision == APPROVED
+             and s.signed_at < last_failure.finished_at and not same_user(s.approver, row.registered_by)]
+    if stale and not result.passed and not any(s.signed_at >= last_failure.finished_at for _, s in valid):
+        result = Tally(False, f"approval by {stale[-1].approver} predates failed validation run {last_failure.id}: "
+                              f"approve again", (), None)
+    counted = [a for a, s in valid if s.decision == APPROVED and s.approver in result.approvers
+               and (last_failure is None or s.signed_at >= last_failure.finished_at)]
+    return result, refused + bad_keys, counted
+
+
+def approval_condition(session: Session, row: PairVersionRow, env: EnvironmentPolicy, policy: Policy,
                        chain: list[AuditEventRow]) -> Condition:
-    """Four-eyes: the newest decision by an allowed approver other than the registrant must be
-    an approval. Only decisions the verified audit chain vouches for count, and an approval
-    whose approver MLflow could not confirm (source unattributed) never does. A failed
-    validation withdraws earlier approvals (as the lifecycle does); a passing re-validation of
-    the same binding keeps them, so `gate --rerun` can pass."""
+    """Four-eyes by signatures: ``env.approvals_required`` people other than the registrant (of
+    ``env.approvers`` when named) signed an approval since the newest signed rejection."""
     if not env.approval_required:
         return Condition("approval", True, f"not required for {env.name}")
-    registrant = row.registered_by
-    recorded = approvals_of(session, row.id)
-    chained = chained_approvals(session, row, chain)
-    unattributed = [a for a in chained if a.source == UNATTRIBUTED and a.decision == APPROVED]
-    decisions = [a for a in chained if a not in unattributed]
-    allowed = [a for a in decisions if not same_user(a.actor, registrant)
-               and (a.source == UNATTRIBUTED or not env.approvers
-                    or any(same_user(a.actor, who) for who in env.approvers))]
-    last_failure = next((r for r in finished_runs(session, row.id) if r.status == "failed"), None)
-    since = last_failure.finished_at if last_failure is not None else None
-    current = [a for a in allowed if since is None or a.created_at >= since]
-    who = f" from one of {', '.join(env.approvers)}" if env.approvers else ""
-    if current:
-        latest = current[-1]
-        details = {"approval": latest.id, "actor": latest.actor, "decision": latest.decision}
-        if latest.decision == APPROVED:
-            return Condition("approval", True, f"approved by {latest.actor} at {latest.created_at.isoformat(timespec='seconds')}", details)
-        note = f": {latest.note}" if latest.note else ""
-        return Condition("approval", False, f"rejected by {latest.actor}{note}", details)
-    fresh_approvals = [a for a in decisions if a.decision == APPROVED and (since is None or a.created_at >= since)]
-    outsiders = [a for a in fresh_approvals if not same_user(a.actor, registrant)]
-    if outsiders:
-        return Condition("approval", False,
-                         f"approved by {outsiders[-1].actor}, who may not approve for {env.name}{who}")
-    if fresh_approvals:  # only possible through an imported (e.g. MLflow) decision
-        return Condition("approval", False, f"approved only by the registrant {registrant} (four-eyes: another person must approve)")
-    if allowed:
-        return Condition("approval", False, f"approval by {allowed[-1].actor} predates failed validation run {last_failure.id}: approve again")
-    if unattributed:
-        return Condition("approval", False, f"approved in MLflow without a confirmed approver (approval "
-                         f"{unattributed[-1].id}): a named approver must confirm it with `specreg approve`")
-    unvouched = [a for a in recorded if a not in chained]
-    if unvouched:
-        return Condition("approval", False, f"{len(unvouched)} decision row(s) (approval {unvouched[-1].id} by "
-                         f"{unvouched[-1].actor}) have no matching event in the verified audit chain and do not count; "
-                         f"{env.name} needs an approval by someone other than the registrant {registrant}{who}")
-    return Condition("approval", False, f"{env.name} needs an approval by someone other than the registrant {registrant}{who}")
+    result, refused, counted = standing(session, row, env, policy, chain)
+    details = {"approvers": list(result.approvers), "threshold": env.approvals_required, "not_counted": refused,
+               "approval": counted[-1].id if result.passed and counted else None}
+    reason = result.reason
+    if not result.passed and refused:
+        reason += "; not counted: " + "; ".join(refused)
+    return Condition("approval", result.passed, reason, details)
 
 
-def decide(store: Store, name: str, version: int, *, actor: str, decision: str, note: str | None = None,
-           source: str = "cli", recorded_by: str | None = None, details: dict[str, Any] | None = None) -> Approval:
-    """Record an approval or rejection of ``name@version`` with its audit event; the
-    approval row carries that event's hash (a decision counts only while the chain vouches
-    for it).
+def export_environment(policy: Policy) -> EnvironmentPolicy:
+    """The approval rule for an export not tied to an environment: one signature by anyone but
+    the registrant."""
+    from specreg.registry.governance.policy import ENVIRONMENT_DEFAULTS
 
-    ``actor``: who decided; ``recorded_by``: who put it into the registry when that is someone
-    else (``specreg sync`` reading an MLflow tag; the audit event's actor, the approver goes in
-    its details); ``source``: cli, mlflow (approver confirmed) or unattributed (approver
-    unknown: ``actor`` is UNATTRIBUTED_ACTOR; such an approval moves no state and never
-    satisfies four-eyes). Approval is refused (PolicyViolation) for the registrant
-    (four-eyes), for a version whose latest validation did not pass, and for a retired
-    version. An approval moves validated -> approved; a rejection moves approved ->
-    validated; a promoted version keeps its state."""
+    return EnvironmentPolicy(name=ANY_SCOPE, **{**ENVIRONMENT_DEFAULTS, "required_checks": (), "approvers": (),
+                                                "approval_required": True})
+
+
+def approval_standing(store: Store, policy: Policy, name: str, version: int,
+                      env: EnvironmentPolicy | None = None) -> Condition:
+    """Whether ``name@version`` stands approved now by the gate's rule for ``env`` (None: one
+    signature by anyone but the registrant), whatever its lifecycle state says. An environment
+    that needs no approval does not make a version approved: the Condition passes only on
+    signed approvals."""
+    from dataclasses import replace
+
+    env = replace(env, approval_required=True) if env is not None else export_environment(policy)
+    with store.session() as session:
+        chain, _ = verified_chain(session)  # a broken chain vouches for nothing: no approval counts
+        return approval_condition(session, store.version_row(session, name, version), env, policy, chain)
+
+
+def rejected_by(session: Session, row: PairVersionRow, policy: Policy) -> str | None:
+    """Who stands as having rejected ``row`` (signed, not withdrawn by a later approval), or None."""
+    chain, _ = verified_chain(session)
+    return standing(session, row, export_environment(policy), policy, chain)[0].rejected_by
+
+
+def counted_approvals(store: Store, policy: Policy, name: str, version: int) -> list[Approval]:
+    """The decisions of ``name@version`` whose signatures count now (for the pair lock)."""
+    with store.session() as session:
+        row = store.version_row(session, name, version)
+        chain, _ = verified_chain(session)
+        keyring, _ = keyring_entries(session, policy, chain)
+        valid, _ = signed_decisions(session, row, chain, keyring)
+        return [approval_entity(a, name, version) for a, _ in valid]
+
+
+def decide(store: Store, policy: Policy, name: str, version: int, *, actor: str, decision: str, key: str,
+           note: str | None = None, scope: str = ANY_SCOPE) -> Approval:
+    """Sign and record an approval or rejection of ``name@version`` by ``actor`` with the
+    private key file ``key``, with its audit event; the approval row carries that event's hash.
+
+    Refused (PolicyViolation) when ``key`` is not enrolled to ``actor`` in the keyring, for the
+    registrant's own approval (four-eyes), for a version whose latest validation did not pass,
+    and for a retired version. ``scope``: the environment the decision is for (``*``: any). An
+    approval moves validated -> approved; a rejection moves approved -> validated; a promoted
+    version keeps its state."""
     if decision not in (APPROVED, REJECTED):
         raise ValueError(f"decision must be {APPROVED} or {REJECTED}, not {decision!r}")
-    unattributed = source == UNATTRIBUTED
-    actor = UNATTRIBUTED_ACTOR if unattributed else normalize_user(actor, what="approver")
-    recorded_by = normalize_user(recorded_by, what="actor") if recorded_by else None
-    if unattributed and recorded_by is None:
-        raise ValueError("an unattributed decision needs recorded_by")
+    actor = normalize_user(actor, what="approver")
+    signer = load_signer(key)
+    kid = signer_key_id(signer)
     label = f"{name}@{version}"
     with store.session(write=True) as session:
         lock_pair(session, name)
         row = store.version_row(session, name, version, lock=True)
+        chain, problem = verified_chain(session)
+        if problem is not None:
+            raise SpecregError(f"cannot record a decision on {label}: the audit chain does not verify ({problem})")
+        keyring, _ = keyring_entries(session, policy, chain)
+        entry = keyring.get(kid)
+        if entry is None or not same_user(entry.person, actor):
+            whose = f"is enrolled to {entry.person}" if entry else "is not enrolled (or its enrolment does not count)"
+            raise PolicyViolation(f"key {kid[:12]} ({key}) {whose}, not to {actor}: an enroller runs "
+                                  f"`specreg keys enrol {actor} --public-key FILE.pub`")
         state = PairState(row.state)
         if state is PairState.RETIRED:
             raise PolicyViolation(f"{label} is retired: nothing to {decision[:-1]}")
         runs = finished_runs(session, row.id)
         if decision == APPROVED:
-            if not unattributed and same_user(actor, row.registered_by):
+            if same_user(actor, row.registered_by):
                 raise PolicyViolation(f"four-eyes: {actor} registered {label} and cannot approve it")
             if not runs or runs[0].status != "passed":
                 latest = f"run {runs[0].id} {runs[0].status}" if runs else "never validated"
                 raise PolicyViolation(f"{label} has not passed validation ({latest}): approval refused")
-        approval = ApprovalRow(pair_version_id=row.id, decision=decision, actor=actor, note=note, source=source,
-                               created_at=utcnow())
+        now = utcnow()
+        predicate = approval_predicate(pair=name, version=version, binding_sha256=row.binding_sha256,
+                                       decision=decision, scope=scope, policy_sha256=policy.sha256,
+                                       validation_run=runs[0].id if runs else None, approver=actor, signed_at=now,
+                                       note=note)
+        approval = ApprovalRow(pair_version_id=row.id, decision=decision, actor=actor, note=note, source="cli",
+                               created_at=now, signature=sign_decision(signer, predicate), key_id=kid, scope=scope)
         session.add(approval)
         session.flush()
-        event_details = {**(details or {}), "approval": approval.id, "decision": decision, "source": source,
+        event_details = {"approval": approval.id, "decision": decision, "source": "cli", "scope": scope,
+                         "key_id": kid, "policy_sha256": policy.sha256,
                          "validation_run": runs[0].id if runs else None}
-        if recorded_by is not None:
-            event_details["approver"] = actor
         action = "approve" if decision == APPROVED else "reject"
-        if decision == APPROVED and state is PairState.VALIDATED and not unattributed:
+        if decision == APPROVED and state is PairState.VALIDATED:
             to_state = PairState.APPROVED
         elif decision == REJECTED and state is PairState.APPROVED:
             to_state = PairState.VALIDATED
         else:
             to_state = state
-        event_actor = recorded_by or actor
         if to_state is state and state in (PairState.REGISTERED, PairState.VALIDATED):
             # no lifecycle move (registered/validated -> same), but the decision is still an event
             store.append_event(session, pair_name=name, version=version, action=action, from_state=state.value,
-                               to_state=state.value, actor=event_actor, reason=note, details=event_details)
+                               to_state=state.value, actor=actor, reason=note, details=event_details)
         else:
-            store.transition(name, version, to_state, actor=event_actor, action=action, reason=note,
+            store.transition(name, version, to_state, actor=actor, action=action, reason=note,
                              details=event_details, session=session)
         # the event just appended is the chain's head: this transaction holds the head's lock
         approval.event_hash = session.get(AuditHeadRow, 1).last_hash
         session.flush()
-        return Approval(approval.id, name, version, decision, actor, note, source, approval.created_at)
+        return approval_entity(approval, name, version)
+
+
+def approval_entity(row: ApprovalRow, name: str, version: int) -> Approval:
+    return Approval(row.id, name, version, row.decision, row.actor, row.note, row.source, row.created_at,
+                    row.scope or ANY_SCOPE, row.key_id, row.signature)
 
 
 def approvals(store: Store, name: str, version: int) -> list[Approval]:
-    """Every approval and rejection of ``name@version``, oldest first."""
+    """Every approval and rejection row of ``name@version``, oldest first (counted or not)."""
     with store.session() as session:
         row = store.version_row(session, name, version)
-        return [Approval(a.id, name, version, a.decision, a.actor, a.note, a.source, a.created_at)
-                for a in approvals_of(session, row.id)]
+        return [approval_entity(a, name, version) for a in approvals_of(session, row.id)]

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from specreg.core.baselines import drift_floor
 from specreg.core.identity import same_user
 from specreg.registry.governance.approvals import approval_condition
+from specreg.registry.governance.floors import floor_conditions
 from specreg.registry.governance.policy import EnvironmentPolicy, Policy
 from specreg.registry.governance.queries import (Condition, finished_runs, fingerprint_changes, golden_set_sha256,
                                                  overall_figures, pointer_row)
@@ -82,7 +83,7 @@ def audit_condition(row: PairVersionRow, chain: list[AuditEventRow], problem: st
                      {"audit_head": head})
 
 
-def evaluate(session: Session, row: PairVersionRow, env: EnvironmentPolicy, *, golden_sha256: str,
+def evaluate(session: Session, row: PairVersionRow, env: EnvironmentPolicy, policy: Policy, *, golden_sha256: str,
              changes: list[str], holder: PairVersionRow | None, now: datetime) -> tuple[list[Condition], ValidationRunRow | None]:
     """Every condition for ``row`` to hold environment ``env``, read inside ``session``.
 
@@ -162,7 +163,9 @@ def evaluate(session: Session, row: PairVersionRow, env: EnvironmentPolicy, *, g
                                 else "no acceptance baselines recorded" + (f" in run {run.id}" if run else ""),
                                 {"overall": figures} if figures else {}))
     conditions.append(acceptance_condition(session, row, run, figures, env, golden_sha256, holder))
-    conditions.append(approval_condition(session, row, env, chain))
+    events = [e for e in chain if e.pair_name == row.pair.name and e.version == row.version]
+    conditions += floor_conditions(run, env, overall_figures(run) if run is not None else None, events)
+    conditions.append(approval_condition(session, row, env, policy, chain))
     return conditions, run
 
 
@@ -230,7 +233,7 @@ def gate(store: Store, policy: Policy, version: PairVersion, environment: str) -
         row = store.version_row(session, version.name, version.version)
         pointer = pointer_row(session, row.pair_id, environment)
         holder = session.get(PairVersionRow, pointer.pair_version_id) if pointer and pointer.pair_version_id else None
-        conditions, run = evaluate(session, row, env, golden_sha256=golden_sha256, changes=changes,
+        conditions, run = evaluate(session, row, env, policy, golden_sha256=golden_sha256, changes=changes,
                                    holder=holder, now=utcnow())
         head = next((c.details.get("audit_head") for c in conditions if c.name == "audit"), None)
         return GateResult(version.name, version.version, environment, policy.source, tuple(conditions),

@@ -17,11 +17,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from specreg.core.identity import same_user
 from specreg.errors import ConcurrentUpdateError, IllegalTransitionError, NotFoundError, PolicyViolation
-from specreg.registry.governance.approvals import (APPROVED, REJECTED, UNATTRIBUTED, chained_approvals,
-                                                   latest_decision)
+from specreg.registry.governance.approvals import export_environment, rejected_by, standing
 from specreg.registry.governance.decisions import evaluate
+from specreg.registry.governance.floors import SPEEDUP_EXCEPTION
 from specreg.registry.governance.policy import Policy
 from specreg.registry.governance.queries import (fingerprint_changes, golden_set_sha256, lock_pair, pointer_row,
                                                  version_number)
@@ -38,36 +37,39 @@ class PointerMove:
     version: int  # the new holder
     previous_version: int | None  # the holder it replaced
     action: str  # promote | rollback
+    exception: dict[str, Any] | None = None  # a promote's recorded exception to min_speedup
 
     def to_dict(self) -> dict[str, Any]:
         return {"pair": self.pair, "environment": self.environment, "version": self.version,
-                "previous_version": self.previous_version, "action": self.action}
+                "previous_version": self.previous_version, "action": self.action,
+                **({"exception": self.exception} if self.exception else {})}
 
 
-def release(store: Store, session: Session, row: PairVersionRow, *, actor: str, environment: str,
+def release(store: Store, policy: Policy, session: Session, row: PairVersionRow, *, actor: str, environment: str,
             replaced_by: int | None, reason: str | None) -> None:
     """A version lost ``environment``: when it holds no other environment its state returns
-    to approved (validated if it never had an approval), with an audit event."""
+    to approved (validated unless its signed approvals stand), with an audit event."""
     still_holds = session.scalar(select(EnvironmentPointerRow.id).where(
         EnvironmentPointerRow.pair_version_id == row.id, EnvironmentPointerRow.environment != environment))
     if still_holds is not None or row.state != PairState.PROMOTED.value:
         return
     chain, _ = verified_chain(session)
-    approved = any(a.decision == APPROVED and a.source != UNATTRIBUTED and not same_user(a.actor, row.registered_by)
-                   for a in chained_approvals(session, row, chain))
+    approved = standing(session, row, export_environment(policy), policy, chain)[0].passed
     store.transition(row.pair.name, row.version, PairState.APPROVED if approved else PairState.VALIDATED,
                      actor=actor, action="release", reason=reason,
                      details={"environment": environment, "replaced_by": replaced_by}, session=session)
 
 
 def promote(store: Store, policy: Policy, name: str, version: int, environment: str, *, actor: str,
-            expected_holder: int | None, reason: str | None = None) -> PointerMove:
+            expected_holder: int | None, reason: str | None = None, allow_slower: str | None = None) -> PointerMove:
     """Make ``name@version`` the holder of ``environment`` if the policy allows it.
 
     ``expected_holder``: the version number (None: nobody) the caller saw holding the
     environment; if another promote moved the pointer since, ConcurrentUpdateError and nothing
     changes. Refusals raise PolicyViolation naming every failed condition. The pointer, the
-    previous holder, the state moves and the audit events are one transaction."""
+    previous holder, the state moves and the audit events are one transaction. ``allow_slower``:
+    why a version whose measured speedup is below the policy's min_speedup may hold it anyway
+    (recorded in the promote's audit event as an exception; every other condition still applies)."""
     env = policy.environment(environment)
     version_entity = store.get_version(name, version)
     changes = fingerprint_changes(version_entity)
@@ -86,12 +88,17 @@ def promote(store: Store, policy: Policy, name: str, version: int, environment: 
                 f"this promote started: nothing changed")
         if holder is not None and holder.id == row.id:
             raise IllegalTransitionError(f"{label} already holds {environment}: nothing to do")
-        conditions, run = evaluate(session, row, env, golden_sha256=golden_sha256, changes=changes,
+        conditions, run = evaluate(session, row, env, policy, golden_sha256=golden_sha256, changes=changes,
                                    holder=holder, now=utcnow())
-        failed = [c for c in conditions if not c.passed]
+        # an exception waives a measured speedup below the floor, never a speedup not measured
+        excepted = next((c for c in conditions if c.name == SPEEDUP_EXCEPTION and not c.passed
+                         and "speedup" in c.details), None) if allow_slower else None
+        exception = {"condition": SPEEDUP_EXCEPTION, "reason": allow_slower, **excepted.details} if excepted else None
+        failed = [c for c in conditions if not c.passed and c is not excepted]
         if failed:
             raise PolicyViolation(f"cannot promote {label} to {environment}: "
-                                  + "; ".join(f"{c.name}: {c.reason}" for c in failed))
+                                  + "; ".join(f"{c.name}: {c.reason}" for c in failed),
+                                  reasons=[(c.name, c.reason) for c in failed])
         now = utcnow()
         if pointer is None:
             pointer = EnvironmentPointerRow(pair_id=pair.id, environment=environment, pair_version_id=row.id,
@@ -105,18 +112,19 @@ def promote(store: Store, policy: Policy, name: str, version: int, environment: 
         store.transition(name, version, PairState.PROMOTED, actor=actor, action="promote", reason=reason,
                          details={"environment": environment, "previous_version": holder_version,
                                   "validation_run": run.id if run else None, "approval": approval,
-                                  "policy": policy.source}, session=session)
+                                  "policy": policy.source, **({"exception": exception} if exception else {})},
+                         session=session)
         if holder is not None:
-            release(store, session, holder, actor=actor, environment=environment, replaced_by=version,
+            release(store, policy, session, holder, actor=actor, environment=environment, replaced_by=version,
                     reason=f"{label} promoted to {environment}")
-        return PointerMove(name, environment, version, holder_version, "promote")
+        return PointerMove(name, environment, version, holder_version, "promote", exception)
 
 
 def describe_holder(version: int | None) -> str:
     return f"version {version}" if version is not None else "no version"
 
 
-def rollback(store: Store, name: str, environment: str, *, actor: str, reason: str | None = None) -> PointerMove:
+def rollback(store: Store, policy: Policy, name: str, environment: str, *, actor: str, reason: str | None = None) -> PointerMove:
     """Point ``environment`` back at the version that held it before, in one transaction.
 
     The rolled-back version releases the environment; the previous one becomes the holder. It
@@ -148,10 +156,9 @@ def rollback(store: Store, name: str, environment: str, *, actor: str, reason: s
         target = f"cannot roll back {name}@{environment} to {name}@{previous.version}"
         if previous.state in (PairState.RETIRED.value, PairState.FAILED.value):
             raise PolicyViolation(f"{target}: it is {previous.state}")
-        latest = latest_decision(session, previous)
-        if latest is not None and latest.decision == REJECTED:
-            note = f": {latest.note}" if latest.note else ""
-            raise PolicyViolation(f"{target}: it was rejected by {latest.actor}{note}")
+        rejecter = rejected_by(session, previous, policy)
+        if rejecter is not None:
+            raise PolicyViolation(f"{target}: it was rejected by {rejecter} (signed)")
         if changes:
             raise PolicyViolation(f"{target}: its models changed since registration: {', '.join(changes)}")
         current = session.get(PairVersionRow, pointer.pair_version_id) if pointer.pair_version_id else None
@@ -162,7 +169,7 @@ def rollback(store: Store, name: str, environment: str, *, actor: str, reason: s
         store.transition(name, previous.version, PairState.PROMOTED, actor=actor, action="rollback", reason=reason,
                          details={"environment": environment, "previous_version": current_version}, session=session)
         if current is not None:
-            release(store, session, current, actor=actor, environment=environment, replaced_by=previous.version,
+            release(store, policy, session, current, actor=actor, environment=environment, replaced_by=previous.version,
                     reason=f"rolled back to {name}@{previous.version}")
         return PointerMove(name, environment, previous.version, current_version, "rollback")
 

@@ -16,8 +16,17 @@ below applies. Top-level keys are defaults for every environment; each
     allow_warnings          accept "warn" (e.g. an fp16 near-tie) for a required check
     approval_required       an approval by someone other than the registrant is needed
     approvers               who may approve for this environment; [] = anyone but the registrant
+    approvals_required      how many people other than the registrant must have signed an
+                            approval (default 1: four-eyes)
     acceptance_tolerance    relative drop of acceptance allowed against the baseline (0.1 = 10%)
     max_validation_age_days a validation older than this no longer counts (omit: no limit)
+    min_acceptance_rate     the validation's acceptance rate must reach this (omit: no floor). The
+                            first validated version sets the baseline later versions are compared
+                            with: without a floor a version with acceptance 0 would pass and make
+                            every later regression check compare against 0
+    min_speedup             the validation's measured speedup at the pair's k must reach this
+                            (omit: no floor); `promote --allow-slower REASON` makes an explicit
+                            exception, recorded in the audit log, that the gate then honours
 
 A top-level ``[identity]`` table says who may act:
 
@@ -26,6 +35,12 @@ A top-level ``[identity]`` table says who may act:
                             else, recorded as claimed beside the role in every audit event
                             (default false: refused). On SQLite identity is advisory: whatever
                             --user / $SPECREG_USER / the OS user says (no authentication).
+
+A top-level ``[keyring]`` table says who may enrol approvers' keys:
+
+    enrollers               the people who may run `specreg keys enrol` (default ["admin"]); a
+                            key counts only while its enroller is named here, and never for a
+                            pair its enroller registered
 
 Unknown keys are errors, so a misspelt ``aproval_required`` cannot silently weaken the policy.
 """
@@ -64,24 +79,34 @@ mtp = ["integrity", "tokenizer", "equivalence", "acceptance"]
 [identity]
 allow_claimed_user = false   # PostgreSQL: the actor is the database role; SQLite: advisory
 
+[keyring]
+enrollers = ["admin"]   # who may enrol an approver's public key (`specreg keys enrol`)
+
 [environments.staging]
 approval_required = false
 
 [environments.production]
 approval_required = true
 approvers = []   # anyone but the registrant (four-eyes)
+approvals_required = 1   # signed approvals by distinct people other than the registrant
+min_acceptance_rate = 0.3   # a draft accepted less often is no baseline to hold later versions to
+min_speedup = 1.0   # never slower than the target alone at its k (else promote --allow-slower REASON)
 """
 
 ENVIRONMENT_KEYS = {
     "golden_set": str, "required_checks": list, "allow_warnings": bool, "approval_required": bool,
     "approvers": list, "acceptance_tolerance": (int, float), "max_validation_age_days": (int, float),
-    "required_checks_by_method": dict,
+    "required_checks_by_method": dict, "approvals_required": int,
+    "min_acceptance_rate": (int, float), "min_speedup": (int, float),
 }
 ENVIRONMENT_DEFAULTS: dict[str, Any] = {
     "golden_set": "default", "required_checks": ["integrity", "equivalence", "acceptance"],
     "allow_warnings": False, "approval_required": False, "approvers": [],
     "acceptance_tolerance": 0.10, "max_validation_age_days": None, "required_checks_by_method": {},
+    "approvals_required": 1,
+    "min_acceptance_rate": None, "min_speedup": None,
 }
+DEFAULT_ENROLLERS = ("admin",)
 
 
 @dataclass(frozen=True)
@@ -97,6 +122,22 @@ class EnvironmentPolicy:
     acceptance_tolerance: float
     max_validation_age_days: float | None
     required_checks_by_method: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    approvals_required: int = 1
+    min_acceptance_rate: float | None = None  # the validation's acceptance rate must reach it
+    min_speedup: float | None = None  # the validation's measured speedup must reach it (or an exception)
+
+    def floors_text(self) -> list[str]:
+        """The floors of this environment in words, for `specreg policy show`."""
+        lines = []
+        if self.min_acceptance_rate is not None:
+            lines.append(f"{self.name}: the validation's acceptance rate must be at least {self.min_acceptance_rate:g} "
+                         "(min_acceptance_rate): the first validated version sets the baseline later versions are "
+                         "compared with, so a draft that is rarely accepted would make that comparison meaningless")
+        if self.min_speedup is not None:
+            lines.append(f"{self.name}: the validation's measured speedup at the pair's k must be at least "
+                         f"{self.min_speedup:g}x (min_speedup); `specreg promote NAME@VERSION --to {self.name} "
+                         "--allow-slower REASON` makes an explicit exception, recorded in the audit log")
+        return lines
 
     def checks_for(self, method: str) -> tuple[str, ...]:
         """The checks a pair of kind `method` (draft_model, ngram, eagle3, ...) must have passed."""
@@ -109,7 +150,8 @@ class EnvironmentPolicy:
                                           self.required_checks_by_method.items()},
             "allow_warnings": self.allow_warnings, "approval_required": self.approval_required,
             "approvers": list(self.approvers), "acceptance_tolerance": self.acceptance_tolerance,
-            "max_validation_age_days": self.max_validation_age_days,
+            "max_validation_age_days": self.max_validation_age_days, "approvals_required": self.approvals_required,
+            "min_acceptance_rate": self.min_acceptance_rate, "min_speedup": self.min_speedup,
         }
 
 
@@ -120,6 +162,7 @@ class Policy:
     environments: dict[str, EnvironmentPolicy]
     source: str
     allow_claimed_user: bool = False  # [identity]: --user may differ from the PostgreSQL role
+    enrollers: tuple[str, ...] = DEFAULT_ENROLLERS  # [keyring]: who may enrol approvers' keys
 
     def environment(self, name: str) -> EnvironmentPolicy:
         """The policy of environment ``name``; NotFoundError names the known ones."""
@@ -130,7 +173,15 @@ class Policy:
 
     def to_dict(self) -> dict[str, Any]:
         return {"source": self.source, "identity": {"allow_claimed_user": self.allow_claimed_user},
+                "keyring": {"enrollers": list(self.enrollers)},
                 "environments": {n: e.to_dict() for n, e in self.environments.items()}}
+
+    @property
+    def sha256(self) -> str:
+        """The hash of what the policy says (not where it was read from): signed into approvals."""
+        from specreg.core.fingerprint import canonical_json, sha256_hex
+
+        return sha256_hex(canonical_json({k: v for k, v in self.to_dict().items() if k != "source"}))
 
     def identity_text(self) -> str:
         """How the acting user is established under this policy, for `specreg policy show`."""
@@ -188,7 +239,7 @@ def parse_policy(document: Any, source: str) -> Policy:
         raise UsageError(f"policy {source}: expected a table/mapping at the top")
     defaults = dict(ENVIRONMENT_DEFAULTS)
     for key, value in document.items():
-        if key in ("environments", "identity"):
+        if key in ("environments", "identity", "keyring"):
             continue
         defaults[key] = check_value(source, key, value)
     identity = document.get("identity", {})
@@ -197,6 +248,15 @@ def parse_policy(document: Any, source: str) -> Policy:
     allow_claimed_user = identity.get("allow_claimed_user", False)
     if not isinstance(allow_claimed_user, bool):
         raise UsageError(f"policy {source}: identity.allow_claimed_user = {allow_claimed_user!r} must be true or false")
+    keyring = document.get("keyring", {})
+    if not isinstance(keyring, dict) or set(keyring) - {"enrollers"} \
+            or not isinstance(keyring.get("enrollers", []), list) \
+            or not all(isinstance(v, str) and v for v in keyring.get("enrollers", [])):
+        raise UsageError(f"policy {source}: [keyring] takes only enrollers = [\"name\", ...]")
+    try:
+        enrollers = tuple(normalize_user(v, what="enroller") for v in keyring.get("enrollers", DEFAULT_ENROLLERS))
+    except IdentityError as exc:
+        raise UsageError(f"policy {source}: keyring.enrollers: {exc}") from None
     environments = document.get("environments")
     if not isinstance(environments, dict) or not environments:
         raise UsageError(f"policy {source}: needs at least one [environments.NAME] table")
@@ -220,15 +280,22 @@ def parse_policy(document: Any, source: str) -> Policy:
                                      if merged["max_validation_age_days"] is not None else None),
             required_checks_by_method={method: tuple(checks) for method, checks in
                                        merged["required_checks_by_method"].items()},
+            approvals_required=merged["approvals_required"],
+            min_acceptance_rate=optional_float(merged["min_acceptance_rate"]),
+            min_speedup=optional_float(merged["min_speedup"]),
         )
-    return Policy(built, source, allow_claimed_user)
+    return Policy(built, source, allow_claimed_user, enrollers)
+
+
+def optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def check_value(source: str, where: str, value: Any, key: str | None = None) -> Any:
     key = key or where
     expected = ENVIRONMENT_KEYS.get(key)
     if expected is None:
-        raise UsageError(f"policy {source}: unknown key {where!r} (known: {', '.join(sorted(ENVIRONMENT_KEYS))}, environments, identity)")
+        raise UsageError(f"policy {source}: unknown key {where!r} (known: {', '.join(sorted(ENVIRONMENT_KEYS))}, environments, identity, keyring)")
     # bool is an int in Python: a `true` tolerance is an error, not 1.0
     if not isinstance(value, expected) or (expected != bool and isinstance(value, bool)):
         raise UsageError(f"policy {source}: {where} = {value!r} has the wrong type")
@@ -252,6 +319,12 @@ def check_value(source: str, where: str, value: Any, key: str | None = None) -> 
         raise UsageError(f"policy {source}: {where} = {value} must be in [0, 1)")
     if isinstance(value, float) and not math.isfinite(value):
         raise UsageError(f"policy {source}: {where} = {value} must be a finite number")
+    if key == "approvals_required" and not 1 <= value <= 100:
+        raise UsageError(f"policy {source}: {where} = {value} must be between 1 and 100")
+    if key == "min_acceptance_rate" and not 0 <= value <= 1:
+        raise UsageError(f"policy {source}: {where} = {value} must be in [0, 1]")
+    if key == "min_speedup" and not 0 < value <= 100:
+        raise UsageError(f"policy {source}: {where} = {value} must be in (0, 100]")
     if key == "max_validation_age_days" and value <= 0:
         raise UsageError(f"policy {source}: {where} = {value} must be > 0")
     return value

@@ -1,7 +1,8 @@
 """MLflow as the review surface of the registry (DESIGN.md §5).
 
 specreg's own database is the source of truth; this module copies what it knows into MLflow
-and reads back the one thing reviewers write there: the approval tag. Every write is
+and reads back the one thing reviewers write there: the approval tag (a request, never a decision:
+mlflow_approvals.py). Every write is
 idempotent (found by tag before it is created), so `specreg sync` can replay everything after
 MLflow was down and create nothing twice.
 
@@ -26,27 +27,20 @@ import json
 import os
 import re
 import shutil
-import sys
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
-from urllib.parse import quote, unquote, urlparse
 
 import yaml
 
-from specreg.core.identity import normalize_user
-from specreg.errors import IdentityError, MlflowUnavailable, NotFoundError, UsageError
-from specreg.core.types import ModelRef
+from specreg.errors import MlflowUnavailable, NotFoundError, UsageError
+from specreg.registry.review.mlflow_approvals import ApprovalTags
+from specreg.registry.review.mlflow_places import local_artifact_root
+from specreg.registry.review.mlflow_records import _check_statuses, validation_metrics, validation_params
 from specreg.registry.store.entities import PairVersion
 from specreg.settings import default_mlflow_uri
 
-APPROVAL_TAG = "specreg.approval"
-APPROVAL_NOTE_TAG = "specreg.approval_note"
-# Written by set_approval next to the approval tag; trusted only while it still describes the
-# current tag values (a reviewer may change the tag in the UI afterwards).
-APPROVAL_RECORD_TAG = "specreg.approval_record"
-APPROVAL_STATUSES = ("approved", "rejected")
 RESERVED_ALIASES = re.compile(r"^(latest|v\d+)$", re.IGNORECASE)
 
 # An unreachable server must fail in seconds so the registry can warn "MLflow is behind" and
@@ -57,150 +51,7 @@ FAST_FAIL_ENV = {
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "5",
 }
 
-_METRIC_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_\-. /]")
-
-
-def local_artifact_root(tracking_uri: str) -> Path | None:
-    """For a local store (``sqlite:///DIR/x.db`` or a plain folder) the folder its artifacts
-    belong in: ``DIR/artifacts``; None for a server (http/https/databricks ...)."""
-    parsed = urlparse(tracking_uri)
-    if parsed.scheme == "sqlite":
-        # sqlite:////abs/path.db -> path "//abs/path.db"; sqlite:///rel.db -> "/rel.db"
-        db_path = Path(unquote(tracking_uri[len("sqlite:///"):]))
-        return db_path.expanduser().resolve().parent / "artifacts"
-    if parsed.scheme in ("", "file"):
-        return Path(unquote(parsed.path)).expanduser().resolve() / "artifacts"
-    return None
-
-
-def ui_command(tracking_uri: str, host: str = "127.0.0.1", port: int = 5000) -> list[str]:
-    """argv that serves the MLflow UI over a local store: ``python -m mlflow server
-    --backend-store-uri URI --default-artifact-root DIR --host HOST --port P``.
-    Raises UsageError for a remote tracking URI (there is a server already: open it)."""
-    artifact_root = local_artifact_root(tracking_uri)
-    if artifact_root is None:
-        raise UsageError(
-            f"MLflow tracking URI {tracking_uri} is a server already; open it in a browser"
-        )
-    return [
-        sys.executable, "-m", "mlflow", "server",
-        "--backend-store-uri", tracking_uri,
-        "--default-artifact-root", str(artifact_root),
-        "--host", host,
-        "--port", str(port),
-    ]
-
-
-def model_version_url(base_url: str, name: str, version: int | str) -> str:
-    """UI address of a model version: ``BASE/#/models/<name>/versions/<v>`` (the MLflow 3
-    React app's hash route ``/models/:modelName/versions/:version``)."""
-    return f"{base_url.rstrip('/')}/#/models/{quote(str(name), safe='')}/versions/{version}"
-
-
-def registered_model_url(base_url: str, name: str) -> str:
-    """UI address of a registered model: ``BASE/#/models/<name>``."""
-    return f"{base_url.rstrip('/')}/#/models/{quote(str(name), safe='')}"
-
-
-def _metric_name(name: str) -> str:
-    """MLflow accepts letters, digits, ``_-. /`` in metric names; anything else becomes ``_``."""
-    return _METRIC_NAME_UNSAFE.sub("_", name)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def validation_metrics(validation: dict[str, Any]) -> dict[str, float]:
-    """Flatten the metric sections of a validation dict (see MlflowSync.log_validation) into
-    MLflow metric names -> values. Missing sections and None values are left out."""
-    metrics: dict[str, float] = {}
-    acceptance = validation.get("acceptance") or {}
-    for key, value in acceptance.items():
-        if key == "per_position":
-            for position, rate in enumerate(value or []):
-                if _is_number(rate):
-                    metrics[f"acceptance_rate_pos_{position}"] = float(rate)
-        elif key == "per_category":
-            for category, values in (value or {}).items():
-                for metric, number in (values or {}).items():
-                    if _is_number(number):
-                        metrics[_metric_name(f"{metric}.{category}")] = float(number)
-        elif _is_number(value):
-            metrics[_metric_name(key)] = float(value)
-    performance = validation.get("performance") or {}
-    for key, value in performance.items():
-        if isinstance(value, dict):  # e.g. latency_ms: {p50, p95, p99}
-            for sub, number in value.items():
-                if _is_number(number):
-                    metrics[_metric_name(f"{key}_{sub}")] = float(number)
-        elif _is_number(value):
-            metrics[_metric_name(key)] = float(value)
-    equivalence = validation.get("equivalence") or {}
-    for key, value in equivalence.items():
-        if _is_number(value):
-            metrics[_metric_name(f"equivalence_{key}")] = float(value)
-    return metrics
-
-
-def _model_params(prefix: str, model: ModelRef | None) -> dict[str, Any]:
-    if model is None:
-        return {f"{prefix}.reference": "none"}
-    fingerprint = model.fingerprint
-    return {
-        f"{prefix}.reference": model.reference,
-        f"{prefix}.revision": model.revision,
-        f"{prefix}.weights_sha256": fingerprint.weights_sha256,
-        f"{prefix}.config_sha256": fingerprint.config_sha256,
-        f"{prefix}.tokenizer_sha256": fingerprint.tokenizer_sha256,
-        f"{prefix}.chat_template_sha256": fingerprint.chat_template_sha256,
-        f"{prefix}.architecture": fingerprint.architecture,
-        f"{prefix}.vocab_size": fingerprint.vocab_size,
-    }
-
-
-def validation_params(pair_version: PairVersion, validation: dict[str, Any]) -> dict[str, str]:
-    """MLflow params of a validation run: what was validated and how. None values are left
-    out; every value is a string (MLflow params are strings, at most 6000 characters)."""
-    settings = validation.get("settings") or {}
-    golden_set = validation.get("golden_set") or {}
-    config = pair_version.config
-    params: dict[str, Any] = {
-        "pair": pair_version.name,
-        "pair_version": pair_version.version,
-        "binding_sha256": pair_version.binding_sha256,
-        **_model_params("target", pair_version.target),
-        **_model_params("draft", pair_version.draft),
-        "method": settings.get("method") or config.method.value,
-        "k": settings.get("k") or config.num_speculative_tokens,
-        "prompt_lookup_min": config.prompt_lookup_min,
-        "prompt_lookup_max": config.prompt_lookup_max,
-    }
-    for key, value in golden_set.items():  # name -> golden_set, sha256 -> golden_set_sha256 ...
-        params["golden_set" if key == "name" else f"golden_set_{key}"] = value
-    for key, value in settings.items():
-        params.setdefault(key, value)
-    for package, version in (validation.get("runtime") or {}).items():
-        params[f"runtime.{package}"] = version
-    return {key: str(value)[:6000] for key, value in params.items() if value is not None}
-
-
-def _check_statuses(checks: Any) -> dict[str, str]:
-    """check name -> status, from ``{name: status}`` or ``[{"name", "status", ...}]``."""
-    if isinstance(checks, dict):
-        return {str(name): str(status) for name, status in checks.items() if status}
-    return {
-        str(check["name"]): str(check["status"])
-        for check in checks or []
-        if check.get("name") and check.get("status")
-    }
-
-
-def _approval_record(status: str, note: str | None) -> dict[str, Any]:
-    return {"status": status, "note": note or None}
-
-
-class MlflowSync:
+class MlflowSync(ApprovalTags):
     """Keeps MLflow in step with the registry. Every method raises MlflowUnavailable (fast)
     when MLflow cannot be reached, and is idempotent: call it again after a failure."""
 
@@ -606,119 +457,6 @@ class MlflowSync:
                     return {}
                 raise
         return {alias: int(version) for alias, version in (model.aliases or {}).items()}
-
-    # ------------------------------------------------------------------ approval
-
-    def read_approval(self, pair_version: PairVersion) -> dict[str, Any] | None:
-        """The reviewer's decision on ``pair_version``, read from its model-version tags.
-
-        The tag ``specreg.approval`` is ``approved:<user>`` / ``rejected:<user>`` (naming who
-        decides) or a bare ``approved`` / ``rejected`` (naming nobody). Returns None when there
-        is no model version or no tag, else ``{"status": "approved"|"rejected"|None, "named":
-        the normalised user in the tag or None, "note": str|None, "user": str|None, "time":
-        datetime|None, "raw": the tag value, "problem": str|None}``. A value that is none of
-        these (``LGTM``, a user name that is not a valid identity) has status None and says
-        why in ``problem``: the caller warns and ignores it, it never fails a command.
-        Open-source MLflow records neither who set a tag nor when, so ``user``/``time`` come
-        from the record set_approval writes, and only while that record still matches the
-        tags; a decision made in the UI has ``user`` None and ``time`` None."""
-        model_version = self.find_model_version(pair_version)
-        if model_version is None:
-            return None
-        tags = model_version.tags or {}
-        raw = tags.get(APPROVAL_TAG)
-        if raw is None or not raw.strip():
-            return None
-        note = (tags.get(APPROVAL_NOTE_TAG) or "").strip() or None
-        result: dict[str, Any] = {"status": None, "named": None, "note": note, "user": None, "time": None,
-                                  "raw": raw, "problem": None}
-        status, _, named = raw.strip().partition(":")
-        status = status.strip().lower()
-        if status not in APPROVAL_STATUSES:
-            result["problem"] = (f"{model_version.name} version {model_version.version}: tag {APPROVAL_TAG}="
-                                 f"{raw!r} is not approved:<user> or rejected:<user>; ignored")
-            return result
-        if named.strip():
-            try:
-                result["named"] = normalize_user(named, what=f"tag {APPROVAL_TAG}")
-            except IdentityError as exc:
-                result["problem"] = f"{model_version.name} version {model_version.version}: {exc}; ignored"
-                return result
-        result["status"] = status
-        try:
-            record = json.loads(tags.get(APPROVAL_RECORD_TAG) or "null")
-        except json.JSONDecodeError:
-            record = None
-        if isinstance(record, dict) and {
-            "status": record.get("status"), "note": record.get("note")
-        } == _approval_record(status, note) and record.get("user") == result["named"]:
-            result["user"] = record.get("user")
-            try:
-                result["time"] = datetime.fromisoformat(record["time"]) if record.get("time") else None
-            except (TypeError, ValueError):
-                result["time"] = None
-        return result
-
-    def set_approval(
-        self, pair_version: PairVersion, status: str, note: str | None, user: str
-    ) -> None:
-        """Write the decision as a reviewer would in the UI (tag ``specreg.approval`` =
-        ``<status>:<user>``, ``specreg.approval_note``) plus a record of who and when.
-        ``status``: approved or rejected. Raises NotFoundError when the version has no model
-        version yet."""
-        status = status.strip().lower()
-        if status not in APPROVAL_STATUSES:
-            raise UsageError(f"approval status {status!r} is not one of {', '.join(APPROVAL_STATUSES)}")
-        model_version = self._require_model_version(pair_version)
-        record = {
-            **_approval_record(status, note),
-            "user": user,
-            "time": datetime.now(timezone.utc).isoformat(),
-        }
-        with self._translate_errors():
-            name, version = model_version.name, model_version.version
-            self.client.set_model_version_tag(name, version, APPROVAL_TAG, f"{status}:{user}")
-            if note:
-                self.client.set_model_version_tag(name, version, APPROVAL_NOTE_TAG, note)
-            elif APPROVAL_NOTE_TAG in (model_version.tags or {}):
-                self.client.delete_model_version_tag(name, version, APPROVAL_NOTE_TAG)
-            self.client.set_model_version_tag(
-                name, version, APPROVAL_RECORD_TAG, json.dumps(record, sort_keys=True)
-            )
-
-    def model_permission(self, pair_name: str, user: str) -> str | None:
-        """``user``'s effective permission on the registered model of ``pair_name`` as the
-        MLflow server's auth app resolves it (``READ``, ``EDIT``, ``MANAGE``,
-        ``NO_PERMISSIONS``; ``UNKNOWN_USER`` for a user the server does not know), or None when
-        the server runs no auth app (a local store, or ``mlflow server`` without
-        ``--app-name basic-auth``). Asks ``GET /api/3.0/mlflow/users/permissions/get``
-        (MLflow 3.x basic-auth; the caller's MLFLOW_TRACKING_USERNAME/PASSWORD must be an
-        admin, the user itself or a workspace manager). A server that refuses to answer
-        gives ``NOT_CONFIRMED (HTTP <status>)``."""
-        if urlparse(self.tracking_uri).scheme not in ("http", "https"):
-            return None
-        from mlflow.utils.credentials import get_default_host_creds
-        from mlflow.utils.rest_utils import http_request
-
-        with self._translate_errors():
-            response = http_request(
-                get_default_host_creds(self.tracking_uri), "/api/3.0/mlflow/users/permissions/get", "GET",
-                params={"username": user, "resource_type": "registered_model",
-                        "resource_id": self.registered_model_name(pair_name)},
-                max_retries=0, timeout=10, raise_on_status=False,
-            )
-        try:
-            body = response.json()
-        except ValueError:
-            body = None
-        if response.status_code == 200 and isinstance(body, dict) and "permission" in body:
-            return str(body["permission"]).upper()
-        if response.status_code == 404 and not (isinstance(body, dict) and body.get("error_code")):
-            return None  # no such route: the server has no auth app
-        if isinstance(body, dict) and body.get("error_code") == "RESOURCE_DOES_NOT_EXIST":
-            return "UNKNOWN_USER"
-        return f"NOT_CONFIRMED (HTTP {response.status_code})"
-
 
 def _quote_value(value: str) -> str:
     """Escape a value for an MLflow filter string literal in single quotes."""

@@ -13,12 +13,11 @@ from __future__ import annotations
 import json
 import os
 
-from specreg.errors import MlflowUnavailable, SpecregError
+from specreg.errors import MlflowUnavailable
 from specreg.registry.store.entities import PairVersion
 from specreg.registry.store.store import Store
 
 FINISHED = ("passed", "failed")
-CONFIRMING_PERMISSIONS = ("EDIT", "MANAGE")  # MLflow permissions that may change a model version
 
 
 def mlflow_enabled() -> bool:
@@ -76,8 +75,12 @@ class Review:
         if runs:
             latest, latest_run_id = runs[-1], done["runs"][-1]
             baselines = latest_passed[0].baselines if latest_passed else None
+            summary = render_markdown(latest, version)
+            request = self.approval_request(version) if self.mlflow.find_model_version(version) else None
+            if request is not None:  # shown in the UI where the reviewer set the tag
+                summary += f"\n\n**Approval:** {request}\n"
             done["model_version"] = self.mlflow.ensure_model_version(
-                version, latest_run_id, render_markdown(latest, version),
+                version, latest_run_id, summary,
                 tags={"specreg.validation": validation_key(latest),
                       # the registry's audit head, anchored outside its database
                       "specreg.audit_head": self.store.audit_head()}, baselines=baselines)
@@ -87,88 +90,58 @@ class Review:
         return done
 
     def sync_approval(self, version: PairVersion) -> str | None:
-        """Registry decisions go to MLflow (tag ``<status>:<approver>``); a decision made in the
-        MLflow UI comes back as a registry decision with its audit event (recorded by whoever
-        runs the sync, the approver in its details).
+        """Registry decisions go to MLflow (tag ``<status>:<approver>``); returns the newest
+        decision that counts (None: none).
 
-        Attribution: a tag ``approved:<user>`` counts as ``user``'s approval only where the
-        server's auth app confirms ``user`` may edit the registered model (EDIT or MANAGE);
-        otherwise (a bare ``approved``, no auth app, a user without that permission) it is
-        recorded as unattributed and does not satisfy four-eyes until a named approver
-        confirms it with `specreg approve`. A malformed tag (``LGTM``) is warned about and
-        ignored."""
-        from specreg.registry.governance import approvals as decisions
-
-        from specreg.registry.store.store import verified_chain
-
-        with self.store.session() as session:
-            row = self.store.version_row(session, version.name, version.version)
-            # only decisions the audit chain vouches for reach MLflow (a forged row does not)
-            approvals = decisions.chained_approvals(session, row, verified_chain(session)[0])
-        latest = approvals[-1].decision if approvals else None
-        attributed = [a for a in approvals if a.source != decisions.UNATTRIBUTED]
-        from_ui = [a for a in approvals if a.source in ("mlflow", decisions.UNATTRIBUTED)]
-        in_mlflow = self.mlflow.read_approval(version)
-        if in_mlflow is not None and in_mlflow["status"] is None:
-            self.notes.append(in_mlflow["problem"])
-            in_mlflow = None if attributed else in_mlflow  # the registry's own decision replaces it
-        if in_mlflow is not None and in_mlflow["status"] is not None and in_mlflow["user"] is None:
-            decided = self.attribute(version, in_mlflow)
-            last_ui = from_ui[-1] if from_ui else None
-            if last_ui is None or (last_ui.decision, last_ui.actor, last_ui.source) != decided[:3]:
-                return self.record_ui_decision(version, in_mlflow, *decided)
-            if not attributed or attributed[-1].id < last_ui.id:
-                return latest  # recorded by an earlier sync, and nothing newer to write back
-            in_mlflow = None  # a registry decision newer than the UI's: it goes to the tag
-        if attributed:
-            newest = attributed[-1]
+        A tag set in the MLflow UI (``approved:bob``) is a request naming the approver, never a
+        decision: MLflow OSS records no author for a tag, so whoever can edit the model can
+        write any name there. It counts once bob has signed that decision with his own key
+        (`specreg approve` by bob); until then the model version's description says
+        "waiting for bob's signature" and the tag is left as the reviewer set it. A malformed
+        tag (``LGTM``) is warned about and ignored."""
+        request = self.approval_request(version)
+        counted = self.counted(version)
+        if request is not None:
+            self.notes.append(request)
+            return counted[-1].decision if counted else None
+        if counted:
+            newest = counted[-1]
+            in_mlflow = self.mlflow.read_approval(version)
             if in_mlflow is None or in_mlflow["status"] != newest.decision or in_mlflow.get("user") != newest.actor:
                 self.mlflow.set_approval(version, newest.decision, newest.note, newest.actor)
-        return latest
+        return counted[-1].decision if counted else None
 
-    def attribute(self, version: PairVersion, in_mlflow: dict) -> tuple[str, str, str, str | None, str | None]:
-        """(decision, approver, source, why unattributed or None, permission) of a UI tag."""
-        from specreg.registry.governance import approvals as decisions
+    def counted(self, version: PairVersion) -> list:
+        """The decisions of ``version`` whose signatures count now, oldest first."""
+        from specreg.registry.governance.approvals import counted_approvals
+        from specreg.registry.governance.policy import load_policy
 
-        status, named = in_mlflow["status"], in_mlflow["named"]
-        permission = self.mlflow.model_permission(version.name, named) if named else None
-        if named is None:
-            why = f"the tag names no approver (use {status}:<user>)"
-        elif permission is None:
-            why = f"the MLflow server has no auth app to confirm that {named} set it"
-        elif permission in CONFIRMING_PERMISSIONS:
-            why = None
-        else:
-            why = f"{named} holds {permission} on {self.mlflow.registered_model_name(version.name)}, not EDIT or MANAGE"
-        if why:
-            return status, decisions.UNATTRIBUTED_ACTOR, decisions.UNATTRIBUTED, why, permission
-        return status, named, "mlflow", None, permission
+        return counted_approvals(self.store, load_policy(), version.name, version.version)
 
-    def record_ui_decision(self, version: PairVersion, in_mlflow: dict, status: str, actor: str, source: str,
-                           why: str | None, permission: str | None) -> str | None:
-        """Record a decision set in the MLflow UI (not written by specreg); see sync_approval."""
-        from specreg.registry.governance import approvals as decisions
+    def approval_request(self, version: PairVersion) -> str | None:
+        """The line for a tag set in the MLflow UI that no signature answers yet (None: no
+        such tag, or it is answered): ``waiting for bob's signature``."""
+        from specreg.core.identity import same_user
 
-        named = in_mlflow["named"]
-        details = {"mlflow_tag": in_mlflow["raw"], "named_user": named, "permission": permission}
-        if why:
-            details["unattributed_because"] = why
-        try:
-            decisions.decide(self.store, version.name, version.version, actor=actor, decision=status,
-                             note=in_mlflow.get("note"), source=source, recorded_by=self.actor, details=details)
-        except SpecregError as exc:
-            self.notes.append(f"MLflow {status} of {version.label} not recorded: {exc}")
+        in_mlflow = self.mlflow.read_approval(version)
+        if in_mlflow is None:
             return None
-        if why:
-            self.notes.append(f"recorded {status} of {version.label} from MLflow as unattributed ({why}); "
-                              + ("a named approver must confirm it with `specreg approve`" if status == "approved"
-                                 else "it withdraws the approval"))
-            return status
-        self.notes.append(f"recorded {status} of {version.label} from MLflow by {named} "
-                          f"({permission} on the model, confirmed by the MLflow auth app; synced by {self.actor})")
-        # write it back as specreg's record so the tag and the registry agree from now on
-        self.mlflow.set_approval(version, status, in_mlflow.get("note"), named)
-        return status
+        if in_mlflow["status"] is None:
+            self.notes.append(in_mlflow["problem"])
+            return None
+        if in_mlflow["user"] is not None:
+            return None  # specreg wrote it from a signed decision
+        status, named = in_mlflow["status"], in_mlflow["named"]
+        verb = "approve" if status == "approved" else "reject"
+        if named is None:
+            return (f"MLflow tag {in_mlflow['raw']!r} on {version.label} names no approver: a request is "
+                    f"{status}:<user>, and counts once that user signs (`specreg {verb} {version.label} --key KEY`)")
+        if any(a.decision == status and same_user(a.actor, named) for a in self.counted(version)):
+            return None
+        what = "approval" if status == "approved" else "rejection"
+        return (f"{what} of {version.label} requested in MLflow for {named}: waiting for {named}'s signature "
+                f"(`specreg {verb} {version.label} --key KEY` by {named}); a tag alone never counts, MLflow records "
+                f"no author for a tag")
 
     def sync_aliases(self, pair_name: str) -> dict[str, int | None]:
         """MLflow aliases follow the registry's environment pointers."""

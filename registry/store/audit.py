@@ -32,14 +32,19 @@ def audit_key() -> bytes | None:
 
 def event_hash(prev_hash: str, *, pair_name: str, version: int | None, action: str,
                from_state: str | None, to_state: str | None, actor: str, reason: str | None,
-               details: dict[str, Any], created_at: datetime, key: bytes | None = None) -> str:
+               details: dict[str, Any], created_at: datetime, key: bytes | None = None,
+               session_role: str | None = None) -> str:
     """sha256 (HMAC-SHA256 under ``key`` when given) over the previous hash and the event's
-    canonical content."""
+    canonical content; ``session_role`` (the PostgreSQL role the server stamped on the row) is
+    part of it when there is one, so a row whose stamped role is not the one it was hashed with
+    breaks the chain."""
     content = {
         "prev": prev_hash, "pair": pair_name, "version": version, "action": action,
         "from": from_state, "to": to_state, "actor": actor, "reason": reason,
         "details": details, "at": created_at.isoformat(timespec="microseconds"),
     }
+    if session_role is not None:
+        content["role"] = session_role
     if key is not None:
         return hmac.new(key, canonical_json(content), hashlib.sha256).hexdigest()
     return sha256_hex(canonical_json(content))
@@ -62,7 +67,7 @@ def verify_chain(events: Iterable[Any], key: bytes | None = None) -> tuple[int, 
             prev, pair_name=event.pair_name, version=event.version, action=event.action,
             from_state=event.from_state, to_state=event.to_state, actor=event.actor,
             reason=event.reason, details=event.details or {}, created_at=event.created_at,
-            key=key if keyed else None,
+            key=key if keyed else None, session_role=getattr(event, "session_role", None),
         )
         if not hmac.compare_digest(expected, event.event_hash):
             return count, (f"event {event.id}: content does not match its hash (the row was edited"

@@ -115,6 +115,9 @@ class PairVersion:
     notes: str | None = None
     allow_pickle: bool = False
     events: tuple[AuditEvent, ...] = field(default=())
+    # every file of each model directory at registration ({"target": [...], "draft": [...]});
+    # None: registered before file lists were recorded (schema 0005)
+    model_files: dict[str, list[str]] | None = None
 
     @property
     def label(self) -> str:

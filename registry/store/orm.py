@@ -53,6 +53,10 @@ class PairVersionRow(Base):
     allow_pickle: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False)
     tree: Mapped[list | None] = mapped_column(JSON)  # SpecConfig.tree as lists
     head: Mapped[dict | None] = mapped_column(JSON)  # SpecConfig.head
+    # Every file of each model directory at registration ({"target": [names], "draft": [names]}): an
+    # export whose file set differs is refused, naming the files (engines read files the
+    # fingerprint does not cover: hf_quant_config.json, params.json, a subfolder).
+    model_files: Mapped[dict | None] = mapped_column(JSON)
 
     pair: Mapped[PairRow] = relationship(back_populates="versions")
 
@@ -60,7 +64,7 @@ class PairVersionRow(Base):
     IMMUTABLE_COLUMNS = ("pair_id", "version", "binding_sha256", "method", "num_speculative_tokens",
                          "prompt_lookup_min", "prompt_lookup_max", "max_batch_size_for_speculation",
                          "target", "draft", "registered_by", "registered_at", "notes", "allow_pickle", "tree",
-                         "head")
+                         "head", "model_files")
 
     def to_entity(self, events: tuple[AuditEvent, ...] = ()) -> PairVersion:
         return PairVersion(
@@ -85,6 +89,7 @@ class PairVersionRow(Base):
             notes=self.notes,
             allow_pickle=self.allow_pickle,
             events=events,
+            model_files=self.model_files,
         )
 
 
@@ -105,6 +110,10 @@ class AuditEventRow(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime, nullable=False)
     prev_hash: Mapped[str] = mapped_column(String(64), nullable=False)
     event_hash: Mapped[str] = mapped_column(String(64), nullable=False, unique=True)
+    # PostgreSQL: the database role that wrote the row (session_user), stamped by a trigger the
+    # schema owner owns (migration 0005) whatever the writer sends, and covered by event_hash;
+    # NULL on SQLite (no authentication) and for events written before 0005.
+    session_role: Mapped[str | None] = mapped_column(String(255))
 
     def to_entity(self) -> AuditEvent:
         return AuditEvent(
@@ -189,6 +198,31 @@ class ApprovalRow(Base):
     # event is in the verified chain and says the same (a row written straight into the table,
     # or one whose event was edited, counts for nothing). NULL: a row no event vouches for.
     event_hash: Mapped[str | None] = mapped_column(String(64))
+    # The approver's DSSE signature (a Sigstore bundle) over the decision's in-toto statement
+    # (governance/signatures.py), the key that made it and the environment it was given for
+    # (``*``: any). A row without a valid signature by a key enrolled to ``actor`` counts for nothing.
+    signature: Mapped[dict | None] = mapped_column(JSON)
+    key_id: Mapped[str | None] = mapped_column(String(64))
+    scope: Mapped[str | None] = mapped_column(String(32))
+    session_role: Mapped[str | None] = mapped_column(String(255))  # stamped as audit_events.session_role
+
+
+class ApproverKeyRow(Base):
+    """The approvers' keyring: a person's public key, who enrolled it and when, and the hash of
+    the audit event that recorded the enrolment (a key counts only while that event is in the
+    verified chain and was written by an enroller the policy names)."""
+
+    __tablename__ = "approver_keys"
+    __table_args__ = (UniqueConstraint("key_id", name="uq_approver_keys_key_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    person: Mapped[str] = mapped_column(String(255), nullable=False)
+    key_id: Mapped[str] = mapped_column(String(64), nullable=False)  # sha256 of the public key PEM
+    public_key: Mapped[str] = mapped_column(Text, nullable=False)  # SubjectPublicKeyInfo PEM
+    enrolled_by: Mapped[str] = mapped_column(String(255), nullable=False)
+    enrolled_at: Mapped[datetime] = mapped_column(DateTime, nullable=False)
+    event_hash: Mapped[str | None] = mapped_column(String(64))
+    session_role: Mapped[str | None] = mapped_column(String(255))  # stamped as audit_events.session_role
 
 
 class EnvironmentPointerRow(Base):

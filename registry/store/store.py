@@ -29,7 +29,7 @@ from specreg.registry.store.lifecycle import check_transition
 from specreg.registry.store.orm import AuditEventRow, AuditHeadRow, ObservationRow, PairRow, PairVersionRow
 
 # The newest migration in migrations/versions; a test checks it equals alembic's head.
-SCHEMA_HEAD = "0004"
+SCHEMA_HEAD = "0005"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 
@@ -189,6 +189,12 @@ class Store:
         with self.engine.connect() as connection:
             return connection.exec_driver_sql("SELECT session_user").scalar()
 
+    def session_role(self) -> str | None:
+        """authenticated_role(), asked once per Store (a connection's session_user never changes)."""
+        if not hasattr(self, "_session_role"):
+            self._session_role = self.authenticated_role()
+        return self._session_role
+
     def upgrade(self, revision: str = "head") -> None:
         """Migrate to ``revision`` under the migration lock."""
         from specreg.registry.store.migrate import migration_lock
@@ -233,7 +239,8 @@ class Store:
     # --- pair versions ------------------------------------------------------------------
 
     def create_version(self, *, name: str, target: ModelRef, draft: ModelRef | None, config: SpecConfig,
-                       binding_sha256: str, actor: str, notes: str | None, allow_pickle: bool) -> tuple[PairVersion, bool]:
+                       binding_sha256: str, actor: str, notes: str | None, allow_pickle: bool,
+                       model_files: dict[str, list[str]] | None = None) -> tuple[PairVersion, bool]:
         """Insert version N+1 of ``name`` (or return the existing one with the same binding)
         together with its audit event, in one transaction. Returns (version, created)."""
         actor = normalize_user(actor, what="registrant")
@@ -261,6 +268,7 @@ class Store:
                         head=config.head,
                         target=target.to_dict(), draft=draft.to_dict() if draft else None,
                         registered_by=actor, registered_at=now, notes=notes, allow_pickle=allow_pickle,
+                        model_files=model_files,
                     )
                     session.add(row)
                     session.flush()
@@ -365,11 +373,13 @@ class Store:
         return self._append(session, head, key, pair_name=pair_name, version=version, action=action,
                             from_state=from_state, to_state=to_state, actor=actor, reason=reason, details=details)
 
-    @staticmethod
-    def _append(session: Session, head: AuditHeadRow, key: bytes | None, **content: Any) -> AuditEventRow:
+    def _append(self, session: Session, head: AuditHeadRow, key: bytes | None, **content: Any) -> AuditEventRow:
         created_at = utcnow()
-        digest = audit.event_hash(head.last_hash, created_at=created_at, key=key, **content)
-        row = AuditEventRow(**content, created_at=created_at, prev_hash=head.last_hash, event_hash=digest)
+        # PostgreSQL stamps the row with session_user whatever is sent; the hash covers that role
+        role = self.session_role()
+        digest = audit.event_hash(head.last_hash, created_at=created_at, key=key, session_role=role, **content)
+        row = AuditEventRow(**content, created_at=created_at, prev_hash=head.last_hash, event_hash=digest,
+                            session_role=role)
         session.add(row)
         session.flush()
         head.last_hash, head.last_event_id = digest, row.id

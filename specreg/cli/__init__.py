@@ -12,12 +12,15 @@ import sys
 import click
 
 from specreg.cli import deploy, governance, registration, review, validation  # noqa: F401  (register commands)
-from specreg.cli.common import cli, printable, print_warnings
+from specreg.cli.common import cli, echo_err, printable, print_warnings
 from specreg.errors import PathTooLongError, SpecregError
 
 
 def main() -> None:
     """Entry point: user errors become one line on stderr and an exit code, never a traceback."""
+    from specreg.runtime.process import prepare_process
+
+    prepare_process()  # threads for torch and no library progress bars, before torch is imported
     try:
         try:
             code = cli.main(standalone_mode=False)
@@ -30,7 +33,8 @@ def main() -> None:
         exc.show()
         sys.exit(exc.exit_code)
     except SpecregError as exc:
-        click.echo(f"specreg: error: {printable(exc)}", err=True)
+        lines = getattr(exc, "lines", None) or [f"error: {exc}"]  # a Refusal: one reason a line
+        echo_err([f"specreg: {printable(line)}" if index == 0 else printable(line) for index, line in enumerate(lines)])
         sys.exit(exc.exit_code)
     except OSError as exc:
         # a path argument (-o, --out, --report, --target, --golden ...) the file system cannot hold;

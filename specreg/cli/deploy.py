@@ -4,10 +4,12 @@ check (`verify`), and live observation against the baselines."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
-from specreg.cli.common import cli, db_option, fmt_number, json_option, open_registry, print_json, print_table
+from specreg.cli.common import (cli, db_option, fmt_number, json_option, open_registry, print_json, print_table,
+                                user_option)
 from specreg.registry.deploy.engines import FORMATS
 
 
@@ -74,18 +76,25 @@ def yaml_scalar(value: str):
               help="Also check the registry database (as --db): same binding, not retired, holds --env.")
 @click.option("--env", "environment", default=None, metavar="ENV", help="With --registry: the version must hold ENV.")
 @click.option("--allow-unsigned", is_flag=True, help="Accept an unsigned lock (files are still checked).")
-@click.option("--allow-unapproved", is_flag=True, help="Accept a lock of an export made with --force.")
+@click.option("--allow-unapproved", is_flag=True, help="Accept a lock of an export made with --force, or an "
+              "approved lock without checking its approvers' signatures.")
+@click.option("--keyring", default=None, metavar="FILE",
+              help="The approvers' keyring the platform mounts (`specreg keys export`): the lock's approval "
+                   "signatures must verify against it.")
+@click.option("--config", "configs", multiple=True, metavar="FILE",
+              help="An engine file the export wrote (serve script, config, k8s manifest): must match the lock.")
 @json_option
 def verify(lock_path, public_key, target, draft, registry_url, environment, allow_unsigned, allow_unapproved,
-           as_json):
+           keyring, configs, as_json):
     """Check, before an engine starts, that the model files match a signed pair lock.
 
     Exit 0: everything matches; 100: a mismatch (bad signature, edited lock, a changed, missing
     or extra file, a retired or no longer promoted version), named; 1: an error; 2: usage."""
-    from specreg.registry.deploy.lock import verify_lock
+    from specreg.registry.deploy.verify import verify_lock
 
     report = verify_lock(lock_path, public_key=public_key, target=target, draft=draft, registry_url=registry_url,
-                         environment=environment, allow_unsigned=allow_unsigned, allow_unapproved=allow_unapproved)
+                         environment=environment, allow_unsigned=allow_unsigned, allow_unapproved=allow_unapproved,
+                         keyring=keyring, configs=configs)
     if as_json:
         print_json(report.to_dict())
     else:
@@ -101,7 +110,57 @@ def verify(lock_path, public_key, target, draft, registry_url, environment, allo
 
 @cli.group()
 def keys() -> None:
-    """Signing keys for pair locks."""
+    """Signing keys (pair locks, approvals) and the approvers' keyring."""
+
+
+@keys.command(name="enrol")
+@click.argument("person")
+@click.option("--public-key", required=True, metavar="FILE", help="The person's public key (`keys create` made it).")
+@db_option
+@user_option
+@json_option
+def keys_enrol(person, public_key, db_url, user, as_json):
+    """Enrol PERSON's public key in the approvers' keyring (an enroller of the policy only; audited)."""
+    entry = open_registry(db_url, user).enrol_key(person, public_key)
+    if as_json:
+        print_json({k: v for k, v in entry.to_dict().items() if k != "public_key"})
+    else:
+        click.echo(f"enrolled key {entry.key_id[:12]} for {entry.person} (by {entry.enrolled_by})")
+
+
+@keys.command(name="list")
+@db_option
+@json_option
+def keys_list(db_url, as_json):
+    """The enrolled approval keys that count, and keyring rows that do not (named)."""
+    entries, refused = open_registry(db_url).keyring()
+    if as_json:
+        print_json({"keys": [{k: v for k, v in e.to_dict().items() if k != "public_key"} for e in entries],
+                    "not_counted": refused})
+        return
+    for e in entries:
+        click.echo(f"{e.key_id[:12]}  {e.person}  enrolled by {e.enrolled_by} at {e.enrolled_at}")
+    for line in refused:
+        click.echo(f"NOT COUNTED  {line}")
+
+
+@keys.command(name="export")
+@click.option("--out", "out_path", required=True, metavar="FILE", help="The keyring file to write (JSON).")
+@db_option
+def keys_export(out_path, db_url):
+    """Write the keyring file `specreg verify --keyring` reads (mount it where the engine starts)."""
+    import json
+
+    from specreg.registry.governance.signatures import keyring_document
+
+    from specreg.errors import SpecregError
+
+    entries, _ = open_registry(db_url).keyring()
+    try:
+        Path(out_path).write_text(json.dumps(keyring_document(entries), indent=2) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise SpecregError(f"keyring {out_path}: cannot write ({exc.strerror or exc})") from None
+    click.echo(f"wrote {len(entries)} key(s) to {out_path}")
 
 
 @keys.command(name="create")
@@ -109,7 +168,7 @@ def keys() -> None:
 def keys_create(out_dir):
     """Create an ECDSA P-256 key pair: DIR/specreg-signing.key (private, mode 0600) and
     DIR/specreg-signing.pub. Never overwrites a key."""
-    from specreg.registry.deploy.lock import create_key_pair
+    from specreg.core.signing import create_key_pair
 
     private_path, public_path = create_key_pair(out_dir)
     click.echo(f"private key: {private_path} (mode 0600; export --signing-key / SPECREG_SIGNING_KEY)")
@@ -131,9 +190,24 @@ def keys_create(out_dir):
 def observe(ref, metrics_url, engine, interval, model_name, tolerance, deadline, policy_path, db_url, as_json):
     """Live acceptance from the engine's metrics against the recorded baseline (exit 0 ok, 100 drift,
     1 error, no data or an invalid reading)."""
+    from specreg.cli.progress import Progress
+
+    progress = Progress(enabled=not as_json)
+
+    def wait(seconds: float) -> None:  # the interval between the two scrapes, with progress
+        import time
+
+        whole, what = int(seconds), f"observe: {seconds:g} s between the two scrapes of {metrics_url}"
+        progress(what, 0, max(whole, 1))
+        for second in range(whole):
+            time.sleep(1)
+            progress(what, second + 1, whole)
+        time.sleep(seconds - whole)
+        progress.close()
+
     result = open_registry(db_url).observe(ref, metrics_url, engine=engine, interval=interval,
                                            model_name=model_name, tolerance=tolerance, policy_path=policy_path,
-                                           deadline_s=deadline)
+                                           deadline_s=deadline, sleep=wait)
     if as_json:
         print_json(result)
     else:

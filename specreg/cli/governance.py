@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+import textwrap
+
 import click
 
-from specreg.cli.common import (cli, db_option, user_option, json_option, policy_option,
-                                open_registry, print_json, print_table)
+from specreg.cli.common import (cli, db_option, echo_lines, user_option, json_option, output_width, policy_option,
+                                open_registry, print_json, print_table, printable)
 from specreg.errors import SpecregError
 
 
 @cli.command()
 @click.argument("ref", metavar="NAME@VERSION")
 @click.option("--note", default=None, help="Why; kept with the approval.")
+@click.option("--key", envvar="SPECREG_APPROVAL_KEY", default=None, metavar="FILE",
+              help="Your private key (enrolled to you); the approval is your signature.")
+@click.option("--env", "environment", default=None, metavar="ENV", help="Approve for this environment only.")
 @db_option
 @user_option
 @json_option
-def approve(ref, note, db_url, user, as_json):
+def approve(ref, note, key, environment, db_url, user, as_json):
     """Approve a validated version (four-eyes: never by its registrant)."""
-    approval = open_registry(db_url, user).approve(ref, note=note)
+    approval = open_registry(db_url, user).approve(ref, note=note, key=key, environment=environment)
     if as_json:
         print_json(approval.to_dict())
     else:
@@ -27,12 +32,15 @@ def approve(ref, note, db_url, user, as_json):
 @cli.command()
 @click.argument("ref", metavar="NAME@VERSION")
 @click.option("--note", default=None, help="Why; kept with the rejection.")
+@click.option("--key", envvar="SPECREG_APPROVAL_KEY", default=None, metavar="FILE",
+              help="Your private key (enrolled to you); the rejection is your signature.")
+@click.option("--env", "environment", default=None, metavar="ENV", help="Reject for this environment only.")
 @db_option
 @user_option
 @json_option
-def reject(ref, note, db_url, user, as_json):
+def reject(ref, note, key, environment, db_url, user, as_json):
     """Reject a version: a promotion needing approval is refused until someone approves again."""
-    approval = open_registry(db_url, user).reject(ref, note=note)
+    approval = open_registry(db_url, user).reject(ref, note=note, key=key, environment=environment)
     if as_json:
         print_json(approval.to_dict())
     else:
@@ -58,19 +66,42 @@ def parse_expected_holder(value: str | None):
 @click.option("--reason", default=None, help="Why; kept in the audit log.")
 @click.option("--expect", "expected", default=None, metavar="VERSION|none",
               help="Only promote if this version (or none) holds ENV now (default: whatever holds it when the command starts).")
+@click.option("--allow-slower", "allow_slower", default=None, metavar="REASON",
+              help="Promote although the measured speedup is below the policy's min_speedup: an explicit "
+                   "exception, recorded with REASON in the audit log (no other condition is waived).")
 @policy_option
 @db_option
 @user_option
 @json_option
-def promote(ref, environment, reason, expected, policy_path, db_url, user, as_json):
+def promote(ref, environment, reason, expected, allow_slower, policy_path, db_url, user, as_json):
     """Make a version hold ENV if the policy allows it (exit 100 with every reason if not)."""
-    move = open_registry(db_url, user, policy_path).promote(ref, environment, reason=reason, policy_path=policy_path,
-                                               expected_holder=parse_expected_holder(expected))
+    from specreg.cli.refusals import Refusal, refusal_lines
+    from specreg.errors import PolicyViolation
+
+    registry = open_registry(db_url, user, policy_path)
+    try:
+        move = registry.promote(ref, environment, reason=reason, policy_path=policy_path,
+                                expected_holder=parse_expected_holder(expected), allow_slower=allow_slower)
+    except PolicyViolation as exc:
+        if not exc.reasons:
+            raise
+        label = registry.get(ref).label
+        policy = registry.policy(policy_path)
+        raise Refusal(refusal_lines(f"cannot promote {label} to {environment} (policy {policy.source}):", exc.reasons,
+                                    label, environment, policy.environment(environment).golden_set),
+                      exc.reasons) from None
     if as_json:
         print_json(move.to_dict())
-    else:
-        before = f" (previous holder {move.pair}@{move.previous_version})" if move.previous_version else ""
-        click.echo(f"promoted {move.pair}@{move.version} to {move.environment}{before}")
+        return
+    before = f" (previous holder {move.pair}@{move.previous_version})" if move.previous_version else ""
+    click.echo(f"promoted {move.pair}@{move.version} to {move.environment}{before}")
+    if move.exception:
+        click.echo(f"specreg: EXCEPTION recorded in the audit log: {move.pair}@{move.version} holds "
+                   f"{move.environment} with a measured speedup of {move.exception['speedup']:.2f}x, below the "
+                   f"policy's {move.exception['floor']:g}x; reason: {printable(allow_slower)}", err=True)
+    elif allow_slower:
+        click.echo("specreg: note: --allow-slower was not needed (the speedup meets the policy); no exception "
+                   "recorded", err=True)
 
 
 @cli.command()
@@ -118,16 +149,20 @@ def retire(ref, reason, force, db_url, user, as_json):
 @json_option
 def gate(ref, environment, rerun, junit_path, markdown_path, policy_path, db_url, user, as_json):
     """CI/CD gate: exit 0 if REF may hold ENV now, 100 if refused, 1 on any error (fail closed)."""
+    from specreg.cli.progress import Progress
     from specreg.errors import PolicyViolation
 
-    result, error, code = None, None, 0
+    result, error, code, registry = None, None, 0, None
+    progress = Progress(enabled=not as_json)
     try:
-        result = open_registry(db_url, user, policy_path).gate(ref, environment, policy_path=policy_path, rerun=rerun)
+        registry = open_registry(db_url, user, policy_path)
+        result = registry.gate(ref, environment, policy_path=policy_path, rerun=rerun, progress=progress)
         code = 0 if result.passed else PolicyViolation.exit_code
     except SpecregError as exc:
         error, code = str(exc), exc.exit_code
     except Exception as exc:  # noqa: BLE001 - fail closed: a crash must never pass the gate
         error, code = f"gate failed closed: {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}", 1
+    progress.close()
     write_gate_outputs(result, error, ref, junit_path, markdown_path)
     if as_json:
         print_json(result.to_dict() if result is not None else
@@ -140,8 +175,13 @@ def gate(ref, environment, rerun, junit_path, markdown_path, policy_path, db_url
     if error is not None:
         raise GateError(error, code)
     if code:
-        raise PolicyViolation(f"gate refused {result.pair}@{result.version} for {environment}: "
-                              + "; ".join(result.reasons))
+        from specreg.cli.refusals import Refusal, refusal_lines
+
+        failed = [(c.name, c.reason) for c in result.conditions if not c.passed]
+        label = f"{result.pair}@{result.version}"
+        golden_set = registry.policy(policy_path).environment(environment).golden_set
+        raise Refusal(refusal_lines(f"gate refused {label} for {environment}:", failed, label, environment, golden_set),
+                      failed)
 
 
 class GateError(SpecregError):
@@ -269,15 +309,19 @@ def policy_show(policy_path, as_json):
     if as_json:
         print_json(policy.to_dict())
         return
+    notes = [policy.identity_text()] + [line for env in policy.environments.values() for line in env.floors_text()]
+    width = output_width()  # a terminal: wrapped to it; a pipe: one line a note
+    comments = [f"# {part}" for note in notes for part in (textwrap.wrap(note, width - 2) if width else [note])]
     if policy.source == "built-in default":
-        click.echo(DEFAULT_POLICY_TOML.rstrip())
-        click.echo(f"# {policy.identity_text()}")
+        echo_lines(DEFAULT_POLICY_TOML.rstrip().splitlines() + comments)
         return
-    click.echo(f"# {policy.source}")
-    click.echo(f"# {policy.identity_text()}")
-    print_table(["ENV", "GOLDEN SET", "APPROVAL", "APPROVERS", "TOLERANCE", "MAX AGE (DAYS)", "REQUIRED CHECKS"],
+    echo_lines([f"# {policy.source}"] + comments)
+    print_table(["ENV", "GOLDEN SET", "APPROVAL", "APPROVERS", "TOLERANCE", "MAX AGE (DAYS)", "MIN ACCEPTANCE",
+                 "MIN SPEEDUP", "REQUIRED CHECKS"],
                 [[e.name, e.golden_set, "required" if e.approval_required else "-", ", ".join(e.approvers) or "anyone but registrant",
                   f"{e.acceptance_tolerance:.0%}", e.max_validation_age_days or "-",
+                  "-" if e.min_acceptance_rate is None else f"{e.min_acceptance_rate:g}",
+                  "-" if e.min_speedup is None else f"{e.min_speedup:g}x",
                   "; ".join([", ".join(e.required_checks)] + [f"{method}: {', '.join(checks)}" for method, checks
                                                                in e.required_checks_by_method.items()])]
                  for e in policy.environments.values()])

@@ -13,7 +13,7 @@ from specreg.cli.common import (cli, db_option, echo_lines, user_option, json_op
 
 @cli.command()
 @click.argument("name")
-@click.option("--target", required=True, metavar="REF", help="Target model: local HF directory or ORG/NAME@REVISION in the local cache.")
+@click.option("--target", required=True, metavar="REF", help="Target model: a local folder (recorded by its absolute path) or a hub id ORG/NAME@REVISION already in the local Hugging Face cache (never downloaded).")
 @click.option("--draft", default=None, metavar="REF", help="Draft model (draft_model), or the head directory (eagle3, medusa).")
 @click.option("--num-speculative-tokens", "-k", "num_speculative_tokens", type=int, default=None,
               help="Draft tokens per step (k); with --tree, the tree's depth.")
@@ -43,7 +43,11 @@ def register(name, target, draft, num_speculative_tokens, method, tree, allow_ve
     if as_json:
         print_json({"created": result.created, **version.to_dict(with_events=False)})
     elif result.created:
-        click.echo(f"registered {version.label} (binding {version.binding_sha256[:12]})")
+        # where each model was found: a local folder by its absolute path, a hub id with its revision
+        models = [("target", version.target)] + ([("draft", version.draft)] if version.draft else [])
+        echo_lines([f"registered {version.label} (binding {version.binding_sha256[:12]})"]
+                   + [f"  {role}: {model.reference}" + (f" (revision {model.revision})" if model.revision else "")
+                      for role, model in models])
     else:
         click.echo(f"already registered as {version.label}: same fingerprints and config, nothing new recorded")
 
@@ -67,15 +71,17 @@ def list_command(db_url, as_json):
 
 def describe_model(role: str, model) -> list[str]:
     fp = model.fingerprint
-    params = f"{fp.parameter_count:,}" if fp.parameter_count is not None else "?"
+    params = f"{fp.parameter_count:,}" if fp.parameter_count is not None else "-"
+    shown = lambda value: "-" if value is None else value  # noqa: E731 - never Python's None on screen
     return [
         f"{role}: {model.reference}" + (f" (revision {model.revision})" if model.revision else ""),
         f"  path            {model.path}",
-        f"  architecture    {fp.architecture}  vocab {fp.vocab_size} (tokenizer {fp.tokenizer_length})  "
-        f"params {params}  dtype {fp.dtype}  max positions {fp.max_position_embeddings}",
+        f"  architecture    {shown(fp.architecture)}  vocab {shown(fp.vocab_size)} (tokenizer "
+        f"{shown(fp.tokenizer_length)})  params {params}  dtype {shown(fp.dtype)}  max positions "
+        f"{shown(fp.max_position_embeddings)}",
         f"  weights         {fp.weights_sha256}  ({fp.weight_format}, {len(fp.weight_files)} file(s))",
         f"  config          {fp.config_sha256}",
-        f"  tokenizer       {fp.tokenizer_sha256}",
+        f"  tokenizer       {fp.tokenizer_sha256 or '(none)'}",
         f"  chat template   {fp.chat_template_sha256 or '(none)'}",
     ]
 
@@ -83,11 +89,14 @@ def describe_model(role: str, model) -> list[str]:
 def describe_head(head: dict) -> list[str]:
     fit = head.get("fit") or {}
     where = "target tensors" if head.get("method") == "mtp" else "tensors"
-    lines = [f"  head            {head.get('layout')}: hidden {head.get('hidden_size')}, draft vocab "
-             f"{head.get('draft_vocab_size')}, aux layers {fit.get('aux_layer_ids')}, heads {head.get('num_heads')}, "
-             f"layers {head.get('num_layers')}, {len(head.get('tensors') or [])} {where}",
-             f"  verifier        {head.get('verifier_name_or_path')} "
-             + ("(matches the target)" if fit.get("verifier_matched") else "(MISMATCH allowed at registration)")]
+    values = {"hidden": head.get("hidden_size"), "draft vocab": head.get("draft_vocab_size"),
+              "aux layers": fit.get("aux_layer_ids"), "heads": head.get("num_heads"), "layers": head.get("num_layers")}
+    sizes = [f"{label} {value}" for label, value in values.items() if value not in (None, [])]  # what the format has
+    verifier = head.get("verifier_name_or_path")
+    lines = [f"  head            {head.get('layout')}: " + ", ".join(sizes + [f"{len(head.get('tensors') or [])} {where}"]),
+             f"  verifier        " + (f"{verifier} " + ("(matches the target)" if fit.get("verifier_matched")
+                                                        else "(MISMATCH allowed at registration)")
+                                      if verifier else "(none declared: the head is read against this target)")]
     lines += [f"  note            {note}" for note in fit.get("notes") or []]
     lines += [f"  warning         {warning}" for warning in fit.get("warnings") or []]
     return lines
@@ -215,6 +224,16 @@ def upgrade(db_url):
     click.echo(f"database {safe_url(url)}: schema {before or 'empty'} -> {store.current_revision()}")
 
 
+@db.command()
+@click.argument("role")
+def grants(role):
+    """Print the least-privilege GRANTs for one person's PostgreSQL login ROLE (run them as the
+    schema owner after `specreg db upgrade`, e.g. `specreg db grants alice | psql URL`)."""
+    from specreg.registry.store.grants import grants_sql
+
+    click.echo(grants_sql(role), nl=False)
+
+
 @cli.command(name="demo-pair")
 @click.argument("directory", type=click.Path(file_okay=False))
 @click.option("--method", type=click.Choice(["draft_model", "eagle3", "medusa", "mtp"]), default="draft_model",
@@ -226,38 +245,41 @@ def upgrade(db_url):
                                             "re-quantization as the draft (runtime/real_pair.py).")
 @click.option("--force", is_flag=True, help="Rebuild even when a cached build matches.")
 def demo_pair(directory, method, real, force):
-    """Build (or reuse) the tiny demo target/draft pair in DIRECTORY (about 30 s on 2 idle CPU cores);
-    with --method eagle3 also an EAGLE-3 head for the demo target (about 2 min), with --method
-    medusa Medusa heads and the tree to register them with (about 2.5 min), with --method mtp also
-    the demo target with one trained MTP layer inside (register it with --method mtp, no --draft).
-    With --real, the real SmolLM2 pair instead (draft_model only)."""
-    from specreg.errors import UsageError
+    """Build (or reuse) the tiny demo target/draft pair in DIRECTORY, or a head for its target.
 
-    log = lambda line: click.echo(line, err=True)  # noqa: E731
+    The pair takes 1-2 CPU-minutes. With --method eagle3 also an EAGLE-3 head for the demo target,
+    with --method medusa Medusa heads and the tree to register them with, with --method mtp also
+    the demo target with one trained MTP layer inside (register it with --method mtp, no
+    --draft). Each build is cached under a key of its recipe: a second run reuses it in seconds.
+    With --real, the real SmolLM2 pair instead (draft_model only; about 1 CPU-minute)."""
+    from specreg.cli.progress import Progress
+
+    progress = Progress()
     if real:
+        from specreg.errors import UsageError
         from specreg.runtime.real_pair import build_real_pair
 
         if method != "draft_model":
             raise UsageError(f"--real builds a draft_model pair; --method {method} is for the tiny demo pair")
-        target_dir, draft_dir = build_real_pair(directory, force=force, log=log)
+        target_dir, draft_dir = build_real_pair(directory, force=force, log=progress.note)
         click.echo(f"target: {target_dir}")
         click.echo(f"draft:  {draft_dir}")
         return
     from specreg.runtime.demo_pair import build_demo_pair
 
-    target_dir, draft_dir = build_demo_pair(directory, force=force, log=log)
+    target_dir, draft_dir = build_demo_pair(directory, force=force, progress=progress)
     click.echo(f"target: {target_dir}")
     click.echo(f"draft:  {draft_dir}")
     if method == "eagle3":
         from specreg.runtime.demo_heads import build_demo_head
 
-        click.echo(f"eagle3: {build_demo_head(directory, 'eagle3', target_dir=target_dir, force=force, log=log)}")
+        click.echo(f"eagle3: {build_demo_head(directory, 'eagle3', target_dir=target_dir, force=force, progress=progress)}")
     if method == "medusa":
         from specreg.runtime.demo_medusa import DEMO_TREE, build_demo_medusa
 
-        click.echo(f"medusa: {build_demo_medusa(Path(directory) / 'medusa', target_dir, force=force, log=log)}")
+        click.echo(f"medusa: {build_demo_medusa(Path(directory) / 'medusa', target_dir, force=force, progress=progress)}")
         click.echo(f"tree:   {json.dumps([list(path) for path in DEMO_TREE], separators=(',', ':'))}")
     if method == "mtp":
         from specreg.runtime.demo_mtp import build_demo_mtp
 
-        click.echo(f"mtp: {build_demo_mtp(Path(directory) / 'target-mtp', target_dir, force=force, log=log)}")
+        click.echo(f"mtp: {build_demo_mtp(Path(directory) / 'target-mtp', target_dir, force=force, progress=progress)}")

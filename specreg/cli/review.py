@@ -37,7 +37,8 @@ def ui(name, port, host):
     import os
     import subprocess
 
-    from specreg.registry.review.mlflow_sync import MlflowSync, registered_model_url, ui_command
+    from specreg.registry.review.mlflow_places import registered_model_url, ui_command
+    from specreg.registry.review.mlflow_sync import MlflowSync
 
     mlflow = MlflowSync(click.get_current_context().find_root().params.get("mlflow_uri"))
     argv = ui_command(mlflow.tracking_uri, host=host, port=port)

@@ -38,19 +38,10 @@ def validate(ref, golden, device, dtype, checks, gpu_memory, acceptance_toleranc
     for option, path in (("--report", report_path), ("--markdown", markdown_path), ("--junit", junit_path)):
         if path:
             reports.check_writable(path, option)
+    from specreg.cli.progress import Progress
+
     registry = open_registry(db_url, user)
-    stderr = sys.stderr
-    bar = None
-
-    def progress(done, total, record_id):
-        nonlocal bar
-        if not stderr.isatty():
-            return
-        if bar is None:
-            bar = click.progressbar(length=total, label="decoding golden prompts", file=stderr, show_pos=True)
-            bar.__enter__()
-        bar.update(1)
-
+    progress = Progress(enabled=not as_json)
     try:
         outcome = registry.validate(ref, golden=golden, device=device, dtype=dtype, checks=checks,
                                     gpu_memory=gpu_memory, acceptance_tolerance=acceptance_tolerance,
@@ -60,9 +51,7 @@ def validate(ref, golden, device, dtype, checks, gpu_memory, acceptance_toleranc
         click.echo(f"specreg: validation aborted by {exc.signal_name}; the pair's state is unchanged", err=True)
         sys.exit(128 + exc.signal_number)
     finally:
-        if bar is not None:
-            bar.__exit__(None, None, None)
-            bar = None
+        progress.close()
     run, version = outcome.run, outcome.version
     for path, render in ((report_path, lambda: reports.render_html(run, version)),
                          (markdown_path, lambda: reports.render_markdown(run, version)),

@@ -538,11 +538,21 @@ def fingerprint_model(directory: Path, allow_pickle: bool = False, require_token
     )
 
 
+def recorded_reference(reference: str, revision: str | None) -> str:
+    """The reference as the registry records it: a hub id stays ``ORG/NAME@REVISION``; a local
+    folder becomes its absolute path (symlinks kept as named), so that a relative ``tiny/target``
+    neither depends on the folder it was typed in nor reads like a hub id in `show` and exports."""
+    if revision is not None:
+        return reference
+    return os.path.normpath(Path(reference).expanduser().absolute())
+
+
 def fingerprint_reference(reference: str, allow_pickle: bool = False, require_tokenizer: bool = True) -> ModelRef:
-    """Resolve a reference (local dir or cached hub id@revision) and fingerprint it."""
+    """Resolve a reference (local dir or cached hub id@revision) and fingerprint it; a local
+    folder is recorded by its absolute path (recorded_reference)."""
     directory, revision = resolve_reference(reference)
     return ModelRef(
-        reference=reference,
+        reference=recorded_reference(reference, revision),
         path=str(directory),
         revision=revision,
         fingerprint=fingerprint_model(directory, allow_pickle=allow_pickle, require_tokenizer=require_tokenizer),

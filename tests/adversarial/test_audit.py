@@ -15,6 +15,7 @@ import xml.etree.ElementTree as ET
 from datetime import datetime
 from pathlib import Path
 
+import pytest
 from sqlalchemy import create_engine, text
 
 from pgroles import as_user
@@ -35,12 +36,12 @@ def run(*args, env_extra: dict | None = None):
     return result
 
 
-def approved_pair(db_url: str, tiny_models, name: str) -> Registry:
+def approved_pair(db_url: str, tiny_models, name: str, approval_key) -> Registry:
     """alice registers, a validation passes, bob approves."""
     alice = Registry(as_user(db_url, "alice"), user="alice")
     alice.register(name, target=str(tiny_models["target"]), draft=str(tiny_models["draft"]), num_speculative_tokens=2)
     record_validation(alice, f"{name}@1")
-    Registry(as_user(db_url, "bob"), user="bob").approve(f"{name}@1", note="fine")
+    Registry(as_user(db_url, "bob"), user="bob").approve(f"{name}@1", key=approval_key(db_url, "bob"), note="fine")
     return alice
 
 
@@ -52,8 +53,8 @@ def sql(db_url: str, *statements: str, **params) -> None:
     engine.dispose()
 
 
-def test_gate_and_export_outputs_carry_the_audit_head(db_url, tiny_models, policy_file, tmp_path):
-    registry = approved_pair(db_url, tiny_models, "anchor")
+def test_gate_and_export_outputs_carry_the_audit_head(db_url, tiny_models, policy_file, tmp_path, approval_key):
+    registry = approved_pair(db_url, tiny_models, "anchor", approval_key)
     head = registry.store.audit_head()
     junit, markdown = tmp_path / "gate.xml", tmp_path / "gate.md"
     gate = run("gate", "anchor@1", "--env", "production", "--db", db_url, "--json", "--junit", junit,
@@ -70,8 +71,8 @@ def test_gate_and_export_outputs_carry_the_audit_head(db_url, tiny_models, polic
     assert verified.returncode == 0 and f"head {head}" in verified.stdout
 
 
-def test_deleting_the_newest_events_with_the_head_row_is_caught_by_the_anchor(db_url, tiny_models, policy_file):
-    registry = approved_pair(db_url, tiny_models, "tail")
+def test_deleting_the_newest_events_with_the_head_row_is_caught_by_the_anchor(db_url, tiny_models, policy_file, approval_key):
+    registry = approved_pair(db_url, tiny_models, "tail", approval_key)
     keep = registry.store.audit_head()  # after register, validate, approve
     assert run("promote", "tail@1", "--to", "staging", "--db", as_user(db_url, "carol"), "--user", "carol").returncode == 0
     anchored = json.loads(run("gate", "tail@1", "--env", "production", "--db", db_url, "--json").stdout)["audit_head"]
@@ -83,21 +84,23 @@ def test_deleting_the_newest_events_with_the_head_row_is_caught_by_the_anchor(db
     assert run("audit", "verify", "--db", db_url).returncode == 0  # the chain itself still links
     caught = run("audit", "verify", "--expect-head", anchored, "--db", db_url)
     assert caught.returncode == 100, caught.stderr
-    assert caught.stderr == (f"specreg: error: audit head {anchored} is not in the chain of 3 event(s) (head now "
+    assert caught.stderr == (f"specreg: error: audit head {anchored} is not in the chain of 4 event(s) (head now "
                              f"{keep}): events were deleted from its end or the chain was re-hashed\n")
     # the row still says promoted, its events no longer do: the gate refuses too
     gate = run("gate", "tail@1", "--env", "staging", "--db", db_url)
     assert gate.returncode == 100 and "tail@1 is promoted in its row but approved by its audit events" in gate.stderr
 
 
-def test_rehashing_the_whole_chain_is_caught_by_the_anchor(db_url, tiny_models, policy_file):
-    registry = approved_pair(db_url, tiny_models, "rehash")
+def test_rehashing_the_whole_chain_is_caught_by_the_anchor(db_url, tiny_models, policy_file, approval_key):
+    registry = approved_pair(db_url, tiny_models, "rehash", approval_key)
     exported = run("export", "rehash@1", "--format", "vllm", "--db", db_url).stdout
     anchored = next(line.split()[2] for line in exported.splitlines() if line.startswith("# audit_head: "))
 
     # Rewrite history: the approval's note changes, and every hash after it is recomputed.
     engine = create_engine(db_url)
     with engine.begin() as connection:
+        # on PostgreSQL the server stamps the rewriter's own role on each row: that is what they hash
+        role = connection.execute(text("SELECT session_user")).scalar() if engine.dialect.name == "postgresql" else None
         rows = connection.execute(text("SELECT * FROM audit_events ORDER BY id")).mappings().all()
         prev = audit.GENESIS_HASH
         for row in rows:
@@ -107,7 +110,7 @@ def test_rehashing_the_whole_chain_is_caught_by_the_anchor(db_url, tiny_models, 
             created_at = created_at if isinstance(created_at, datetime) else datetime.fromisoformat(created_at)
             digest = audit.event_hash(prev, pair_name=row["pair_name"], version=row["version"], action=row["action"],
                                       from_state=row["from_state"], to_state=row["to_state"], actor=row["actor"],
-                                      reason=reason, details=details, created_at=created_at)
+                                      reason=reason, details=details, created_at=created_at, session_role=role)
             connection.execute(text("UPDATE audit_events SET reason = :reason, prev_hash = :prev, event_hash = :digest "
                                     "WHERE id = :id"), {"reason": reason, "prev": prev, "digest": digest, "id": row["id"]})
             if row["action"] in ("approve", "reject"):
@@ -133,7 +136,8 @@ def test_a_forged_approval_row_does_not_pass_the_gate(db_url, tiny_models, polic
     gate = run("gate", "forged@1", "--env", "production", "--db", db_url, "--json")
     assert gate.returncode == 100
     [approval] = [c for c in json.loads(gate.stdout)["conditions"] if c["name"] == "approval"]
-    assert not approval["passed"] and "by mallory) have no matching event in the verified audit chain" in approval["reason"]
+    assert not approval["passed"] and "approval 1 by mallory: no matching event in the verified audit chain" in \
+        approval["reason"]
     assert run("audit", "verify", "--db", db_url).returncode == 0  # the log is intact: the row is simply not in it
 
     # and the state moved by hand to match: the row disagrees with its events
@@ -149,8 +153,8 @@ def test_a_forged_approval_row_does_not_pass_the_gate(db_url, tiny_models, polic
         "specreg: error: export of forged@1 refused: forged@1 is approved in its row but validated by its audit events\n")
 
 
-def test_an_approval_row_pointing_at_someone_elses_event_does_not_count(db_url, tiny_models, policy_file):
-    alice = approved_pair(db_url, tiny_models, "borrow")
+def test_an_approval_row_pointing_at_someone_elses_event_does_not_count(db_url, tiny_models, policy_file, approval_key):
+    alice = approved_pair(db_url, tiny_models, "borrow", approval_key)
     assert alice.gate("borrow@1", "production").passed
     # bob's approval row is re-labelled as mallory's (the event still says bob): it stops counting
     sql(db_url, "UPDATE approvals SET actor = 'mallory'")
@@ -166,8 +170,8 @@ def test_an_approval_row_pointing_at_someone_elses_event_does_not_count(db_url, 
     assert alice.gate("borrow@1", "production").passed  # mallory's "rejection" is not in the log either
 
 
-def test_a_registration_row_written_by_hand_is_refused(db_url, tiny_models, policy_file):
-    alice = approved_pair(db_url, tiny_models, "byhand")
+def test_a_registration_row_written_by_hand_is_refused(db_url, tiny_models, policy_file, approval_key):
+    alice = approved_pair(db_url, tiny_models, "byhand", approval_key)
     # the registrant rewritten by hand (e.g. so that alice could approve her own pair)
     sql(db_url, "UPDATE pair_versions SET registered_by = 'mallory'")
     gate = alice.gate("byhand@1", "production")
@@ -175,8 +179,12 @@ def test_a_registration_row_written_by_hand_is_refused(db_url, tiny_models, poli
     assert "audit: byhand@1: registrant 'mallory' differs from its registration event's actor 'alice'" in gate.reasons
 
 
-def test_a_database_from_before_the_link_upgrades_with_its_approvals_linked(db_url, tiny_models, policy_file):
-    registry = approved_pair(db_url, tiny_models, "upgrade")
+def test_a_database_from_before_the_link_upgrades_with_its_approvals_linked(db_url, tiny_models, policy_file, approval_key):
+    if "postgresql" in db_url:
+        # the events written here carry the role PostgreSQL stamped (schema 0005), under their hash;
+        # a downgrade below 0005 drops that column, so this round trip cannot start from them there
+        pytest.skip("a downgrade below 0005 drops the stamped roles the event hashes cover (PostgreSQL)")
+    registry = approved_pair(db_url, tiny_models, "upgrade", approval_key)
     version_id = registry.get("upgrade@1").id
     owner = create_engine(db_url)  # the database's owner migrates (on PostgreSQL alice may not alter tables)
     run_downgrade(owner, "0002")  # the schema an older specreg left behind
@@ -193,13 +201,21 @@ def test_a_database_from_before_the_link_upgrades_with_its_approvals_linked(db_u
     engine.dispose()
     assert [tuple(row) for row in linked] == [("bob", True), ("mallory", False)]
     gate = Registry(db_url).gate("upgrade@1", "production")
-    assert gate.passed, gate.reasons  # bob's approval (in the log) counts; mallory's row does not
+    # since schema 0005 an approval is a signature: bob's unsigned row from before no longer counts
+    # (the downgrade dropped the keyring and signatures), nor does mallory's row, and both are named
+    assert gate.reasons == ["approval: production needs an approval by someone other than the registrant alice "
+                            "(no signed approval counts); not counted: approval 1 by bob: no signature; "
+                            "approval 2 by mallory: no matching event in the verified audit chain; no signature"]
+    Registry(as_user(db_url, "bob"), user="bob").approve("upgrade@1", key=approval_key(db_url, "bob"))
+    assert Registry(db_url).gate("upgrade@1", "production").passed
 
 
 def rehash_plain(db_url: str, edit_action: str, new_reason: str, drop_key_event: bool = False) -> None:
-    """What someone without the key can do: edit one event and recompute every sha256 after it."""
+    """What someone without the key can do: edit one event and recompute every sha256 after it
+    (on PostgreSQL the server stamps their own role on every row they rewrite: they hash that)."""
     engine = create_engine(db_url)
     with engine.begin() as connection:
+        role = connection.execute(text("SELECT session_user")).scalar() if engine.dialect.name == "postgresql" else None
         if drop_key_event:
             connection.execute(text(f"DELETE FROM audit_events WHERE action = '{audit.KEY_ACTION}'"))
         prev = audit.GENESIS_HASH
@@ -210,7 +226,7 @@ def rehash_plain(db_url: str, edit_action: str, new_reason: str, drop_key_event:
             created_at = created_at if isinstance(created_at, datetime) else datetime.fromisoformat(created_at)
             digest = audit.event_hash(prev, pair_name=row["pair_name"], version=row["version"], action=row["action"],
                                       from_state=row["from_state"], to_state=row["to_state"], actor=row["actor"],
-                                      reason=reason, details=details, created_at=created_at)
+                                      reason=reason, details=details, created_at=created_at, session_role=role)
             connection.execute(text("UPDATE audit_events SET reason = :reason, prev_hash = :prev, event_hash = :digest "
                                     "WHERE id = :id"), {"reason": reason, "prev": prev, "digest": digest, "id": row["id"]})
             prev = digest
@@ -218,15 +234,16 @@ def rehash_plain(db_url: str, edit_action: str, new_reason: str, drop_key_event:
     engine.dispose()
 
 
-def test_with_an_audit_key_a_rehash_without_the_key_is_caught(db_url, tiny_models, policy_file, monkeypatch):
+def test_with_an_audit_key_a_rehash_without_the_key_is_caught(db_url, tiny_models, policy_file, monkeypatch, approval_key):
     monkeypatch.setenv("SPECREG_AUDIT_KEY", "team-secret-0123456789")
-    approved_pair(db_url, tiny_models, "keyed")
+    approved_pair(db_url, tiny_models, "keyed", approval_key)
     assert run("audit", "verify", "--db", db_url).returncode == 0
     engine = create_engine(db_url)
     with engine.connect() as connection:
         actions = [row[0] for row in connection.execute(text("SELECT action FROM audit_events ORDER BY id"))]
     engine.dispose()
-    assert actions == ["audit-key", "register", "validate", "approve"]  # the first keyed write starts the chain
+    # the first keyed write starts the chain
+    assert actions == ["audit-key", "register", "validate", "enrol-key", "approve"]
 
     rehash_plain(db_url, "approve", "approved after a thorough review")
     caught = run("audit", "verify", "--db", db_url)
@@ -241,14 +258,15 @@ def test_with_an_audit_key_a_rehash_without_the_key_is_caught(db_url, tiny_model
     assert "SPECREG_AUDIT_KEY is set but the chain has no audit-key event: it was re-hashed without the key" in dropped.stderr
 
 
-def test_a_keyed_chain_needs_the_key_to_verify_and_to_write(db_url, tiny_models, policy_file, monkeypatch):
+def test_a_keyed_chain_needs_the_key_to_verify_and_to_write(db_url, tiny_models, policy_file, monkeypatch, approval_key):
     monkeypatch.setenv("SPECREG_AUDIT_KEY", "team-secret-0123456789")
-    approved_pair(db_url, tiny_models, "needkey")
+    approved_pair(db_url, tiny_models, "needkey", approval_key)
     monkeypatch.delenv("SPECREG_AUDIT_KEY")
     unverified = run("audit", "verify", "--db", db_url)
     assert unverified.returncode == 1
     assert "the chain is keyed from here on; set SPECREG_AUDIT_KEY to verify it" in unverified.stderr
-    refused = run("reject", "needkey@1", "--db", as_user(db_url, "bob"), "--user", "bob")
-    assert refused.returncode == 1 and "the audit chain is keyed (event 1): set SPECREG_AUDIT_KEY" in refused.stderr
+    refused = run("reject", "needkey@1", "--db", as_user(db_url, "bob"), "--user", "bob",
+                  "--key", approval_key(db_url, "bob"))
+    assert refused.returncode == 1 and "the chain is keyed from here on; set SPECREG_AUDIT_KEY" in refused.stderr
     wrong = run("audit", "verify", "--db", db_url, env_extra={"SPECREG_AUDIT_KEY": "another-key"})
     assert wrong.returncode == 1 and "re-hashed without SPECREG_AUDIT_KEY" in wrong.stderr

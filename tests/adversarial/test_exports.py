@@ -53,12 +53,12 @@ def register(db_url, models, k: int) -> str:
         "ship", target=str(models["target"]), draft=str(models["draft"]), num_speculative_tokens=k).version.label
 
 
-def approved_in_production(db_url, models, k: int) -> str:
+def approved_in_production(db_url, models, k: int, approval_key) -> str:
     """ship@N registered by alice, validated, approved by bob, promoted to production."""
     label = register(db_url, models, k)
     alice = Registry(as_user(db_url, "alice"), user="alice")
     record_validation(alice, label)
-    Registry(as_user(db_url, "bob"), user="bob").approve(label)
+    Registry(as_user(db_url, "bob"), user="bob").approve(label, key=approval_key(db_url, "bob"))
     alice.promote(label, "production")
     return label
 
@@ -89,10 +89,10 @@ def test_export_of_never_approved_version_is_refused_and_forced_marked_unapprove
     assert "UNAPPROVED: exported with --force" in forced.stdout
 
 
-def test_export_of_rejected_version_is_unapproved(pair):
+def test_export_of_rejected_version_is_unapproved(pair, approval_key):
     db_url, models = pair
-    label = approved_in_production(db_url, models, 4)
-    Registry(as_user(db_url, "carol"), user="carol").reject(label, note="acceptance regressed on code prompts")
+    label = approved_in_production(db_url, models, 4, approval_key)
+    Registry(as_user(db_url, "carol"), user="carol").reject(label, key=approval_key(db_url, "carol"), note="acceptance regressed on code prompts")
     assert Registry(db_url).get(label).state.value == "promoted"  # a rejection keeps a promoted state
 
     refused = run("export", label, "--format", "vllm", "--db", db_url)
@@ -102,11 +102,11 @@ def test_export_of_rejected_version_is_unapproved(pair):
     assert "UNAPPROVED" in forced.stdout
 
 
-def test_export_of_approved_version_after_rejection_and_reapproval(pair):
+def test_export_of_approved_version_after_rejection_and_reapproval(pair, approval_key):
     db_url, models = pair
-    label = approved_in_production(db_url, models, 4)
-    Registry(as_user(db_url, "carol"), user="carol").reject(label)
-    Registry(as_user(db_url, "dave"), user="dave").approve(label, note="re-checked")  # latest decision wins
+    label = approved_in_production(db_url, models, 4, approval_key)
+    Registry(as_user(db_url, "carol"), user="carol").reject(label, key=approval_key(db_url, "carol"))
+    Registry(as_user(db_url, "dave"), user="dave").approve(label, key=approval_key(db_url, "dave"), note="re-checked")  # latest decision wins
     result = run("export", label, "--format", "k8s-vllm", "--option", "model_volume=pvc:models", "--json",
                  "--db", db_url)
     assert result.returncode == 0, result.stderr
@@ -115,33 +115,33 @@ def test_export_of_approved_version_after_rejection_and_reapproval(pair):
 
 # --- item 6: rollback re-checks ---------------------------------------------------------------
 
-def two_holders(db_url, models) -> tuple[str, str]:
-    first = approved_in_production(db_url, models, 4)
-    second = approved_in_production(db_url, models, 3)
+def two_holders(db_url, models, approval_key) -> tuple[str, str]:
+    first = approved_in_production(db_url, models, 4, approval_key)
+    second = approved_in_production(db_url, models, 3, approval_key)
     return first, second
 
 
-def test_rollback_refuses_a_rejected_version(pair):
+def test_rollback_refuses_a_rejected_version(pair, approval_key):
     db_url, models = pair
-    first, second = two_holders(db_url, models)
-    Registry(as_user(db_url, "carol"), user="carol").reject(first, note="leaks the system prompt")
+    first, second = two_holders(db_url, models, approval_key)
+    Registry(as_user(db_url, "carol"), user="carol").reject(first, key=approval_key(db_url, "carol"), note="leaks the system prompt")
     refused = run("rollback", "ship", "--env", "production", "--db", as_user(db_url, "alice"), "--user", "alice")
     one_line_error(refused, 100, "ship@1", "rejected by carol")
     assert Registry(db_url).get("ship@production").label == second  # nothing moved
 
 
-def test_rollback_refuses_a_failed_version(pair):
+def test_rollback_refuses_a_failed_version(pair, approval_key):
     db_url, models = pair
-    first, second = two_holders(db_url, models)
+    first, second = two_holders(db_url, models, approval_key)
     record_validation(Registry(as_user(db_url, "alice"), user="alice"), first, status="failed")
     refused = run("rollback", "ship", "--env", "production", "--db", as_user(db_url, "alice"), "--user", "alice")
     one_line_error(refused, 100, "ship@1", "failed")
     assert Registry(db_url).get("ship@production").label == second
 
 
-def test_rollback_refuses_changed_fingerprints(pair):
+def test_rollback_refuses_changed_fingerprints(pair, approval_key):
     db_url, models = pair
-    first, second = two_holders(db_url, models)
+    first, second = two_holders(db_url, models, approval_key)
     weights = next(models["draft"].glob("*.safetensors"))
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0xFF  # one flipped bit in the last tensor's data
@@ -151,9 +151,9 @@ def test_rollback_refuses_changed_fingerprints(pair):
     assert Registry(db_url).get("ship@production").label == second
 
 
-def test_rollback_to_an_intact_approved_version_still_works(pair):
+def test_rollback_to_an_intact_approved_version_still_works(pair, approval_key):
     db_url, models = pair
-    first, second = two_holders(db_url, models)
+    first, second = two_holders(db_url, models, approval_key)
     result = run("rollback", "ship", "--env", "production", "--db", as_user(db_url, "alice"), "--user", "alice")
     assert result.returncode == 0, result.stderr
     assert Registry(db_url).get("ship@production").label == first
@@ -161,9 +161,9 @@ def test_rollback_to_an_intact_approved_version_still_works(pair):
 
 # --- item 6 / 14: --force is not --overwrite; paths are checked first and written atomically ----
 
-def test_force_does_not_overwrite_and_overwrite_exists(pair, tmp_path):
+def test_force_does_not_overwrite_and_overwrite_exists(pair, tmp_path, approval_key):
     db_url, models = pair
-    label = approved_in_production(db_url, models, 4)
+    label = approved_in_production(db_url, models, 4, approval_key)
     out = tmp_path / "out"
     assert run("export", label, "--format", "vllm", "-o", out, "--db", db_url).returncode == 0
     script = out / "vllm-serve.sh"
@@ -176,9 +176,9 @@ def test_force_does_not_overwrite_and_overwrite_exists(pair, tmp_path):
     assert "ship@1" in script.read_text() and "UNAPPROVED" not in script.read_text()
 
 
-def test_export_onto_a_directory_name_writes_nothing(pair, tmp_path):
+def test_export_onto_a_directory_name_writes_nothing(pair, tmp_path, approval_key):
     db_url, models = pair
-    label = approved_in_production(db_url, models, 4)
+    label = approved_in_production(db_url, models, 4, approval_key)
     out = tmp_path / "out"
     (out / "vllm-speculative-config.json").mkdir(parents=True)  # the second file's name is a folder
     result = run("export", label, "--format", "vllm", "-o", out, "--overwrite", "--db", db_url)
@@ -186,9 +186,9 @@ def test_export_onto_a_directory_name_writes_nothing(pair, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["vllm-speculative-config.json"]  # no half set
 
 
-def test_export_to_a_file_or_below_a_file(pair, tmp_path):
+def test_export_to_a_file_or_below_a_file(pair, tmp_path, approval_key):
     db_url, models = pair
-    label = approved_in_production(db_url, models, 4)
+    label = approved_in_production(db_url, models, 4, approval_key)
     plain = tmp_path / "plain.txt"
     plain.write_text("keep me\n")
     for out in (plain, plain / "sub"):
@@ -197,9 +197,9 @@ def test_export_to_a_file_or_below_a_file(pair, tmp_path):
     assert plain.read_text() == "keep me\n"
 
 
-def test_export_leaves_no_temporary_files(pair, tmp_path):
+def test_export_leaves_no_temporary_files(pair, tmp_path, approval_key):
     db_url, models = pair
-    label = approved_in_production(db_url, models, 4)
+    label = approved_in_production(db_url, models, 4, approval_key)
     out = tmp_path / "out"
     for extra in ([], ["--overwrite"]):
         result = run("export", label, "--format", "trtllm", "-o", out, "--db", db_url, *extra)

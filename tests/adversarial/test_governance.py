@@ -42,9 +42,10 @@ def validated_pair(db_url: str, tiny_models, name: str, registrant: str = "alice
 # --- item 2: one spelling per person ----------------------------------------------------------
 
 @pytest.mark.parametrize("spelling", ["Alice", " alice", "alice ", "ALICE", "\uff41\uff4c\uff49\uff43\uff45"])
-def test_registrant_cannot_approve_under_another_spelling(db_url, tiny_models, policy_file, spelling):
+def test_registrant_cannot_approve_under_another_spelling(db_url, tiny_models, policy_file, spelling, approval_key):
     registry = validated_pair(db_url, tiny_models, "spell")
-    result = run("approve", "spell@1", "--db", as_user(db_url, "alice"), "--user", spelling)
+    result = run("approve", "spell@1", "--db", as_user(db_url, "alice"), "--user", spelling,
+                 "--key", approval_key(db_url, "alice"))
     assert result.returncode == 100, result.stderr
     assert result.stderr == "specreg: error: four-eyes: alice registered spell@1 and cannot approve it\n"
     assert registry.get("spell@1").state is PairState.VALIDATED
@@ -69,13 +70,14 @@ def test_confusable_and_control_names_are_refused(db_url, tiny_models, policy_fi
         Registry(db_url, user=spelling).user  # the Python API refuses the same names
 
 
-def test_names_are_stored_in_their_one_spelling(db_url, tiny_models, policy_file):
+def test_names_are_stored_in_their_one_spelling(db_url, tiny_models, policy_file, approval_key):
     registered = run("register", "norm", "--target", tiny_models["target"], "--draft", tiny_models["draft"], "-k", "2",
                      "--db", as_user(db_url, "carol"), "--user", "  Carol ", "--json")
     assert registered.returncode == 0, registered.stderr
     assert json.loads(registered.stdout)["registered_by"] == "carol"
     record_validation(Registry(db_url), "norm@1")
-    approved = run("approve", "norm@1", "--db", as_user(db_url, "bob"), "--user", "BOB", "--json")
+    approved = run("approve", "norm@1", "--db", as_user(db_url, "bob"), "--user", "BOB", "--json",
+                   "--key", approval_key(db_url, "bob"))
     assert approved.returncode == 0, approved.stderr
     assert json.loads(approved.stdout)["actor"] == "bob"
     events = Registry(db_url).history("norm")
@@ -83,7 +85,8 @@ def test_names_are_stored_in_their_one_spelling(db_url, tiny_models, policy_file
                                                      ("approve", "bob")]
 
 
-def test_rows_written_before_normalisation_still_count_as_their_person(db_url, tiny_models, policy_file, monkeypatch):
+def test_rows_written_before_normalisation_still_count_as_their_person(db_url, tiny_models, policy_file, monkeypatch,
+                                                                       approval_key):
     # What an older specreg stored: the registrant exactly as typed, in the row and its event.
     import specreg.registry.store.store as store_module
 
@@ -95,9 +98,11 @@ def test_rows_written_before_normalisation_still_count_as_their_person(db_url, t
                      num_speculative_tokens=2)
     assert old.get("legacy@1").registered_by == "Alice "
     record_validation(old, "legacy@1")
-    result = run("approve", "legacy@1", "--db", as_user(db_url, "alice"), "--user", "alice")
+    result = run("approve", "legacy@1", "--db", as_user(db_url, "alice"), "--user", "alice",
+                 "--key", approval_key(db_url, "alice"))
     assert result.returncode == 100 and "four-eyes: alice registered legacy@1" in result.stderr
-    assert run("approve", "legacy@1", "--db", as_user(db_url, "bob"), "--user", "bob").returncode == 0
+    assert run("approve", "legacy@1", "--db", as_user(db_url, "bob"), "--user", "bob",
+               "--key", approval_key(db_url, "bob")).returncode == 0
     assert Registry(db_url).gate("legacy@1", "production").passed
 
 
@@ -106,11 +111,13 @@ def test_rows_written_before_normalisation_still_count_as_their_person(db_url, t
 FORGED = "ok\n2099-01-01T00:00:00  1        approve   validated  approved  mallory\x1b[2K\x1b]0;pwned\x07\u202e"
 
 
-def test_control_characters_in_notes_and_reasons_cannot_forge_output_lines(db_url, tiny_models, policy_file):
+def test_control_characters_in_notes_and_reasons_cannot_forge_output_lines(db_url, tiny_models, policy_file,
+                                                                           approval_key):
     validated_pair(db_url, tiny_models, "esc")
     alice = as_user(db_url, "alice")
     assert run("promote", "esc@1", "--to", "staging", "--reason", FORGED, "--db", alice, "--user", "alice").returncode == 0
-    rejected = run("reject", "esc@1", "--note", FORGED, "--db", as_user(db_url, "bob"), "--user", "bob")
+    rejected = run("reject", "esc@1", "--note", FORGED, "--db", as_user(db_url, "bob"), "--user", "bob",
+                   "--key", approval_key(db_url, "bob"))
     assert rejected.returncode == 0, rejected.stderr
 
     history = run("history", "esc", "--db", db_url)
@@ -129,13 +136,17 @@ def test_control_characters_in_notes_and_reasons_cannot_forge_output_lines(db_ur
     # a gate's reason quotes the rejection note: escaped there too, and in the error line
     gate = run("gate", "esc@1", "--env", "production", "--db", db_url)
     assert gate.returncode == 100
-    assert "\x1b" not in gate.stdout + gate.stderr and gate.stderr.count("\n") == 1
+    assert "\x1b" not in gate.stdout + gate.stderr
+    headline, reason, fix = gate.stderr.splitlines()  # one reason a line, then its fix: no forged line
+    assert headline == "specreg: gate refused esc@1 for production:" and reason.startswith("  - approval: rejected by bob")
+    assert fix.startswith("    fix: specreg approve esc@1")
     assert "rejected by bob: ok\\n2099" in gate.stdout
 
 
 # --- item 3: identity from authentication --------------------------------------------------------
 
-def test_on_postgres_the_actor_is_the_authenticated_role(postgres_url, tiny_models, policy_file, monkeypatch):
+def test_on_postgres_the_actor_is_the_authenticated_role(postgres_url, tiny_models, policy_file, monkeypatch,
+                                                         approval_key):
     alice, bob = as_user(postgres_url, "alice"), as_user(postgres_url, "bob")
     registered = run("register", "auth", "--target", tiny_models["target"], "--draft", tiny_models["draft"], "-k", "2",
                      "--db", alice, "--json", unset=("SPECREG_USER",))
@@ -143,7 +154,7 @@ def test_on_postgres_the_actor_is_the_authenticated_role(postgres_url, tiny_mode
     assert json.loads(registered.stdout)["registered_by"] == "alice"
     record_validation(Registry(postgres_url), "auth@1")
 
-    own = run("approve", "auth@1", "--db", alice, unset=("SPECREG_USER",))
+    own = run("approve", "auth@1", "--db", alice, "--key", approval_key(postgres_url, "alice"), unset=("SPECREG_USER",))
     assert own.returncode == 100 and "four-eyes: alice registered auth@1" in own.stderr
     claimed = run("approve", "auth@1", "--db", alice, "--user", "bob")
     assert claimed.returncode == 100 and claimed.stderr.count("\n") == 1
@@ -152,7 +163,8 @@ def test_on_postgres_the_actor_is_the_authenticated_role(postgres_url, tiny_mode
     assert also_claimed.returncode == 100 and "as role alice" in also_claimed.stderr
     assert Registry(postgres_url).get("auth@1").state is PairState.VALIDATED
 
-    approved = run("approve", "auth@1", "--db", bob, "--json", unset=("SPECREG_USER",))
+    approved = run("approve", "auth@1", "--db", bob, "--json", "--key", approval_key(postgres_url, "bob"),
+                   unset=("SPECREG_USER",))
     assert approved.returncode == 0, approved.stderr
     assert json.loads(approved.stdout)["actor"] == "bob"
     monkeypatch.delenv("SPECREG_USER")
@@ -162,12 +174,13 @@ def test_on_postgres_the_actor_is_the_authenticated_role(postgres_url, tiny_mode
     assert Registry(postgres_url).gate("auth@1", "production").passed
 
 
-def test_a_claimed_user_allowed_by_the_policy_is_recorded_beside_the_role(postgres_url, tiny_models, tmp_path):
+def test_a_claimed_user_allowed_by_the_policy_is_recorded_beside_the_role(postgres_url, tiny_models, tmp_path,
+                                                                          approval_key):
     policy = tmp_path / "claimed.toml"
     policy.write_text(POLICY_TOML + "\n[identity]\nallow_claimed_user = true\n")
     validated_pair(postgres_url, tiny_models, "claim")
     approved = run("approve", "claim@1", "--db", as_user(postgres_url, "bob"), "--user", "carol",
-                   env={"SPECREG_POLICY": str(policy)})
+                   "--key", approval_key(postgres_url, "carol"), env={"SPECREG_POLICY": str(policy)})
     assert approved.returncode == 0, approved.stderr
     [event] = [e for e in Registry(postgres_url).history("claim") if e.action == "approve"]
     assert event.actor == "carol"
@@ -204,19 +217,22 @@ def tags_of(server, pair: str) -> dict:
     return {t["key"]: t["value"] for t in version["tags"]}
 
 
-def test_a_malformed_approval_tag_is_warned_about_and_ignored(db_url, tiny_models, mlflow_server, mirror_on):
+def test_a_malformed_approval_tag_is_warned_about_and_ignored(db_url, tiny_models, mlflow_server, mirror_on,
+                                                              approval_key):
     pair = f"lgtm-{uuid.uuid4().hex[:8]}"
     uri = ("--mlflow-uri", mlflow_server.url)
     registry = validated_pair(db_url, tiny_models, pair)
     assert run(*uri, "sync", pair, "--db", db_url).returncode == 0
     set_tag(mlflow_server, pair, "LGTM")
+    bob_key = ("--key", approval_key(db_url, "bob"))
 
-    rejected = run(*uri, "reject", f"{pair}@1", "--note", "not yet", "--db", as_user(db_url, "bob"), "--user", "bob")
+    rejected = run(*uri, "reject", f"{pair}@1", "--note", "not yet", "--db", as_user(db_url, "bob"), "--user", "bob",
+                   *bob_key)
     assert rejected.returncode == 0, rejected.stderr
     assert "specreg: warning:" in rejected.stderr and "'LGTM' is not approved:<user> or rejected:<user>; ignored" in rejected.stderr
     assert tags_of(mlflow_server, pair)["specreg.approval"] == "rejected:bob"  # the registry's decision replaced it
     set_tag(mlflow_server, pair, "LGTM")
-    approved = run(*uri, "approve", f"{pair}@1", "--db", as_user(db_url, "bob"), "--user", "bob")
+    approved = run(*uri, "approve", f"{pair}@1", "--db", as_user(db_url, "bob"), "--user", "bob", *bob_key)
     assert approved.returncode == 0, approved.stderr
     set_tag(mlflow_server, pair, "LGTM")
     promoted = run(*uri, "promote", f"{pair}@1", "--to", "production", "--db", as_user(db_url, "carol"), "--user", "carol")
@@ -227,28 +243,42 @@ def test_a_malformed_approval_tag_is_warned_about_and_ignored(db_url, tiny_model
     assert tags_of(mlflow_server, pair)["specreg.audit_head"] == registry.store.audit_head()
 
 
-def test_a_ui_approval_naming_a_user_is_unattributed_without_an_auth_app(db_url, tiny_models, mlflow_server, mirror_on):
+def test_a_ui_tag_naming_another_user_is_a_request_until_they_sign(db_url, tiny_models, mlflow_server, mirror_on,
+                                                                   approval_key):
+    """Issue 21 HIGH-3: on a shared MLflow server the registrant herself tags ``approved:bob``
+    (MLflow records no author for a tag). Before: sync recorded it as bob's approval and the
+    production gate passed. Now it is a request: nothing is recorded, the UI summary says
+    "waiting for bob's signature", and only bob's own signed approval counts."""
     pair = f"ui-{uuid.uuid4().hex[:8]}"
     uri = ("--mlflow-uri", mlflow_server.url)
     registry = validated_pair(db_url, tiny_models, pair)
     assert run(*uri, "sync", pair, "--db", db_url).returncode == 0
-    set_tag(mlflow_server, pair, "approved:Carol")
-    synced = run(*uri, "sync", pair, "--db", as_user(db_url, "bob"), "--user", "bob")
+    set_tag(mlflow_server, pair, "approved:Bob")
+    synced = run(*uri, "sync", pair, "--db", as_user(db_url, "alice"), "--user", "alice")
     assert synced.returncode == 0, synced.stderr
-    assert "as unattributed (the MLflow server has no auth app to confirm that carol set it)" in synced.stderr
-    [event] = [e for e in registry.history(pair) if e.action == "approve"]
-    assert (event.actor, event.details["approver"], event.details["named_user"]) == ("bob", "(unattributed)", "carol")
-    gate = registry.gate(f"{pair}@1", "production")
-    assert not gate.passed and any("a named approver must confirm it" in r for r in gate.reasons)
-    # syncing again records nothing twice
-    assert run(*uri, "sync", pair, "--db", db_url).returncode == 0
+    assert f"approval of {pair}@1 requested in MLflow for bob: waiting for bob's signature" in synced.stderr
+    assert [e.action for e in registry.history(pair)] == ["register", "validate"]  # nothing recorded
+    assert registry.get(f"{pair}@1").state is PairState.VALIDATED
+    assert not registry.gate(f"{pair}@1", "production").passed
+    version = mlflow_server.get("model-versions/get", name=f"specreg.{pair}", version="1")["model_version"]
+    assert "waiting for bob's signature" in version["description"]
+    assert tags_of(mlflow_server, pair)["specreg.approval"] == "approved:Bob"  # the request stays as the reviewer set it
+
+    approved = run(*uri, "approve", f"{pair}@1", "--db", as_user(db_url, "bob"), "--user", "bob",
+                   "--key", approval_key(db_url, "bob"))
+    assert approved.returncode == 0, approved.stderr
+    assert registry.gate(f"{pair}@1", "production").passed
+    assert tags_of(mlflow_server, pair)["specreg.approval"] == "approved:bob"
+    version = mlflow_server.get("model-versions/get", name=f"specreg.{pair}", version="1")["model_version"]
+    assert "waiting for" not in version["description"]
+    assert run(*uri, "sync", pair, "--db", db_url).returncode == 0  # nothing recorded twice
     assert len([e for e in registry.history(pair) if e.action == "approve"]) == 1
 
 
-def test_a_ui_approval_is_attributed_where_the_auth_app_confirms_the_user(tmp_path, tiny_models, policy_file,
+def test_a_ui_tag_is_a_request_even_where_the_auth_app_lets_that_user_edit(tmp_path, tiny_models, policy_file,
                                                                           monkeypatch):
-    """A real `mlflow server --app-name basic-auth`: carol holds EDIT on the model, dave only
-    the default READ. ``approved:dave`` stays unattributed, ``approved:carol`` is carol's."""
+    """A real `mlflow server --app-name basic-auth` where carol holds EDIT on the model: a tag
+    ``approved:carol`` is still only a request (issue 21 HIGH-2); the auth app is not asked."""
     import base64
     import urllib.request
 
@@ -302,22 +332,14 @@ def test_a_ui_approval_is_attributed_where_the_auth_app_confirms_the_user(tmp_pa
             call("/api/2.0/mlflow/model-versions/set-tag", {"name": f"specreg.{pair}", "version": "1",
                                                             "key": "specreg.approval", "value": value})
 
-        tag("approved:dave")
-        dave = run(*uri, "sync", pair, "--db", db_url, "--user", "bob")
-        assert dave.returncode == 0, dave.stderr
-        assert f"as unattributed (dave holds READ on specreg.{pair}, not EDIT or MANAGE)" in dave.stderr
-        assert registry.get(f"{pair}@1").state is PairState.VALIDATED
-
         tag("approved:carol")
-        carol = run(*uri, "sync", pair, "--db", db_url, "--user", "bob")
+        carol = run(*uri, "sync", pair, "--db", db_url, "--user", "alice")
         assert carol.returncode == 0, carol.stderr
-        assert (f"recorded approved of {pair}@1 from MLflow by carol (EDIT on the model, confirmed by the MLflow "
-                f"auth app; synced by bob)") in carol.stderr
-        assert registry.get(f"{pair}@1").state is PairState.APPROVED
-        [*_, event] = [e for e in registry.history(pair) if e.action == "approve"]
-        assert (event.actor, event.details["approver"], event.details["permission"]) == ("bob", "carol", "EDIT")
-        assert registry.gate(f"{pair}@1", "production").passed
-        assert run(*uri, "sync", pair, "--db", db_url).returncode == 0  # nothing recorded twice
-        assert len([e for e in registry.history(pair) if e.action == "approve"]) == 2
+        # issue 21 HIGH-2: before, the auth app's EDIT for carol made the tag carol's approval,
+        # though anyone with EDIT (here the registrant's sync) could have written her name
+        assert f"approval of {pair}@1 requested in MLflow for carol: waiting for carol's signature" in carol.stderr
+        assert registry.get(f"{pair}@1").state is PairState.VALIDATED
+        assert not registry.gate(f"{pair}@1", "production").passed
+        assert [e.action for e in registry.history(pair)] == ["register", "validate"]
     finally:
         server.stop()

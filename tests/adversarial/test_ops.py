@@ -141,7 +141,7 @@ def test_observe_reads_no_more_than_the_bound(observed):
 
 # --- issue 12 section 5: env history -------------------------------------------------------------
 
-def test_env_history_names_who_held_production_when(db_url, tiny_models, tmp_path, monkeypatch):
+def test_env_history_names_who_held_production_when(db_url, tiny_models, tmp_path, monkeypatch, approval_key):
     policy = tmp_path / "specreg.toml"
     policy.write_text(POLICY_TOML)
     monkeypatch.setenv("SPECREG_POLICY", str(policy))
@@ -151,7 +151,7 @@ def test_env_history_names_who_held_production_when(db_url, tiny_models, tmp_pat
     marks = {}
     for label in labels:
         record_validation(alice, label)
-        bob.approve(label)
+        bob.approve(label, key=approval_key(db_url, "bob"))
     alice.promote(labels[0], "production", reason="first")
     alice.promote(labels[0], "staging")  # another environment: not in production's history
     marks["v1"] = datetime.utcnow()

@@ -28,7 +28,7 @@ def run(*args, env=None):
 
 
 @pytest.fixture
-def approved_pair(db_url, tiny_models, tmp_path, monkeypatch):
+def approved_pair(db_url, tiny_models, tmp_path, monkeypatch, approval_key):
     """deploy@1 validated (recorded rows), approved by bob and promoted to staging; deploy@2 only registered."""
     policy = tmp_path / "specreg.toml"
     policy.write_text(POLICY_TOML)
@@ -38,7 +38,7 @@ def approved_pair(db_url, tiny_models, tmp_path, monkeypatch):
         alice.register("deploy", target=str(tiny_models["target"]), draft=str(tiny_models["draft"]),
                        num_speculative_tokens=k, max_batch_size_for_speculation=8)
     record_validation(alice, "deploy@1", acceptance_rate=0.8, mean_acceptance_length=3.0)
-    Registry(as_user(db_url, "bob"), user="bob").approve("deploy@1", note="looks right")
+    Registry(as_user(db_url, "bob"), user="bob").approve("deploy@1", key=approval_key(db_url, "bob"), note="looks right")
     alice.promote("deploy@1", "staging", reason="first rollout")
     return db_url
 
@@ -73,7 +73,7 @@ def test_export_writes_engine_configs_with_identity(approved_pair, tmp_path, tin
     assert kinds == ["ConfigMap", "Deployment", "Service"]  # the ConfigMap holds the pair lock
     pod = documents[1]["spec"]["template"]["spec"]
     assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == "models"
-    assert [v["name"] for v in pod["volumes"]] == ["models", "specreg-lock"]  # one list: both containers' volumes
+    assert [v["name"] for v in pod["volumes"]] == ["models", "specreg-lock", "specreg-approvers"]  # one list
     # the initContainer checks the very paths the engine loads, on the same mount
     assert pod["initContainers"][0]["volumeMounts"][0] == pod["containers"][0]["volumeMounts"][0]
     no_volume = run("export", "deploy@1", "--format", "k8s-vllm", "--db", approved_pair)

@@ -19,7 +19,8 @@ import yaml
 
 from specreg.api import Registry
 from specreg.core.fingerprint import canonical_json
-from specreg.registry.deploy.lock import LOCK_FILE, lock_body, verify_lock
+from specreg.registry.deploy.lock import LOCK_FILE, lock_body
+from specreg.registry.deploy.verify import verify_lock
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "governance"))
 from govstate import POLICY_TOML, record_validation  # noqa: E402
@@ -45,7 +46,7 @@ def keys(tmp_path):
 
 
 @pytest.fixture
-def deployed(tmp_path, tiny_models, keys, monkeypatch):
+def deployed(tmp_path, tiny_models, keys, monkeypatch, approval_key):
     """lock@1 registered from copies of the tiny models (so a test may tamper with them),
     validated (recorded rows), approved by bob, promoted to staging and exported with a signed
     lock. Returns the paths a deploy has."""
@@ -59,7 +60,9 @@ def deployed(tmp_path, tiny_models, keys, monkeypatch):
     alice = Registry(db, user="alice")
     alice.register("lock", target=str(target), draft=str(draft), num_speculative_tokens=3)
     record_validation(alice, "lock@1", acceptance_rate=0.8, mean_acceptance_length=3.0)
-    Registry(db, user="bob").approve("lock@1", note="checked")
+    Registry(db, user="bob").approve("lock@1", key=approval_key(db, "bob"), note="checked")
+    keyring = tmp_path / "approvers.json"  # what the platform mounts beside the public key
+    assert run("keys", "export", "--out", keyring, "--db", db).returncode == 0
     alice.promote("lock@1", "staging", reason="first rollout")
     out = tmp_path / "out"
     result = run("export", "lock@staging", "--format", "vllm", "-o", out, "--db", db,
@@ -67,12 +70,13 @@ def deployed(tmp_path, tiny_models, keys, monkeypatch):
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""  # signed: no warning
     return {"db": db, "target": target, "draft": draft, "lock": out / LOCK_FILE, "private": keys[0],
-            "public": keys[1], "tmp": tmp_path}
+            "public": keys[1], "tmp": tmp_path, "keyring": keyring, "out": out}
 
 
 def verify(deployed, *extra, lock=None, public_key=None, target=None, draft=None):
+    keyring = ("--keyring", deployed["keyring"]) if "keyring" in deployed else ()
     return run("verify", "--lock", lock or deployed["lock"], "--public-key", public_key or deployed["public"],
-               "--target", target or deployed["target"], "--draft", draft or deployed["draft"], *extra)
+               *keyring, "--target", target or deployed["target"], "--draft", draft or deployed["draft"], *extra)
 
 
 def refused(result, reason: str):
@@ -158,9 +162,11 @@ def test_verify_matching_files_exit_0(deployed):
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
         f"ok  signature: signed statement verified with {deployed['public']}",
+        f"ok  approvals: approved by bob: 1 valid signature(s), 1 needed (keyring {deployed['keyring']})",
         "ok  registry: lock@1 is promoted and holds staging",
         f"ok  target_files: 6 file(s) in {deployed['target']} match the lock",
         f"ok  draft_files: 6 file(s) in {deployed['draft']} match the lock",
+        "ok  unchanged: 12 file(s) unchanged since they were hashed",
         "verified lock@1: signed lock, files match",
     ]
 
@@ -304,8 +310,12 @@ def test_usage_and_errors(deployed):
     bad_key = verify(deployed, public_key=deployed["lock"])
     assert bad_key.returncode == 1 and "not an ECDSA P-256/384/521 public key" in bad_key.stderr
     bad_registry = verify(deployed, "--registry", f"sqlite:///{deployed['tmp'] / 'empty.db'}")
-    # a deploy check never creates or migrates a database
-    assert bad_registry.returncode == 1 and "is at schema revision none" in bad_registry.stderr
+    # a deploy check never creates or migrates a database (issue 21 LOW-1: it created a missing file)
+    assert bad_registry.returncode == 1 and "no such database file (verify never creates one)" in bad_registry.stderr
+    assert not (deployed["tmp"] / "empty.db").exists()
+    (deployed["tmp"] / "empty.db").touch()
+    not_migrated = verify(deployed, "--registry", f"sqlite:///{deployed['tmp'] / 'empty.db'}")
+    assert not_migrated.returncode == 1 and "is at schema revision none" in not_migrated.stderr
 
 
 def test_export_refuses_to_lock_changed_models(deployed):
@@ -320,7 +330,8 @@ def test_verify_imports_no_heavy_library(deployed):
         "import sys\n"
         "from specreg.cli import main\n"
         f"sys.argv = ['specreg', 'verify', '--lock', {str(deployed['lock'])!r}, '--public-key', "
-        f"{str(deployed['public'])!r}, '--target', {str(deployed['target'])!r}, '--draft', {str(deployed['draft'])!r}, "
+        f"{str(deployed['public'])!r}, '--keyring', {str(deployed['keyring'])!r}, '--target', {str(deployed['target'])!r}, "
+        f"'--draft', {str(deployed['draft'])!r}, "
         f"'--registry', {deployed['db']!r}, '--env', 'staging']\n"
         "try:\n    main()\nexcept SystemExit as exit:\n    assert exit.code in (0, None), exit.code\n"
         "heavy = sorted(m for m in ('torch', 'transformers', 'mlflow') if m in sys.modules)\n"
@@ -334,9 +345,11 @@ def test_verify_imports_no_heavy_library(deployed):
 
 
 def test_verify_lock_api_reports_every_check(deployed):
-    report = verify_lock(deployed["lock"], public_key=deployed["public"], target=deployed["target"],
+    report = verify_lock(deployed["lock"], public_key=deployed["public"], keyring=deployed["keyring"],
+                         target=deployed["target"],
                          draft=deployed["draft"])
-    assert report.passed and [c["name"] for c in report.checks] == ["signature", "target_files", "draft_files"]
+    assert report.passed and [c["name"] for c in report.checks] == ["signature", "approvals", "target_files",
+                                                                      "draft_files", "unchanged"]
 
 
 def test_k8s_init_container_verifies_before_the_engine_starts(deployed):
@@ -363,7 +376,8 @@ def test_k8s_init_container_verifies_before_the_engine_starts(deployed):
     assert init["args"][init["args"].index("--target") + 1] == engine_argv[2] == str(deployed["target"])
     assert init["args"][init["args"].index("--draft") + 1] == speculative["model"] == str(deployed["draft"])
     volumes = {v["name"]: v["configMap"]["name"] for v in pod["volumes"] if "configMap" in v}
-    assert volumes == {"specreg-lock": "lock-v1-lock", "specreg-public-key": "specreg-signing-key"}
+    assert volumes == {"specreg-lock": "lock-v1-lock", "specreg-public-key": "specreg-signing-key",
+                       "specreg-approvers": "specreg-approvers"}
     # the models volume is mounted in the initContainer exactly as in the engine container
     assert init["volumeMounts"][0] == pod["containers"][0]["volumeMounts"][0] == \
         {"name": "models", "mountPath": str(models), "readOnly": True}
@@ -377,7 +391,8 @@ def test_k8s_init_container_verifies_before_the_engine_starts(deployed):
         if name == "specreg-lock":
             (folder / LOCK_FILE).write_text(config_map["data"][LOCK_FILE])
         else:
-            shutil.copy(deployed["public"], folder / "specreg-signing.pub")
+            shutil.copy(deployed["keyring"] if name == "specreg-approvers" else deployed["public"],
+                        folder / ("approvers.json" if name == "specreg-approvers" else "specreg-signing.pub"))
         folders[mount_path] = str(folder)
 
     def init_argv():

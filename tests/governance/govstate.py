@@ -42,16 +42,18 @@ def record_validation(registry: Registry, ref: str, *, status: str = "passed", g
                       golden_sha256: str | None = None, acceptance_rate: float = 0.8,
                       mean_acceptance_length: float = 3.0, checks: dict[str, str] | None = None,
                       finished_at: datetime | None = None, binding_sha256: str | None = None,
-                      tau_definition: str | None = "engines") -> int:
+                      tau_definition: str | None = "engines", speedup: float | None = None) -> int:
     """Insert a finished validation run of ``ref`` and move its state; returns the run id.
-    ``tau_definition=None`` stores baselines as runs before the engines' tau did."""
+    ``tau_definition=None`` stores baselines as runs before the engines' tau did; ``speedup``:
+    what its performance check measured (None: the check did not run)."""
     version = registry.get(ref)
     finished_at = finished_at or utcnow()
     def figures(rate: float) -> dict:
         # the keys validators/acceptance.py records (BASELINE_KEYS), for 100 drafted tokens
         return {"acceptance_rate": rate, "mean_acceptance_length": mean_acceptance_length,
                 "per_position_acceptance": [rate, rate * 0.9], "drafted": 100, "accepted": round(100 * rate),
-                "generated_tokens": 64, "target_forwards": 20, "longest_rejection_run": 1, "generations": 4}
+                "generated_tokens": 64, "target_forwards": 20, "longest_rejection_run": 1, "generations": 4,
+                "tokens_per_target_forward": 3.2}
 
     baselines = {"k": version.config.num_speculative_tokens, "overall": figures(acceptance_rate),
                  "per_category": {"code": figures(acceptance_rate + 0.05)}} if status == "passed" else None
@@ -65,7 +67,9 @@ def record_validation(registry: Registry, ref: str, *, status: str = "passed", g
             binding_sha256=binding_sha256 or version.binding_sha256,
             environment={"torch": "2.13.0", "transformers": "5.24.0", "specreg": "0.1.0", "python": "3.11",
                          "device": "cpu", "dtype": "float32"},
-            options={}, summary={"verdict": "pass" if status == "passed" else "fail"}, baselines=baselines,
+            options={}, baselines=baselines,
+            summary={"verdict": "pass" if status == "passed" else "fail",
+                     **({"performance": {"speedup": speedup}} if speedup is not None else {})},
             actor="validator", pid=None, started_at=finished_at - timedelta(seconds=5), finished_at=finished_at,
         )
         session.add(run)

@@ -20,7 +20,7 @@ records:
 """
 
 
-def test_validate_approve_promote_and_rerun_gate(tmp_path, tiny_models, policy_file):
+def test_validate_approve_promote_and_rerun_gate(tmp_path, tiny_models, policy_file, approval_key):
     if not hasattr(Registry, "validate"):
         pytest.skip("Registry.validate is not in this build")
     golden = tmp_path / "gov-e2e.yaml"
@@ -37,8 +37,8 @@ def test_validate_approve_promote_and_rerun_gate(tmp_path, tiny_models, policy_f
     assert staging.passed, staging.reasons
     assert [c.name for c in staging.conditions if c.name.startswith("check.")] == [f"check.{c}" for c in CHECKS]
     assert alice.gate(ref, "production").reasons == [
-        "approval: production needs an approval by someone other than the registrant alice"]
-    bob.approve(ref)
+        "approval: production needs an approval by someone other than the registrant alice (no signed approval counts)"]
+    bob.approve(ref, key=approval_key(db_url, "bob"))
     alice.promote(ref, "production")
     assert alice.get("e2e@production").state is PairState.PROMOTED
 

@@ -20,23 +20,23 @@ def failed(result) -> dict[str, str]:
     return {c.name: c.reason for c in result.conditions if not c.passed}
 
 
-def test_four_eyes_approval_and_promotion_to_production(db_url, tiny_models, policy_file):
+def test_four_eyes_approval_and_promotion_to_production(db_url, tiny_models, policy_file, approval_key):
     alice, bob = Registry(as_user(db_url, "alice"), user="alice"), Registry(as_user(db_url, "bob"), user="bob")
     (ref,) = register_versions(alice, tiny_models, "chat", 1)
 
     with pytest.raises(PolicyViolation, match="not passed validation .*never validated"):
-        bob.approve(ref)
+        bob.approve(ref, key=approval_key(db_url, "bob"))
     gate = bob.gate(ref, "production")
     assert not gate.passed and "chat@1 is not validated on golden set smoke" in failed(gate)["validation"]
 
     record_validation(alice, ref)
     with pytest.raises(PolicyViolation, match="four-eyes: alice registered chat@1 and cannot approve it"):
-        alice.approve(ref)
+        alice.approve(ref, key=approval_key(db_url, "alice"))
     with pytest.raises(PolicyViolation, match=r"approval: production needs an approval by someone other than the registrant alice"):
         alice.promote(ref, "production")
     assert set(failed(alice.gate(ref, "production"))) == {"approval"}
 
-    approval = bob.approve(ref, note="looks good")
+    approval = bob.approve(ref, key=approval_key(db_url, "bob"), note="looks good")
     assert (approval.decision, approval.actor) == ("approved", "bob")
     assert alice.get(ref).state is PairState.APPROVED
     assert alice.gate(ref, "production").passed
@@ -49,7 +49,7 @@ def test_four_eyes_approval_and_promotion_to_production(db_url, tiny_models, pol
     assert [(e.action, e.actor) for e in events] == [
         ("register", "alice"), ("validate", "validator"), ("approve", "bob"), ("promote", "alice")]
     assert events[-1].details["environment"] == "production" and events[-1].details["approval"] == approval.id
-    assert alice.verify_audit() == (4, None)
+    assert alice.verify_audit() == (6, None)  # + the enrolments of alice's and bob's keys
     with pytest.raises(IllegalTransitionError, match="already holds production"):
         alice.promote(ref, "production")
 
@@ -68,12 +68,12 @@ def test_staging_needs_no_approval_but_unknown_environment_is_an_error(db_url, t
         registry.get("st@production")
 
 
-def test_promote_over_holder_rollback_and_retire(db_url, tiny_models, policy_file):
+def test_promote_over_holder_rollback_and_retire(db_url, tiny_models, policy_file, approval_key):
     alice, bob = Registry(as_user(db_url, "alice"), user="alice"), Registry(as_user(db_url, "bob"), user="bob")
     v1, v2 = register_versions(alice, tiny_models, "pair", 2)
     for ref in (v1, v2):
         record_validation(alice, ref)
-        bob.approve(ref)
+        bob.approve(ref, key=approval_key(db_url, "bob"))
     alice.promote(v1, "production")
     alice.promote(v1, "staging")
     move = alice.promote(v2, "production", reason="better k")
@@ -118,17 +118,17 @@ def test_released_version_without_approval_returns_to_validated(db_url, tiny_mod
     assert (release.action, release.version, release.details) == ("release", 1, {"environment": "staging", "replaced_by": 2})
 
 
-def test_gate_conditions_fail_with_named_reasons(db_url, tiny_models, policy_file):
+def test_gate_conditions_fail_with_named_reasons(db_url, tiny_models, policy_file, approval_key):
     alice, bob = Registry(as_user(db_url, "alice"), user="alice"), Registry(as_user(db_url, "bob"), user="bob")
     v1, v2, v3, v4, v5 = register_versions(alice, tiny_models, "g", 5)
 
     record_validation(alice, v1, acceptance_rate=0.80, mean_acceptance_length=3.0)
-    bob.approve(v1)
+    bob.approve(v1, key=approval_key(db_url, "bob"))
     alice.promote(v1, "production")
 
     # acceptance below the production holder's baseline by more than 10%
     record_validation(alice, v2, acceptance_rate=0.70, mean_acceptance_length=2.9)
-    bob.approve(v2)
+    bob.approve(v2, key=approval_key(db_url, "bob"))
     reasons = failed(alice.gate(v2, "production"))
     assert list(reasons) == ["acceptance"]
     assert "acceptance_rate 0.700 < 0.720 (production holder g@1 0.800 - 10%)" in reasons["acceptance"]
@@ -167,15 +167,15 @@ def test_gate_compares_tau_only_with_engine_tau_and_on_its_accepted_part(db_url,
     assert "tau not compared with run 3 of this version: recorded before the engines' definition" in acceptance.reason
 
 
-def test_approval_rules_rejection_and_stale_approval(db_url, tiny_models, policy_file, tmp_path):
+def test_approval_rules_rejection_and_stale_approval(db_url, tiny_models, policy_file, tmp_path, approval_key):
     alice, bob, carol = (Registry(as_user(db_url, u), user=u) for u in ("alice", "bob", "carol"))
     (ref,) = register_versions(alice, tiny_models, "ap", 1)
     record_validation(alice, ref)
-    bob.approve(ref)
-    carol.reject(ref, note="latency regression")
+    bob.approve(ref, key=approval_key(db_url, "bob"))
+    carol.reject(ref, key=approval_key(db_url, "carol"), note="latency regression")
     assert alice.get(ref).state is PairState.VALIDATED
     assert failed(alice.gate(ref, "production"))["approval"] == "rejected by carol: latency regression"
-    bob.approve(ref)
+    bob.approve(ref, key=approval_key(db_url, "bob"))
     assert alice.gate(ref, "production").passed
     # a passing re-validation keeps the approval; a failed one withdraws it
     record_validation(alice, ref)
@@ -184,23 +184,23 @@ def test_approval_rules_rejection_and_stale_approval(db_url, tiny_models, policy
     record_validation(alice, ref)
     assert failed(alice.gate(ref, "production")) == {
         "approval": "approval by bob predates failed validation run 3: approve again"}
-    bob.approve(ref)
+    bob.approve(ref, key=approval_key(db_url, "bob"))
 
     restricted = tmp_path / "restricted.yaml"
     restricted.write_text("golden_set: smoke\nrequired_checks: [equivalence]\nenvironments:\n"
                           "  production: {approval_required: true, approvers: [carol, dave]}\n")
     reasons = failed(alice.gate(ref, "production", policy_path=str(restricted)))
     assert reasons["approval"] == "approved by bob, who may not approve for production from one of carol, dave"
-    carol.approve(ref)
+    carol.approve(ref, key=approval_key(db_url, "carol"))
     assert alice.gate(ref, "production", policy_path=str(restricted)).passed
 
 
-def test_failed_validation_refuses_approval_and_promotion(db_url, tiny_models, policy_file):
+def test_failed_validation_refuses_approval_and_promotion(db_url, tiny_models, policy_file, approval_key):
     alice, bob = Registry(as_user(db_url, "alice"), user="alice"), Registry(as_user(db_url, "bob"), user="bob")
     (ref,) = register_versions(alice, tiny_models, "bad", 1)
     record_validation(alice, ref, status="failed", checks={"equivalence": "fail"})
     with pytest.raises(PolicyViolation, match=r"not passed validation \(run 1 failed\)"):
-        bob.approve(ref)
+        bob.approve(ref, key=approval_key(db_url, "bob"))
     with pytest.raises(PolicyViolation, match="validation: the latest validation of bad@1 on smoke \\(run 1\\) failed"):
         alice.promote(ref, "staging")
 
@@ -258,8 +258,8 @@ def test_diff_side_by_side(db_url, tiny_models, policy_file):
 
 
 def test_imported_approval_by_the_registrant_does_not_count(db_url, tiny_models, policy_file):
-    """An approval arriving from outside the CLI (e.g. an MLflow tag read back) by the
-    registrant still fails four-eyes."""
+    """An approval arriving from outside the CLI (e.g. an MLflow tag read back), even with its
+    audit event, counts for nothing without a signature, and the gate names it."""
     from specreg.registry.store.orm import ApprovalRow
 
     registry = Registry(as_user(db_url, "alice"), user="alice")
@@ -276,7 +276,8 @@ def test_imported_approval_by_the_registrant_does_not_count(db_url, tiny_models,
             actor="alice", reason=None, details={"approval": approval.id, "decision": "approved", "source": "mlflow"})
         approval.event_hash = event.event_hash
     reasons = failed(registry.gate(ref, "production"))
-    assert reasons["approval"] == "approved only by the registrant alice (four-eyes: another person must approve)"
+    assert reasons["approval"] == ("production needs an approval by someone other than the registrant alice "
+                                   "(no signed approval counts); not counted: approval 1 by alice: no signature")
 
 
 def test_a_skipped_check_counts_only_where_the_policy_exempts_the_pair_kind(db_url, tiny_models, tmp_path,

@@ -10,7 +10,8 @@ import subprocess
 
 import pytest
 
-from specreg.registry.review.mlflow_sync import MlflowSync, model_version_url
+from specreg.registry.review.mlflow_places import model_version_url
+from specreg.registry.review.mlflow_sync import MlflowSync
 
 
 def _chromium() -> str | None:

@@ -1,5 +1,5 @@
-"""The registry keeps MLflow in step: validate -> run + model version, approval in the MLflow
-UI -> registry approval via `specreg sync`, promote -> alias; MLflow down -> the registry
+"""The registry keeps MLflow in step: validate -> run + model version, an approval requested in
+the MLflow UI -> "waiting for <user>'s signature" until that user signs, promote -> alias; MLflow down -> the registry
 operation completes with a warning and `specreg sync` catches up. Real registry databases
 (SQLite and PostgreSQL), a real MLflow server, read back through its REST API."""
 
@@ -46,7 +46,7 @@ def runs_of(server, pair):
     return server.post("runs/search", {"experiment_ids": [experiment["experiment"]["experiment_id"]]}).get("runs", [])
 
 
-def test_sync_ui_approval_and_promotion_alias(db_url, tiny_models, mlflow_server, mirror_on):
+def test_sync_ui_approval_and_promotion_alias(db_url, tiny_models, mlflow_server, mirror_on, approval_key):
     pair = f"rv-{uuid.uuid4().hex[:8]}"
     alice = Registry(as_user(db_url, "alice"), user="alice", mlflow_uri=mlflow_server.url)
     alice.register(pair, target=str(tiny_models["target"]), draft=str(tiny_models["draft"]), num_speculative_tokens=3)
@@ -66,28 +66,28 @@ def test_sync_ui_approval_and_promotion_alias(db_url, tiny_models, mlflow_server
     assert {"pair/report.html", "pair/summary.md", "pair/results.json", "pair/pair.yaml"} <= artifacts
     assert alice.validation_runs(f"{pair}@1")[-1].mlflow_run_id == run["info"]["run_id"]
 
-    # A reviewer approves in the MLflow UI (the UI's own REST call) without naming themselves:
-    # sync records it, but as unattributed (this server has no auth app to say who set it), and
-    # that does not satisfy four-eyes (issue 12 section 5).
+    # A reviewer asks for bob's approval in the MLflow UI (the UI's own REST call): a request,
+    # not a decision (MLflow records no author for a tag; issue 21 §3). Nothing is recorded.
     mlflow_server.post("model-versions/set-tag", {"name": f"specreg.{pair}", "version": "1",
-                                                  "key": "specreg.approval", "value": "approved"})
-    picked = cli("--mlflow-uri", mlflow_server.url, "sync", pair, "--db", as_user(db_url, "bob"), "--user", "bob")
+                                                  "key": "specreg.approval", "value": "approved:bob"})
+    picked = cli("--mlflow-uri", mlflow_server.url, "sync", pair, "--db", as_user(db_url, "carol"), "--user", "carol")
     assert picked.returncode == 0, picked.stderr
-    assert f"recorded approved of {pair}@1 from MLflow as unattributed (the tag names no approver" in picked.stderr
+    assert f"approval of {pair}@1 requested in MLflow for bob: waiting for bob's signature" in picked.stderr
     assert alice.get(f"{pair}@1").state is PairState.VALIDATED
-    approve_events = [e for e in alice.history(pair) if e.action == "approve"]
-    assert [(e.actor, e.details["approver"], e.details["source"]) for e in approve_events] == [
-        ("bob", "(unattributed)", "unattributed")]
+    assert [e for e in alice.history(pair) if e.action == "approve"] == []
+    [version] = model_versions(mlflow_server, pair)
+    assert "waiting for bob's signature" in version["description"]
     refused = cli("--mlflow-uri", mlflow_server.url, "promote", f"{pair}@1", "--to", "production",
                   "--db", as_user(db_url, "carol"), "--user", "carol")
-    assert refused.returncode == 100 and "a named approver must confirm it with `specreg approve`" in refused.stderr
+    assert refused.returncode == 100 and "needs an approval by someone other than the registrant" in refused.stderr
 
-    # bob confirms it under his own name; the tag then names him.
+    # bob signs; the tag then is the registry's record of his decision.
     confirmed = cli("--mlflow-uri", mlflow_server.url, "approve", f"{pair}@1", "--db", as_user(db_url, "bob"),
-                    "--user", "bob")
+                    "--user", "bob", "--key", approval_key(db_url, "bob"))
     assert confirmed.returncode == 0, confirmed.stderr
     [version] = model_versions(mlflow_server, pair)
     assert {t["key"]: t["value"] for t in version["tags"]}["specreg.approval"] == "approved:bob"
+    assert "waiting for" not in version["description"]
     promoted = cli("--mlflow-uri", mlflow_server.url, "promote", f"{pair}@1", "--to", "production",
                    "--db", as_user(db_url, "carol"), "--user", "carol")
     assert promoted.returncode == 0, promoted.stderr
@@ -100,17 +100,18 @@ def test_sync_ui_approval_and_promotion_alias(db_url, tiny_models, mlflow_server
     for _ in range(2):
         assert cli("--mlflow-uri", mlflow_server.url, "sync", pair, "--db", db_url).returncode == 0
     assert len(runs_of(mlflow_server, pair)) == 1 and len(model_versions(mlflow_server, pair)) == 1
-    assert len([e for e in alice.history(pair) if e.action == "approve"]) == 2
+    assert len([e for e in alice.history(pair) if e.action == "approve"]) == 1
 
 
-def test_mlflow_down_warns_and_sync_catches_up(db_url, tiny_models, mlflow_server, mirror_on):
+def test_mlflow_down_warns_and_sync_catches_up(db_url, tiny_models, mlflow_server, mirror_on, approval_key):
     pair = f"rv-{uuid.uuid4().hex[:8]}"
     down = f"http://127.0.0.1:{free_port()}"
     alice = Registry(as_user(db_url, "alice"), user="alice", mlflow_uri=down)
     alice.register(pair, target=str(tiny_models["target"]), draft=str(tiny_models["draft"]), num_speculative_tokens=2)
     record_validation(alice, f"{pair}@1")
 
-    approved = cli("--mlflow-uri", down, "approve", f"{pair}@1", "--db", as_user(db_url, "bob"), "--user", "bob")
+    approved = cli("--mlflow-uri", down, "approve", f"{pair}@1", "--db", as_user(db_url, "bob"), "--user", "bob",
+                   "--key", approval_key(db_url, "bob"))
     assert approved.returncode == 0, approved.stderr
     assert f"specreg: warning: MLflow ({down}) is behind" in approved.stderr
     assert "run `specreg sync`" in approved.stderr

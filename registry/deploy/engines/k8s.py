@@ -32,6 +32,8 @@ OPTIONS: dict[str, Any] = {
     # see the README) and the ConfigMap holding the team's public key.
     "verify_image": "specreg-verify:0.1.0",
     "verify_key_configmap": "specreg-signing-key",
+    # the ConfigMap holding the approvers' keyring (`specreg keys export --out approvers.json`)
+    "verify_keyring_configmap": "specreg-approvers",
 }
 
 

@@ -1,0 +1,102 @@
+"""The approvers' keyring in the registry: enrolling a person's public key (an audited action by
+an enroller the policy names) and the keys that count.
+
+A key counts while (a) the audit event that enrolled it is in the verified chain and records
+this very person, key and enroller, and (b) its enroller is one of the policy's
+``[keyring] enrollers``. A row written straight into ``approver_keys`` has no such event and
+counts for nothing (``keyring_entries`` names it).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from specreg.core.identity import normalize_user, same_user
+from specreg.core.signing import key_id, public_key_pem
+from specreg.errors import PolicyViolation, SpecregError
+from specreg.registry.governance.policy import Policy
+from specreg.registry.governance.signatures import KeyringEntry
+from specreg.registry.store.orm import ApproverKeyRow, AuditEventRow, AuditHeadRow
+from specreg.registry.store.store import Store, utcnow, verified_chain
+
+ENROL_ACTION = "enrol-key"
+KEYRING_EVENT_PAIR = "-"  # keyring events belong to no pair
+
+
+def enrol(store: Store, policy: Policy, person: str, public_key_text: str, *, actor: str) -> KeyringEntry:
+    """Enrol ``public_key_text`` (PEM) as ``person``'s approval key, as ``actor``. Refused
+    (PolicyViolation) unless the policy names ``actor`` an enroller; a key already enrolled
+    (to anyone) is refused (SpecregError)."""
+    person = normalize_user(person, what="person")
+    actor = normalize_user(actor, what="enroller")
+    if not any(same_user(actor, e) for e in policy.enrollers):
+        raise PolicyViolation(f"{actor} may not enrol keys: policy {policy.source} names "
+                              f"{', '.join(policy.enrollers) or 'nobody'} ([keyring] enrollers)")
+    pem = public_key_pem(public_key_text, "public key")
+    kid = key_id(pem)
+    with store.session(write=True) as session:
+        existing = session.scalar(select(ApproverKeyRow).where(ApproverKeyRow.key_id == kid))
+        if existing is not None:
+            raise SpecregError(f"key {kid[:12]} is already enrolled to {existing.person} "
+                               f"(by {existing.enrolled_by} at {existing.enrolled_at.isoformat(timespec='seconds')})")
+        row = ApproverKeyRow(person=person, key_id=kid, public_key=pem, enrolled_by=actor, enrolled_at=utcnow())
+        session.add(row)
+        session.flush()
+        store.append_event(session, pair_name=KEYRING_EVENT_PAIR, version=None, action=ENROL_ACTION, from_state=None,
+                           to_state=None, actor=actor, reason=None,
+                           details={"person": person, "key_id": kid, "key_row": row.id})
+        row.event_hash = session.get(AuditHeadRow, 1).last_hash
+        session.flush()
+        return entry_of(row)
+
+
+def written_by_its_actor(event: AuditEventRow) -> bool:
+    """On PostgreSQL the server stamps each event with the role that wrote it (session_role,
+    covered by the event hash): an event counts as its actor's only when that role is the actor,
+    or the authenticated role recorded beside a claimed user. Events without a stamp (SQLite,
+    or written before schema 0005) pass: there is no authenticated role to compare."""
+    role = getattr(event, "session_role", None)
+    if role is None:
+        return True
+    return same_user(role, str((event.details or {}).get("authenticated_role") or event.actor))
+
+
+def entry_of(row: ApproverKeyRow) -> KeyringEntry:
+    return KeyringEntry(row.person, row.key_id, row.public_key, row.enrolled_by,
+                        row.enrolled_at.isoformat(timespec="seconds") + "Z")
+
+
+def keyring_entries(session: Session, policy: Policy,
+                    chain: list[AuditEventRow] | None = None) -> tuple[dict[str, KeyringEntry], list[str]]:
+    """(key id -> entry of every key that counts, one line per keyring row that does not)."""
+    if chain is None:
+        chain, _ = verified_chain(session)
+    events = {e.event_hash: e for e in chain if e.action == ENROL_ACTION}
+    valid: dict[str, KeyringEntry] = {}
+    refused: list[str] = []
+    for row in session.scalars(select(ApproverKeyRow).order_by(ApproverKeyRow.id)):
+        label = f"key {row.key_id[:12]} of {row.person}"
+        event = events.get(row.event_hash) if row.event_hash else None
+        details = (event.details or {}) if event is not None else {}
+        if event is None or details.get("key_row") != row.id or details.get("key_id") != row.key_id \
+                or not same_user(str(details.get("person")), row.person) or not same_user(event.actor, row.enrolled_by):
+            refused.append(f"{label}: no matching enrolment event in the verified audit chain")
+        elif not written_by_its_actor(event):
+            refused.append(f"{label}: its enrolment event says {event.actor} but database role {event.session_role} "
+                           f"wrote it")
+        elif key_id(row.public_key) != row.key_id:
+            refused.append(f"{label}: its public key does not hash to its key id")
+        elif not any(same_user(row.enrolled_by, e) for e in policy.enrollers):
+            refused.append(f"{label}: enrolled by {row.enrolled_by}, whom policy {policy.source} does not name "
+                           f"an enroller")
+        else:
+            valid[row.key_id] = entry_of(row)
+    return valid, refused
+
+
+def list_keys(store: Store, policy: Policy) -> tuple[list[KeyringEntry], list[str]]:
+    """The keys that count (for `specreg keys list` / `keys export`) and the rows that do not."""
+    with store.session() as session:
+        valid, refused = keyring_entries(session, policy)
+        return list(valid.values()), refused

@@ -1,0 +1,105 @@
+"""What a validation becomes in MLflow: the run's params and metrics, flattened from the
+registry's pair version and validation summary (pure functions; no mlflow import)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from specreg.core.types import ModelRef
+from specreg.registry.store.entities import PairVersion
+
+_METRIC_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_\-. /]")
+
+def _metric_name(name: str) -> str:
+    """MLflow accepts letters, digits, ``_-. /`` in metric names; anything else becomes ``_``."""
+    return _METRIC_NAME_UNSAFE.sub("_", name)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def validation_metrics(validation: dict[str, Any]) -> dict[str, float]:
+    """Flatten the metric sections of a validation dict (see MlflowSync.log_validation) into
+    MLflow metric names -> values. Missing sections and None values are left out."""
+    metrics: dict[str, float] = {}
+    acceptance = validation.get("acceptance") or {}
+    for key, value in acceptance.items():
+        if key == "per_position":
+            for position, rate in enumerate(value or []):
+                if _is_number(rate):
+                    metrics[f"acceptance_rate_pos_{position}"] = float(rate)
+        elif key == "per_category":
+            for category, values in (value or {}).items():
+                for metric, number in (values or {}).items():
+                    if _is_number(number):
+                        metrics[_metric_name(f"{metric}.{category}")] = float(number)
+        elif _is_number(value):
+            metrics[_metric_name(key)] = float(value)
+    performance = validation.get("performance") or {}
+    for key, value in performance.items():
+        if isinstance(value, dict):  # e.g. latency_ms: {p50, p95, p99}
+            for sub, number in value.items():
+                if _is_number(number):
+                    metrics[_metric_name(f"{key}_{sub}")] = float(number)
+        elif _is_number(value):
+            metrics[_metric_name(key)] = float(value)
+    equivalence = validation.get("equivalence") or {}
+    for key, value in equivalence.items():
+        if _is_number(value):
+            metrics[_metric_name(f"equivalence_{key}")] = float(value)
+    return metrics
+
+
+def _model_params(prefix: str, model: ModelRef | None) -> dict[str, Any]:
+    if model is None:
+        return {f"{prefix}.reference": "none"}
+    fingerprint = model.fingerprint
+    return {
+        f"{prefix}.reference": model.reference,
+        f"{prefix}.revision": model.revision,
+        f"{prefix}.weights_sha256": fingerprint.weights_sha256,
+        f"{prefix}.config_sha256": fingerprint.config_sha256,
+        f"{prefix}.tokenizer_sha256": fingerprint.tokenizer_sha256,
+        f"{prefix}.chat_template_sha256": fingerprint.chat_template_sha256,
+        f"{prefix}.architecture": fingerprint.architecture,
+        f"{prefix}.vocab_size": fingerprint.vocab_size,
+    }
+
+
+def validation_params(pair_version: PairVersion, validation: dict[str, Any]) -> dict[str, str]:
+    """MLflow params of a validation run: what was validated and how. None values are left
+    out; every value is a string (MLflow params are strings, at most 6000 characters)."""
+    settings = validation.get("settings") or {}
+    golden_set = validation.get("golden_set") or {}
+    config = pair_version.config
+    params: dict[str, Any] = {
+        "pair": pair_version.name,
+        "pair_version": pair_version.version,
+        "binding_sha256": pair_version.binding_sha256,
+        **_model_params("target", pair_version.target),
+        **_model_params("draft", pair_version.draft),
+        "method": settings.get("method") or config.method.value,
+        "k": settings.get("k") or config.num_speculative_tokens,
+        "prompt_lookup_min": config.prompt_lookup_min,
+        "prompt_lookup_max": config.prompt_lookup_max,
+    }
+    for key, value in golden_set.items():  # name -> golden_set, sha256 -> golden_set_sha256 ...
+        params["golden_set" if key == "name" else f"golden_set_{key}"] = value
+    for key, value in settings.items():
+        params.setdefault(key, value)
+    for package, version in (validation.get("runtime") or {}).items():
+        params[f"runtime.{package}"] = version
+    return {key: str(value)[:6000] for key, value in params.items() if value is not None}
+
+
+def _check_statuses(checks: Any) -> dict[str, str]:
+    """check name -> status, from ``{name: status}`` or ``[{"name", "status", ...}]``."""
+    if isinstance(checks, dict):
+        return {str(name): str(status) for name, status in checks.items() if status}
+    return {
+        str(check["name"]): str(check["status"])
+        for check in checks or []
+        if check.get("name") and check.get("status")
+    }

@@ -1,0 +1,86 @@
+"""The settings of a process that runs models: how many CPU threads it may use (the one place
+that decides it) and silence for the progress bars of the libraries it calls.
+
+Every command that runs models (`specreg demo-pair`, `validate`, `gate --rerun`, the
+benchmarks) goes through ``limit_threads`` (the CLI through ``prepare_process`` at start). The rule: ``$SPECREG_THREADS`` when set, else an
+explicit ``$OMP_NUM_THREADS``, else the cores this process may run on that the 1-minute load
+average leaves free (rounded), at least 1 and never more than those cores. Spinning OpenMP threads on
+cores other work holds cost far more than they bring: on the 2-core machine with load 5-18,
+torch's default (one thread a core) made the demo pair's build take 52 minutes and > 10
+CPU-minutes for 55 CPU-seconds of work, and tests/runtime ran 6x slower (82 s against 13 s).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# the thread pools of the libraries a model run uses: OpenMP / MKL (torch), rayon (tokenizers)
+POOL_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS")
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, else the machine's)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def explicit_threads() -> int | None:
+    """$SPECREG_THREADS, else $OMP_NUM_THREADS, when set to a positive integer."""
+    for variable in ("SPECREG_THREADS", "OMP_NUM_THREADS"):
+        value = os.environ.get(variable, "").strip()
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return None
+
+
+def decide_threads(cores: int | None = None, load: float | None = None) -> int:
+    """Threads for torch in this process: explicit_threads() capped at the cores, else the free
+    cores (cores minus the 1-minute load average, rounded), in [1, cores]."""
+    cores = usable_cores() if cores is None else cores
+    explicit = explicit_threads()
+    if explicit is not None:
+        return min(explicit, cores)
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except (AttributeError, OSError):
+            load = float(cores)  # unknown load: assume busy, one thread
+    return max(1, min(cores, int(cores - load + 0.5)))
+
+
+def limit_threads() -> int:
+    """Apply decide_threads() to this process and the processes it starts -> the thread count.
+
+    Sets the thread pools' variables (read when torch, MKL or tokenizers start, and inherited
+    by engine subprocesses) and, when torch is already imported, torch.set_num_threads."""
+    threads = decide_threads()
+    for variable in POOL_VARIABLES:
+        os.environ[variable] = str(threads)
+    # OpenMP threads that wait for work sleep instead of spinning: spinning threads on cores other
+    # work holds made training 5-6x slower (2 threads at load 9: 2.08 s a draft step, passive
+    # 0.42 s, one thread 0.29 s; 2026-12-01)
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    return threads
+
+
+def quiet_libraries() -> None:
+    """No progress bars from the libraries we call (transformers' "Writing model shards",
+    huggingface_hub's): specreg reports its own steps. Set for torch-free processes too (the
+    variable is read when huggingface_hub is imported); transformers is told if already loaded."""
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
+
+
+def prepare_process() -> int:
+    """limit_threads() and quiet_libraries(), before anything heavy is imported -> thread count."""
+    quiet_libraries()
+    return limit_threads()

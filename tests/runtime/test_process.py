@@ -1,0 +1,75 @@
+"""The one place that decides torch's threads (runtime/process.py) and the progress printer the
+CLI hands to long steps (specreg/cli/progress.py)."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+
+import pytest
+
+from specreg.cli.progress import Progress
+from specreg.runtime import process
+
+
+@pytest.fixture
+def no_thread_settings(monkeypatch):
+    for variable in ("SPECREG_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS", "OMP_WAIT_POLICY"):
+        monkeypatch.delenv(variable, raising=False)
+
+
+@pytest.mark.parametrize("cores, load, threads", [
+    (2, 0.1, 2),   # idle: one thread a core
+    (2, 0.9, 1),   # one core busy
+    (2, 9.0, 1),   # the loaded 2-core machine of issue 22: never more threads than free cores, at least 1
+    (2, 1.6, 1),
+    (16, 3.6, 12),
+])
+def test_free_cores_decide_without_an_explicit_setting(no_thread_settings, cores, load, threads):
+    assert process.decide_threads(cores=cores, load=load) == threads
+
+
+def test_an_explicit_setting_wins_but_never_exceeds_the_cores(no_thread_settings, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert process.decide_threads(cores=8, load=0.0) == 1
+    monkeypatch.setenv("SPECREG_THREADS", "6")  # specreg's own variable first
+    assert process.decide_threads(cores=8, load=0.0) == 6
+    assert process.decide_threads(cores=2, load=0.0) == 2
+    monkeypatch.setenv("SPECREG_THREADS", "zero")  # not a positive integer: ignored
+    assert process.decide_threads(cores=8, load=0.0) == 1
+
+
+def test_a_process_started_by_the_cli_gets_the_decision_before_torch_loads(no_thread_settings):
+    code = ("import os, sys; sys.argv = ['specreg', '--version']\n"
+            "from specreg.runtime.process import prepare_process\n"
+            "n = prepare_process(); import torch\n"
+            "print(n, torch.get_num_threads(), os.environ['OMP_WAIT_POLICY'], os.environ['HF_HUB_DISABLE_PROGRESS_BARS'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={"PATH": "/usr/bin:/bin", "SPECREG_THREADS": "1"})
+    assert out.stdout.split() == ["1", "1", "PASSIVE", "1"]
+
+
+def test_plain_progress_lines_name_the_step_with_elapsed_and_time_left():
+    stream = io.StringIO()
+    progress = Progress(stream=stream, bar=False, interval=0.0)
+    progress("training the draft", 0, 4)
+    progress("training the draft", 2, 4, "loss 0.5")
+    progress("training the draft", 4, 4, "loss 0.3")
+    lines = stream.getvalue().splitlines()
+    assert lines[0] == "training the draft: 0/4, 0:00 elapsed"
+    assert lines[1].startswith("training the draft: 2/4, 0:00 elapsed, about 0:00 left (loss 0.5")
+    assert lines[2] == "training the draft: 4/4, 0:00 elapsed (loss 0.3)"
+
+
+def test_plain_progress_is_throttled_and_json_gets_none():
+    stream = io.StringIO()
+    progress = Progress(stream=stream, bar=False, interval=3600)
+    for done in range(0, 101):
+        progress("decoding", done, 100)
+    assert stream.getvalue().splitlines() == ["decoding: 0/100, 0:00 elapsed", "decoding: 100/100, 0:00 elapsed"]
+    silent = io.StringIO()
+    off = Progress(enabled=False, stream=silent)
+    off("decoding", 1, 2)
+    off.note("check integrity: pass")
+    assert silent.getvalue() == ""
