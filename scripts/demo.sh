@@ -151,6 +151,7 @@ LLAMA_PORT=$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1",
 specreg export smollm2@1 --format llamacpp -o "$DEMO_DIR/exports/llamacpp" --option host=127.0.0.1 \
   --option "port=$LLAMA_PORT" --signing-key "$DEMO_DIR/keys/specreg-signing.key"
 specreg verify --lock "$DEMO_DIR/exports/llamacpp/specreg.lock.json" --public-key "$DEMO_DIR/keys/specreg-signing.pub" \
+  --keyring "$DEMO_DIR/keys/approvers.json" --config "$DEMO_DIR/exports/llamacpp/llama-server.sh" \
   --target "$DEMO_DIR/exports/llamacpp/gguf/target" --draft "$DEMO_DIR/exports/llamacpp/gguf/draft"
 LLAMA_SERVER=$(specreg llamacpp-build) \
   sh "$DEMO_DIR/exports/llamacpp/llama-server.sh" > "$DEMO_DIR/llama-server.log" 2>&1 &
