@@ -92,7 +92,8 @@ def model_files(directory: str | Path) -> dict[str, str]:
 def build_lock(version, *, engine: dict[str, Any] | None, baselines: dict[str, Any] | None,
                approvals: list[dict[str, Any]], audit_head: dict[str, Any], approved: bool,
                exported_by: str, approval_policy: dict[str, Any] | None = None,
-               draft_layout: tuple[str, dict[str, str]] | None = None) -> dict[str, Any]:
+               draft_layout: tuple[str, dict[str, str]] | None = None,
+               engine_layouts: dict[str, tuple[str, dict[str, str]]] | None = None) -> dict[str, Any]:
     """The unsigned lock of a PairVersion (``signed: false``, ``signature: null``).
 
     Hashes every file of the models at their registered paths. The caller has checked that

@@ -28,7 +28,7 @@ def exported(tmp_path_factory):
     """The real pair registered and exported (--force: not validated here) to llamacpp with a
     signed lock; llama-server built."""
     from specreg.api import Registry
-    from specreg.registry.deploy.lock import create_key_pair
+    from specreg.core.signing import create_key_pair
 
     server = llama_server()
     target, draft = real_pair()
@@ -58,7 +58,7 @@ def test_every_exported_flag_is_one_the_built_server_knows(exported):
 
 
 def test_lock_binds_the_gguf_files_the_server_loads(exported):
-    from specreg.registry.deploy.lock import verify_lock
+    from specreg.registry.deploy.verify import verify_lock
 
     folder = exported["dir"]
     lock = json.loads((folder / "specreg.lock.json").read_text())
