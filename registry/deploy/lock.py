@@ -181,7 +181,8 @@ def sign_lock(lock: dict[str, Any], private_key: str | Path) -> dict[str, Any]:
 def exported_digests(files: list[tuple[str, str]]) -> dict[str, Any]:
     """What the lock records of the engine files an export wrote (issue 19 item 6): the sha256
     of each file's text; for a Kubernetes manifest (``.yaml`` holding a Deployment) the sha256
-    of each pod container's image, command and args instead, by container name (the manifest
+    of each pod container's image, command and args instead, by container name, and of each
+    ConfigMap file but the lock (the engine's arguments), as "ConfigMap NAME/FILE" (the manifest
     also carries the lock itself, so its bytes cannot be under the lock's signature)."""
     recorded: dict[str, Any] = {}
     for name, text in files:
@@ -194,7 +195,8 @@ def exported_digests(files: list[tuple[str, str]]) -> dict[str, Any]:
 
 def manifest_containers(text: str) -> dict[str, str] | None:
     """container name -> sha256 of its canonical {image, command, args} for every container and
-    initContainer of the Deployments in a Kubernetes manifest; None when it holds none."""
+    initContainer of the Deployments in a Kubernetes manifest, "ConfigMap NAME/FILE" -> sha256 of
+    every ConfigMap file but the lock; None when it holds no Deployment."""
     import yaml
 
     from specreg.core.documents import yaml_problem
@@ -206,7 +208,13 @@ def manifest_containers(text: str) -> dict[str, str] | None:
     except yaml.YAMLError:
         return None
     found: dict[str, str] = {}
+    files: dict[str, str] = {}
     for document in documents:
+        if isinstance(document, dict) and document.get("kind") == "ConfigMap":
+            name = (document.get("metadata") or {}).get("name")
+            for key, value in (document.get("data") or {}).items():
+                if key != LOCK_FILE:
+                    files[f"ConfigMap {name}/{key}"] = sha256_hex(str(value).encode("utf-8"))
         if not isinstance(document, dict) or document.get("kind") != "Deployment":
             continue
         pod = (((document.get("spec") or {}).get("template") or {}).get("spec") or {})
@@ -214,7 +222,7 @@ def manifest_containers(text: str) -> dict[str, str] | None:
             if isinstance(container, dict):
                 what = {key: container.get(key) for key in ("image", "command", "args")}
                 found[str(container.get("name"))] = sha256_hex(canonical_json(what))
-    return found or None
+    return {**found, **files} if found else None
 
 
 def lock_text(lock: dict[str, Any]) -> str:

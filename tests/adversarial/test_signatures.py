@@ -329,13 +329,25 @@ def test_an_edited_serve_script_or_deployment_is_refused(shipped, tmp_path):
     k8s_verify = ("verify", "--lock", k8s / LOCK_FILE, "--public-key", shipped["public"], "--keyring",
                   shipped["keyring"], "--target", shipped["target"], "--draft", shipped["draft"], "--config", manifest)
     assert run(*k8s_verify).returncode == 0
+    assert set(json.loads((k8s / LOCK_FILE).read_text())["exported"]) == {"k8s-vllm.yaml", "vllm-config.yaml"}
     text = manifest.read_text()
-    in_args = '\\"num_speculative_tokens\\": 3, \\"model\\"'  # the engine container's --speculative-config
-    assert text.count(in_args) == 1
-    manifest.write_text(text.replace(in_args, in_args.replace("3", "7")))
+    # k in the engine ConfigMap's file, as the manifest carries it (a double-quoted YAML string)
+    in_configmap = "num_speculative_tokens: 3\\n"
+    assert text.count(in_configmap) == 1
+    manifest.write_text(text.replace(in_configmap, in_configmap.replace("3", "7")))
+    result = run(*k8s_verify)
+    assert result.returncode == 100 and "k8s-vllm.yaml differs from what was signed at export (ConfigMap file(s) " \
+        "ship-v1-engine/vllm-config.yaml)" in result.stderr
+    # the Deployment's engine args overriding the file (vLLM: command line > --config file)
+    engine_args = '- "--config"\n            - "/etc/specreg/engine/vllm-config.yaml"\n          env:'
+    assert text.count(engine_args) == 1
+    manifest.write_text(text.replace(engine_args, engine_args.replace(
+        "\n          env:", '\n            - "--speculative-config"\n            - "{}"\n          env:')))
     result = run(*k8s_verify)
     assert result.returncode == 100 and "k8s-vllm.yaml differs from what was signed at export (container(s) vllm)" \
         in result.stderr
+    manifest.write_text(text)
+    assert run(*k8s_verify).returncode == 0
 
 
 # --- MED-7, LOW-2: hostile lock files ----------------------------------------------------------------

@@ -70,10 +70,12 @@ def test_export_writes_engine_configs_with_identity(approved_pair, tmp_path, tin
               "--db", approved_pair, "--json")
     documents = list(yaml.safe_load_all(json.loads(k8s.stdout)[0]["text"]))
     kinds = [d["kind"] for d in documents if d]
-    assert kinds == ["ConfigMap", "Deployment", "Service"]  # the ConfigMap holds the pair lock
-    pod = documents[1]["spec"]["template"]["spec"]
+    # the ConfigMaps hold the pair lock and the engine's arguments
+    assert kinds == ["ConfigMap", "ConfigMap", "Deployment", "Service"]
+    pod = documents[2]["spec"]["template"]["spec"]
     assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == "models"
-    assert [v["name"] for v in pod["volumes"]] == ["models", "specreg-lock", "specreg-approvers"]  # one list
+    assert [v["name"] for v in pod["volumes"]] == ["models", "specreg-engine", "specreg-lock",
+                                                   "specreg-approvers"]  # one list
     # the initContainer checks the very paths the engine loads, on the same mount
     assert pod["initContainers"][0]["volumeMounts"][0] == pod["containers"][0]["volumeMounts"][0]
     no_volume = run("export", "deploy@1", "--format", "k8s-vllm", "--db", approved_pair)

@@ -364,32 +364,45 @@ def test_k8s_init_container_verifies_before_the_engine_starts(deployed):
                  "--option", f"model_volume=hostPath:{models}", "--option", f"model_mount_path={models}")
     assert result.returncode == 0, result.stderr
     documents = [d for d in yaml.safe_load_all((out / "k8s-vllm.yaml").read_text()) if d]
-    config_map, deployment = documents[0], documents[1]
+    config_map, engine_map, deployment = documents[0], documents[1], documents[2]
     assert config_map["kind"] == "ConfigMap" and config_map["metadata"]["name"] == "lock-v1-lock"
     assert config_map["data"][LOCK_FILE] == (out / LOCK_FILE).read_text()
+    # the engine's arguments: a ConfigMap file, the same bytes as the vllm-config.yaml the lock binds
+    assert engine_map["kind"] == "ConfigMap" and engine_map["metadata"]["name"] == "lock-v1-engine"
+    engine_text = engine_map["data"]["vllm-config.yaml"]
+    assert engine_text == (out / "vllm-config.yaml").read_text()
+    lock = json.loads((out / LOCK_FILE).read_text())
+    assert lock["exported"]["vllm-config.yaml"] == hashlib.sha256(engine_text.encode()).hexdigest()
     pod = deployment["spec"]["template"]["spec"]
     (init,) = pod["initContainers"]
     assert init["image"] == "registry.local/specreg-verify:0.1.0" and init["command"] == ["specreg", "verify"]
-    engine_argv = pod["containers"][0]["command"] + pod["containers"][0]["args"]
-    speculative = json.loads(engine_argv[engine_argv.index("--speculative-config") + 1])
+    # the engine container only points at that file; the initContainer verifies the same path
+    engine = pod["containers"][0]
+    assert engine["command"] + engine["args"] == ["vllm", "serve", "--config", "/etc/specreg/engine/vllm-config.yaml"]
+    assert init["args"][init["args"].index("--config") + 1] == "/etc/specreg/engine/vllm-config.yaml"
+    arguments = yaml.safe_load(engine_text)
     # the initContainer checks exactly the directories the engine loads
-    assert init["args"][init["args"].index("--target") + 1] == engine_argv[2] == str(deployed["target"])
-    assert init["args"][init["args"].index("--draft") + 1] == speculative["model"] == str(deployed["draft"])
+    assert init["args"][init["args"].index("--target") + 1] == arguments["model"] == str(deployed["target"])
+    assert init["args"][init["args"].index("--draft") + 1] == arguments["speculative-config"]["model"] == \
+        str(deployed["draft"])
     volumes = {v["name"]: v["configMap"]["name"] for v in pod["volumes"] if "configMap" in v}
     assert volumes == {"specreg-lock": "lock-v1-lock", "specreg-public-key": "specreg-signing-key",
-                       "specreg-approvers": "specreg-approvers"}
-    # the models volume is mounted in the initContainer exactly as in the engine container
-    assert init["volumeMounts"][0] == pod["containers"][0]["volumeMounts"][0] == \
-        {"name": "models", "mountPath": str(models), "readOnly": True}
+                       "specreg-approvers": "specreg-approvers", "specreg-engine": "lock-v1-engine"}
+    # the models and the engine's arguments are mounted in the initContainer exactly as in the engine container
+    assert init["volumeMounts"][:2] == engine["volumeMounts"] == [
+        {"name": "models", "mountPath": str(models), "readOnly": True},
+        {"name": "specreg-engine", "mountPath": "/etc/specreg/engine", "readOnly": True}]
     mounts = {m["mountPath"]: m["name"] for m in init["volumeMounts"] if m["name"] != "models"}
 
-    # mount the two ConfigMaps as folders and run the initContainer's command line
+    # mount the ConfigMaps as folders and run the initContainer's command line
     folders = {}
     for mount_path, name in mounts.items():
         folder = deployed["tmp"] / "mounts" / name
         folder.mkdir(parents=True)
         if name == "specreg-lock":
             (folder / LOCK_FILE).write_text(config_map["data"][LOCK_FILE])
+        elif name == "specreg-engine":
+            (folder / "vllm-config.yaml").write_text(engine_text)
         else:
             shutil.copy(deployed["keyring"] if name == "specreg-approvers" else deployed["public"],
                         folder / ("approvers.json" if name == "specreg-approvers" else "specreg-signing.pub"))
@@ -403,6 +416,13 @@ def test_k8s_init_container_verifies_before_the_engine_starts(deployed):
                     argv[i] = folder + word[len(mount_path):]
         return argv
 
+    assert run("verify", *init_argv()).returncode == 0
+    # k edited in the ConfigMap after export (kubectl edit configmap): the pod does not start
+    mounted = Path(folders["/etc/specreg/engine"]) / "vllm-config.yaml"
+    assert engine_text.count("num_speculative_tokens: 3\n") == 1
+    mounted.write_text(engine_text.replace("num_speculative_tokens: 3\n", "num_speculative_tokens: 7\n"))
+    refused(run("verify", *init_argv()), "vllm-config.yaml differs from what was signed at export (sha256)")
+    mounted.write_text(engine_text)
     assert run("verify", *init_argv()).returncode == 0
     (deployed["target"] / "tokenizer_config.json").write_text("{}")
     refused(run("verify", *init_argv()), "target file tokenizer_config.json differs from the lock")
@@ -429,7 +449,7 @@ def test_head_pair_lock_binds_the_head_and_the_init_container_checks_it(tmp_path
     assert lock["models"]["draft"]["files"] == {p.name: sha256(p) for p in sorted(head.iterdir())}
     assert lock["approved"] is False  # --force
     documents = [d for d in yaml.safe_load_all((out / "k8s-vllm.yaml").read_text()) if d]
-    (init,) = documents[1]["spec"]["template"]["spec"]["initContainers"]
+    (init,) = documents[2]["spec"]["template"]["spec"]["initContainers"]
     assert init["args"][init["args"].index("--draft") + 1] == str(head.resolve())
     assert init["args"][init["args"].index("--target") + 1] == str(target.resolve())
     assert "--allow-unapproved" in init["args"]

@@ -154,9 +154,17 @@ def export_argv(case: tuple, models: dict[str, Path], workdir: Path) -> tuple[li
                        target_subpath=Path(pair.target.reference).name)
     files = dict(render_export(pair, BASELINES, fmt, approved=True, options=options))
     if fmt == "k8s-vllm":
-        deployment, _ = yaml.safe_load_all(files["k8s-vllm.yaml"])
+        # The engine container runs `vllm serve --config FILE`, FILE the engine ConfigMap's file:
+        # written here from the manifest's ConfigMap, so vLLM's own parser reads what the pod mounts.
+        engine_map, deployment, _ = yaml.safe_load_all(files["k8s-vllm.yaml"])
         container = deployment["spec"]["template"]["spec"]["containers"][0]
-        return container["command"] + container["args"], files
+        argv = container["command"] + container["args"]
+        assert argv[:3] == ["vllm", "serve", "--config"] and len(argv) == 4, argv
+        mounted = workdir / case_id / "engine" / Path(argv[3]).name
+        mounted.parent.mkdir(parents=True)
+        mounted.write_text(engine_map["data"][mounted.name])
+        assert mounted.read_text() == files[mounted.name]  # the file the lock binds
+        return [*argv[:3], str(mounted)], files
     script = {"vllm": "vllm-serve.sh", "sglang": "sglang-launch.sh"}[fmt]
     out = workdir / case_id / "export"
     write_export(list(files.items()), out)
@@ -177,6 +185,15 @@ def vllm_run(tiny_models, tmp_path_factory, engine_runner):
     old_config["num_speculative_tokens_per_batch_size"] = [[1, CUTOFF, K]]
     old = old[:old.index("--speculative-config") + 1] + [json.dumps(old_config)] + old[old.index("--speculative-config") + 2:]
     cases.append({"id": "old-single-range", "argv": old})
+    # k8s: k edited in the ConfigMap's file (what the initContainer refuses), and an argument added to
+    # the Deployment's engine args after the file (what only admission control can refuse)
+    k8s = next(c for c in cases if c["id"] == "k8s-draft-cutoff")["argv"]
+    edited = workdir / "k8s-edited-k" / Path(k8s[3]).name
+    edited.parent.mkdir()
+    edited.write_text(Path(k8s[3]).read_text().replace(f"num_speculative_tokens: {K}\n", "num_speculative_tokens: 7\n"))
+    cases.append({"id": "k8s-edited-k", "argv": [*k8s[:3], str(edited)]})
+    override = yaml.safe_load(Path(k8s[3]).read_text())["speculative-config"] | {"num_speculative_tokens": 5}
+    cases.append({"id": "k8s-args-override", "argv": [*k8s, "--speculative-config", json.dumps(override)]})
     for method in ("medusa", "mlp_speculator"):
         config = {"method": method, "model": str(tiny_models["draft"]), "num_speculative_tokens": K}
         cases.append({"id": method, "argv": ["vllm", "serve", str(tiny_models["target"]),
@@ -218,7 +235,10 @@ def test_vllm_builds_its_config_from_the_export(case, vllm_run, tiny_models):
     result = ok(results[case[0]])
     argv, files = exported[case[0]]
     spec = result["speculative"]
-    exported_config = json.loads(argv[argv.index("--speculative-config") + 1])
+    if "--config" in argv:  # k8s: the arguments are in the ConfigMap's file
+        exported_config = yaml.safe_load(Path(argv[argv.index("--config") + 1]).read_text())["speculative-config"]
+    else:
+        exported_config = json.loads(argv[argv.index("--speculative-config") + 1])
     assert result["served_model_name"] in ("tiny-pair", ["tiny-pair"])
     assert spec["method"] == case[2].value
     assert spec["num_speculative_tokens"] == K
@@ -261,6 +281,17 @@ def test_vllm_speculation_is_off_above_the_cutoff(case, vllm_run):
     assert lookup[CUTOFF + 1:] == [0] * (result["max_num_seqs"] - CUTOFF)
     if case[4].get("max_num_seqs"):
         assert result["max_num_seqs"] == case[4]["max_num_seqs"]
+
+
+def test_vllm_takes_the_k8s_arguments_from_the_configmap_file(vllm_run):
+    """What the k8s initContainer's `verify --config` binds is what vLLM runs: k edited in the file
+    is the k vLLM builds. An argument added to the Deployment's command line wins over the file
+    (vLLM: command line > --config file > defaults), which is why the manifest's containers stay
+    under the lock too (`verify --config k8s-vllm.yaml` before applying it)."""
+    results, _, _ = vllm_run
+    assert ok(results["k8s-draft-cutoff"])["speculative"]["num_speculative_tokens"] == K
+    assert ok(results["k8s-edited-k"])["speculative"]["num_speculative_tokens"] == 7
+    assert ok(results["k8s-args-override"])["speculative"]["num_speculative_tokens"] == 5
 
 
 def test_vllm_single_range_keeps_speculating_above_it(vllm_run):

@@ -121,3 +121,26 @@ def record_argv(script_text: str, workdir: Path, script: Path | None = None) -> 
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", HOME="/should-not-expand")
     subprocess.run(["sh", str(script)], check=True, env=env, capture_output=True, timeout=30)
     return record.read_bytes().decode().split("\0")[:-1]
+
+
+def k8s_engine(manifest: str) -> tuple[dict, list[str]]:
+    """The Deployment of a k8s-vllm manifest and the `vllm serve` words its engine container runs:
+    the container only points at the engine ConfigMap's file (`vllm serve --config FILE`), whose
+    keys become `--key value` as vLLM's load_config_file makes them (a mapping as its JSON, `model`
+    the positional model); tests/engines runs vLLM's own parser on that file."""
+    import yaml
+
+    documents = [d for d in yaml.safe_load_all(manifest) if d]
+    deployment = next(d for d in documents if d["kind"] == "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    argv = container["command"] + container["args"]
+    assert argv[:3] == ["vllm", "serve", "--config"] and len(argv) == 4, argv
+    volume = next(m["name"] for m in container["volumeMounts"] if argv[3].startswith(m["mountPath"] + "/"))
+    configmap = next(v["configMap"]["name"] for v in deployment["spec"]["template"]["spec"]["volumes"]
+                     if v["name"] == volume)
+    data = next(d for d in documents if d["kind"] == "ConfigMap" and d["metadata"]["name"] == configmap)["data"]
+    arguments = yaml.safe_load(data[argv[3].rsplit("/", 1)[1]])
+    words = ["vllm", "serve", arguments.pop("model")]
+    for key, value in arguments.items():
+        words += [f"--{key}", json.dumps(value) if isinstance(value, dict) else str(value)]
+    return deployment, words

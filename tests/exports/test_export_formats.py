@@ -9,7 +9,7 @@ import re
 import jsonschema
 import pytest
 import yaml
-from exportcase import BASELINES, DRAFT_REFERENCE, TARGET_REFERENCE, check_command, make_pair
+from exportcase import BASELINES, DRAFT_REFERENCE, TARGET_REFERENCE, check_command, k8s_engine, make_pair
 
 from specreg.errors import UsageError
 from specreg.registry.store.entities import SpecMethod
@@ -148,8 +148,8 @@ def test_tgi_refuses_draft_model_pair(draft_pair, baselines):
 def test_k8s_deployment_and_service(draft_pair, baselines):
     text = rendered(draft_pair, baselines, "k8s-vllm",
                     options={"namespace": "serving", "model_volume": "pvc:llm-models"})["k8s-vllm.yaml"]
-    deployment, service = yaml.safe_load_all(text)
-    assert (deployment["apiVersion"], deployment["kind"]) == ("apps/v1", "Deployment")
+    engine_args, deployment, service = yaml.safe_load_all(text)
+    assert (engine_args["kind"], deployment["apiVersion"], deployment["kind"]) == ("ConfigMap", "apps/v1", "Deployment")
     assert (service["apiVersion"], service["kind"]) == ("v1", "Service")
     annotations = deployment["metadata"]["annotations"]
     assert annotations["specreg.io/pair"] == "chat-pair@3"
@@ -163,13 +163,21 @@ def test_k8s_deployment_and_service(draft_pair, baselines):
     assert service["spec"]["selector"].items() <= labels.items()
     assert deployment["metadata"]["namespace"] == service["metadata"]["namespace"] == "serving"
     container = deployment["spec"]["template"]["spec"]["containers"][0]
-    flags = check_command(container["command"] + container["args"], engine_schema("vllm"))
+    # The container only points at the engine ConfigMap's file; its arguments are in there.
+    assert container["command"] + container["args"] == ["vllm", "serve", "--config", "/etc/specreg/engine/vllm-config.yaml"]
+    _, argv = k8s_engine(text)
+    flags = check_command(argv, engine_schema("vllm"))
     # The engine reads the models from the mounted volume, by their in-container paths.
-    assert container["args"][0] == "/models/target"
+    assert argv[2] == "/models/target"
     assert json.loads(flags["--speculative-config"])["model"] == "/models/draft"
-    assert container["volumeMounts"] == [{"name": "models", "mountPath": "/models", "readOnly": True}]
+    assert engine_args["immutable"] is True  # no kubectl edit, no file swapped under a running pod
+    assert engine_args["data"]["vllm-config.yaml"] == rendered(draft_pair, baselines, "k8s-vllm", options={
+        "namespace": "serving", "model_volume": "pvc:llm-models"})["vllm-config.yaml"]
+    assert container["volumeMounts"] == [{"name": "models", "mountPath": "/models", "readOnly": True},
+                                         {"name": "specreg-engine", "mountPath": "/etc/specreg/engine", "readOnly": True}]
     assert deployment["spec"]["template"]["spec"]["volumes"] == [
-        {"name": "models", "persistentVolumeClaim": {"claimName": "llm-models", "readOnly": True}}]
+        {"name": "models", "persistentVolumeClaim": {"claimName": "llm-models", "readOnly": True}},
+        {"name": "specreg-engine", "configMap": {"name": "chat-pair-v3-engine"}}]
     assert annotations["specreg.io/target"] == TARGET_REFERENCE  # the registered identity stays
     assert {"name": "HF_HUB_OFFLINE", "value": "1"} in container["env"]
     assert container["resources"]["requests"]["memory"] == "3073Mi"  # 3 GiB + 1 byte, rounded up
@@ -180,10 +188,10 @@ def test_k8s_deployment_and_service(draft_pair, baselines):
 def test_k8s_host_path_volume_and_subpaths(draft_pair, baselines):
     options = {"model_volume": "hostPath:/srv/llm models", "model_mount_path": "/weights",
                "target_subpath": "llama/8b", "draft_subpath": "llama/1b"}
-    deployment, _ = yaml.safe_load_all(rendered(draft_pair, baselines, "k8s-vllm", options=options)["k8s-vllm.yaml"])
+    deployment, argv = k8s_engine(rendered(draft_pair, baselines, "k8s-vllm", options=options)["k8s-vllm.yaml"])
     pod = deployment["spec"]["template"]["spec"]
-    assert pod["volumes"] == [{"name": "models", "hostPath": {"path": "/srv/llm models", "type": "Directory"}}]
-    args = pod["containers"][0]["args"]
+    assert pod["volumes"][0] == {"name": "models", "hostPath": {"path": "/srv/llm models", "type": "Directory"}}
+    args = argv[2:]
     assert args[0] == "/weights/llama/8b"
     assert json.loads(args[args.index("--speculative-config") + 1])["model"] == "/weights/llama/1b"
 
@@ -201,8 +209,7 @@ def test_k8s_refuses_missing_or_bad_volume(options, message, draft_pair, baselin
 
 def test_k8s_without_memory_estimate_has_no_memory_request(draft_pair, baselines):
     del baselines["memory"]
-    deployment, _ = yaml.safe_load_all(rendered(draft_pair, baselines, "k8s-vllm",
-                                                options={"model_volume": "pvc:m"})["k8s-vllm.yaml"])
+    deployment, _ = k8s_engine(rendered(draft_pair, baselines, "k8s-vllm", options={"model_volume": "pvc:m"})["k8s-vllm.yaml"])
     assert "requests" not in deployment["spec"]["template"]["spec"]["containers"][0]["resources"]
 
 
@@ -284,8 +291,8 @@ def test_newline_in_a_reference_breaks_no_format(baselines, run_script):
     pair = dataclasses.replace(pair, target=dataclasses.replace(pair.target, reference=hostile))
     files = rendered(pair, baselines, "vllm")
     assert run_script(files["vllm-serve.sh"])[2] == hostile
-    deployment, service = yaml.safe_load_all(rendered(pair, baselines, "k8s-vllm",
-                                                      options={"model_volume": "pvc:m"})["k8s-vllm.yaml"])
+    manifest = rendered(pair, baselines, "k8s-vllm", options={"model_volume": "pvc:m"})["k8s-vllm.yaml"]
+    _, deployment, service = yaml.safe_load_all(manifest)
     assert deployment["metadata"]["annotations"]["specreg.io/target"] == hostile
     config = yaml.safe_load(rendered(pair, baselines, "trtllm")["trtllm-config.yaml"])
     assert list(config) == ["speculative_config"]

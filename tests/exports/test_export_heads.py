@@ -11,7 +11,7 @@ import shlex
 import jsonschema
 import pytest
 import yaml
-from exportcase import BASELINES, fingerprint, make_pair
+from exportcase import BASELINES, fingerprint, k8s_engine, make_pair
 
 from specreg.core.types import ModelRef
 from specreg.errors import UsageError
@@ -55,8 +55,7 @@ def test_eagle3_to_trtllm_and_k8s():
     assert spec["eagle3_layers_to_capture"] == [1, 7, 12]
     jsonschema.validate(config, engine_schema("trtllm")["config"])
     manifest = files_of(head_pair(SpecMethod.EAGLE3), "k8s-vllm", model_volume="pvc:models")["k8s-vllm.yaml"]
-    deployment = next(d for d in yaml.safe_load_all(manifest) if d and d["kind"] == "Deployment")
-    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    args = k8s_engine(manifest)[1]
     speculative = json.loads(args[args.index("--speculative-config") + 1])
     assert speculative["method"] == "eagle3" and speculative["model"] == "/models/draft"  # the in-container path
 

@@ -38,7 +38,7 @@ def test_force_marks_every_output_unapproved(draft_pair, baselines):
                 assert "UNAPPROVED" in text, f"{fmt}/{name} not marked"
     k8s = dict(render_export(draft_pair, baselines, "k8s-vllm", approved=False, force=True,
                              options={"model_volume": "pvc:m"}))["k8s-vllm.yaml"]
-    deployment, service = yaml.safe_load_all(k8s)
+    _, deployment, service = yaml.safe_load_all(k8s)
     assert deployment["metadata"]["annotations"]["specreg.io/approval"] == "UNAPPROVED"
     assert service["metadata"]["annotations"]["specreg.io/approval"] == "UNAPPROVED"
 

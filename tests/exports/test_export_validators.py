@@ -118,6 +118,7 @@ def test_kubernetes_validate_strict(volume, method, draft_pair, ngram_pair, base
     assert result.returncode == 0, result.stdout + result.stderr
     assert "passed for resource deployment/chat-pair-v3" in result.stdout
     assert "passed for resource service/chat-pair-v3" in result.stdout
+    assert "passed for resource configmap/chat-pair-v3-engine" in result.stdout  # the engine's arguments
 
 
 def test_kubernetes_validate_strict_rejects_an_unknown_field(draft_pair, baselines, tmp_path):

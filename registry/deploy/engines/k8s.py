@@ -1,5 +1,6 @@
 """Kubernetes: a Deployment and Service running vLLM 0.33 (k8s-vllm.yaml), the models on a mounted
-volume, and an initContainer running `specreg verify` on them against the pair lock."""
+volume, the engine's arguments in a ConfigMap file (vllm-config.yaml, read by `vllm serve --config`),
+and an initContainer running `specreg verify` on the models and that file against the pair lock."""
 
 from __future__ import annotations
 
@@ -17,7 +18,10 @@ from specreg.registry.store.entities import PairVersion
 ENGINE = vllm.ENGINE
 VERSIONS = vllm.VERSIONS
 SCHEMA = vllm.SCHEMA
-FILES = ("k8s-vllm.yaml",)
+# vllm-config.yaml is also the ConfigMap file the engine reads; the lock binds its sha256 (exported)
+FILES = ("k8s-vllm.yaml", "vllm-config.yaml")
+ENGINE_CONFIG = "vllm-config.yaml"
+ENGINE_CONFIG_MOUNT = "/etc/specreg/engine"
 OPTIONS: dict[str, Any] = {
     "image": "vllm/vllm-openai:v0.33.0",
     "namespace": None,
@@ -77,8 +81,31 @@ def sources(pair_version: PairVersion, opts: dict[str, Any]) -> tuple[str, str |
 
 def context(export: Export) -> dict[str, Any]:
     speculative = vllm.speculative_config(export.pair_version, export.draft_source, export.opts)
-    return {"k8s": k8s_context(export.pair_version, export.baselines, export.approved, speculative, export.opts,
-                               export.target_source, export.draft_source)}
+    k8s = k8s_context(export.pair_version, export.baselines, export.approved, speculative, export.opts,
+                      export.target_source, export.draft_source)
+    lines = vllm.command(export.target_source, export.pair_version.target.revision, speculative, export.served_name,
+                         export.opts)
+    k8s["engine_config"] = engine_config(lines, speculative)
+    return {"k8s": k8s}
+
+
+def engine_config(lines: list[list[str]], speculative: dict[str, Any]) -> dict[str, Any]:
+    """The `vllm serve` arguments as the YAML file vLLM 0.33 reads with `--config FILE`
+    (vllm/utils/argparse_utils.py FlexibleArgumentParser.load_config_file: each key becomes
+    `--key value`, a mapping becomes its JSON, `model` the served model), and the container's
+    command that only points at it. The same words as the vllm format's serve script."""
+    import yaml
+
+    argv = [word for line in lines for word in line]
+    assert argv[:2] == ["vllm", "serve"] and len(argv[3:]) % 2 == 0, argv
+    arguments: dict[str, Any] = {"model": argv[2]}
+    for flag, value in zip(argv[3::2], argv[4::2]):
+        arguments[flag.removeprefix("--")] = speculative if flag == "--speculative-config" else value
+    text = ("# `vllm serve --config` arguments (vLLM 0.33); specreg.lock.json binds this file's sha256\n"
+            + yaml.safe_dump(arguments, sort_keys=False, default_flow_style=False, width=1 << 16))
+    path = f"{ENGINE_CONFIG_MOUNT}/{ENGINE_CONFIG}"
+    return {"file": ENGINE_CONFIG, "text": text, "mount": ENGINE_CONFIG_MOUNT, "path": path,
+            "argv": ["vllm", "serve", "--config", path]}
 
 
 def dns_label(text: str, limit: int = 63) -> str:
