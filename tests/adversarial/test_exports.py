@@ -205,3 +205,35 @@ def test_export_leaves_no_temporary_files(pair, tmp_path, approval_key):
         result = run("export", label, "--format", "trtllm", "-o", out, "--db", db_url, *extra)
         assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in out.iterdir()) == ["specreg.lock.json", "trtllm-config.yaml", "trtllm-serve.sh"]
+
+
+@pytest.mark.parametrize("value", ["a: b: c", "[unclosed", "x\n---\ny", "pvc:claim\n---\nkind: Pod", "{a: 1", "tab\there"])
+def test_export_option_values_that_are_not_yaml_or_hold_a_line_break(pair, tmp_path, value):
+    """MED-5 (issue 21): an --option value that is no valid YAML is a string like any other, and one
+    holding a control character (a newline and `---` would start a second YAML document in the k8s
+    manifest, or a second line of the serve script) is refused in one line; nothing is written."""
+    db_url, models = pair
+    label = register(db_url, models, 2)
+    out = tmp_path / "out"
+    result = run("export", label, "--format", "k8s-vllm", "--force", "-o", str(out), "--db", db_url,
+                 "--option", f"model_volume={value}")
+    if any(ord(ch) < 32 for ch in value):
+        one_line_error(result, 2, "--option 'model_volume'", "control character")
+        assert not out.exists()
+    else:  # not YAML: taken as the text it is, then judged by the option's own rule
+        assert result.returncode in (0, 2), result.stderr
+        if result.returncode == 2:
+            assert result.stderr.count("\n") == 1 and "model_volume" in result.stderr, result.stderr
+            assert not out.exists()
+
+
+def test_export_option_text_that_is_not_yaml_reaches_the_export_as_text(pair, tmp_path):
+    db_url, models = pair
+    label = register(db_url, models, 2)
+    result = run("export", label, "--format", "k8s-vllm", "--force", "-o", str(tmp_path / "out"), "--db", db_url,
+                 "--option", "model_volume=pvc:claim", "--option", "image=registry.local/vllm:{a: 1")
+    assert result.returncode == 0, result.stderr
+    manifest = list(yaml.safe_load_all((tmp_path / "out" / "k8s-vllm.yaml").read_text()))
+    images = [c["image"] for doc in manifest if doc and doc.get("kind") == "Deployment"
+              for c in doc["spec"]["template"]["spec"]["containers"]]
+    assert images == ["registry.local/vllm:{a: 1"]
