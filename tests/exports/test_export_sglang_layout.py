@@ -108,7 +108,10 @@ def test_what_sglang_cannot_capture_or_load_is_refused(aux, architecture, extra,
 
 
 def test_a_head_reference_that_is_no_path_is_refused(eagle3_pair):
-    pair = dataclasses.replace(eagle3_pair, draft=dataclasses.replace(eagle3_pair.draft, reference="org/head"))
+    # a hub id (ORG/NAME@REVISION): the export names it as such, so there is no folder to link to
+    # (a local folder is always named by its absolute path: exports.served_reference)
+    pair = dataclasses.replace(eagle3_pair, draft=dataclasses.replace(eagle3_pair.draft, reference="org/head",
+                                                                      revision="0123456789abcdef0123456789abcdef01234567"))
     with pytest.raises(SpecregError, match="links the head's files by absolute path"):
         render_export(pair, BASELINES, "sglang", approved=True)
     assert render_export(pair, BASELINES, "sglang", approved=True, options={"model_source": "path"})

@@ -23,11 +23,12 @@ def floors_policy(tmp_path, monkeypatch):
     return path
 
 
-def approved(db_url, tiny_models, name, **validation):
+def approved(db_url, tiny_models, name, approval_key, **validation):
+    """NAME@1 registered by alice, validated with ``validation``'s figures, approved (signed) by bob."""
     alice, bob = Registry(as_user(db_url, "alice"), user="alice"), Registry(as_user(db_url, "bob"), user="bob")
     (ref,) = register_versions(alice, tiny_models, name, 1)
     record_validation(alice, ref, **validation)
-    bob.approve(ref)
+    bob.approve(ref, key=approval_key(db_url, "bob"))
     return alice, ref
 
 
@@ -35,9 +36,9 @@ def failed(result) -> dict[str, str]:
     return {c.name: c.reason for c in result.conditions if not c.passed}
 
 
-def test_a_random_draft_cannot_set_the_first_production_baseline(db_url, tiny_models, floors_policy):
+def test_a_random_draft_cannot_set_the_first_production_baseline(db_url, tiny_models, floors_policy, approval_key):
     # the pair of the issue: acceptance 0.037, 10x slower than its target, performance "warn"
-    alice, ref = approved(db_url, tiny_models, "random", acceptance_rate=0.037, speedup=0.10)
+    alice, ref = approved(db_url, tiny_models, "random", approval_key, acceptance_rate=0.037, speedup=0.10)
     gate = alice.gate(ref, "production")
     assert failed(gate) == {"min_acceptance": "acceptance rate 0.037 < 0.3 (min_acceptance_rate)",
                             "speedup": "0.10x at k=1 < 1x (min_speedup): slower than the target alone"}
@@ -51,8 +52,8 @@ def test_a_random_draft_cannot_set_the_first_production_baseline(db_url, tiny_mo
     assert alice.promote(ref, "staging").version == 1  # staging has no floors
 
 
-def test_allow_slower_is_recorded_in_the_audit_and_honoured_by_the_gate(db_url, tiny_models, floors_policy):
-    alice, ref = approved(db_url, tiny_models, "slow", acceptance_rate=0.6, speedup=0.8)
+def test_allow_slower_is_recorded_in_the_audit_and_honoured_by_the_gate(db_url, tiny_models, floors_policy, approval_key):
+    alice, ref = approved(db_url, tiny_models, "slow", approval_key, acceptance_rate=0.6, speedup=0.8)
     assert set(failed(alice.gate(ref, "production"))) == {"speedup"}
     with pytest.raises(UsageError, match="--allow-slower needs a reason"):
         alice.promote(ref, "production", allow_slower="  ")
@@ -67,16 +68,16 @@ def test_allow_slower_is_recorded_in_the_audit_and_honoured_by_the_gate(db_url, 
     assert alice.verify_audit()[1] is None
 
 
-def test_a_speedup_not_measured_cannot_be_waived(db_url, tiny_models, floors_policy):
-    alice, ref = approved(db_url, tiny_models, "unmeasured", acceptance_rate=0.6)
+def test_a_speedup_not_measured_cannot_be_waived(db_url, tiny_models, floors_policy, approval_key):
+    alice, ref = approved(db_url, tiny_models, "unmeasured", approval_key, acceptance_rate=0.6)
     reason = failed(alice.gate(ref, "production"))["speedup"]
     assert reason.startswith("run ") and "measured no speedup (the performance check did not run" in reason
     with pytest.raises(PolicyViolation, match="speedup: run .* measured no speedup"):
         alice.promote(ref, "production", allow_slower="trust me")
 
 
-def test_a_pair_over_both_floors_passes(db_url, tiny_models, floors_policy):
-    alice, ref = approved(db_url, tiny_models, "good", acceptance_rate=0.8, speedup=1.7)
+def test_a_pair_over_both_floors_passes(db_url, tiny_models, floors_policy, approval_key):
+    alice, ref = approved(db_url, tiny_models, "good", approval_key, acceptance_rate=0.8, speedup=1.7)
     gate = alice.gate(ref, "production")
     reasons = {c.name: c.reason for c in gate.conditions}
     assert gate.passed and reasons["speedup"] == "1.70x at k=1 >= 1x (min_speedup)"
