@@ -144,7 +144,9 @@ specreg demo-pair "$DEMO_DIR/real" --real
 specreg register smollm2 --target "$DEMO_DIR/real/target" --draft "$DEMO_DIR/real/draft" \
   --num-speculative-tokens 4 --notes "real pair built by specreg demo-pair --real"
 specreg validate smollm2@1 --golden smoke --device cpu --gpu-memory 2GiB --report "$DEMO_DIR/validation-smollm2.html"
-specreg approve smollm2@1 --user bob --note "real pair: equivalence and acceptance look right"
+step "the real pair in llama.cpp: parity with our runtime, equivalence in the engine, tokens/s with and without the draft"
+specreg validate smollm2@1 --engine llamacpp --golden smoke --concurrency 1,2 --engine-threads 1
+specreg approve smollm2@1 --user bob --note "real pair: equivalence and acceptance look right, llama.cpp agrees"
 
 step "export to llama.cpp: GGUF files converted by its own convert_hf_to_gguf.py, bound by the signed lock; verify; serve once"
 LLAMA_PORT=$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
