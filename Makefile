@@ -29,7 +29,8 @@ test: install
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
 # llama.cpp's llama-server, built once from the llama-cpp-python sdist (fetched from the package index)
-# into $SPECREG_ENGINE_CACHE (default /var/cache/specreg/engines); a few minutes the first time.
+# into $SPECREG_ENGINE_CACHE (default /var/cache/specreg/engines); the first build took 55 min on 2 cores under
+# load ~11 (2026-12-01; idle not measured), later runs reuse it.
 llamacpp: install
 	$(VENV)/bin/specreg llamacpp-build
 
