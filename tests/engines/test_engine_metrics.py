@@ -12,6 +12,7 @@ import pytest
 
 from specreg.registry.deploy.observe import live_figures, read_engine
 from specreg.runtime.metrics import GenerationMetrics
+from steplog import StepLog  # tests/ is on sys.path (tests/conftest.py)
 
 SCRIPT = Path(__file__).parent / "engine_metrics.py"
 K = 4
@@ -21,16 +22,6 @@ KNOWN = {"history": {"0": [(4, 3)] * 5, "1": [(4, 1)] * 2},
          "interval": {"0": [(4, 4), (4, 0), (0, 0), (2, 2), (4, 1)], "1": [(4, 2), (0, 0), (4, 3)]}}
 
 
-class StepLog(GenerationMetrics):
-    """GenerationMetrics that keeps each step's (drafted, accepted) as the decode loop reports it."""
-
-    def __init__(self):
-        super().__init__()
-        self.steps = []
-
-    def record_step(self, num_drafted, num_accepted, num_emitted):
-        self.steps.append((num_drafted, num_accepted))
-        super().record_step(num_drafted, num_accepted, num_emitted)
 
 
 def runtime_steps(models: dict[str, Path]) -> dict[str, StepLog]:

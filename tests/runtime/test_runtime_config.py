@@ -12,6 +12,7 @@ from specreg.runtime.choose_k import (choose_k, choose_tree_depth, expected_spee
 from specreg.runtime.decode import DecodeConfig, speculative_generate, target_only_generate
 from specreg.runtime.metrics import GenerationMetrics, aggregate
 from specreg.runtime.pair import load_pair, make_pair
+from steplog import StepLog  # tests/ is on sys.path (tests/conftest.py)
 
 
 class CountingForwards:
@@ -203,16 +204,6 @@ def test_per_position_acceptance_and_rejection_runs():
         None, [], 1.0)
 
 
-class StepLog(GenerationMetrics):
-    """GenerationMetrics that also keeps each step's (drafted, accepted) as the decode loop reports it."""
-
-    def __init__(self):
-        super().__init__()
-        self.steps = []
-
-    def record_step(self, num_drafted, num_accepted, num_emitted):
-        self.steps.append((num_drafted, num_accepted))
-        super().record_step(num_drafted, num_accepted, num_emitted)
 
 
 def test_ngram_tau_counts_only_steps_with_drafts(target, tokenizer, prompts):
