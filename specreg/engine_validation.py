@@ -212,12 +212,9 @@ GGUF_TYPES = {"float32": "f32", "bfloat16": "bf16"}
 def llamacpp_ggufs(version: PairVersion, dtype: str) -> dict[str, Any]:
     """The GGUF files llama-server loads for ``version``: converted by the llamacpp export's own
     converter (llama.cpp's convert_hf_to_gguf.py) from the registered folders, after checking they
-    still match their fingerprints, and kept under $SPECREG_HOME/gguf by model digest and type."""
-    import hashlib
-
+    still match their fingerprints, through llama.cpp's conversion cache (the export's too)."""
     from specreg.registry.deploy.engines import llamacpp, llamacpp_build
     from specreg.registry.governance.queries import fingerprint_changes
-    from specreg.settings import specreg_home
 
     why = llamacpp.refusal(version)
     if why:
@@ -226,14 +223,8 @@ def llamacpp_ggufs(version: PairVersion, dtype: str) -> dict[str, Any]:
     if changes:
         raise SpecregError(f"{version.label}: the models changed since registration ({'; '.join(changes)}); "
                            f"nothing is converted or served")
-    outtype = GGUF_TYPES[dtype]
-    files = {}
-    for role, model in (("target", version.target), ("draft", version.draft)):
-        key = hashlib.sha256(f"{model.fingerprint.weights_sha256}/{model.fingerprint.config_sha256}/"
-                             f"{model.fingerprint.tokenizer_sha256}".encode()).hexdigest()[:24]
-        path = specreg_home() / "gguf" / f"{key}-{outtype}.gguf"
-        files[role] = path if path.is_file() else llamacpp_build.convert(model.path, path, outtype)
-    return files
+    return {role: llamacpp_build.converted(model.path, model.fingerprint, GGUF_TYPES[dtype])[0]
+            for role, model in (("target", version.target), ("draft", version.draft))}
 
 
 def llamacpp_identity(server) -> dict[str, Any]:

@@ -103,3 +103,33 @@ def test_server_drafts_with_the_exported_draft(exported):
     assert answer["content"].startswith("The capital of France is Paris."), answer["content"]
     drafted = re.search(r"^llamacpp:spec_decode_num_draft_tokens_total (\S+)$", metrics, re.M)
     assert drafted and float(drafted.group(1)) == timings["draft_n"]
+
+
+def test_conversion_runs_once_per_model_and_again_when_the_cached_file_changed(exported, tmp_path, monkeypatch):
+    """validate --engine llamacpp and the export take their GGUF files from one cache keyed by the
+    registered fingerprint: converted once, re-hashed on every reuse, converted again if edited."""
+    from specreg.core.fingerprint import fingerprint_model, sha256_file
+    from specreg.registry.deploy.engines import llamacpp_build
+
+    # the export's file is the cache's file, byte for byte
+    fingerprint = fingerprint_model(Path(exported["draft"]))
+    cached, digest = llamacpp_build.converted(exported["draft"], fingerprint, "f32")
+    assert cached.parent == llamacpp_build.gguf_cache()
+    assert sha256_file(exported["dir"] / "gguf" / "draft" / "model-f32.gguf") == digest
+
+    monkeypatch.setattr(llamacpp_build, "gguf_cache", lambda: tmp_path / "gguf")
+    runs = []
+    real_convert = llamacpp_build.convert
+    monkeypatch.setattr(llamacpp_build, "convert", lambda *a, **k: runs.append(a) or real_convert(*a, **k))
+    first, first_digest = llamacpp_build.converted(exported["draft"], fingerprint, "f32")
+    again, again_digest = llamacpp_build.converted(exported["draft"], fingerprint, "f32")
+    assert len(runs) == 1 and (again, again_digest) == (first, first_digest) and first_digest == digest
+    assert first.parent == tmp_path / "gguf"
+    with open(first, "r+b") as handle:  # someone edits the cached file: it is not served, it is made again
+        handle.seek(-1, 2)
+        last = handle.read(1)[0]
+        handle.seek(-1, 2)
+        handle.write(bytes([last ^ 1]))
+    assert sha256_file(first) != digest
+    remade, remade_digest = llamacpp_build.converted(exported["draft"], fingerprint, "f32")
+    assert len(runs) == 2 and remade_digest == digest == sha256_file(remade)

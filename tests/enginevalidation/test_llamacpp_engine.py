@@ -17,18 +17,20 @@ import pytest
 
 
 def llama_servers() -> list[int]:
-    """Pids of running llama-server processes (from /proc) serving this test's files: the GGUF
-    files specreg converts live under $SPECREG_HOME/gguf, a folder of this test's own, so a
-    llama-server of another program on the machine (make demo, another session) is not counted."""
-    home = os.environ["SPECREG_HOME"].encode()
+    """Pids of running llama-server processes started for this test: a server inherits the
+    environment of the specreg that started it, so its SPECREG_HOME (a folder of this test's own)
+    is in /proc/PID/environ; a llama-server of another program on the machine (make demo, another
+    session) is not counted. (The GGUF files it loads are in the shared conversion cache.)"""
+    home = b"SPECREG_HOME=" + os.environ["SPECREG_HOME"].encode()
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 argv = (entry / "cmdline").read_bytes().split(b"\0")
+                environ = (entry / "environ").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if argv[0].endswith(b"llama-server") and any(home in word for word in argv[1:]):
+            if argv[0].endswith(b"llama-server") and home in environ:
                 found.append(int(entry.name))
     return found
 

@@ -114,10 +114,14 @@ def command(target_gguf: str, draft_gguf: str | None, k: int, opts: dict[str, An
 
 def write_models(pair_version: PairVersion, out_dir: str | Path, opts: dict[str, Any],
                  overwrite: bool = False, log=None) -> dict[str, tuple[str, dict[str, str]]]:
-    """Convert the registered target and draft folders into GGUF files under out_dir/gguf/<role>/
-    (convert_hf_to_gguf.py of the built llama.cpp); returns {role: ("gguf/<role>", {file: sha256})},
-    what the pair lock binds for each role (lock.build_lock engine_layouts). An existing file is
-    refused unless ``overwrite``; each file is written beside its place and moved there whole."""
+    """The registered target and draft folders as GGUF files under out_dir/gguf/<role>/
+    (convert_hf_to_gguf.py of the built llama.cpp, through its conversion cache,
+    llamacpp_build.converted); returns {role: ("gguf/<role>", {file: sha256})}, what the pair lock
+    binds for each role (lock.build_lock engine_layouts). Called once the models were checked
+    against their fingerprints. An existing file is refused unless ``overwrite``; each file is
+    copied beside its place, hashed as written and moved there whole."""
+    import shutil
+
     from specreg.core.fingerprint import sha256_file
 
     layouts = {}
@@ -128,12 +132,18 @@ def write_models(pair_version: PairVersion, out_dir: str | Path, opts: dict[str,
         path = Path(out_dir) / gguf_file(role, opts)
         if path.exists() and not overwrite:
             raise SpecregError(f"{path} exists; refusing to overwrite it (use --overwrite)")
-        for stale in path.parent.glob("*.gguf") if path.parent.is_dir() else ():
+        cached, digest = llamacpp_build.converted(model.path, model.fingerprint, opts["gguf_type"], log=log)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for stale in path.parent.glob("*.gguf"):
             stale.unlink()
-        if log:
-            log(f"converting {role} {model.path} to {path}")
-        llamacpp_build.convert(model.path, path, opts["gguf_type"])
-        layouts[role] = (f"{GGUF_DIR}/{role}", {path.name: sha256_file(path)})
+        partial = path.with_name(f".{path.name}.partial")
+        shutil.copyfile(cached, partial)
+        written = sha256_file(partial)
+        if written != digest:
+            partial.unlink()
+            raise SpecregError(f"{cached} changed while it was copied to {path}; export again")
+        os.replace(partial, path)
+        layouts[role] = (f"{GGUF_DIR}/{role}", {path.name: written})
     return layouts
 
 

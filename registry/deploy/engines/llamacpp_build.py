@@ -11,13 +11,19 @@ pytest workers) from building at once. `specreg llamacpp-build` builds llama-ser
 its path (`make llamacpp`, which .ci/run and `make demo` call).
 
 convert(): GGUF from a Hugging Face model folder by the same source's convert_hf_to_gguf.py,
-run with its own gguf-py (src/gguf-py) first on the path.
+run with its own gguf-py (src/gguf-py) first on the path. converted(): the same, once per model
+content: kept under home()/gguf by the model's registered fingerprint, the GGUF type and this
+llama.cpp, with the GGUF's own sha256 beside it, re-hashed on every reuse (an edited cache file is
+converted again, never served). `validate --engine llamacpp` and the llamacpp export take their
+files from there, so a pair is converted once, not by every validation and every export.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -92,8 +98,9 @@ def source_info() -> dict:
     return json.loads((home() / "source.json").read_text())
 
 
-def binary(target: str = SERVER, log=None) -> Path:
+def binary(target: str = SERVER, log=None, progress=None) -> Path:
     """The path of a llama.cpp program (llama-server, llama-quantize, ...), built on first use.
+    ``progress(what, done, total)`` follows the build's compile steps (ninja's [N/M], make's %).
 
     Raises SpecregError naming the missing tool or the failing step (its log file kept)."""
     folder = home()
@@ -117,10 +124,10 @@ def binary(target: str = SERVER, log=None) -> Path:
             if log:
                 log(f"llama.cpp {step} ({target}) in {build}")
             log_file = folder / f"{step}-{target}.log"
-            with open(log_file, "w") as output:
-                completed = subprocess.run(command, stdout=output, stderr=subprocess.STDOUT)
-            if completed.returncode != 0:
-                raise SpecregError(f"llama.cpp {step} of {target} failed (exit {completed.returncode}); see {log_file}")
+            returncode = run_logged(command, log_file, progress if step == "build" else None,
+                                    f"building {target}")
+            if returncode != 0:
+                raise SpecregError(f"llama.cpp {step} of {target} failed (exit {returncode}); see {log_file}")
         if not path.is_file():
             raise SpecregError(f"llama.cpp build wrote no {path}")
         seconds = round(time.monotonic() - started, 1)
@@ -128,6 +135,64 @@ def binary(target: str = SERVER, log=None) -> Path:
         if log:
             log(f"built {path} in {seconds} s")
     return path
+
+
+def gguf_cache() -> Path:
+    """Where converted() keeps its GGUF files: home()/gguf."""
+    return home() / "gguf"
+
+
+BUILD_STEP = re.compile(r"^\[(\d+)/(\d+)\] ")  # ninja: [12/345] Building CXX object ...
+MAKE_STEP = re.compile(r"^\[\s*(\d+)%\] ")  # make: [ 45%] Building CXX object ...
+
+
+def run_logged(command: list[str], log_file: Path, progress, what: str) -> int:
+    """Run ``command`` with its output in ``log_file``, reporting ``progress(what, done, total)``
+    from the build tool's step counter as lines arrive -> its exit code."""
+    with open(log_file, "w") as output:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                   errors="replace")
+        for line in process.stdout:
+            output.write(line)
+            if progress is None:
+                continue
+            step = BUILD_STEP.match(line)
+            if step:
+                progress(what, int(step.group(1)), int(step.group(2)))
+            elif percent := MAKE_STEP.match(line):
+                progress(what, int(percent.group(1)), 100)
+        return process.wait()
+
+
+def converted(model_dir: str | Path, fingerprint, outtype: str = "f32", log=None) -> tuple[Path, str]:
+    """(cached GGUF of the model folder, its sha256): ``fingerprint`` is the folder's registered
+    ModelFingerprint, which the caller has checked against the folder (nothing here re-reads the
+    model). The cache entry is keyed by that fingerprint, ``outtype`` and this llama.cpp; on reuse
+    the file is hashed again and converted anew if it no longer matches its recorded digest."""
+    from specreg.core.fingerprint import sha256_file
+
+    identity = json.dumps({"fingerprint": fingerprint.to_dict(), "outtype": outtype, "llama_cpp": VERSION},
+                          sort_keys=True)
+    key = hashlib.sha256(identity.encode()).hexdigest()[:24]
+    folder = gguf_cache()
+    path, record = folder / f"{key}-{outtype}.gguf", folder / f"{key}-{outtype}.json"
+    with build_lock(folder):  # two processes converting one model: the second one waits and reuses
+        if path.is_file() and record.is_file():
+            digest = sha256_file(path)
+            if digest == json.loads(record.read_text()).get("sha256"):
+                return path, digest
+            if log:
+                log(f"{path}: no longer the file converted earlier (sha256 {digest[:12]}); converting again")
+        started = time.monotonic()
+        if log:
+            log(f"converting {model_dir} to GGUF {outtype} with llama.cpp's convert_hf_to_gguf.py into {folder}")
+        record.unlink(missing_ok=True)
+        convert(model_dir, path, outtype)
+        digest = sha256_file(path)
+        record.write_text(json.dumps({"sha256": digest, "model": str(model_dir), "outtype": outtype,
+                                      "identity": json.loads(identity),
+                                      "seconds": round(time.monotonic() - started, 1)}, indent=2))
+    return path, digest
 
 
 def convert(model_dir: str | Path, outfile: str | Path, outtype: str = "f32") -> Path:
