@@ -232,6 +232,12 @@ def observe(ref, metrics_url, engine, interval, model_name, tolerance, deadline,
 def llamacpp_build():
     """Build llama.cpp's llama-server once (from the llama-cpp-python sdist, fetched from the package
     index) into $SPECREG_ENGINE_CACHE and print its path; later calls print the cached one."""
+    from specreg.cli.progress import Progress
     from specreg.registry.deploy.engines.llamacpp_build import binary
 
-    click.echo(binary(log=lambda line: click.echo(line, err=True)))
+    progress = Progress()
+    try:
+        path = binary(log=progress.note, progress=progress)
+    finally:
+        progress.close()
+    click.echo(path)

@@ -73,3 +73,21 @@ def test_plain_progress_is_throttled_and_json_gets_none():
     off("decoding", 1, 2)
     off.note("check integrity: pass")
     assert silent.getvalue() == ""
+
+
+def test_a_build_reports_its_compile_steps_and_keeps_its_whole_log(tmp_path):
+    """`specreg llamacpp-build`: ninja's [N/M] (or make's [ N%]) lines drive the progress; every line
+    goes to the build log; the exit code is the build tool's."""
+    from specreg.registry.deploy.engines.llamacpp_build import run_logged
+
+    steps = []
+    log = tmp_path / "build.log"
+    script = "printf '[1/3] Building a\\nwarning: x\\n[2/3] Building b\\n[3/3] Linking llama-server\\n'; exit 3"
+    assert run_logged(["sh", "-c", script], log, lambda *a: steps.append(a), "building llama-server") == 3
+    assert steps == [("building llama-server", 1, 3), ("building llama-server", 2, 3), ("building llama-server", 3, 3)]
+    assert log.read_text().splitlines() == ["[1/3] Building a", "warning: x", "[2/3] Building b",
+                                           "[3/3] Linking llama-server"]
+    steps.clear()
+    assert run_logged(["sh", "-c", "printf '[ 50%%] Building a\\n[100%%] Built target b\\n'"], log,
+                      lambda *a: steps.append(a), "building") == 0
+    assert steps == [("building", 50, 100), ("building", 100, 100)]
