@@ -46,6 +46,10 @@ class DecodeConfig:
     acceptance_length_threshold: float | None = None  # fall back when rolling tau drops below
     acceptance_window: int = 16  # verification steps in the rolling tau
     tree: tuple[tuple[int, ...], ...] | None = None  # candidate tree paths (tree methods); k = its depth
+    # the serving engines' schedule (llama.cpp's server, vLLM): the prefill emits the first token
+    # alone and drafting starts from it. Off (ours): the prefill forward verifies the first drafts
+    # too. `validate --engine` decodes with it on, so that both loops draft the same windows.
+    prefill_alone: bool = False
 
 
 @dataclass
@@ -208,6 +212,8 @@ def stream_generate(pair: ModelPair, prompt_ids, config: DecodeConfig, *, specul
 
                 # draft: at most what the budget can still take after the bonus token
                 k = min(config.k, max_length - len(token_list) - 1) if drafter is not None else 0
+                if config.prefill_alone and cached_length == 0:
+                    k = 0
                 if draft_limit is not None and config.method == "draft_model":
                     k = min(k, draft_limit - len(token_list) + 1)
                 draft_ids, draft_probs, step_tree = None, None, None

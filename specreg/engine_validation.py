@@ -145,18 +145,23 @@ def golden_prompts(golden, tokenizer) -> tuple[list[dict[str, Any]], list[dict[s
 
 
 def runtime_pass(pair, prompts, version: PairVersion, progress=None) -> list[dict[str, Any]]:
-    """Our runtime's greedy speculative decode of every prompt -> counts rows (+ "token_ids")."""
+    """Our runtime's greedy speculative decode of every prompt -> counts rows (+ "token_ids"), on
+    the engine's schedule (DecodeConfig.prefill_alone: the prefill emits the first token alone,
+    drafting starts from it, as in llama-server), so both loops draft the same windows."""
+    import dataclasses
+
     from specreg.runtime.decode import speculative_generate
     from specreg.validators.engine import runtime_row
     from specreg.validators.equivalence import SpeculativeSettings, decode_config
 
-    config = version.config
-    settings = SpeculativeSettings(method=config.method.value, k=config.num_speculative_tokens,
-                                   prompt_lookup_min=config.prompt_lookup_min or 1,
-                                   prompt_lookup_max=config.prompt_lookup_max or 3, tree=config.tree)
+    spec = version.config
+    settings = SpeculativeSettings(method=spec.method.value, k=spec.num_speculative_tokens,
+                                   prompt_lookup_min=spec.prompt_lookup_min or 1,
+                                   prompt_lookup_max=spec.prompt_lookup_max or 3, tree=spec.tree)
     rows = []
     for prompt in prompts:
-        generation = speculative_generate(pair, prompt["prompt_ids"], decode_config(prompt["golden"], settings, greedy=True))
+        config = dataclasses.replace(decode_config(prompt["golden"], settings, greedy=True), prefill_alone=True)
+        generation = speculative_generate(pair, prompt["prompt_ids"], config)
         rows.append({**runtime_row(prompt["record"], prompt["category"], generation.metrics),
                      "token_ids": list(generation.token_ids)})
         if progress:
@@ -288,7 +293,8 @@ def _local_llamacpp(version: PairVersion, golden, options: EngineOptions, progre
                    for p, s, t in zip(prompts, spec[1].completions, plain[1].completions)]
         equivalence = checks_module.check_engine_equivalence(records, engine_name="llama.cpp", tolerance=tolerance,
                                                              top_of=top_of, our_margin=runtime_margin(pair))
-    ours = {**checks_module.baselines_of(ours_rows, k), "source": "our runtime, greedy, same token ids"}
+    ours = {**checks_module.baselines_of(ours_rows, k),
+            "source": "our runtime, greedy, same token ids, first token from the prefill alone (the engine's schedule)"}
     engine_baselines = checks_module.baselines_of(spec[1].rows, k)
     parity = checks_module.check_parity(ours, engine_baselines, engine_name="llama.cpp",
                                         tolerance=options.parity_tolerance)

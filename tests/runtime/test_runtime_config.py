@@ -9,7 +9,7 @@ import pytest
 from specreg.errors import RuntimeConfigError
 from specreg.runtime.choose_k import (choose_k, choose_tree_depth, expected_speedup, expected_tokens_per_step,
                                       head_draft_step_cost, measure_cost_ratio)
-from specreg.runtime.decode import DecodeConfig, speculative_generate, target_only_generate
+from specreg.runtime.decode import DecodeConfig, speculative_generate, stream_generate, target_only_generate
 from specreg.runtime.metrics import GenerationMetrics, aggregate
 from specreg.runtime.pair import load_pair, make_pair
 from steplog import StepLog  # tests/ is on sys.path (tests/conftest.py)
@@ -174,6 +174,24 @@ def test_decode_phase_leaves_out_the_first_step(target, tokenizer, drafts, promp
     one_step = speculative_generate(pair, prompts[0], DecodeConfig(k=3, max_new_tokens=4, eos_token_ids=())).metrics
     assert one_step.ttft_tokens == one_step.generated_tokens == 4
     assert one_step.decode_tokens_per_s is None
+
+
+def test_the_engines_schedule_emits_the_first_token_from_the_prefill_alone(target, tokenizer, drafts, prompts):
+    """DecodeConfig.prefill_alone (validate --engine's runtime pass): the first step drafts nothing and
+    emits one token, then the loop drafts from it as llama-server does; the output is the same."""
+    pair = make_pair(target, tokenizer, drafts["self"], tokenizer)
+    ours, engines = StepLog(), StepLog()
+    config = DecodeConfig(k=3, max_new_tokens=20, eos_token_ids=())
+    list(stream_generate(pair, prompts[0], config, metrics=ours))
+    tokens = list(stream_generate(pair, prompts[0], DecodeConfig(k=3, max_new_tokens=20, eos_token_ids=(),
+                                                                 prefill_alone=True), metrics=engines))
+    assert tokens == target_only_generate(pair, prompts[0], config).token_ids
+    # draft = target: ours 4+4+4+4+4 tokens in 5 steps; the engine's schedule 1, then 4+4+4+4, then 3
+    # (the budget leaves room for 2 drafts and the bonus token)
+    assert ours.steps == [(3, 3)] * 5
+    assert engines.steps == [(0, 0), (3, 3), (3, 3), (3, 3), (3, 3), (2, 2)]
+    assert engines.ttft_tokens == 1 and engines.draft_steps == 5 and engines.mean_acceptance_length == pytest.approx(
+        1 + 14 / 5)
 
 
 def test_per_position_acceptance_and_rejection_runs():
