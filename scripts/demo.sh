@@ -11,7 +11,8 @@ export SPECREG_POLICY="$DEMO_DIR/specreg.toml"
 rm -rf "$SPECREG_HOME" "$DEMO_DIR/exports" "$DEMO_DIR/keys" "$DEMO_DIR"/gate.* "$DEMO_DIR"/validation.*
 mkdir -p "$DEMO_DIR"
 
-step() { printf '\n== %s\n' "$*"; }
+# each step says how long the demo has run so far (m:ss), so a slow step shows where it is
+step() { printf '\n== [%d:%02d] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
 
 # The built-in policy validates on the 43-prompt default set; the demo uses the 7-prompt
 # smoke set so that it runs in a few minutes on a laptop CPU.
