@@ -7,7 +7,8 @@ On first use the wheels are fetched with ``pip download --no-deps`` from the pac
 unpacked whole, and the Python packages their parsers and config classes import are installed
 with ``pip install --no-deps --target`` from tests/engines/vllm-deps.txt (and, in front of
 it for SGLang, sglang-deps.txt); torch comes from the test venv for vLLM and from sglang-config-deps.txt (SGLang's pin) for SGLang. Everything is cached under
-$SPECREG_ENGINE_CACHE, default <repo>/.cache/engines (gitignored); a second run reuses it.
+$SPECREG_ENGINE_CACHE, default /var/cache/specreg/engines (specreg.core.packages.cache_root: the
+same cache as the real pair and llama.cpp, outside the clone); a second run reuses it.
 
 Without network the tests skip, unless CI=true, where a missing engine is a failure.
 
@@ -27,22 +28,16 @@ import time
 import zipfile
 from pathlib import Path
 
+from specreg.core.packages import OFFLINE_SIGNS, cache_root
+
 ENGINES_DIR = Path(__file__).parent
-REPO = ENGINES_DIR.parents[1]
 ENGINE_RELEASES = {"vllm": "0.33.0", "sglang": "0.5.23"}
 CHECK_SCRIPT = ENGINES_DIR / "engine_check.py"
 TIMINGS: dict[str, float] = {}
-# What pip prints when no package index can be reached.
-OFFLINE_SIGNS = ("NewConnectionError", "Failed to establish a new connection", "Temporary failure in name resolution",
-                 "No matching distribution found", "Network is unreachable", "Could not fetch URL")
 
 
 def in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("SPECREG_ENGINE_CACHE") or REPO / ".cache" / "engines")
 
 
 class EngineUnavailable(Exception):
