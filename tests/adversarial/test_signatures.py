@@ -26,20 +26,7 @@ from specreg.registry.store.store import utcnow
 sys.path.insert(0, str(Path(__file__).parent.parent / "governance"))
 from govstate import POLICY_TOML, policy_file, record_validation  # noqa: E402,F401
 
-from clirun import run_specreg  # tests/ is on sys.path (tests/conftest.py)
-
-
-def run(*args, env: dict | None = None):
-    result = run_specreg(args, env={**os.environ, **(env or {})})
-    assert "Traceback" not in result.stderr, result.stderr
-    return result
-
-
-def one_line(result, code: int, *parts: str) -> None:
-    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
-    assert result.stderr.count("\n") == 1, result.stderr
-    for part in parts:
-        assert part in result.stderr, result.stderr
+from clirun import one_line, run  # tests/ is on sys.path (tests/conftest.py)
 
 
 def validated(db_url: str, tiny_models, name: str) -> Registry:

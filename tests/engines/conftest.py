@@ -3,6 +3,7 @@ machinery is in engine_env.py (downloads, cache, one subprocess per engine)."""
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -25,6 +26,7 @@ def run_or_skip(engine: str, cases: list[dict], workdir: Path, **options) -> dic
 
 
 @pytest.fixture(scope="session")
-def engine_runner():
-    """run_or_skip, for the session fixtures of the test modules."""
-    return run_or_skip
+def engine_runner(terminal_line):
+    """run_or_skip, for the session fixtures of the test modules; the preparation's steps (minutes
+    on a first run) and the timings are shown on the terminal as they happen."""
+    return functools.partial(run_or_skip, log=terminal_line)

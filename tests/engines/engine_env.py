@@ -7,7 +7,11 @@ On first use the wheels are fetched with ``pip download --no-deps`` from the pac
 unpacked whole, and the Python packages their parsers and config classes import are installed
 with ``pip install --no-deps --target`` from tests/engines/vllm-deps.txt (and, in front of
 it for SGLang, sglang-deps.txt); torch comes from the test venv for vLLM and from sglang-config-deps.txt (SGLang's pin) for SGLang. Everything is cached under
-$SPECREG_ENGINE_CACHE, default <repo>/.cache/engines (gitignored); a second run reuses it.
+$SPECREG_ENGINE_CACHE, default /var/cache/specreg/engines (specreg.core.packages.cache_root: the
+same cache as the real pair and llama.cpp, outside the clone); a second run reuses it.
+Each step that has work to do (a first run fetches ~3 GB and takes minutes) says what and where
+before it and its seconds after, through a ``log`` (the tests hand down ``terminal_line``, which
+shows the lines on the terminal of `make test` while they happen).
 
 Without network the tests skip, unless CI=true, where a missing engine is a failure.
 
@@ -27,41 +31,34 @@ import time
 import zipfile
 from pathlib import Path
 
+from specreg.core.packages import PackageUnavailable, cache_root, distribution_file, run_pip
+
 ENGINES_DIR = Path(__file__).parent
-REPO = ENGINES_DIR.parents[1]
 ENGINE_RELEASES = {"vllm": "0.33.0", "sglang": "0.5.23"}
 CHECK_SCRIPT = ENGINES_DIR / "engine_check.py"
 TIMINGS: dict[str, float] = {}
-# What pip prints when no package index can be reached.
-OFFLINE_SIGNS = ("NewConnectionError", "Failed to establish a new connection", "Temporary failure in name resolution",
-                 "No matching distribution found", "Network is unreachable", "Could not fetch URL")
 
 
 def in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("SPECREG_ENGINE_CACHE") or REPO / ".cache" / "engines")
-
-
 class EngineUnavailable(Exception):
     """The engine could not be fetched or installed (no network, index down)."""
 
 
-def unavailable(reason: str):
-    raise EngineUnavailable(reason)
+def say(line: str) -> None:
+    """A line on stderr: the default ``log`` (pytest captures it; the tests hand down the
+    ``terminal_line`` fixture, which reaches the terminal of `make test`)."""
+    print(line, file=sys.stderr, flush=True)
 
 
-def run_pip(args: list[str], what: str) -> None:
-    command = [sys.executable, "-m", "pip", *args, "--disable-pip-version-check", "-q"]
-    completed = subprocess.run(command, capture_output=True, text=True, timeout=1800)
-    if completed.returncode != 0:
-        last = (completed.stderr.strip().splitlines() or ["(no output)"])[-1]
-        # No index reachable: skip (a failure in CI); anything else is a real error.
-        if any(sign in completed.stderr for sign in OFFLINE_SIGNS):
-            unavailable(f"{what} failed: {last}")
-        raise RuntimeError(f"{what} failed: {last}")
+def offline_as_unavailable(function, *args, **kwargs):
+    """``function(*args, **kwargs)``, no package index reachable raised as EngineUnavailable."""
+    try:
+        return function(*args, **kwargs)
+    except PackageUnavailable as exc:
+        raise EngineUnavailable(str(exc)) from None
 
 
 # The dependency folders each engine imports from, first one first: SGLang's few extra
@@ -71,33 +68,38 @@ def run_pip(args: list[str], what: str) -> None:
 DEPS_LAYERS = {"vllm": ("vllm", "vllm-numba"), "sglang": ("sglang", "sglang-config", "vllm")}
 
 
-def prepare_engine(engine: str) -> dict[str, object]:
-    """Wheel downloaded and unpacked, its import dependencies installed; returns
-    {"code": unpacked wheel, "deps": [dependency folders, first first]}."""
+def prepare_engine(engine: str, log=say) -> dict[str, object]:
+    """Wheel downloaded and unpacked, its import dependencies installed; each step that has work
+    to do (first run: ~3 GB of wheels, minutes) says what and where before and its seconds after,
+    through ``log``. Returns {"code": unpacked wheel, "deps": [dependency folders, first first]}."""
     release = ENGINE_RELEASES[engine]
     root = cache_root()
-    wheels = root / "wheels"
     unpacked = root / f"{engine}-{release}"
+    steps = 1 + len(DEPS_LAYERS[engine])
     started = time.monotonic()
     if not (unpacked / ".complete").exists():
-        wheels.mkdir(parents=True, exist_ok=True)
-        found = sorted(wheels.glob(f"{engine}-{release}-*.whl"))
-        if not found:
-            run_pip(["download", "--no-deps", f"{engine}=={release}", "-d", str(wheels)], f"pip download {engine}=={release}")
-            found = sorted(wheels.glob(f"{engine}-{release}-*.whl"))
-        with zipfile.ZipFile(found[0]) as wheel:
-            wheel.extractall(unpacked)
-        (unpacked / ".complete").write_text(found[0].name)
+        log(f"[engines] {engine} 1/{steps}: the {engine} {release} wheel (pip download into {root / 'wheels'} "
+            f"unless there), unpacked into {unpacked}")
+        wheel = offline_as_unavailable(distribution_file, engine, release, quiet=True)
+        with zipfile.ZipFile(wheel) as archive:
+            archive.extractall(unpacked)
+        (unpacked / ".complete").write_text(wheel.name)
+        log(f"[engines] {engine} 1/{steps}: {wheel.name} ({wheel.stat().st_size / 1e6:.0f} MB) ready in "
+            f"{time.monotonic() - started:.0f} s")
     TIMINGS[f"{engine} wheel"] = round(time.monotonic() - started, 1)
     deps = []
-    for layer in DEPS_LAYERS[engine]:
+    for step, layer in enumerate(DEPS_LAYERS[engine], start=2):
         # Keyed by the requirement file's content: edit it, get a fresh folder.
         requirements = ENGINES_DIR / f"{layer}-deps.txt"
         folder = root / f"deps-{layer}-{_digest(requirements)}"
         started = time.monotonic()
         if not (folder / ".complete").exists():
-            run_pip(["install", "--no-deps", "--target", str(folder), "-r", str(requirements)], f"pip install {layer} deps")
+            count = sum(1 for line in requirements.read_text().splitlines() if line.strip() and line[0] != "#")
+            log(f"[engines] {engine} {step}/{steps}: pip install {count} packages of {requirements.name} into {folder}")
+            offline_as_unavailable(run_pip, ["install", "--no-deps", "--target", str(folder), "-r", str(requirements)],
+                                   f"pip install {layer} deps")
             (folder / ".complete").write_text(requirements.read_text())
+            log(f"[engines] {engine} {step}/{steps}: {layer} deps installed in {time.monotonic() - started:.0f} s")
         TIMINGS[f"{layer} deps"] = round(time.monotonic() - started, 1)
         deps.append(folder)
     return {"code": unpacked, "deps": deps}
@@ -109,11 +111,13 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
 
 
-def run_engine(engine: str, cases: list[dict], workdir: Path, timeout: int = 900, script: Path = CHECK_SCRIPT) -> dict:
+def run_engine(engine: str, cases: list[dict], workdir: Path, timeout: int = 900, script: Path = CHECK_SCRIPT,
+               log=say) -> dict:
     """Run engine_check.py (or another ``script`` of this folder taking the same arguments) on the
     cases with the engine first on the import path; returns engine_check's
-    {"results": [...], "schema": {...}, "stand_ins": [...], "seconds": N} or the script's output."""
-    paths = prepare_engine(engine)
+    {"results": [...], "schema": {...}, "stand_ins": [...], "seconds": N} or the script's output;
+    the preparation's lines and the timings go to ``log``."""
+    paths = prepare_engine(engine, log)
     cases_path, out_path = workdir / f"{engine}-{script.stem}-cases.json", workdir / f"{engine}-{script.stem}-out.json"
     cases_path.write_text(json.dumps(cases))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([*map(str, paths["deps"]), str(paths["code"])]),
@@ -124,6 +128,5 @@ def run_engine(engine: str, cases: list[dict], workdir: Path, timeout: int = 900
     TIMINGS[f"{engine} run"] = round(time.monotonic() - started, 1)
     assert completed.returncode == 0, f"{engine} check crashed:\n{completed.stderr[-4000:]}"
     output = json.loads(out_path.read_text())
-    print(f"\n[engine check] {engine}: {len(cases)} cases, stand-ins {output.get('stand_ins', [])}, "
-          f"timings (s) {TIMINGS}", file=sys.stderr)
+    log(f"[engines] {engine} check: {len(cases)} cases, stand-ins {output.get('stand_ins', [])}, timings (s) {TIMINGS}")
     return output

@@ -34,11 +34,11 @@ def scripted(prompt_ids, max_tokens, k):
 
 
 @pytest.fixture
-def vllm_server():
+def vllm_server(terminal_line):
     from engine_env import EngineUnavailable, in_ci, prepare_engine
 
     try:
-        paths = prepare_engine("vllm")
+        paths = prepare_engine("vllm", log=terminal_line)
     except EngineUnavailable as exc:
         if in_ci():
             raise

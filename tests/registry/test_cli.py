@@ -12,7 +12,7 @@ import pytest
 
 from pgroles import as_user
 
-from clirun import SPECREG, run_specreg  # tests/ is on sys.path (tests/conftest.py)
+from clirun import SPECREG, one_line, run  # tests/ is on sys.path (tests/conftest.py)
 
 
 def run_process(*args, env=None):
@@ -21,20 +21,6 @@ def run_process(*args, env=None):
                             env={**os.environ, **(env or {})}, timeout=120)
     assert "Traceback" not in result.stderr, result.stderr
     return result
-
-
-def run(*args, env=None):
-    """The same command in this process (tests/clirun.py): the same checks, no interpreter start."""
-    result = run_specreg(args, env={**os.environ, **(env or {})})
-    assert "Traceback" not in result.stderr, result.stderr
-    return result
-
-
-def one_line_error(result, code, *fragments):
-    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
-    assert result.stderr.count("\n") == 1, result.stderr
-    for fragment in fragments:
-        assert fragment in result.stderr, result.stderr
 
 
 def test_register_list_show_history(db_url, tiny_models):
@@ -67,36 +53,36 @@ def test_register_list_show_history(db_url, tiny_models):
 
 def test_user_errors_are_one_line(db_url, tiny_models, tmp_path):
     target = tiny_models["target"]
-    one_line_error(run("register", "x", "--target", tmp_path / "missing", "--draft", target, "-k", "4", "--db", db_url),
-                   1, "missing: no such directory")
+    one_line(run("register", "x", "--target", tmp_path / "missing", "--draft", target, "-k", "4", "--db", db_url),
+             1, "missing: no such directory")
     (tmp_path / "empty").mkdir()
-    one_line_error(run("register", "x", "--target", tmp_path / "empty", "--draft", target, "-k", "4", "--db", db_url),
-                   1, "empty: no config.json")
+    one_line(run("register", "x", "--target", tmp_path / "empty", "--draft", target, "-k", "4", "--db", db_url),
+             1, "empty: no config.json")
     no_tokenizer = tmp_path / "no-tokenizer"
     shutil.copytree(tiny_models["draft"], no_tokenizer)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (no_tokenizer / name).unlink()
-    one_line_error(run("register", "x", "--target", target, "--draft", no_tokenizer, "-k", "4", "--db", db_url),
-                   1, "no-tokenizer: no tokenizer files")
+    one_line(run("register", "x", "--target", target, "--draft", no_tokenizer, "-k", "4", "--db", db_url),
+             1, "no-tokenizer: no tokenizer files")
     corrupt = tmp_path / "corrupt"
     shutil.copytree(tiny_models["draft"], corrupt)
     (corrupt / "model.safetensors").write_bytes(b"\x00" * 4)
-    one_line_error(run("register", "x", "--target", target, "--draft", corrupt, "-k", "4", "--db", db_url),
-                   1, "model.safetensors: corrupt safetensors header")
-    one_line_error(run("register", "Bad Name", "--target", target, "--draft", target, "-k", "4", "--db", db_url),
-                   2, "invalid pair name 'Bad Name'")
-    one_line_error(run("register", "x", "--target", target, "--draft", target, "-k", "0", "--db", db_url),
-                   2, "num_speculative_tokens 0")
-    one_line_error(run("show", "nothing@3", "--db", db_url), 1, "unknown pair nothing")
+    one_line(run("register", "x", "--target", target, "--draft", corrupt, "-k", "4", "--db", db_url),
+             1, "model.safetensors: corrupt safetensors header")
+    one_line(run("register", "Bad Name", "--target", target, "--draft", target, "-k", "4", "--db", db_url),
+             2, "invalid pair name 'Bad Name'")
+    one_line(run("register", "x", "--target", target, "--draft", target, "-k", "0", "--db", db_url),
+             2, "num_speculative_tokens 0")
+    one_line(run("show", "nothing@3", "--db", db_url), 1, "unknown pair nothing")
     # nothing half-written by any of the failures above
     assert json.loads(run("list", "--db", db_url, "--json").stdout) == []
 
 
 def test_unreachable_database_is_one_line():
     result = run_process("list", "--db", "postgresql+psycopg://nobody@127.0.0.1:9/none")
-    one_line_error(result, 1, "database postgresql+psycopg://nobody@127.0.0.1:9/none")
+    one_line(result, 1, "database postgresql+psycopg://nobody@127.0.0.1:9/none")
     result = run_process("list", "--db", "not a url")
-    one_line_error(result, 1, "not a valid SQLAlchemy URL")
+    one_line(result, 1, "not a valid SQLAlchemy URL")
 
 
 def test_missing_required_option_is_usage_error():

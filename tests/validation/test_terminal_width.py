@@ -3,42 +3,15 @@ promote print fits, progress included; refusals give one reason a line, each wit
 
 from __future__ import annotations
 
-import fcntl
 import os
-import re
-import struct
 import subprocess
-import termios
 
 import pytest
 
 from clirun import SPECREG
+from terminal import in_terminal
 
 COLUMNS = 100
-ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # cursor moves and colours tqdm may write
-
-
-def in_terminal(args, env: dict, columns: int = COLUMNS) -> tuple[int, list[str]]:
-    """Run `specreg ARGS` with stdin, stdout and stderr on a pty of `columns` columns -> (exit
-    code, every line the terminal showed: split at newlines and carriage returns, escapes removed)."""
-    master, slave = os.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
-    process = subprocess.Popen(SPECREG + [str(a) for a in args], stdin=slave, stdout=slave, stderr=slave,
-                               env=env, close_fds=True)
-    os.close(slave)
-    chunks = []
-    while True:
-        try:
-            chunk = os.read(master, 65536)
-        except OSError:  # EIO: the child closed the terminal
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(master)
-    code = process.wait(timeout=600)
-    text = ESCAPES.sub("", b"".join(chunks).decode("utf-8", "replace"))
-    return code, [line for line in re.split(r"\r\n|\r|\n", text) if line.strip()]
 
 
 def assert_fits(lines: list[str]) -> None:
