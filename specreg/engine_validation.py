@@ -302,10 +302,16 @@ def _local_llamacpp(version: PairVersion, golden, options: EngineOptions, progre
               "without_draft_tokens_per_s": plain[tier].tokens_per_s} for tier in options.tiers]
     throughput = checks_module.check_throughput(tiers, engine_name="llama.cpp")
     same_as_runtime = sum(1 for row, done in zip(ours_rows, spec[1].completions) if row["token_ids"] == done.token_ids)
+    counted = ("generated_tokens", "drafted", "accepted", "draft_steps", "accepted_per_position")
+    same_counts = sum(1 for row, theirs in zip(ours_rows, spec[1].rows)
+                      if all(row[key] == theirs[key] for key in counted))
     report = {"engine": "llamacpp", "identity": identity, "command": commands["with_draft"],
               "command_without_draft": commands["without_draft"], "gguf": {r: str(p) for r, p in ggufs.items()},
               "options": options.to_dict(), "prompts": len(prompts), "skipped": skipped, "ours": ours,
-              "per_prompt": spec[1].rows, "engine_matches_runtime_tokens": same_as_runtime, "throughput": tiers}
+              "per_prompt": spec[1].rows, "engine_matches_runtime_tokens": same_as_runtime,
+              "engine_matches_runtime_counts": same_counts, "throughput": tiers,
+              "per_prompt_runtime": [{key: value for key, value in row.items() if key != "token_ids"}
+                                     for row in ours_rows]}
     return report, engine_baselines, [parity, equivalence, throughput], identity
 
 
