@@ -139,13 +139,17 @@ def complete(engine: str, base_url: str, prompt_ids: list[int], max_tokens: int,
         if model:
             body["model"] = model
         if top_logprobs:
+            # ids as "token_id:N" keys, not decoded text (which two ids can share)
             body["logprobs"] = top_logprobs
-        answer = http_json(f"{base_url}/v1/completions", body, timeout)
+            body["return_tokens_as_token_ids"] = True
+        url = f"{base_url}/v1/completions"
+        answer = http_json(url, body, timeout)
         seconds = time.perf_counter() - started
         choice = (answer.get("choices") or [{}])[0]
         spec = (answer.get("metrics") or {}).get("speculative_decoding")
         completion = EngineCompletion(token_ids=[int(t) for t in choice.get("token_ids") or []],
-                                      finish_reason=choice.get("finish_reason"), seconds=seconds, raw_spec=spec)
+                                      finish_reason=choice.get("finish_reason"), seconds=seconds, raw_spec=spec,
+                                      top_logprobs=vllm_top_logprobs(choice, url) if top_logprobs else None)
         if spec:
             histogram = [int(v) for v in spec.get("acceptance_histogram") or []]
             completion.drafted = int(spec["num_draft_tokens"])
@@ -176,6 +180,29 @@ def complete(engine: str, base_url: str, prompt_ids: list[int], max_tokens: int,
                 completion.accepted_per_position = [sum(histogram[i + 1:]) for i in range(len(histogram) - 1)]
         return completion
     raise UsageError(f"unknown engine {engine!r}: use one of {', '.join(ENGINES)}")
+
+
+def vllm_top_logprobs(choice: dict[str, Any], url: str) -> list[list[tuple[int, float]]]:
+    """A /v1/completions choice asked with ``logprobs`` and ``return_tokens_as_token_ids`` ->
+    per generated token [(id, logprob)] best first. vLLM (completion/serving.py
+    _create_completion_logprobs): ``logprobs.top_logprobs`` is one {"token_id:N": logprob} per
+    token (None where it has none), the sampled token and the top ``logprobs`` of the target."""
+    field_name = "choices[0].logprobs.top_logprobs"
+    logprobs = choice.get("logprobs")
+    positions = logprobs.get("top_logprobs") if isinstance(logprobs, dict) else None
+    if not isinstance(positions, list):
+        raise SpecregError(f"{url}: the answer has no {field_name} (the server sent no log-probabilities)")
+    tops = []
+    for entry in positions:
+        pairs = []
+        for key, logprob in (entry or {}).items():
+            prefix, _, number = str(key).partition(":")
+            if prefix != "token_id" or not number.lstrip("-").isdigit():
+                raise SpecregError(f"{url}: {field_name} has the key {key!r}, not 'token_id:N' "
+                                   f"(return_tokens_as_token_ids not honoured)")
+            pairs.append((int(number), float(logprob)))
+        tops.append(sorted(pairs, key=lambda pair: -pair[1]))
+    return tops
 
 
 def read_counters(engine: str, base_url: str, model_name: str | None = None) -> Counters | None:
