@@ -161,7 +161,11 @@ def complete(engine: str, base_url: str, prompt_ids: list[int], max_tokens: int,
     if engine == "sglang":
         body = {"input_ids": list(prompt_ids), "sampling_params": {"temperature": 0.0, "max_new_tokens": max_tokens},
                 "stream": False}
-        answer = http_json(f"{base_url}/generate", body, timeout)
+        if top_logprobs:
+            # logprob_start_len -1: the generated tokens only, not the prompt's
+            body.update(return_logprob=True, top_logprobs_num=top_logprobs, logprob_start_len=-1)
+        url = f"{base_url}/generate"
+        answer = http_json(url, body, timeout)
         seconds = time.perf_counter() - started
         meta = answer.get("meta_info") or {}
         finish = meta.get("finish_reason")
@@ -169,7 +173,8 @@ def complete(engine: str, base_url: str, prompt_ids: list[int], max_tokens: int,
                                       finish_reason=finish.get("type") if isinstance(finish, dict) else finish,
                                       seconds=seconds,
                                       raw_spec={key: value for key, value in meta.items() if key.startswith("spec_")
-                                                or key == "completion_tokens"})
+                                                or key == "completion_tokens"},
+                                      top_logprobs=sglang_top_logprobs(meta, url) if top_logprobs else None)
         if meta.get("spec_verify_ct"):
             completion.draft_steps = int(meta["spec_verify_ct"])
             if "spec_num_proposed_drafts" in meta:
@@ -201,6 +206,25 @@ def vllm_top_logprobs(choice: dict[str, Any], url: str) -> list[list[tuple[int, 
                 raise SpecregError(f"{url}: {field_name} has the key {key!r}, not 'token_id:N' "
                                    f"(return_tokens_as_token_ids not honoured)")
             pairs.append((int(number), float(logprob)))
+        tops.append(sorted(pairs, key=lambda pair: -pair[1]))
+    return tops
+
+
+def sglang_top_logprobs(meta: dict[str, Any], url: str) -> list[list[tuple[int, float]]]:
+    """/generate ``meta_info`` asked with ``return_logprob`` and ``top_logprobs_num`` -> per
+    generated token [(id, logprob)] best first. SGLang (tokenizer_manager.py
+    detokenize_top_logprobs_tokens): ``output_top_logprobs`` is one list of [logprob, token_id,
+    text or null] per token, None where a position has none."""
+    field_name = "meta_info.output_top_logprobs"
+    positions = meta.get("output_top_logprobs")
+    if not isinstance(positions, list):
+        raise SpecregError(f"{url}: the answer has no {field_name} (the server sent no log-probabilities)")
+    tops = []
+    for entry in positions:
+        try:
+            pairs = [(int(item[1]), float(item[0])) for item in entry or []]
+        except (TypeError, ValueError, IndexError):
+            raise SpecregError(f"{url}: {field_name} has {str(entry)[:80]}, not [[logprob, token_id, text], ...]") from None
         tops.append(sorted(pairs, key=lambda pair: -pair[1]))
     return tops
 

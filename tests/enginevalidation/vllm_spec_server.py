@@ -14,8 +14,8 @@ tokens and their log-probabilities (the sampler's rows: sampled token first, the
 ``logprobs``) go through ``LogprobsProcessor.update_from_output`` into a ``RequestOutput``, and
 ``OpenAIServingCompletion.request_output_to_completion_response`` builds the JSON (``logprobs``
 with ``token_id:N`` keys when the request sets ``return_tokens_as_token_ids``). The scripted
-target puts each emitted token first, a rival (``rival``) ``--margin`` logits below it and a third
-token 3 below that; ``--swap-at P`` makes this server emit the rival at generated position P of
+target (scripted_target.py) puts each emitted token first, a rival ``--margin`` logits below it
+and a third token 3 below that; ``--swap-at P`` makes this server emit the rival at generated position P of
 every prompt (a speculative server that parts from the target-only one there).
 
     python vllm_spec_server.py K MODEL_NAME [--per-request] [--margin M] [--swap-at P]
@@ -25,7 +25,6 @@ every prompt (a speculative server that parts from the target-only one there).
 from __future__ import annotations
 
 import json
-import math
 import sys
 import threading
 import time
@@ -46,31 +45,7 @@ from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
 from vllm.v1.outputs import LogprobsLists
 from vllm.v1.spec_decode.metrics import SpecDecodingProm, SpecDecodingStats
 
-
-def schedule(prompt_ids: list[int], max_tokens: int, k: int) -> tuple[list[int], list[int]]:
-    """The scripted generation: step s accepts (len(prompt) + s) % (k + 1) of its k drafts and
-    emits them plus one token. -> (token ids, accepted per step)."""
-    tokens, accepted = [], []
-    step = 0
-    while len(tokens) < max_tokens:
-        j = (len(prompt_ids) + step) % (k + 1)
-        accepted.append(j)
-        tokens += [(prompt_ids[-1] + len(tokens) + i) % 97 + 3 for i in range(j + 1)]
-        step += 1
-    return tokens[:max_tokens], accepted
-
-
-def rival(token: int) -> int:
-    """The scripted target's second choice after ``token`` (another id of the same 3..99 range)."""
-    return (token - 2) % 97 + 3
-
-
-def target_top(token: int, margin: float) -> tuple[list[int], list[float]]:
-    """The scripted target at a position whose top-1 is ``token`` -> (ids, log-probabilities), best first."""
-    ids = [token, rival(token), rival(rival(token))]
-    logits = [0.0, -margin, -margin - 3.0]
-    norm = math.log(sum(math.exp(logit) for logit in logits))
-    return ids, [logit - norm for logit in logits]
+from scripted_target import generation, option, target_top
 
 
 def sampler_rows(emitted: list[int], targets: list[int], margin: float, num_logprobs: int) -> LogprobsLists:
@@ -85,10 +60,6 @@ def sampler_rows(emitted: list[int], targets: list[int], margin: float, num_logp
         logprobs.append([top_logprobs[rank], *top_logprobs[:width]])
         ranks.append(rank + 1)
     return LogprobsLists(np.array(ids), np.array(logprobs, dtype=np.float32), np.array(ranks))
-
-
-def option(name: str, default: float) -> float:
-    return float(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default
 
 
 def main() -> int:
@@ -130,24 +101,18 @@ def main() -> int:
                 return
             request = CompletionRequest.model_validate(body)
             params = request.to_sampling_params(request.max_tokens)
-            targets, accepted = schedule(request.prompt, request.max_tokens, max(k, 1))
-            if k == 0:
-                accepted = [0] * len(targets)  # no drafts: one token per step
-            tokens = [rival(t) if i == swap_at else t for i, t in enumerate(targets)]
+            tokens, targets, steps = generation(request.prompt, request.max_tokens, k, swap_at)
             processor = LogprobsProcessor.from_new_request(None, SimpleNamespace(sampling_params=params))
             stats = SpecDecodingStats.new(max(k, 1))
             per = RequestSpecDecodeMetrics.new(max(k, 1))
-            emitted = 0
-            for j in accepted:
-                step = slice(emitted, min(emitted + j + 1, len(tokens)))
-                emitted = step.stop
+            for step, accepted in steps:
                 if processor.logprobs is not None:
                     processor.update_from_output(EngineCoreOutput(
                         "cmpl-1", tokens[step], new_logprobs=sampler_rows(tokens[step], targets[step], margin,
                                                                           processor.num_logprobs)))
                 if k:
-                    stats.observe_draft(num_draft_tokens=k, num_accepted_tokens=j)
-                    per.observe(num_draft_tokens=k, num_accepted=j)
+                    stats.observe_draft(num_draft_tokens=k, num_accepted_tokens=accepted)
+                    per.observe(num_draft_tokens=k, num_accepted=accepted)
             with lock:
                 prom.observe(stats)
             output = CompletionOutput(index=0, text="", token_ids=tokens, cumulative_logprob=processor.cumulative_logprob,
