@@ -11,10 +11,13 @@ Per engine (each read against that engine's released code):
 - vLLM (``vllm serve``): ``POST /v1/completions`` with ``return_token_ids``; the
   ``vllm:spec_decode_*`` counters of ``/metrics``; per request ``metrics.speculative_decoding``
   (``num_spec_steps``, ``num_draft_tokens``, ``num_accepted_draft_tokens``,
-  ``acceptance_histogram``) when the server runs with ``--per-request-spec-decode-metrics``.
+  ``acceptance_histogram``) when the server runs with ``--per-request-spec-decode-metrics``;
+  near-tie evidence: ``logprobs: N`` with ``return_tokens_as_token_ids`` (vllm_top_logprobs).
 - SGLang: ``POST /generate`` with ``input_ids``; ``meta_info`` has ``completion_tokens`` and
   ``spec_verify_ct`` (τ = completion_tokens / spec_verify_ct, SGLang's own figure), and
-  ``spec_num_correct_drafts`` / ``spec_num_proposed_drafts`` / ``spec_correct_drafts_histogram``.
+  ``spec_num_correct_drafts`` / ``spec_num_proposed_drafts`` / ``spec_correct_drafts_histogram``
+  (length: the most drafts one step accepted + 1); near-tie evidence: ``return_logprob`` with
+  ``top_logprobs_num`` -> ``output_top_logprobs`` (sglang_top_logprobs).
 """
 
 from __future__ import annotations
