@@ -353,7 +353,7 @@ def _remote(store: Store, version: PairVersion, golden, options: EngineOptions, 
         tolerance = options.near_tie_tolerance if options.near_tie_tolerance is not None \
             else default_near_tie_tolerance("bfloat16")
 
-        def top_of(record, position):
+        def top_of(record, position):  # the target-only server's top-2 where the outputs part
             again = engine_client.complete(engine, reference, record["prompt_ids"], position + 1, model=model,
                                            top_logprobs=2)
             return again.top_logprobs[position] if again.top_logprobs and len(again.top_logprobs) > position else None
@@ -362,7 +362,7 @@ def _remote(store: Store, version: PairVersion, golden, options: EngineOptions, 
                     "speculative": s.token_ids, "target_only": t.token_ids}
                    for p, s, t in zip(prompts, spec[1].completions, plain[1].completions)]
         checks.append(checks_module.check_engine_equivalence(records, engine_name=engine, tolerance=tolerance,
-                                                             top_of=top_of if engine == "llamacpp" else None))
+                                                             top_of=top_of))
     else:
         from specreg.core.types import SKIP, CheckResult
 

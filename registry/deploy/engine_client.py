@@ -11,10 +11,13 @@ Per engine (each read against that engine's released code):
 - vLLM (``vllm serve``): ``POST /v1/completions`` with ``return_token_ids``; the
   ``vllm:spec_decode_*`` counters of ``/metrics``; per request ``metrics.speculative_decoding``
   (``num_spec_steps``, ``num_draft_tokens``, ``num_accepted_draft_tokens``,
-  ``acceptance_histogram``) when the server runs with ``--per-request-spec-decode-metrics``.
+  ``acceptance_histogram``) when the server runs with ``--per-request-spec-decode-metrics``;
+  near-tie evidence: ``logprobs: N`` with ``return_tokens_as_token_ids`` (vllm_top_logprobs).
 - SGLang: ``POST /generate`` with ``input_ids``; ``meta_info`` has ``completion_tokens`` and
   ``spec_verify_ct`` (τ = completion_tokens / spec_verify_ct, SGLang's own figure), and
-  ``spec_num_correct_drafts`` / ``spec_num_proposed_drafts`` / ``spec_correct_drafts_histogram``.
+  ``spec_num_correct_drafts`` / ``spec_num_proposed_drafts`` / ``spec_correct_drafts_histogram``
+  (length: the most drafts one step accepted + 1); near-tie evidence: ``return_logprob`` with
+  ``top_logprobs_num`` -> ``output_top_logprobs`` (sglang_top_logprobs).
 """
 
 from __future__ import annotations
@@ -139,13 +142,17 @@ def complete(engine: str, base_url: str, prompt_ids: list[int], max_tokens: int,
         if model:
             body["model"] = model
         if top_logprobs:
+            # ids as "token_id:N" keys, not decoded text (which two ids can share)
             body["logprobs"] = top_logprobs
-        answer = http_json(f"{base_url}/v1/completions", body, timeout)
+            body["return_tokens_as_token_ids"] = True
+        url = f"{base_url}/v1/completions"
+        answer = http_json(url, body, timeout)
         seconds = time.perf_counter() - started
         choice = (answer.get("choices") or [{}])[0]
         spec = (answer.get("metrics") or {}).get("speculative_decoding")
         completion = EngineCompletion(token_ids=[int(t) for t in choice.get("token_ids") or []],
-                                      finish_reason=choice.get("finish_reason"), seconds=seconds, raw_spec=spec)
+                                      finish_reason=choice.get("finish_reason"), seconds=seconds, raw_spec=spec,
+                                      top_logprobs=vllm_top_logprobs(choice, url) if top_logprobs else None)
         if spec:
             histogram = [int(v) for v in spec.get("acceptance_histogram") or []]
             completion.drafted = int(spec["num_draft_tokens"])
@@ -157,7 +164,11 @@ def complete(engine: str, base_url: str, prompt_ids: list[int], max_tokens: int,
     if engine == "sglang":
         body = {"input_ids": list(prompt_ids), "sampling_params": {"temperature": 0.0, "max_new_tokens": max_tokens},
                 "stream": False}
-        answer = http_json(f"{base_url}/generate", body, timeout)
+        if top_logprobs:
+            # logprob_start_len -1: the generated tokens only, not the prompt's
+            body.update(return_logprob=True, top_logprobs_num=top_logprobs, logprob_start_len=-1)
+        url = f"{base_url}/generate"
+        answer = http_json(url, body, timeout)
         seconds = time.perf_counter() - started
         meta = answer.get("meta_info") or {}
         finish = meta.get("finish_reason")
@@ -165,7 +176,8 @@ def complete(engine: str, base_url: str, prompt_ids: list[int], max_tokens: int,
                                       finish_reason=finish.get("type") if isinstance(finish, dict) else finish,
                                       seconds=seconds,
                                       raw_spec={key: value for key, value in meta.items() if key.startswith("spec_")
-                                                or key == "completion_tokens"})
+                                                or key == "completion_tokens"},
+                                      top_logprobs=sglang_top_logprobs(meta, url) if top_logprobs else None)
         if meta.get("spec_verify_ct"):
             completion.draft_steps = int(meta["spec_verify_ct"])
             if "spec_num_proposed_drafts" in meta:
@@ -176,6 +188,48 @@ def complete(engine: str, base_url: str, prompt_ids: list[int], max_tokens: int,
                 completion.accepted_per_position = [sum(histogram[i + 1:]) for i in range(len(histogram) - 1)]
         return completion
     raise UsageError(f"unknown engine {engine!r}: use one of {', '.join(ENGINES)}")
+
+
+def vllm_top_logprobs(choice: dict[str, Any], url: str) -> list[list[tuple[int, float]]]:
+    """A /v1/completions choice asked with ``logprobs`` and ``return_tokens_as_token_ids`` ->
+    per generated token [(id, logprob)] best first. vLLM (completion/serving.py
+    _create_completion_logprobs): ``logprobs.top_logprobs`` is one {"token_id:N": logprob} per
+    token (None where it has none), the sampled token and the top ``logprobs`` of the target."""
+    field_name = "choices[0].logprobs.top_logprobs"
+    logprobs = choice.get("logprobs")
+    positions = logprobs.get("top_logprobs") if isinstance(logprobs, dict) else None
+    if not isinstance(positions, list):
+        raise SpecregError(f"{url}: the answer has no {field_name} (the server sent no log-probabilities)")
+    tops = []
+    for entry in positions:
+        pairs = []
+        for key, logprob in (entry or {}).items():
+            prefix, _, number = str(key).partition(":")
+            if prefix != "token_id" or not number.lstrip("-").isdigit():
+                raise SpecregError(f"{url}: {field_name} has the key {key!r}, not 'token_id:N' "
+                                   f"(return_tokens_as_token_ids not honoured)")
+            pairs.append((int(number), float(logprob)))
+        tops.append(sorted(pairs, key=lambda pair: -pair[1]))
+    return tops
+
+
+def sglang_top_logprobs(meta: dict[str, Any], url: str) -> list[list[tuple[int, float]]]:
+    """/generate ``meta_info`` asked with ``return_logprob`` and ``top_logprobs_num`` -> per
+    generated token [(id, logprob)] best first. SGLang (tokenizer_manager.py
+    detokenize_top_logprobs_tokens): ``output_top_logprobs`` is one list of [logprob, token_id,
+    text or null] per token, None where a position has none."""
+    field_name = "meta_info.output_top_logprobs"
+    positions = meta.get("output_top_logprobs")
+    if not isinstance(positions, list):
+        raise SpecregError(f"{url}: the answer has no {field_name} (the server sent no log-probabilities)")
+    tops = []
+    for entry in positions:
+        try:
+            pairs = [(int(item[1]), float(item[0])) for item in entry or []]
+        except (TypeError, ValueError, IndexError):
+            raise SpecregError(f"{url}: {field_name} has {str(entry)[:80]}, not [[logprob, token_id, text], ...]") from None
+        tops.append(sorted(pairs, key=lambda pair: -pair[1]))
+    return tops
 
 
 def read_counters(engine: str, base_url: str, model_name: str | None = None) -> Counters | None:

@@ -34,7 +34,8 @@ def scripted(prompt_ids, max_tokens, k):
 
 
 @pytest.fixture
-def vllm_server(terminal_line):
+def start_vllm(terminal_line):
+    """start_vllm(K, *options) -> the URL of a vllm_spec_server.py on loopback (stopped at the end)."""
     from engine_env import EngineUnavailable, in_ci, prepare_engine
 
     try:
@@ -45,15 +46,25 @@ def vllm_server(terminal_line):
         pytest.skip(f"vLLM wheel unavailable: {exc}")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([*map(str, paths["deps"]), str(paths["code"])]),
                VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1")
-    process = subprocess.Popen([sys.executable, str(HERE / "vllm_spec_server.py"), str(K), MODEL, "--per-request"],
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    processes = []
+
+    def start(k, *options):
+        process = subprocess.Popen([sys.executable, str(HERE / "vllm_spec_server.py"), str(k), MODEL, *options],
+                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        processes.append(process)
         line = process.stdout.readline()
         assert line.strip().isdigit(), process.stderr.read()[-3000:]
-        yield f"http://127.0.0.1:{line.strip()}"
-    finally:
+        return f"http://127.0.0.1:{line.strip()}"
+
+    yield start
+    for process in processes:
         process.terminate()
         process.wait(timeout=20)
+
+
+@pytest.fixture
+def vllm_server(start_vllm):
+    return start_vllm(K, "--per-request")
 
 
 def test_engine_url_reads_vllm_counters_and_per_request_metrics(db_url, tiny_models, vllm_server):
@@ -121,3 +132,52 @@ def test_engine_url_usage_errors_are_one_line(db_url, tiny_models):
     unreachable = run_specreg(["validate", ref, "--engine", "vllm", "--engine-url", "http://127.0.0.1:9", "--db", db_url])
     assert unreachable.returncode == 1 and "cannot reach http://127.0.0.1:9" in unreachable.stderr
     assert registry.engine_baselines(ref) == []
+
+
+def target_token(prompt_ids, position):
+    """The scripted target's greedy token at a generated position (vllm_spec_server.schedule)."""
+    return (prompt_ids[-1] + position) % 97 + 3
+
+
+@pytest.mark.parametrize("margin,status", [(0.1, "warn"), (2.0, "fail")])
+def test_engine_url_judges_each_difference_by_the_reference_servers_logprobs(db_url, tiny_models, start_vllm,
+                                                                             margin, status):
+    """The speculative server parts from the target-only one at token 2 of every prompt; the
+    reference server's top-2 there, from vLLM's own logprobs code, has the two tokens ``margin``
+    apart: under the bfloat16 tolerance (0.25) a near-tie (warn), above it a failure, each listed."""
+    from clirun import run_specreg
+
+    from specreg.api import Registry
+    from specreg.golden_prompts.loader import load_golden_set
+    from specreg.runtime.loading import load_tokenizer
+
+    swap_at = 2
+    speculative = start_vllm(K, "--swap-at", str(swap_at))
+    reference = start_vllm(0, "--margin", str(margin))
+    registry = Registry(db_url)
+    ref = registry.register("pair", target=str(tiny_models["target"]), draft=str(tiny_models["draft"]),
+                            num_speculative_tokens=K).version.label
+    tokenizer = load_tokenizer(str(tiny_models["target"]))
+    prompts = {record.id: record.encode(tokenizer) for record in load_golden_set("smoke")}
+    steps = [scripted(ids, record.max_new_tokens, K) for record, ids in zip(load_golden_set("smoke"), prompts.values())]
+    alpha = sum(map(sum, steps)) / (K * sum(map(len, steps)))
+    record_validation(registry, ref, golden="smoke", acceptance_rate=alpha)  # parity holds: only equivalence judges
+    done = run_specreg(["validate", ref, "--engine", "vllm", "--engine-url", speculative, "--engine-reference-url",
+                        reference, "--golden", "smoke", "--concurrency", "1", "--db", db_url, "--json"])
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    checks = {c["name"]: c for c in json.loads(done.stdout)["report"]["checks"]}
+    assert checks["engine_parity"]["status"] != "fail"
+    equivalence = checks["engine_equivalence"]
+    assert equivalence["status"] == status, equivalence["summary"]
+    assert equivalence["figures"]["near_tie" if status == "warn" else "fail"] == len(prompts)
+    differences = {d["record"]: d for d in equivalence["evidence"]["differences"]}
+    assert sorted(differences) == sorted(prompts)  # every difference listed
+    for record_id, ids in prompts.items():
+        found = differences[record_id]
+        expected = target_token(ids, swap_at)
+        rival = (expected - 2) % 97 + 3
+        assert (found["position"], found["target_only_token_id"], found["speculative_token_id"]) == (swap_at, expected, rival)
+        assert [token for token, _ in found["engine_top2"]] == [expected, rival]
+        assert found["engine_margin"] == pytest.approx(margin, abs=1e-6)
+        assert found["near_tie"] is (status == "warn") and found["tolerance"] == 0.25
+    assert done.returncode == (0 if status == "warn" else 100), done.stderr[-2000:]
