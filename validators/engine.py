@@ -34,9 +34,11 @@ def runtime_row(record_id: str, category: str, metrics) -> dict[str, Any]:
             "accepted_per_position": list(metrics.accepted_per_position or [])}
 
 
-def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def figures(rows: list[dict[str, Any]], k: int = 0) -> dict[str, Any]:
     """Pooled counts of some rows -> acceptance_rate, mean_acceptance_length (engines' τ),
-    per_position_acceptance (unconditional), and the counts; None where a count is unknown."""
+    per_position_acceptance (unconditional, at least ``k`` positions: SGLang's histogram stops at
+    the most drafts a step accepted, so the positions no step reached read 0), and the counts;
+    None where a count is unknown."""
     def total(key):
         values = [row.get(key) for row in rows]
         return None if any(v is None for v in values) else sum(values)
@@ -44,7 +46,7 @@ def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     drafted, accepted, steps = total("drafted"), total("accepted"), total("draft_steps")
     per_position = None
     if steps and all(row.get("accepted_per_position") is not None for row in rows):
-        width = max((len(row["accepted_per_position"]) for row in rows), default=0)
+        width = max([k, *(len(row["accepted_per_position"]) for row in rows)])
         sums = [sum(row["accepted_per_position"][i] for row in rows if i < len(row["accepted_per_position"]))
                 for i in range(width)]
         per_position = [value / steps for value in sums]
@@ -60,8 +62,8 @@ def baselines_of(rows: list[dict[str, Any]], k: int) -> dict[str, Any]:
     categories: dict[str, list] = {}
     for row in rows:
         categories.setdefault(row["category"], []).append(row)
-    return {"k": k, "tau_definition": "1 + accepted / steps with drafts", "overall": figures(rows),
-            "per_category": {category: figures(group) for category, group in categories.items()}}
+    return {"k": k, "tau_definition": "1 + accepted / steps with drafts", "overall": figures(rows, k),
+            "per_category": {category: figures(group, k) for category, group in categories.items()}}
 
 
 def check_parity(ours: dict[str, Any], engine: dict[str, Any], *, engine_name: str,

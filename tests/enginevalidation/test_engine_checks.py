@@ -41,6 +41,12 @@ def test_baselines_pool_counts_per_category():
     assert baselines["per_category"]["code"]["num_drafts"] == 2
     unknown = engine.figures([{**rows[0], "draft_steps": None, "accepted_per_position": None}])
     assert unknown["mean_acceptance_length"] is None and unknown["acceptance_rate"] == 0.75
+    # SGLang's histogram ends at the most drafts a step accepted: a run that never accepted all k
+    # still reads k positions, the unreached ones 0
+    short = [{**rows[0], "accepted_per_position": [2, 1]}, {**rows[1], "accepted_per_position": [0]}]
+    pooled = engine.baselines_of(short, k=4)
+    assert pooled["overall"]["per_position_acceptance"] == pytest.approx([2 / 3, 1 / 3, 0, 0])
+    assert pooled["per_category"]["mail"]["per_position_acceptance"] == [0, 0, 0, 0]
 
 
 def _figures(alpha, tau=2.0):
