@@ -56,6 +56,27 @@ def greedy_accept(draft_token_ids, target_token_ids):
     return num_accepted, target_token_ids[: num_accepted + 1]
 
 
+
+def greedy_accept_stopping_at(stop_ids):
+    """The greedy rule as llama.cpp's server counts it (common/sampling.cpp
+    common_sampler_sample_and_accept_n): a draft token that matches the target and is a stop
+    (end-of-generation) token ends acceptance there unless it is the last draft: it is emitted as
+    the target's own token, not counted as accepted, and nothing after it is accepted. The output
+    is the same as greedy_accept's (decoding ends at that token either way); only the counts
+    differ (greedy_accept counts the drafts after a stop token the target happens to agree with).
+    -> a rule with greedy_accept's signature, for `validate --engine llamacpp`'s runtime pass."""
+    stop_ids = frozenset(int(i) for i in stop_ids)
+
+    def rule(draft_token_ids, target_token_ids):
+        num_accepted, emitted = greedy_accept(draft_token_ids, target_token_ids)
+        k = draft_token_ids.shape[0]
+        for i in range(min(num_accepted, k - 1)):
+            if int(draft_token_ids[i]) in stop_ids:
+                return i, target_token_ids[: i + 1]
+        return num_accepted, emitted
+
+    return rule
+
 # ---- tree verification (tree.py): many candidates per position, one target forward ----------
 #
 # A candidate tree has node 0 = the root (the last verified token, its keys not yet cached) and

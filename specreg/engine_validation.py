@@ -93,13 +93,37 @@ class EngineOutcome:
         return self.baseline.status == "passed"
 
 
+Progress = Callable[[str, int, int, str], None]  # (what, done, total, detail): specreg.cli.progress.Progress
+
+
+def counting(progress: Progress | None, what: str, total: int) -> Callable[[str], None]:
+    """A callable that reports one more of ``total`` done under ``what`` (thread-safe: the tiers
+    above 1 send requests from several threads)."""
+    import threading
+
+    lock, done = threading.Lock(), [0]
+    if progress is not None:
+        progress(what, 0, total, "")
+
+    def one_more(detail: str) -> None:
+        if progress is None:
+            return
+        with lock:
+            done[0] += 1
+            progress(what, done[0], total, detail)
+
+    return one_more
+
+
 def drive(engine: str, base_url: str, prompts: list[dict[str, Any]], *, concurrency: int, model: str | None,
-          counters: bool, progress: Callable[[str], None] | None = None) -> EngineRun:
+          counters: bool, progress: Progress | None = None, what: str = "engine") -> EngineRun:
     """Every prompt through the engine at ``concurrency``. ``counters`` (concurrency 1): read the
-    /metrics counters around each request, so steps and per-position acceptance are per prompt."""
+    /metrics counters around each request, so steps and per-position acceptance are per prompt.
+    ``progress(what, done, total, record)`` after each prompt."""
     from specreg.registry.deploy import engine_client
 
     rows: list[dict[str, Any]] = []
+    one_more = counting(progress, what, len(prompts))
 
     def one(prompt):
         before = engine_client.read_counters(engine, base_url, model) if counters else None
@@ -113,8 +137,7 @@ def drive(engine: str, base_url: str, prompts: list[dict[str, Any]], *, concurre
             row["drafted"], row["accepted"] = int(delta.draft_tokens), int(delta.accepted_tokens)
             row["accepted_per_position"] = [int(delta.accepted_per_position[p]) for p in sorted(delta.accepted_per_position)]
             row["response_drafted"], row["response_accepted"] = done.drafted, done.accepted
-        if progress:
-            progress(prompt["record"])
+        one_more(prompt["record"])
         return done, row
 
     results, wall = engine_client.run_concurrently(one, prompts, concurrency)
@@ -144,13 +167,16 @@ def golden_prompts(golden, tokenizer) -> tuple[list[dict[str, Any]], list[dict[s
     return prompts, skipped
 
 
-def runtime_pass(pair, prompts, version: PairVersion, progress=None) -> list[dict[str, Any]]:
+def runtime_pass(pair, prompts, version: PairVersion, progress: Progress | None = None) -> list[dict[str, Any]]:
     """Our runtime's greedy speculative decode of every prompt -> counts rows (+ "token_ids"), on
-    the engine's schedule (DecodeConfig.prefill_alone: the prefill emits the first token alone,
-    drafting starts from it, as in llama-server), so both loops draft the same windows."""
+    llama-server's schedule (DecodeConfig.prefill_alone: the prefill emits the first token alone,
+    drafting starts from it) and with its count at a stop token (greedy_accept_stopping_at: a
+    matching end-of-generation draft ends acceptance), so both loops draft the same windows and
+    count them the same way; the tokens are greedy decoding's either way."""
     import dataclasses
 
-    from specreg.runtime.decode import speculative_generate
+    from specreg.runtime.acceptance import greedy_accept_stopping_at
+    from specreg.runtime.decode import eos_ids_of, speculative_generate
     from specreg.validators.engine import runtime_row
     from specreg.validators.equivalence import SpeculativeSettings, decode_config
 
@@ -159,13 +185,14 @@ def runtime_pass(pair, prompts, version: PairVersion, progress=None) -> list[dic
                                    prompt_lookup_min=spec.prompt_lookup_min or 1,
                                    prompt_lookup_max=spec.prompt_lookup_max or 3, tree=spec.tree)
     rows = []
+    one_more = counting(progress, "our runtime (greedy, the engine's schedule)", len(prompts))
     for prompt in prompts:
         config = dataclasses.replace(decode_config(prompt["golden"], settings, greedy=True), prefill_alone=True)
-        generation = speculative_generate(pair, prompt["prompt_ids"], config)
+        generation = speculative_generate(pair, prompt["prompt_ids"], config,
+                                          greedy_rule=greedy_accept_stopping_at(eos_ids_of(pair, config)))
         rows.append({**runtime_row(prompt["record"], prompt["category"], generation.metrics),
                      "token_ids": list(generation.token_ids)})
-        if progress:
-            progress(prompt["record"])
+        one_more(prompt["record"])
     return rows
 
 
@@ -181,10 +208,10 @@ def runtime_margin(pair) -> Callable[[list[int], list[int]], dict]:
 
 
 def validate_in_engine(store: Store, version: PairVersion, golden, options: EngineOptions, *, actor: str,
-                       progress: Callable[[str, str], None] | None = None) -> EngineOutcome:
+                       progress: Progress | None = None) -> EngineOutcome:
     """Run ``version`` through the engine, compare with our runtime, store the engine baseline.
 
-    progress(stage, record_id) after each prompt of each stage. SIGINT/SIGTERM raise
+    progress(stage, done, total, record_id) after each prompt of each pass. SIGINT/SIGTERM raise
     ValidationInterrupted after every server started here was stopped; nothing is stored then."""
     from specreg.registry.store.engine_baselines import EngineBaselineStore
     from specreg.registry.store.validations import ValidationStore
@@ -264,23 +291,21 @@ def _local_llamacpp(version: PairVersion, golden, options: EngineOptions, progre
     prompts, skipped = golden_prompts(golden, pair.tokenizer)
     if not prompts:
         raise SpecregError(f"no prompt of golden set {golden.name} could be encoded with the target's tokenizer")
-    ours_rows = runtime_pass(pair, prompts, version, progress=lambda r: progress and progress("runtime", r))
+    ours_rows = runtime_pass(pair, prompts, version, progress=progress)
     top_tier = max(options.tiers)
     k = config.num_speculative_tokens
     spec, plain, commands = {}, {}, {}
     with start_server(ggufs["target"], ggufs["draft"], k=k, parallel=top_tier, threads=options.threads) as server:
         identity = llamacpp_identity(server)
         commands["with_draft"] = " ".join(server.argv)
-        spec[1] = drive("llamacpp", server.url, prompts, concurrency=1, model=None, counters=True,
-                        progress=lambda r: progress and progress("engine", r))
-        for tier in options.tiers[1:]:
-            spec[tier] = drive("llamacpp", server.url, prompts, concurrency=tier, model=None, counters=False)
+        for tier in options.tiers:
+            spec[tier] = drive("llamacpp", server.url, prompts, concurrency=tier, model=None, counters=tier == 1,
+                               progress=progress, what=f"llama.cpp with the draft, concurrency {tier}")
     with start_server(ggufs["target"], None, k=k, parallel=top_tier, threads=options.threads) as server:
         commands["without_draft"] = " ".join(server.argv)
-        plain[1] = drive("llamacpp", server.url, prompts, concurrency=1, model=None, counters=False,
-                         progress=lambda r: progress and progress("engine-no-draft", r))
-        for tier in options.tiers[1:]:
-            plain[tier] = drive("llamacpp", server.url, prompts, concurrency=tier, model=None, counters=False)
+        for tier in options.tiers:
+            plain[tier] = drive("llamacpp", server.url, prompts, concurrency=tier, model=None, counters=False,
+                                progress=progress, what=f"llama.cpp without the draft, concurrency {tier}")
         tolerance = options.near_tie_tolerance if options.near_tie_tolerance is not None \
             else default_near_tie_tolerance(options.dtype)
 
@@ -294,7 +319,8 @@ def _local_llamacpp(version: PairVersion, golden, options: EngineOptions, progre
         equivalence = checks_module.check_engine_equivalence(records, engine_name="llama.cpp", tolerance=tolerance,
                                                              top_of=top_of, our_margin=runtime_margin(pair))
     ours = {**checks_module.baselines_of(ours_rows, k),
-            "source": "our runtime, greedy, same token ids, first token from the prefill alone (the engine's schedule)"}
+            "source": "our runtime, greedy, same token ids, llama-server's schedule (first token from the prefill "
+                      "alone) and count at a stop token (a matching end-of-generation draft ends acceptance)"}
     engine_baselines = checks_module.baselines_of(spec[1].rows, k)
     parity = checks_module.check_parity(ours, engine_baselines, engine_name="llama.cpp",
                                         tolerance=options.parity_tolerance)
@@ -330,10 +356,9 @@ def _remote(store: Store, version: PairVersion, golden, options: EngineOptions, 
     if not prompts:
         raise SpecregError(f"no prompt of golden set {golden.name} could be encoded with the target's tokenizer")
     model = options.model_name or identity.get("model")
-    spec = {1: drive(engine, url, prompts, concurrency=1, model=model, counters=engine == "vllm",
-                     progress=lambda r: progress and progress("engine", r))}
-    for tier in options.tiers[1:]:
-        spec[tier] = drive(engine, url, prompts, concurrency=tier, model=model, counters=False)
+    spec = {tier: drive(engine, url, prompts, concurrency=tier, model=model, counters=tier == 1 and engine == "vllm",
+                        progress=progress, what=f"{engine} with speculation, concurrency {tier}")
+            for tier in options.tiers}
     plain: dict[int, EngineRun] = {}
     checks = []
     k = version.config.num_speculative_tokens
@@ -349,7 +374,7 @@ def _remote(store: Store, version: PairVersion, golden, options: EngineOptions, 
         reference = engine_client.check_url(options.reference_url)
         for tier in options.tiers:
             plain[tier] = drive(engine, reference, prompts, concurrency=tier, model=model, counters=False,
-                                progress=(lambda r: progress and progress("engine-no-draft", r)) if tier == 1 else None)
+                                progress=progress, what=f"{engine} without speculation, concurrency {tier}")
         tolerance = options.near_tie_tolerance if options.near_tie_tolerance is not None \
             else default_near_tie_tolerance("bfloat16")
 

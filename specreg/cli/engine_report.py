@@ -23,24 +23,21 @@ def run_engine_validation(registry, ref: str, *, engine: str, golden: str, engin
     from specreg.errors import PolicyViolation
     from specreg.validation import ValidationInterrupted
 
-    stderr = sys.stderr
+    from specreg.cli.progress import Progress
 
-    def progress(stage: str, record_id: str) -> None:
-        if stderr.isatty():
-            click.echo(f"\r{stage}: {record_id:<40}", nl=False, err=True)
-
+    progress = Progress(enabled=not as_json)
     try:
         outcome = registry.validate_engine(ref, engine=engine, golden=golden, engine_url=engine_url,
                                            reference_url=reference_url, model_name=model_name, concurrency=tiers,
                                            parity_tolerance=parity_tolerance, near_tie_tolerance=near_tie_tolerance,
                                            dtype=dtype, threads=threads, progress=progress)
     except ValidationInterrupted as exc:
-        click.echo(f"\nspecreg: engine validation aborted by {exc.signal_name}; the server was stopped, nothing "
+        progress.close()
+        click.echo(f"specreg: engine validation aborted by {exc.signal_name}; the server was stopped, nothing "
                    f"was recorded", err=True)
         sys.exit(128 + exc.signal_number)
     finally:
-        if stderr.isatty():
-            click.echo("\r" + " " * 60 + "\r", nl=False, err=True)
+        progress.close()
     baseline = outcome.baseline
     if as_json:
         print_json(baseline.to_dict())
@@ -66,6 +63,11 @@ def run_engine_validation(registry, ref: str, *, engine: str, golden: str, engin
                         [[t["concurrency"], _num(t.get("with_draft_tokens_per_s"), 1),
                           _num(t.get("without_draft_tokens_per_s"), 1), _num(t.get("speedup"), 2)]
                          for t in throughput.evidence["tiers"]])
+        report = outcome.report
+        if "engine_matches_runtime_counts" in report:
+            click.echo(f"prompt by prompt: {report['engine_matches_runtime_tokens']} of {report['prompts']} with the "
+                       f"same tokens in {engine} as in our runtime, {report['engine_matches_runtime_counts']} with "
+                       f"the same drafted / accepted / steps / per-position counts")
         print_table(["CHECK", "STATUS", "SUMMARY"], [[c.name, c.status, c.summary] for c in outcome.checks])
         echo_lines([f"{baseline.label}: engine baseline {baseline.id} on {baseline.stamp} {baseline.status} "
                     f"(golden set {baseline.golden_set}, {outcome.report.get('seconds')} s)"])

@@ -8,7 +8,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specreg.runtime.acceptance import greedy_accept, rejection_sample
+from specreg.runtime.acceptance import greedy_accept, greedy_accept_stopping_at, rejection_sample
 from specreg.runtime.sampling import logits_to_probs
 
 VOCAB = 6
@@ -255,3 +255,23 @@ def test_tree_greedy_branch_takes_the_longest_matching_path():
     # the whole depth-3 path
     accepted, emitted = tree_greedy_accept(node_tokens, torch.tensor([5, 1, 0, 0, 4, 0, 0, 7]), retrieve)
     assert accepted.tolist() == [1, 4, 7] and emitted.tolist() == [5, 1, 4, 7]
+
+
+@pytest.mark.parametrize("draft, target, expected_accepted, expected_emitted", [
+    # the SmolLM2 default-set case (summary-02): EOS (2) drafted first and matched, 3 drafts after it
+    # that the target "agrees" with: llama.cpp counts 0 accepted and emits EOS as the target's token
+    ([2, 1, 4093, 198], [2, 1, 4093, 198, 9], 0, [2]),
+    ([5, 2, 7, 8], [5, 2, 7, 8, 9], 1, [5, 2]),       # EOS matched at position 1 of 4
+    ([5, 6, 7, 2], [5, 6, 7, 2, 9], 4, [5, 6, 7, 2, 9]),  # a trailing EOS draft is still accepted
+    ([5, 6, 2, 8], [5, 3, 2, 8, 9], 1, [5, 3]),       # a mismatch before the EOS: greedy_accept's result
+    ([5, 6, 7, 8], [5, 6, 7, 8, 2], 4, [5, 6, 7, 8, 2]),  # EOS as the bonus token: nothing changes
+])
+def test_llamacpp_count_at_a_stop_token(draft, target, expected_accepted, expected_emitted):
+    rule = greedy_accept_stopping_at({2})
+    draft_ids, target_ids = torch.tensor(draft), torch.tensor(target)
+    accepted, emitted = rule(draft_ids, target_ids)
+    assert (accepted, emitted.tolist()) == (expected_accepted, expected_emitted)
+    plain_accepted, plain_emitted = greedy_accept(draft_ids, target_ids)
+    # the same tokens up to and including the stop token: only the count differs
+    stop = plain_emitted.tolist().index(2) + 1 if 2 in plain_emitted.tolist() else None
+    assert emitted.tolist()[:stop] == plain_emitted.tolist()[:stop]
