@@ -64,9 +64,17 @@ def dequantized_target(gguf_path: Path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+    from unittest import mock
+
+    from transformers import modeling_gguf_pytorch_utils
+
     folder, name = str(gguf_path.parent), gguf_path.name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    # transformers' GGUF reader draws its own tqdm bar ("Converting and de-quantizing GGUF
+    # tensors..."), which neither its progress switch nor huggingface_hub's silences: specreg
+    # reports this step itself (issue 22: no library bars in our output)
+    with mock.patch.object(modeling_gguf_pytorch_utils, "tqdm", lambda iterable, **_: iterable):
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     settings = loaded.config.to_dict()
     for key in ("quantization_config", "_name_or_path", "transformers_version"):
         settings.pop(key, None)
