@@ -133,3 +133,6 @@ def test_conversion_runs_once_per_model_and_again_when_the_cached_file_changed(e
     assert sha256_file(first) != digest
     remade, remade_digest = llamacpp_build.converted(exported["draft"], fingerprint, "f32")
     assert len(runs) == 2 and remade_digest == digest == sha256_file(remade)
+    remade.with_suffix(".json").write_text("{not json")  # a damaged record: converted again, no traceback
+    llamacpp_build.converted(exported["draft"], fingerprint, "f32")
+    assert len(runs) == 3

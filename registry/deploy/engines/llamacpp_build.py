@@ -179,7 +179,11 @@ def converted(model_dir: str | Path, fingerprint, outtype: str = "f32", log=None
     with build_lock(folder):  # two processes converting one model: the second one waits and reuses
         if path.is_file() and record.is_file():
             digest = sha256_file(path)
-            if digest == json.loads(record.read_text()).get("sha256"):
+            try:
+                recorded = json.loads(record.read_text()).get("sha256")
+            except (OSError, ValueError, AttributeError):
+                recorded = None  # an unreadable record: converted again below
+            if digest == recorded:
                 return path, digest
             if log:
                 log(f"{path}: no longer the file converted earlier (sha256 {digest[:12]}); converting again")
