@@ -41,9 +41,9 @@ min_acceptance_rate = 0.3   # as the built-in policy: no first baseline a draft 
 min_speedup = 1.0           # never slower than the target alone (or promote --allow-slower REASON)
 TOML
 
-# The models the later steps need are built in the background while the first pair goes through
-# the chain: the real pair (SmolLM2 from the package index, re-quantized) from the start, the
-# EAGLE-3 head and the MTP layer once the demo target exists. Each process runs one torch thread
+# The heads the later steps need are built in the background while the first pair goes through
+# the chain: the EAGLE-3 head and the MTP layer, once the demo target exists (the real pair's
+# steps run in the background too, see below). Each process runs one torch thread
 # when the other core is busy (specreg decides it), so on two cores the builds and the chain run
 # side by side. Their progress goes to $DEMO_DIR/build-NAME.log; a failed build stops the demo
 # where it is waited for.
