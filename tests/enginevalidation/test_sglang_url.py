@@ -16,21 +16,12 @@ import pytest
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent / "engines"))
 sys.path.insert(0, str(HERE.parent / "governance"))
+sys.path.insert(0, str(HERE))  # expected_counts
 
+from expected_counts import scripted  # noqa: E402
 from govstate import record_validation  # noqa: E402
 
 K = 3
-
-
-def scripted(prompt_ids, max_tokens, k):
-    """The servers' schedule, counted here independently: accepted drafts per verify step."""
-    emitted, accepted, step = 0, [], 0
-    while emitted < max_tokens:
-        j = (len(prompt_ids) + step) % (k + 1)
-        accepted.append(j)
-        emitted += j + 1
-        step += 1
-    return accepted
 
 
 SWAP_AT = 2
