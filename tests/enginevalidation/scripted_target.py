@@ -53,3 +53,38 @@ def generation(prompt_ids: list[int], max_tokens: int, k: int,
 
 def option(name: str, default: float) -> float:
     return float(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default
+
+
+def serve(get, post_path: str, prompt_field: str, post) -> int:
+    """Serve on a free loopback port, printed first (the test reads it): GET PATH -> get(PATH),
+    (status, body bytes, content type) or None for 404; POST ``post_path`` whose JSON body has a
+    token-id list in ``prompt_field`` -> post(body), sent as JSON; any other POST -> 400."""
+    import json
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def _send(self, status: int, body: bytes, kind: str = "application/json"):
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            answer = get(self.path)
+            self._send(*answer) if answer is not None else self._send(404, b"{}")
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.path != post_path or not isinstance(body.get(prompt_field), list):
+                self._send(400, json.dumps({"error": "token-id prompts only"}).encode())
+                return
+            self._send(200, json.dumps(post(body)).encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    print(server.server_address[1], flush=True)
+    server.serve_forever(0.05)
+    return 0

@@ -22,7 +22,6 @@ import asyncio
 import json
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 
 import sglang
@@ -33,7 +32,7 @@ from sglang.srt.managers.tokenizer_manager import ReqState, TokenizerManager
 from sglang.srt.observability.req_time_stats import APIServerReqTimeStats
 from sglang.srt.server_args import prepare_server_args
 
-from scripted_target import generation, option, target_top
+from scripted_target import generation, option, serve, target_top
 
 
 def tokenizer_manager() -> TokenizerManager:
@@ -99,37 +98,17 @@ def main() -> int:
     manager = tokenizer_manager()
     lock = threading.Lock()
 
-    class Handler(BaseHTTPRequestHandler):
-        def _send(self, status: int, body: bytes):
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def get(path):
+        if path == "/get_server_info":
+            return 200, json.dumps({"version": sglang.__version__, "model_path": server_args.model_path}).encode(), \
+                "application/json"
+        return None
 
-        def do_GET(self):
-            if self.path == "/get_server_info":
-                self._send(200, json.dumps({"version": sglang.__version__,
-                                            "model_path": server_args.model_path}).encode())
-            else:
-                self._send(404, b"{}")
+    def post(body):
+        with lock:
+            return answer(manager, body, k, margin, swap_at)
 
-        def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            if self.path != "/generate" or not isinstance(body.get("input_ids"), list):
-                self._send(400, json.dumps({"error": "token-id prompts only"}).encode())
-                return
-            with lock:
-                out = answer(manager, body, k, margin, swap_at)
-            self._send(200, json.dumps(out).encode())
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    print(server.server_address[1], flush=True)
-    server.serve_forever(0.05)
-    return 0
+    return serve(get, "/generate", "input_ids", post)
 
 
 if __name__ == "__main__":

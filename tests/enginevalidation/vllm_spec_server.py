@@ -28,7 +28,6 @@ import json
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 
 import numpy as np
@@ -45,7 +44,7 @@ from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
 from vllm.v1.outputs import LogprobsLists
 from vllm.v1.spec_decode.metrics import SpecDecodingProm, SpecDecodingStats
 
-from scripted_target import generation, option, target_top
+from scripted_target import generation, option, serve, target_top
 
 
 def sampler_rows(emitted: list[int], targets: list[int], margin: float, num_logprobs: int) -> LogprobsLists:
@@ -76,60 +75,41 @@ def main() -> int:
     serving.enable_per_request_metrics = False
     serving.system_fingerprint = None
 
-    class Handler(BaseHTTPRequestHandler):
-        def _send(self, status: int, body: bytes, kind: str = "application/json"):
-            self.send_response(status)
-            self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def get(path):
+        if path == "/metrics":
+            return 200, prometheus_client.generate_latest(), "text/plain; version=0.0.4"
+        if path == "/version":
+            return 200, json.dumps({"version": vllm.__version__}).encode(), "application/json"
+        if path == "/v1/models":
+            return 200, json.dumps({"data": [{"id": model}]}).encode(), "application/json"
+        return None
 
-        def do_GET(self):
-            if self.path == "/metrics":
-                self._send(200, prometheus_client.generate_latest(), "text/plain; version=0.0.4")
-            elif self.path == "/version":
-                self._send(200, json.dumps({"version": vllm.__version__}).encode())
-            elif self.path == "/v1/models":
-                self._send(200, json.dumps({"data": [{"id": model}]}).encode())
-            else:
-                self._send(404, b"{}")
+    def post(body):
+        request = CompletionRequest.model_validate(body)
+        params = request.to_sampling_params(request.max_tokens)
+        tokens, targets, steps = generation(request.prompt, request.max_tokens, k, swap_at)
+        processor = LogprobsProcessor.from_new_request(None, SimpleNamespace(sampling_params=params))
+        stats = SpecDecodingStats.new(max(k, 1))
+        per = RequestSpecDecodeMetrics.new(max(k, 1))
+        for step, accepted in steps:
+            if processor.logprobs is not None:
+                processor.update_from_output(EngineCoreOutput(
+                    "cmpl-1", tokens[step], new_logprobs=sampler_rows(tokens[step], targets[step], margin,
+                                                                      processor.num_logprobs)))
+            if k:
+                stats.observe_draft(num_draft_tokens=k, num_accepted_tokens=accepted)
+                per.observe(num_draft_tokens=k, num_accepted=accepted)
+        with lock:
+            prom.observe(stats)
+        output = CompletionOutput(index=0, text="", token_ids=tokens, cumulative_logprob=processor.cumulative_logprob,
+                                  logprobs=processor.logprobs, finish_reason="length",
+                                  spec_decode_metrics=per if per_request and k else None)
+        final = RequestOutput("cmpl-1", None, list(request.prompt), None, [output], finished=True)
+        response = serving.request_output_to_completion_response(
+            [final], request, "cmpl-1", int(time.time()), model, None, RequestResponseMetadata(request_id="cmpl-1"))
+        return response.model_dump()
 
-        def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            if self.path != "/v1/completions" or not isinstance(body.get("prompt"), list):
-                self._send(400, json.dumps({"error": "token-id prompts only"}).encode())
-                return
-            request = CompletionRequest.model_validate(body)
-            params = request.to_sampling_params(request.max_tokens)
-            tokens, targets, steps = generation(request.prompt, request.max_tokens, k, swap_at)
-            processor = LogprobsProcessor.from_new_request(None, SimpleNamespace(sampling_params=params))
-            stats = SpecDecodingStats.new(max(k, 1))
-            per = RequestSpecDecodeMetrics.new(max(k, 1))
-            for step, accepted in steps:
-                if processor.logprobs is not None:
-                    processor.update_from_output(EngineCoreOutput(
-                        "cmpl-1", tokens[step], new_logprobs=sampler_rows(tokens[step], targets[step], margin,
-                                                                          processor.num_logprobs)))
-                if k:
-                    stats.observe_draft(num_draft_tokens=k, num_accepted_tokens=accepted)
-                    per.observe(num_draft_tokens=k, num_accepted=accepted)
-            with lock:
-                prom.observe(stats)
-            output = CompletionOutput(index=0, text="", token_ids=tokens, cumulative_logprob=processor.cumulative_logprob,
-                                      logprobs=processor.logprobs, finish_reason="length",
-                                      spec_decode_metrics=per if per_request and k else None)
-            final = RequestOutput("cmpl-1", None, list(request.prompt), None, [output], finished=True)
-            response = serving.request_output_to_completion_response(
-                [final], request, "cmpl-1", int(time.time()), model, None, RequestResponseMetadata(request_id="cmpl-1"))
-            self._send(200, json.dumps(response.model_dump()).encode())
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    print(server.server_address[1], flush=True)
-    server.serve_forever(0.05)
-    return 0
+    return serve(get, "/v1/completions", "prompt", post)
 
 
 if __name__ == "__main__":
