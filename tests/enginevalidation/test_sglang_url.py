@@ -6,8 +6,6 @@ and output_top_logprobs from its convert_logprob_style, read by specreg the engi
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -34,36 +32,17 @@ def sglang_servers(tiny_models, terminal_line):
     (SGLang's import is the slow part): the speculative one launched with the tiny target and
     draft (SGLang's STANDALONE arguments, as our sglang export writes them) and parting from the
     target at token SWAP_AT; a target-only reference per margin. Stopped at the end."""
-    from engine_env import EngineUnavailable, in_ci, prepare_engine
+    from engine_env import engine_env_or_skip, loopback_servers
 
-    try:
-        paths = prepare_engine("sglang", log=terminal_line)
-    except EngineUnavailable as exc:
-        if in_ci():
-            raise
-        pytest.skip(f"SGLang wheel unavailable: {exc}")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([*map(str, paths["deps"]), str(paths["code"])]),
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env = engine_env_or_skip("sglang", log=terminal_line)
     target = ["--model-path", str(tiny_models["target"])]
     draft = ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", str(tiny_models["draft"]),
              "--speculative-num-steps", str(K), "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens",
              str(K + 1)]
     plans = {"speculative": [str(K), "--swap-at", str(SWAP_AT), "--", *target, *draft],
              **{margin: ["0", "--margin", str(margin), "--", *target] for margin in MARGINS}}
-    processes = {name: subprocess.Popen([sys.executable, str(HERE / "sglang_spec_server.py"), *argv], env=env,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for name, argv in plans.items()}
-    try:
-        urls = {}
-        for name, process in processes.items():
-            line = process.stdout.readline()
-            assert line.strip().isdigit(), process.stderr.read()[-3000:]
-            urls[name] = f"http://127.0.0.1:{line.strip()}"
+    with loopback_servers(HERE / "sglang_spec_server.py", plans, env) as urls:
         yield urls
-    finally:
-        for process in processes.values():
-            process.terminate()
-            process.wait(timeout=20)
 
 
 @pytest.mark.parametrize("margin,status", [(0.1, "warn"), (2.0, "fail")])
