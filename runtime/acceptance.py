@@ -9,6 +9,8 @@ Greedy: accept while x_i == argmax p_i, then emit the target's argmax at the fir
 
 from __future__ import annotations
 
+from specreg.runtime.sampling import sample
+
 
 def rejection_sample(draft_probs, target_probs, draft_token_ids, uniforms, generator=None):
     """Sampling branch.
@@ -36,7 +38,7 @@ def rejection_sample(draft_probs, target_probs, draft_token_ids, uniforms, gener
         distribution = residual / total if total > 0 else target_probs[num_accepted]
     else:
         distribution = target_probs[k]
-    next_token = torch.multinomial(distribution, 1, generator=generator)  # [1]
+    next_token = sample(distribution.view(1, -1), generator)  # [1]
     return num_accepted, torch.cat([draft_token_ids[:num_accepted], next_token])
 
 
@@ -151,6 +153,6 @@ def tree_rejection_sample(draft_probs, target_probs, node_token_ids, parent_ids,
             distribution = residual / total if total > 0 else distribution
         else:
             break
-    next_token = torch.multinomial(distribution, 1, generator=generator)  # [1]
+    next_token = sample(distribution.view(1, -1), generator)  # [1]
     accepted_nodes = torch.tensor(accepted, dtype=torch.long, device=node_token_ids.device)
     return accepted_nodes, torch.cat([node_token_ids[accepted_nodes], next_token])

@@ -132,6 +132,24 @@ def drafter_proposal(pair, method: str, token_ids: list[int], record, tree=None)
     return None, draft_probs[0].float()
 
 
+def on_support(*laws):
+    """The tokens any of ``laws`` (each # [..., vocab]) gives probability > 0, and each law cut to
+    them -> (support_ids # [s], cut laws # [..., s]). Draws through the acceptance rule on the cut
+    laws, mapped back with support_ids, are the draws on the whole vocabulary: outside the support
+    every law is 0 there, so no correct rule can emit such a token, and the rule's tests and
+    residuals are the same numbers. After top-k / top-p a real vocabulary (49152 tokens for
+    SmolLM2) shrinks to tens or hundreds, and each of the thousands of draws costs that much less.
+    A rule that emitted a token outside the support could not show it here, but it would have to
+    emit one that every law gives probability 0: the decode loop's tests catch that."""
+    import torch
+
+    support = torch.zeros(laws[0].shape[-1], dtype=torch.bool, device=laws[0].device)
+    for law in laws:
+        support |= (law > 0).reshape(-1, law.shape[-1]).any(0)
+    ids = support.nonzero().squeeze(-1)  # [s]
+    return ids, [law[..., ids] for law in laws]
+
+
 def sample_one_step_tree(node_token_ids, draft_probs, target_probs, samples: int, seed: int,
                          tree_acceptance_rule: Callable | None = None):
     """As sample_one_step for a depth-1 tree: the root's children tried in order with the tree rule.
@@ -149,13 +167,21 @@ def sample_one_step_tree(node_token_ids, draft_probs, target_probs, samples: int
     generator = torch.Generator(device=target_probs.device).manual_seed(seed)
     nodes = node_token_ids.shape[0]
     parent_ids = torch.tensor([-1] + [0] * (nodes - 1), device=target_probs.device)  # [nodes+1]
+    # the candidates' tokens stay in the support even where a law is 0 for them
+    marks = torch.zeros_like(target_probs)
+    marks[node_token_ids[1:]] = 1.0
+    support_ids, (q, p, _) = on_support(draft_probs[1:], target_probs, marks)
+    position = torch.full_like(marks, -1, dtype=torch.long)
+    position[support_ids] = torch.arange(support_ids.shape[0], device=support_ids.device)
+    cut_nodes = position[node_token_ids]  # [nodes+1] (the root's entry is unused)
+    q = torch.cat([q[:1], q])  # [nodes+1, s]: row 0 unused
     # rows past the root are the laws after an accepted child: they only matter after the first token
-    p = target_probs.view(1, -1).expand(nodes, -1)  # [nodes+1, vocab]
+    p = p.view(1, -1).expand(nodes, -1)  # [nodes+1, s]
     uniforms = torch.rand(samples, nodes, generator=generator, device=target_probs.device)  # [samples, nodes+1]
     speculative = torch.empty(samples, dtype=torch.long)
     for index in range(samples):
-        _, emitted = rule(draft_probs, p, node_token_ids, parent_ids, uniforms[index], generator)
-        speculative[index] = emitted[0]
+        _, emitted = rule(q, p, cut_nodes, parent_ids, uniforms[index], generator)
+        speculative[index] = support_ids[emitted[0]]
     target_generator = torch.Generator(device=target_probs.device).manual_seed(seed + 1)
     target_only = torch.multinomial(target_probs, samples, replacement=True, generator=target_generator)
     return speculative, target_only.cpu()
@@ -171,15 +197,16 @@ def sample_one_step(draft_probs, target_probs, samples: int, seed: int, acceptan
     import torch
 
     generator = torch.Generator(device=target_probs.device).manual_seed(seed)
-    draft_ids = torch.multinomial(draft_probs, samples, replacement=True, generator=generator)  # [samples]
+    support_ids, (q, p) = on_support(draft_probs, target_probs)  # [s], [s], [s]
+    draft_ids = torch.multinomial(q, samples, replacement=True, generator=generator)  # [samples] on the support
     uniforms = torch.rand(samples, generator=generator, device=target_probs.device)  # [samples]
-    q = draft_probs.view(1, -1)  # [k=1, vocab]
+    q = q.view(1, -1)  # [k=1, s]
     # row 1 (the bonus distribution) only matters after the first token; any law will do there
-    p = torch.stack([target_probs, target_probs])  # [k+1=2, vocab]
+    p = torch.stack([p, p])  # [k+1=2, s]
     speculative = torch.empty(samples, dtype=torch.long)
     for index in range(samples):
         _, emitted = acceptance_rule(q, p, draft_ids[index:index + 1], uniforms[index:index + 1], generator)
-        speculative[index] = emitted[0]
+        speculative[index] = support_ids[emitted[0]]
     target_generator = torch.Generator(device=target_probs.device).manual_seed(seed + 1)
     target_only = torch.multinomial(target_probs, samples, replacement=True, generator=target_generator)
     return speculative, target_only.cpu()
