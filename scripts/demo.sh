@@ -11,6 +11,21 @@ export SPECREG_POLICY="$DEMO_DIR/specreg.toml"
 rm -rf "$SPECREG_HOME" "$DEMO_DIR/exports" "$DEMO_DIR/keys" "$DEMO_DIR"/gate.* "$DEMO_DIR"/validation.*
 mkdir -p "$DEMO_DIR"
 
+# Three lanes run side by side from the start (the tiny pairs' chain, the head builds, the real
+# pair's steps): each model-running process gets a third of the cores for torch (at least one)
+# unless SPECREG_THREADS says otherwise. Left to itself each process would read the 1-minute load
+# average, which has not yet seen the other lanes when they all start: on 2 cores the demo pair
+# then trained with 2 threads beside the real pair and took 112 CPU-s instead of 55.
+export SPECREG_THREADS=${SPECREG_THREADS:-$(( $(nproc) / 3 > 1 ? $(nproc) / 3 : 1 ))}
+
+# MLflow is the review mirror of the registry (the source of truth). Each command mirrors its
+# change by itself unless SPECREG_MLFLOW=off; importing MLflow and opening its store costs each
+# command 5-6 CPU-seconds (7 s for a promote, of which 1.5 s is specreg's own work), about 85 CPU-s
+# over the demo's 14 validations, approvals and promotions. The demo mirrors in one go instead
+# (`specreg sync`, what a batch job or a sync after MLflow was down does), once the tiny pairs are
+# through and again for the real pair at the end: the same runs, model versions, approvals and aliases.
+export SPECREG_MLFLOW=off
+
 # each step says how long the demo has run so far (m:ss), so a slow step shows where it is
 step() { printf '\n== [%d:%02d] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
 
@@ -48,6 +63,9 @@ TOML
 # side by side. Their progress goes to $DEMO_DIR/build-NAME.log; a failed build stops the demo
 # where it is waited for.
 declare -A builds=()
+# (They run at normal priority. Tried at nice 10, to leave the real pair's lane a core: on the
+# idle machine that gained seconds, and beside two busy processes of normal priority the builds
+# starved: the EAGLE-3 head was still building 9 minutes in.)
 background_build() {  # NAME ARGS...: `specreg demo-pair ARGS` in the background, logged
   local name=$1; shift
   specreg demo-pair "$@" > "$DEMO_DIR/build-$name.log" 2>&1 &
@@ -78,8 +96,11 @@ real_pair_steps() {
   # draft costs what the target costs (0.59x on the smoke set: README, A real model and llama.cpp)
   specreg validate smollm2@1 --golden smoke --device cpu --gpu-memory 2GiB --report "$DEMO_DIR/validation-smollm2.html" \
     --checks integrity,tokenizer,chat_template,memory,equivalence,distribution,acceptance
+  # one request at a time (--concurrency 1,2 adds a tier of two parallel requests: 25 CPU-s more,
+  # the demo's longest lane) on one llama.cpp thread (its threads spin: on a busy machine more
+  # threads than free cores cost more than they give)
   step "the real pair in llama.cpp: parity with our runtime, equivalence in the engine, tokens/s with and without the draft"
-  specreg validate smollm2@1 --engine llamacpp --golden smoke --concurrency 1,2 --engine-threads 1
+  specreg validate smollm2@1 --engine llamacpp --golden smoke --concurrency 1 --engine-threads 1
 }
 real_pair_steps > "$DEMO_DIR/real-pair.log" 2>&1 &
 builds[real]=$!
@@ -166,6 +187,9 @@ if specreg export demo-chat-mtp@staging --format vllm -o "$DEMO_DIR/exports/mtp-
 fi
 specreg show demo-chat-mtp@1
 
+step "mirror the registry into MLflow for review (validation runs with their reports, model versions, approvals, aliases), while the real pair's steps still run"
+SPECREG_MLFLOW=on specreg sync
+
 # --- the real pair in llama.cpp (issue 20) -------------------------------------------------------
 printf '\n(waiting for the real pair'"'"'s steps in the background: %s)\n' "$DEMO_DIR/real-pair.log"
 if ! wait "${builds[real]}"; then
@@ -175,6 +199,9 @@ unset "builds[real]"
 cat "$DEMO_DIR/real-pair.log"
 step "approve the real pair"
 specreg approve smollm2@1 --user bob --note "real pair: equivalence and acceptance look right, llama.cpp agrees"
+# its MLflow mirror runs beside the export and the serving below (shown at the end)
+SPECREG_MLFLOW=on specreg sync smollm2 > "$DEMO_DIR/sync-smollm2.log" 2>&1 &
+builds[sync]=$!
 
 step "export to llama.cpp: GGUF files converted by its own convert_hf_to_gguf.py, bound by the signed lock; verify; serve once"
 LLAMA_PORT=$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
@@ -186,7 +213,7 @@ specreg verify --lock "$DEMO_DIR/exports/llamacpp/specreg.lock.json" --public-ke
 LLAMA_SERVER=$(specreg llamacpp-build) \
   sh "$DEMO_DIR/exports/llamacpp/llama-server.sh" > "$DEMO_DIR/llama-server.log" 2>&1 &
 LLAMA_PID=$!
-trap 'kill $LLAMA_PID 2>/dev/null || true' EXIT
+trap 'kill $LLAMA_PID 2>/dev/null; for pid in "${builds[@]}"; do kill "$pid" 2>/dev/null; done; true' EXIT
 python - "$LLAMA_PORT" <<'PY'
 import json, sys, time, urllib.request
 url = f"http://127.0.0.1:{sys.argv[1]}"
@@ -207,7 +234,15 @@ print(f"  drafted {timings.get('draft_n', 0)} tokens, accepted {timings.get('dra
       f"{timings.get('predicted_per_second', 0):.1f} tokens/s")
 PY
 kill $LLAMA_PID; wait $LLAMA_PID 2>/dev/null || true
+trap 'for pid in "${builds[@]}"; do kill "$pid" 2>/dev/null; done; true' EXIT
+
+step "the real pair's MLflow mirror (run beside the export)"
+if ! wait "${builds[sync]}"; then
+  cat "$DEMO_DIR/sync-smollm2.log" >&2; echo "the real pair's MLflow sync failed" >&2; exit 1
+fi
+unset "builds[sync]"
 trap - EXIT
+cat "$DEMO_DIR/sync-smollm2.log"
 
 step "done"
 cat <<TEXT
