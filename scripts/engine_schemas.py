@@ -5,9 +5,9 @@ Usage: .venv/bin/python scripts/engine_schemas.py [vllm] [sglang]
 Each engine wheel is fetched and unpacked into the test cache (tests/engines/engine_env.py,
 the same cache the engine tests use) and its own parser and config classes are read by
 tests/engines/engine_check.py: vLLM's `vllm serve` parser and SpeculativeConfig /
-SpeculativeMethod, SGLang's ServerArgs.add_cli_args. The test
-tests/engines/test_engine_exports.py::test_schema_files_are_generated_from_the_engine fails
-when the committed files differ from what this writes.
+SpeculativeMethod, SGLang's ServerArgs.add_cli_args. The tests
+tests/engines/test_engine_exports.py and test_sglang_exports.py::test_schema_file_is_generated_from_the_engine
+fail when the committed files differ from what this writes.
 """
 
 from __future__ import annotations

@@ -1,0 +1,169 @@
+"""The export cases the engine tests run through vLLM's and SGLang's own code
+(test_engine_exports.py, test_sglang_exports.py): the tiny pairs, the rows of cases, and how a
+case becomes the argv the engine receives from the written script. One file per engine so that
+the two engine processes (vLLM's ~110 s, SGLang's ~55 s) can run on different test workers."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+import yaml
+from exportcase import BASELINES, fingerprint, record_argv
+
+from specreg.core.types import ModelRef
+from specreg.registry.store.entities import PairState, PairVersion, SpecConfig, SpecMethod
+from specreg.registry.deploy.exports import render_export
+from specreg.registry.deploy.writing import write_export
+
+K = 4
+CUTOFF = 16
+
+
+# The layers the EAGLE-3 head was trained on, in the speculators' (and vLLM's) numbering: the
+# state entering layers 1, 3 and 6 of an 8-layer target. SGLang reads explicit ids one layer later
+# (the issue's example: [1, 3, 6] in the head's config become [2, 4, 7] in SGLang).
+TRAINED_AUX = [1, 3, 6]
+
+
+def eagle3_target(models: dict[str, Path]) -> Path:
+    """A tiny 8-layer Llama over the tiny tokenizer (tests/tinymodels.py), beside the others: deep
+    enough for aux layers inside it."""
+    from tinymodels import build_llama
+
+    target = models["target"].parent / "llama-8-layers"
+    if not target.exists():
+        build_llama(target, models["tokenizer"], seed=4, hidden_size=96, num_layers=8)
+    return target
+
+
+def eagle3_head(models: dict[str, Path]) -> Path:
+    """A speculators-format EAGLE-3 head for eagle3_target, trained on TRAINED_AUX (tests/headfiles.py)."""
+    from headfiles import write_eagle3
+
+    target = eagle3_target(models)
+    config = json.loads((target / "config.json").read_text())
+    head = models["target"].parent / "eagle3-head"
+    if not head.exists():
+        write_eagle3(head, hidden=config["hidden_size"], vocab=config["vocab_size"], draft_vocab=config["vocab_size"],
+                     vocab_map=False, aux=TRAINED_AUX, verifier=str(target))
+    return head
+
+
+def mtp_target(models: dict[str, Path]) -> Path:
+    """A tiny DeepSeek-V3 target with one MTP layer over the tiny tokenizer (tests/tinymodels.py), beside them."""
+    from tinymodels import build_deepseek_v3
+
+    target = models["target"].parent / "deepseek-v3-mtp"
+    if not target.exists():
+        build_deepseek_v3(target, models["tokenizer"], num_nextn_predict_layers=1)
+    return target
+
+
+def llama_with_nextn_layers(models: dict[str, Path]) -> Path:
+    """The tiny Llama target's config declaring num_nextn_predict_layers (DeepSeek's field name on a
+    model type no engine rewrites into an MTP drafter), with its tokenizer, beside it."""
+    from tinymodels import copy_tokenizer
+
+    target = models["target"].parent / "llama-nextn"
+    if not target.exists():
+        copy_tokenizer(models["target"], target)
+        config = json.loads((models["target"] / "config.json").read_text())
+        (target / "config.json").write_text(json.dumps(dict(config, num_nextn_predict_layers=1)))
+    return target
+
+
+def target_ref(directory: Path) -> ModelRef:
+    """The target as registered: its model_type and architecture read from its config.json."""
+    config = json.loads((directory / "config.json").read_text())
+    identity = dataclasses.replace(fingerprint("a"), model_type=config["model_type"],
+                                   architecture=config["architectures"][0])
+    return ModelRef(str(directory), str(directory), "abc123", identity)
+
+
+def tiny_pair(models: dict[str, Path], method: SpecMethod, max_batch: int | None,
+              target: Path | None = None) -> PairVersion:
+    """A pair of the tiny local models (tests/tinymodels.py), registered by their paths; ``target``
+    (default: the tiny Llama, or the tiny DeepSeek-V3 for mtp) is the target directory."""
+    default = {SpecMethod.MTP: mtp_target, SpecMethod.EAGLE3: eagle3_target}.get(method, lambda m: m["target"])
+    target = target_ref(target or default(models))
+    if method == SpecMethod.MTP:
+        # what registration reads of the target's MTP layers (specreg.core.heads.mtp.read_mtp)
+        layers = json.loads((Path(target.reference) / "config.json").read_text()).get("num_nextn_predict_layers")
+        config = SpecConfig(method, K, max_batch_size_for_speculation=max_batch,
+                            head={"layout": "mtp:deepseek", "num_heads": layers})
+        draft = None
+    elif method == SpecMethod.EAGLE3:
+        # what registration records of the head (specreg.api.describe_head: read_head + check_head_fits)
+        from specreg.api import describe_head
+
+        draft = ModelRef(str(eagle3_head(models)), str(eagle3_head(models)), None, fingerprint("e"))
+        config = SpecConfig(method, K, max_batch_size_for_speculation=max_batch)
+        config = dataclasses.replace(config, head=describe_head(config, target, draft, allow_verifier_mismatch=False))
+    elif method == SpecMethod.DRAFT_MODEL:
+        config = SpecConfig(method, K, max_batch_size_for_speculation=max_batch)
+        draft = ModelRef(str(models["draft"]), str(models["draft"]), "d1e2f3", fingerprint("b"))
+    else:
+        config = SpecConfig(method, K, prompt_lookup_min=2, prompt_lookup_max=5, max_batch_size_for_speculation=max_batch)
+        draft = None
+    return PairVersion(id=1, name="tiny-pair", version=1, target=target, draft=draft, config=config,
+                       binding_sha256="f" * 64, state=PairState.APPROVED, registered_by="tester",
+                       registered_at=datetime(2025, 1, 1, tzinfo=timezone.utc))
+
+
+# The export cases: (id, format, method, max_batch_size_for_speculation, export options).
+# New pair kinds get their rows here and a SpecMethod in tiny_pair; the engine checks below then
+# run on them unchanged (mtp pairs are served by a tiny DeepSeek-V3 target, mtp_target).
+VLLM_CASES = [
+    ("vllm-draft-cutoff", "vllm", SpecMethod.DRAFT_MODEL, CUTOFF, {}),
+    ("vllm-draft-cutoff-max-num-seqs", "vllm", SpecMethod.DRAFT_MODEL, CUTOFF, {"max_num_seqs": 64}),
+    ("vllm-draft-no-cutoff", "vllm", SpecMethod.DRAFT_MODEL, None, {}),
+    ("vllm-ngram-cutoff", "vllm", SpecMethod.NGRAM, CUTOFF, {}),
+    ("k8s-draft-cutoff", "k8s-vllm", SpecMethod.DRAFT_MODEL, CUTOFF, {}),
+    ("k8s-ngram", "k8s-vllm", SpecMethod.NGRAM, None, {}),
+    ("vllm-eagle3-cutoff", "vllm", SpecMethod.EAGLE3, CUTOFF, {}),
+    ("vllm-mtp", "vllm", SpecMethod.MTP, None, {}),
+    ("vllm-mtp-cutoff", "vllm", SpecMethod.MTP, CUTOFF, {}),
+    ("k8s-mtp-cutoff", "k8s-vllm", SpecMethod.MTP, CUTOFF, {}),
+]
+SGLANG_CASES = [
+    ("sglang-draft", "sglang", SpecMethod.DRAFT_MODEL, CUTOFF, {}),
+    ("sglang-eagle3", "sglang", SpecMethod.EAGLE3, None, {}),
+    ("sglang-mtp", "sglang", SpecMethod.MTP, None, {}),
+]
+
+
+def export_argv(case: tuple, models: dict[str, Path], workdir: Path) -> tuple[list[str], dict]:
+    """Render one case, write it as `specreg export -o` does, and return the engine argv as the
+    engine would receive it from the written script (paths beside the script resolve there)."""
+    case_id, fmt, method, max_batch, options = case
+    options = dict(options)
+    pair = tiny_pair(models, method, max_batch)
+    if fmt == "k8s-vllm":
+        # The manifest names in-container paths; mount "the volume" where the models lie here.
+        options.update(model_volume="pvc:models", model_mount_path=str(models["target"].parent),
+                       target_subpath=Path(pair.target.reference).name)
+    files = dict(render_export(pair, BASELINES, fmt, approved=True, options=options))
+    if fmt == "k8s-vllm":
+        # The engine container runs `vllm serve --config FILE`, FILE the engine ConfigMap's file:
+        # written here from the manifest's ConfigMap, so vLLM's own parser reads what the pod mounts.
+        engine_map, deployment, _ = yaml.safe_load_all(files["k8s-vllm.yaml"])
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        argv = container["command"] + container["args"]
+        assert argv[:3] == ["vllm", "serve", "--config"] and len(argv) == 4, argv
+        mounted = workdir / case_id / "engine" / Path(argv[3]).name
+        mounted.parent.mkdir(parents=True)
+        mounted.write_text(engine_map["data"][mounted.name])
+        assert mounted.read_text() == files[mounted.name]  # the file the lock binds
+        return [*argv[:3], str(mounted)], files
+    script = {"vllm": "vllm-serve.sh", "sglang": "sglang-launch.sh"}[fmt]
+    out = workdir / case_id / "export"
+    write_export(list(files.items()), out)
+    return record_argv(files[script], workdir / case_id, script=out / script), files
+
+
+def ok(result: dict) -> dict:
+    assert "error" not in result, f"{result['id']}: the engine refused it: {result['error']}\n{result.get('traceback')}"
+    return result

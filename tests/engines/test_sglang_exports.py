@@ -1,0 +1,127 @@
+"""Every export format x method we produce for SGLang, run through the released engine's own
+code (vLLM's: test_engine_exports.py; the cases: engine_exports.py).
+
+SGLang 0.5.23: prepare_server_args (ServerArgs.add_cli_args + from_cli_args), its whole argument
+resolution and the target's and draft's ModelConfig. One engine process for all cases (the
+session fixture below); see engine_env.py for the download cache.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from engine_exports import K, SGLANG_CASES, TRAINED_AUX, eagle3_head, export_argv, mtp_target, ok
+
+from specreg.registry.deploy.exports import templates_dir
+
+
+@pytest.fixture(scope="session")
+def sglang_run(tiny_models, tmp_path_factory, engine_runner):
+    workdir = tmp_path_factory.mktemp("sglang-check")
+    cases, exported = [], {}
+    for case in SGLANG_CASES:
+        argv, files = export_argv(case, tiny_models, workdir)
+        cases.append({"id": case[0], "argv": argv})
+        exported[case[0]] = (argv, files)
+    # What the export wrote before SGLang got its own head layout: the speculators head directory itself.
+    old = list(next(c for c in cases if c["id"] == "sglang-eagle3")["argv"])
+    old[old.index("--speculative-draft-model-path") + 1] = str(eagle3_head(tiny_models))
+    cases.append({"id": "speculators-head", "argv": old})
+    output = engine_runner("sglang", cases, workdir)
+    return {result["id"]: result for result in output["results"]}, exported, output
+
+
+def test_sglang_parses_the_export(sglang_run, tiny_models):
+    results, _, output = sglang_run
+    args = ok(results["sglang-draft"])["server_args"]
+    assert args["speculative_algorithm"] == "STANDALONE"
+    assert Path(args["model_path"]) == tiny_models["target"] and args["revision"] == "abc123"
+    assert Path(args["speculative_draft_model_path"]) == tiny_models["draft"]
+    assert args["speculative_draft_model_revision"] == "d1e2f3"
+    assert (args["speculative_num_steps"], args["speculative_eagle_topk"], args["speculative_num_draft_tokens"]) == (K, 1, K + 1)
+    assert args["enable_metrics"] is True
+    assert args["served_model_name"] == "tiny-pair"
+    assert output["stand_ins"] == []
+    # the whole resolution ran, and both models' configs were loaded by SGLang's ModelConfig
+    draft = ok(results["sglang-draft"])
+    assert draft["resolved_speculative_algorithm"] == draft["resolved"]["speculative_algorithm"] == "STANDALONE"
+    assert draft["target"]["class"] == draft["draft"]["class"] == "LlamaForCausalLM"
+    assert Path(draft["resolved"]["speculative_draft_model_path"]) == tiny_models["draft"]
+    eagle3 = ok(results["sglang-eagle3"])["server_args"]
+    assert eagle3["speculative_algorithm"] == "EAGLE3"
+    assert Path(eagle3["speculative_draft_model_path"]).name == "sglang-eagle3-head"  # the layout beside the script
+    assert (eagle3["speculative_num_steps"], eagle3["speculative_eagle_topk"],
+            eagle3["speculative_num_draft_tokens"]) == (K, 1, K + 1)
+
+
+def test_sglang_loads_the_eagle3_head_layout_the_export_writes(sglang_run, tiny_models):
+    """SGLang 0.5.23 resolves the launch (its whole argument resolution, --device cpu) and builds
+    the target's and the draft's ModelConfig from the exported files: the head directory the
+    export wrote (config.json in SGLang's terms beside links to the head's weights) is read as
+    LlamaForCausalLMEagle3, the class SGLang's registry serves EAGLE-3 heads with."""
+    results, exported, _ = sglang_run
+    result = ok(results["sglang-eagle3"])
+    draft_path = Path(result["resolved"]["speculative_draft_model_path"])
+    assert draft_path.name == "sglang-eagle3-head" and draft_path.parent.name == "export"
+    assert (draft_path / "model.safetensors").resolve() == (eagle3_head(tiny_models) / "model.safetensors")
+    assert result["resolved_speculative_algorithm"] == "EAGLE3"
+    assert result["target"] == {"architectures": ["LlamaForCausalLM"], "class": "LlamaForCausalLM",
+                                "num_hidden_layers": 8}
+    assert result["draft"] == {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
+                               "class": "LlamaForCausalLMEagle3", "num_hidden_layers": 1}
+    assert (result["resolved"]["speculative_num_steps"], result["resolved"]["speculative_eagle_topk"],
+            result["resolved"]["speculative_num_draft_tokens"]) == (K, 1, K + 1)
+
+
+def test_sglang_captures_the_layers_the_head_was_trained_on(sglang_run):
+    """The ids the export writes ([0, 2, 5], SGLang's numbering) become, through SGLang's own aux
+    resolution and the Llama target's set_eagle3_layers_to_capture (+1), captures at the inputs of
+    layers 1, 3 and 6: the head's trained layers. The head's own ids, read as they are, would be
+    captured at [2, 4, 7]."""
+    results, _, _ = sglang_run
+    result = ok(results["sglang-eagle3"])
+    assert result["eagle_aux_hidden_state_layer_ids"] == [i - 1 for i in TRAINED_AUX]
+    assert result["layers_to_capture"] == TRAINED_AUX
+
+
+def test_sglang_cannot_load_the_speculators_head_directory(sglang_run):
+    """Why the export writes SGLang its own layout: handed the registered (speculators) head, SGLang's
+    get_config raises before any weight loads."""
+    results, _, _ = sglang_run
+    assert results["speculators-head"].get("error", "").startswith(
+        "ValueError: Unrecognized model in"), results["speculators-head"]
+
+
+def test_sglang_parses_the_mtp_export(sglang_run, tiny_models):
+    """NEXTN with no draft path, k steps, top-k 1, k + 1 draft tokens as SGLang's parser reads them;
+    its launch resolves NEXTN to EAGLE (speculative_hook._resolve_speculative_algorithm_alias, run
+    here) and, for a DeepseekV3ForCausalLM target, sets the draft path to the model's own NextN
+    layers (_handle_eagle_family: needs SGLang's ModelConfig, not run here, see engine_check.py)."""
+    results, exported, _ = sglang_run
+    result = ok(results["sglang-mtp"])
+    args = result["server_args"]
+    assert "--speculative-draft-model-path" not in exported["sglang-mtp"][0]
+    assert (args["speculative_algorithm"], result["resolved_speculative_algorithm"]) == ("NEXTN", "EAGLE")
+    assert Path(args["model_path"]) == mtp_target(tiny_models) and args["revision"] == "abc123"
+    assert args["speculative_draft_model_path"] is None
+    assert (args["speculative_num_steps"], args["speculative_eagle_topk"], args["speculative_num_draft_tokens"]) == \
+        (K, 1, K + 1)
+    assert args["enable_metrics"] is True and args["served_model_name"] == "tiny-pair"
+    # SGLang's resolution drafts from the target's own directory, read as its NextN model
+    # (sglang/srt/configs/model_config.py:1032-1036), with the k-step chain the export asked for
+    assert Path(result["resolved"]["speculative_draft_model_path"]) == mtp_target(tiny_models)
+    assert result["resolved"]["speculative_algorithm"] == "EAGLE"
+    assert result["target"]["architectures"] == ["DeepseekV3ForCausalLM"]
+    assert (result["draft"]["architectures"], result["draft"]["class"]) == \
+        (["DeepseekV3ForCausalLMNextN"], "DeepseekV3ForCausalLMNextN")
+    assert (result["resolved"]["speculative_num_steps"], result["resolved"]["speculative_eagle_topk"],
+            result["resolved"]["speculative_num_draft_tokens"]) == (K, 1, K + 1)
+
+
+def test_schema_file_is_generated_from_the_engine(sglang_run):
+    """templates/engines/sglang-0.5.23.json equals what SGLang's code says (scripts/engine_schemas.py
+    writes it from the same run)."""
+    committed = json.loads((templates_dir() / "engines" / "sglang-0.5.23.json").read_text())
+    assert committed == sglang_run[2]["schema"], "run scripts/engine_schemas.py and commit the result"
