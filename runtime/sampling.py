@@ -29,16 +29,18 @@ def logits_to_probs(logits, temperature: float = 1.0, top_k: int | None = None,
 
 def sample(probs, generator=None):
     """probs # [n, vocab] -> token ids # [n], one draw per row, by the inverse of the running
-    sum (float64): one uniform u per row, the first token whose running sum exceeds u x total.
+    sum (float64; float32 on MPS): one uniform u per row, the first token whose running sum exceeds u x total.
     A token of probability 0 has an empty interval and is never drawn. (torch.multinomial draws
-    one exponential per vocabulary entry per call on the CPU: 2.2 ms a draw over SmolLM2's 49152
-    tokens against 0.1 ms here, measured 2026-12-01 on this project's 2-core machine; sampling
-    is called for every drafted and every emitted token.)"""
+    one exponential per vocabulary entry per call on the CPU: over SmolLM2's 49152 tokens 2.2-2.8 ms
+    a draw against 0.7 ms here, measured 2026-12-01 on this project's 2-core machine while it built
+    llama.cpp (load 3.5); sampling is called for every drafted and every emitted token.)"""
     import torch
 
-    cdf = probs.double().cumsum(-1)  # [n, vocab]
+    # float64 where the device has it (MPS has none: float32 there)
+    precision = torch.float32 if probs.device.type == "mps" else torch.float64
+    cdf = probs.to(precision).cumsum(-1)  # [n, vocab]
     total = cdf[:, -1:]  # [n, 1]
-    uniforms = torch.rand(cdf.shape[0], 1, generator=generator, device=cdf.device, dtype=torch.float64)
+    uniforms = torch.rand(cdf.shape[0], 1, generator=generator, device=cdf.device, dtype=precision)
     ids = torch.searchsorted(cdf, uniforms * total, right=True).squeeze(-1)  # [n]
     # u x total can round up to the total itself: then the first token where the sum reaches it
     # (one of probability > 0)
