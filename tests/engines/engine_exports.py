@@ -164,6 +164,16 @@ def export_argv(case: tuple, models: dict[str, Path], workdir: Path) -> tuple[li
     return record_argv(files[script], workdir / case_id, script=out / script), files
 
 
+def export_cases(rows: list[tuple], models: dict[str, Path], workdir: Path) -> tuple[list[dict], dict]:
+    """export_argv for each row -> (engine_check cases [{"id", "argv"}], {id: (argv, files)})."""
+    cases, exported = [], {}
+    for case in rows:
+        argv, files = export_argv(case, models, workdir)
+        cases.append({"id": case[0], "argv": argv})
+        exported[case[0]] = (argv, files)
+    return cases, exported
+
+
 def ok(result: dict) -> dict:
     assert "error" not in result, f"{result['id']}: the engine refused it: {result['error']}\n{result.get('traceback')}"
     return result

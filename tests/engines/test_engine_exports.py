@@ -15,7 +15,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-from engine_exports import (CUTOFF, K, TRAINED_AUX, VLLM_CASES, eagle3_head, export_argv, llama_with_nextn_layers,
+from engine_exports import (CUTOFF, K, TRAINED_AUX, VLLM_CASES, eagle3_head, export_cases, llama_with_nextn_layers,
                             mtp_target, ok, tiny_pair)
 from exportcase import BASELINES
 
@@ -27,11 +27,7 @@ from specreg.registry.store.entities import SpecMethod
 @pytest.fixture(scope="session")
 def vllm_run(tiny_models, tmp_path_factory, engine_runner):
     workdir = tmp_path_factory.mktemp("vllm-check")
-    cases, exported = [], {}
-    for case in VLLM_CASES:
-        argv, files = export_argv(case, tiny_models, workdir)
-        cases.append({"id": case[0], "argv": argv})
-        exported[case[0]] = (argv, files)
+    cases, exported = export_cases(VLLM_CASES, tiny_models, workdir)
     # The defect this issue is about, as the old export wrote it: one range, nothing above it.
     old = next(c for c in cases if c["id"] == "vllm-draft-cutoff")["argv"]
     old_config = json.loads(old[old.index("--speculative-config") + 1])

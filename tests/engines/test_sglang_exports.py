@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-from engine_exports import K, SGLANG_CASES, TRAINED_AUX, eagle3_head, export_argv, mtp_target, ok
+from engine_exports import K, SGLANG_CASES, TRAINED_AUX, eagle3_head, export_cases, mtp_target, ok
 
 from specreg.registry.deploy.exports import templates_dir
 
@@ -20,11 +20,7 @@ from specreg.registry.deploy.exports import templates_dir
 @pytest.fixture(scope="session")
 def sglang_run(tiny_models, tmp_path_factory, engine_runner):
     workdir = tmp_path_factory.mktemp("sglang-check")
-    cases, exported = [], {}
-    for case in SGLANG_CASES:
-        argv, files = export_argv(case, tiny_models, workdir)
-        cases.append({"id": case[0], "argv": argv})
-        exported[case[0]] = (argv, files)
+    cases, exported = export_cases(SGLANG_CASES, tiny_models, workdir)
     # What the export wrote before SGLang got its own head layout: the speculators head directory itself.
     old = list(next(c for c in cases if c["id"] == "sglang-eagle3")["argv"])
     old[old.index("--speculative-draft-model-path") + 1] = str(eagle3_head(tiny_models))
