@@ -1,6 +1,6 @@
 """A demo target/draft pair trained here, in about half a minute, on a corpus this file generates.
 
-The pair is real (two Llama models, one shared byte-level BPE tokenizer with a chat template)
+The pair is real (two Llama models, one shared BPE tokenizer in Llama 2's layout, with a chat template)
 but tiny: the target is deep and narrow so that one decode step costs about 10x the one-layer
 draft's on a CPU. The draft is trained first on formulaic text (support replies, summaries,
 code, business mail, short stories); the target is grown from it (the draft's layer plus 19
@@ -190,19 +190,38 @@ def cache_key() -> str:
 # ---- building ----------------------------------------------------------------------------
 
 def train_tokenizer(corpus: list[str]):
+    fast = byte_fallback_bpe(corpus, VOCAB_SIZE, SPECIAL_TOKENS)
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+BYTE_TOKENS = [f"<0x{value:02X}>" for value in range(256)]
+
+
+def byte_fallback_bpe(corpus: list[str], vocab_size: int, special_tokens: list[str]):
+    """A BPE tokenizer trained on `corpus` laid out as Llama 2's: "▁" for spaces, the 256
+    <0xNN> byte tokens in the vocabulary right after `special_tokens` (byte fallback for what
+    training never saw). llama.cpp's convert_hf_to_gguf.py converts this layout as a SentencePiece
+    vocabulary (conversion/base.py _set_vocab_llama_hf); a byte-level BPE of our own it refuses, its
+    pre-tokenizer's hash being in none of its tables. -> a transformers PreTrainedTokenizerFast."""
+    import json
+
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    tokenizer.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
+                                           decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    # the trainer places its special tokens first in the vocabulary; the byte tokens then stay
+    # ordinary tokens (decoded, never skipped as special), as in Llama 2
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(special_tokens) + BYTE_TOKENS,
+                                  show_progress=False)
     tokenizer.train_from_iterator(corpus, trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>",
-                                   pad_token="<pad>", unk_token="<unk>")
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
+    data = json.loads(tokenizer.to_str())
+    data["added_tokens"] = [token for token in data["added_tokens"] if token["content"] not in BYTE_TOKENS]
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(data)), bos_token="<s>",
+                                   eos_token="</s>", pad_token="<pad>", unk_token="<unk>")
 
 
 def new_llama(shape: dict, tokenizer, seed: int):

@@ -30,10 +30,21 @@ SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>", "<|user|>", "<|assistant|>", 
 
 
 def build_tokenizer(directory: Path, vocab_size: int = 300, chat_template: str | None = CHAT_TEMPLATE,
-                    extra_special: list[str] | None = None):
-    """Train a byte-level BPE tokenizer and save it in Hugging Face format; return it."""
+                    extra_special: list[str] | None = None, llama_layout: bool = False):
+    """Train a byte-level BPE tokenizer and save it in Hugging Face format; return it.
+    ``llama_layout``: the demo pair's Llama 2 layout instead (byte fallback), which llama.cpp's
+    converter reads; its byte-level BPE of our own it refuses."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
+
+    if llama_layout:
+        from specreg.runtime.demo_pair import byte_fallback_bpe
+
+        fast = byte_fallback_bpe(CORPUS, vocab_size, SPECIAL_TOKENS + list(extra_special or []))
+        fast.chat_template = chat_template
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        fast.save_pretrained(directory)
+        return fast
 
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
