@@ -22,6 +22,9 @@ EAGLE3_DRAFT_VOCAB = 512
 EAGLE3_TRAINING = (80, 8)
 EAGLE3_LR = 3e-3
 EAGLE3_TTT_STEPS = 3
+# the aux ids shifted by these are taught to draft nothing (train_eagle3_head): served on layers
+# one off from the validated ones, the demo head's acceptance collapses instead of barely moving
+EAGLE3_WRONG_LAYER_SHIFTS = (-1, 1)
 
 
 def frequent_tokens(stream, count: int) -> list[int]:
@@ -34,7 +37,7 @@ def frequent_tokens(stream, count: int) -> list[int]:
 
 
 def train_eagle3_head(head, target, stream, steps: int, batch_size: int, seed: int, max_lr: float,
-                      ttt_steps: int = EAGLE3_TTT_STEPS, progress=None):
+                      ttt_steps: int = EAGLE3_TTT_STEPS, progress=None, wrong_layer_shifts: tuple[int, ...] = ()):
     """Distil the target into `head` on random windows of `stream` # [tokens], as speculators trains
     EAGLE-3 (eagle3/core.py, data.py): the entry for token x_{j+1} reads the target's aux state g_j
     at position j+1 and learns the target's greedy token there (cross-entropy to the target's argmax
@@ -42,6 +45,12 @@ def train_eagle3_head(head, target, stream, steps: int, batch_size: int, seed: i
     what greedy acceptance measures, which also works on a near-uniform random target); training-time test: step s >= 1 feeds the head's own previous output at the same
     index, attending to the step-0 entries up to it and to its own earlier steps' entries only.
     Inputs of later steps are the corpus tokens (speculators' use_off_policy_tokens).
+    ``wrong_layer_shifts`` (e.g. (-1, 1)): the aux ids shifted by each are also fed at step 0, and
+    the head is taught to answer them with a uniform distribution (cross-entropy to uniform):
+    a head that can predict from the token alone otherwise ignores which layers it reads (on a
+    formulaic corpus it does), and an engine reading other layers than the ones validated would
+    then go unnoticed. Such a head drafts nothing useful from the wrong layers, so acceptance in
+    an engine shows whether it reads the right ones.
     progress(what, step, steps, "loss ...") after each step. Returns the head."""
     import torch
     from transformers import DynamicCache
@@ -56,6 +65,9 @@ def train_eagle3_head(head, target, stream, steps: int, batch_size: int, seed: i
     index = torch.arange(length)
     causal = index[None, :] <= index[:, None]  # [length, length] step 0 over step 0
     diagonal = torch.eye(length, dtype=torch.bool)  # step s over an earlier step's entries
+    layers = target.config.num_hidden_layers
+    wrong_layers = [tuple(i + shift for i in head.aux_layer_ids) for shift in wrong_layer_shifts]
+    wrong_layers = [ids for ids in wrong_layers if all(0 <= i < layers for i in ids)]
     head.train()
     target.eval()
     if progress:
@@ -81,6 +93,11 @@ def train_eagle3_head(head, target, stream, steps: int, batch_size: int, seed: i
             logits = head.lm_head(head.norm(hidden[:, : length - ttt]))  # [batch, length - ttt, Vd]
             loss = loss + torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels[:, ttt:].flatten(),
                                                             ignore_index=-100)
+        for ids in wrong_layers:  # the same tokens over other layers' states: no preference at all
+            wrong = head.project(torch.cat([output.hidden_states[i] for i in ids], dim=-1)[:, :-1])
+            wrong = head(batch[:, 1:], wrong, DynamicCache(config=head.config), 1)  # [batch, length, H]
+            log_probs = torch.log_softmax(head.lm_head(head.norm(wrong)).float(), dim=-1)  # [batch, length, Vd]
+            loss = loss - log_probs.mean() / len(wrong_layers)
         optimizer.step(loss)
         if progress:
             progress("demo EAGLE-3 head: training", step + 1, steps, f"loss {loss.item() / ttt_steps:.3f}")
@@ -138,7 +155,8 @@ def frozen_target(target_dir):
 def head_cache_key(method: str, target_dir) -> str:
     """The EAGLE-3 head's key: this file and its settings (demo_cache_key)."""
     return demo_cache_key([__file__], target_dir, dict(method=method, vocab=EAGLE3_DRAFT_VOCAB,
-                                                       training=EAGLE3_TRAINING, lr=EAGLE3_LR, ttt=EAGLE3_TTT_STEPS))
+                                                       training=EAGLE3_TRAINING, lr=EAGLE3_LR, ttt=EAGLE3_TTT_STEPS,
+                                                       wrong_layer_shifts=EAGLE3_WRONG_LAYER_SHIFTS))
 
 
 def build_demo_head(directory, method: str = "eagle3", *, target_dir=None, force: bool = False,
@@ -168,7 +186,8 @@ def build_demo_head(directory, method: str = "eagle3", *, target_dir=None, force
     started, cpu_started = time.perf_counter(), time.process_time()
     target, stream = frozen_target(target_dir)
     head = new_eagle3_head(target, frequent_tokens(stream, EAGLE3_DRAFT_VOCAB), seed=3)
-    train_eagle3_head(head, target, stream, *EAGLE3_TRAINING, seed=3, max_lr=EAGLE3_LR, progress=progress)
+    train_eagle3_head(head, target, stream, *EAGLE3_TRAINING, seed=3, max_lr=EAGLE3_LR, progress=progress,
+                      wrong_layer_shifts=EAGLE3_WRONG_LAYER_SHIFTS)
     save_eagle3_head(head, head_dir, str(Path(target_dir).resolve()), target.config.architectures or [])
     write_stamp(head_dir, "demo-head.json", key, started, cpu_started, method=method)
     return head_dir
