@@ -245,7 +245,7 @@ def llamacpp_ggufs(version: PairVersion, dtype: str) -> dict[str, Any]:
     """The GGUF files llama-server loads for ``version``: converted by the llamacpp export's own
     converter (llama.cpp's convert_hf_to_gguf.py) from the registered folders, after checking they
     still match their fingerprints, through llama.cpp's conversion cache (the export's too)."""
-    from specreg.registry.deploy.engines import llamacpp, llamacpp_build
+    from specreg.registry.deploy.engines import llamacpp
     from specreg.registry.governance.queries import fingerprint_changes
 
     why = llamacpp.refusal(version)
@@ -255,8 +255,7 @@ def llamacpp_ggufs(version: PairVersion, dtype: str) -> dict[str, Any]:
     if changes:
         raise SpecregError(f"{version.label}: the models changed since registration ({'; '.join(changes)}); "
                            f"nothing is converted or served")
-    return {role: llamacpp_build.converted(model.path, model.fingerprint, GGUF_TYPES[dtype])[0]
-            for role, model in (("target", version.target), ("draft", version.draft))}
+    return {role: path for role, (path, _) in llamacpp.converted_files(version, GGUF_TYPES[dtype]).items()}
 
 
 def llamacpp_identity(server) -> dict[str, Any]:
@@ -278,7 +277,7 @@ def llamacpp_identity(server) -> dict[str, Any]:
 
 def _local_llamacpp(version: PairVersion, golden, options: EngineOptions, progress):
     from specreg.registry.deploy.engine_client import complete
-    from specreg.registry.deploy.engines.llamacpp import start_server
+    from specreg.registry.deploy.engines.llamacpp import spec_type, start_server
     from specreg.runtime.pair import load_pair
     from specreg.validators import engine as checks_module
     from specreg.validators.suite import default_near_tie_tolerance
@@ -295,7 +294,8 @@ def _local_llamacpp(version: PairVersion, golden, options: EngineOptions, progre
     top_tier = max(options.tiers)
     k = config.num_speculative_tokens
     spec, plain, commands = {}, {}, {}
-    with start_server(ggufs["target"], ggufs["draft"], k=k, parallel=top_tier, threads=options.threads) as server:
+    with start_server(ggufs["target"], ggufs["draft"], k=k, parallel=top_tier, threads=options.threads,
+                      spec_type=spec_type(version)) as server:
         identity = llamacpp_identity(server)
         commands["with_draft"] = " ".join(server.argv)
         for tier in options.tiers:

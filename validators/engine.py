@@ -66,6 +66,11 @@ def baselines_of(rows: list[dict[str, Any]], k: int) -> dict[str, Any]:
             "per_category": {category: figures(group, k) for category, group in categories.items()}}
 
 
+# an engine this far below our runtime's acceptance on the same token ids is not drafting with the
+# model we validated (numerics alone move it by hundredths)
+FAR_BELOW = 0.2
+
+
 def check_parity(ours: dict[str, Any], engine: dict[str, Any], *, engine_name: str,
                  tolerance: float = PARITY_TOLERANCE) -> CheckResult:
     """Our baselines (baselines_of) against the engine's -> CheckResult "engine_parity"."""
@@ -96,6 +101,10 @@ def check_parity(ours: dict[str, Any], engine: dict[str, Any], *, engine_name: s
                 f"(|d| {overall['alpha_delta']:.3f}, tolerance {tolerance:g}); tau ours "
                 f"{_fmt(overall['tau_ours'])} vs {_fmt(overall['tau_engine'])}")
     if not overall["within"]:
+        if overall["alpha_ours"] - overall["alpha_engine"] >= FAR_BELOW:
+            headline += (f": {engine_name}'s acceptance is far below our runtime's for the same pair, so it is not "
+                         f"running the draft as validated (an EAGLE-3 head on other target layers than its "
+                         f"eagle_aux_hidden_state_layer_ids, a head served as another method)")
         return CheckResult("engine_parity", FAIL, headline, evidence, figures_out)
     off = [row["scope"] for row in rows[1:] if row["alpha_delta"] is not None and not row["within"]]
     if off:

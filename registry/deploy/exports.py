@@ -282,7 +282,8 @@ def resolve_export(pair_version: PairVersion, baselines: dict[str, Any] | None, 
         )
     config = pair_version.config
     if config.method is SpecMethod.MEDUSA:
-        raise UsageError(f"{pair_version.label} is a medusa pair and cannot be exported: {MEDUSA_REFUSAL}")
+        raise UsageError(f"{pair_version.label} is a medusa pair and cannot be exported: "
+                         f"{getattr(module, 'MEDUSA_REFUSAL', MEDUSA_REFUSAL)}")
     if config.method not in EXPORTED_METHODS:
         # Writing a draft_model or ngram config for a head pair would serve something else.
         raise UsageError(

@@ -1,12 +1,15 @@
-"""llama.cpp's llama-server (llama-server.sh): a draft-model pair served on CPU, with the GGUF
-files it loads made from the registered files by llama.cpp's own convert_hf_to_gguf.py, and a
-Python handle to start and stop that server (``start_server``, ``serve_export``).
+"""llama.cpp's llama-server (llama-server.sh): a draft-model pair or an EAGLE-3 head served on CPU,
+with the GGUF files it loads made from the registered files by llama.cpp's own
+convert_hf_to_gguf.py (a head against its target: --target-model-dir), and a Python handle to
+start and stop that server (``start_server``, ``serve_export``).
 
 Facts from the llama.cpp this specreg builds (llamacpp_build: the source vendored by the
 llama-cpp-python 0.3.36 sdist): the flags are those of common/arg.cpp, listed in
 templates/engines/llamacpp-0.3.36.json and checked against the built binary's --help by the
 tests. ``--spec-type draft-simple`` makes ``-md`` draft (without a type the draft model is
-loaded and nothing is drafted); ``--spec-draft-n-max`` is k; ``--spec-draft-p-min 0`` drafts
+loaded and nothing is drafted); ``draft-eagle3`` runs an EAGLE-3 head from ``-md`` on the
+target's layer inputs named by the GGUF's ``eagle3.target_layers`` (the head's
+eagle_aux_hidden_state_layer_ids, copied by conversion/llama.py); ``--spec-draft-n-max`` is k; ``--spec-draft-p-min 0`` drafts
 every position greedily, as our runtime does (the server's own default is 0 in this build, but
 it has changed between builds); ``--parallel`` (-np) is the number of slots (requests decoded
 together). The long spelling of each flag is used (-m, -md, -np, -t, -a are its aliases).
@@ -65,13 +68,71 @@ def check_options(opts: dict[str, Any]) -> None:
                          f"{', '.join(llamacpp_build.CONVERT_TYPES)}")
 
 
+# Why llama.cpp would not serve a pair as it was validated, each with the line of the vendored
+# llama.cpp source (llamacpp_build.source(): the llama-cpp-python 0.3.36 sdist) that decides it.
+MEDUSA_REFUSAL = ("llama-server has no Medusa drafting: its --spec-type values are none, draft-simple, draft-eagle3, "
+                  "draft-mtp, draft-dflash, draft-dspark and ngram-* (common/speculative.cpp:33-45)")
+TREE_REFUSAL = ("the registered candidate tree cannot be served: llama.cpp's EAGLE-3 drafter proposes one chain, "
+                "the top candidate at each position (common/speculative.cpp:808 cur_p->data[0].id); register the "
+                "head without --tree")
+# our MTP families (specreg.core.heads.mtp) whose layers llama.cpp builds a graph for
+# (src/models/deepseek2.cpp, glm4-moe.cpp, mimo2.cpp, qwen3next.cpp, qwen35.cpp read n_layer_nextn)
+MTP_FAMILIES = ("deepseek", "mimo", "qwen3_next", "qwen3_5")
+
+
 def refusal(pair_version: PairVersion) -> str | None:
+    """Why llama-server cannot serve ``pair_version`` as it was validated, or None."""
     method = pair_version.config.method
     if method is SpecMethod.DRAFT_MODEL:
         return None
-    return (f"this export writes llama-server's separate draft model (--spec-type draft-simple) only; its "
-            f"{method.value} drafting (draft-eagle3, draft-mtp, ngram-*) reads other files and options that "
-            f"were not checked against our runtime")
+    if method is SpecMethod.EAGLE3:
+        return eagle3_refusal(pair_version)
+    if method is SpecMethod.MEDUSA:
+        return MEDUSA_REFUSAL
+    if method is SpecMethod.MTP:
+        family = ((pair_version.config.head or {}).get("layout") or "").removeprefix("mtp:")
+        if family not in MTP_FAMILIES:
+            return (f"llama.cpp builds MTP layers only for DeepSeek, GLM-4-MoE, MiMo and Qwen3-Next/3.5 targets; on "
+                    f"this one ({family or 'no MTP layers'}) llama-server's draft-mtp stops with \"context type MTP "
+                    f"requested but model doesn't contain MTP layers\" (src/llama-context.cpp:3881-3884)")
+    return (f"this export writes llama-server's separate draft model (--spec-type draft-simple) and EAGLE-3 heads "
+            f"(draft-eagle3) only; its {method.value} drafting (draft-mtp, ngram-*) reads other files and options "
+            f"that were not checked against our runtime")
+
+
+def eagle3_refusal(pair_version: PairVersion) -> str | None:
+    """An EAGLE-3 head llama.cpp would load otherwise than our runtime ran it, or not at all."""
+    from specreg.core.heads import read_head
+    from specreg.core.heads.spec import read_target_shape
+    from specreg.core.heads.vocabulary import read_vocab_map
+
+    config = pair_version.config
+    if config.tree is not None:
+        return TREE_REFUSAL
+    head = read_head(pair_version.draft.path, method="eagle3")
+    layers = read_target_shape(pair_version.target.path).num_hidden_layers
+    aux = list(((config.head or {}).get("fit") or {}).get("aux_layer_ids") or head.aux_layer_ids or ())
+    if len(aux) != 3:
+        return (f"the head reads {len(aux)} target layers {aux}; llama.cpp's EAGLE-3 needs exactly 3 "
+                f"(src/models/eagle3.cpp:9-11, common/speculative.cpp:502-505)")
+    if any(i > layers for i in aux):
+        return (f"aux layer ids {aux} name a layer above the target's {layers}: llama-server aborts "
+                f"(common/speculative.cpp:546-547 \"EAGLE3: target layer id exceeds target n_layer\")")
+    if layers in aux:
+        return (f"aux layer ids {aux} include {layers}, the last layer's output: llama.cpp reads it "
+                f"(common/speculative.cpp:544-545), our runtime does not, so the head was never validated as "
+                f"llama-server would run it")
+    vocab_map = read_vocab_map(head) if head.has_vocab_map else None
+    if vocab_map is not None:
+        target_vocab = read_target_shape(pair_version.target.path).vocab_size
+        ids = vocab_map.draft_to_target
+        outside = [t for t in ids if not 0 <= t < target_vocab]
+        if outside:
+            return (f"d2t maps draft ids to target ids {outside[:5]} outside the target's {target_vocab}: llama.cpp's "
+                    f"converter refuses it (conversion/llama.py:346-347)")
+        if len(set(ids)) != len(ids):
+            return "d2t maps two draft ids to one target id: llama.cpp's converter refuses it (conversion/llama.py:348-349)"
+    return None
 
 
 def sources(pair_version: PairVersion, opts: dict[str, Any]) -> tuple[str, str | None]:
@@ -93,16 +154,24 @@ def context(export: Export) -> dict[str, Any]:
         return {"llamacpp_command": None}
     name = gguf_name(export.opts)
     return {"llamacpp_command": command(f"{export.target_source}/{name}", f"{export.draft_source}/{name}",
-                                        export.config.num_speculative_tokens, export.opts, export.served_name)}
+                                        export.config.num_speculative_tokens, export.opts, export.served_name,
+                                        spec_type=spec_type(export.pair_version))}
+
+
+def spec_type(pair_version: PairVersion) -> str:
+    """llama-server's --spec-type for the pair's -md file: an EAGLE-3 head drafts from the target's
+    layer inputs (draft-eagle3), a draft model on its own (draft-simple)."""
+    return "draft-eagle3" if pair_version.config.method is SpecMethod.EAGLE3 else "draft-simple"
 
 
 def command(target_gguf: str, draft_gguf: str | None, k: int, opts: dict[str, Any], served_name: str,
-            program: str = "llama-server") -> list[list[str]]:
-    """llama-server's argument lines (long flag names): the target, the draft drafting k tokens greedily at every
-    step (none without a draft), the slots, /metrics, the name and the address."""
+            program: str = "llama-server", spec_type: str = "draft-simple") -> list[list[str]]:
+    """llama-server's argument lines (long flag names): the target, the draft (``spec_type``:
+    draft-simple or draft-eagle3) drafting k tokens greedily at every step (none without a
+    draft), the slots, /metrics, the name and the address."""
     lines = [[program], ["--model", target_gguf]]
     if draft_gguf is not None:
-        lines.append(["--spec-draft-model", draft_gguf, "--spec-type", "draft-simple"])
+        lines.append(["--spec-draft-model", draft_gguf, "--spec-type", spec_type])
         lines.append(["--spec-draft-n-max", str(k), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"])
     lines.append(["--parallel", str(opts["parallel"])])
     if opts.get("threads"):
@@ -125,14 +194,11 @@ def write_models(pair_version: PairVersion, out_dir: str | Path, opts: dict[str,
     from specreg.core.fingerprint import sha256_file
 
     layouts = {}
-    for role in ROLES:
-        model = getattr(pair_version, role)
-        if model is None:
-            continue
+    ggufs = converted_files(pair_version, opts["gguf_type"], log=log)
+    for role, (cached, digest) in ggufs.items():
         path = Path(out_dir) / gguf_file(role, opts)
         if path.exists() and not overwrite:
             raise SpecregError(f"{path} exists; refusing to overwrite it (use --overwrite)")
-        cached, digest = llamacpp_build.converted(model.path, model.fingerprint, opts["gguf_type"], log=log)
         path.parent.mkdir(parents=True, exist_ok=True)
         for stale in path.parent.glob("*.gguf"):
             stale.unlink()
@@ -145,6 +211,20 @@ def write_models(pair_version: PairVersion, out_dir: str | Path, opts: dict[str,
         os.replace(partial, path)
         layouts[role] = (f"{GGUF_DIR}/{role}", {path.name: written})
     return layouts
+
+
+def converted_files(pair_version: PairVersion, gguf_type: str, log=None) -> dict[str, tuple[Path, str]]:
+    """{role: (cached GGUF, its sha256)} of the pair's registered folders, through llama.cpp's
+    conversion cache (llamacpp_build.converted); an EAGLE-3 head is converted against its target
+    (--target-model-dir, both fingerprints in its key). The caller has checked the folders against
+    their fingerprints."""
+    target = pair_version.target
+    files = {"target": llamacpp_build.converted(target.path, target.fingerprint, gguf_type, log=log)}
+    if pair_version.draft is not None:
+        head_of = (target.path, target.fingerprint) if pair_version.config.method is SpecMethod.EAGLE3 else None
+        files["draft"] = llamacpp_build.converted(pair_version.draft.path, pair_version.draft.fingerprint, gguf_type,
+                                                  log=log, target=head_of)
+    return files
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,17 +287,18 @@ class LlamaServer:
 
 def start_server(target_gguf: str | Path, draft_gguf: str | Path | None = None, *, k: int = 4, parallel: int = 1,
                  port: int | None = None, threads: int | None = None, log_path: str | Path | None = None,
-                 timeout: float = 300, log=None) -> LlamaServer:
+                 timeout: float = 300, log=None, spec_type: str = "draft-simple") -> LlamaServer:
     """Start the built llama-server (llamacpp_build.binary: built on first use) on 127.0.0.1 and
     wait until /health answers 200. ``draft_gguf`` None serves the target alone; ``parallel`` is
-    -np; ``port`` None picks a free loopback port. The argument lines are command()'s, the same
+    -np; ``spec_type`` how the draft file drafts (command()); ``port`` None picks a free loopback
+    port. The argument lines are command()'s, the same
     the export writes. Raises SpecregError with the end of the server's log if it exits or does
     not become healthy within ``timeout`` seconds (the process is stopped then)."""
     program = llamacpp_build.binary(log=log)
     port = port or free_port()
     opts = {"parallel": parallel, "threads": threads, "host": "127.0.0.1", "port": port}
     argv = [word for line in command(str(target_gguf), None if draft_gguf is None else str(draft_gguf), k, opts,
-                                     "specreg", program=str(program)) for word in line]
+                                     "specreg", program=str(program), spec_type=spec_type) for word in line]
     log_path = Path(log_path) if log_path else Path(os.environ.get("TMPDIR", "/tmp")) / f"llama-server-{port}.log"
     started = time.monotonic()
     with open(log_path, "w") as output:
@@ -275,8 +356,9 @@ def serve_export(export_dir: str | Path, *, draft: bool = True, parallel: int = 
         raise SpecregError(f"{folder}: not a llamacpp export (expected one GGUF in each of "
                            f"{GGUF_DIR}/target and {GGUF_DIR}/draft)")
     k = int(lock["speculative_config"]["num_speculative_tokens"])
+    kind = "draft-eagle3" if lock["speculative_config"].get("method") == "eagle3" else "draft-simple"
     return start_server(found["target"][0], found["draft"][0] if draft else None, k=k, parallel=parallel,
-                        port=port, threads=threads, log=log)
+                        port=port, threads=threads, log=log, spec_type=kind)
 
 
 def log_tail(path: Path, lines: int = 5) -> str:

@@ -164,15 +164,21 @@ def run_logged(command: list[str], log_file: Path, progress, what: str) -> int:
         return process.wait()
 
 
-def converted(model_dir: str | Path, fingerprint, outtype: str = "f32", log=None) -> tuple[Path, str]:
+def converted(model_dir: str | Path, fingerprint, outtype: str = "f32", log=None,
+              target: tuple[str | Path, object] | None = None) -> tuple[Path, str]:
     """(cached GGUF of the model folder, its sha256): ``fingerprint`` is the folder's registered
     ModelFingerprint, which the caller has checked against the folder (nothing here re-reads the
-    model). The cache entry is keyed by that fingerprint, ``outtype`` and this llama.cpp; on reuse
-    the file is hashed again and converted anew if it no longer matches its recorded digest."""
+    model). ``target`` (an EAGLE-3 head's target: its folder and registered fingerprint) is passed
+    to the converter as --target-model-dir, and its fingerprint joins the key: the head's GGUF embeds
+    the target's vocabulary, hidden size and layer count. The cache entry is keyed by those
+    fingerprints, ``outtype`` and this llama.cpp; on reuse the file is hashed again and converted
+    anew if it no longer matches its recorded digest."""
     from specreg.core.fingerprint import sha256_file
 
-    identity = json.dumps({"fingerprint": fingerprint.to_dict(), "outtype": outtype, "llama_cpp": VERSION},
-                          sort_keys=True)
+    identity = {"fingerprint": fingerprint.to_dict(), "outtype": outtype, "llama_cpp": VERSION}
+    if target is not None:
+        identity["target_fingerprint"] = target[1].to_dict()
+    identity = json.dumps(identity, sort_keys=True)
     key = hashlib.sha256(identity.encode()).hexdigest()[:24]
     folder = gguf_cache()
     path, record = folder / f"{key}-{outtype}.gguf", folder / f"{key}-{outtype}.json"
@@ -191,18 +197,28 @@ def converted(model_dir: str | Path, fingerprint, outtype: str = "f32", log=None
         if log:
             log(f"converting {model_dir} to GGUF {outtype} with llama.cpp's convert_hf_to_gguf.py into {folder}")
         record.unlink(missing_ok=True)
-        convert(model_dir, path, outtype)
+        convert(model_dir, path, outtype, target_model_dir=target[0] if target is not None else None)
         digest = sha256_file(path)
         record.write_text(json.dumps({"sha256": digest, "model": str(model_dir), "outtype": outtype,
+                                      "target_model": str(target[0]) if target is not None else None,
                                       "identity": json.loads(identity),
                                       "seconds": round(time.monotonic() - started, 1)}, indent=2))
     return path, digest
 
 
-def convert(model_dir: str | Path, outfile: str | Path, outtype: str = "f32") -> Path:
+# conversion/base.py get_vocab_base_pre: a BPE tokenizer is recognised by the sha256 of the ids it
+# gives a fixed text; an unknown one raises NotImplementedError after a warning naming that hash
+UNKNOWN_PRE_TOKENIZER = "BPE pre-tokenizer was not recognized"
+PRE_TOKENIZER_HASH = re.compile(r"\*\* chkhsh:\s+([0-9a-f]{64})")
+
+
+def convert(model_dir: str | Path, outfile: str | Path, outtype: str = "f32",
+            target_model_dir: str | Path | None = None) -> Path:
     """A GGUF file of a Hugging Face model folder, written by the vendored convert_hf_to_gguf.py
-    (F32 by default: the same numbers our runtime computes with). The model folder is read, never
-    changed; nothing is fetched. Raises SpecregError with the converter's last line on failure."""
+    (F32 by default: the same numbers our runtime computes with). ``target_model_dir``: the
+    target an EAGLE-3 head drafts for (the converter reads its config and tokenizer). The folders
+    are read, never changed; nothing is fetched. Raises SpecregError with one line: the tokenizer
+    llama.cpp cannot pre-tokenize, or the converter's last line on any other failure."""
     if outtype not in CONVERT_TYPES:
         raise SpecregError(f"GGUF type {outtype!r}: use one of {', '.join(CONVERT_TYPES)}")
     src = source()
@@ -213,10 +229,23 @@ def convert(model_dir: str | Path, outfile: str | Path, outtype: str = "f32") ->
     partial = outfile.with_name(f".{outfile.name}.partial")
     command = [sys.executable, str(src / "convert_hf_to_gguf.py"), str(model_dir), "--outfile", str(partial),
                "--outtype", outtype]
+    if target_model_dir is not None:
+        command += ["--target-model-dir", str(target_model_dir)]
     completed = subprocess.run(command, env=env, capture_output=True, text=True)
     if completed.returncode != 0:
         partial.unlink(missing_ok=True)
-        last = (completed.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise SpecregError(f"convert_hf_to_gguf.py {model_dir} failed: {last}")
+        if UNKNOWN_PRE_TOKENIZER in completed.stderr:
+            found = PRE_TOKENIZER_HASH.search(completed.stderr)
+            tokenizer_dir = target_model_dir or model_dir
+            raise SpecregError(
+                f"{Path(tokenizer_dir) / 'tokenizer.json'}: llama.cpp cannot pre-tokenize this tokenizer: its BPE "
+                f"pre-tokenizer (hash {found.group(1)[:12] if found else 'unknown'}) is in none of "
+                f"convert_hf_to_gguf.py's tables (conversion/base.py:1940-1953 get_vocab_base_pre), so llama-server "
+                f"would split text otherwise than the model's own tokenizer; serve it with a tokenizer llama.cpp "
+                f"knows (a released model's, or Llama 2's byte-fallback layout)")
+        lines = [line for line in completed.stderr.strip().splitlines() if line.strip()]
+        last = next((line for line in reversed(lines) if "Error" in line or "error" in line), None) \
+            or (lines or ["(no output)"])[-1]
+        raise SpecregError(f"convert_hf_to_gguf.py {model_dir} failed: {last.strip()}")
     os.replace(partial, outfile)
     return outfile
