@@ -301,6 +301,15 @@ class Registry:
         check_text("notes", notes)
         config = build_spec_config(method, num_speculative_tokens, prompt_lookup_min, prompt_lookup_max,
                                    max_batch_size_for_speculation, has_draft=draft is not None, tree=tree)
+        if config.method is SpecMethod.DRAFT_MODEL and draft is not None:
+            from specreg.core.heads import head_in_place_of_a_model
+
+            head = head_in_place_of_a_model(draft)
+            if head is not None:
+                what, method = head
+                how = f"register it with --method {method}" if method else "specreg registers EAGLE-3, Medusa and MTP heads"
+                raise UsageError(f"{os.path.join(draft, 'config.json')}: {what}, not a draft model (tokenizer files "
+                                 f"beside it do not make it one): {how}")
         # Fingerprint before touching the database: a bad model leaves no rows.
         target_ref = fingerprint_reference(target, allow_pickle=allow_pickle)
         draft_ref = fingerprint_reference(draft, allow_pickle=allow_pickle,

@@ -167,3 +167,33 @@ def test_cli_registers_each_kind_and_refuses_a_wrong_head_in_one_line(tmp_path, 
     assert out.returncode == 1
     assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
     assert out.stderr.startswith("specreg: error: ") and "hidden" in out.stderr
+
+
+def test_a_head_folder_with_tokenizer_files_is_not_registered_as_a_draft_model(tmp_path, models):
+    # speculators copies the verifier's tokenizer beside an EAGLE-3 head: the folder then passes for
+    # a draft model (recorded as Eagle3Speculator, vocab null) and fails later on config fields
+    from headfiles import token_vocab, write_tokenizer
+
+    from specreg.core.heads import head_in_place_of_a_model
+
+    eagle1 = tmp_path / "eagle1-head"
+    eagle1.mkdir()
+    (eagle1 / "config.json").write_text(json.dumps({"architectures": ["EagleLlamaForCausalLM"], "num_hidden_layers": 1}))
+    original = tmp_path / "original-eagle3"
+    original.mkdir()
+    (original / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1,
+                                                      "draft_vocab_size": 24}))
+    for folder in (models["eagle3"], models["medusa"], eagle1, original):
+        write_tokenizer(folder, token_vocab())
+    db = f"sqlite:///{tmp_path / 'r.db'}"
+    for folder, what, how in ((models["eagle3"], "a speculators 'eagle3' head", "--method eagle3"),
+                              (models["medusa"], "Medusa heads (medusa_num_heads)", "--method medusa"),
+                              (eagle1, "an EAGLE (1/2) head", "specreg registers EAGLE-3, Medusa and MTP heads"),
+                              (original, "an EAGLE-3 head (architectures ['LlamaForCausalLM'], draft_vocab_size 24)",
+                               "--method eagle3")):
+        out = run_cli("register", "chat", "--target", "models/target", "--draft", str(folder), "-k", "3", db=db)
+        assert out.returncode == 2 and out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, out.stderr
+        assert f"{folder / 'config.json'}: {what}" in out.stderr and how in out.stderr
+        assert "not a draft model" in out.stderr
+    assert Registry(db).list_summaries() == []
+    assert head_in_place_of_a_model(models["target"]) is None  # a causal LM is one

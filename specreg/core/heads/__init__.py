@@ -58,3 +58,33 @@ def read_head(directory: str | Path, method: str | None = None) -> HeadSpec:
         raise ModelReferenceError(f"{directory}: holds {spec.method} head(s) ({spec.layout} layout), not {method}")
     return spec
 
+
+
+def head_in_place_of_a_model(directory: str | Path) -> tuple[str, str | None] | None:
+    """(what speculative head `directory` holds, the method that registers it or None), or None
+    for a causal LM; for a folder registered as a draft model. A head folder may carry tokenizer files beside the head (speculators copies
+    the verifier's), which let it pass for a draft model until its config is read field by field;
+    what says head is its config.json: speculators_model_type, medusa_num_heads, an EAGLE
+    architecture, or draft_vocab_size on a one-layer model (as llama.cpp's converter detects
+    EAGLE-3, conversion/llama.py LlamaModel.__init__)."""
+    config_path = Path(directory) / "config.json"
+    if not config_path.is_file():
+        return None
+    try:
+        config = read_json_file(config_path)
+    except ModelReferenceError:
+        return None
+    architectures = config.get("architectures") if isinstance(config.get("architectures"), list) else []
+    if "speculators_model_type" in config:
+        kind = config["speculators_model_type"]
+        return (f"a speculators {kind!r} head (speculators_model_type; architectures {architectures})",
+                "eagle3" if kind == "eagle3" else None)
+    if "medusa_num_heads" in config:
+        return "Medusa heads (medusa_num_heads)", "medusa"
+    eagle = [str(name) for name in architectures if "eagle" in str(name).lower()]
+    if eagle and not any("3" in name for name in eagle):
+        return f"an EAGLE (1/2) head (architectures {architectures})", None
+    if eagle or ("draft_vocab_size" in config and config.get("num_hidden_layers") == 1):
+        return (f"an EAGLE-3 head (architectures {architectures}, draft_vocab_size {config.get('draft_vocab_size')})",
+                "eagle3")
+    return None
