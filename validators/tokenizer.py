@@ -28,6 +28,7 @@ from typing import Any
 
 from specreg.errors import ModelReferenceError
 from specreg.runtime.loading import load_tokenizer
+from specreg.runtime.pair import BEYOND_TARGET_RULE, PREFIX_REFUSAL, vocabulary_relation
 from specreg.core.types import FAIL, WARN, CheckResult, summarize_findings
 
 CHECK_NAME = "tokenizer"
@@ -56,23 +57,29 @@ def check_tokenizer_alignment(draft_dir: str | Path, target_dir: str | Path, gol
     notes: list[str] = []
     findings += _compare_loaders(draft_dir, draft)
 
-    findings += _compare_vocab(draft.get_vocab(), target.get_vocab())
+    draft_vocab, target_vocab = draft.get_vocab(), target.get_vocab()
+    relation = vocabulary_relation(draft_vocab, target_vocab)
+    findings += _compare_vocab(draft_vocab, target_vocab, relation)
+    # draft-only tokens past the target's vocabulary: one warning (the vocab finding), whatever
+    # else lists them (added or special tokens)
+    beyond = len(target_vocab) if relation == "extends" else None
 
     draft_json, target_json = _tokenizer_json(draft_dir, draft), _tokenizer_json(target_dir, target)
     if draft_json is None or target_json is None:
         notes.append("no tokenizer.json on one side: merges, added-token flags, normalizer, "
                      "pre-tokenizer, post-processor and decoder not compared")
     else:
-        findings += _compare_tokenizer_json(draft_json, target_json)
+        findings += _compare_tokenizer_json(draft_json, target_json, beyond)
 
-    findings += _compare_special_tokens(draft, target)
+    findings += _compare_special_tokens(draft, target, beyond)
     findings += _compare_encoding_settings(draft_dir, target_dir)
 
     figures: dict[str, float] = {
         "draft_tokenizer_length": len(draft),
         "target_tokenizer_length": len(target),
     }
-    embedding_findings, vocab_figures = _compare_embedding_sizes(draft_dir, target_dir, len(draft), len(target))
+    embedding_findings, vocab_figures = _compare_embedding_sizes(draft_dir, target_dir, len(draft), len(target),
+                                                                 relation)
     findings += embedding_findings
     figures.update(vocab_figures)
     if not vocab_figures:
@@ -147,7 +154,17 @@ def _compare_loaders(draft_dir: Path, draft) -> list[dict]:
                         "draft's own tokenizer (HF assisted generation) would see this"}]
 
 
-def _compare_vocab(draft_vocab: dict[str, int], target_vocab: dict[str, int]) -> list[dict]:
+def _compare_vocab(draft_vocab: dict[str, int], target_vocab: dict[str, int], relation: str | None) -> list[dict]:
+    if relation == "extends":
+        added = sorted((t for t in draft_vocab if t not in target_vocab), key=draft_vocab.get)
+        shown = ", ".join(f"{t!r} (id {draft_vocab[t]})" for t in added[:3])
+        return [{"aspect": "vocab", "status": WARN, "count": 0, "beyond_target": len(added),
+                 "message": f"the draft's tokenizer adds {len(added)} token(s) after the target's vocabulary "
+                            f"({shown}{' ...' if len(added) > 3 else ''}), the ids below the same: "
+                            + BEYOND_TARGET_RULE.format(n=len(target_vocab))}]
+    if relation == "prefix":
+        return [{"aspect": "vocab", "status": FAIL, "count": len(target_vocab) - len(draft_vocab),
+                 "message": PREFIX_REFUSAL.format(draft=len(draft_vocab), target=len(target_vocab))}]
     findings = []
     moved = sorted((t for t in draft_vocab if t in target_vocab and draft_vocab[t] != target_vocab[t]),
                    key=draft_vocab.get)
@@ -173,7 +190,7 @@ def _compare_vocab(draft_vocab: dict[str, int], target_vocab: dict[str, int]) ->
     return findings
 
 
-def _compare_tokenizer_json(draft: dict, target: dict) -> list[dict]:
+def _compare_tokenizer_json(draft: dict, target: dict, beyond: int | None = None) -> list[dict]:
     findings = []
     draft_model, target_model = draft.get("model") or {}, target.get("model") or {}
 
@@ -195,7 +212,7 @@ def _compare_tokenizer_json(draft: dict, target: dict) -> list[dict]:
     if difference is not None:
         findings.append(_part_finding("model", difference))
 
-    findings += _compare_added_tokens(draft.get("added_tokens") or [], target.get("added_tokens") or [])
+    findings += _compare_added_tokens(draft.get("added_tokens") or [], target.get("added_tokens") or [], beyond)
 
     for part in TOKENIZER_JSON_PARTS:
         difference = _first_difference(draft.get(part), target.get(part))
@@ -204,7 +221,9 @@ def _compare_tokenizer_json(draft: dict, target: dict) -> list[dict]:
     return findings
 
 
-def _compare_added_tokens(draft: list[dict], target: list[dict]) -> list[dict]:
+def _compare_added_tokens(draft: list[dict], target: list[dict], beyond: int | None = None) -> list[dict]:
+    """``beyond``: the target's vocabulary size when the draft's tokens past it are covered by the
+    vocab finding (BEYOND_TARGET_RULE); such draft-only tokens are not findings again here."""
     findings = []
     draft_by_content = {t["content"]: t for t in draft}
     target_by_content = {t["content"]: t for t in target}
@@ -212,6 +231,9 @@ def _compare_added_tokens(draft: list[dict], target: list[dict]) -> list[dict]:
                                ("target", target_by_content, draft_by_content)):
         for content, token in ours.items():
             if content not in theirs:
+                if side == "draft" and beyond is not None and isinstance(token.get("id"), int) \
+                        and token["id"] >= beyond:
+                    continue
                 kind = "special" if token.get("special") else "not special"
                 findings.append({
                     "aspect": "added_tokens", "status": FAIL, "token": content, "side": side,
@@ -232,7 +254,7 @@ def _compare_added_tokens(draft: list[dict], target: list[dict]) -> list[dict]:
     return findings
 
 
-def _compare_special_tokens(draft, target) -> list[dict]:
+def _compare_special_tokens(draft, target, beyond: int | None = None) -> list[dict]:
     findings = []
     for role in SPECIAL_TOKEN_ROLES:
         draft_pair = (getattr(draft, f"{role}_token", None), getattr(draft, f"{role}_token_id", None))
@@ -249,6 +271,8 @@ def _compare_special_tokens(draft, target) -> list[dict]:
     for side, ours, theirs in (("draft", draft_special, target_special), ("target", target_special, draft_special)):
         for token in ours:
             if token not in theirs:
+                if side == "draft" and beyond is not None and ours[token] >= beyond:
+                    continue  # past the target's vocabulary: the vocab finding's rule
                 findings.append({
                     "aspect": "special_tokens", "status": FAIL, "token": token, "side": side,
                     "message": f"special token {token!r} (id {ours[token]}) only in {side}",
@@ -273,7 +297,7 @@ def _compare_encoding_settings(draft_dir: Path, target_dir: Path) -> list[dict]:
 
 
 def _compare_embedding_sizes(draft_dir: Path, target_dir: Path, draft_length: int,
-                             target_length: int) -> tuple[list[dict], dict[str, float]]:
+                             target_length: int, relation: str | None = None) -> tuple[list[dict], dict[str, float]]:
     draft_size, target_size = _config_vocab_size(draft_dir), _config_vocab_size(target_dir)
     if draft_size is None or target_size is None:
         return [], {}
@@ -286,15 +310,15 @@ def _compare_embedding_sizes(draft_dir: Path, target_dir: Path, draft_length: in
                 "message": f"{side} config.json vocab_size {size} is smaller than its tokenizer "
                            f"({length} tokens): ids from {size} up have no embedding",
             })
-    if not findings and draft_size != target_size:
-        # Rows past the tokenizer are never produced by encoding: padding (e.g. to a multiple
-        # of 64 for fast matmuls). Harmless here, but vLLM refuses such a pair.
-        padded_from = max(draft_length, target_length)
+    if not findings and draft_size != target_size and relation != "prefix":  # a prefix: the vocab finding
+        # Rows past the target's tokenizer are never produced by encoding with it: padding (e.g. to
+        # a multiple of 64 for fast matmuls) or draft tokens past the target's (BEYOND_TARGET_RULE).
         findings.append({
-            "aspect": "embedding_size", "status": WARN, "padded_from": padded_from,
-            "message": f"embedding sizes differ (draft vocab_size {draft_size}, target {target_size}); "
-                       f"ids from {padded_from} up are padding beyond the tokenizer; vLLM refuses "
-                       "draft/target pairs whose vocab_size differs",
+            "aspect": "embedding_size", "status": WARN, "padded_from": target_length,
+            "message": f"embedding sizes differ (draft vocab_size {draft_size}, target {target_size}): "
+                       + BEYOND_TARGET_RULE.format(n=target_length)
+                       + "; vLLM 0.33 refuses draft/target pairs whose vocab_size differs unless "
+                         "use_heterogeneous_vocab (vllm/config/speculative.py:2040-2052)",
         })
     return findings, figures
 

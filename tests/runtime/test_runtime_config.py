@@ -56,10 +56,14 @@ def test_draft_without_tokenizer_is_refused(tiny_dir):
 def test_different_vocabularies_are_refused(tmp_path, target, tokenizer):
     from tinymodels import build_llama, build_tokenizer
 
-    other_tokenizer = build_tokenizer(tmp_path / "other", vocab_size=280)
+    other_tokenizer = build_tokenizer(tmp_path / "other", vocab_size=280)  # the first 280 of the same corpus
     build_llama(tmp_path / "other_model", tokenizer=other_tokenizer, num_layers=1, hidden_size=32)
-    with pytest.raises(RuntimeConfigError, match="tokenizer differs"):
+    with pytest.raises(RuntimeConfigError, match="vocabulary is a strict prefix of the target's .280 of 300"):
         load_pair(load_tokenizer_dir(target, tokenizer, tmp_path), tmp_path / "other_model")
+    shifted = build_tokenizer(tmp_path / "shifted", vocab_size=300, extra_special=["<|tool|>"])
+    build_llama(tmp_path / "shifted_model", tokenizer=shifted, num_layers=1, hidden_size=32)
+    with pytest.raises(RuntimeConfigError, match="tokenizer differs"):
+        load_pair(load_tokenizer_dir(target, tokenizer, tmp_path), tmp_path / "shifted_model")
 
 
 def load_tokenizer_dir(target, tokenizer, tmp_path):

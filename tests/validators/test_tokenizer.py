@@ -60,19 +60,61 @@ def test_a_swapped_token_id_fails_naming_the_token(pair, draft_copy, smoke):
     assert mismatch["draft_token"] == mismatch["target_token"] == first
 
 
-def test_an_extra_special_token_fails(pair, draft_copy, smoke):
+def test_an_extra_special_token_past_an_embedding_that_cannot_hold_it_fails(pair, draft_copy, smoke):
     tokenizer = AutoTokenizer.from_pretrained(draft_copy)
     tokenizer.add_tokens(["<|extra|>"], special_tokens=True)
     tokenizer.save_pretrained(draft_copy)
     result = check_tokenizer_alignment(draft_copy, pair[1], smoke)
     assert result.status == "fail"
-    messages = [f["message"] for f in result.evidence["findings"]]
-    assert "added token '<|extra|>' (id 300, special) only in draft" in messages
-    assert "tokens only in draft's vocabulary: '<|extra|>' (id 300)" in messages
-    # The draft embedding (300 rows) cannot hold id 300 either.
-    assert ("draft config.json vocab_size 300 is smaller than its tokenizer (301 tokens): "
-            "ids from 300 up have no embedding") in messages
-    assert "<|extra|>" in result.summary
+    findings = {f["message"]: f["status"] for f in result.evidence["findings"]}
+    # past the target's vocabulary, the ids below the same: the rule for every draft id beyond it
+    assert findings["the draft's tokenizer adds 1 token(s) after the target's vocabulary ('<|extra|>' (id 300)), "
+                    "the ids below the same: engines feed the draft the target's token ids, so draft ids from 300 up "
+                    "are never fed and never accepted; specreg verifies ids below 300 only"] == "warn"
+    # but the draft embedding (300 rows) cannot hold id 300
+    assert findings["draft config.json vocab_size 300 is smaller than its tokenizer (301 tokens): "
+                    "ids from 300 up have no embedding"] == "fail"
+    assert len(findings) == 2  # not again as an added or special token only in the draft
+
+
+def test_tokens_after_the_targets_vocabulary_follow_the_larger_vocabulary_rule(pair, tmp_path, smoke):
+    # a draft whose tokenizer adds special tokens after the target's, its embedding grown to hold
+    # them: the same warning as embedding rows beyond the target's, and validation runs
+    from tinymodels import build_llama
+
+    from specreg.runtime.decode import DecodeConfig, speculative_generate, target_only_generate
+    from specreg.runtime.pair import load_pair
+
+    tokenizer = AutoTokenizer.from_pretrained(pair[1])
+    tokenizer.add_tokens(["<|tool|>", "<|end_tool|>"], special_tokens=True)
+    draft = build_llama(tmp_path / "draft-more", tokenizer=tokenizer, hidden_size=32, num_layers=1, num_heads=2,
+                        num_kv_heads=1, intermediate_size=64)
+    result = check_tokenizer_alignment(draft, pair[1], smoke)
+    assert result.status == "warn", result.summary
+    assert [f["aspect"] for f in result.evidence["findings"]] == ["vocab", "embedding_size"]
+    assert all("draft ids from 300 up are never fed and never accepted" in f["message"]
+               for f in result.evidence["findings"])
+    loaded = load_pair(pair[1], draft)
+    assert loaded.vocab_size == 300
+    config = DecodeConfig(k=3, max_new_tokens=16, eos_token_ids=())
+    prompt = tokenizer("dear customer, thank you", add_special_tokens=False)["input_ids"]
+    assert speculative_generate(loaded, prompt, config).token_ids == target_only_generate(loaded, prompt, config).token_ids
+
+
+def test_a_strict_prefix_vocabulary_is_refused_with_the_engines_reasons(pair, tmp_path, smoke):
+    from tinymodels import build_llama, build_tokenizer
+
+    smaller = build_tokenizer(tmp_path / "smaller", vocab_size=280)  # the same corpus: the first 280 tokens
+    draft = build_llama(tmp_path / "draft-smaller", tokenizer=smaller, hidden_size=32, num_layers=1, num_heads=2,
+                        num_kv_heads=1, intermediate_size=64)
+    result = check_tokenizer_alignment(draft, pair[1], smoke)
+    assert result.status == "fail"
+    # the vocab finding first; fewer merges also segment text otherwise (merges, golden encodings)
+    assert [f["aspect"] for f in result.evidence["findings"] if f["status"] == "fail"] == \
+        ["vocab", "merges", "golden_encoding"]
+    assert result.summary.startswith("the draft's vocabulary is a strict prefix of the target's (280 of 300 tokens")
+    assert "padding" not in result.summary.replace("not padding", "")
+    assert "use_heterogeneous_vocab" in result.summary and "vllm/config/speculative.py:496-500" in result.summary
 
 
 def test_a_padded_embedding_warns_not_fails(pair, tmp_path, smoke):
@@ -83,8 +125,10 @@ def test_a_padded_embedding_warns_not_fails(pair, tmp_path, smoke):
     result = check_tokenizer_alignment(padded, pair[1], smoke)
     assert result.status == "warn", result.summary
     assert result.summary == (
-        "embedding sizes differ (draft vocab_size 320, target 300); ids from 300 up are padding "
-        "beyond the tokenizer; vLLM refuses draft/target pairs whose vocab_size differs")
+        "embedding sizes differ (draft vocab_size 320, target 300): engines feed the draft the target's token ids, "
+        "so draft ids from 300 up are never fed and never accepted; specreg verifies ids below 300 only; vLLM 0.33 "
+        "refuses draft/target pairs whose vocab_size differs unless use_heterogeneous_vocab "
+        "(vllm/config/speculative.py:2040-2052)")
     assert (result.figures["draft_vocab_size"], result.figures["target_vocab_size"]) == (320, 300)
     assert result.figures["golden_prompts_mismatched"] == 0
 
