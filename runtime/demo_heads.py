@@ -19,12 +19,18 @@ from specreg.runtime.demo_pair import (SEQUENCE_LENGTH, OneCycleAdamW, build_dem
 # EAGLE-3 head: the draft vocabulary is the corpus' most frequent tokens (as EAGLE-3 selects it);
 # (steps, batch of SEQUENCE_LENGTH windows), peak learning rate, training-time-test steps
 EAGLE3_DRAFT_VOCAB = 512
-EAGLE3_TRAINING = (80, 8)
+EAGLE3_TRAINING = (150, 8)
 EAGLE3_LR = 3e-3
 EAGLE3_TTT_STEPS = 3
 # the aux ids shifted by these are taught to draft nothing (train_eagle3_head): served on layers
 # one off from the validated ones, the demo head's acceptance collapses instead of barely moving
 EAGLE3_WRONG_LAYER_SHIFTS = (-1, 1)
+# the target layers the demo head reads: embeddings, a middle and a late layer input. Not the
+# default (2, N // 2, N - 3): an engine falling back to the default must show. The demo target's
+# grown layers change the residual stream by ~5 % each, too little for the head to tell layer i
+# from i + 1 in its training budget; the embeddings and layer 0's output differ ~4x, so reading
+# layer inputs one later (the output-numbering slip) collapses its acceptance.
+EAGLE3_AUX_LAYER_IDS = (0, 10, 18)
 
 
 def frequent_tokens(stream, count: int) -> list[int]:
@@ -156,7 +162,8 @@ def head_cache_key(method: str, target_dir) -> str:
     """The EAGLE-3 head's key: this file and its settings (demo_cache_key)."""
     return demo_cache_key([__file__], target_dir, dict(method=method, vocab=EAGLE3_DRAFT_VOCAB,
                                                        training=EAGLE3_TRAINING, lr=EAGLE3_LR, ttt=EAGLE3_TTT_STEPS,
-                                                       wrong_layer_shifts=EAGLE3_WRONG_LAYER_SHIFTS))
+                                                       wrong_layer_shifts=EAGLE3_WRONG_LAYER_SHIFTS,
+                                                       aux=EAGLE3_AUX_LAYER_IDS))
 
 
 def build_demo_head(directory, method: str = "eagle3", *, target_dir=None, force: bool = False,
@@ -185,7 +192,8 @@ def build_demo_head(directory, method: str = "eagle3", *, target_dir=None, force
     from specreg.runtime.eagle3 import new_eagle3_head, save_eagle3_head
     started, cpu_started = time.perf_counter(), time.process_time()
     target, stream = frozen_target(target_dir)
-    head = new_eagle3_head(target, frequent_tokens(stream, EAGLE3_DRAFT_VOCAB), seed=3)
+    head = new_eagle3_head(target, frequent_tokens(stream, EAGLE3_DRAFT_VOCAB), aux_layer_ids=EAGLE3_AUX_LAYER_IDS,
+                           seed=3)
     train_eagle3_head(head, target, stream, *EAGLE3_TRAINING, seed=3, max_lr=EAGLE3_LR, progress=progress,
                       wrong_layer_shifts=EAGLE3_WRONG_LAYER_SHIFTS)
     save_eagle3_head(head, head_dir, str(Path(target_dir).resolve()), target.config.architectures or [])

@@ -213,6 +213,7 @@ def validate_in_engine(store: Store, version: PairVersion, golden, options: Engi
 
     progress(stage, done, total, record_id) after each prompt of each pass. SIGINT/SIGTERM raise
     ValidationInterrupted after every server started here was stopped; nothing is stored then."""
+    from specreg.registry.deploy.engines.common import measured_schedule
     from specreg.registry.store.engine_baselines import EngineBaselineStore
     from specreg.registry.store.validations import ValidationStore
     from specreg.validation import interrupt_on_signals
@@ -226,6 +227,8 @@ def validate_in_engine(store: Store, version: PairVersion, golden, options: Engi
             report, baselines, checks, identity = _remote(store, version, golden, options, progress)
     report["seconds"] = round(time.time() - started, 1)
     report["checks"] = [check.to_dict() for check in checks]
+    # the per-batch schedule the measured tiers support: speculation off where a tier was slower
+    report["speculation_schedule"] = measured_schedule(report.get("throughput"), version.config.num_speculative_tokens)
     passed = not any(check.status == FAIL for check in checks)
     failed = [check.name for check in checks if check.status == FAIL]
     report["reason"] = f"{', '.join(failed)} failed" if failed else None

@@ -149,5 +149,9 @@ def with_engine_baseline(baselines: dict[str, Any] | None, found: EngineBaseline
                    "golden_set": found.golden_set, "golden_sha256": found.golden_sha256,
                    "engine_baseline": {"id": found.id, "engine": found.engine, "engine_version": found.engine_version,
                                        "engine_build": found.engine_build,
-                                       "measured_at": found.created_at.isoformat(timespec="seconds") + "Z"}})
+                                       "measured_at": found.created_at.isoformat(timespec="seconds") + "Z",
+                                       # the tiers and the schedule they support (exports derive
+                                       # their per-batch schedule from it)
+                                       "throughput": (found.report or {}).get("throughput"),
+                                       "speculation_schedule": (found.report or {}).get("speculation_schedule")}})
     return merged

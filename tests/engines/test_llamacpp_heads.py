@@ -250,6 +250,11 @@ def test_validate_in_llamacpp_parity_and_a_head_served_on_other_layers_fails(hea
     assert checks["engine_parity"]["figures"]["alpha_delta"] <= 0.03
     assert report["engine_matches_runtime_tokens"] == report["prompts"] == 3
     assert checks["engine_equivalence"]["status"] in ("pass", "warn")
+    # the per-batch schedule the two tiers support, recorded with the baseline for the exports
+    speedups = {t["concurrency"]: t["with_draft_tokens_per_s"] / t["without_draft_tokens_per_s"]
+                for t in report["throughput"]}
+    assert report["speculation_schedule"] == [[1, 1, 3 if speedups[1] >= 1 else 0], [2, 2, 3 if speedups[2] >= 1 else 0]] \
+        or report["speculation_schedule"] == [[1, 2, 3 if speedups[1] >= 1 else 0]]
 
     # the engine given the head with its layer ids one up (an export or a server not running the
     # head as validated): our runtime's pass is unchanged, the engine's acceptance collapses

@@ -41,3 +41,58 @@ def test_other_methods_are_refused(baselines):
     with pytest.raises(UsageError, match=r"cannot be exported to llamacpp: this export writes llama-server's separate "
                                          r"draft model \(--spec-type draft-simple\) and EAGLE-3 heads"):
         render_export(make_pair(SpecMethod.NGRAM), baselines, "llamacpp", approved=True)
+
+
+def with_measured_tiers(baselines: dict, speedups: dict[int, float]) -> dict:
+    """``baselines`` with an engine baseline whose throughput tiers measured ``speedups``
+    ({concurrency: with / without}), as validate --engine records them."""
+    from specreg.registry.deploy.engines.common import measured_schedule
+
+    tiers = [{"concurrency": c, "with_draft_tokens_per_s": 100.0 * s, "without_draft_tokens_per_s": 100.0}
+             for c, s in speedups.items()]
+    return {**baselines, "engine_baseline": {"id": 1, "engine": "llamacpp", "engine_version": "llama.cpp 0c1e57098bba",
+                                             "engine_build": "b1", "measured_at": "2026-12-02T04:00:00Z",
+                                             "throughput": tiers, "speculation_schedule": measured_schedule(tiers, 4)}}
+
+
+def test_the_measured_schedule_turns_speculation_off_where_a_tier_was_slower():
+    from specreg.registry.deploy.engines.common import measured_schedule, schedule_depth
+
+    tiers = lambda speedups: [{"concurrency": c, "with_draft_tokens_per_s": s, "without_draft_tokens_per_s": 1.0}  # noqa: E731
+                              for c, s in speedups.items()]
+    assert measured_schedule(tiers({1: 1.8, 2: 1.2, 4: 0.9}), 4) == [[1, 2, 4], [3, 4, 0]]
+    assert measured_schedule(tiers({4: 0.7, 1: 1.5}), 3) == [[1, 1, 3], [2, 4, 0]]
+    assert measured_schedule(tiers({1: 1.5, 4: 1.0}), 3) == [[1, 4, 3]]
+    assert measured_schedule([{"concurrency": 1, "with_draft_tokens_per_s": 5.0, "without_draft_tokens_per_s": None}],
+                             3) is None
+    schedule = [[1, 2, 4], [3, 4, 0]]
+    assert [schedule_depth(schedule, b) for b in (1, 2, 3, 4, 64)] == [4, 4, 0, 0, 0]
+
+
+def test_llama_server_drafts_only_where_the_measured_tiers_say_so(draft_pair, baselines, run_script):
+    measured = with_measured_tiers(baselines, {1: 1.6, 4: 0.8})
+    one = dict(render_export(draft_pair, measured, "llamacpp", approved=True, options={"parallel": 1}))
+    flags = check_command(run_script(one["llama-server.sh"]), engine_schema("llamacpp"))
+    assert flags["--spec-type"] == "draft-simple" and "batch sizes, k): 1-1: 4, 2-4: 0" in one["llama-server.sh"]
+    four = dict(render_export(draft_pair, measured, "llamacpp", approved=True, options={"parallel": 4}))
+    flags = check_command(run_script(four["llama-server.sh"]), engine_schema("llamacpp"))
+    assert "--spec-draft-model" not in flags and "--spec-type" not in flags
+    assert "Speculation is OFF: the draft slowed llama-server down at 4 slots" in four["llama-server.sh"]
+
+
+def test_vllm_per_batch_schedule_comes_from_the_measured_tiers(draft_pair, baselines):
+    import json
+
+    from exportcase import make_pair
+
+    measured = with_measured_tiers(baselines, {1: 1.6, 2: 1.1, 4: 0.8})
+    speculative = json.loads(dict(render_export(make_pair(SpecMethod.DRAFT_MODEL, max_batch=None), measured, "vllm",
+                                                approved=True))["vllm-speculative-config.json"])
+    assert speculative["num_speculative_tokens_per_batch_size"] == [[1, 2, 4], [3, 4, 0]]
+    # with the registered cutoff (16) too: the measured ranges below it, off above it
+    speculative = json.loads(dict(render_export(draft_pair, with_measured_tiers(baselines, {1: 1.6, 4: 1.2}), "vllm",
+                                                approved=True))["vllm-speculative-config.json"])
+    assert speculative["num_speculative_tokens_per_batch_size"] == [[1, 16, 4], [17, 17, 0]]
+    speculative = json.loads(dict(render_export(draft_pair, measured, "vllm",
+                                                approved=True))["vllm-speculative-config.json"])
+    assert speculative["num_speculative_tokens_per_batch_size"] == [[1, 2, 4], [3, 16, 0], [17, 17, 0]]

@@ -60,3 +60,35 @@ def trained_aux_layers(pair_version: PairVersion) -> tuple[int, ...]:
     after layer idx. Each engine module translates these into its own terms."""
     fit = (pair_version.config.head or {}).get("fit") or {}
     return tuple(sorted(set(fit.get("aux_layer_ids") or ())))
+
+
+def measured_schedule(tiers: list[dict[str, Any]] | None, k: int) -> list[list[int]] | None:
+    """The per-batch-size schedule an engine baseline's throughput tiers support, in vLLM's form
+    ``[[range_start, range_end, k], ...]`` (inclusive ranges; vLLM carries the last range's k to
+    larger batch sizes): the batch sizes up to each measured concurrency draft k tokens where the
+    draft sped that concurrency up (with / without >= 1) and none where it slowed it down. None
+    when no tier measured both (a server without a reference to compare with)."""
+    measured = sorted((int(tier["concurrency"]), tier["with_draft_tokens_per_s"] / tier["without_draft_tokens_per_s"])
+                      for tier in tiers or () if tier.get("with_draft_tokens_per_s")
+                      and tier.get("without_draft_tokens_per_s"))
+    if not measured:
+        return None
+    schedule: list[list[int]] = []
+    start = 1
+    for concurrency, speedup in measured:
+        depth = k if speedup >= 1.0 else 0
+        if schedule and schedule[-1][2] == depth:
+            schedule[-1][1] = concurrency
+        else:
+            schedule.append([start, concurrency, depth])
+        start = concurrency + 1
+    return schedule
+
+
+def schedule_depth(schedule: list[list[int]], batch_size: int) -> int:
+    """The k a schedule (measured_schedule's form) gives ``batch_size``: its range's, or the last
+    range's above them all (as vLLM reads it)."""
+    for start, end, depth in schedule:
+        if start <= batch_size <= end:
+            return depth
+    return schedule[-1][2]

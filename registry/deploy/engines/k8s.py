@@ -80,7 +80,7 @@ def sources(pair_version: PairVersion, opts: dict[str, Any]) -> tuple[str, str |
 
 
 def context(export: Export) -> dict[str, Any]:
-    speculative = vllm.speculative_config(export.pair_version, export.draft_source, export.opts)
+    speculative = vllm.speculative_config(export.pair_version, export.draft_source, export.opts, export.baselines)
     k8s = k8s_context(export.pair_version, export.baselines, export.approved, speculative, export.opts,
                       export.target_source, export.draft_source)
     lines = vllm.command(export.target_source, export.pair_version.target.revision, speculative, export.served_name,

@@ -36,7 +36,7 @@ from typing import Any
 
 from specreg.errors import SpecregError, UsageError
 from specreg.registry.deploy.engines import llamacpp_build
-from specreg.registry.deploy.engines.common import Export
+from specreg.registry.deploy.engines.common import Export, schedule_depth
 from specreg.registry.store.entities import PairVersion, SpecMethod
 
 ENGINE = "llamacpp"
@@ -150,12 +150,20 @@ def gguf_name(opts: dict[str, Any]) -> str:
 
 
 def context(export: Export) -> dict[str, Any]:
-    if refusal(export.pair_version) or export.draft_source is None:
+    # every export renders every engine's keys (for user templates): decided by the method alone
+    # here, the head's files are read by refusal() when the export is llama.cpp's
+    if export.config.method not in (SpecMethod.DRAFT_MODEL, SpecMethod.EAGLE3) or export.draft_source is None:
         return {"llamacpp_command": None}
     name = gguf_name(export.opts)
-    return {"llamacpp_command": command(f"{export.target_source}/{name}", f"{export.draft_source}/{name}",
+    schedule = ((export.baselines or {}).get("engine_baseline") or {}).get("speculation_schedule")
+    # llama-server has no per-batch switch: its slots (-np) are the batch it runs at most, so the
+    # measured schedule's k at that many decides whether it drafts at all
+    off = bool(schedule) and schedule_depth(schedule, int(export.opts["parallel"])) == 0
+    draft = None if off else f"{export.draft_source}/{name}"
+    return {"llamacpp_command": command(f"{export.target_source}/{name}", draft,
                                         export.config.num_speculative_tokens, export.opts, export.served_name,
-                                        spec_type=spec_type(export.pair_version))}
+                                        spec_type=spec_type(export.pair_version)),
+            "llamacpp_schedule": schedule, "llamacpp_speculation_off": off}
 
 
 def spec_type(pair_version: PairVersion) -> str:

@@ -48,15 +48,17 @@ def refusal(pair_version: PairVersion) -> str | None:
 
 
 def context(export: Export) -> dict[str, Any]:
-    speculative = speculative_config(export.pair_version, export.draft_source, export.opts)
+    speculative = speculative_config(export.pair_version, export.draft_source, export.opts, export.baselines)
     lines = command(export.target_source, export.pair_version.target.revision, speculative, export.served_name,
                     export.opts)
     return {"speculative_config": speculative, "vllm_command": lines,
             "vllm_argv": [word for line in lines for word in line]}
 
 
-def speculative_config(pair_version: PairVersion, draft_source: str | None, opts: dict[str, Any]) -> dict[str, Any]:
-    """The dict vLLM 0.33 takes as --speculative-config."""
+def speculative_config(pair_version: PairVersion, draft_source: str | None, opts: dict[str, Any],
+                       baselines: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The dict vLLM 0.33 takes as --speculative-config; ``baselines`` (the export's, with the vLLM
+    engine baseline merged in) give the per-batch schedule its tiers measured."""
     config = pair_version.config
     k = config.num_speculative_tokens
     speculative: dict[str, Any] = {"method": config.method.value, "num_speculative_tokens": k}
@@ -78,7 +80,18 @@ def speculative_config(pair_version: PairVersion, draft_source: str | None, opts
         if config.prompt_lookup_max is not None:
             speculative["prompt_lookup_max"] = config.prompt_lookup_max
     cutoff = config.max_batch_size_for_speculation
-    if cutoff:
+    measured = ((baselines or {}).get("engine_baseline") or {}).get("speculation_schedule")
+    if measured:
+        # what the engine baseline's tiers measured: off where the draft slowed a tier down, and
+        # off above the registered cutoff too
+        schedule = [list(row) for row in measured]
+        if cutoff:
+            schedule = [[start, min(end, cutoff), depth] for start, end, depth in schedule if start <= cutoff]
+            schedule[-1][1] = cutoff  # the last measured range's k up to the cutoff, as vLLM carries it
+            if opts["max_num_seqs"] is None or opts["max_num_seqs"] > cutoff:
+                schedule.append([cutoff + 1, max(opts["max_num_seqs"] or 0, cutoff + 1), 0])
+        speculative["num_speculative_tokens_per_batch_size"] = schedule
+    elif cutoff:
         # Ranges are inclusive and vLLM carries the last range's k to every larger batch size
         # (build_dynamic_sd_schedule_lookup), so "off above the cutoff" needs a last range with k = 0.
         schedule = [[1, cutoff, k]]
