@@ -25,12 +25,17 @@ EAGLE3_TTT_STEPS = 3
 # the aux ids shifted by these are taught to draft nothing (train_eagle3_head): served on layers
 # one off from the validated ones, the demo head's acceptance collapses instead of barely moving
 EAGLE3_WRONG_LAYER_SHIFTS = (-1, 1)
-# the target layers the demo head reads: embeddings, a middle and a late layer input. Not the
-# default (2, N // 2, N - 3): an engine falling back to the default must show. The demo target's
-# grown layers change the residual stream by ~5 % each, too little for the head to tell layer i
-# from i + 1 in its training budget; the embeddings and layer 0's output differ ~4x, so reading
-# layer inputs one later (the output-numbering slip) collapses its acceptance.
-EAGLE3_AUX_LAYER_IDS = (0, 10, 18)
+
+
+def demo_aux_layer_ids(num_layers: int) -> tuple[int, ...] | None:
+    """The target layers the demo head reads: embeddings, a middle and a late layer input, (0, 10,
+    18) on the 20-layer demo target. Not the default (2, N // 2, N - 3): an engine falling back to
+    the default must show. The demo target's grown layers change the residual stream by ~5 % each,
+    too little for the head to tell layer i from i + 1 in its training budget; the embeddings and
+    layer 0's output differ ~4x, so reading the layer inputs one later (the output-numbering slip)
+    collapses its acceptance. None (the default) on targets too shallow for three distinct ids."""
+    ids = (0, num_layers // 2, num_layers - 2)
+    return ids if num_layers >= 4 else None
 
 
 def frequent_tokens(stream, count: int) -> list[int]:
@@ -163,7 +168,7 @@ def head_cache_key(method: str, target_dir) -> str:
     return demo_cache_key([__file__], target_dir, dict(method=method, vocab=EAGLE3_DRAFT_VOCAB,
                                                        training=EAGLE3_TRAINING, lr=EAGLE3_LR, ttt=EAGLE3_TTT_STEPS,
                                                        wrong_layer_shifts=EAGLE3_WRONG_LAYER_SHIFTS,
-                                                       aux=EAGLE3_AUX_LAYER_IDS))
+                                                       aux="0, N // 2, N - 2"))
 
 
 def build_demo_head(directory, method: str = "eagle3", *, target_dir=None, force: bool = False,
@@ -173,10 +178,9 @@ def build_demo_head(directory, method: str = "eagle3", *, target_dir=None, force
     progress(what, done, total, detail): each training step (specreg.cli.progress.Progress).
 
     eagle3: a speculators-format EAGLE-3 head (config.json + model.safetensors) distilled from the
-    target's own hidden states over the demo corpus: 51 CPU-seconds at one thread (80 steps,
-    2026-12-01); greedy acceptance 0.766, tau 3.97 at k = 4 on the smoke set, 2.2x. Longer
-    training buys acceptance, not a different demo: 150 steps 0.878 on the smoke set (93 CPU-s
-    beside the demo's other lanes); 150 steps 0.91 and 300 steps 0.935 on the default set.
+    target's own hidden states over the demo corpus, reading the layer inputs demo_aux_layer_ids names and
+    taught to draft nothing from the ones one later (train_eagle3_head wrong_layer_shifts). See
+    docs/benchmarks.md for its cost and acceptance.
     """
     from specreg.errors import RuntimeConfigError
 
@@ -192,8 +196,8 @@ def build_demo_head(directory, method: str = "eagle3", *, target_dir=None, force
     from specreg.runtime.eagle3 import new_eagle3_head, save_eagle3_head
     started, cpu_started = time.perf_counter(), time.process_time()
     target, stream = frozen_target(target_dir)
-    head = new_eagle3_head(target, frequent_tokens(stream, EAGLE3_DRAFT_VOCAB), aux_layer_ids=EAGLE3_AUX_LAYER_IDS,
-                           seed=3)
+    head = new_eagle3_head(target, frequent_tokens(stream, EAGLE3_DRAFT_VOCAB),
+                           aux_layer_ids=demo_aux_layer_ids(target.config.num_hidden_layers), seed=3)
     train_eagle3_head(head, target, stream, *EAGLE3_TRAINING, seed=3, max_lr=EAGLE3_LR, progress=progress,
                       wrong_layer_shifts=EAGLE3_WRONG_LAYER_SHIFTS)
     save_eagle3_head(head, head_dir, str(Path(target_dir).resolve()), target.config.architectures or [])

@@ -134,7 +134,7 @@ specreg env list demo-chat
 step "export deployment configs carrying the pair's identity and baselines, with a signed pair lock"
 specreg keys create --out "$DEMO_DIR/keys"
 specreg keys export --out "$DEMO_DIR/keys/approvers.json"   # the approvers' keyring the platform mounts
-for format in vllm sglang trtllm k8s-vllm prometheus-rules; do
+for format in vllm sglang trtllm k8s-vllm prometheus-rules llamacpp; do
   # the manifest mounts the models from a volume: here the host folder the demo pair lies in
   options=()
   [ "$format" = k8s-vllm ] && options=(--option "model_volume=hostPath:$DEMO_DIR/pair")
@@ -161,11 +161,14 @@ specreg register demo-chat-eagle3 --target "$DEMO_DIR/pair/target" --draft "$DEM
   --method eagle3 --num-speculative-tokens 4 --notes "EAGLE-3 head built by specreg demo-pair --method eagle3"
 specreg validate demo-chat-eagle3@1 --golden smoke --device cpu --gpu-memory 1GiB \
   --report "$DEMO_DIR/validation-eagle3.html"
-specreg approve demo-chat-eagle3@1 --user bob --note "EAGLE-3 head: equivalence and acceptance look right"
+# the head in llama.cpp (converted against its target, --spec-type draft-eagle3): the same acceptance as
+# our runtime per category, the same tokens, tokens/s with and without it
+specreg validate demo-chat-eagle3@1 --engine llamacpp --golden smoke --concurrency 1 --engine-threads 1
+specreg approve demo-chat-eagle3@1 --user bob --note "EAGLE-3 head: equivalence and acceptance look right, llama.cpp agrees"
 # the policy's required_checks_by_method: an eagle3 pair needs no chat_template check
 specreg promote demo-chat-eagle3@1 --to staging --reason "demo rollout"
 specreg promote demo-chat-eagle3@1 --to production --reason "demo rollout"
-for format in vllm sglang trtllm; do
+for format in vllm sglang trtllm llamacpp; do
   specreg export demo-chat-eagle3@production --format "$format" -o "$DEMO_DIR/exports/eagle3-$format" \
     --signing-key "$DEMO_DIR/keys/specreg-signing.key"
 done
