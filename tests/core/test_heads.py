@@ -104,6 +104,24 @@ def test_eagle_checkpoint_is_read(tmp_path):
     check_head_fits(head, write_target(tmp_path / "target"))
 
 
+def test_an_eagle3_head_declared_as_eagle_is_refused(tmp_path):
+    # an EAGLE-3 fc (three target states) under an EAGLE config: an engine choosing the method from
+    # the config serves it as EAGLE (SGLang: acceptance length exactly 1.0, no warning)
+    directory = tmp_path / "eagle3-as-eagle"
+    directory.mkdir()
+    save_file({"fc.weight": np.zeros((16, 48), np.float32), "layers.0.mlp.up_proj.weight": np.zeros((32, 16),
+               np.float32)}, str(directory / "model.safetensors"))
+    (directory / "config.json").write_text(json.dumps({"architectures": ["EagleLlamaForCausalLM"], "hidden_size": 16,
+                                                       "vocab_size": 40, "num_hidden_layers": 1}))
+    for method in (None, "eagle", "eagle3"):
+        with pytest.raises(ModelReferenceError) as raised:
+            read_head(directory, method=method)
+        message = str(raised.value)
+        assert "declares an EAGLE (1/2) head (architectures ['EagleLlamaForCausalLM']" in message
+        assert "fc.weight [16, 48] reads 3 target states: an EAGLE-3 head, which engines would serve as EAGLE" in message
+        assert "\n" not in message
+
+
 @pytest.mark.parametrize("prefix", ["", "medusa_head."])
 def test_medusa_heads_are_read(tmp_path, prefix):
     directory = write_medusa(tmp_path / "medusa", heads=3, layers=2, prefix=prefix)

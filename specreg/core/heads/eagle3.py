@@ -167,6 +167,16 @@ def read_eagle_checkpoint(directory: Path, config_path: Path, config: dict[str, 
                                   "layers inside a target, use method mtp)")
     # EAGLE(-1/2): fc reads cat(embeds, hidden) # [.., 2H] (vLLM llama_eagle.py:110-130)
     hidden = positive_int(config.get("hidden_size"), f"{config_path}: hidden_size")
+    if len(fc.shape) == 2 and fc.shape[1] != 2 * hidden and fc.shape[1] % 3 == 0:
+        # an EAGLE-3 fc (three target states) under an EAGLE config: engines pick the method from
+        # the config and would run it as EAGLE (SGLang: acceptance length exactly 1.0, no warning)
+        raise ModelReferenceError(
+            f"{config_path}: declares an EAGLE (1/2) head (architectures "
+            f"{list(str_list(config.get('architectures'), f'{config_path}: architectures'))}, no draft_vocab_size "
+            f"or eagle_aux_hidden_state_layer_ids) but {directory / fc.file}: fc.weight {list(fc.shape)} reads "
+            f"{fc.shape[1] // hidden if fc.shape[1] % hidden == 0 else 3} target states: an EAGLE-3 head, which "
+            f"engines would serve as EAGLE; declare it as EAGLE-3 (architectures [\"LlamaForCausalLMEagle3\"], "
+            f"draft_vocab_size, eagle_aux_hidden_state_layer_ids) and register it with --method eagle3")
     vocab = positive_int(config.get("vocab_size"), f"{config_path}: vocab_size")
     layers = positive_int(config.get("num_hidden_layers"), f"{config_path}: num_hidden_layers")
     expect_shape(fc, (hidden, 2 * hidden), directory, "EAGLE's fc maps [embeds, hidden] to hidden_size")
