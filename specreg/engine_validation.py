@@ -148,6 +148,14 @@ def drive(engine: str, base_url: str, prompts: list[dict[str, Any]], *, concurre
     return EngineRun(completions, [row for _, row in results], generated / seconds if seconds > 0 else None)
 
 
+def tier_acceptance(rows: list[dict[str, Any]]) -> float | None:
+    """The engine's acceptance over one tier's prompts, from what each response or the counters
+    reported (None when the engine reported no drafts: a server without per-response counts)."""
+    drafted = sum(row["drafted"] or 0 for row in rows if row.get("drafted") is not None)
+    accepted = sum(row["accepted"] or 0 for row in rows if row.get("accepted") is not None)
+    return round(accepted / drafted, 6) if drafted else None
+
+
 def golden_prompts(golden, tokenizer) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Encode each record as our runtime does (the engine gets the same ids) -> (prompts, skipped)."""
     import jinja2
@@ -328,8 +336,10 @@ def _local_llamacpp(version: PairVersion, golden, options: EngineOptions, progre
     parity = checks_module.check_parity(ours, engine_baselines, engine_name="llama.cpp",
                                         tolerance=options.parity_tolerance)
     tiers = [{"concurrency": tier, "with_draft_tokens_per_s": spec[tier].tokens_per_s,
-              "without_draft_tokens_per_s": plain[tier].tokens_per_s} for tier in options.tiers]
+              "without_draft_tokens_per_s": plain[tier].tokens_per_s,
+              "acceptance_rate": tier_acceptance(spec[tier].rows)} for tier in options.tiers]
     throughput = checks_module.check_throughput(tiers, engine_name="llama.cpp")
+    concurrency = checks_module.check_concurrency(tiers, engine_name="llama.cpp")
     same_as_runtime = sum(1 for row, done in zip(ours_rows, spec[1].completions) if row["token_ids"] == done.token_ids)
     counted = ("generated_tokens", "drafted", "accepted", "draft_steps", "accepted_per_position")
     same_counts = sum(1 for row, theirs in zip(ours_rows, spec[1].rows)
@@ -341,7 +351,7 @@ def _local_llamacpp(version: PairVersion, golden, options: EngineOptions, progre
               "engine_matches_runtime_counts": same_counts, "throughput": tiers,
               "per_prompt_runtime": [{key: value for key, value in row.items() if key != "token_ids"}
                                      for row in ours_rows]}
-    return report, engine_baselines, [parity, equivalence, throughput], identity
+    return report, engine_baselines, [parity, equivalence, throughput, concurrency], identity
 
 
 def _remote(store: Store, version: PairVersion, golden, options: EngineOptions, progress):
@@ -397,9 +407,10 @@ def _remote(store: Store, version: PairVersion, golden, options: EngineOptions, 
         checks.append(CheckResult("engine_equivalence", SKIP, f"no --engine-reference-url: no {engine} without "
                                   f"speculation to compare outputs with"))
     tiers = [{"concurrency": tier, "with_draft_tokens_per_s": spec[tier].tokens_per_s,
-              "without_draft_tokens_per_s": plain[tier].tokens_per_s if tier in plain else None}
-             for tier in options.tiers]
+              "without_draft_tokens_per_s": plain[tier].tokens_per_s if tier in plain else None,
+              "acceptance_rate": tier_acceptance(spec[tier].rows)} for tier in options.tiers]
     checks.append(checks_module.check_throughput(tiers, engine_name=engine))
+    checks.append(checks_module.check_concurrency(tiers, engine_name=engine))
     report = {"engine": engine, "identity": identity, "url": url, "options": options.to_dict(),
               "prompts": len(prompts), "skipped": skipped, "ours": ours, "per_prompt": spec[1].rows,
               "throughput": tiers}

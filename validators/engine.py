@@ -66,6 +66,9 @@ def baselines_of(rows: list[dict[str, Any]], k: int) -> dict[str, Any]:
             "per_category": {category: figures(group, k) for category, group in categories.items()}}
 
 
+# greedy acceptance depends on the tokens, not on how many requests share a batch: a tier this far
+# below concurrency 1 means the engine drafts worse with more slots (numerics move it by hundredths)
+CONCURRENCY_DROP = 0.1
 # an engine this far below our runtime's acceptance on the same token ids is not drafting with the
 # model we validated (numerics alone move it by hundredths)
 FAR_BELOW = 0.2
@@ -209,3 +212,27 @@ def check_throughput(tiers: list[dict[str, Any]], *, engine_name: str) -> CheckR
         return CheckResult("engine_throughput", WARN, f"{text}; the draft slows concurrency "
                            f"{', '.join(map(str, slower))}", evidence, figures_out)
     return CheckResult("engine_throughput", PASS if rows else SKIP, text or "not measured", evidence, figures_out)
+
+
+def check_concurrency(tiers: list[dict[str, Any]], *, engine_name: str,
+                      tolerance: float = CONCURRENCY_DROP) -> CheckResult:
+    """tiers (check_throughput's, with each tier's engine "acceptance_rate") -> CheckResult
+    "engine_concurrency": fail when a tier's acceptance falls more than ``tolerance`` below the
+    first tier's (the same greedy prompts, more requests at once)."""
+    ordered = sorted(tiers, key=lambda tier: tier["concurrency"])
+    measured = [(tier["concurrency"], tier["acceptance_rate"]) for tier in ordered if tier.get("acceptance_rate") is not None]
+    evidence = {"tiers": [{"concurrency": c, "acceptance_rate": a} for c, a in measured], "tolerance": tolerance,
+                "engine": engine_name}
+    figures_out = {f"alpha_c{c}": a for c, a in measured}
+    if len(measured) < 2:
+        return CheckResult("engine_concurrency", SKIP, "acceptance measured at fewer than two concurrency tiers",
+                           evidence, figures_out)
+    (first, alpha_first), text = measured[0], ", ".join(f"c={c}: {a:.3f}" for c, a in measured)
+    fallen = [c for c, a in measured[1:] if alpha_first - a > tolerance]
+    if fallen:
+        return CheckResult("engine_concurrency", FAIL,
+                           f"{engine_name}'s acceptance falls with concurrency ({text}): more than {tolerance:g} below "
+                           f"concurrency {first} at {', '.join(map(str, fallen))}; the same greedy prompts draft worse "
+                           f"with more requests at once, so speculation there is not what was validated", evidence,
+                           figures_out)
+    return CheckResult("engine_concurrency", PASS, f"acceptance per concurrency: {text}", evidence, figures_out)

@@ -59,10 +59,10 @@ def run_engine_validation(registry, ref: str, *, engine: str, golden: str, engin
                           "yes" if d["near_tie"] else "NO"] for d in differences])
         throughput = checks.get("engine_throughput")
         if throughput is not None and throughput.evidence:
-            print_table(["CONCURRENCY", "TOK/S WITH DRAFT", "TOK/S WITHOUT", "SPEEDUP"],
+            print_table(["CONCURRENCY", "TOK/S WITH DRAFT", "TOK/S WITHOUT", "SPEEDUP", f"ALPHA {engine.upper()}"],
                         [[t["concurrency"], _num(t.get("with_draft_tokens_per_s"), 1),
-                          _num(t.get("without_draft_tokens_per_s"), 1), _num(t.get("speedup"), 2)]
-                         for t in throughput.evidence["tiers"]])
+                          _num(t.get("without_draft_tokens_per_s"), 1), _num(t.get("speedup"), 2),
+                          _num(t.get("acceptance_rate"))] for t in throughput.evidence["tiers"]])
         report = outcome.report
         if "engine_matches_runtime_counts" in report:
             click.echo(f"prompt by prompt: {report['engine_matches_runtime_tokens']} of {report['prompts']} with the "

@@ -107,3 +107,25 @@ def test_throughput_speedup_per_tier_and_a_slower_tier_warns():
                                      engine_name="llama.cpp")
     assert result.status == "warn" and "concurrency 4" in result.summary
     assert result.figures == {"speedup_c1": 1.5, "speedup_c4": 0.75}
+
+
+def test_acceptance_that_falls_with_concurrency_fails_in_one_line():
+    # llama.cpp slots drafting worse as more requests share the server (the DFlash report: 0.06-0.49
+    # at 16 slots): the same greedy prompts, so acceptance should not move beyond numerics
+    def tiers(*alphas):
+        return [{"concurrency": c, "acceptance_rate": a} for c, a in zip((1, 2, 4), alphas)]
+
+    fallen = engine.check_concurrency(tiers(0.65, 0.64, 0.31), engine_name="llama.cpp")
+    assert fallen.status == "fail" and "\n" not in fallen.summary
+    assert fallen.summary.startswith("llama.cpp's acceptance falls with concurrency (c=1: 0.650, c=2: 0.640, "
+                                     "c=4: 0.310): more than 0.1 below concurrency 1 at 4;")
+    assert fallen.figures == {"alpha_c1": 0.65, "alpha_c2": 0.64, "alpha_c4": 0.31}
+    assert engine.check_concurrency(tiers(0.65, 0.63, 0.66), engine_name="llama.cpp").status == "pass"
+    assert engine.check_concurrency(tiers(0.65, None, None), engine_name="vLLM").status == "skip"
+
+
+def test_tier_acceptance_pools_the_prompts_of_a_tier():
+    from specreg.engine_validation import tier_acceptance
+
+    assert tier_acceptance([{"drafted": 8, "accepted": 6}, {"drafted": 4, "accepted": 0}]) == 0.5
+    assert tier_acceptance([{"drafted": None, "accepted": None}]) is None

@@ -58,8 +58,10 @@ def with_measured_tiers(baselines: dict, speedups: dict[int, float]) -> dict:
 def test_the_measured_schedule_turns_speculation_off_where_a_tier_was_slower():
     from specreg.registry.deploy.engines.common import measured_schedule, schedule_depth
 
-    tiers = lambda speedups: [{"concurrency": c, "with_draft_tokens_per_s": s, "without_draft_tokens_per_s": 1.0}  # noqa: E731
-                              for c, s in speedups.items()]
+    def tiers(speedups):
+        return [{"concurrency": c, "with_draft_tokens_per_s": s, "without_draft_tokens_per_s": 1.0}
+                for c, s in speedups.items()]
+
     assert measured_schedule(tiers({1: 1.8, 2: 1.2, 4: 0.9}), 4) == [[1, 2, 4], [3, 4, 0]]
     assert measured_schedule(tiers({4: 0.7, 1: 1.5}), 3) == [[1, 1, 3], [2, 4, 0]]
     assert measured_schedule(tiers({1: 1.5, 4: 1.0}), 3) == [[1, 4, 3]]

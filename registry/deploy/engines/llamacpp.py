@@ -9,9 +9,9 @@ templates/engines/llamacpp-0.3.36.json and checked against the built binary's --
 tests. ``--spec-type draft-simple`` makes ``-md`` draft (without a type the draft model is
 loaded and nothing is drafted); ``draft-eagle3`` runs an EAGLE-3 head from ``-md`` on the
 target's layer inputs named by the GGUF's ``eagle3.target_layers`` (the head's
-eagle_aux_hidden_state_layer_ids, copied by conversion/llama.py); ``--spec-draft-n-max`` is k; ``--spec-draft-p-min 0`` drafts
-every position greedily, as our runtime does (the server's own default is 0 in this build, but
-it has changed between builds); ``--parallel`` (-np) is the number of slots (requests decoded
+eagle_aux_hidden_state_layer_ids, copied by conversion/llama.py); ``--spec-draft-n-max`` is k;
+``--spec-draft-p-min 0`` drafts every position greedily, as our runtime does (the server's own
+default is 0 in this build, but it has changed between builds); ``--parallel`` (-np) is the number of slots (requests decoded
 together). The long spelling of each flag is used (-m, -md, -np, -t, -a are its aliases).
 Each completion's ``timings`` carries ``draft_n`` and ``draft_n_accepted`` when it drafted;
 ``--metrics`` serves /metrics with ``llamacpp:spec_decode_*`` counters (server-task.cpp).
@@ -131,7 +131,8 @@ def eagle3_refusal(pair_version: PairVersion) -> str | None:
             return (f"d2t maps draft ids to target ids {outside[:5]} outside the target's {target_vocab}: llama.cpp's "
                     f"converter refuses it (conversion/llama.py:346-347)")
         if len(set(ids)) != len(ids):
-            return "d2t maps two draft ids to one target id: llama.cpp's converter refuses it (conversion/llama.py:348-349)"
+            return ("d2t maps two draft ids to one target id: llama.cpp's converter refuses it "
+                    "(conversion/llama.py:348-349)")
     return None
 
 

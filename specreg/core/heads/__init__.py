@@ -62,8 +62,9 @@ def read_head(directory: str | Path, method: str | None = None) -> HeadSpec:
 
 def head_in_place_of_a_model(directory: str | Path) -> tuple[str, str | None] | None:
     """(what speculative head `directory` holds, the method that registers it or None), or None
-    for a causal LM; for a folder registered as a draft model. A head folder may carry tokenizer files beside the head (speculators copies
-    the verifier's), which let it pass for a draft model until its config is read field by field;
+    for a causal LM; for a folder registered as a draft model. A head folder may carry tokenizer
+    files beside the head (speculators copies the verifier's), which let it pass for a draft model
+    until its config is read field by field;
     what says head is its config.json: speculators_model_type, medusa_num_heads, an EAGLE
     architecture, or draft_vocab_size on a one-layer model (as llama.cpp's converter detects
     EAGLE-3, conversion/llama.py LlamaModel.__init__)."""
