@@ -91,7 +91,7 @@ specreg keys enrol bob --public-key "$DEMO_DIR/keys/bob/specreg-signing.pub" --u
 export SPECREG_APPROVAL_KEY="$DEMO_DIR/keys/bob/specreg-signing.key"
 specreg policy propose "$POLICY_FILE" --note "demo: the smoke golden set, bob approves production"
 specreg policy approve 1 --user bob --note "reviewed"
-specreg policy show | head -n 1
+specreg policy show | sed -n 1p  # sed reads it all: head would close the pipe early (BrokenPipeError, exit 1 under pipefail)
 
 # The real pair (SmolLM2 from the package index) goes through its first steps in the
 # background from the start, beside the chain of the tiny pairs: built, registered, validated by
