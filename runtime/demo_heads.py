@@ -23,18 +23,19 @@ EAGLE3_TRAINING = (150, 8)
 EAGLE3_LR = 3e-3
 EAGLE3_TTT_STEPS = 3
 # the aux ids shifted by these are taught to draft nothing (train_eagle3_head): served on layers
-# one off from the validated ones, the demo head's acceptance collapses instead of barely moving
+# one off from the validated ones, the demo head's acceptance falls instead of barely moving
 EAGLE3_WRONG_LAYER_SHIFTS = (-1, 1)
 
 
 def demo_aux_layer_ids(num_layers: int) -> tuple[int, ...] | None:
-    """The target layers the demo head reads: embeddings, a middle and a late layer input, (0, 10,
-    18) on the 20-layer demo target. Not the default (2, N // 2, N - 3): an engine falling back to
-    the default must show. The demo target's grown layers change the residual stream by ~5 % each,
-    too little for the head to tell layer i from i + 1 in its training budget; the embeddings and
-    layer 0's output differ ~4x, so reading the layer inputs one later (the output-numbering slip)
-    collapses its acceptance. None (the default) on targets too shallow for three distinct ids."""
-    ids = (0, num_layers // 2, num_layers - 2)
+    """The target layers the demo head reads: layer 0's output, a middle and a late layer input,
+    (1, 10, 18) on the 20-layer demo target. Not the default (2, N // 2, N - 3): an engine falling
+    back to the default must show. The demo target's grown layers change the residual stream by ~5 %
+    each, little for the head to tell layer i from i + 1; the embeddings and layer 0's output differ
+    ~4x, so reading one layer earlier collapses its acceptance whatever it learns of the others.
+    Not the embeddings themselves (id 0): TensorRT-LLM captures decoder layer outputs only. None (the
+    default) on targets too shallow for three distinct ids."""
+    ids = (1, num_layers // 2, num_layers - 2)
     return ids if num_layers >= 4 else None
 
 
@@ -168,7 +169,7 @@ def head_cache_key(method: str, target_dir) -> str:
     return demo_cache_key([__file__], target_dir, dict(method=method, vocab=EAGLE3_DRAFT_VOCAB,
                                                        training=EAGLE3_TRAINING, lr=EAGLE3_LR, ttt=EAGLE3_TTT_STEPS,
                                                        wrong_layer_shifts=EAGLE3_WRONG_LAYER_SHIFTS,
-                                                       aux="0, N // 2, N - 2"))
+                                                       aux="1, N // 2, N - 2"))
 
 
 def build_demo_head(directory, method: str = "eagle3", *, target_dir=None, force: bool = False,
@@ -179,7 +180,7 @@ def build_demo_head(directory, method: str = "eagle3", *, target_dir=None, force
 
     eagle3: a speculators-format EAGLE-3 head (config.json + model.safetensors) distilled from the
     target's own hidden states over the demo corpus, reading the layer inputs demo_aux_layer_ids names and
-    taught to draft nothing from the ones one later (train_eagle3_head wrong_layer_shifts). See
+    taught to draft nothing from the ones one off (train_eagle3_head wrong_layer_shifts). See
     docs/benchmarks.md for its cost and acceptance.
     """
     from specreg.errors import RuntimeConfigError
