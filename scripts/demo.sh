@@ -142,13 +142,16 @@ specreg env list demo-chat
 step "export deployment configs carrying the pair's identity and baselines, with a signed pair lock"
 specreg keys create --out "$DEMO_DIR/keys"
 specreg keys export --out "$DEMO_DIR/keys/approvers.json"   # the approvers' keyring the platform mounts
-for format in vllm sglang trtllm k8s-vllm prometheus-rules llamacpp; do
+for format in vllm sglang trtllm k8s-vllm prometheus-rules; do
   # the manifest mounts the models from a volume: here the host folder the demo pair lies in
   options=()
   [ "$format" = k8s-vllm ] && options=(--option "model_volume=hostPath:$DEMO_DIR/pair")
   specreg export demo-chat@production --format "$format" -o "$DEMO_DIR/exports/$format" \
     --signing-key "$DEMO_DIR/keys/specreg-signing.key" "${options[@]}"
 done
+# llama.cpp too: its converter reads the demo tokenizer (exports/llamacpp is the real pair's, below)
+specreg export demo-chat@production --format llamacpp -o "$DEMO_DIR/exports/demo-llamacpp" \
+  --signing-key "$DEMO_DIR/keys/specreg-signing.key"
 cat "$DEMO_DIR/exports/vllm/vllm-serve.sh"
 
 step "deploy-time check: the files the engine will load match the signed lock (exit 0, 100 mismatch)"
