@@ -33,6 +33,7 @@ class GateResult:
     conditions: tuple[Condition, ...]
     validation_run_id: int | None
     audit_head: str | None = None  # the verified chain's newest hash when judged: anchor it
+    binding_sha256: str | None = None  # the binding judged: a pipeline checks its pair lock names the same
 
     @property
     def passed(self) -> bool:
@@ -48,7 +49,7 @@ class GateResult:
             "pair": self.pair, "version": self.version, "environment": self.environment,
             "passed": self.passed, "verdict": "pass" if self.passed else "refused",
             "policy": self.policy_source, "validation_run_id": self.validation_run_id,
-            "audit_head": self.audit_head, "reasons": self.reasons, "conditions": [c.to_dict() for c in self.conditions],
+            "audit_head": self.audit_head, "binding_sha256": self.binding_sha256, "reasons": self.reasons, "conditions": [c.to_dict() for c in self.conditions],
         }
 
 
@@ -239,4 +240,4 @@ def gate(store: Store, policy: Policy, version: PairVersion, environment: str) -
                                    holder=holder, now=utcnow())
         head = next((c.details.get("audit_head") for c in conditions if c.name == "audit"), None)
         return GateResult(version.name, version.version, environment, policy.source, tuple(conditions),
-                          run.id if run is not None else None, head)
+                          run.id if run is not None else None, head, version.binding_sha256)
