@@ -221,10 +221,15 @@ def describe_head(config: SpecConfig, target: ModelRef, draft: ModelRef | None, 
 
 def export_engine(fmt: str, options: dict | None) -> str | None:
     """The engine whose baseline an export of format ``fmt`` uses: the format's engine
-    (k8s-vllm: vllm), prometheus-rules: its rules_engine option when that names one engine."""
+    (k8s-vllm: vllm), prometheus-rules: its rules_engine option when that names one engine,
+    argo-analysis: its analysis_engine option."""
     if fmt == "prometheus-rules":
         chosen = (options or {}).get("rules_engine")
         return chosen if chosen in ("vllm", "sglang") else None
+    if fmt == "argo-analysis":  # the engine whose metrics the canary's analysis reads
+        from specreg.registry.deploy.engines import argo
+
+        return (options or {}).get("analysis_engine") or argo.OPTIONS["analysis_engine"]
     return {"k8s-vllm": "vllm"}.get(fmt, fmt)
 
 

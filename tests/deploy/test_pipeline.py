@@ -360,3 +360,25 @@ def test_ci_outputs_cli_appends_a_cut_summary_and_refuses_bad_input(tmp_path):
     (tmp_path / "bad.json").write_text("{")
     bad = run_specreg(["ci-outputs", tmp_path / "bad.json", "--style", "dotenv"])
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "bad.json" in bad.stderr
+
+
+# --- the canary analysis, bound by the lock like every engine file --------------------------------
+
+def test_argo_analysis_export_is_bound_by_the_signed_lock(deployed, tmp_path):
+    from clirun import run_specreg
+
+    out = tmp_path / "argo"
+    exported = run_specreg(["export", "lock@staging", "--format", "argo-analysis", "-o", out, "--db", deployed["db"],
+                            "--signing-key", deployed["private"], "--option", "analysis_engine=llamacpp"])
+    assert exported.returncode == 0, exported.stderr
+    lock = json.loads((out / "specreg.lock.json").read_text())
+    assert lock["engine"] == {"name": "argo-rollouts", "version": "1.9", "format": "argo-analysis"}
+    assert list(lock["exported"]) == ["argo-analysis.yaml"]
+    args = ["verify", "--lock", out / "specreg.lock.json", "--public-key", deployed["public"], "--keyring",
+            deployed["keyring"], "--target", deployed["target"], "--draft", deployed["draft"],
+            "--config", out / "argo-analysis.yaml"]
+    assert run_specreg(args).returncode == 0
+    analysis = out / "argo-analysis.yaml"
+    analysis.write_text(analysis.read_text().replace("result[0] >= 0.72", "result[0] >= 0.1"))  # a lowered floor
+    refused = run_specreg(args)
+    assert refused.returncode == 100 and "argo-analysis.yaml" in refused.stderr, refused.stderr
