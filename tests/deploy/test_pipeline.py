@@ -19,71 +19,14 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
+from cirunner import ACTION, gitlab_job, parse_dotenv, parse_github_output, run_action_step  # tests/ is on sys.path
 from specreg.api import Registry
 from specreg.pipeline import STEP_SUMMARY_LIMIT, SUMMARY_CUT_NOTE, dotenv, gate_outputs, github_output, step_summary
 
 ROOT = Path(__file__).resolve().parents[2]
-ACTION = yaml.safe_load((ROOT / "action.yml").read_text())
-GITLAB = yaml.safe_load((ROOT / "ci" / "specreg-gate.gitlab-ci.yml").read_text())[".specreg-gate"]
 HEAVY = ("torch", "transformers", "mlflow")
-
-
-# --- how a runner reads and writes these files ---------------------------------------------------
-
-def parse_github_output(text: str) -> dict[str, str]:
-    """$GITHUB_OUTPUT as the runner reads it: `name=value`, or `name<<DELIMITER` ... `DELIMITER`."""
-    outputs, lines = {}, iter(text.splitlines())
-    for line in lines:
-        if "<<" in line and ("=" not in line or line.index("<<") < line.index("=")):
-            name, delimiter = line.split("<<", 1)
-            value = []
-            for body in lines:
-                if body == delimiter:
-                    break
-                value.append(body)
-            else:
-                raise AssertionError(f"{name}: delimiter {delimiter} never closes")
-            outputs[name] = "\n".join(value)
-        elif line:
-            name, value = line.split("=", 1)
-            outputs[name] = value
-    return outputs
-
-
-def parse_dotenv(text: str) -> dict[str, str]:
-    """A GitLab dotenv report, held to GitLab's rules: one NAME=value a line, ASCII names, no
-    empty lines, comments or quotes, under 5 KiB and 20 variables."""
-    assert len(text.encode()) < 5 * 1024
-    lines = text.splitlines()
-    assert 0 < len(lines) <= 20 and all(lines)
-    pairs = [line.split("=", 1) for line in lines]
-    assert all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) for name, _ in pairs)
-    assert not any(value[:1] in ("'", '"') for _, value in pairs)
-    return dict(pairs)
-
-
-def step_env(step: dict, inputs: dict[str, str], defaults: dict[str, dict]) -> dict[str, str]:
-    """A step's `env:` with its `${{ inputs.NAME }}` expressions filled in as the runner does."""
-    def value(match):
-        name = match.group(1)
-        return inputs.get(name, defaults[name].get("default", ""))
-    return {key: re.sub(r"\$\{\{\s*inputs\.([\w-]+)\s*\}\}", value, str(text)) for key, text in step.get("env", {}).items()}
-
-
-def run_action_step(name: str, inputs: dict[str, str], runner: dict[str, Path], env: dict[str, str]):
-    """One `run:` step of action.yml as a runner runs a composite step: bash --noprofile --norc
-    -eo pipefail on the script, the step's env, $GITHUB_PATH's lines before PATH."""
-    step = next(s for s in ACTION["runs"]["steps"] if s["name"] == name)
-    assert step["shell"] == "bash" and "${{" not in step["run"]  # inputs reach a script only via env
-    path_lines = runner["GITHUB_PATH"].read_text().splitlines() if runner["GITHUB_PATH"].exists() else []
-    script = runner["RUNNER_TEMP"] / f"step-{re.sub(r'[^a-z]+', '-', name)}.sh"
-    script.write_text(step["run"])
-    full = {**env, **{k: str(v) for k, v in runner.items()}, **step_env(step, inputs, ACTION["inputs"]),
-            "PATH": os.pathsep.join([*reversed(path_lines), env["PATH"]])}
-    return subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)], env=full,
-                          capture_output=True, text=True, timeout=900)
+GITLAB = gitlab_job(".specreg-gate")
 
 
 def clean_env(**extra) -> dict[str, str]:
