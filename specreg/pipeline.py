@@ -31,7 +31,7 @@ def gate_outputs(gate: dict[str, Any], lock_path: str | Path | None = None) -> d
 
     ``lock_path``: the pair lock (specreg.lock.json) the pipeline will deploy; its sha256 becomes
     ``lock_digest``, after checking that it binds the version the gate judged (PolicyViolation
-    when it binds another, UsageError when it is unreadable). Out: name -> value, in this order:
+    when it binds another, UsageError when it is unreadable; nothing when the gate erred). Out: name -> value, in this order:
     verdict, pair, version, environment, binding, lock_digest, audit_head, reasons (one line per
     failed condition; the error on an error)."""
     verdict = str(gate.get("verdict") or "error")
@@ -45,13 +45,13 @@ def gate_outputs(gate: dict[str, Any], lock_path: str | Path | None = None) -> d
         "audit_head": str(gate.get("audit_head") or ""),
         "reasons": "\n".join(gate.get("reasons") or ([gate["error"]] if gate.get("error") else [])),
     }
-    if lock_path is not None:
+    if lock_path is not None and outputs["binding"]:  # a gate that erred judged no binding to hold a lock to
         try:
             data = Path(lock_path).read_bytes()
             bound = json.loads(data)["pair"]["binding_sha256"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise UsageError(f"pair lock {lock_path}: not a readable specreg.lock.json ({exc})") from None
-        if outputs["binding"] and bound != outputs["binding"]:
+        if bound != outputs["binding"]:
             raise PolicyViolation(f"pair lock {lock_path} binds {bound[:12]}, not the gated "
                                   f"{outputs['pair']}@{outputs['version']} ({outputs['binding'][:12]})")
         outputs["lock_digest"] = hashlib.sha256(data).hexdigest()

@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 from cirunner import ACTION, GITLAB_TEMPLATE, ROOT, gitlab_job, parse_dotenv, parse_github_output, run_action_step
 from govstate import POLICY_TOML, record_validation, register_versions
+from policyrecord import record_policy
 
 from pgroles import as_user
 from specreg.api import Registry
@@ -86,8 +87,9 @@ def test_documented_gate_steps_run(tmp_path, tiny_models, approval_key):
     github, gitlab, _ = documented()
     workspace = tmp_path / "workspace"
     (workspace / "deploy").mkdir(parents=True)
-    (workspace / "deploy" / "specreg.toml").write_text(POLICY_TOML)
     db_url = f"sqlite:///{tmp_path / 'registry.db'}"
+    (tmp_path / "specreg.toml").write_text(POLICY_TOML)
+    record_policy(db_url, tmp_path / "specreg.toml", tmp_path)  # the registry's policy of record
     registry = Registry(as_user(db_url, "alice"), user="alice")
     (ref,) = register_versions(registry, tiny_models, "chat", 1)
     record_validation(registry, ref)
@@ -97,7 +99,6 @@ def test_documented_gate_steps_run(tmp_path, tiny_models, approval_key):
     binding = registry.get(ref).binding_sha256
     here = str(Path(sys.executable).parent)  # this checkout's specreg stands for the installed one
     env = {**os.environ, "PATH": f"{here}:{os.environ['PATH']}"}
-    env.pop("SPECREG_POLICY", None)
 
     # GitHub: the gate job's env and the action step's inputs, as the runner fills them in
     job, (step,) = github["jobs"]["gate"], [s for s in github["jobs"]["gate"]["steps"] if s.get("id") == "gate"]
