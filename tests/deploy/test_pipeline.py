@@ -9,6 +9,7 @@ quick), hence ``slow``; the output formats' own tests below are not."""
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
@@ -89,6 +90,33 @@ def runner_files(tmp_path: Path, gate_venv: dict[str, Path]) -> dict[str, Path]:
 
 # --- the gate extra in a venv of its own ----------------------------------------------------------
 
+def heavy_modules(python, args: list, env: dict[str, str], cwd: Path) -> list[str]:
+    """The torch, transformers and MLflow modules `specreg ARGS` imported, run by ``python``."""
+    probe = ("import sys, runpy; sys.argv = ['specreg', *sys.argv[1:]]\n"
+             "try: runpy.run_module('specreg.cli', run_name='__main__')\n"
+             "except SystemExit: pass\n"
+             f"print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))")
+    # cwd: not the checkout, whose specreg/ folder `-c` would put first on sys.path
+    ran = subprocess.run([str(python), "-c", probe, *map(str, args)], env=env, capture_output=True, text=True,
+                         timeout=300, cwd=cwd)
+    lines = ran.stdout.strip().splitlines()
+    assert lines, ran.stderr
+    return ast.literal_eval(lines[-1])  # the probe's last line: a list of names
+
+
+def test_gate_and_verify_import_no_model_stack_even_where_it_is_installed(deployed):
+    """The quick check of the same property in this venv (torch installed): gate, verify and the
+    export of a manifest import none of torch, transformers, MLflow."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    db, tmp = deployed["db"], deployed["tmp"]
+    assert heavy_modules(sys.executable, ["gate", "lock@1", "--env", "staging", "--db", db, "--json"], env, tmp) == []
+    assert heavy_modules(sys.executable, ["verify", "--lock", deployed["lock"], "--public-key", deployed["public"],
+                                          "--keyring", deployed["keyring"], "--target", deployed["target"],
+                                          "--draft", deployed["draft"], "--json"], env, tmp) == []
+    assert heavy_modules(sys.executable, ["export", "lock@staging", "--format", "argo-analysis", "--db", db,
+                                          "-o", tmp / "argo-out"], env, tmp) == []
+    assert (tmp / "argo-out" / "argo-analysis.yaml").is_file()  # the export ran, not only imported
+
 @pytest.mark.slow
 def test_gate_extra_runs_gate_and_verify_without_torch(gate_venv, deployed):
     env = clean_env(PATH=f"{gate_venv['bin']}{os.pathsep}{clean_env()['PATH']}")
@@ -103,15 +131,9 @@ def test_gate_extra_runs_gate_and_verify_without_torch(gate_venv, deployed):
                             env=env, capture_output=True, text=True, timeout=300)
     assert verify.returncode == 0, verify.stderr
     assert "verified lock@1: signed lock, files match" in verify.stdout
-    # what gate and verify loaded: none of the model or MLflow stack
-    probe = ("import sys, runpy; sys.argv = ['specreg', *sys.argv[1:]]\n"
-             "try: runpy.run_module('specreg.cli', run_name='__main__')\n"
-             "except SystemExit: pass\n"
-             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'mlflow')))")
-    loaded = subprocess.run([str(gate_venv["bin"] / "python"), "-c", probe, "gate", "lock@1", "--env", "production",
-                             "--db", deployed["db"], "--json"], env=env, capture_output=True, text=True, timeout=300,
-                            cwd=deployed["tmp"])  # not the checkout: `-c` puts the cwd on sys.path
-    assert loaded.stdout.strip().endswith("\n[]"), loaded.stdout + loaded.stderr
+    # what gate loaded: none of the model or MLflow stack
+    assert heavy_modules(gate_venv["bin"] / "python", ["gate", "lock@1", "--env", "production", "--db",
+                                                       deployed["db"], "--json"], env, deployed["tmp"]) == []
     # a command that runs models says which extra it needs, in one line
     validate = subprocess.run(["specreg", "validate", "lock@1", "--db", deployed["db"]], env=env,
                               capture_output=True, text=True, timeout=300)
