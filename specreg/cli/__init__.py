@@ -51,8 +51,9 @@ def main() -> None:
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] not in VALIDATE_EXTRA:
             raise
-        click.echo(f"specreg: error: this command runs models or MLflow and needs {exc.name}, which this install "
-                   "lacks (gate, verify and export do not): pip install 'specreg[validate]'", err=True)
+        # one line within 100 columns for any of the names above
+        click.echo(f"specreg: error: this command needs {exc.name} (not installed): pip install 'specreg[validate]'",
+                   err=True)
         sys.exit(1)
     except KeyboardInterrupt:
         click.echo("specreg: interrupted", err=True)
