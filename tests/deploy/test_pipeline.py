@@ -134,6 +134,13 @@ def test_gate_extra_runs_gate_and_verify_without_torch(gate_venv, deployed):
     # what gate loaded: none of the model or MLflow stack
     assert heavy_modules(gate_venv["bin"] / "python", ["gate", "lock@1", "--env", "production", "--db",
                                                        deployed["db"], "--json"], env, deployed["tmp"]) == []
+    # promote (a deploy job's) works on, its MLflow mirror skipped with a warning, not an error
+    promote = subprocess.run(["specreg", "promote", "lock@1", "--to", "production", "--reason", "pipeline",
+                              "--db", deployed["db"]], env={**env, "SPECREG_MLFLOW": "on"}, capture_output=True,
+                             text=True, timeout=300)
+    assert promote.returncode == 0, promote.stderr
+    assert "MLflow is not installed: no MLflow mirror" in promote.stderr
+    assert Registry(deployed["db"]).get("lock@production").version == 1
     # a command that runs models says which extra it needs, in one line
     validate = subprocess.run(["specreg", "validate", "lock@1", "--db", deployed["db"]], env=env,
                               capture_output=True, text=True, timeout=300)
