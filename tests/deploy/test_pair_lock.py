@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "governance"))
 from govstate import record_validation  # noqa: E402
 
 from clirun import run_specreg  # tests/ is on sys.path (tests/conftest.py)
+from policyrecord import record_policy
 
 
 def run(*args, env=None):
@@ -134,6 +135,18 @@ def test_verify_matching_files_exit_0(deployed):
         "ok  unchanged: 12 file(s) unchanged since they were hashed",
         "verified lock@1: signed lock, files match",
     ]
+
+
+def test_an_approval_by_a_revoked_key_is_refused_at_pod_start(deployed):
+    """bob's key is revoked after the export: the keyring exported again carries the revocation,
+    and verify refuses the lock's approval by that key (the files still match)."""
+    registry = Registry(deployed["db"], user="admin")
+    [bob] = [k for k in registry.keyring()[0] if k.person == "bob"]
+    registry.revoke_key(bob.key_id, "laptop stolen")
+    assert run("keys", "export", "--out", deployed["keyring"], "--db", deployed["db"]).returncode == 0
+    result = verify(deployed)
+    refused(result, "approvals")
+    assert f"signed with key {bob.key_id[:12]}, which the keyring does not enrol" in result.stdout
 
 
 def test_tampered_weight_file_refused(deployed):
