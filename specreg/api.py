@@ -428,12 +428,11 @@ class Registry:
 
         from pathlib import Path
 
+        from specreg.core.files import read_text_bounded
+        from specreg.core.signing import MAX_KEY_BYTES, public_key_pem
+
         path = Path(public_key).expanduser()
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise SpecregError(f"public key {path}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
-        from specreg.core.signing import public_key_pem
+        text = read_text_bounded(path, MAX_KEY_BYTES, "public key")
 
         return enrol(self.store, self.policy(), person, public_key_pem(text, f"public key {path}"), actor=self.user)
 

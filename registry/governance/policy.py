@@ -211,15 +211,11 @@ def load_policy(path: str | os.PathLike | None = None) -> Policy:
     if chosen is None:
         return parse_policy(tomllib.loads(DEFAULT_POLICY_TOML), "built-in default")
     file = Path(chosen).expanduser()
-    try:
-        size = file.stat().st_size
-        if size > MAX_POLICY_BYTES:
-            raise UsageError(f"policy file {file}: {size} bytes, over the limit of {MAX_POLICY_BYTES}")
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UsageError(f"policy file {file} not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"policy file {file}: cannot read ({exc})") from None
+    from specreg.core.files import read_text_bounded
+
+    if not file.exists() and not file.is_symlink():
+        raise UsageError(f"policy file {file} not found")
+    text = read_text_bounded(file, MAX_POLICY_BYTES, "policy file", UsageError)
     if file.suffix in (".yaml", ".yml"):
         import yaml
 
