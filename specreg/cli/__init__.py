@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from specreg.cli import deploy, governance, registration, review, validation  # noqa: F401  (register commands)
+from specreg.cli import deploy, engine_baselines, governance, registration, review, validation  # noqa: F401
 from specreg.cli.common import cli, echo_err, printable, print_warnings
 from specreg.errors import PathTooLongError, SpecregError
 
