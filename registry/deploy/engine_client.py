@@ -250,7 +250,8 @@ def complete(engine: str, base_url: str, prompt_ids: list[int], max_tokens: int,
             where = "metrics.speculative_decoding"
             histogram = counts(spec.get("acceptance_histogram"), f"{where}.acceptance_histogram", url)
             completion.drafted = count(spec.get("num_draft_tokens"), f"{where}.num_draft_tokens", url)
-            completion.accepted = count(spec.get("num_accepted_draft_tokens"), f"{where}.num_accepted_draft_tokens", url)
+            completion.accepted = count(spec.get("num_accepted_draft_tokens"), f"{where}.num_accepted_draft_tokens",
+                                        url)
             completion.draft_steps = count(spec.get("num_spec_steps"), f"{where}.num_spec_steps", url)
             # histogram[j]: steps that accepted exactly j drafts -> accepted at position i: steps with j > i
             completion.accepted_per_position = [sum(histogram[i + 1:]) for i in range(max(len(histogram) - 1, 0))]

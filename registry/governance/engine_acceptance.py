@@ -194,7 +194,8 @@ def accept(store, policy, name: str, version: int, baseline_id: int, *, actor: s
         version_row = store.version_row(session, name, version, lock=True)
         chain, problem = verified_chain(session)
         if problem is not None:
-            raise SpecregError(f"cannot accept an engine baseline of {label}: the audit chain does not verify ({problem})")
+            raise SpecregError(f"cannot accept an engine baseline of {label}: the audit chain does not verify "
+                               f"({problem})")
         keyring, _ = keyring_entries(session, policy, chain)
         entry = keyring.get(kid)
         if entry is None or not same_user(entry.person, actor):

@@ -26,7 +26,8 @@ def engine_baseline_conditions(session: Session, row: PairVersionRow, env: Envir
         name = f"engine_baseline.{engine}"
         # a row with no audit event behind it neither passes nor blocks: it is not specreg's
         judged = [s for s in counted_rows(session, row, engine, policy, chain) if s.on_chain]
-        usable = [s for s in judged if s.row.golden_sha256 == golden_sha256 and s.row.binding_sha256 == row.binding_sha256]
+        usable = [s for s in judged
+                  if s.row.golden_sha256 == golden_sha256 and s.row.binding_sha256 == row.binding_sha256]
         if not usable:
             elsewhere = f" ({len(judged)} on another golden set or binding)" if judged else ""
             conditions.append(Condition(name, False, f"{label} has no {engine} engine baseline on golden set "
@@ -38,7 +39,8 @@ def engine_baseline_conditions(session: Session, row: PairVersionRow, env: Envir
                    "engine_build": latest.row.engine_build, "status": latest.row.status,
                    "accepted_by": latest.accepted_by}
         if not latest.counts:
-            why = latest.why.replace(f"engine baseline {latest.row.id}", f"engine baseline {latest.row.id} on {stamp}", 1)
+            named = f"engine baseline {latest.row.id}"
+            why = latest.why.replace(named, f"{named} on {stamp}", 1)
             conditions.append(Condition(name, False, why, details))
             continue
         if env.max_validation_age_days is not None:

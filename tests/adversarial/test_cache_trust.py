@@ -1,4 +1,4 @@
-"""Cache trust (issue 27 item 5: C01, C02). Before: a replaced cached `llama-server` was executed
+"""Cache trust (C01, C02). Before: a replaced cached `llama-server` was executed
 by `validate --engine` and its digest recorded as the baseline's; a swapped cached GGUF together
 with its sha256 record file was bound into the signed lock; cache folders took the umask's mode
 (world-writable under umask 0). Now the registry (its audit chain, on SQLite and PostgreSQL)

@@ -1,4 +1,4 @@
-"""Engine figures that cannot lie unnoticed (issue 27 item 4: E01, E02, E04, E05), against a
+"""Engine figures that cannot lie unnoticed (E01, E02, E04, E05), against a
 loopback server that answers as a vLLM server would, or as a hostile one does. Before: a server
 reporting alpha 1.0, tau 1.000004 and fewer draft tokens than drafts was recorded as a passed
 engine baseline and its tau became the exported floor; one trickling a byte a second was still

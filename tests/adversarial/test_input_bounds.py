@@ -1,4 +1,4 @@
-"""Input bounds (issue 27 item 6: P06, X02, X04, X05). Before each fix: `db grants` left a person's
+"""Input bounds (P06, X02, X04, X05). Before each fix: `db grants` left a person's
 role unable to record an engine baseline; a model folder registered through a symlink was
 served by the link (re-pointed later to other weights); a golden file's 5000-digit
 `max_new_tokens` was a traceback, `temperature: .nan` and `top_k: 10**30` were accepted and a

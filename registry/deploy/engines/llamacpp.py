@@ -212,9 +212,9 @@ def start_server(target_gguf: str | Path, draft_gguf: str | Path | None = None, 
                  log_path: str | Path | None = None, timeout: float = 300, log=None) -> LlamaServer:
     """Start the built llama-server on 127.0.0.1 once its sha256 is one the registry of
     ``records`` recorded at its build (llamacpp_build.trusted_server: `specreg llamacpp-build`
-    builds and records it) and wait until /health answers 200. ``draft_gguf`` None serves the target alone; ``parallel`` is
-    -np; ``port`` None picks a free loopback port. The argument lines are command()'s, the same
-    the export writes. Raises SpecregError with the end of the server's log if it exits or does
+    builds and records it) and wait until /health answers 200. ``draft_gguf`` None serves the
+    target alone; ``parallel`` is -np; ``port`` None picks a free loopback port. The argument
+    lines are command()'s, the same the export writes. Raises SpecregError with the end of the server's log if it exits or does
     not become healthy within ``timeout`` seconds (the process is stopped then)."""
     program, digest = llamacpp_build.trusted_server(records, log=log)
     port = port or free_port()
