@@ -170,7 +170,8 @@ def evaluate(session: Session, row: PairVersionRow, env: EnvironmentPolicy, poli
                                 else "no acceptance baselines recorded" + (f" in run {run.id}" if run else ""),
                                 {"overall": figures} if figures else {}))
     conditions.append(acceptance_condition(session, row, run, figures, env, golden_sha256, holder, chain))
-    conditions.extend(engine_baseline_conditions(session, row, env, golden_sha256=golden_sha256, now=now))
+    conditions.extend(engine_baseline_conditions(session, row, env, golden_sha256=golden_sha256, now=now, policy=policy,
+                                                 chain=chain))
     events = [e for e in chain if e.pair_name == row.pair.name and e.version == row.version]
     conditions += floor_conditions(run, env, overall_figures(run) if run is not None else None, events)
     conditions.append(approval_condition(session, row, env, policy, chain))
