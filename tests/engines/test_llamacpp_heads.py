@@ -119,10 +119,16 @@ def test_export_converts_the_head_against_its_target_and_binds_it(heads):
     assert bytes(fields["general.architecture"].parts[-1]).decode() == "eagle3"
     assert [int(fields["eagle3.target_layers"].parts[i][0]) for i in fields["eagle3.target_layers"].data] == list(AUX)
     # the conversion cache keys the head by its target too: the same head for another target is another entry
-    records = [json.loads(p.read_text()) for p in llamacpp_build.gguf_cache().glob("*.json")]
-    head_record = [r for r in records if r.get("model") == str(heads.registry.get("eagle@1").draft.path)]
-    assert head_record and head_record[0]["identity"]["target_fingerprint"] == \
-        heads.registry.get("eagle@1").target.fingerprint.to_dict()
+    from specreg.registry.store.engine_artifacts import ArtifactRecords
+
+    version, records = heads.registry.get("eagle@1"), ArtifactRecords(heads.registry.store, "alice")
+    head = (version.draft.path, version.draft.fingerprint)
+    cached, digest = llamacpp_build.converted(*head, "f32", records=records,
+                                              target=(version.target.path, version.target.fingerprint))
+    assert digest == lock["models"]["draft"]["files"]["model-f32.gguf"]
+    other, _ = llamacpp_build.converted(*head, "f32", records=records,
+                                        target=(version.target.path, version.draft.fingerprint))
+    assert other != cached
 
 
 def eagle3_version(root: Path, *, aux=(1, 3, 4), tree=None, d2t=None):
@@ -209,20 +215,24 @@ def test_a_tokenizer_llama_cpp_cannot_pre_tokenize_is_one_line(tmp_path):
 
 @pytest.fixture(scope="module")
 def server(heads):
+    """The built llama-server, its digest recorded in the pair's registry (servers start only then)."""
     from realpair import llama_server
 
-    return llama_server()
+    llama_server()
+    return heads.registry.build_llama_server()
 
 
 @pytest.mark.slow
 def test_served_head_drafts_and_answers_as_the_target_alone(heads, server):
     from specreg.registry.deploy.engines.llamacpp import serve_export
+    from specreg.registry.store.engine_artifacts import ArtifactRecords
 
     out = heads.root / "export-served"
     heads.registry.export("eagle@1", "llamacpp", out_dir=str(out), force=True, overwrite=True)
     answers = {}
     for draft in (True, False):
-        with serve_export(out, draft=draft, threads=1) as running:
+        with serve_export(out, draft=draft, threads=1, records=ArtifactRecords(heads.registry.store, "alice")) \
+                as running:
             assert ("draft-eagle3" in running.argv) is draft
             answers[draft] = [running.completion(prompt, 24) for prompt in heads.prompts[:3]]
     for with_head, alone in zip(answers[True], answers[False]):
@@ -264,9 +274,9 @@ def test_validate_in_llamacpp_parity_and_a_head_served_on_other_layers_fails(hea
     converted = llamacpp_build.converted
     shifted = heads.root / "shifted"
 
-    def converted_shifted(model_dir, fingerprint, outtype="f32", log=None, target=None):
+    def converted_shifted(model_dir, fingerprint, outtype="f32", log=None, *, records, target=None):
         if target is None:
-            return converted(model_dir, fingerprint, outtype, log=log)
+            return converted(model_dir, fingerprint, outtype, log=log, records=records)
         path = heads.root / f"shifted-{outtype}.gguf"
         llamacpp_build.convert(shifted, path, outtype, target_model_dir=target[0])
         return path, ""
