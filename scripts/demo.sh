@@ -175,6 +175,7 @@ specreg validate demo-chat-eagle3@1 --golden smoke --device cpu --gpu-memory 1Gi
   --report "$DEMO_DIR/validation-eagle3.html"
 # the head in llama.cpp (converted against its target, --spec-type draft-eagle3): the same acceptance as
 # our runtime per category, the same tokens, tokens/s with and without it
+specreg llamacpp-build > /dev/null  # the binary's sha256 into this registry (the real pair's lane may not have yet)
 specreg validate demo-chat-eagle3@1 --engine llamacpp --golden smoke --concurrency 1 --engine-threads 1
 specreg approve demo-chat-eagle3@1 --user bob --note "EAGLE-3 head: equivalence and acceptance look right, llama.cpp agrees"
 # the policy's required_checks_by_method: an eagle3 pair needs no chat_template check
