@@ -75,7 +75,7 @@ def parse_expected_holder(value: str | None):
 @json_option
 def promote(ref, environment, reason, expected, allow_slower, policy_path, db_url, user, as_json):
     """Make a version hold ENV if the policy allows it (exit 100 with every reason if not)."""
-    from specreg.cli.refusals import Refusal, refusal_lines
+    from specreg.cli.refusals import Refusal, known_values, refusal_lines
     from specreg.errors import PolicyViolation
 
     registry = open_registry(db_url, user, policy_path)
@@ -85,10 +85,13 @@ def promote(ref, environment, reason, expected, allow_slower, policy_path, db_ur
     except PolicyViolation as exc:
         if not exc.reasons:
             raise
-        label = registry.get(ref).label
         policy = registry.policy(policy_path)
-        raise Refusal(refusal_lines(f"cannot promote {label} to {environment} (policy {policy.source}):", exc.reasons,
-                                    label, environment, policy.environment(environment).golden_set),
+        known = known_values(registry, ref, environment, policy)
+        if as_json:
+            print_json({"pair": known.label.split("@")[0], "version": int(known.label.split("@")[1]),
+                        "environment": environment, "promoted": False, "policy": policy.source,
+                        "reasons": [f"{name}: {why}" for name, why in exc.reasons]})
+        raise Refusal(refusal_lines(f"cannot promote {known.label} to {environment}", exc.reasons, known),
                       exc.reasons) from None
     if as_json:
         print_json(move.to_dict())
@@ -167,21 +170,20 @@ def gate(ref, environment, rerun, junit_path, markdown_path, policy_path, db_url
     if as_json:
         print_json(result.to_dict() if result is not None else
                    {"ref": ref, "environment": environment, "passed": False, "verdict": "error", "error": error})
-    elif result is not None:
-        click.echo(f"gate {result.pair}@{result.version} -> {environment}: {'PASS' if result.passed else 'REFUSED'}"
-                   f"  (policy {result.policy_source})")
-        print_table(["", "CONDITION", "REASON"],
-                    [["ok" if c.passed else "NO", c.name, c.reason] for c in result.conditions])
+    elif result is not None and result.passed:
+        click.echo(f"gate {result.pair}@{result.version} -> {environment}: PASS  (policy {result.policy_source})")
+        print_table(["", "CONDITION", "REASON"], [["ok", c.name, c.reason] for c in result.conditions])
     if error is not None:
         raise GateError(error, code)
     if code:
-        from specreg.cli.refusals import Refusal, refusal_lines
+        # each reason once, on stderr, root cause first (`--json` or --junit for every condition)
+        from specreg.cli.refusals import Refusal, known_values, refusal_lines
+        from specreg.registry.governance.decisions import unmet
 
-        failed = [(c.name, c.reason) for c in result.conditions if not c.passed]
+        failed = [(c.name, c.reason) for c in unmet(result.conditions)]
         label = f"{result.pair}@{result.version}"
-        golden_set = registry.policy(policy_path).environment(environment).golden_set
-        raise Refusal(refusal_lines(f"gate refused {label} for {environment}:", failed, label, environment, golden_set),
-                      failed)
+        known = known_values(registry, label, environment, registry.policy(policy_path))
+        raise Refusal(refusal_lines(f"gate refused {label} for {environment}", failed, known), failed)
 
 
 class GateError(SpecregError):

@@ -38,13 +38,13 @@ def test_gate_promote_rollback_from_the_command_line(tiny_models, policy_file, t
     assert data["passed"] is False and data["verdict"] == "refused"
     assert data["reasons"] == ["approval: production needs an approval by someone other than the registrant alice "
                                "(no signed approval counts)"]
-    # one reason a line, each with the command that fixes it
+    # the root cause in one line, with the command that fixes it; nothing on stdout but the JSON
     assert refused.stderr.splitlines() == [
-        "specreg: gate refused cli@1 for production:",
-        "  - approval: production needs an approval by someone other than the registrant alice (no signed approval "
-        "counts)",
-        "    fix: specreg approve cli@1 --user APPROVER --key APPROVER_KEY (a key enrolled to someone other than the "
-        "registrant: specreg keys enrol)"]
+        f"specreg: gate refused cli@1 for production (policy {policy_file}): approval: production needs an approval "
+        "by someone other than the registrant alice (no signed approval counts): `specreg approve cli@1 --user "
+        "PERSON --key KEY` (by someone other than the registrant, with a key enrolled by `specreg keys enrol`)"]
+    human = run("gate", v1, "--env", "production", "--db", db_url)
+    assert human.returncode == 100 and human.stdout == "" and human.stderr == refused.stderr
     suite = ET.parse(junit).getroot().find("testsuite")
     cases = {case.get("name"): case for case in suite.iter("testcase")}
     assert len(cases) == len(data["conditions"]) == int(suite.get("tests"))
@@ -69,10 +69,11 @@ def test_gate_promote_rollback_from_the_command_line(tiny_models, policy_file, t
     run("approve", v2, "--db", db_url, "--key", bob_key, user="bob")
     worse = run("promote", v2, "--to", "production", "--db", db_url)
     assert worse.returncode == 100
-    headline, reason, fix = worse.stderr.splitlines()  # one reason, then the command that fixes it
-    assert headline.startswith("specreg: cannot promote cli@2 to production (policy ")
-    assert reason.startswith("  - acceptance: acceptance_rate 0.500 < 0.720 (production holder cli@1")
-    assert fix.startswith("    fix: specreg validate cli@2 --golden smoke")
+    (headline,) = worse.stderr.splitlines()  # one reason, with the command that fixes it
+    assert headline.startswith(f"specreg: cannot promote cli@2 to production (policy {policy_file}): acceptance: "
+                               "acceptance_rate 0.500 < 0.720 (production holder cli@1")
+    assert "`specreg validate cli@2 --golden smoke` (to measure again; or register a draft closer to the target: " \
+           f"specreg register cli --target {tiny_models['target']}" in headline
     assert run("promote", v2, "--to", "staging", "--db", db_url).returncode == 0
     stale = run("promote", v1, "--to", "staging", "--expect", "none", "--db", db_url)
     assert stale.returncode == 1 and "cli@staging is now held by version 2" in stale.stderr
