@@ -171,16 +171,34 @@ def keys_export(out_path, db_url):
     click.echo(f"wrote {len(entries)} key(s) to {out_path}")
 
 
+KEY_USES = {
+    # what each use does with the two halves of the pair: (private key, public key)
+    "approval": ("approve --key / SPECREG_APPROVAL_KEY: your approvals are its signatures; keep it to yourself",
+                 "an enroller adds it to the keyring: specreg keys enrol PERSON --public-key {public}"),
+    "lock": ("export --signing-key / SPECREG_SIGNING_KEY: signs the pair lock of every export",
+             "verify --public-key {public}: give it to every deploy"),
+}
+
+
 @keys.command(name="create")
 @click.option("--out", "out_dir", required=True, metavar="DIR", help="Folder for the key pair (created if missing).")
-def keys_create(out_dir):
+@click.option("--use", "use", type=click.Choice(sorted(KEY_USES)), default=None,
+              help="What the key is for: approval (a person's approvals) or lock (the team's export signing); "
+                   "decides the hints printed.")
+def keys_create(out_dir, use):
     """Create an ECDSA P-256 key pair: DIR/specreg-signing.key (private, mode 0600) and
     DIR/specreg-signing.pub. Never overwrites a key."""
+    from specreg.cli.common import echo_lines
     from specreg.core.signing import create_key_pair
 
     private_path, public_path = create_key_pair(out_dir)
-    click.echo(f"private key: {private_path} (mode 0600; export --signing-key / SPECREG_SIGNING_KEY)")
-    click.echo(f"public key:  {public_path} (verify --public-key; give it to every deploy)")
+    uses = [use] if use else sorted(KEY_USES)  # without --use: the hints of either use, each named
+    label = {"approval": "approvals", "lock": "pair locks"}
+    prefix = (lambda name: "  ") if use else (lambda name: f"  for {label[name]}: ")
+    echo_lines([f"private key: {private_path} (mode 0600)"]
+               + [prefix(name) + KEY_USES[name][0] for name in uses]
+               + [f"public key:  {public_path}"]
+               + [prefix(name) + KEY_USES[name][1].format(public=public_path) for name in uses])
 
 
 @cli.command()

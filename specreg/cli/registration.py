@@ -64,9 +64,26 @@ def list_command(db_url, as_json):
     if not rows:
         click.echo("no pairs registered")
         return
-    print_table(["PAIR", "VERSION", "STATE", "METHOD", "K", "BY", "REGISTERED (UTC)"],
-                [[r["name"], r["version"], r["state"], r["method"], r["num_speculative_tokens"],
-                  r["registered_by"], r["registered_at"]] for r in rows])
+    print_table(["PAIR", "VERSION", "STATE", "HOLDS", "METHOD", "K", "BY", "REGISTERED (UTC)"],
+                [[r["name"], r["version"], r["state"], ", ".join(r["environments"]) or "-", r["method"],
+                  r["num_speculative_tokens"], r["registered_by"], r["registered_at"]] for r in rows])
+
+
+def event_environment(event) -> str:
+    """The environment an audit event moved (promote, release, rollback, retire), or ""."""
+    return str((event.details or {}).get("environment") or "")
+
+
+def event_reason(event) -> str:
+    """An audit event's reason, with the exception a promote made (--allow-slower) spelled out."""
+    exception = (event.details or {}).get("exception") or {}
+    parts = [event.reason] if event.reason else []
+    if exception:
+        speedup, floor = exception.get("speedup"), exception.get("floor")
+        measured = f" ({speedup:.2f}x < {floor:g}x)" if isinstance(speedup, (int, float)) and \
+            isinstance(floor, (int, float)) else ""
+        parts.append(f"EXCEPTION --allow-slower{measured}: {exception.get('reason')}")
+    return "; ".join(parts)
 
 
 def describe_model(role: str, model) -> list[str]:
@@ -113,7 +130,8 @@ def show(ref, db_url, as_json):
     observations = registry.observations(version.label)
     validations = registry.validation_runs(version.label)  # also marks runs of dead processes aborted
     if as_json:
-        print_json({**version.to_dict(), "observations": observations,
+        holds = [e["environment"] for e in registry.environments(version.name) if e["version"] == version.version]
+        print_json({**version.to_dict(), "holds": holds, "observations": observations,
                     "validations": [{key: value for key, value in run.to_dict().items() if key != "checks"}
                                     | {"checks": {c.name: c.status for c in run.checks}} for run in validations]})
         return
@@ -148,11 +166,14 @@ def show(ref, db_url, as_json):
             lines.append(f"  {o['observed_at']}  {o['engine']:<7} {o['verdict']:<8} acceptance rate "
                          f"{fmt_number(figures.get('acceptance_rate'))}  mean acceptance length "
                          f"{fmt_number(figures.get('mean_acceptance_length'))}  {o['url']}")
+    holds = [e for e in registry.environments(version.name) if e["version"] == version.version]
+    lines.append("holds: " + (", ".join(e["environment"] for e in holds) or "no environment"))
     lines.append("events:")
     for event in version.events:
         move = f"{event.from_state or '-'} -> {event.to_state or '-'}"
-        lines.append(f"  {event.created_at.isoformat(timespec='seconds')}  {event.action:<10} {move:<26} {event.actor}"
-                     + (f"  {event.reason}" if event.reason else ""))
+        where, why = event_environment(event), event_reason(event)
+        lines.append(f"  {event.created_at.isoformat(timespec='seconds')}  {event.action:<10} {move:<22} {event.actor}"
+                     + (f"  env {where}" if where else "") + (f"  {why}" if why else ""))
     echo_lines(lines)
 
 
@@ -166,9 +187,9 @@ def history(name, db_url, as_json):
     if as_json:
         print_json([event.to_dict() for event in events])
         return
-    print_table(["AT (UTC)", "VERSION", "ACTION", "FROM", "TO", "BY", "REASON"],
-                [[e.created_at.isoformat(timespec="seconds"), e.version, e.action, e.from_state, e.to_state,
-                  e.actor, e.reason] for e in events])
+    print_table(["AT (UTC)", "VERSION", "ACTION", "ENV", "FROM", "TO", "BY", "REASON"],
+                [[e.created_at.isoformat(timespec="seconds"), e.version, e.action, event_environment(e) or "-",
+                  e.from_state, e.to_state, e.actor, event_reason(e)] for e in events])
 
 
 

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from specreg.cli.common import (cli, db_option, echo_err, user_option, json_option, open_registry,
+from specreg.cli.common import (cli, db_option, user_option, json_option, open_registry,
                                 print_json, print_table, printable)
 
 
@@ -49,13 +49,9 @@ def validate(ref, golden, device, dtype, checks, gpu_memory, acceptance_toleranc
     from specreg.validation import ValidationInterrupted
 
     registry = open_registry(db_url, user)
-    # the policy in effect decides what the run is judged on, unless told otherwise: say which
+    # the policy in effect decides what the run is judged on, unless told otherwise (said at the end)
     settings = registry.validation_settings(golden, acceptance_tolerance if engine is None else 0.0)
     golden, acceptance_tolerance = settings["golden_set"], settings["acceptance_tolerance"]
-    if settings["policy"] is not None and not as_json:
-        tolerance = f", acceptance tolerance {acceptance_tolerance:.0%}" if engine is None else ""
-        echo_err([f"specreg: golden set {golden}{tolerance}: policy {printable(settings['policy'])} "
-                  f"({settings['environment']})"])
     if engine is None and (engine_url or engine_reference_url or engine_model):
         raise UsageError("--engine-url / --engine-reference-url / --engine-model need --engine")
     if engine is not None:
@@ -101,7 +97,11 @@ def validate(ref, golden, device, dtype, checks, gpu_memory, acceptance_toleranc
                     "acceptance_tolerance": acceptance_tolerance})
     else:
         print_table(["CHECK", "STATUS", "SUMMARY"], [[c.name, c.status, c.summary] for c in run.checks])
-        click.echo(f"{run.label}: validation run {run.id} {run.status}; state {version.state.value}")
+        click.echo(f"{run.label}: validation run {run.id} {run.status} on golden set {run.golden_set}; "
+                   f"state {version.state.value}")
+        if settings["policy"] is not None:
+            click.echo(f"golden set and acceptance tolerance ({acceptance_tolerance:.0%}) of policy "
+                       f"{printable(settings['policy'])}, environment {settings['environment']}")
     if run.status == ERROR:  # a check could not run: no verdict on the pair, exit 1 (not 100)
         raise SpecregError(f"{run.label}: validation run {run.id} could not judge the pair: {run.error}")
     if not outcome.passed:

@@ -69,7 +69,8 @@ def record_validation(registry: Registry, ref: str, *, status: str = "passed", g
                          "device": "cpu", "dtype": "float32"},
             options={}, baselines=baselines,
             summary={"verdict": "pass" if status == "passed" else "fail",
-                     **({"performance": {"speedup": speedup}} if speedup is not None else {})},
+                     **({"performance": {"speedup": speedup, "tokens_per_s": 100.0 * speedup,
+                                         "baseline_tokens_per_s": 100.0}} if speedup is not None else {})},
             actor="validator", pid=None, started_at=finished_at - timedelta(seconds=5), finished_at=finished_at,
         )
         session.add(run)

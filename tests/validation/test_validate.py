@@ -198,8 +198,9 @@ def test_validate_takes_golden_set_and_tolerance_from_the_policy_and_says_which(
     result = run("validate", "pol@1", "--device", "cpu", "--checks", "integrity,tokenizer", "--db", db)
     assert result.returncode == 0, result.stderr
     # the policy's last environment (production) decides, and the run says which policy that was
-    assert f"specreg: golden set {golden_path}, acceptance tolerance 20%: policy {policy} (production)" \
-        in result.stderr.splitlines()
+    assert result.stdout.splitlines()[-2:] == [
+        "pol@1: validation run 1 passed on golden set tiny; state validated",
+        f"golden set and acceptance tolerance (20%) of policy {policy}, environment production"]
     explicit = run("validate", "pol@1", "--device", "cpu", "--checks", "integrity", "--golden", "smoke",
                    "--acceptance-tolerance", "0.3", "--db", db, "--json")
     data = json.loads(explicit.stdout)
