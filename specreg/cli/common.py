@@ -72,6 +72,15 @@ def echo_err(lines: list[str]) -> None:
     click.echo("\n".join(wrapped(lines, width)), err=True)
 
 
+def say(text: str, err: bool = False) -> None:
+    """One message for people on stdout (``err``: stderr), made ``printable`` and wrapped to the
+    terminal when that stream is one (in a pipe or a log: one line, for tools)."""
+    if err:
+        echo_err([printable(text)])
+    else:
+        echo_lines([text])
+
+
 def print_json(data) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=False, default=str))
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from specreg.cli.common import (cli, db_option, fmt_number, json_option, open_registry, print_json, print_table,
-                                user_option)
+from specreg.cli.common import (cli, db_option, fmt_number, json_option, open_registry, print_json,
+                                print_table, say, user_option)
 from specreg.registry.deploy.engines import FORMATS
 
 
@@ -55,7 +55,7 @@ def export(ref, fmt, out_dir, template, option_pairs, force, overwrite, signing_
         print_json([{"file": name, "link" if isinstance(text, Link) else "text": str(text)} for name, text in files])
     elif out_dir:
         for name, text in files:
-            click.echo(f"wrote {out_dir.rstrip('/')}/{name}" + (f" -> {text}" if isinstance(text, Link) else ""))
+            say(f"wrote {out_dir.rstrip('/')}/{name}" + (f" -> {text}" if isinstance(text, Link) else ""))
     else:
         for name, text in files:
             if isinstance(text, Link):
@@ -107,13 +107,13 @@ def verify(lock_path, public_key, target, draft, registry_url, environment, allo
         print_json(report.to_dict())
     else:
         for check in report.checks:
-            click.echo(f"{'ok' if check['passed'] else 'MISMATCH'}  {check['name']}: {check['detail']}")
+            say(f"{'ok' if check['passed'] else 'MISMATCH'}  {check['name']}: {check['detail']}")
     if not report.passed:
         if not as_json:
-            click.echo(f"specreg: verify: {report.pair}: {report.failure['detail']}", err=True)
+            say(f"specreg: verify: {report.pair}: {report.failure['detail']}", err=True)
         sys.exit(100)
     if not as_json:
-        click.echo(f"verified {report.pair}: {'signed lock, ' if report.signed else 'UNSIGNED lock, '}files match")
+        say(f"verified {report.pair}: {'signed lock, ' if report.signed else 'UNSIGNED lock, '}files match")
 
 
 @cli.group()
@@ -133,7 +133,7 @@ def keys_enrol(person, public_key, db_url, user, as_json):
     if as_json:
         print_json({k: v for k, v in entry.to_dict().items() if k != "public_key"})
     else:
-        click.echo(f"enrolled key {entry.key_id[:12]} for {entry.person} (by {entry.enrolled_by})")
+        say(f"enrolled key {entry.key_id[:12]} for {entry.person} (by {entry.enrolled_by})")
 
 
 @keys.command(name="list")
@@ -147,9 +147,9 @@ def keys_list(db_url, as_json):
                     "not_counted": refused})
         return
     for e in entries:
-        click.echo(f"{e.key_id[:12]}  {e.person}  enrolled by {e.enrolled_by} at {e.enrolled_at}")
+        say(f"{e.key_id[:12]}  {e.person}  enrolled by {e.enrolled_by} at {e.enrolled_at}")
     for line in refused:
-        click.echo(f"NOT COUNTED  {line}")
+        say(f"NOT COUNTED  {line}")
 
 
 @keys.command(name="export")
@@ -168,7 +168,7 @@ def keys_export(out_path, db_url):
         Path(out_path).write_text(json.dumps(keyring_document(entries), indent=2) + "\n", encoding="utf-8")
     except OSError as exc:
         raise SpecregError(f"keyring {out_path}: cannot write ({exc.strerror or exc})") from None
-    click.echo(f"wrote {len(entries)} key(s) to {out_path}")
+    say(f"wrote {len(entries)} key(s) to {out_path}")
 
 
 KEY_USES = {
@@ -237,12 +237,12 @@ def observe(ref, metrics_url, engine, interval, model_name, tolerance, deadline,
     if as_json:
         print_json(result)
     else:
-        click.echo(f"{result['pair']} via {engine} at {metrics_url}: {result['verdict']}")
+        say(f"{result['pair']} via {engine} at {metrics_url}: {result['verdict']}")
         print_table(["METRIC", "LIVE", "BASELINE", "FLOOR", "OK"],
                     [[c["metric"], fmt_number(c["live"]), fmt_number(c["baseline"]), fmt_number(c["floor"]),
                       {True: "yes", False: "NO", None: "-"}[c["ok"]]] for c in result["checks"]])
         for reason in result["reasons"] + result.get("not_compared", []):
-            click.echo(f"- {reason}")
+            say(f"- {reason}")
     sys.exit(result["exit_code"])
 
 

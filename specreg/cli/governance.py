@@ -6,8 +6,8 @@ import textwrap
 
 import click
 
-from specreg.cli.common import (cli, db_option, echo_lines, user_option, json_option, output_width, policy_option,
-                                open_registry, print_json, print_table, printable)
+from specreg.cli.common import (cli, db_option, echo_lines, json_option, open_registry, output_width,
+                                policy_option, print_json, print_table, printable, say, user_option)
 from specreg.errors import SpecregError
 
 
@@ -26,7 +26,7 @@ def approve(ref, note, key, environment, db_url, user, as_json):
     if as_json:
         print_json(approval.to_dict())
     else:
-        click.echo(f"{approval.pair}@{approval.version} approved by {approval.actor}")
+        say(f"{approval.pair}@{approval.version} approved by {approval.actor}")
 
 
 @cli.command()
@@ -44,7 +44,7 @@ def reject(ref, note, key, environment, db_url, user, as_json):
     if as_json:
         print_json(approval.to_dict())
     else:
-        click.echo(f"{approval.pair}@{approval.version} rejected by {approval.actor}")
+        say(f"{approval.pair}@{approval.version} rejected by {approval.actor}")
 
 
 def parse_expected_holder(value: str | None):
@@ -97,13 +97,13 @@ def promote(ref, environment, reason, expected, allow_slower, policy_path, db_ur
         print_json(move.to_dict())
         return
     before = f" (previous holder {move.pair}@{move.previous_version})" if move.previous_version else ""
-    click.echo(f"promoted {move.pair}@{move.version} to {move.environment}{before}")
+    say(f"promoted {move.pair}@{move.version} to {move.environment}{before}")
     if move.exception:
-        click.echo(f"specreg: EXCEPTION recorded in the audit log: {move.pair}@{move.version} holds "
+        say(f"specreg: EXCEPTION recorded in the audit log: {move.pair}@{move.version} holds "
                    f"{move.environment} with a measured speedup of {move.exception['speedup']:.2f}x, below the "
                    f"policy's {move.exception['floor']:g}x; reason: {printable(allow_slower)}", err=True)
     elif allow_slower:
-        click.echo("specreg: note: --allow-slower was not needed (the speedup meets the policy); no exception "
+        say("specreg: note: --allow-slower was not needed (the speedup meets the policy); no exception "
                    "recorded", err=True)
 
 
@@ -120,7 +120,7 @@ def rollback(name, environment, reason, db_url, user, as_json):
     if as_json:
         print_json(move.to_dict())
     else:
-        click.echo(f"{move.pair}@{move.environment} rolled back to version {move.version}"
+        say(f"{move.pair}@{move.environment} rolled back to version {move.version}"
                    + (f" (from version {move.previous_version})" if move.previous_version else ""))
 
 
@@ -137,7 +137,7 @@ def retire(ref, reason, force, db_url, user, as_json):
     if as_json:
         print_json(version.to_dict(with_events=False))
     else:
-        click.echo(f"retired {version.label}")
+        say(f"retired {version.label}")
 
 
 @cli.command()
@@ -171,7 +171,7 @@ def gate(ref, environment, rerun, junit_path, markdown_path, policy_path, db_url
         print_json(result.to_dict() if result is not None else
                    {"ref": ref, "environment": environment, "passed": False, "verdict": "error", "error": error})
     elif result is not None and result.passed:
-        click.echo(f"gate {result.pair}@{result.version} -> {environment}: PASS  (policy {result.policy_source})")
+        say(f"gate {result.pair}@{result.version} -> {environment}: PASS  (policy {result.policy_source})")
         print_table(["", "CONDITION", "REASON"], [["ok", c.name, c.reason] for c in result.conditions])
     if error is not None:
         raise GateError(error, code)
@@ -238,9 +238,9 @@ def audit_verify(expected_head, db_url, as_json):
         raise PolicyViolation(f"audit head {expected_head} is not in the chain of {checked} event(s) (head now "
                               f"{head}): events were deleted from its end or the chain was re-hashed")
     if not as_json:
-        click.echo(f"audit log intact: {checked} event(s), every hash links; head {head}")
+        say(f"audit log intact: {checked} event(s), every hash links; head {head}")
         if expected_head is not None:
-            click.echo(f"expected head found at event {position} of {checked} ({checked - position} event(s) since)")
+            say(f"expected head found at event {position} of {checked} ({checked - position} event(s) since)")
 
 
 @cli.group(name="env")
@@ -259,7 +259,7 @@ def env_list(name, db_url, as_json):
         print_json(rows)
         return
     if not rows:
-        click.echo("no environment holds a version yet")
+        say("no environment holds a version yet")
         return
     print_table(["PAIR", "ENV", "VERSION", "PREVIOUS", "BY", "AT (UTC)"],
                 [[r["pair"], r["environment"], r["version"] or "(none)", r["previous_version"], r["updated_by"],
@@ -281,14 +281,14 @@ def env_history(name, environment, at, db_url, as_json):
         return
     if at is not None:
         if not tenures:
-            click.echo(f"no version of {name} held {environment} at {at}")
+            say(f"no version of {name} held {environment} at {at}")
         else:
             t = tenures[0]
-            click.echo(f"{name}@{t.version} held {environment} at {at} (since {t.to_dict()['since']}, "
+            say(f"{name}@{t.version} held {environment} at {at} (since {t.to_dict()['since']}, "
                        f"{t.action} by {t.actor})")
         return
     if not tenures:
-        click.echo(f"no version of {name} has held {environment}")
+        say(f"no version of {name} has held {environment}")
         return
     print_table(["VERSION", "SINCE (UTC)", "UNTIL (UTC)", "BY", "ACTION", "REASON"],
                 [[t.version if t.version is not None else "(none)", t.to_dict()["since"], t.to_dict()["until"] or "now",
@@ -321,7 +321,7 @@ def policy_show(policy_path, as_json):
     for env in policy.environments.values():
         if env.required_engine_baselines:
             engines = ", ".join(env.required_engine_baselines)
-            click.echo(f"# {env.name}: a version needs a passed engine baseline from {engines} (`specreg validate "
+            say(f"# {env.name}: a version needs a passed engine baseline from {engines} (`specreg validate "
                        f"NAME@V --engine ENGINE` on golden set {env.golden_set}) before it is promoted; exports "
                        f"and alert rules for that engine use its baseline")
     print_table(["ENV", "GOLDEN SET", "APPROVAL", "APPROVERS", "TOLERANCE", "MAX AGE (DAYS)", "MIN ACCEPTANCE",

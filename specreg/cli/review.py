@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from specreg.cli.common import cli, db_option, user_option, json_option, open_registry, print_json
+from specreg.cli.common import cli, db_option, json_option, open_registry, print_json, say, user_option
 from specreg.errors import SpecregError
 
 
@@ -22,9 +22,9 @@ def sync(name, db_url, user, as_json):
         return
     for item in done:
         aliases = ", ".join(f"{env}->v{mv}" for env, mv in item["aliases"].items() if mv) or "-"
-        click.echo(f"{item['pair']}: {len(item['runs'])} validation run(s), model version "
+        say(f"{item['pair']}: {len(item['runs'])} validation run(s), model version "
                    f"{item['model_version'] or '-'}, approval {item['approval'] or '-'}, aliases {aliases}")
-    click.echo(f"MLflow at {registry.review().tracking_uri} is up to date")
+    say(f"MLflow at {registry.review().tracking_uri} is up to date")
 
 
 @cli.command()
@@ -41,10 +41,10 @@ def ui(name, port, host):
     argv = ui_command(mlflow.tracking_uri, host=host, port=port)
     base = f"http://{host}:{port}"
     log = local_artifact_root(mlflow.tracking_uri).parent / "ui.log"  # beside the store it serves
-    click.echo(f"MLflow UI: {registered_model_url(base, mlflow.registered_model_name(name)) if name else base}")
-    click.echo(f"one MLflow server process (log: {log}); Ctrl-C stops it")
+    say(f"MLflow UI: {registered_model_url(base, mlflow.registered_model_name(name)) if name else base}")
+    say(f"one MLflow server process (log: {log}); Ctrl-C stops it")
     code = serve_ui(argv, log)
     if code is None:
-        click.echo("MLflow UI stopped, with every process it started")
+        say("MLflow UI stopped, with every process it started")
     elif code != 0:
         raise SpecregError(f"the MLflow server exited with code {code}: see {log}")

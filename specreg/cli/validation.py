@@ -6,8 +6,8 @@ import sys
 
 import click
 
-from specreg.cli.common import (cli, db_option, user_option, json_option, open_registry,
-                                print_json, print_table, printable)
+from specreg.cli.common import (cli, db_option, json_option, open_registry, print_json, print_table,
+                                printable, say, user_option)
 
 
 @cli.command()
@@ -82,7 +82,7 @@ def validate(ref, golden, device, dtype, checks, gpu_memory, acceptance_toleranc
                                     near_tie_tolerance=near_tie_tolerance,
                                     distribution_samples=distribution_samples, progress=progress)
     except ValidationInterrupted as exc:
-        click.echo(f"specreg: validation aborted by {exc.signal_name}; the pair's state is unchanged", err=True)
+        say(f"specreg: validation aborted by {exc.signal_name}; the pair's state is unchanged", err=True)
         sys.exit(128 + exc.signal_number)
     finally:
         progress.close()
@@ -97,10 +97,10 @@ def validate(ref, golden, device, dtype, checks, gpu_memory, acceptance_toleranc
                     "acceptance_tolerance": acceptance_tolerance})
     else:
         print_table(["CHECK", "STATUS", "SUMMARY"], [[c.name, c.status, c.summary] for c in run.checks])
-        click.echo(f"{run.label}: validation run {run.id} {run.status} on golden set {run.golden_set}; "
+        say(f"{run.label}: validation run {run.id} {run.status} on golden set {run.golden_set}; "
                    f"state {version.state.value}")
         if settings["policy"] is not None:
-            click.echo(f"golden set and acceptance tolerance ({acceptance_tolerance:.0%}) of policy "
+            say(f"golden set and acceptance tolerance ({acceptance_tolerance:.0%}) of policy "
                        f"{printable(settings['policy'])}, environment {settings['environment']}")
     if run.status == ERROR:  # a check could not run: no verdict on the pair, exit 1 (not 100)
         raise SpecregError(f"{run.label}: validation run {run.id} could not judge the pair: {run.error}")
