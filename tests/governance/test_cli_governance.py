@@ -152,3 +152,55 @@ def test_audit_verify_catches_an_edited_and_a_deleted_event(db_url, tiny_models,
     assert deleted.returncode == 1 and deleted.stderr.count("\n") == 1
     assert "event 3: prev_hash does not match the event before it" in deleted.stderr
     engine.dispose()
+
+
+def test_a_run_on_another_golden_set_is_the_root_cause_and_nothing_it_met_is_listed_unmet(tmp_path, tiny_models,
+                                                                                          monkeypatch, approval_key):
+    monkeypatch.delenv("SPECREG_POLICY", raising=False)  # the built-in policy: production asks for `default`
+    db_url = f"sqlite:///{tmp_path / 'registry.db'}"
+    alice = Registry(db_url, user="alice")
+    (ref,) = register_versions(alice, tiny_models, "first", 1)
+    record_validation(alice, ref, golden="smoke", acceptance_rate=0.8, speedup=1.5)  # every check passed there
+    junit = tmp_path / "gate.xml"
+    refused = run("gate", ref, "--env", "production", "--db", db_url, "--json", "--junit", junit)
+    data = json.loads(refused.stdout)
+    assert refused.returncode == 100
+    assert data["reasons"] == [
+        "validation: run 1 used golden set smoke; the policy asks for default",
+        "approval: production needs an approval by someone other than the registrant alice (no signed approval "
+        "counts)"]
+    waiting = {c["name"] for c in data["conditions"] if not c["passed"]} - {"validation", "approval"}
+    assert waiting == {"golden_set", "validation_age", "check.integrity", "check.tokenizer", "check.chat_template",
+                       "check.equivalence", "check.acceptance",
+                       "baselines", "acceptance", "min_acceptance", "speedup"}
+    assert all(c["reason"] == "not judged: needs a passed validation on golden set default"
+               for c in data["conditions"] if c["name"] in waiting)
+    suite = ET.parse(junit).getroot().find("testsuite")
+    assert suite.get("failures") == "2" and suite.get("skipped") == str(len(waiting))
+    lines = refused.stderr.splitlines()
+    assert lines[0] == ("specreg: gate refused first@1 for production (policy built-in default): validation: run 1 "
+                        "used golden set smoke; the policy asks for default: `specreg validate first@1 --golden "
+                        "default`")
+    assert lines[1:] == [
+        "also unmet (1):",
+        "  - approval: production needs an approval by someone other than the registrant alice (no signed approval "
+        "counts)",
+        "    fix: specreg approve first@1 --user PERSON --key KEY (by someone other than the registrant, with a key "
+        "enrolled by `specreg keys enrol`)"]
+    promote = run("promote", ref, "--to", "production", "--db", db_url, "--json")
+    assert promote.returncode == 100 and json.loads(promote.stdout)["reasons"] == data["reasons"]
+    assert promote.stderr.splitlines()[0].startswith("specreg: cannot promote first@1 to production (policy built-in "
+                                                     "default): validation: run 1 used golden set smoke")
+
+    # once an approver is enrolled the fix names them; a slow pair's fix is the k its validation recommends
+    approval_key(db_url, "bob")
+    (slow,) = register_versions(alice, tiny_models, "slow", 1)
+    record_validation(alice, slow, golden="default", acceptance_rate=0.8, speedup=0.7, recommended_k=3,
+                      checks={name: "pass" for name in ("integrity", "tokenizer", "chat_template", "equivalence",
+                                                        "acceptance")})
+    lines = run("gate", slow, "--env", "production", "--db", db_url).stderr.splitlines()
+    assert lines[0].startswith("specreg: gate refused slow@1 for production (policy built-in default): speedup: "
+                               "0.70x at k=1 < 1x (min_speedup): slower than the target alone: `specreg register "
+                               f"slow --target {tiny_models['target']} --draft {tiny_models['draft']} "
+                               "--num-speculative-tokens 3` (the k its validation recommends;")
+    assert "    fix: specreg approve slow@1 --user bob --key KEY (run by bob with their enrolled private key)" in lines
