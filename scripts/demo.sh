@@ -93,7 +93,7 @@ real_pair_steps() {
     --num-speculative-tokens 4 --notes "real pair built by specreg demo-pair --real"
   # the checks the demo's policy asks for, and memory; its speed is measured in llama.cpp next (tokens/s with
   # and without the draft): our runtime's performance check would only repeat that this float32
-  # draft costs what the target costs (0.59x on the smoke set: README, A real model and llama.cpp)
+  # draft costs what the target costs (0.59x on the smoke set: docs/runtime.md, A real model and llama.cpp)
   specreg validate smollm2@1 --golden smoke --device cpu --gpu-memory 2GiB --report "$DEMO_DIR/validation-smollm2.html" \
     --checks integrity,tokenizer,chat_template,memory,equivalence,distribution,acceptance
   # one request at a time (--concurrency 1,2 adds a tier of two parallel requests: 25 CPU-s more,
