@@ -6,8 +6,8 @@ import textwrap
 
 import click
 
-from specreg.cli.common import (cli, db_option, echo_lines, json_option, open_registry, output_width,
-                                policy_option, print_json, print_table, printable, say, user_option)
+from specreg.cli.common import (PREVIEW_ONLY, cli, db_option, echo_lines, json_option, open_registry,
+                                output_width, policy_option, print_json, print_table, printable, say, user_option)
 from specreg.errors import SpecregError
 
 
@@ -69,23 +69,25 @@ def parse_expected_holder(value: str | None):
 @click.option("--allow-slower", "allow_slower", default=None, metavar="REASON",
               help="Promote although the measured speedup is below the policy's min_speedup: an explicit "
                    "exception, recorded with REASON in the audit log (no other condition is waived).")
-@policy_option
+@click.option("--policy", "policy_path", default=None, hidden=True)
 @db_option
 @user_option
 @json_option
 def promote(ref, environment, reason, expected, allow_slower, policy_path, db_url, user, as_json):
-    """Make a version hold ENV if the policy allows it (exit 100 with every reason if not)."""
+    """Make a version hold ENV if the policy of record allows it (exit 100 with every reason if not)."""
     from specreg.cli.refusals import Refusal, known_values, refusal_lines
-    from specreg.errors import PolicyViolation
+    from specreg.errors import PolicyViolation, UsageError
 
-    registry = open_registry(db_url, user, policy_path)
+    if policy_path is not None:
+        raise UsageError(PREVIEW_ONLY.format(what="a promotion"))
+    registry = open_registry(db_url, user)
     try:
-        move = registry.promote(ref, environment, reason=reason, policy_path=policy_path,
+        move = registry.promote(ref, environment, reason=reason,
                                 expected_holder=parse_expected_holder(expected), allow_slower=allow_slower)
     except PolicyViolation as exc:
         if not exc.reasons:
             raise
-        policy = registry.policy(policy_path)
+        policy = registry.policy()
         known = known_values(registry, ref, environment, policy)
         if as_json:
             print_json({"pair": known.label.split("@")[0], "version": int(known.label.split("@")[1]),
@@ -158,7 +160,7 @@ def gate(ref, environment, rerun, junit_path, markdown_path, policy_path, db_url
     result, error, code, registry = None, None, 0, None
     progress = Progress(enabled=not as_json)
     try:
-        registry = open_registry(db_url, user, policy_path)
+        registry = open_registry(db_url, user)
         result = registry.gate(ref, environment, policy_path=policy_path, rerun=rerun, progress=progress)
         code = 0 if result.passed else PolicyViolation.exit_code
     except SpecregError as exc:
@@ -170,9 +172,14 @@ def gate(ref, environment, rerun, junit_path, markdown_path, policy_path, db_url
     if as_json:
         print_json(result.to_dict() if result is not None else
                    {"ref": ref, "environment": environment, "passed": False, "verdict": "error", "error": error})
-    elif result is not None and result.passed:
-        say(f"gate {result.pair}@{result.version} -> {environment}: PASS  (policy {result.policy_source})")
-        print_table(["", "CONDITION", "REASON"], [["ok", c.name, c.reason] for c in result.conditions])
+    elif result is not None:
+        if result.passed:
+            say(f"gate {result.pair}@{result.version} -> {environment}: PASS  (policy {result.policy_source})")
+            print_table(["", "CONDITION", "REASON"], [["ok", c.name, c.reason] for c in result.conditions])
+        if result.preview is not None:
+            say(f"preview under {result.preview['policy']}: it would "
+                f"{'PASS' if result.preview['passed'] else 'be REFUSED'} (decides nothing: "
+                f"{result.policy_source} decides)")
     if error is not None:
         raise GateError(error, code)
     if code:
@@ -182,7 +189,7 @@ def gate(ref, environment, rerun, junit_path, markdown_path, policy_path, db_url
 
         failed = [(c.name, c.reason) for c in unmet(result.conditions)]
         label = f"{result.pair}@{result.version}"
-        known = known_values(registry, label, environment, registry.policy(policy_path))
+        known = known_values(registry, label, environment, registry.policy())
         raise Refusal(refusal_lines(f"gate refused {label} for {environment}", failed, known), failed)
 
 
@@ -227,8 +234,10 @@ def audit_verify(expected_head, db_url, as_json):
     position, checked, problem = registry.store.anchor_position(expected_head or "")
     head = registry.store.audit_head()
     anchored = None if expected_head is None else position is not None
+    not_counted = registry.not_counted()
     if as_json:
         print_json({"intact": problem is None, "checked": checked, "problem": problem, "head": head,
+                    "not_counted": not_counted,
                     **({"expected_head": expected_head, "expected_head_found": anchored,
                         "events_since_expected_head": checked - position if position is not None else None}
                        if expected_head is not None else {})})
@@ -239,6 +248,8 @@ def audit_verify(expected_head, db_url, as_json):
                               f"{head}): events were deleted from its end or the chain was re-hashed")
     if not as_json:
         say(f"audit log intact: {checked} event(s), every hash links; head {head}")
+        for line in not_counted:
+            say(f"NOT COUNTED  {line}")
         if expected_head is not None:
             say(f"expected head found at event {position} of {checked} ({checked - position} event(s) since)")
 
@@ -302,19 +313,35 @@ def policy_group() -> None:
 
 @policy_group.command(name="show")
 @policy_option
+@db_option
 @json_option
-def policy_show(policy_path, as_json):
-    """Print the effective policy (file or built-in default)."""
+def policy_show(policy_path, db_url, as_json):
+    """Print the policy of record (or, with --policy FILE, preview that file)."""
     from specreg.registry.governance.policy import DEFAULT_POLICY_TOML, load_policy
 
-    policy = load_policy(policy_path)
+    record = None
+    if policy_path is not None:
+        policy = load_policy(policy_path)
+    else:
+        record = open_registry(db_url).policy_record()
+        policy = record.policy
     if as_json:
-        print_json(policy.to_dict())
+        print_json({**policy.to_dict(), "sha256": policy.sha256,
+                    **({"record": record.to_dict()} if record is not None else {"preview": True})})
         return
+    if record is not None:
+        approved = f", approved by {', '.join(record.approved_by)}" if record.approved_by else ""
+        say(f"# {policy.source} (sha256 {policy.sha256[:12]}"
+                   + (f", proposed by {record.proposed_by}{approved}" if record.proposed_by else "") + ")")
+        for problem in record.problems:
+            say(f"# NOT COUNTED: {printable(problem)}")
+    else:
+        say(f"# preview of {policy.source}: decides nothing until proposed and approved "
+                   f"(`specreg policy propose {policy.source}`)")
     notes = [policy.identity_text()] + [line for env in policy.environments.values() for line in env.floors_text()]
     width = output_width()  # a terminal: wrapped to it; a pipe: one line a note
     comments = [f"# {part}" for note in notes for part in (textwrap.wrap(note, width - 2) if width else [note])]
-    if policy.source == "built-in default":
+    if policy.version == 0:
         echo_lines(DEFAULT_POLICY_TOML.rstrip().splitlines() + comments)
         return
     echo_lines([f"# {policy.source}"] + comments)
@@ -333,3 +360,57 @@ def policy_show(policy_path, as_json):
                   "; ".join([", ".join(e.required_checks)] + [f"{method}: {', '.join(checks)}" for method, checks
                                                                in e.required_checks_by_method.items()])]
                  for e in policy.environments.values()])
+
+
+@policy_group.command(name="propose")
+@click.argument("policy_file", metavar="FILE")
+@click.option("--note", default=None, help="Why; kept in the audit log.")
+@db_option
+@user_option
+@json_option
+def policy_propose(policy_file, note, db_url, user, as_json):
+    """Propose FILE as the next policy of record (it governs once approved by the four-eyes rule
+    of the policy in effect: `specreg policy approve VERSION --key FILE`)."""
+    proposed = open_registry(db_url, user).propose_policy(policy_file, note)
+    if as_json:
+        print_json(proposed)
+        return
+    say(f"proposed policy v{proposed['version']} (sha256 {proposed['sha256'][:12]}); it governs once it has "
+               f"{proposed['needs']}: `specreg policy approve {proposed['version']} --key FILE`")
+
+
+@policy_group.command(name="approve")
+@click.argument("version", type=click.IntRange(min=1))
+@click.option("--key", default=None, metavar="FILE",
+              help="Your private approval key (default: $SPECREG_APPROVAL_KEY), enrolled to you.")
+@click.option("--note", default=None, help="Why; kept in the audit log.")
+@db_option
+@user_option
+@json_option
+def policy_approve(version, key, note, db_url, user, as_json):
+    """Sign your approval of proposed policy VERSION (never the proposer's own)."""
+    approved = open_registry(db_url, user).approve_policy(version, key=key, note=note)
+    if as_json:
+        print_json(approved)
+        return
+    if approved["active"]:
+        say(f"approved policy v{version}: it is now the policy of record")
+    else:
+        say(f"approved policy v{version}; not yet in effect: {printable(approved['standing'])}")
+
+
+@policy_group.command(name="history")
+@db_option
+@json_option
+def policy_history(db_url, as_json):
+    """Every proposed policy version: who proposed and approved it, and which one governs."""
+    listed = open_registry(db_url).policy_history()
+    if as_json:
+        print_json(listed)
+        return
+    if not listed:
+        say("no policy proposed yet: the built-in default governs (`specreg policy show`)")
+        return
+    print_table(["VERSION", "STATE", "SHA256", "PROPOSED BY", "AT (UTC)", "APPROVED BY", "NOTE"],
+                [[p["version"], p["state"], p["sha256"][:12], p["proposed_by"], p["proposed_at"],
+                  ", ".join(p["approved_by"]) or "-", p["note"] or ""] for p in listed])

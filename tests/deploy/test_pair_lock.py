@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "governance"))
 from govstate import POLICY_TOML, record_validation  # noqa: E402
 
 from clirun import run_specreg  # tests/ is on sys.path (tests/conftest.py)
+from policyrecord import record_policy
 
 
 def run(*args, env=None):
@@ -52,11 +53,11 @@ def deployed(tmp_path, tiny_models, keys, monkeypatch, approval_key):
     lock. Returns the paths a deploy has."""
     policy = tmp_path / "specreg.toml"
     policy.write_text(POLICY_TOML)
-    monkeypatch.setenv("SPECREG_POLICY", str(policy))
     target, draft = tmp_path / "models" / "target", tmp_path / "models" / "draft"
     shutil.copytree(tiny_models["target"], target)
     shutil.copytree(tiny_models["draft"], draft)
     db = f"sqlite:///{tmp_path / 'registry.db'}"
+    record_policy(db, policy, tmp_path)
     alice = Registry(db, user="alice")
     alice.register("lock", target=str(target), draft=str(draft), num_speculative_tokens=3)
     record_validation(alice, "lock@1", acceptance_rate=0.8, mean_acceptance_length=3.0)
