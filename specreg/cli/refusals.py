@@ -101,7 +101,7 @@ def refusal_lines(headline: str, reasons: list[tuple[str, str]], known: Known) -
     its fix below it."""
     (root, why), others = reasons[0], reasons[1:]
     fix = fix_for(root, known, why)
-    first = f"{headline} (policy {known.policy_source}): {root}: {why}"
+    first = f"{headline} under {known.policy_source}: {root}: {why}"
     if fix:
         first += f": `{fix[0]}`" + (f" ({fix[1]})" if fix[1] else "")
     lines = [first]

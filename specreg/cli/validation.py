@@ -100,8 +100,8 @@ def validate(ref, golden, device, dtype, checks, gpu_memory, acceptance_toleranc
         say(f"{run.label}: validation run {run.id} {run.status} on golden set {run.golden_set}; "
                    f"state {version.state.value}")
         if settings["policy"] is not None:
-            say(f"golden set and acceptance tolerance ({acceptance_tolerance:.0%}) of policy "
-                       f"{printable(settings['policy'])}, environment {settings['environment']}")
+            say(f"golden set and acceptance tolerance ({acceptance_tolerance:.0%}) from {settings['policy']}, "
+                f"environment {settings['environment']}")
     if run.status == ERROR:  # a check could not run: no verdict on the pair, exit 1 (not 100)
         raise SpecregError(f"{run.label}: validation run {run.id} could not judge the pair: {run.error}")
     if not outcome.passed:

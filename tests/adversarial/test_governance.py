@@ -139,8 +139,8 @@ def test_control_characters_in_notes_and_reasons_cannot_forge_output_lines(db_ur
     assert gate.returncode == 100
     assert "\x1b" not in gate.stdout + gate.stderr
     (headline,) = gate.stderr.splitlines()  # the one reason and its fix on one line: no forged line
-    assert headline.startswith("specreg: gate refused esc@1 for production (policy ")
-    assert "): approval: rejected by bob" in headline and "`specreg approve esc@1" in headline
+    assert headline.startswith("specreg: gate refused esc@1 for production under ")
+    assert " under policy of record v1: approval: rejected by bob" in headline and "`specreg approve esc@1" in headline
     assert "rejected by bob: ok\\n2099" in headline and gate.stdout == ""
 
 

@@ -42,9 +42,9 @@ def test_gate_promote_rollback_from_the_command_line(tiny_models, policy_file, t
                                "(no signed approval counts)"]
     # the root cause in one line, with the command that fixes it; nothing on stdout but the JSON
     assert refused.stderr.splitlines() == [
-        f"specreg: gate refused cli@1 for production (policy {policy_file}): approval: production needs an approval "
-        "by someone other than the registrant alice (no signed approval counts): `specreg approve cli@1 --user "
-        "PERSON --key KEY` (by someone other than the registrant, with a key enrolled by `specreg keys enrol`)"]
+        "specreg: gate refused cli@1 for production under policy of record v1: approval: production needs an "
+        "approval by someone other than the registrant alice (no signed approval counts): `specreg approve cli@1 --user "
+        "policy_approver --key KEY` (run by policy_approver with their enrolled private key)"]
     human = run("gate", v1, "--env", "production", "--db", db_url)
     assert human.returncode == 100 and human.stdout == "" and human.stderr == refused.stderr
     suite = ET.parse(junit).getroot().find("testsuite")
@@ -72,7 +72,7 @@ def test_gate_promote_rollback_from_the_command_line(tiny_models, policy_file, t
     worse = run("promote", v2, "--to", "production", "--db", db_url)
     assert worse.returncode == 100
     (headline,) = worse.stderr.splitlines()  # one reason, with the command that fixes it
-    assert headline.startswith(f"specreg: cannot promote cli@2 to production (policy {policy_file}): acceptance: "
+    assert headline.startswith(f"specreg: cannot promote cli@2 to production under policy of record v1: acceptance: "
                                "acceptance_rate 0.500 < 0.720 (production holder cli@1")
     assert "`specreg validate cli@2 --golden smoke` (to measure again; or register a draft closer to the target: " \
            f"specreg register cli --target {tiny_models['target']}" in headline
@@ -122,7 +122,8 @@ def test_gate_fails_closed_and_usage_errors(tmp_path, tiny_models, policy_file):
     engine.dispose()
     edited = run("gate", ref, "--env", "staging", "--db", db_url, "--json")
     assert edited.returncode == 100, edited.stderr
-    assert "validation: fc@1 is not validated on golden set smoke" in json.loads(edited.stdout)["reasons"]
+    assert "validation: fc@1 is not validated on golden set smoke (no validation run yet)" \
+        in json.loads(edited.stdout)["reasons"]
 
     bad_policy = tmp_path / "bad.toml"
     bad_policy.write_text("[environments.production]\naproval_required = true\n")
@@ -183,7 +184,7 @@ def test_a_run_on_another_golden_set_is_the_root_cause_and_nothing_it_met_is_lis
     suite = ET.parse(junit).getroot().find("testsuite")
     assert suite.get("failures") == "2" and suite.get("skipped") == str(len(waiting))
     lines = refused.stderr.splitlines()
-    assert lines[0] == ("specreg: gate refused first@1 for production (policy built-in default): validation: run 1 "
+    assert lines[0] == ("specreg: gate refused first@1 for production under built-in default (no policy of record yet): validation: run 1 "
                         "used golden set smoke; the policy asks for default: `specreg validate first@1 --golden "
                         "default`")
     assert lines[1:] == [
@@ -194,8 +195,8 @@ def test_a_run_on_another_golden_set_is_the_root_cause_and_nothing_it_met_is_lis
         "enrolled by `specreg keys enrol`)"]
     promote = run("promote", ref, "--to", "production", "--db", db_url, "--json")
     assert promote.returncode == 100 and json.loads(promote.stdout)["reasons"] == data["reasons"]
-    assert promote.stderr.splitlines()[0].startswith("specreg: cannot promote first@1 to production (policy built-in "
-                                                     "default): validation: run 1 used golden set smoke")
+    assert promote.stderr.splitlines()[0].startswith("specreg: cannot promote first@1 to production under built-in "
+                                                     "default (no policy of record yet): validation: run 1 used")
 
     # once an approver is enrolled the fix names them; a slow pair's fix is the k its validation recommends
     approval_key(db_url, "bob")
@@ -204,7 +205,7 @@ def test_a_run_on_another_golden_set_is_the_root_cause_and_nothing_it_met_is_lis
                       checks={name: "pass" for name in ("integrity", "tokenizer", "chat_template", "equivalence",
                                                         "acceptance")})
     lines = run("gate", slow, "--env", "production", "--db", db_url).stderr.splitlines()
-    assert lines[0].startswith("specreg: gate refused slow@1 for production (policy built-in default): speedup: "
+    assert lines[0].startswith("specreg: gate refused slow@1 for production under built-in default (no policy of record yet): speedup: "
                                "0.70x at k=1 < 1x (min_speedup): slower than the target alone: `specreg register "
                                f"slow --target {tiny_models['target']} --draft {tiny_models['draft']} "
                                "--num-speculative-tokens 3` (the k its validation recommends;")

@@ -31,9 +31,13 @@ def assert_fits(lines: list[str]) -> None:
 
 @pytest.mark.slow
 def test_every_command_fits_a_100_column_terminal(tiny_models, tmp_path):
+    from policyrecord import record_policy
+
     (tmp_path / "policy.toml").write_text(POLICY)
+    (tmp_path / "home").mkdir()
+    record_policy(f"sqlite:///{tmp_path / 'home' / 'registry.db'}", tmp_path / "policy.toml", tmp_path)
     env = {**os.environ, "SPECREG_HOME": str(tmp_path / "home"), "SPECREG_USER": "alice", "OMP_NUM_THREADS": "1",
-           "TERM": "xterm", "SPECREG_POLICY": str(tmp_path / "policy.toml")}
+           "TERM": "xterm"}
     env.pop("COLUMNS", None)
     target, draft = shlex.quote(str(tiny_models["target"])), shlex.quote(str(tiny_models["draft"]))
     reason = ("the product team accepts a slower pair for this launch because latency is not the goal and "
@@ -61,6 +65,7 @@ def test_every_command_fits_a_100_column_terminal(tiny_models, tmp_path):
     specreg env list
     specreg env history wide --env production
     specreg policy show
+    specreg policy history
     specreg export wide@production --format vllm -o deploy --signing-key keys/team/specreg-signing.key
     specreg export wide@production --format k8s-vllm -o k8s || true
     specreg keys export --out deploy/keyring.json

@@ -188,11 +188,13 @@ def test_validate_takes_golden_set_and_tolerance_from_the_policy_and_says_which(
                                                                                 monkeypatch):
     from clirun import run
 
+    from policyrecord import record_policy
+
     policy = tmp_path / "team.toml"
     policy.write_text(f'golden_set = "{golden_path}"\nacceptance_tolerance = 0.25\n'
                       '[environments.staging]\n[environments.production]\nacceptance_tolerance = 0.2\n')
-    monkeypatch.setenv("SPECREG_POLICY", str(policy))
     db = f"sqlite:///{tmp_path / 'registry.db'}"
+    version = record_policy(db, policy, tmp_path)
     assert run("register", "pol", "--target", models["target"], "--draft", models["draft"], "-k", "3",
                "--db", db).returncode == 0
     result = run("validate", "pol@1", "--device", "cpu", "--checks", "integrity,tokenizer", "--db", db)
@@ -200,7 +202,7 @@ def test_validate_takes_golden_set_and_tolerance_from_the_policy_and_says_which(
     # the policy's last environment (production) decides, and the run says which policy that was
     assert result.stdout.splitlines()[-2:] == [
         "pol@1: validation run 1 passed on golden set tiny; state validated",
-        f"golden set and acceptance tolerance (20%) of policy {policy}, environment production"]
+        f"golden set and acceptance tolerance (20%) from policy of record v{version}, environment production"]
     explicit = run("validate", "pol@1", "--device", "cpu", "--checks", "integrity", "--golden", "smoke",
                    "--acceptance-tolerance", "0.3", "--db", db, "--json")
     data = json.loads(explicit.stdout)
