@@ -86,7 +86,7 @@ wait_for_build() {  # NAME PATTERN: wait for its background build, then show whe
 # policy and bob, whose key an enroller (admin) put in the keyring, approves it (four-eyes under the
 # built-in policy in effect until then). Every later command is judged under it.
 step "the team's policy of record: alice proposes the demo policy, bob approves it with his own key"
-specreg keys create --out "$DEMO_DIR/keys/bob"                                   # bob's own key pair
+specreg keys create --use approval --out "$DEMO_DIR/keys/bob"                                 # bob's own key pair
 specreg keys enrol bob --public-key "$DEMO_DIR/keys/bob/specreg-signing.pub" --user admin   # an enroller, audited
 export SPECREG_APPROVAL_KEY="$DEMO_DIR/keys/bob/specreg-signing.key"
 specreg policy propose "$POLICY_FILE" --note "demo: the smoke golden set, bob approves production"
@@ -140,7 +140,7 @@ specreg promote demo-chat@1 --to production --reason "demo rollout"
 specreg env list demo-chat
 
 step "export deployment configs carrying the pair's identity and baselines, with a signed pair lock"
-specreg keys create --out "$DEMO_DIR/keys"
+specreg keys create --use lock --out "$DEMO_DIR/keys"
 specreg keys export --out "$DEMO_DIR/keys/approvers.json"   # the approvers' keyring the platform mounts
 for format in vllm sglang trtllm k8s-vllm prometheus-rules; do
   # the manifest mounts the models from a volume: here the host folder the demo pair lies in
