@@ -74,6 +74,13 @@ def test_every_command_fits_a_100_column_terminal(tiny_models, tmp_path):
     specreg verify --lock deploy/specreg.lock.json --public-key keys/team/specreg-signing.pub \\
       --keyring deploy/keyring.json --target {draft} --draft {draft} || true
     specreg gate wide@production --env production --junit gate.xml
+    specreg gate wide@production --env production --policy {shlex.quote(str(tmp_path / "policy.toml"))} || true
+    specreg policy show --policy {shlex.quote(str(tmp_path / "policy.toml"))}
+    specreg reject wide@2 --user bob --key keys/bob/specreg-signing.key --note "{reason}"
+    specreg promote wide@2 --to staging
+    specreg rollback wide --env staging
+    specreg retire wide@2 --reason "{reason}"
+    specreg db upgrade
     specreg audit verify
     specreg audit verify --expect-head {"0" * 64} || true
     specreg show nope@1 || true
