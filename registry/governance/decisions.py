@@ -36,6 +36,7 @@ class GateResult:
     policy_version: int | None = None  # the policy of record's version (None: a file, previewed)
     policy_sha256: str | None = None
     preview: dict[str, Any] | None = None  # the same gate under a policy file: shown, never decides
+    binding_sha256: str | None = None  # the binding judged: a pipeline checks its pair lock names the same
 
     @property
     def passed(self) -> bool:
@@ -52,7 +53,8 @@ class GateResult:
             "passed": self.passed, "verdict": "pass" if self.passed else "refused",
             "policy": self.policy_source, "policy_version": self.policy_version, "policy_sha256": self.policy_sha256,
             "validation_run_id": self.validation_run_id, **({"preview": self.preview} if self.preview else {}),
-            "audit_head": self.audit_head, "reasons": self.reasons, "conditions": [c.to_dict() for c in self.conditions],
+            "audit_head": self.audit_head, "binding_sha256": self.binding_sha256, "reasons": self.reasons,
+            "conditions": [c.to_dict() for c in self.conditions],
         }
 
 
@@ -191,8 +193,9 @@ def evaluate(session: Session, row: PairVersionRow, env: EnvironmentPolicy, poli
                                     f"run {run.id} recorded acceptance baselines" if figures
                                     else f"no acceptance baselines recorded in run {run.id}",
                                     {"overall": figures} if figures else {}))
-    conditions.append(acceptance_condition(session, row, run, figures, env, golden_sha256, holder))
-    conditions.extend(engine_baseline_conditions(session, row, env, golden_sha256=golden_sha256, now=now))
+    conditions.append(acceptance_condition(session, row, run, figures, env, golden_sha256, holder, chain))
+    conditions.extend(engine_baseline_conditions(session, row, env, golden_sha256=golden_sha256, now=now, policy=policy,
+                                                 chain=chain))
     events = [e for e in chain if e.pair_name == row.pair.name and e.version == row.version]
     floors = floor_conditions(run, env, overall_figures(run) if run is not None else None, events)
     conditions += [not_judged(c.name, env.golden_set) if run is None and not c.passed else c for c in floors]
@@ -202,7 +205,7 @@ def evaluate(session: Session, row: PairVersionRow, env: EnvironmentPolicy, poli
 
 def acceptance_condition(session: Session, row: PairVersionRow, run: ValidationRunRow | None,
                          figures: dict[str, float] | None, env: EnvironmentPolicy, golden_sha256: str,
-                         holder: PairVersionRow | None) -> Condition:
+                         holder: PairVersionRow | None, chain: list[AuditEventRow]) -> Condition:
     """Acceptance >= baseline * (1 - tolerance) against (a) the version's own earlier passed run
     on the same golden set (drift) and (b) the environment's current holder."""
     if figures is None:
@@ -210,12 +213,12 @@ def acceptance_condition(session: Session, row: PairVersionRow, run: ValidationR
             return not_judged("acceptance", env.golden_set)
         return Condition("acceptance", False, f"run {run.id} recorded no acceptance figures to compare")
     references: list[tuple[str, ValidationRunRow]] = []
-    earlier = [r for r in finished_runs(session, row.id)
+    earlier = [r for r in finished_runs(session, row.id, chain)
                if r.id < run.id and r.status == "passed" and r.golden_sha256 == golden_sha256]
     if earlier and overall_figures(earlier[0]):
         references.append((f"run {earlier[0].id} of this version", earlier[0]))
     if holder is not None and holder.id != row.id:
-        holder_runs = [r for r in finished_runs(session, holder.id)
+        holder_runs = [r for r in finished_runs(session, holder.id, chain)
                        if r.status == "passed" and r.golden_sha256 == golden_sha256]
         if holder_runs and overall_figures(holder_runs[0]):
             references.append((f"{env.name} holder {holder.pair.name}@{holder.version}", holder_runs[0]))
@@ -273,4 +276,5 @@ def gate(store: Store, policy: Policy, version: PairVersion, environment: str) -
                                    holder=holder, now=utcnow())
         head = next((c.details.get("audit_head") for c in conditions if c.name == "audit"), None)
         return GateResult(version.name, version.version, environment, policy.source, tuple(conditions),
-                          run.id if run is not None else None, head, policy.version, policy.sha256)
+                          run.id if run is not None else None, head, policy.version, policy.sha256,
+                          binding_sha256=version.binding_sha256)

@@ -23,7 +23,7 @@ from specreg.registry.deploy.lock import LOCK_FILE, lock_body
 from specreg.registry.deploy.verify import verify_lock
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "governance"))
-from govstate import POLICY_TOML, record_validation  # noqa: E402
+from govstate import record_validation  # noqa: E402
 
 from clirun import run_specreg  # tests/ is on sys.path (tests/conftest.py)
 from policyrecord import record_policy
@@ -37,41 +37,6 @@ def run(*args, env=None):
 
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-@pytest.fixture
-def keys(tmp_path):
-    result = run("keys", "create", "--out", tmp_path / "keys")
-    assert result.returncode == 0, result.stderr
-    return tmp_path / "keys" / "specreg-signing.key", tmp_path / "keys" / "specreg-signing.pub"
-
-
-@pytest.fixture
-def deployed(tmp_path, tiny_models, keys, monkeypatch, approval_key):
-    """lock@1 registered from copies of the tiny models (so a test may tamper with them),
-    validated (recorded rows), approved by bob, promoted to staging and exported with a signed
-    lock. Returns the paths a deploy has."""
-    policy = tmp_path / "specreg.toml"
-    policy.write_text(POLICY_TOML)
-    target, draft = tmp_path / "models" / "target", tmp_path / "models" / "draft"
-    shutil.copytree(tiny_models["target"], target)
-    shutil.copytree(tiny_models["draft"], draft)
-    db = f"sqlite:///{tmp_path / 'registry.db'}"
-    record_policy(db, policy, tmp_path)
-    alice = Registry(db, user="alice")
-    alice.register("lock", target=str(target), draft=str(draft), num_speculative_tokens=3)
-    record_validation(alice, "lock@1", acceptance_rate=0.8, mean_acceptance_length=3.0)
-    Registry(db, user="bob").approve("lock@1", key=approval_key(db, "bob"), note="checked")
-    keyring = tmp_path / "approvers.json"  # what the platform mounts beside the public key
-    assert run("keys", "export", "--out", keyring, "--db", db).returncode == 0
-    alice.promote("lock@1", "staging", reason="first rollout")
-    out = tmp_path / "out"
-    result = run("export", "lock@staging", "--format", "vllm", "-o", out, "--db", db,
-                 env={"SPECREG_SIGNING_KEY": str(keys[0])})
-    assert result.returncode == 0, result.stderr
-    assert result.stderr == ""  # signed: no warning
-    return {"db": db, "target": target, "draft": draft, "lock": out / LOCK_FILE, "private": keys[0],
-            "public": keys[1], "tmp": tmp_path, "keyring": keyring, "out": out}
 
 
 def verify(deployed, *extra, lock=None, public_key=None, target=None, draft=None):
@@ -170,6 +135,18 @@ def test_verify_matching_files_exit_0(deployed):
         "ok  unchanged: 12 file(s) unchanged since they were hashed",
         "verified lock@1: signed lock, files match",
     ]
+
+
+def test_an_approval_by_a_revoked_key_is_refused_at_pod_start(deployed):
+    """bob's key is revoked after the export: the keyring exported again carries the revocation,
+    and verify refuses the lock's approval by that key (the files still match)."""
+    registry = Registry(deployed["db"], user="admin")
+    [bob] = [k for k in registry.keyring()[0] if k.person == "bob"]
+    registry.revoke_key(bob.key_id, "laptop stolen")
+    assert run("keys", "export", "--out", deployed["keyring"], "--db", deployed["db"]).returncode == 0
+    result = verify(deployed)
+    refused(result, "approvals")
+    assert f"signed with key {bob.key_id[:12]}, which the keyring does not enrol" in result.stdout
 
 
 def test_tampered_weight_file_refused(deployed):
