@@ -65,6 +65,8 @@ class GenerationMetrics:
     longest_rejection_run: int = 0
     fallbacks: list[dict] = field(default_factory=list)
     stop_reason: str | None = None
+    batch_size: int = 1  # rows decoded together: the throughput figures are at this batch size
+    batch_time_s: float | None = None  # this row's share of its batch's wall time (None: total_time_s)
 
     def record_step(self, num_drafted: int, num_accepted: int, num_emitted: int) -> None:
         """One verification forward: num_drafted proposals, num_accepted kept, num_emitted out."""
