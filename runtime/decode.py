@@ -5,8 +5,14 @@ Target-only decoding is the same loop with no drafts (k = 0: the prefill, then o
 steps), so both share one cache code path.
 
 With a candidate tree (DecodeConfig.tree: Medusa, EAGLE-3 top-k) the drafts are a tree: the same
-loop, with tree_forward for the verification forward, the tree acceptance rules, and the cache
-compacted to the accepted path (tree.py) where a chain is cropped.
+loop, with the tree's mask and per-depth positions in the verification forward (tree.py) and the
+tree acceptance rules.
+
+The loop decodes many prompts at once (decode_rows): the rows share one KV cache whose columns
+are valid or not per row (row_cache.RowCache: left-aligned padding, rejected drafts and tree nodes
+off the accepted path are masked, each row at its own positions), each row with its own budget,
+stops, random generator and metrics; a row leaves the batch when it ends. One prompt is the batch
+of one (stream_generate, speculative_generate, target_only_generate).
 """
 
 from __future__ import annotations
@@ -377,7 +383,7 @@ def decode_rows(pair: ModelPair, prompts: list, configs: list[DecodeConfig], *, 
                         row.metrics.ttft_s = now - start
                     share = (now - step_start) / len(emitted_list)
                     stop_strings = row.config.stop_strings or ()
-                    for token in emitted_list:
+                    for position, token in enumerate(emitted_list):
                         row.generated.append(token)
                         row.token_list.append(token)
                         row.metrics.generated_tokens += 1
@@ -387,6 +393,10 @@ def decode_rows(pair: ModelPair, prompts: list, configs: list[DecodeConfig], *, 
                         yield row.index, token
                         if token in row.eos_ids:
                             row.stop = "eos"
+                            if step_trees[r] is None and position < min(num_accepted, ks[r] - 1):
+                                # an accepted draft ended the generation before the step's last
+                                # draft: llama.cpp counts only the drafts before it (stop_draft_counts)
+                                row.metrics.stop_draft = (position, num_accepted)
                         elif stop_strings and any(s in pair.tokenizer.decode(row.generated[-(max(map(len, stop_strings)) + 8):])
                                                   for s in stop_strings):
                             row.stop = "stop_string"

@@ -111,3 +111,25 @@ def test_batch_prefill_alone_schedule(pairs, prompts):
                                                                               False)]
     batch = assert_batch_equals_alone(pair, prompts, configs)
     assert all(g.metrics.ttft_tokens == 1 for g in batch)
+
+
+def test_stop_draft_counts_are_llamacpps_count_at_a_stop_token(target, tokenizer, drafts, prompts):
+    """One decode gives both counts: stop_draft_counts of a greedy decode equals the counts of the
+    decode under llama.cpp's rule (greedy_accept_stopping_at) when an accepted draft before the
+    step's last one is the stop token, and the tokens are the same."""
+    from specreg.runtime.acceptance import greedy_accept_stopping_at
+    from specreg.runtime.metrics import stop_draft_counts
+
+    pair = make_pair(target, tokenizer, drafts["self"], tokenizer)  # every draft accepted
+    plain = target_only_generate(pair, prompts[0], DecodeConfig(max_new_tokens=20, eos_token_ids=()))
+    # the engines' schedule: 1 token, then steps of k + 1 = 4; the 3rd token is the second draft of step 2
+    eos = plain.token_ids[2]
+    assert eos not in plain.token_ids[:2]
+    config = DecodeConfig(k=3, max_new_tokens=20, eos_token_ids=(eos,), prefill_alone=True)
+    ours = speculative_generate(pair, prompts[0], config)
+    llamacpp = speculative_generate(pair, prompts[0], config, greedy_rule=greedy_accept_stopping_at({eos}))
+    assert ours.token_ids == llamacpp.token_ids == plain.token_ids[:3]
+    assert ours.metrics.stop_draft == (1, 3) and ours.metrics.accepted == 3 and llamacpp.metrics.accepted == 1
+    counted = stop_draft_counts(ours.metrics)
+    for key in ("drafted", "accepted", "draft_steps", "accepted_per_position", "generated_tokens"):
+        assert counted[key] == stop_draft_counts(llamacpp.metrics)[key] == getattr(llamacpp.metrics, key), key
