@@ -165,6 +165,114 @@ def check_batch(configs: list[DecodeConfig]) -> None:
         raise RuntimeConfigError("the rows of one batch must share method, k, tree, prompt lookup and schedule")
 
 
+def new_row(pair: ModelPair, index: int, prompt_ids, config: DecodeConfig, metrics: GenerationMetrics,
+            speculate: bool) -> Row:
+    """A prompt's Row, checked against the models' position limits."""
+    import torch
+
+    prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=pair.device).view(1, -1)  # [1, n]
+    length = prompt.shape[1]
+    for name, model in (("target", pair.target), ("draft", pair.draft)):
+        limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        if limit is not None and length > limit:
+            raise RuntimeConfigError(f"prompt of {length} tokens is longer than the {name}'s "
+                                     f"max_position_embeddings {limit}")
+    if length == 0:
+        raise RuntimeConfigError("empty prompt: at least one token is needed")
+    max_length = length + config.max_new_tokens
+    target_limit = getattr(pair.target.config, "max_position_embeddings", None)
+    if target_limit is not None:
+        max_length = min(max_length, target_limit)
+    generator = torch.Generator(device=pair.device).manual_seed(config.seed) if config.temperature > 0 else None
+    metrics.prompt_tokens = length
+    return Row(index, config, prompt, prompt[0].tolist(), max_length, generator, eos_ids_of(pair, config), metrics,
+               speculate, rolling_tau=deque(maxlen=config.acceptance_window))
+
+
+def line_up(rows: list[Row], proposals: list[tuple], ks: list[int], tree, device):
+    """The verification forward's inputs: per row what the target cache lacks (the whole prompt on
+    the first step, then the last emitted token) right-aligned to the longest, then its drafts (a
+    chain, or the tree's nodes after the root, the last pending token), shorter rows padded.
+    -> (input_ids # [b, P + N], query_valid # [b, P + N] bool, offsets # [b, P + N] positions
+    after each row's cached tokens, new_mask # [P + N, P + N] bool for a tree else None, P)."""
+    import torch
+
+    pending = [row.tokens[0, row.cached_length:] for row in rows]
+    width = max(piece.shape[0] for piece in pending)  # P
+    drafts = tree.num_nodes if tree is not None else max(ks)  # N
+    queries = width + drafts
+    input_ids = torch.zeros(len(rows), queries, dtype=torch.long, device=device)  # [b, P + N]
+    query_valid = torch.zeros(len(rows), queries, dtype=torch.bool, device=device)  # [b, P + N]
+    offsets = torch.zeros(len(rows), queries, dtype=torch.long, device=device)  # [b, P + N]
+    node_offsets = (tree.buffers(device).depths[1:] if tree is not None
+                    else torch.arange(1, drafts + 1, device=device))  # [N] positions after the root
+    for r, (piece, (draft_ids, _)) in enumerate(zip(pending, proposals)):
+        n = piece.shape[0]
+        input_ids[r, width - n:width] = piece
+        query_valid[r, width - n:width] = True
+        offsets[r, width - n:width] = torch.arange(n, device=device)
+        offsets[r, width:] = n - 1 + node_offsets
+        if ks[r]:
+            nodes = draft_ids.shape[0] - (1 if tree is not None else 0)  # a tree's node ids start with the root
+            input_ids[r, width:width + nodes] = draft_ids[-nodes:]
+            query_valid[r, width:width + nodes] = True
+    new_mask = None
+    if tree is not None:
+        # the nodes see the pending tokens and their own ancestors, root included (a pruned tree's
+        # nodes are the first of the whole tree's: same mask, the rest is padding)
+        new_mask = torch.ones(queries, queries, dtype=torch.bool, device=device).tril()
+        new_mask[width - 1:, :width - 1] = True
+        new_mask[width - 1:, width - 1:] = tree.buffers(device).attention_mask
+    return input_ids, query_valid, offsets, new_mask, width
+
+
+def accept(row: Row, logits, proposal: tuple, k: int, step_tree, rules: tuple):
+    """One row's acceptance: logits # [N + 1, vocab] of its root and drafts; proposal
+    (draft_ids, draft_probs); rules (acceptance_rule, greedy_rule, tree_acceptance_rule,
+    tree_greedy_rule) -> (num_accepted, emitted # [num_accepted + 1], accepted draft columns after
+    the root # [num_accepted] long: 1.. for a chain, the accepted nodes for a tree)."""
+    import torch
+
+    acceptance_rule, greedy_rule, tree_acceptance_rule, tree_greedy_rule = rules
+    draft_ids, draft_probs = proposal
+    device = logits.device
+    if k == 0:
+        return 0, row.next_tokens(logits[:1]), torch.empty(0, dtype=torch.long, device=device)
+    if step_tree is not None:
+        nodes = step_tree.num_nodes
+        buffers = step_tree.buffers(device)
+        if row.sampling:
+            target_probs = row.probs(logits[:nodes + 1])  # [nodes+1, vocab]
+            uniforms = torch.rand(nodes + 1, generator=row.generator, device=device)  # [nodes+1]
+            accepted_nodes, emitted = tree_acceptance_rule(draft_probs, target_probs, draft_ids, buffers.parent_ids,
+                                                           uniforms, row.generator)
+        else:
+            accepted_nodes, emitted = tree_greedy_rule(draft_ids, logits[:nodes + 1].argmax(dim=-1),
+                                                       buffers.retrieve_indices)
+        return accepted_nodes.shape[0], emitted, accepted_nodes
+    if row.sampling:
+        target_probs = row.probs(logits[:k + 1])  # [k+1, vocab]
+        uniforms = torch.rand(k, generator=row.generator, device=device)  # [k]
+        num_accepted, emitted = acceptance_rule(draft_probs, target_probs, draft_ids, uniforms, row.generator)
+    else:
+        num_accepted, emitted = greedy_rule(draft_ids, logits[:k + 1].argmax(dim=-1))
+    return num_accepted, emitted, torch.arange(1, num_accepted + 1, device=device)
+
+
+def stop_of(pair: ModelPair, row: Row, token: int) -> str | None:
+    """Why the row ends at `token` just emitted (EOS, a stop string, its budget), or None."""
+    if token in row.eos_ids:
+        return "eos"
+    stop_strings = row.config.stop_strings or ()
+    if stop_strings:
+        window = max(len(s) for s in stop_strings) + 8
+        if any(s in pair.tokenizer.decode(row.generated[-window:]) for s in stop_strings):
+            return "stop_string"
+    if len(row.token_list) >= row.max_length:
+        return "max_new_tokens" if len(row.generated) >= row.config.max_new_tokens else "max_position"
+    return None
+
+
 def decode_rows(pair: ModelPair, prompts: list, configs: list[DecodeConfig], *, speculate: bool = True,
                 metrics: list[GenerationMetrics] | None = None, batch_size: int | None = None,
                 memory_probe: Callable[[], int] | None = None,
@@ -196,28 +304,9 @@ def decode_rows(pair: ModelPair, prompts: list, configs: list[DecodeConfig], *, 
     device = pair.device
     metrics = metrics if metrics is not None else [GenerationMetrics() for _ in prompts]
     batch_size = batch_size if batch_size is not None else len(prompts)
-    target_limit = getattr(pair.target.config, "max_position_embeddings", None)
     draft_limit = getattr(getattr(pair.draft, "config", None), "max_position_embeddings", None)
-    rows = []
-    for index, (prompt_ids, row_config) in enumerate(zip(prompts, configs)):
-        prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=device).view(1, -1)  # [1, n]
-        length = prompt.shape[1]
-        for name, model in (("target", pair.target), ("draft", pair.draft)):
-            limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-            if limit is not None and length > limit:
-                raise RuntimeConfigError(f"prompt of {length} tokens is longer than the {name}'s "
-                                         f"max_position_embeddings {limit}")
-        if length == 0:
-            raise RuntimeConfigError("empty prompt: at least one token is needed")
-        max_length = length + row_config.max_new_tokens
-        if target_limit is not None:
-            max_length = min(max_length, target_limit)
-        generator = (torch.Generator(device=device).manual_seed(row_config.seed)
-                     if row_config.temperature > 0 else None)
-        metrics[index].prompt_tokens = length
-        rows.append(Row(index, row_config, prompt, prompt[0].tolist(), max_length, generator,
-                        eos_ids_of(pair, row_config), metrics[index], speculate,
-                        rolling_tau=deque(maxlen=row_config.acceptance_window)))
+    rows = [new_row(pair, index, prompt_ids, row_config, metrics[index], speculate)
+            for index, (prompt_ids, row_config) in enumerate(zip(prompts, configs))]
     if memory_probe is None and config.min_free_memory_bytes is not None:
         memory_probe = default_memory_probe(device)
 
@@ -236,6 +325,7 @@ def decode_rows(pair: ModelPair, prompts: list, configs: list[DecodeConfig], *, 
                 row.metrics.record_fallback("batch_size", batch_size)
                 row.speculating = False
     hidden_state_ids = getattr(drafter, "hidden_state_ids", ())
+    rules = (acceptance_rule, greedy_rule, tree_acceptance_rule, tree_greedy_rule)
     cache = RowCache(pair.target.config, len(rows), device)
     vocab_size = pair.vocab_size
     start = time.perf_counter()
@@ -294,31 +384,8 @@ def decode_rows(pair: ModelPair, prompts: list, configs: list[DecodeConfig], *, 
                 # token) followed by its drafts (a chain, or the tree's nodes; the root is the last
                 # token before them). Rows line up: pending tokens right-aligned, drafts after them,
                 # shorter rows padded; only the root and draft positions need logits
-                pending = [row.tokens[0, row.cached_length:] for row in rows]
-                width = max(piece.shape[0] for piece in pending)  # P
-                drafts = tree.num_nodes if tree is not None else max(ks)  # N
-                queries = width + drafts
-                input_ids = torch.zeros(len(rows), queries, dtype=torch.long, device=device)  # [b, P + N]
-                query_valid = torch.zeros(len(rows), queries, dtype=torch.bool, device=device)  # [b, P + N]
-                offsets = torch.zeros(len(rows), queries, dtype=torch.long, device=device)  # [b, P + N]
-                node_offsets = (tree.buffers(device).depths[1:] if tree is not None
-                                else torch.arange(1, drafts + 1, device=device))  # [N] after the root
-                for r, (piece, (draft_ids, _)) in enumerate(zip(pending, proposals)):
-                    n = piece.shape[0]
-                    input_ids[r, width - n:width] = piece
-                    query_valid[r, width - n:width] = True
-                    offsets[r, width - n:width] = torch.arange(n, device=device)
-                    offsets[r, width:] = n - 1 + node_offsets
-                    if ks[r]:
-                        nodes = draft_ids.shape[0] - (1 if tree is not None else 0)  # a tree's come after its root
-                        input_ids[r, width:width + nodes] = draft_ids[-nodes:]
-                        query_valid[r, width:width + nodes] = True
-                new_mask = None
-                if tree is not None:
-                    # the tree's nodes see the pending tokens and their own ancestors (root included)
-                    new_mask = torch.ones(queries, queries, dtype=torch.bool, device=device).tril()
-                    new_mask[width - 1:, :width - 1] = True
-                    new_mask[width - 1:, width - 1:] = tree.buffers(device).attention_mask
+                input_ids, query_valid, offsets, new_mask, width = line_up(rows, proposals, ks, tree, device)
+                drafts = input_ids.shape[1] - width  # N: the longest chain, or the tree's nodes
                 logits = cache.forward(pair.target, input_ids, query_valid, offsets, new_mask, drafts + 1,
                                        hidden_state_ids)
                 hidden = None
@@ -331,32 +398,9 @@ def decode_rows(pair: ModelPair, prompts: list, configs: list[DecodeConfig], *, 
                 kept[:, width:] = False
                 steps = []  # per row (num_accepted, emitted # [num_accepted + 1])
                 for r, row in enumerate(rows):
-                    draft_ids, draft_probs = proposals[r]
-                    k, step_tree = ks[r], step_trees[r]
-                    if k == 0:
-                        num_accepted, emitted = 0, row.next_tokens(logits[r, :1])
-                    elif step_tree is not None:
-                        nodes = step_tree.num_nodes
-                        buffers = step_tree.buffers(device)
-                        if row.sampling:
-                            target_probs = row.probs(logits[r, :nodes + 1])  # [nodes+1, vocab]
-                            uniforms = torch.rand(nodes + 1, generator=row.generator, device=device)  # [nodes+1]
-                            accepted_nodes, emitted = tree_acceptance_rule(draft_probs, target_probs, draft_ids,
-                                                                           buffers.parent_ids, uniforms, row.generator)
-                        else:
-                            accepted_nodes, emitted = tree_greedy_rule(draft_ids, logits[r, :nodes + 1].argmax(dim=-1),
-                                                                       buffers.retrieve_indices)
-                        num_accepted = accepted_nodes.shape[0]
-                        kept[r, width - 1 + accepted_nodes] = True
-                    else:
-                        if row.sampling:
-                            target_probs = row.probs(logits[r, :k + 1])  # [k+1, vocab]
-                            uniforms = torch.rand(k, generator=row.generator, device=device)  # [k]
-                            num_accepted, emitted = acceptance_rule(draft_probs, target_probs, draft_ids, uniforms,
-                                                                    row.generator)
-                        else:
-                            num_accepted, emitted = greedy_rule(draft_ids, logits[r, :k + 1].argmax(dim=-1))
-                        kept[r, width:width + num_accepted] = True
+                    num_accepted, emitted, accepted_columns = accept(row, logits[r], proposals[r], ks[r], step_trees[r],
+                                                                     rules)
+                    kept[r, width - 1 + accepted_columns] = True
                     steps.append((num_accepted, emitted))
                 # roll back: keep the verified tokens and the accepted drafts, drop the rest (the
                 # emitted recovered/bonus token is fed with the next step)
@@ -382,7 +426,6 @@ def decode_rows(pair: ModelPair, prompts: list, configs: list[DecodeConfig], *, 
                     if first_step:
                         row.metrics.ttft_s = now - start
                     share = (now - step_start) / len(emitted_list)
-                    stop_strings = row.config.stop_strings or ()
                     for position, token in enumerate(emitted_list):
                         row.generated.append(token)
                         row.token_list.append(token)
@@ -391,18 +434,11 @@ def decode_rows(pair: ModelPair, prompts: list, configs: list[DecodeConfig], *, 
                             row.metrics.ttft_tokens += 1
                         row.metrics.token_latencies_s.append(share)
                         yield row.index, token
-                        if token in row.eos_ids:
-                            row.stop = "eos"
-                            if step_trees[r] is None and position < min(num_accepted, ks[r] - 1):
-                                # an accepted draft ended the generation before the step's last
-                                # draft: llama.cpp counts only the drafts before it (stop_draft_counts)
-                                row.metrics.stop_draft = (position, num_accepted)
-                        elif stop_strings and any(s in pair.tokenizer.decode(row.generated[-(max(map(len, stop_strings)) + 8):])
-                                                  for s in stop_strings):
-                            row.stop = "stop_string"
-                        elif len(row.token_list) >= row.max_length:
-                            row.stop = ("max_new_tokens" if len(row.generated) >= row.config.max_new_tokens
-                                        else "max_position")
+                        row.stop = stop_of(pair, row, token)
+                        if row.stop == "eos" and step_trees[r] is None and position < min(num_accepted, ks[r] - 1):
+                            # an accepted draft ended the generation before the step's last draft:
+                            # llama.cpp counts only the drafts before it (metrics.stop_draft_counts)
+                            row.metrics.stop_draft = (position, num_accepted)
                         if row.stop:
                             break
                     if row.stop:
