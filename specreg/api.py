@@ -241,12 +241,10 @@ class Registry:
     reached the registry operation still completes and ``warnings`` says MLflow is behind.
     """
 
-    def __init__(self, db_url: str | None = None, user: str | None = None, mlflow_uri: str | None = None,
-                 policy_path: str | None = None):
+    def __init__(self, db_url: str | None = None, user: str | None = None, mlflow_uri: str | None = None):
         self.db_url = db_url or settings.default_db_url()
         self.store = Store(self.db_url)
         self._claimed_user = user
-        self._policy_path = policy_path  # its [identity] table decides whether a claimed user is allowed
         self._user: str | None = None
         self.mlflow_uri = mlflow_uri
         self.warnings: list[str] = []
@@ -257,7 +255,7 @@ class Registry:
         """Who acts, normalised (specreg.core.identity). SQLite: ``--user``, ``$SPECREG_USER``
         or the OS user (advisory). PostgreSQL: the authenticated role (``session_user``); a
         ``--user``/``$SPECREG_USER`` naming someone else is refused (PolicyViolation) unless the
-        policy says ``[identity] allow_claimed_user = true``, and is then recorded as claimed
+        policy of record says ``[identity] allow_claimed_user = true``, and is then recorded as claimed
         beside the role in every audit event. Resolved on first use: reading needs no identity."""
         if self._user is None:
             self._user = self.resolve_user()
@@ -278,11 +276,12 @@ class Registry:
             claimed = normalize_user(claimed)  # a confusable claim is refused, not matched
         if claimed is None or same_user(claimed, role_name):
             return role_name
-        if not self.policy(self._policy_path).allow_claimed_user:
+        policy = self.policy()
+        if not policy.allow_claimed_user:
             raise PolicyViolation(
                 f"identity: connected to PostgreSQL as role {role_name}, but --user/$SPECREG_USER says "
-                f"{claimed!r}; on PostgreSQL the actor is the authenticated role (a policy with "
-                f"[identity] allow_claimed_user = true records claimed users beside the role)")
+                f"{claimed!r}; on PostgreSQL the actor is the authenticated role ({policy.source} does not set "
+                f"[identity] allow_claimed_user = true)")
         self.store.event_details = {"claimed_user": claimed, "authenticated_role": role_name}
         return claimed
 
@@ -382,10 +381,50 @@ class Registry:
     # --- governance ---------------------------------------------------------------------
 
     def policy(self, path: str | None = None):
-        """The policy from ``path``, ``$SPECREG_POLICY`` or the built-in default."""
-        from specreg.registry.governance.policy import load_policy
+        """The policy of record, which governs every approval, promotion, gate, rollback and
+        identity rule (the built-in default until a first one is recorded); with ``path``, the
+        policy in that file, to preview only."""
+        if path is not None:
+            from specreg.registry.governance.policy import load_policy
 
-        return load_policy(path)
+            return load_policy(path)
+        return self.policy_record().policy
+
+    def policy_record(self):
+        """The policy of record with who proposed and approved it (policy_record.PolicyRecord)."""
+        from specreg.registry.governance.policy_record import policy_of_record
+
+        return policy_of_record(self.store)
+
+    def propose_policy(self, path: str, note: str | None = None) -> dict:
+        """Propose the policy in the file ``path`` as the next policy of record (audited); it
+        governs once the four-eyes rule of the policy in effect is met (``approve_policy``)."""
+        check_text("note", note)
+        from specreg.registry.governance.policy_record import propose
+
+        return propose(self.store, path, actor=self.user, note=note)
+
+    def approve_policy(self, version: int, *, key: str | None = None, note: str | None = None) -> dict:
+        """Sign this user's approval of proposed policy ``version`` with ``key`` (else
+        ``$SPECREG_APPROVAL_KEY``); the approval that meets the rule makes it the policy of record."""
+        check_text("note", note)
+        from specreg.registry.governance.policy_record import approve
+
+        actor = self.user
+        key = key or os.environ.get("SPECREG_APPROVAL_KEY") or None
+        if key is None:
+            raise UsageError("a policy approval is your signature: pass --key FILE (or set SPECREG_APPROVAL_KEY)")
+        return approve(self.store, version, actor=actor, key=key, note=note)
+
+    def policy_history(self) -> list[dict]:
+        from specreg.registry.governance.policy_record import history
+
+        return history(self.store)
+
+    def policy_document(self, version: int) -> str:
+        from specreg.registry.governance.policy_record import document
+
+        return document(self.store, version)
 
     def approve(self, ref: str | PairRef, note: str | None = None, *, key: str | None = None,
                 environment: str | None = None):
@@ -444,10 +483,19 @@ class Registry:
 
         return list_keys(self.store, self.policy())
 
+    def revoke_key(self, key: str, reason: str):
+        """Revoke an enrolled approval key (an enroller of the policy of record only; audited):
+        whatever it signed stops counting. Returns signatures.KeyringEntry."""
+        check_text("reason", reason)
+        if not reason or not reason.strip():
+            raise UsageError("keys revoke needs --reason: why the key is revoked, for the audit log")
+        from specreg.registry.governance.keyring import revoke
+
+        return revoke(self.store, self.policy(), key, actor=self.user, reason=reason)
+
     def promote(self, ref: str | PairRef, environment: str, *, reason: str | None = None,
-                policy_path: str | None = None, expected_holder: int | None | str = "current",
-                allow_slower: str | None = None):
-        """Make the version hold ``environment`` under the policy; returns moves.PointerMove.
+                expected_holder: int | None | str = "current", allow_slower: str | None = None):
+        """Make the version hold ``environment`` under the policy of record; returns moves.PointerMove.
 
         ``expected_holder``: the version number you saw holding the environment (None: none);
         the default reads it now. If another promote moves the pointer before this one commits,
@@ -462,7 +510,7 @@ class Registry:
         from specreg.registry.governance.queries import holder_of
 
         version = self.get(ref)
-        policy = self.policy(policy_path)
+        policy = self.policy()
         policy.environment(environment)  # unknown environment: fail before any work
         self.mirror(version.label)  # an approval given in the MLflow UI counts for this promote
         if expected_holder == "current":
@@ -484,19 +532,29 @@ class Registry:
 
     def gate(self, ref: str | PairRef, environment: str, *, policy_path: str | None = None, rerun: bool = False,
              progress=None):
-        """Evaluate whether the version may hold ``environment`` now; returns decisions.GateResult.
-        ``rerun``: validate again first on the policy's golden set (``progress`` as for validate)."""
+        """Evaluate whether the version may hold ``environment`` now under the policy of record;
+        returns decisions.GateResult. ``policy_path``: also judge under that file, as a preview
+        (``GateResult.preview``) that decides nothing. ``rerun``: validate again first on the
+        policy's golden set (``progress`` as for validate)."""
+        from dataclasses import replace
+
         from specreg.registry.governance import decisions
 
-        policy = self.policy(policy_path)
+        policy = self.policy()
         env = policy.environment(environment)
+        preview = self.policy(policy_path) if policy_path is not None else None
+        if preview is not None:
+            preview.environment(environment)
         version = self.get(ref)
         if rerun:
             validate = getattr(self, "validate", None)
             if validate is None:
                 raise SpecregError("gate --rerun needs Registry.validate, which this specreg does not have")
             validate(version.label, golden=env.golden_set, progress=progress)
-        return decisions.gate(self.store, policy, version, environment)
+        result = decisions.gate(self.store, policy, version, environment)
+        if preview is not None:
+            result = replace(result, preview=decisions.gate(self.store, preview, version, environment).to_dict())
+        return result
 
     def diff(self, ref_a: str | PairRef, ref_b: str | PairRef) -> list[dict]:
         """Models, fingerprints, config and validation figures of two versions side by side."""
@@ -567,7 +625,7 @@ class Registry:
         outcome = validate_version(self.store, version, golden_set, options, actor=self.user,
                                    progress=progress, hooks=hooks)
         try:
-            policy = self.policy(self._policy_path)
+            policy = self.policy()
         except SpecregError:
             policy = None  # a broken policy file is reported by the commands that apply it
         if policy is not None:
@@ -826,3 +884,16 @@ class Registry:
 
     def verify_audit(self) -> tuple[int, str | None]:
         return self.store.verify_audit()
+
+    def not_counted(self) -> list[str]:
+        """One line per row that counts for nothing because no audit event covers it (validation
+        runs, environment pointers) and per policy activation that does not count."""
+        from specreg.registry.governance.policy_record import replay
+        from specreg.registry.governance.queries import uncovered_pointers
+        from specreg.registry.store.store import verified_chain
+        from specreg.registry.store.validations import uncovered_runs
+
+        with self.store.session() as session:
+            chain, _ = verified_chain(session)
+            return (uncovered_runs(session, chain) + uncovered_pointers(session, chain)
+                    + list(replay(session, chain).problems))

@@ -11,7 +11,7 @@ else counts for nothing and is reported by name.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -83,9 +83,13 @@ def chained_approvals(session: Session, row: PairVersionRow, chain: list[AuditEv
 
 
 def signed_decisions(session: Session, row: PairVersionRow, chain: list[AuditEventRow],
-                     keyring: dict[str, KeyringEntry]) -> tuple[list[tuple[ApprovalRow, SignedDecision]], list[str]]:
+                     keyring: dict[str, KeyringEntry],
+                     policy: Policy | None = None) -> tuple[list[tuple[ApprovalRow, SignedDecision]], list[str]]:
     """(the decisions of ``row`` that count: chained and validly signed by their approver, one
-    line per decision row that does not count and why)."""
+    line per decision row that does not count and why). With ``policy``, an approval counts only
+    under the policy it signed (a policy change asks approvers to sign again); a rejection
+    counts under any, so that no policy change revives a rejected version. A decision's time is
+    its audit event's time, never the time the signer wrote into it."""
     chained = {a.id for a in chained_approvals(session, row, chain)}
     events = {e.event_hash: e for e in chain}
     valid, refused = [], []
@@ -102,12 +106,15 @@ def signed_decisions(session: Session, row: PairVersionRow, chain: list[AuditEve
                                     binding_sha256=row.binding_sha256)
             if signed.decision != approval.decision or not same_user(signed.approver, approval.actor):
                 problems.append(f"its signature says {signed.decision} by {signed.approver}")
+            if policy is not None and signed.decision == APPROVED \
+                    and signed.predicate.get("policy_sha256") != policy.sha256:
+                problems.append(f"signed under another policy than {policy.source} (approve again under it)")
         except ValueError as exc:
             problems.append(str(exc))
         if problems:
             refused.append(f"{label}: {'; '.join(problems)}")
         else:
-            valid.append((approval, signed))
+            valid.append((approval, replace(signed, signed_at=event.created_at)))
     return valid, refused
 
 
@@ -117,8 +124,8 @@ def standing(session: Session, row: PairVersionRow, env: EnvironmentPolicy, poli
     decisions signed before it), the lines naming what did not count, and the approval rows
     whose signatures count now."""
     keyring, bad_keys = keyring_entries(session, policy, chain)
-    valid, refused = signed_decisions(session, row, chain, keyring)
-    last_failure = next((r for r in finished_runs(session, row.id) if r.status == "failed"), None)
+    valid, refused = signed_decisions(session, row, chain, keyring, policy)
+    last_failure = next((r for r in finished_runs(session, row.id, chain) if r.status == "failed"), None)
     result = tally([signed for _, signed in valid], registrant=row.registered_by, approvers=env.approvers,
                    scope=env.name, threshold=env.approvals_required,
                    since=last_failure.finished_at if last_failure is not None else None,
@@ -183,7 +190,7 @@ def counted_approvals(store: Store, policy: Policy, name: str, version: int) -> 
         row = store.version_row(session, name, version)
         chain, _ = verified_chain(session)
         keyring, _ = keyring_entries(session, policy, chain)
-        valid, _ = signed_decisions(session, row, chain, keyring)
+        valid, _ = signed_decisions(session, row, chain, keyring, policy)
         return [approval_entity(a, name, version) for a, _ in valid]
 
 
@@ -218,7 +225,7 @@ def decide(store: Store, policy: Policy, name: str, version: int, *, actor: str,
         state = PairState(row.state)
         if state is PairState.RETIRED:
             raise PolicyViolation(f"{label} is retired: nothing to {decision[:-1]}")
-        runs = finished_runs(session, row.id)
+        runs = finished_runs(session, row.id, chain)
         if decision == APPROVED:
             if same_user(actor, row.registered_by):
                 raise PolicyViolation(f"four-eyes: {actor} registered {label} and cannot approve it")
@@ -235,7 +242,7 @@ def decide(store: Store, policy: Policy, name: str, version: int, *, actor: str,
         session.add(approval)
         session.flush()
         event_details = {"approval": approval.id, "decision": decision, "source": "cli", "scope": scope,
-                         "key_id": kid, "policy_sha256": policy.sha256,
+                         "key_id": kid, "policy_sha256": policy.sha256, "policy_version": policy.version,
                          "validation_run": runs[0].id if runs else None}
         action = "approve" if decision == APPROVED else "reject"
         if decision == APPROVED and state is PairState.VALIDATED:

@@ -17,7 +17,7 @@ from specreg.registry.governance.engine_gate import engine_baseline_conditions
 from specreg.registry.governance.floors import floor_conditions
 from specreg.registry.governance.policy import EnvironmentPolicy, Policy
 from specreg.registry.governance.queries import (Condition, finished_runs, fingerprint_changes, golden_set_sha256,
-                                                 overall_figures, pointer_row)
+                                                 overall_figures, pointer_problem, pointer_row)
 from specreg.registry.store.entities import PairState, PairVersion
 from specreg.registry.store.orm import AuditEventRow, PairVersionRow, ValidationRunRow
 from specreg.registry.store.store import Store, utcnow, verified_chain
@@ -33,6 +33,9 @@ class GateResult:
     conditions: tuple[Condition, ...]
     validation_run_id: int | None
     audit_head: str | None = None  # the verified chain's newest hash when judged: anchor it
+    policy_version: int | None = None  # the policy of record's version (None: a file, previewed)
+    policy_sha256: str | None = None
+    preview: dict[str, Any] | None = None  # the same gate under a policy file: shown, never decides
 
     @property
     def passed(self) -> bool:
@@ -47,7 +50,8 @@ class GateResult:
         return {
             "pair": self.pair, "version": self.version, "environment": self.environment,
             "passed": self.passed, "verdict": "pass" if self.passed else "refused",
-            "policy": self.policy_source, "validation_run_id": self.validation_run_id,
+            "policy": self.policy_source, "policy_version": self.policy_version, "policy_sha256": self.policy_sha256,
+            "validation_run_id": self.validation_run_id, **({"preview": self.preview} if self.preview else {}),
             "audit_head": self.audit_head, "reasons": self.reasons, "conditions": [c.to_dict() for c in self.conditions],
         }
 
@@ -99,7 +103,7 @@ def evaluate(session: Session, row: PairVersionRow, env: EnvironmentPolicy, poli
                                 f"{label} is retired" if row.state == PairState.RETIRED.value
                                 else f"{label} is {row.state}"))
 
-    runs = finished_runs(session, row.id)
+    runs = finished_runs(session, row.id, chain)
     relevant = [r for r in runs if r.golden_set == env.golden_set or r.golden_sha256 == golden_sha256]
     run = relevant[0] if relevant else None
     if run is None:
@@ -234,9 +238,12 @@ def gate(store: Store, policy: Policy, version: PairVersion, environment: str) -
     with store.session() as session:
         row = store.version_row(session, version.name, version.version)
         pointer = pointer_row(session, row.pair_id, environment)
+        chain, _ = verified_chain(session)
+        if pointer is not None and pointer_problem(session, pointer, version.name, chain):
+            pointer = None  # a pointer row the chain does not vouch for is no reference
         holder = session.get(PairVersionRow, pointer.pair_version_id) if pointer and pointer.pair_version_id else None
         conditions, run = evaluate(session, row, env, policy, golden_sha256=golden_sha256, changes=changes,
                                    holder=holder, now=utcnow())
         head = next((c.details.get("audit_head") for c in conditions if c.name == "audit"), None)
         return GateResult(version.name, version.version, environment, policy.source, tuple(conditions),
-                          run.id if run is not None else None, head)
+                          run.id if run is not None else None, head, policy.version, policy.sha256)

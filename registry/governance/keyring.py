@@ -2,9 +2,12 @@
 an enroller the policy names) and the keys that count.
 
 A key counts while (a) the audit event that enrolled it is in the verified chain and records
-this very person, key and enroller, and (b) its enroller is one of the policy's
-``[keyring] enrollers``. A row written straight into ``approver_keys`` has no such event and
-counts for nothing (``keyring_entries`` names it).
+this very person, key and enroller, (b) its enroller is one of the policy's
+``[keyring] enrollers`` and (c) no ``revoke-key`` event in the verified chain revoked it. A row
+written straight into ``approver_keys`` has no such event and counts for nothing
+(``keyring_entries`` names it). A revocation is an event only: whatever a leaked key signed stops
+counting from then on, approvals and policy changes alike, and the exported keyring file carries
+the revocation so that `specreg verify --keyring` refuses it at pod start too.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from specreg.registry.store.orm import ApproverKeyRow, AuditEventRow, AuditHeadR
 from specreg.registry.store.store import Store, utcnow, verified_chain
 
 ENROL_ACTION = "enrol-key"
+REVOKE_ACTION = "revoke-key"
 KEYRING_EVENT_PAIR = "-"  # keyring events belong to no pair
 
 
@@ -67,11 +71,54 @@ def entry_of(row: ApproverKeyRow) -> KeyringEntry:
                         row.enrolled_at.isoformat(timespec="seconds") + "Z")
 
 
+def revocations(chain: list[AuditEventRow]) -> dict[str, AuditEventRow]:
+    """key id -> the event that revoked it. Every revocation on the verified chain counts
+    (written by its actor): a wrongly revoked key is enrolled again; a leaked one must not
+    outlive a doubt about who revoked it."""
+    return {str((e.details or {}).get("key_id")): e for e in chain
+            if e.action == REVOKE_ACTION and written_by_its_actor(e)}
+
+
+def revocation_entries(chain: list[AuditEventRow]) -> list[dict[str, str | None]]:
+    """The revocations as the exported keyring file carries them."""
+    return [{"key_id": kid, "revoked_by": e.actor, "revoked_at": e.created_at.isoformat(timespec="seconds") + "Z",
+             "reason": e.reason} for kid, e in revocations(chain).items()]
+
+
+def revoke(store: Store, policy: Policy, key: str, *, actor: str, reason: str) -> KeyringEntry:
+    """Revoke the enrolled key whose id is or starts with ``key`` (at least 8 hex digits), as
+    ``actor``, one of the policy's enrollers: an audited ``revoke-key`` event. Everything the
+    key signed stops counting."""
+    actor = normalize_user(actor, what="enroller")
+    if not any(same_user(actor, e) for e in policy.enrollers):
+        raise PolicyViolation(f"{actor} may not revoke keys: policy {policy.source} names "
+                              f"{', '.join(policy.enrollers) or 'nobody'} ([keyring] enrollers)")
+    wanted = key.strip().lower()
+    if len(wanted) < 8 or any(c not in "0123456789abcdef" for c in wanted):
+        raise SpecregError(f"key {key!r}: give the key id (`specreg keys list` shows it), at least 8 hex digits")
+    with store.session(write=True) as session:
+        chain, problem = verified_chain(session)
+        if problem is not None:
+            raise SpecregError(f"cannot revoke a key: the audit chain does not verify ({problem})")
+        rows = list(session.scalars(select(ApproverKeyRow).where(ApproverKeyRow.key_id.startswith(wanted))))
+        if len(rows) != 1:
+            raise SpecregError(f"key {key}: {'no enrolled key' if not rows else f'{len(rows)} enrolled keys'} "
+                               f"with that id (`specreg keys list`)")
+        row = rows[0]
+        if row.key_id in revocations(chain):
+            raise SpecregError(f"key {row.key_id[:12]} of {row.person} is already revoked")
+        store.append_event(session, pair_name=KEYRING_EVENT_PAIR, version=None, action=REVOKE_ACTION,
+                           from_state=None, to_state=None, actor=actor, reason=reason,
+                           details={"person": row.person, "key_id": row.key_id, "key_row": row.id})
+        return entry_of(row)
+
+
 def keyring_entries(session: Session, policy: Policy,
                     chain: list[AuditEventRow] | None = None) -> tuple[dict[str, KeyringEntry], list[str]]:
     """(key id -> entry of every key that counts, one line per keyring row that does not)."""
     if chain is None:
         chain, _ = verified_chain(session)
+    revoked = revocations(chain)
     events = {e.event_hash: e for e in chain if e.action == ENROL_ACTION}
     valid: dict[str, KeyringEntry] = {}
     refused: list[str] = []
@@ -85,6 +132,9 @@ def keyring_entries(session: Session, policy: Policy,
         elif not written_by_its_actor(event):
             refused.append(f"{label}: its enrolment event says {event.actor} but database role {event.session_role} "
                            f"wrote it")
+        elif row.key_id in revoked:
+            when = revoked[row.key_id].created_at.isoformat(timespec="seconds")
+            refused.append(f"{label}: revoked by {revoked[row.key_id].actor} at {when}Z")
         elif key_id(row.public_key) != row.key_id:
             refused.append(f"{label}: its public key does not hash to its key id")
         elif not any(same_user(row.enrolled_by, e) for e in policy.enrollers):
@@ -95,8 +145,10 @@ def keyring_entries(session: Session, policy: Policy,
     return valid, refused
 
 
-def list_keys(store: Store, policy: Policy) -> tuple[list[KeyringEntry], list[str]]:
-    """The keys that count (for `specreg keys list` / `keys export`) and the rows that do not."""
+def list_keys(store: Store, policy: Policy) -> tuple[list[KeyringEntry], list[str], list[dict[str, str | None]]]:
+    """The keys that count (for `specreg keys list` / `keys export`), the rows that do not, and
+    the revocations (which the exported keyring carries)."""
     with store.session() as session:
-        valid, refused = keyring_entries(session, policy)
-        return list(valid.values()), refused
+        chain, _ = verified_chain(session)
+        valid, refused = keyring_entries(session, policy, chain)
+        return list(valid.values()), refused, revocation_entries(chain)

@@ -20,10 +20,11 @@ from sqlalchemy.orm import Session
 from specreg.errors import ConcurrentUpdateError, IllegalTransitionError, NotFoundError, PolicyViolation
 from specreg.registry.governance.approvals import export_environment, rejected_by, standing
 from specreg.registry.governance.decisions import evaluate
+from specreg.registry.governance.environment_history import new_holder
 from specreg.registry.governance.floors import SPEEDUP_EXCEPTION
 from specreg.registry.governance.policy import Policy
-from specreg.registry.governance.queries import (fingerprint_changes, golden_set_sha256, lock_pair, pointer_row,
-                                                 version_number)
+from specreg.registry.governance.queries import (fingerprint_changes, golden_set_sha256, lock_pair, pointer_problem,
+                                                 pointer_row, version_number)
 from specreg.registry.store.entities import PairState, PairVersion
 from specreg.registry.store.orm import EnvironmentPointerRow, PairRow, PairVersionRow
 from specreg.registry.store.store import Store, utcnow, verified_chain
@@ -88,6 +89,7 @@ def promote(store: Store, policy: Policy, name: str, version: int, environment: 
                 f"this promote started: nothing changed")
         if holder is not None and holder.id == row.id:
             raise IllegalTransitionError(f"{label} already holds {environment}: nothing to do")
+        stale_policy(session, policy)
         conditions, run = evaluate(session, row, env, policy, golden_sha256=golden_sha256, changes=changes,
                                    holder=holder, now=utcnow())
         # an exception waives a measured speedup below the floor, never a speedup not measured
@@ -112,12 +114,23 @@ def promote(store: Store, policy: Policy, name: str, version: int, environment: 
         store.transition(name, version, PairState.PROMOTED, actor=actor, action="promote", reason=reason,
                          details={"environment": environment, "previous_version": holder_version,
                                   "validation_run": run.id if run else None, "approval": approval,
-                                  "policy": policy.source, **({"exception": exception} if exception else {})},
+                                  "policy": policy.source, "policy_version": policy.version,
+                                  "policy_sha256": policy.sha256, **({"exception": exception} if exception else {})},
                          session=session)
         if holder is not None:
             release(store, policy, session, holder, actor=actor, environment=environment, replaced_by=version,
                     reason=f"{label} promoted to {environment}")
         return PointerMove(name, environment, version, holder_version, "promote", exception)
+
+
+def stale_policy(session: Session, policy: Policy) -> None:
+    """ConcurrentUpdateError when the policy of record changed since ``policy`` was read."""
+    from specreg.registry.governance.policy_record import replay
+
+    now = replay(session).policy
+    if policy.version is not None and (now.version, now.sha256) != (policy.version, policy.sha256):
+        raise ConcurrentUpdateError(f"the policy of record changed while this ran ({policy.source} -> {now.source}): "
+                                    f"nothing changed, run it again")
 
 
 def describe_holder(version: int | None) -> str:
@@ -154,6 +167,13 @@ def rollback(store: Store, policy: Policy, name: str, environment: str, *, actor
             raise ConcurrentUpdateError(f"{name}@{environment}: the previous holder changed while rolling back "
                                         f"(now {name}@{previous.version}): nothing changed, run it again")
         target = f"cannot roll back {name}@{environment} to {name}@{previous.version}"
+        chain, _ = verified_chain(session)
+        problem = pointer_problem(session, pointer, name, chain)
+        if problem is not None:
+            raise PolicyViolation(f"{target}: {problem}")
+        if not any(e.pair_name == name and new_holder(e, environment) == (True, previous.version) for e in chain):
+            raise PolicyViolation(f"{target}: the audit chain has no promote of it to {environment} (the pointer row's "
+                                  f"previous holder was written outside specreg)")
         if previous.state in (PairState.RETIRED.value, PairState.FAILED.value):
             raise PolicyViolation(f"{target}: it is {previous.state}")
         rejecter = rejected_by(session, previous, policy)
@@ -202,16 +222,22 @@ def retire(store: Store, name: str, version: int, *, actor: str, reason: str | N
 
 
 def environment_pointers(store: Store, name: str | None = None) -> list[dict[str, Any]]:
-    """Every environment pointer (of one pair or all): holder and previous holder."""
+    """Every environment pointer (of one pair or all): holder and previous holder. A row the
+    audit chain does not vouch for shows no holder and says why (``not_counted``)."""
     with store.session() as session:
+        chain, _ = verified_chain(session)
         query = select(EnvironmentPointerRow, PairRow.name).join(PairRow, PairRow.id == EnvironmentPointerRow.pair_id)
         if name is not None:
             if session.scalar(select(PairRow.id).where(PairRow.name == name)) is None:
                 raise NotFoundError(f"unknown pair {name}")
             query = query.where(PairRow.name == name)
         rows = session.execute(query.order_by(PairRow.name, EnvironmentPointerRow.environment)).all()
-        return [{"pair": pair_name, "environment": p.environment,
-                 "version": version_number(session, p.pair_version_id),
-                 "previous_version": version_number(session, p.previous_version_id),
-                 "updated_by": p.updated_by, "updated_at": p.updated_at.isoformat(timespec="seconds")}
-                for p, pair_name in rows]
+        listed = []
+        for p, pair_name in rows:
+            problem = pointer_problem(session, p, pair_name, chain)
+            listed.append({"pair": pair_name, "environment": p.environment,
+                           "version": None if problem else version_number(session, p.pair_version_id),
+                           "previous_version": None if problem else version_number(session, p.previous_version_id),
+                           "updated_by": p.updated_by, "updated_at": p.updated_at.isoformat(timespec="seconds"),
+                           **({"not_counted": problem} if problem else {})})
+        return listed

@@ -1,8 +1,10 @@
 """The promotion policy: which environments exist and what a pair version needs to hold one.
 
-A policy file is TOML (``specreg.toml``, read with tomllib) or YAML (``.yaml``/``.yml``), found
-via ``--policy FILE`` or ``$SPECREG_POLICY``; without one the built-in ``DEFAULT_POLICY_TOML``
-below applies. Top-level keys are defaults for every environment; each
+A policy is a TOML (read with tomllib) or YAML (``.yaml``/``.yml``) document. What governs is the
+registry's policy of record (registry/governance/policy_record.py): a document proposed with
+`specreg policy propose FILE` that governs once the four-eyes rule of the policy before it is
+met; until a first one is recorded the built-in ``DEFAULT_POLICY_TOML`` below applies. A file
+given with ``--policy`` only previews. Top-level keys are defaults for every environment; each
 ``[environments.NAME]`` table may override them:
 
     golden_set              the golden set (shipped name or path) the validation must have used
@@ -65,9 +67,10 @@ from specreg.core.identity import normalize_user
 from specreg.errors import IdentityError, NotFoundError, UsageError
 
 MAX_POLICY_BYTES = 1024 * 1024  # a policy is a few environments: a megabyte is plenty
+BUILTIN_SOURCE = "built-in default"
 
 DEFAULT_POLICY_TOML = """\
-# specreg built-in policy (used when neither --policy nor $SPECREG_POLICY names a file)
+# specreg built-in policy (in effect until the registry has a policy of record: `specreg policy propose`)
 golden_set = "default"
 required_checks = ["integrity", "tokenizer", "chat_template", "equivalence", "acceptance"]
 allow_warnings = false
@@ -174,6 +177,9 @@ class Policy:
     source: str
     allow_claimed_user: bool = False  # [identity]: --user may differ from the PostgreSQL role
     enrollers: tuple[str, ...] = DEFAULT_ENROLLERS  # [keyring]: who may enrol approvers' keys
+    # the policy of record's version in the registry (0: the built-in default, in effect until a
+    # first policy is recorded); None for a file read to preview it
+    version: int | None = None
 
     def environment(self, name: str) -> EnvironmentPolicy:
         """The policy of environment ``name``; NotFoundError names the known ones."""
@@ -183,7 +189,8 @@ class Policy:
         return self.environments[name]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "identity": {"allow_claimed_user": self.allow_claimed_user},
+        return {"source": self.source, "version": self.version,
+                "identity": {"allow_claimed_user": self.allow_claimed_user},
                 "keyring": {"enrollers": list(self.enrollers)},
                 "environments": {n: e.to_dict() for n, e in self.environments.items()}}
 
@@ -192,7 +199,7 @@ class Policy:
         """The hash of what the policy says (not where it was read from): signed into approvals."""
         from specreg.core.fingerprint import canonical_json, sha256_hex
 
-        return sha256_hex(canonical_json({k: v for k, v in self.to_dict().items() if k != "source"}))
+        return sha256_hex(canonical_json({k: v for k, v in self.to_dict().items() if k not in ("source", "version")}))
 
     def identity_text(self) -> str:
         """How the acting user is established under this policy, for `specreg policy show`."""
@@ -204,44 +211,68 @@ class Policy:
 
 
 def load_policy(path: str | os.PathLike | None = None) -> Policy:
-    """The policy from ``path``, else ``$SPECREG_POLICY``, else the built-in default.
+    """The policy in the file ``path``, or the built-in default when None. A file previews a
+    policy (`policy show --policy`, `gate --policy`) or is proposed as the next policy of record;
+    what governs is the registry's policy of record (registry/governance/policy_record.py).
 
     Raises UsageError (one line naming the file and key) for a missing or malformed file."""
-    chosen = path or os.environ.get("SPECREG_POLICY") or None
-    if chosen is None:
-        return parse_policy(tomllib.loads(DEFAULT_POLICY_TOML), "built-in default")
-    file = Path(chosen).expanduser()
+    if path is None:
+        return builtin_policy()
+    text, policy_format = read_policy_file(path)
+    return parse_policy_text(text, policy_format, str(Path(path).expanduser()))
+
+
+def builtin_policy() -> Policy:
+    return parse_policy(tomllib.loads(DEFAULT_POLICY_TOML), BUILTIN_SOURCE)
+
+
+def read_policy_file(path: str | os.PathLike) -> tuple[str, str]:
+    """(the text of the policy file ``path``, "toml" or "yaml"), read with a bound: a FIFO or
+    /dev/zero is refused with one line, never read to the end."""
+    file = Path(path).expanduser()
     try:
-        size = file.stat().st_size
-        if size > MAX_POLICY_BYTES:
-            raise UsageError(f"policy file {file}: {size} bytes, over the limit of {MAX_POLICY_BYTES}")
-        text = file.read_text(encoding="utf-8")
+        if file.exists() and not file.is_file():
+            raise UsageError(f"policy file {file}: not a regular file")
+        with open(file, "rb") as handle:
+            data = handle.read(MAX_POLICY_BYTES + 1)
     except FileNotFoundError:
         raise UsageError(f"policy file {file} not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"policy file {file}: cannot read ({exc})") from None
-    if file.suffix in (".yaml", ".yml"):
+    except OSError as exc:
+        raise UsageError(f"policy file {file}: cannot read ({exc.strerror or exc})") from None
+    if len(data) > MAX_POLICY_BYTES:
+        raise UsageError(f"policy file {file}: over the limit of {MAX_POLICY_BYTES} bytes")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"policy file {file}: cannot read (not UTF-8 text)") from None
+    return text, "yaml" if file.suffix in (".yaml", ".yml") else "toml"
+
+
+def parse_policy_text(text: str, policy_format: str, source: str) -> Policy:
+    """Check and build a Policy from a TOML or YAML document's text; UsageError naming
+    ``source`` and the key otherwise."""
+    if policy_format == "yaml":
         import yaml
 
         try:
             problem = yaml_problem(text)  # before anything is built: aliases could expand to gigabytes
             if problem:
-                raise UsageError(f"policy file {file}: {problem}")
+                raise UsageError(f"policy file {source}: {problem}")
             document = yaml.safe_load(text)
         except yaml.YAMLError as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid YAML"
-            raise UsageError(f"policy file {file}: invalid YAML ({first})") from None
+            raise UsageError(f"policy file {source}: invalid YAML ({first})") from None
     else:
         try:
             document = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
-            raise UsageError(f"policy file {file}: invalid TOML ({' '.join(str(exc).split())})") from None
+            raise UsageError(f"policy file {source}: invalid TOML ({' '.join(str(exc).split())})") from None
         except RecursionError:
-            raise UsageError(f"policy file {file}: invalid TOML (nested too deeply)") from None
+            raise UsageError(f"policy file {source}: invalid TOML (nested too deeply)") from None
     problem = depth_problem(document)
     if problem:
-        raise UsageError(f"policy file {file}: {problem}")
-    return parse_policy(document, str(file))
+        raise UsageError(f"policy file {source}: {problem}")
+    return parse_policy(document, source)
 
 
 def parse_policy(document: Any, source: str) -> Policy:

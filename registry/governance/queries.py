@@ -15,8 +15,8 @@ from specreg.core.baselines import in_engine_terms
 from specreg.core.fingerprint import compare_fingerprints, fingerprint_model
 from specreg.errors import NotFoundError
 from specreg.registry.store.entities import PairVersion
-from specreg.registry.store.orm import EnvironmentPointerRow, PairRow, PairVersionRow, ValidationRunRow
-from specreg.registry.store.store import Store
+from specreg.registry.store.orm import AuditEventRow, EnvironmentPointerRow, PairRow, PairVersionRow, ValidationRunRow
+from specreg.registry.store.store import Store, verified_chain
 
 FINISHED_STATUSES = ("passed", "failed")  # running/aborted/error runs judged nothing
 
@@ -73,22 +73,70 @@ def version_number(session: Session, pair_version_id: int | None) -> int | None:
     return session.scalar(select(PairVersionRow.version).where(PairVersionRow.id == pair_version_id))
 
 
+def chained_holder(pair_name: str, environment: str, chain: list[AuditEventRow]) -> int | None:
+    """The version that holds ``environment`` of ``pair_name`` by the verified audit chain: the
+    newest promote, rollback or forced retire that moved that pointer (None: nobody)."""
+    from specreg.registry.governance.environment_history import new_holder
+
+    holder = None
+    for event in chain:
+        if event.pair_name == pair_name:
+            moved, version = new_holder(event, environment)
+            if moved:
+                holder = version
+    return holder
+
+
+def pointer_problem(session: Session, pointer: EnvironmentPointerRow, pair_name: str,
+                    chain: list[AuditEventRow]) -> str | None:
+    """Why the pointer row counts for nothing (its holder is not the one the audit chain's
+    newest move of it names: a row written or edited outside specreg), or None."""
+    row_holder = version_number(session, pointer.pair_version_id)
+    chained = chained_holder(pair_name, pointer.environment, chain)
+    if row_holder == chained:
+        return None
+    said = f"{pair_name}@{chained}" if chained is not None else "no version"
+    return (f"environment pointer {pair_name}@{pointer.environment} names "
+            f"{f'version {row_holder}' if row_holder is not None else 'no version'}, but the audit chain's newest "
+            f"move of it says {said}: it counts for nothing")
+
+
 def holder_of(store: Store, name: str, environment: str) -> int | None:
-    """The version number of ``name`` that holds ``environment`` now (None: nobody)."""
+    """The version number of ``name`` that holds ``environment`` now (None: nobody, or a pointer
+    row that the audit chain does not vouch for)."""
     with store.session() as session:
         pair_id = session.scalar(select(PairRow.id).where(PairRow.name == name))
         if pair_id is None:
             raise NotFoundError(f"unknown pair {name}")
         pointer = pointer_row(session, pair_id, environment)
-        return version_number(session, pointer.pair_version_id) if pointer else None
+        if pointer is None:
+            return None
+        chain, _ = verified_chain(session)
+        return None if pointer_problem(session, pointer, name, chain) else version_number(session, pointer.pair_version_id)
 
 
-def finished_runs(session: Session, pair_version_id: int) -> list[ValidationRunRow]:
-    """Validation runs that judged the version, newest first."""
-    return list(session.scalars(
+def uncovered_pointers(session: Session, chain: list[AuditEventRow]) -> list[str]:
+    """One line per environment pointer row that the audit chain does not vouch for."""
+    rows = session.execute(select(EnvironmentPointerRow, PairRow.name)
+                           .join(PairRow, PairRow.id == EnvironmentPointerRow.pair_id)
+                           .order_by(EnvironmentPointerRow.id)).all()
+    return [problem for pointer, name in rows if (problem := pointer_problem(session, pointer, name, chain))]
+
+
+def finished_runs(session: Session, pair_version_id: int,
+                  chain: list[AuditEventRow] | None = None) -> list[ValidationRunRow]:
+    """Validation runs that judged the version, newest first: only those whose content an audit
+    event of the verified chain covers (a row written or edited outside `specreg validate`
+    judged nothing)."""
+    from specreg.registry.store.validations import chained_run_ids
+
+    if chain is None:
+        chain, _ = verified_chain(session)
+    counted = chained_run_ids(session, chain)
+    return [run for run in session.scalars(
         select(ValidationRunRow).where(ValidationRunRow.pair_version_id == pair_version_id,
                                        ValidationRunRow.status.in_(FINISHED_STATUSES))
-        .order_by(ValidationRunRow.id.desc())))
+        .order_by(ValidationRunRow.id.desc())) if run.id in counted]
 
 
 def overall_figures(run: ValidationRunRow | None) -> dict[str, float] | None:

@@ -27,6 +27,8 @@ from specreg.core.signing import bundle_key_id, key_id, public_key_pem, sign_sta
 from specreg.errors import IdentityError, SpecregError
 
 PREDICATE_TYPE = "https://specreg.dev/approval/v1"
+# a policy's approval signs another predicate type, so it can never be replayed as a pair's
+POLICY_PREDICATE_TYPE = "https://specreg.dev/policy-approval/v1"
 KEYRING_FORMAT = "specreg.keyring/v1"
 KEYRING_FILE = "approvers.json"  # the name `specreg keys export` suggests and the k8s manifest mounts
 ANY_SCOPE = "*"
@@ -72,15 +74,15 @@ def approval_predicate(*, pair: str, version: int, binding_sha256: str, decision
             "approver": approver, "signed_at": signed_at.isoformat(timespec="microseconds"), "note": note}
 
 
-def sign_decision(signer, predicate: dict[str, str | None]) -> dict[str, Any]:
+def sign_decision(signer, predicate: dict[str, str | None], predicate_type: str = PREDICATE_TYPE) -> dict[str, Any]:
     """The Sigstore bundle of one decision (``signer``: core.signing.load_signer)."""
     return sign_statement(signer, subject_name=f"{predicate['pair']}@{predicate['version']}",
-                          subject_sha256=str(predicate["binding_sha256"]), predicate_type=PREDICATE_TYPE,
+                          subject_sha256=str(predicate["binding_sha256"]), predicate_type=predicate_type,
                           predicate=predicate)
 
 
 def check_decision(bundle: Any, keyring: dict[str, KeyringEntry], *, pair: str, version: int,
-                   binding_sha256: str) -> SignedDecision:
+                   binding_sha256: str, predicate_type: str = PREDICATE_TYPE) -> SignedDecision:
     """The decision ``bundle`` signs about ``pair@version`` with that binding, once its signature
     verifies with a key of ``keyring`` (key id -> entry) enrolled to the approver it names.
     ValueError with the reason otherwise."""
@@ -90,7 +92,7 @@ def check_decision(bundle: Any, keyring: dict[str, KeyringEntry], *, pair: str, 
     entry = keyring.get(kid)
     if entry is None:
         raise ValueError(f"signed with key {kid[:12]}, which the keyring does not enrol")
-    statement = verified_statement(bundle, entry.public_key, PREDICATE_TYPE)
+    statement = verified_statement(bundle, entry.public_key, predicate_type)
     predicate = statement.get("predicate") or {}
     subject = (statement.get("subject") or [{}])[0]
     if (subject.get("name") != f"{pair}@{version}" or (subject.get("digest") or {}).get("sha256") != binding_sha256
@@ -166,9 +168,12 @@ def tally(decisions: Iterable[SignedDecision], *, registrant: str, approvers: tu
 
 # --- the keyring file `specreg verify` reads ------------------------------------------------
 
-def keyring_document(entries: Iterable[KeyringEntry], threshold: int | None = None) -> dict[str, Any]:
-    """The keyring as the file the platform mounts (`specreg keys export`)."""
-    document: dict[str, Any] = {"keyring_format": KEYRING_FORMAT, "keys": [e.to_dict() for e in entries]}
+def keyring_document(entries: Iterable[KeyringEntry], threshold: int | None = None,
+                     revoked: Iterable[dict[str, Any]] = ()) -> dict[str, Any]:
+    """The keyring as the file the platform mounts (`specreg keys export`): the keys that count
+    and the revoked key ids (a key listed there counts for nothing, whatever else lists it)."""
+    document: dict[str, Any] = {"keyring_format": KEYRING_FORMAT, "keys": [e.to_dict() for e in entries],
+                                "revoked": list(revoked)}
     if threshold is not None:
         document["approvals_required"] = threshold
     return document
@@ -195,6 +200,11 @@ def read_keyring_file(path: str | Path) -> tuple[dict[str, KeyringEntry], int | 
     threshold = document.get("approvals_required")
     if threshold is not None and (not isinstance(threshold, int) or isinstance(threshold, bool) or threshold < 1):
         raise SpecregError(f"keyring {file}: approvals_required = {threshold!r} must be a whole number >= 1")
+    revoked = document.get("revoked", [])
+    if not isinstance(revoked, list) or not all(isinstance(r, dict) and isinstance(r.get("key_id"), str)
+                                                for r in revoked):
+        raise SpecregError(f"keyring {file}: revoked must be a list of {{\"key_id\": ...}} entries")
+    revoked_ids = {r["key_id"] for r in revoked}
     entries: dict[str, KeyringEntry] = {}
     for index, item in enumerate(document["keys"]):
         where = f"keyring {file}: keys[{index}]"
@@ -205,6 +215,8 @@ def read_keyring_file(path: str | Path) -> tuple[dict[str, KeyringEntry], int | 
         except IdentityError as exc:
             raise SpecregError(f"{where}: {exc}") from None
         pem = public_key_pem(item["public_key"], where)
+        if key_id(pem) in revoked_ids:
+            continue  # revoked: what it signed counts for nothing
         entries[key_id(pem)] = KeyringEntry(person, key_id(pem), pem, str(item.get("enrolled_by") or "?"),
                                             str(item.get("enrolled_at") or "?"))
     return entries, threshold

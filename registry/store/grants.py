@@ -15,7 +15,7 @@ import re
 from specreg.errors import UsageError
 
 INSERT_TABLES = ("pairs", "pair_versions", "audit_events", "audit_head", "validation_runs", "check_results",
-                 "approvals", "approver_keys", "environment_pointers", "observations")
+                 "approvals", "approver_keys", "environment_pointers", "observations", "policy_versions")
 # column-level UPDATE: what specreg updates (and SELECT ... FOR UPDATE needs one such column)
 UPDATE_COLUMNS = {
     "pairs": ("created_at",),  # never changed by specreg; lets the pair row be locked (FOR UPDATE)
@@ -25,6 +25,7 @@ UPDATE_COLUMNS = {
     "validation_runs": ("status", "summary", "baselines", "finished_at", "error", "mlflow_run_id", "pid"),
     "approvals": ("event_hash",),
     "approver_keys": ("event_hash",),
+    "policy_versions": ("event_hash",),
 }
 
 

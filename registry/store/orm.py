@@ -225,6 +225,25 @@ class ApproverKeyRow(Base):
     session_role: Mapped[str | None] = mapped_column(String(255))  # stamped as audit_events.session_role
 
 
+class PolicyVersionRow(Base):
+    """A version of the policy of record as proposed: the document's text, its hash and who
+    proposed it. It governs only from the audited activation that the previous policy's
+    four-eyes rule allowed (registry/governance/policy_record.py); a row alone decides nothing."""
+
+    __tablename__ = "policy_versions"
+    __table_args__ = (UniqueConstraint("version", name="uq_policy_versions_version"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, nullable=False)
+    document: Mapped[str] = mapped_column(Text, nullable=False)  # the TOML or YAML text as proposed
+    format: Mapped[str] = mapped_column(String(8), nullable=False)  # toml|yaml
+    sha256: Mapped[str] = mapped_column(String(64), nullable=False)  # Policy.sha256 of what it says
+    proposed_by: Mapped[str] = mapped_column(String(255), nullable=False)
+    proposed_at: Mapped[datetime] = mapped_column(DateTime, nullable=False)
+    note: Mapped[str | None] = mapped_column(Text)
+    event_hash: Mapped[str | None] = mapped_column(String(64))  # the policy-propose event
+
+
 class EnvironmentPointerRow(Base):
     """Which version of a pair holds an environment, and which held it before (for rollback)."""
 

@@ -29,7 +29,7 @@ from specreg.registry.store.lifecycle import check_transition
 from specreg.registry.store.orm import AuditEventRow, AuditHeadRow, ObservationRow, PairRow, PairVersionRow
 
 # The newest migration in migrations/versions; a test checks it equals alembic's head.
-SCHEMA_HEAD = "0006"
+SCHEMA_HEAD = "0007"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 

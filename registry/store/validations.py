@@ -10,20 +10,64 @@ move the pair's state.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from specreg.core.baselines import in_engine_terms
+from specreg.core.fingerprint import canonical_json, sha256_hex
 from specreg.core.types import CheckResult
 from specreg.registry.store.entities import PairState, PairVersion, ValidationRun
-from specreg.registry.store.orm import CheckResultRow, PairRow, PairVersionRow, ValidationRunRow
-from specreg.registry.store.store import Store, utcnow
+from specreg.registry.store.orm import AuditEventRow, CheckResultRow, PairRow, PairVersionRow, ValidationRunRow
+from specreg.registry.store.store import Store, utcnow, verified_chain
 
 RUNNING, PASSED, FAILED, ABORTED, ERROR = "running", "passed", "failed", "aborted", "error"
 FINISHED = (PASSED, FAILED)
+
+
+def run_content_sha256(row: ValidationRunRow) -> str:
+    """The hash of what a finished run says (its verdict, what it ran on, its figures and every
+    check result), recorded in the run's ``validate`` audit event: a run, or a check row, written
+    or edited outside that event counts for nothing. Hashed as the database gives it back (JSON
+    round trip: tuples become lists, integer keys strings)."""
+    return sha256_hex(canonical_json(json.loads(json.dumps({
+        "id": row.id, "pair_version_id": row.pair_version_id, "status": row.status, "golden_set": row.golden_set,
+        "golden_sha256": row.golden_sha256, "binding_sha256": row.binding_sha256, "summary": row.summary,
+        "baselines": row.baselines, "finished_at": row.finished_at.isoformat(timespec="microseconds")
+        if row.finished_at else None,
+        "checks": [{"name": c.name, "status": c.status, "summary": c.summary, "evidence": c.evidence,
+                    "figures": c.figures} for c in sorted(row.checks, key=lambda c: c.id)],
+    }))))
+
+
+def chained_run_ids(session: Session, chain: list[AuditEventRow]) -> set[int]:
+    """The ids of the finished runs whose content the verified audit chain vouches for: a
+    ``validate`` event names the run and its content hash, and the run still hashes to it."""
+    covered: dict[int, str] = {}
+    for event in chain:
+        details = event.details or {}
+        if event.action == "validate" and isinstance(details.get("validation_run_id"), int):
+            covered[details["validation_run_id"]] = str(details.get("run_sha256"))
+    if not covered:
+        return set()
+    rows = session.scalars(select(ValidationRunRow).where(ValidationRunRow.id.in_(list(covered))))
+    return {row.id for row in rows if row.status in FINISHED and run_content_sha256(row) == covered[row.id]}
+
+
+def uncovered_runs(session: Session, chain: list[AuditEventRow]) -> list[str]:
+    """One line per finished run that counts for nothing because no audit event covers it."""
+    covered = chained_run_ids(session, chain)
+    found = session.execute(select(ValidationRunRow.id, ValidationRunRow.status, PairRow.name, PairVersionRow.version)
+                            .join(PairVersionRow, ValidationRunRow.pair_version_id == PairVersionRow.id)
+                            .join(PairRow, PairVersionRow.pair_id == PairRow.id)
+                            .where(ValidationRunRow.status.in_(FINISHED)).order_by(ValidationRunRow.id)).all()
+    return [f"validation run {run_id} of {name}@{version} ({status}): no audit event covers its content "
+            f"(written or edited outside specreg validate, or before schema 0007): it counts for nothing"
+            for run_id, status, name, version in found if run_id not in covered]
 
 
 def run_to_entity(row: ValidationRunRow, pair_name: str, version: int) -> ValidationRun:
@@ -129,13 +173,15 @@ class ValidationStore:
             row.summary = summary
             row.baselines = baselines if passed else None
             row.finished_at = utcnow()
+            session.flush()
             failed = [c.name for c in row.checks if c.status == "fail"]
             why = f"{', '.join(failed)} failed" if failed else (summary or {}).get("reason") or "see run"
             reason = "validation passed" if passed else f"validation failed: {why}"
             moved = self.store.transition(
                 pair_version.name, pair_version.version, to_state, actor=actor, action="validate",
                 reason=reason, details={"validation_run_id": row.id, "golden_set": row.golden_set,
-                                        "golden_sha256": row.golden_sha256, "failed_checks": failed},
+                                        "golden_sha256": row.golden_sha256, "failed_checks": failed,
+                                        "run_sha256": run_content_sha256(row)},
                 session=session)
             session.flush()
             return run_to_entity(row, pair_version.name, pair_version.version), moved
@@ -196,9 +242,10 @@ class ValidationStore:
         """The newest passed run of one version (its baselines are the version's baselines)."""
         query = (self._runs_query().where(PairRow.name == name, PairVersionRow.version == version,
                                           ValidationRunRow.status == PASSED)
-                 .order_by(ValidationRunRow.id.desc()).limit(1))
+                 .order_by(ValidationRunRow.id.desc()).limit(1))  # of the runs the audit chain vouches for
         with self.store.session() as session:
-            found = session.execute(query).first()
+            chain, _ = verified_chain(session)
+            found = session.execute(query.where(ValidationRunRow.id.in_(chained_run_ids(session, chain)))).first()
             return run_to_entity(*found) if found else None
 
     def baselines(self, name: str, version: int) -> dict[str, Any] | None:
@@ -213,7 +260,8 @@ class ValidationStore:
                                           ValidationRunRow.baselines.is_not(None))
                  .order_by(PairVersionRow.version.desc(), ValidationRunRow.id.desc()).limit(1))
         with self.store.session() as session:
-            found = session.execute(query).first()
+            chain, _ = verified_chain(session)
+            found = session.execute(query.where(ValidationRunRow.id.in_(chained_run_ids(session, chain)))).first()
             if found is None:
                 return None
             row, _, found_version = found

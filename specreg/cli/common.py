@@ -21,20 +21,29 @@ user_option = click.option(
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
 policy_option = click.option(
-    "--policy", "policy_path", envvar="SPECREG_POLICY", default=None, metavar="FILE",
-    help="Policy file, TOML or YAML (default: $SPECREG_POLICY or the built-in policy; see `specreg policy show`).",
+    "--policy", "policy_path", default=None, metavar="FILE",
+    help="Preview a policy file (TOML or YAML): shown beside the verdict, never deciding it; the registry's "
+         "policy of record decides (`specreg policy show`).",
 )
+PREVIEW_ONLY = ("--policy only previews: {what} is judged under the registry's policy of record "
+                "(`specreg policy show`); preview with `specreg gate NAME@V --env ENV --policy FILE`, "
+                "change it with `specreg policy propose FILE`")
 
 
 OPENED_REGISTRIES: list = []  # their warnings (e.g. "MLflow is behind") are printed at exit
 
 
-def open_registry(db_url: str | None, user: str | None = None, policy_path: str | None = None):
+def open_registry(db_url: str | None, user: str | None = None):
+    import os
+
     from specreg.api import Registry
 
     context = click.get_current_context(silent=True)
     mlflow_uri = context.find_root().params.get("mlflow_uri") if context else None
-    registry = Registry(db_url, user=user, mlflow_uri=mlflow_uri, policy_path=policy_path)
+    registry = Registry(db_url, user=user, mlflow_uri=mlflow_uri)
+    if os.environ.get("SPECREG_POLICY") and not OPENED_REGISTRIES:
+        registry.warnings.append(f"$SPECREG_POLICY ({os.environ['SPECREG_POLICY']}) is ignored: the registry's policy "
+                                 f"of record decides (`specreg policy show`; `specreg policy propose FILE` to change it)")
     OPENED_REGISTRIES.append(registry)
     return registry
 

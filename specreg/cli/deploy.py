@@ -141,10 +141,10 @@ def keys_enrol(person, public_key, db_url, user, as_json):
 @json_option
 def keys_list(db_url, as_json):
     """The enrolled approval keys that count, and keyring rows that do not (named)."""
-    entries, refused = open_registry(db_url).keyring()
+    entries, refused, revoked = open_registry(db_url).keyring()
     if as_json:
         print_json({"keys": [{k: v for k, v in e.to_dict().items() if k != "public_key"} for e in entries],
-                    "not_counted": refused})
+                    "not_counted": refused, "revoked": revoked})
         return
     for e in entries:
         click.echo(f"{e.key_id[:12]}  {e.person}  enrolled by {e.enrolled_by} at {e.enrolled_at}")
@@ -163,12 +163,30 @@ def keys_export(out_path, db_url):
 
     from specreg.errors import SpecregError
 
-    entries, _ = open_registry(db_url).keyring()
+    entries, _, revoked = open_registry(db_url).keyring()
     try:
-        Path(out_path).write_text(json.dumps(keyring_document(entries), indent=2) + "\n", encoding="utf-8")
+        Path(out_path).write_text(json.dumps(keyring_document(entries, revoked=revoked), indent=2) + "\n",
+                                  encoding="utf-8")
     except OSError as exc:
         raise SpecregError(f"keyring {out_path}: cannot write ({exc.strerror or exc})") from None
-    click.echo(f"wrote {len(entries)} key(s) to {out_path}")
+    click.echo(f"wrote {len(entries)} key(s) and {len(revoked)} revocation(s) to {out_path}")
+
+
+@keys.command(name="revoke")
+@click.argument("key_id", metavar="KEY_ID")
+@click.option("--reason", required=True, help="Why the key is revoked; kept in the audit log.")
+@db_option
+@user_option
+@json_option
+def keys_revoke(key_id, reason, db_url, user, as_json):
+    """Revoke an enrolled approval key (an enroller of the policy only; audited): whatever it
+    signed stops counting, and `keys export` carries the revocation to every verify."""
+    entry = open_registry(db_url, user).revoke_key(key_id, reason)
+    if as_json:
+        print_json({"revoked": entry.key_id, "person": entry.person})
+    else:
+        click.echo(f"revoked key {entry.key_id[:12]} of {entry.person}: its approvals no longer count; run "
+                   f"`specreg keys export` again for every deploy")
 
 
 @keys.command(name="create")
@@ -192,7 +210,7 @@ def keys_create(out_dir):
 @click.option("--tolerance", type=float, default=None, help="Relative drop that counts as drift (default: the policy's).")
 @click.option("--deadline", type=float, default=30.0, show_default=True,
               help="Seconds one scrape may take in all, connect to last byte.")
-@click.option("--policy", "policy_path", envvar="SPECREG_POLICY", default=None, metavar="FILE")
+@click.option("--policy", "policy_path", default=None, metavar="FILE", help="Take the tolerance from this policy file instead of the policy of record.")
 @db_option
 @json_option
 def observe(ref, metrics_url, engine, interval, model_name, tolerance, deadline, policy_path, db_url, as_json):

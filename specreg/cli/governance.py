@@ -6,7 +6,7 @@ import textwrap
 
 import click
 
-from specreg.cli.common import (cli, db_option, echo_lines, user_option, json_option, output_width, policy_option,
+from specreg.cli.common import (cli, db_option, echo_lines, user_option, json_option, output_width, policy_option, PREVIEW_ONLY,
                                 open_registry, print_json, print_table, printable)
 from specreg.errors import SpecregError
 
@@ -69,24 +69,26 @@ def parse_expected_holder(value: str | None):
 @click.option("--allow-slower", "allow_slower", default=None, metavar="REASON",
               help="Promote although the measured speedup is below the policy's min_speedup: an explicit "
                    "exception, recorded with REASON in the audit log (no other condition is waived).")
-@policy_option
+@click.option("--policy", "policy_path", default=None, hidden=True)
 @db_option
 @user_option
 @json_option
 def promote(ref, environment, reason, expected, allow_slower, policy_path, db_url, user, as_json):
-    """Make a version hold ENV if the policy allows it (exit 100 with every reason if not)."""
+    """Make a version hold ENV if the policy of record allows it (exit 100 with every reason if not)."""
     from specreg.cli.refusals import Refusal, refusal_lines
-    from specreg.errors import PolicyViolation
+    from specreg.errors import PolicyViolation, UsageError
 
-    registry = open_registry(db_url, user, policy_path)
+    if policy_path is not None:
+        raise UsageError(PREVIEW_ONLY.format(what="a promotion"))
+    registry = open_registry(db_url, user)
     try:
-        move = registry.promote(ref, environment, reason=reason, policy_path=policy_path,
+        move = registry.promote(ref, environment, reason=reason,
                                 expected_holder=parse_expected_holder(expected), allow_slower=allow_slower)
     except PolicyViolation as exc:
         if not exc.reasons:
             raise
         label = registry.get(ref).label
-        policy = registry.policy(policy_path)
+        policy = registry.policy()
         raise Refusal(refusal_lines(f"cannot promote {label} to {environment} (policy {policy.source}):", exc.reasons,
                                     label, environment, policy.environment(environment).golden_set),
                       exc.reasons) from None
@@ -155,7 +157,7 @@ def gate(ref, environment, rerun, junit_path, markdown_path, policy_path, db_url
     result, error, code, registry = None, None, 0, None
     progress = Progress(enabled=not as_json)
     try:
-        registry = open_registry(db_url, user, policy_path)
+        registry = open_registry(db_url, user)
         result = registry.gate(ref, environment, policy_path=policy_path, rerun=rerun, progress=progress)
         code = 0 if result.passed else PolicyViolation.exit_code
     except SpecregError as exc:
@@ -172,6 +174,10 @@ def gate(ref, environment, rerun, junit_path, markdown_path, policy_path, db_url
                    f"  (policy {result.policy_source})")
         print_table(["", "CONDITION", "REASON"],
                     [["ok" if c.passed else "NO", c.name, c.reason] for c in result.conditions])
+        if result.preview is not None:
+            click.echo(f"preview under {result.preview['policy']}: it would "
+                       f"{'PASS' if result.preview['passed'] else 'be REFUSED'} (decides nothing: "
+                       f"{result.policy_source} decides)")
     if error is not None:
         raise GateError(error, code)
     if code:
@@ -179,7 +185,7 @@ def gate(ref, environment, rerun, junit_path, markdown_path, policy_path, db_url
 
         failed = [(c.name, c.reason) for c in result.conditions if not c.passed]
         label = f"{result.pair}@{result.version}"
-        golden_set = registry.policy(policy_path).environment(environment).golden_set
+        golden_set = registry.policy().environment(environment).golden_set
         raise Refusal(refusal_lines(f"gate refused {label} for {environment}:", failed, label, environment, golden_set),
                       failed)
 
@@ -225,8 +231,10 @@ def audit_verify(expected_head, db_url, as_json):
     position, checked, problem = registry.store.anchor_position(expected_head or "")
     head = registry.store.audit_head()
     anchored = None if expected_head is None else position is not None
+    not_counted = registry.not_counted()
     if as_json:
         print_json({"intact": problem is None, "checked": checked, "problem": problem, "head": head,
+                    "not_counted": not_counted,
                     **({"expected_head": expected_head, "expected_head_found": anchored,
                         "events_since_expected_head": checked - position if position is not None else None}
                        if expected_head is not None else {})})
@@ -237,6 +245,8 @@ def audit_verify(expected_head, db_url, as_json):
                               f"{head}): events were deleted from its end or the chain was re-hashed")
     if not as_json:
         click.echo(f"audit log intact: {checked} event(s), every hash links; head {head}")
+        for line in not_counted:
+            click.echo(f"NOT COUNTED  {printable(line)}")
         if expected_head is not None:
             click.echo(f"expected head found at event {position} of {checked} ({checked - position} event(s) since)")
 
@@ -300,19 +310,35 @@ def policy_group() -> None:
 
 @policy_group.command(name="show")
 @policy_option
+@db_option
 @json_option
-def policy_show(policy_path, as_json):
-    """Print the effective policy (file or built-in default)."""
+def policy_show(policy_path, db_url, as_json):
+    """Print the policy of record (or, with --policy FILE, preview that file)."""
     from specreg.registry.governance.policy import DEFAULT_POLICY_TOML, load_policy
 
-    policy = load_policy(policy_path)
+    record = None
+    if policy_path is not None:
+        policy = load_policy(policy_path)
+    else:
+        record = open_registry(db_url).policy_record()
+        policy = record.policy
     if as_json:
-        print_json(policy.to_dict())
+        print_json({**policy.to_dict(), "sha256": policy.sha256,
+                    **({"record": record.to_dict()} if record is not None else {"preview": True})})
         return
+    if record is not None:
+        approved = f", approved by {', '.join(record.approved_by)}" if record.approved_by else ""
+        click.echo(f"# {policy.source} (sha256 {policy.sha256[:12]}"
+                   + (f", proposed by {record.proposed_by}{approved}" if record.proposed_by else "") + ")")
+        for problem in record.problems:
+            click.echo(f"# NOT COUNTED: {printable(problem)}")
+    else:
+        click.echo(f"# preview of {policy.source}: decides nothing until proposed and approved "
+                   f"(`specreg policy propose {policy.source}`)")
     notes = [policy.identity_text()] + [line for env in policy.environments.values() for line in env.floors_text()]
     width = output_width()  # a terminal: wrapped to it; a pipe: one line a note
     comments = [f"# {part}" for note in notes for part in (textwrap.wrap(note, width - 2) if width else [note])]
-    if policy.source == "built-in default":
+    if policy.version == 0:
         echo_lines(DEFAULT_POLICY_TOML.rstrip().splitlines() + comments)
         return
     echo_lines([f"# {policy.source}"] + comments)
@@ -331,3 +357,57 @@ def policy_show(policy_path, as_json):
                   "; ".join([", ".join(e.required_checks)] + [f"{method}: {', '.join(checks)}" for method, checks
                                                                in e.required_checks_by_method.items()])]
                  for e in policy.environments.values()])
+
+
+@policy_group.command(name="propose")
+@click.argument("policy_file", metavar="FILE")
+@click.option("--note", default=None, help="Why; kept in the audit log.")
+@db_option
+@user_option
+@json_option
+def policy_propose(policy_file, note, db_url, user, as_json):
+    """Propose FILE as the next policy of record (it governs once approved by the four-eyes rule
+    of the policy in effect: `specreg policy approve VERSION --key FILE`)."""
+    proposed = open_registry(db_url, user).propose_policy(policy_file, note)
+    if as_json:
+        print_json(proposed)
+        return
+    click.echo(f"proposed policy v{proposed['version']} (sha256 {proposed['sha256'][:12]}); it governs once it has "
+               f"{proposed['needs']}: `specreg policy approve {proposed['version']} --key FILE`")
+
+
+@policy_group.command(name="approve")
+@click.argument("version", type=click.IntRange(min=1))
+@click.option("--key", default=None, metavar="FILE",
+              help="Your private approval key (default: $SPECREG_APPROVAL_KEY), enrolled to you.")
+@click.option("--note", default=None, help="Why; kept in the audit log.")
+@db_option
+@user_option
+@json_option
+def policy_approve(version, key, note, db_url, user, as_json):
+    """Sign your approval of proposed policy VERSION (never the proposer's own)."""
+    approved = open_registry(db_url, user).approve_policy(version, key=key, note=note)
+    if as_json:
+        print_json(approved)
+        return
+    if approved["active"]:
+        click.echo(f"approved policy v{version}: it is now the policy of record")
+    else:
+        click.echo(f"approved policy v{version}; not yet in effect: {printable(approved['standing'])}")
+
+
+@policy_group.command(name="history")
+@db_option
+@json_option
+def policy_history(db_url, as_json):
+    """Every proposed policy version: who proposed and approved it, and which one governs."""
+    listed = open_registry(db_url).policy_history()
+    if as_json:
+        print_json(listed)
+        return
+    if not listed:
+        click.echo("no policy proposed yet: the built-in default governs (`specreg policy show`)")
+        return
+    print_table(["VERSION", "STATE", "SHA256", "PROPOSED BY", "AT (UTC)", "APPROVED BY", "NOTE"],
+                [[p["version"], p["state"], p["sha256"][:12], p["proposed_by"], p["proposed_at"],
+                  ", ".join(p["approved_by"]) or "-", p["note"] or ""] for p in listed])

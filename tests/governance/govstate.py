@@ -17,6 +17,7 @@ from specreg.api import Registry
 from specreg.golden_prompts.loader import load_golden_set
 from specreg.registry.store.entities import PairState
 from specreg.registry.store.orm import CheckResultRow, ValidationRunRow
+from specreg.registry.store.validations import run_content_sha256
 
 POLICY_TOML = """\
 golden_set = "smoke"
@@ -78,11 +79,14 @@ def record_validation(registry: Registry, ref: str, *, status: str = "passed", g
             session.add(CheckResultRow(validation_run_id=run.id, name=name, status=check_status,
                                        summary=f"{name} {check_status}", evidence=None, figures=None))
         session.flush()
-        if version.state is not PairState.PROMOTED:
-            store.transition(version.name, version.version,
-                             PairState.VALIDATED if status == "passed" else PairState.FAILED,
-                             actor="validator", action="validate", details={"validation_run": run.id},
-                             session=session)
+        session.expire(run, ["checks"])
+        # as ValidationStore.finish: the validate event covers the run's content, else it counts for nothing
+        kept = version.state in (PairState.APPROVED, PairState.PROMOTED) and status == "passed"
+        store.transition(version.name, version.version,
+                         version.state if kept else PairState.VALIDATED if status == "passed" else PairState.FAILED,
+                         actor="validator", action="validate",
+                         details={"validation_run_id": run.id, "run_sha256": run_content_sha256(run)},
+                         session=session)
         return run.id
 
 
@@ -96,11 +100,22 @@ def register_versions(registry: Registry, tiny_models, name: str, count: int, ta
     return refs
 
 
-@pytest.fixture
-def policy_file(tmp_path, monkeypatch):
-    """A policy on the smoke golden set, set as $SPECREG_POLICY (import it into a test module
-    outside tests/governance, whose conftest has the same fixture)."""
+def recorded_policy_file(tmp_path, request, text: str = POLICY_TOML):
+    """Write ``text`` as a policy file and make it the policy of record of the database fixture
+    the test uses (``db_url`` or ``postgres_url``); returns the file's path."""
+    from policyrecord import record_policy
+
     path = tmp_path / "specreg.toml"
-    path.write_text(POLICY_TOML)
-    monkeypatch.setenv("SPECREG_POLICY", str(path))
+    path.write_text(text)
+    for name in ("db_url", "postgres_url"):
+        if name in request.fixturenames:
+            record_policy(request.getfixturevalue(name), path, tmp_path)
+            break
     return path
+
+
+@pytest.fixture
+def policy_file(tmp_path, request):
+    """A policy on the smoke golden set, made the policy of record of the test's database
+    (import it into a test module outside tests/governance, whose conftest has the same fixture)."""
+    return recorded_policy_file(tmp_path, request)

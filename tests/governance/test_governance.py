@@ -49,7 +49,8 @@ def test_four_eyes_approval_and_promotion_to_production(db_url, tiny_models, pol
     assert [(e.action, e.actor) for e in events] == [
         ("register", "alice"), ("validate", "validator"), ("approve", "bob"), ("promote", "alice")]
     assert events[-1].details["environment"] == "production" and events[-1].details["approval"] == approval.id
-    assert alice.verify_audit() == (6, None)  # + the enrolments of alice's and bob's keys
+    # + the policy of record (proposal, approver's key, approval, activation) and alice's and bob's keys
+    assert alice.verify_audit() == (10, None)
     with pytest.raises(IllegalTransitionError, match="already holds production"):
         alice.promote(ref, "production")
 
