@@ -133,3 +133,26 @@ def test_stop_draft_counts_are_llamacpps_count_at_a_stop_token(target, tokenizer
     counted = stop_draft_counts(ours.metrics)
     for key in ("drafted", "accepted", "draft_steps", "accepted_per_position", "generated_tokens"):
         assert counted[key] == stop_draft_counts(llamacpp.metrics)[key] == getattr(llamacpp.metrics, key), key
+
+
+def test_compacted_cache_decodes_as_the_plain_one(pairs, prompts, monkeypatch):
+    """Holes left by tree nodes off the accepted path are gathered away (RowCache.compact) once
+    they outnumber the kept columns; here at every step: greedy tree decoding, batched and alone,
+    still emits exactly the target's own greedy tokens."""
+    from specreg.runtime import row_cache
+
+    compactions = []
+    original = row_cache.RowCache.compact
+
+    def counted(self):
+        compactions.append(self.valid.shape)
+        original(self)
+
+    monkeypatch.setattr(row_cache.RowCache, "compact", counted)
+    monkeypatch.setattr(row_cache, "COMPACT_SLACK", -10**6)
+    pair, base = pairs["eagle3 tree"]  # a trained head: nodes accepted beside rejected siblings
+    configs = row_configs(dataclasses.replace(base, eos_token_ids=()), False)
+    batch = assert_batch_equals_alone(pair, prompts, configs)
+    assert any(columns > 0 for _, columns in compactions)
+    for generation, prompt, config in zip(batch, prompts, configs):
+        assert generation.token_ids == target_only_generate(pair, prompt, config).token_ids
