@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from specreg.errors import RuntimeConfigError
 from specreg.runtime.pair import forward_logits
 
 COMPACT_SLACK = 16  # columns of holes tolerated beyond the kept ones before compacting
@@ -48,6 +49,12 @@ class RowCache:
         plain = new_mask is None and bool(self.valid.all()) and bool(query_valid.all())
         if plain:
             return forward_logits(model, input_ids, self.cache, logits_to_keep, hidden_state_ids)
+        odd = next((type(layer).__name__ for layer in self.cache.layers if type(layer).__name__ != "DynamicLayer"), None)
+        if odd is not None:
+            # a sliding-window layer keeps only its window: column masks over it would be wrong
+            raise RuntimeConfigError(f"decoding rows of different lengths or with candidate trees needs "
+                                     f"full-attention dynamic cache layers, not {odd}: decode one prompt at a "
+                                     f"time (validate --runtime-batch 1), with chains")
         device = input_ids.device
         sees_new = torch.ones(queries, queries, dtype=torch.bool, device=device).tril() if new_mask is None else new_mask
         # a query always sees itself, so a padding query has one key and no row of the softmax is empty
