@@ -7,7 +7,7 @@ set -euo pipefail
 DEMO_DIR=${DEMO_DIR:-$PWD/.demo}
 export SPECREG_HOME="$DEMO_DIR/home"
 export SPECREG_USER=alice            # the registrant; bob reviews (four-eyes)
-export SPECREG_POLICY="$DEMO_DIR/specreg.toml"
+POLICY_FILE="$DEMO_DIR/specreg.toml"  # proposed as the registry's policy of record below
 rm -rf "$SPECREG_HOME" "$DEMO_DIR/exports" "$DEMO_DIR/keys" "$DEMO_DIR"/gate.* "$DEMO_DIR"/validation.*
 mkdir -p "$DEMO_DIR"
 
@@ -31,7 +31,7 @@ step() { printf '\n== [%d:%02d] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; 
 
 # The built-in policy validates on the 43-prompt default set; the demo uses the 7-prompt
 # smoke set so that it runs in a few minutes on a laptop CPU.
-cat > "$SPECREG_POLICY" <<'TOML'
+cat > "$POLICY_FILE" <<'TOML'
 golden_set = "smoke"
 required_checks = ["integrity", "tokenizer", "chat_template", "equivalence", "distribution", "acceptance"]
 acceptance_tolerance = 0.10
@@ -82,7 +82,18 @@ wait_for_build() {  # NAME PATTERN: wait for its background build, then show whe
   grep -E "$2" "$DEMO_DIR/build-$1.log" || true  # where the build (or its cache) put it
 }
 
-# The real pair (SmolLM2 from the package index, issue 20) goes through its first steps in the
+# The policy governs from the registry, not from a file the caller names: alice proposes the demo's
+# policy and bob, whose key an enroller (admin) put in the keyring, approves it (four-eyes under the
+# built-in policy in effect until then). Every later command is judged under it.
+step "the team's policy of record: alice proposes the demo policy, bob approves it with his own key"
+specreg keys create --out "$DEMO_DIR/keys/bob"                                   # bob's own key pair
+specreg keys enrol bob --public-key "$DEMO_DIR/keys/bob/specreg-signing.pub" --user admin   # an enroller, audited
+export SPECREG_APPROVAL_KEY="$DEMO_DIR/keys/bob/specreg-signing.key"
+specreg policy propose "$POLICY_FILE" --note "demo: the smoke golden set, bob approves production"
+specreg policy approve 1 --user bob --note "reviewed"
+specreg policy show | head -n 1
+
+# The real pair (SmolLM2 from the package index) goes through its first steps in the
 # background from the start, beside the chain of the tiny pairs: built, registered, validated by
 # our runtime and in llama.cpp. Its output goes to $DEMO_DIR/real-pair.log and is shown when the
 # demo reaches it; approval, export, verify and serving follow there.
@@ -121,9 +132,6 @@ specreg validate demo-chat@1 --golden smoke --device cpu --gpu-memory 1GiB \
   --report "$DEMO_DIR/validation.html" --markdown "$DEMO_DIR/validation.md"
 
 step "approve: bob reviews (alice registered it, so she may not approve it); his approval is his signature"
-specreg keys create --out "$DEMO_DIR/keys/bob"                                   # bob's own key pair
-specreg keys enrol bob --public-key "$DEMO_DIR/keys/bob/specreg-signing.pub" --user admin   # an enroller, audited
-export SPECREG_APPROVAL_KEY="$DEMO_DIR/keys/bob/specreg-signing.key"
 specreg approve demo-chat@1 --user bob --note "acceptance and equivalence look right"
 
 step "promote to staging, then production"

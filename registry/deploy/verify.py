@@ -195,7 +195,7 @@ def check_registry(report: VerifyReport, lock: dict[str, Any], registry_url: str
 
     from specreg.errors import NotFoundError
     from specreg.registry.governance.approvals import rejected_by
-    from specreg.registry.governance.policy import load_policy
+    from specreg.registry.governance.policy_record import replay
     from specreg.registry.governance.queries import holder_of
     from specreg.registry.store.entities import PairState
     from specreg.registry.store.store import Store
@@ -221,7 +221,8 @@ def check_registry(report: VerifyReport, lock: dict[str, Any], registry_url: str
         return report.add("registry", False, f"{label} is retired in the registry")
     if lock.get("approved") is True:
         with store.session() as session:
-            rejecter = rejected_by(session, store.version_row(session, pair["name"], pair["version"]), load_policy())
+            rejecter = rejected_by(session, store.version_row(session, pair["name"], pair["version"]),
+                                   replay(session).policy)
         if rejecter is not None:
             return report.add("registry", False, f"{label}: its approval was withdrawn by a signed rejection by "
                                                  f"{rejecter} after the export")

@@ -17,10 +17,15 @@ def junit_xml(result: GateResult | None, error: str | None = None, subject: str 
     suite_name = (f"specreg gate {result.pair}@{result.version} -> {result.environment}" if result is not None
                   else f"specreg gate {subject}".strip())
     suite = ET.Element("testsuite", name=suite_name)
-    if result is not None and result.audit_head:
-        # the audit chain's head when judged: `specreg audit verify --expect-head` checks it later
+    if result is not None:
         properties = ET.SubElement(suite, "properties")
-        ET.SubElement(properties, "property", name="specreg.audit_head", value=result.audit_head)
+        if result.audit_head:
+            # the audit chain's head when judged: `specreg audit verify --expect-head` checks it later
+            ET.SubElement(properties, "property", name="specreg.audit_head", value=result.audit_head)
+        # the policy the verdict was judged under
+        ET.SubElement(properties, "property", name="specreg.policy", value=result.policy_source)
+        if result.policy_sha256:
+            ET.SubElement(properties, "property", name="specreg.policy_sha256", value=result.policy_sha256)
     if error is not None or result is None:
         case = ET.SubElement(suite, "testcase", classname="specreg.gate", name="evaluate")
         ET.SubElement(case, "error", message=error or "gate not evaluated", type="error").text = error
@@ -50,6 +55,7 @@ def markdown_summary(result: GateResult | None, error: str | None = None, subjec
     verdict = "PASS" if result.passed else "REFUSED"
     lines = [f"## specreg gate {result.pair}@{result.version} → {result.environment}: {verdict}", "",
              f"Policy: `{result.policy_source}`"
+             + (f" (sha256 `{result.policy_sha256[:12]}`)" if result.policy_sha256 else "")
              + (f" · validation run {result.validation_run_id}" if result.validation_run_id is not None else "")
              + (f" · audit head `{result.audit_head}`" if result.audit_head else ""), "",
              "| | condition | reason |", "|---|---|---|"]

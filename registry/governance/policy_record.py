@@ -94,12 +94,14 @@ def parsed(row: PolicyVersionRow) -> Policy:
 
 
 def judge(session: Session, row: PolicyVersionRow | None, approvals: list[AuditEventRow], current: Policy,
-          chain: list[AuditEventRow], version: int) -> tuple[Policy | None, Tally | None, str | None]:
-    """Whether policy ``version`` (``row``) may replace ``current``: (its Policy, the tally of
-    its approvals, None) or (None, the tally if one was made, why not)."""
+          chain: list[AuditEventRow], before: int | None = None) -> tuple[Policy | None, Tally | None, str | None]:
+    """Whether policy ``row`` may replace ``current`` at the chain's event ``before`` (None: now):
+    (its Policy, the tally of its approvals, None) or (None, the tally if one was made, why not).
+    Only the approvals between its proposal and that point count."""
     if row is None:
         return None, None, "no such proposed policy in the registry"
-    proposal = next((e for e in chain if e.event_hash == row.event_hash and e.action == PROPOSE), None)
+    proposal = next((e for e in chain if e.event_hash == row.event_hash and e.action == PROPOSE
+                     and (before is None or e.id < before)), None)
     details = (proposal.details or {}) if proposal is not None else {}
     if proposal is None or details.get("policy_version") != row.version or details.get("sha256") != row.sha256 \
             or details.get("document_sha256") != sha256_hex(row.document.encode("utf-8")) \
@@ -115,7 +117,7 @@ def judge(session: Session, row: PolicyVersionRow | None, approvals: list[AuditE
         return None, None, "its document no longer says what was proposed (hash differs)"
     keyring, _ = keyring_entries(session, current, chain)
     decisions, refused = [], []
-    for event in approvals:
+    for event in (e for e in approvals if e.id > proposal.id and (before is None or e.id < before)):
         signer = event.actor
         try:
             if not written_by_its_actor(event):
@@ -160,7 +162,7 @@ def replay(session: Session, chain: list[AuditEventRow] | None = None) -> Policy
         elif version <= record.version:
             problems.append(f"policy v{version}: activated after v{record.version}, which replaced it")
         else:
-            policy, result, why = judge(session, rows.get(version), approvals[version], current, chain, version)
+            policy, result, why = judge(session, rows.get(version), approvals[version], current, chain, event.id)
             if policy is None:
                 problems.append(f"policy v{version}: activation does not count: {why}")
                 continue
@@ -247,7 +249,7 @@ def approve(store: Store, version: int, *, actor: str, key: str, note: str | Non
         session.flush()
         chain, _ = verified_chain(session)
         approvals = [e for e in chain if e.action == APPROVE and (e.details or {}).get("policy_version") == version]
-        policy, result, why = judge(session, row, approvals, record.policy, chain, version)
+        policy, result, why = judge(session, row, approvals, record.policy, chain)
         if policy is not None:
             store.append_event(session, pair_name=POLICY_EVENT_PAIR, version=None, action=ACTIVATE, from_state=None,
                                to_state=None, actor=actor, reason=None,

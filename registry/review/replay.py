@@ -114,9 +114,9 @@ class Review:
     def counted(self, version: PairVersion) -> list:
         """The decisions of ``version`` whose signatures count now, oldest first."""
         from specreg.registry.governance.approvals import counted_approvals
-        from specreg.registry.governance.policy import load_policy
+        from specreg.registry.governance.policy_record import policy_of_record
 
-        return counted_approvals(self.store, load_policy(), version.name, version.version)
+        return counted_approvals(self.store, policy_of_record(self.store).policy, version.name, version.version)
 
     def approval_request(self, version: PairVersion) -> str | None:
         """The line for a tag set in the MLflow UI that no signature answers yet (None: no

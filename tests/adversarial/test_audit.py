@@ -19,6 +19,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from pgroles import as_user
+from policyrecord import record_policy
 from specreg.api import Registry
 from specreg.registry.store import audit
 from specreg.registry.store.migrate import run_downgrade
@@ -84,7 +85,7 @@ def test_deleting_the_newest_events_with_the_head_row_is_caught_by_the_anchor(db
     assert run("audit", "verify", "--db", db_url).returncode == 0  # the chain itself still links
     caught = run("audit", "verify", "--expect-head", anchored, "--db", db_url)
     assert caught.returncode == 100, caught.stderr
-    assert caught.stderr == (f"specreg: error: audit head {anchored} is not in the chain of 4 event(s) (head now "
+    assert caught.stderr == (f"specreg: error: audit head {anchored} is not in the chain of 8 event(s) (head now "
                              f"{keep}): events were deleted from its end or the chain was re-hashed\n")
     # the row still says promoted, its events no longer do: the gate refuses too
     gate = run("gate", "tail@1", "--env", "staging", "--db", db_url)
@@ -179,7 +180,8 @@ def test_a_registration_row_written_by_hand_is_refused(db_url, tiny_models, poli
     assert "audit: byhand@1: registrant 'mallory' differs from its registration event's actor 'alice'" in gate.reasons
 
 
-def test_a_database_from_before_the_link_upgrades_with_its_approvals_linked(db_url, tiny_models, policy_file, approval_key):
+def test_a_database_from_before_the_link_upgrades_with_its_approvals_linked(db_url, tiny_models, policy_file, approval_key,
+                                                                            tmp_path):
     if "postgresql" in db_url:
         # the events written here carry the role PostgreSQL stamped (schema 0005), under their hash;
         # a downgrade below 0005 drops that column, so this round trip cannot start from them there
@@ -200,6 +202,8 @@ def test_a_database_from_before_the_link_upgrades_with_its_approvals_linked(db_u
         linked = connection.execute(text("SELECT actor, event_hash IS NOT NULL FROM approvals ORDER BY id")).all()
     engine.dispose()
     assert [tuple(row) for row in linked] == [("bob", True), ("mallory", False)]
+    # the downgrade dropped the policy of record's table with the rest: the team records it again
+    record_policy(db_url, policy_file, tmp_path)
     gate = Registry(db_url).gate("upgrade@1", "production")
     # since schema 0005 an approval is a signature: bob's unsigned row from before no longer counts
     # (the downgrade dropped the keyring and signatures), nor does mallory's row, and both are named
@@ -242,15 +246,16 @@ def test_with_an_audit_key_a_rehash_without_the_key_is_caught(db_url, tiny_model
     with engine.connect() as connection:
         actions = [row[0] for row in connection.execute(text("SELECT action FROM audit_events ORDER BY id"))]
     engine.dispose()
-    # the first keyed write starts the chain
-    assert actions == ["audit-key", "register", "validate", "enrol-key", "approve"]
+    # the policy of record was set before the key; the first keyed write starts the keyed part
+    assert actions == ["policy-propose", "enrol-key", "policy-approve", "policy-activate",
+                       "audit-key", "register", "validate", "enrol-key", "approve"]
 
     rehash_plain(db_url, "approve", "approved after a thorough review")
     caught = run("audit", "verify", "--db", db_url)
     assert caught.returncode == 1 and caught.stderr.count("\n") == 1
     assert "content does not match its hash (the row was edited, or re-hashed without SPECREG_AUDIT_KEY)" in caught.stderr
     gate = Registry(db_url).gate("keyed@1", "production")
-    assert not gate.passed and gate.reasons[0].startswith("audit: audit log broken: event 1:")
+    assert not gate.passed and gate.reasons[0].startswith("audit: audit log broken: event 5:")  # after the policy's 4
 
     rehash_plain(db_url, "approve", "approved after a thorough review", drop_key_event=True)
     dropped = run("audit", "verify", "--db", db_url)

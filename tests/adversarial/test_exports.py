@@ -20,6 +20,7 @@ from specreg.api import Registry
 sys.path.insert(0, str(Path(__file__).parent.parent / "governance"))
 from govstate import POLICY_TOML, record_validation  # noqa: E402
 from pgroles import as_user
+from policyrecord import record_policy
 
 from clirun import one_line, run  # tests/ is on sys.path (tests/conftest.py)
 
@@ -30,7 +31,7 @@ def pair(db_url, tiny_models, tmp_path, monkeypatch):
     returns (db_url, {"target": dir, "draft": dir})."""
     policy = tmp_path / "specreg.toml"
     policy.write_text(POLICY_TOML)
-    monkeypatch.setenv("SPECREG_POLICY", str(policy))
+    record_policy(db_url, policy, tmp_path)
     models = {role: shutil.copytree(tiny_models[role], tmp_path / "models" / role) for role in ("target", "draft")}
     return db_url, models
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from pgroles import as_user
+from policyrecord import record_policy
 from specreg.api import Registry
 from specreg.errors import IdentityError
 from specreg.registry.store.entities import PairState
@@ -178,9 +179,10 @@ def test_a_claimed_user_allowed_by_the_policy_is_recorded_beside_the_role(postgr
                                                                           approval_key):
     policy = tmp_path / "claimed.toml"
     policy.write_text(POLICY_TOML + "\n[identity]\nallow_claimed_user = true\n")
+    record_policy(postgres_url, policy, tmp_path)
     validated_pair(postgres_url, tiny_models, "claim")
     approved = run("approve", "claim@1", "--db", as_user(postgres_url, "bob"), "--user", "carol",
-                   "--key", approval_key(postgres_url, "carol"), env={"SPECREG_POLICY": str(policy)})
+                   "--key", approval_key(postgres_url, "carol"))
     assert approved.returncode == 0, approved.stderr
     [event] = [e for e in Registry(postgres_url).history("claim") if e.action == "approve"]
     assert event.actor == "carol"

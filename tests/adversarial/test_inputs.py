@@ -563,7 +563,10 @@ def test_user_name_limits_are_the_same_on_both_databases(tiny_models, db_url, tm
     # which the policy must allow: there the actor is the authenticated role)
     policy = tmp_path / "policy.toml"
     policy.write_text("[identity]\nallow_claimed_user = true\n\n[environments.production]\napproval_required = true\n")
-    longest = Registry(db_url, user="u" * 255, policy_path=str(policy))
+    from policyrecord import record_policy
+
+    record_policy(db_url, policy, tmp_path)
+    longest = Registry(db_url, user="u" * 255)
     version = longest.register("p", **arguments, notes="n" * 10_000).version
     assert version.registered_by == "u" * 255 and version.config.num_speculative_tokens == 64
 

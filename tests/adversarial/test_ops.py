@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "governance"))
 from govstate import POLICY_TOML, record_validation  # noqa: E402
 from metrics_server import FakeVllm, MetricsServer  # noqa: E402
 from pgroles import as_user
+from policyrecord import record_policy
 from specreg.registry.store.store import SCHEMA_HEAD
 
 from clirun import run_specreg  # tests/ is on sys.path (tests/conftest.py)
@@ -109,7 +110,7 @@ def test_a_process_reading_a_migration_in_progress_waits_for_it(db_url):
 def observed(db_url, tiny_models, tmp_path, monkeypatch):
     policy = tmp_path / "specreg.toml"
     policy.write_text(POLICY_TOML)
-    monkeypatch.setenv("SPECREG_POLICY", str(policy))
+    record_policy(db_url, policy, tmp_path)
     alice = Registry(as_user(db_url, "alice"), user="alice")
     alice.register("watch", target=str(tiny_models["target"]), draft=str(tiny_models["draft"]), num_speculative_tokens=4)
     record_validation(alice, "watch@1")
@@ -144,7 +145,7 @@ def test_observe_reads_no_more_than_the_bound(observed):
 def test_env_history_names_who_held_production_when(db_url, tiny_models, tmp_path, monkeypatch, approval_key):
     policy = tmp_path / "specreg.toml"
     policy.write_text(POLICY_TOML)
-    monkeypatch.setenv("SPECREG_POLICY", str(policy))
+    record_policy(db_url, policy, tmp_path)
     alice, bob = Registry(as_user(db_url, "alice"), user="alice"), Registry(as_user(db_url, "bob"), user="bob")
     labels = [alice.register("hist", target=str(tiny_models["target"]), draft=str(tiny_models["draft"]),
                              num_speculative_tokens=k).version.label for k in (4, 3, 2)]

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from pgroles import as_user
+from policyrecord import record_policy
 from specreg.api import Registry
 from specreg.core.signing import create_key_pair, load_signer
 from specreg.errors import PolicyViolation
@@ -124,7 +125,7 @@ def test_only_an_enroller_enrols_and_a_hand_written_key_row_does_not_count(db_ur
         session.add(ApproverKeyRow(person="bob", key_id=key_id(pem), public_key=pem, enrolled_by="admin",
                                    enrolled_at=utcnow()))
     listed = run("keys", "list", "--db", db_url, "--json")
-    assert json.loads(listed.stdout)["keys"] == []
+    assert [k["person"] for k in json.loads(listed.stdout)["keys"]] == ["policy_approver"]  # the policy's approver
     assert json.loads(listed.stdout)["not_counted"] == [
         f"key {key_id(pem)[:12]} of bob: no matching enrolment event in the verified audit chain"]
     signed_as_bob = run("approve", "enrol@1", "--db", as_user(db_url, "bob"), "--user", "bob",
@@ -137,24 +138,21 @@ def test_a_key_the_registrant_enrolled_never_counts_for_her_pair(tmp_path, tiny_
     valid, but never for a pair alice registered (SQLite: identity advisory)."""
     policy = tmp_path / "p.toml"
     policy.write_text(POLICY_TOML + '\n[keyring]\nenrollers = ["alice", "admin"]\n')
-    os.environ["SPECREG_POLICY"] = str(policy)
-    try:
-        db = f"sqlite:///{tmp_path / 'r.db'}"
-        alice = validated(db, tiny_models, "selfenrol")
-        private, public = create_key_pair(tmp_path / "fake-bob")
-        assert run("keys", "enrol", "bob", "--public-key", public, "--db", db, "--user", "alice").returncode == 0
-        assert run("approve", "selfenrol@1", "--db", db, "--user", "bob", "--key", private).returncode == 0
-        [reason] = alice.gate("selfenrol@1", "production").reasons
-        assert reason == ("approval: approved by bob with a key the registrant alice enrolled (four-eyes: another "
-                          "enroller must enrol it)")
-    finally:
-        del os.environ["SPECREG_POLICY"]
+    db = f"sqlite:///{tmp_path / 'r.db'}"
+    record_policy(db, policy, tmp_path)
+    alice = validated(db, tiny_models, "selfenrol")
+    private, public = create_key_pair(tmp_path / "fake-bob")
+    assert run("keys", "enrol", "bob", "--public-key", public, "--db", db, "--user", "alice").returncode == 0
+    assert run("approve", "selfenrol@1", "--db", db, "--user", "bob", "--key", private).returncode == 0
+    [reason] = alice.gate("selfenrol@1", "production").reasons
+    assert reason == ("approval: approved by bob with a key the registrant alice enrolled (four-eyes: another "
+                      "enroller must enrol it)")
 
 
 def test_a_policy_may_ask_for_two_signatures(tmp_path, tiny_models, db_url, approval_key, monkeypatch):
     policy = tmp_path / "two.toml"
     policy.write_text(POLICY_TOML.replace("approvers = []", "approvers = []\napprovals_required = 2"))
-    monkeypatch.setenv("SPECREG_POLICY", str(policy))
+    record_policy(db_url, policy, tmp_path)
     alice = validated(db_url, tiny_models, "two")
     Registry(as_user(db_url, "bob"), user="bob").approve("two@1", key=approval_key(db_url, "bob"))
     Registry(as_user(db_url, "bob"), user="bob").approve("two@1", key=approval_key(db_url, "bob"))  # same person
@@ -172,9 +170,9 @@ def shipped(tmp_path, tiny_models, monkeypatch, approval_key):
     """ship@1 on SQLite from copies of the tiny models, approved by bob, exported (vllm, signed)."""
     policy = tmp_path / "specreg.toml"
     policy.write_text(POLICY_TOML)
-    monkeypatch.setenv("SPECREG_POLICY", str(policy))
     models = {role: shutil.copytree(tiny_models[role], tmp_path / "models" / role) for role in ("target", "draft")}
     db = f"sqlite:///{tmp_path / 'registry.db'}"
+    record_policy(db, policy, tmp_path)
     alice = Registry(db, user="alice")
     alice.register("ship", target=str(models["target"]), draft=str(models["draft"]), num_speculative_tokens=3)
     record_validation(alice, "ship@1")

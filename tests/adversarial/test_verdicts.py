@@ -16,6 +16,7 @@ import pytest
 from specreg.api import Registry
 from specreg.errors import PolicyViolation
 from pgroles import as_user
+from policyrecord import record_policy
 
 from clirun import SPECREG, run_specreg  # tests/ is on sys.path (tests/conftest.py)
 
@@ -190,7 +191,7 @@ def test_tau_is_compared_only_at_the_same_k(db_url, models, golden, tmp_path, mo
     policy = tmp_path / "specreg.toml"
     policy.write_text(f'golden_set = "{golden}"\nrequired_checks = ["acceptance"]\n\n'
                       "[environments.staging]\napproval_required = false\n")
-    monkeypatch.setenv("SPECREG_POLICY", str(policy))
+    record_policy(db_url, policy, tmp_path)
     alice = Registry(as_user(db_url, "alice"), user="alice")
     for k in (4, 3):  # the same perfect pair (draft == target) at two depths
         alice.register("depth", target=str(models["target"]), draft=str(models["self"]), num_speculative_tokens=k)

@@ -13,6 +13,7 @@ import yaml
 
 from metrics_server import FakeVllm, MetricsServer
 from pgroles import as_user
+from policyrecord import record_policy
 from specreg.api import Registry
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "governance"))
@@ -32,7 +33,7 @@ def approved_pair(db_url, tiny_models, tmp_path, monkeypatch, approval_key):
     """deploy@1 validated (recorded rows), approved by bob and promoted to staging; deploy@2 only registered."""
     policy = tmp_path / "specreg.toml"
     policy.write_text(POLICY_TOML)
-    monkeypatch.setenv("SPECREG_POLICY", str(policy))
+    record_policy(db_url, policy, tmp_path)
     alice = Registry(as_user(db_url, "alice"), user="alice")
     for k in (4, 3):
         alice.register("deploy", target=str(tiny_models["target"]), draft=str(tiny_models["draft"]),

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "governance"))
 from govstate import POLICY_TOML, record_validation  # noqa: E402
 
 from clirun import run_specreg  # tests/ is on sys.path (tests/conftest.py)
+from policyrecord import record_policy
 
 
 def run(*args, env=None):
@@ -52,11 +53,11 @@ def deployed(tmp_path, tiny_models, keys, monkeypatch, approval_key):
     lock. Returns the paths a deploy has."""
     policy = tmp_path / "specreg.toml"
     policy.write_text(POLICY_TOML)
-    monkeypatch.setenv("SPECREG_POLICY", str(policy))
     target, draft = tmp_path / "models" / "target", tmp_path / "models" / "draft"
     shutil.copytree(tiny_models["target"], target)
     shutil.copytree(tiny_models["draft"], draft)
     db = f"sqlite:///{tmp_path / 'registry.db'}"
+    record_policy(db, policy, tmp_path)
     alice = Registry(db, user="alice")
     alice.register("lock", target=str(target), draft=str(draft), num_speculative_tokens=3)
     record_validation(alice, "lock@1", acceptance_rate=0.8, mean_acceptance_length=3.0)
@@ -169,6 +170,18 @@ def test_verify_matching_files_exit_0(deployed):
         "ok  unchanged: 12 file(s) unchanged since they were hashed",
         "verified lock@1: signed lock, files match",
     ]
+
+
+def test_an_approval_by_a_revoked_key_is_refused_at_pod_start(deployed):
+    """bob's key is revoked after the export: the keyring exported again carries the revocation,
+    and verify refuses the lock's approval by that key (the files still match)."""
+    registry = Registry(deployed["db"], user="admin")
+    [bob] = [k for k in registry.keyring()[0] if k.person == "bob"]
+    registry.revoke_key(bob.key_id, "laptop stolen")
+    assert run("keys", "export", "--out", deployed["keyring"], "--db", deployed["db"]).returncode == 0
+    result = verify(deployed)
+    refused(result, "approvals")
+    assert f"signed with key {bob.key_id[:12]}, which the keyring does not enrol" in result.stdout
 
 
 def test_tampered_weight_file_refused(deployed):

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from policyrecord import record_policy
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "governance"))
 
@@ -49,21 +50,21 @@ def test_policy_key_parses_and_refuses_an_unknown_engine(tmp_path):
 def test_gate_requires_a_passed_engine_baseline_on_the_golden_set(db_url, tiny_models, tmp_path):
     policy = tmp_path / "p.toml"
     policy.write_text(ENGINE_POLICY.replace("approval_required = true", "approval_required = false"))
-    registry = Registry(db_url, policy_path=str(policy))
+    record_policy(db_url, policy, tmp_path)
+    registry = Registry(db_url)
     ref = registry.register("pair", target=str(tiny_models["target"]), draft=str(tiny_models["draft"]),
                             num_speculative_tokens=2).version.label
     record_validation(registry, ref)
 
     def condition():
-        result = registry.gate(ref, "production", policy_path=str(policy))
+        result = registry.gate(ref, "production")
         return result, next(c for c in result.conditions if c.name == "engine_baseline.llamacpp")
 
     result, found = condition()
     assert not result.passed and not found.passed
     assert found.reason == (f"{ref} has no llamacpp engine baseline on golden set smoke: "
                             f"run `specreg validate {ref} --engine llamacpp`")
-    assert not any(c.name.startswith("engine_baseline") for c in registry.gate(ref, "staging",
-                                                                                policy_path=str(policy)).conditions)
+    assert not any(c.name.startswith("engine_baseline") for c in registry.gate(ref, "staging").conditions)
     record(registry, ref, golden="default")
     assert "(1 on another golden set or binding)" in condition()[1].reason
     failed = record(registry, ref, passed=False)

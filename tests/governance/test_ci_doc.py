@@ -15,6 +15,7 @@ import yaml
 from govstate import record_validation, register_versions
 
 from pgroles import as_user
+from policyrecord import record_policy
 from specreg.api import Registry
 from specreg.registry.governance.policy import DEFAULT_POLICY_TOML
 
@@ -36,6 +37,7 @@ def test_documented_gate_commands_run(tmp_path, tiny_models, policy_file):
     assert gitlab["specreg-gate"]["artifacts"]["reports"]["junit"] == "gate.xml"
 
     db_url = f"sqlite:///{tmp_path / 'registry.db'}"
+    record_policy(db_url, policy_file, tmp_path)
     registry = Registry(as_user(db_url, "alice"), user="alice")
     (ref,) = register_versions(registry, tiny_models, "chat", 1)
     record_validation(registry, ref)

@@ -11,6 +11,7 @@ from govstate import record_validation, register_versions
 from sqlalchemy import create_engine, text
 
 from pgroles import as_user
+from policyrecord import record_policy
 from specreg.api import Registry
 
 from clirun import run_specreg  # tests/ is on sys.path (tests/conftest.py)
@@ -26,6 +27,7 @@ def run(*args, user="alice"):
 
 def test_gate_promote_rollback_from_the_command_line(tiny_models, policy_file, tmp_path, approval_key):
     db_url = f"sqlite:///{tmp_path / 'registry.db'}"  # the same logic runs on PostgreSQL in test_governance.py
+    record_policy(db_url, policy_file, tmp_path)
     registry = Registry(as_user(db_url, "alice"), user="alice")
     v1, v2 = register_versions(registry, tiny_models, "cli", 2)
     record_validation(registry, v1)
@@ -93,6 +95,7 @@ def test_gate_promote_rollback_from_the_command_line(tiny_models, policy_file, t
 
 def test_gate_fails_closed_and_usage_errors(tmp_path, tiny_models, policy_file):
     db_url = f"sqlite:///{tmp_path / 'registry.db'}"
+    record_policy(db_url, policy_file, tmp_path)
     registry = Registry(as_user(db_url, "alice"), user="alice")
     (ref,) = register_versions(registry, tiny_models, "fc", 1)
     record_validation(registry, ref)
@@ -110,14 +113,15 @@ def test_gate_fails_closed_and_usage_errors(tmp_path, tiny_models, policy_file):
     suite = ET.parse(junit).getroot().find("testsuite")
     assert suite.get("errors") == "1" and suite.find("testcase/error") is not None
 
-    # bad data in the database makes the gate crash: it still fails closed, in one line
+    # a run edited in the database no longer hashes to what its validate event recorded: it counts
+    # for nothing, and the gate refuses on that (it no longer reads the garbage at all)
     engine = create_engine(db_url)
     with engine.begin() as connection:
         connection.execute(text("""UPDATE validation_runs SET baselines = '{"overall": "garbage"}'"""))
     engine.dispose()
-    crashed = run("gate", ref, "--env", "staging", "--db", db_url, "--json")
-    assert crashed.returncode == 1 and crashed.stderr.count("\n") == 1
-    assert "gate failed closed: AttributeError" in json.loads(crashed.stdout)["error"]
+    edited = run("gate", ref, "--env", "staging", "--db", db_url, "--json")
+    assert edited.returncode == 100, edited.stderr
+    assert "validation: fc@1 is not validated on golden set smoke" in json.loads(edited.stdout)["reasons"]
 
     bad_policy = tmp_path / "bad.toml"
     bad_policy.write_text("[environments.production]\naproval_required = true\n")
@@ -138,7 +142,8 @@ def test_audit_verify_catches_an_edited_and_a_deleted_event(db_url, tiny_models,
         connection.execute(text("UPDATE audit_events SET reason = 'nothing to see' WHERE id = 2"))
     edited = run("audit", "verify", "--db", db_url, "--json")
     assert edited.returncode == 1 and "event 2: content does not match its hash" in edited.stderr
-    assert {k: v for k, v in json.loads(edited.stdout).items() if k != "head"} == {"intact": False, "checked": 1,
+    assert {k: v for k, v in json.loads(edited.stdout).items() if k not in ("head", "not_counted")} == {
+        "intact": False, "checked": 1,
                                          "problem": "event 2: content does not match its hash (the row was edited)"}
     with engine.begin() as connection:
         connection.execute(text("UPDATE audit_events SET reason = NULL WHERE id = 2"))

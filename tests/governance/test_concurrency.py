@@ -20,7 +20,6 @@ BARRIER_TIMEOUT_S = 120
 
 def contender(db_url: str, policy_path: str, version: int, barrier, results) -> None:
     """One process: each round, read the staging holder, wait for all, then promote its version."""
-    os.environ["SPECREG_POLICY"] = policy_path
     registry = Registry(as_user(db_url, f"worker{version}"), user=f"worker{version}")
     for round_index in range(ROUNDS):
         barrier.wait(BARRIER_TIMEOUT_S)

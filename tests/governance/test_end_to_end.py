@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pgroles import as_user
+from policyrecord import record_policy
 from specreg.api import Registry
 from specreg.registry.store.entities import PairState
 
@@ -27,6 +28,7 @@ def test_validate_approve_promote_and_rerun_gate(tmp_path, tiny_models, policy_f
     golden.write_text(GOLDEN_YAML)
     policy_file.write_text(policy_file.read_text().replace('golden_set = "smoke"', f'golden_set = "{golden}"'))
     db_url = f"sqlite:///{tmp_path / 'registry.db'}"
+    record_policy(db_url, policy_file, tmp_path)
     alice, bob = Registry(as_user(db_url, "alice"), user="alice"), Registry(as_user(db_url, "bob"), user="bob")
     ref = alice.register("e2e", target=str(tiny_models["target"]), draft=str(tiny_models["draft"]),
                          num_speculative_tokens=3).version.label

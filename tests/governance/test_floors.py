@@ -5,7 +5,7 @@ log that the gate honours, and the built-in policy has both. On SQLite and Postg
 from __future__ import annotations
 
 import pytest
-from govstate import POLICY_TOML, record_validation, register_versions
+from govstate import POLICY_TOML, record_validation, recorded_policy_file, register_versions
 
 from pgroles import as_user
 from specreg.api import Registry
@@ -16,11 +16,9 @@ FLOORS = "min_acceptance_rate = 0.3\nmin_speedup = 1.0\n"
 
 
 @pytest.fixture
-def floors_policy(tmp_path, monkeypatch):
-    path = tmp_path / "floors.toml"
-    path.write_text(POLICY_TOML + FLOORS)  # the floors go into [environments.production], the last table
-    monkeypatch.setenv("SPECREG_POLICY", str(path))
-    return path
+def floors_policy(tmp_path, request):
+    # the floors go into [environments.production], the last table
+    return recorded_policy_file(tmp_path, request, POLICY_TOML + FLOORS)
 
 
 def approved(db_url, tiny_models, name, approval_key, **validation):

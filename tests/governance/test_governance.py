@@ -10,6 +10,7 @@ import pytest
 from govstate import record_validation, register_versions, utcnow
 
 from pgroles import as_user
+from policyrecord import record_policy
 from specreg.api import Registry
 from specreg.errors import (ConcurrentUpdateError, IllegalTransitionError, NotFoundError, PolicyViolation,
                             ModelReferenceError)
@@ -190,10 +191,14 @@ def test_approval_rules_rejection_and_stale_approval(db_url, tiny_models, policy
     restricted = tmp_path / "restricted.yaml"
     restricted.write_text("golden_set: smoke\nrequired_checks: [equivalence]\nenvironments:\n"
                           "  production: {approval_required: true, approvers: [carol, dave]}\n")
-    reasons = failed(alice.gate(ref, "production", policy_path=str(restricted)))
-    assert reasons["approval"] == "approved by bob, who may not approve for production from one of carol, dave"
+    record_policy(db_url, restricted, tmp_path)
+    bob.approve(ref, key=approval_key(db_url, "bob"))  # under the policy now in effect
+    reasons = failed(alice.gate(ref, "production"))
+    assert reasons["approval"].startswith("approved by bob, who may not approve for production from one of carol, "
+                                          "dave; not counted: approval 1 by bob: signed under another policy than "
+                                          "policy of record v2 (approve again under it)")
     carol.approve(ref, key=approval_key(db_url, "carol"))
-    assert alice.gate(ref, "production", policy_path=str(restricted)).passed
+    assert alice.gate(ref, "production").passed
 
 
 def test_failed_validation_refuses_approval_and_promotion(db_url, tiny_models, policy_file, approval_key):
@@ -289,7 +294,7 @@ def test_a_skipped_check_counts_only_where_the_policy_exempts_the_pair_kind(db_u
     policy.write_text('golden_set = "smoke"\nrequired_checks = ["integrity", "chat_template", "equivalence"]\n'
                       '[required_checks_by_method]\nngram = ["integrity", "equivalence"]\n'
                       '[environments.staging]\n')
-    monkeypatch.setenv("SPECREG_POLICY", str(policy))
+    record_policy(db_url, policy, tmp_path)
     registry = Registry(as_user(db_url, "alice"), user="alice")
     lookup = registry.register("lookup", target=str(tiny_models["target"]), method="ngram",
                                num_speculative_tokens=3).version.label

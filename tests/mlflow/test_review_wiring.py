@@ -24,11 +24,17 @@ from clirun import run_specreg  # tests/ is on sys.path (tests/conftest.py)
 
 
 @pytest.fixture
-def mirror_on(monkeypatch, tmp_path):
+def mirror_on(monkeypatch, tmp_path, request):
+    """The MLflow mirror on, and a policy on the smoke set as the policy of record of the test's
+    database (the default one under $SPECREG_HOME when the test names none)."""
+    from policyrecord import record_policy
+    from specreg.settings import default_db_url
+
     monkeypatch.setenv("SPECREG_MLFLOW", "on")
     policy = tmp_path / "specreg.toml"
     policy.write_text(POLICY_TOML)
-    monkeypatch.setenv("SPECREG_POLICY", str(policy))
+    db = request.getfixturevalue("db_url") if "db_url" in request.fixturenames else default_db_url()
+    record_policy(db, policy, tmp_path)
 
 
 def cli(*args):
