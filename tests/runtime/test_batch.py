@@ -81,8 +81,8 @@ def test_batch_equals_each_prompt_alone(pairs, prompts, name, sampled):
     batch = assert_batch_equals_alone(pair, prompts, configs)
     assert [len(generation.token_ids) for generation in batch] == list(BUDGETS)
     if name == "draft_model random" and not sampled:
-        # rows whose every draft step was rejected run in the batch beside rows that accept
-        assert min(g.metrics.longest_rejection_run for g in batch) >= 2
+        # rows that reject every draft: each step emits only the target's own token
+        assert all(g.metrics.accepted == 0 < g.metrics.drafted for g in batch)
     if name == "draft_model aligned":
         assert max(g.metrics.accepted for g in batch) > 0
 
