@@ -17,8 +17,9 @@ $(VENV)/.installed: pyproject.toml
 	@echo "== install 2/3: torch 2.13.0, the CPU build"
 	# torch first, pinned: the CPU build on disk; a bare `torch` could pull a CUDA build.
 	$(PY) -m pip install --disable-pip-version-check --progress-bar on torch==2.13.0
-	@echo "== install 3/3: specreg and its dependencies (transformers, MLflow, SQLAlchemy, gguf for the real pair, the test tools)"
-	$(PY) -m pip install --disable-pip-version-check --progress-bar on -e ".[dev,real]"
+	@echo "== install 3/3: specreg with every extra (transformers, MLflow, SQLAlchemy, gguf for the real pair, the test tools)"
+	# .[all]: the base install is only what gate/verify/export need; validate's models need [validate]
+	$(PY) -m pip install --disable-pip-version-check --progress-bar on -e ".[all,dev]"
 	touch $@
 	@echo "== installed: $(VENV) (make demo / make test reuse it)"
 

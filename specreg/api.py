@@ -222,10 +222,15 @@ def describe_head(config: SpecConfig, target: ModelRef, draft: ModelRef | None, 
 
 def export_engine(fmt: str, options: dict | None) -> str | None:
     """The engine whose baseline an export of format ``fmt`` uses: the format's engine
-    (k8s-vllm: vllm), prometheus-rules: its rules_engine option when that names one engine."""
+    (k8s-vllm: vllm), prometheus-rules: its rules_engine option when that names one engine,
+    argo-analysis: its analysis_engine option."""
     if fmt == "prometheus-rules":
         chosen = (options or {}).get("rules_engine")
         return chosen if chosen in ("vllm", "sglang") else None
+    if fmt == "argo-analysis":  # the engine whose metrics the canary's analysis reads
+        from specreg.registry.deploy.engines import argo
+
+        return (options or {}).get("analysis_engine") or argo.OPTIONS["analysis_engine"]
     return {"k8s-vllm": "vllm"}.get(fmt, fmt)
 
 
@@ -844,6 +849,13 @@ class Registry:
         from specreg.registry.review.replay import Review, mlflow_enabled
 
         if not mlflow_enabled():
+            return None
+        import importlib.util
+
+        if importlib.util.find_spec("mlflow") is None:  # a gate or verify install: the registry works on
+            note = "MLflow is not installed: no MLflow mirror (SPECREG_MLFLOW=off silences this)"
+            if note not in self.warnings:
+                self.warnings.append(note)
             return None
         if self._review is None:
             self._review = Review(self.store, self.mlflow_uri, actor=self.user)

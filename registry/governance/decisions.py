@@ -36,6 +36,7 @@ class GateResult:
     policy_version: int | None = None  # the policy of record's version (None: a file, previewed)
     policy_sha256: str | None = None
     preview: dict[str, Any] | None = None  # the same gate under a policy file: shown, never decides
+    binding_sha256: str | None = None  # the binding judged: a pipeline checks its pair lock names the same
 
     @property
     def passed(self) -> bool:
@@ -52,7 +53,8 @@ class GateResult:
             "passed": self.passed, "verdict": "pass" if self.passed else "refused",
             "policy": self.policy_source, "policy_version": self.policy_version, "policy_sha256": self.policy_sha256,
             "validation_run_id": self.validation_run_id, **({"preview": self.preview} if self.preview else {}),
-            "audit_head": self.audit_head, "reasons": self.reasons, "conditions": [c.to_dict() for c in self.conditions],
+            "audit_head": self.audit_head, "binding_sha256": self.binding_sha256, "reasons": self.reasons,
+            "conditions": [c.to_dict() for c in self.conditions],
         }
 
 
@@ -246,4 +248,5 @@ def gate(store: Store, policy: Policy, version: PairVersion, environment: str) -
                                    holder=holder, now=utcnow())
         head = next((c.details.get("audit_head") for c in conditions if c.name == "audit"), None)
         return GateResult(version.name, version.version, environment, policy.source, tuple(conditions),
-                          run.id if run is not None else None, head, policy.version, policy.sha256)
+                          run.id if run is not None else None, head, policy.version, policy.sha256,
+                          binding_sha256=version.binding_sha256)

@@ -11,9 +11,13 @@ import sys
 
 import click
 
-from specreg.cli import deploy, governance, registration, review, validation  # noqa: F401  (register commands)
+from specreg.cli import deploy, governance, pipeline, registration, review, validation  # noqa: F401  (register commands)
 from specreg.cli.common import cli, echo_err, printable, print_warnings
 from specreg.errors import PathTooLongError, SpecregError
+
+# the packages of the `validate` extra (pyproject.toml): a base or [gate] install lacks them, and
+# only the commands that run models or talk to MLflow import them
+VALIDATE_EXTRA = ("torch", "transformers", "safetensors", "tokenizers", "mlflow")
 
 
 def main() -> None:
@@ -44,6 +48,13 @@ def main() -> None:
         error = PathTooLongError(exc.filename if exc.filename is not None else "a path")
         click.echo(f"specreg: error: {printable(error)}", err=True)
         sys.exit(error.exit_code)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in VALIDATE_EXTRA:
+            raise
+        # one line within 100 columns for any of the names above
+        click.echo(f"specreg: error: this command needs {exc.name} (not installed): pip install 'specreg[validate]'",
+                   err=True)
+        sys.exit(1)
     except KeyboardInterrupt:
         click.echo("specreg: interrupted", err=True)
         sys.exit(130)

@@ -22,7 +22,7 @@ from specreg.registry.deploy.engines import FORMATS
 @click.option("--option", "option_pairs", multiple=True, metavar="KEY=VALUE",
               help="Override an export option (port, tensor_parallel_size, tolerance, for, image, engine_version, "
                    "max_num_seqs; k8s-vllm: model_volume=pvc:CLAIM|hostPath:/DIR, model_mount_path, "
-                   "target_subpath, draft_subpath, ...).")
+                   "target_subpath, draft_subpath; argo-analysis: analysis_engine, interval, count, ...).")
 @click.option("--force", is_flag=True, help="Export a version that is not validated and approved (marked UNAPPROVED).")
 @click.option("--overwrite", is_flag=True, help="Replace files that already exist in the output folder.")
 @click.option("--signing-key", envvar="SPECREG_SIGNING_KEY", default=None, metavar="KEY",

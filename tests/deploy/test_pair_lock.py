@@ -23,7 +23,7 @@ from specreg.registry.deploy.lock import LOCK_FILE, lock_body
 from specreg.registry.deploy.verify import verify_lock
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "governance"))
-from govstate import POLICY_TOML, record_validation  # noqa: E402
+from govstate import record_validation  # noqa: E402
 
 from clirun import run_specreg  # tests/ is on sys.path (tests/conftest.py)
 from policyrecord import record_policy
@@ -37,41 +37,6 @@ def run(*args, env=None):
 
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-@pytest.fixture
-def keys(tmp_path):
-    result = run("keys", "create", "--out", tmp_path / "keys")
-    assert result.returncode == 0, result.stderr
-    return tmp_path / "keys" / "specreg-signing.key", tmp_path / "keys" / "specreg-signing.pub"
-
-
-@pytest.fixture
-def deployed(tmp_path, tiny_models, keys, monkeypatch, approval_key):
-    """lock@1 registered from copies of the tiny models (so a test may tamper with them),
-    validated (recorded rows), approved by bob, promoted to staging and exported with a signed
-    lock. Returns the paths a deploy has."""
-    policy = tmp_path / "specreg.toml"
-    policy.write_text(POLICY_TOML)
-    target, draft = tmp_path / "models" / "target", tmp_path / "models" / "draft"
-    shutil.copytree(tiny_models["target"], target)
-    shutil.copytree(tiny_models["draft"], draft)
-    db = f"sqlite:///{tmp_path / 'registry.db'}"
-    record_policy(db, policy, tmp_path)
-    alice = Registry(db, user="alice")
-    alice.register("lock", target=str(target), draft=str(draft), num_speculative_tokens=3)
-    record_validation(alice, "lock@1", acceptance_rate=0.8, mean_acceptance_length=3.0)
-    Registry(db, user="bob").approve("lock@1", key=approval_key(db, "bob"), note="checked")
-    keyring = tmp_path / "approvers.json"  # what the platform mounts beside the public key
-    assert run("keys", "export", "--out", keyring, "--db", db).returncode == 0
-    alice.promote("lock@1", "staging", reason="first rollout")
-    out = tmp_path / "out"
-    result = run("export", "lock@staging", "--format", "vllm", "-o", out, "--db", db,
-                 env={"SPECREG_SIGNING_KEY": str(keys[0])})
-    assert result.returncode == 0, result.stderr
-    assert result.stderr == ""  # signed: no warning
-    return {"db": db, "target": target, "draft": draft, "lock": out / LOCK_FILE, "private": keys[0],
-            "public": keys[1], "tmp": tmp_path, "keyring": keyring, "out": out}
 
 
 def verify(deployed, *extra, lock=None, public_key=None, target=None, draft=None):

@@ -1,5 +1,9 @@
-"""docs/ci.md stays true: its policy block is the built-in default, and the gate commands of
-its GitHub Actions and GitLab CI jobs run as written against a real registry."""
+"""docs/ci.md stays true: its policy block is the built-in default, its GitHub workflow drives
+action.yml with inputs the action has and reads outputs it writes, its GitLab pipeline extends
+the template's jobs with the template's variables, its Rollout snippet fills in the argument the
+argo-analysis export declares; and the gate steps run as documented against a real registry
+(action.yml's gate step and the template's script with this checkout's specreg on PATH; the
+installs themselves are run by tests/deploy/test_pipeline.py)."""
 
 from __future__ import annotations
 
@@ -12,10 +16,11 @@ import tomllib
 from pathlib import Path
 
 import yaml
-from govstate import record_validation, register_versions
+from cirunner import ACTION, GITLAB_TEMPLATE, ROOT, gitlab_job, parse_dotenv, parse_github_output, run_action_step
+from govstate import POLICY_TOML, record_validation, register_versions
+from policyrecord import record_policy
 
 from pgroles import as_user
-from policyrecord import record_policy
 from specreg.api import Registry
 from specreg.registry.governance.policy import DEFAULT_POLICY_TOML
 
@@ -26,31 +31,102 @@ def blocks(lang: str) -> list[str]:
     return re.findall(rf"```{lang}\n(.*?)```", DOC.read_text(), re.S)
 
 
+def documented() -> tuple[dict, dict, list]:
+    """The GitHub workflow, the GitLab pipeline and the Rollout's canary steps."""
+    github, gitlab, rollout = (yaml.safe_load(b) for b in blocks("yaml"))
+    return github, gitlab, rollout["steps"]
+
+
+def expression(text: str, values: dict[str, str]) -> str:
+    """`${{ a.b }}` expressions of a workflow filled in from ``values`` (each must be known)."""
+    return re.sub(r"\$\{\{\s*([\w.-]+)\s*\}\}", lambda m: values[m.group(1)], text)
+
+
 def test_policy_block_is_the_built_in_default():
     assert [tomllib.loads(b) for b in blocks("toml")] == [tomllib.loads(DEFAULT_POLICY_TOML)]
 
 
-def test_documented_gate_commands_run(tmp_path, tiny_models, policy_file):
-    github, gitlab = (yaml.safe_load(b) for b in blocks("yaml"))
-    github_gate = next(s["run"] for s in github["jobs"]["gate"]["steps"] if s.get("name") == "specreg gate")
-    gitlab_gate = gitlab["specreg-gate"]["script"][0]
-    assert gitlab["specreg-gate"]["artifacts"]["reports"]["junit"] == "gate.xml"
+def test_workflow_uses_the_action_as_it_is():
+    github, _, _ = documented()
+    (step,) = [s for s in github["jobs"]["gate"]["steps"] if s.get("id") == "gate"]
+    assert re.fullmatch(r"[\w-]+/specreg@v[\d.]+", step["uses"])
+    assert set(step["with"]) <= set(ACTION["inputs"])
+    assert {name for name, spec in ACTION["inputs"].items() if spec.get("required")} <= set(step["with"])
+    for name, value in github["jobs"]["gate"]["outputs"].items():
+        assert re.fullmatch(r"\$\{\{ steps\.gate\.outputs\.([\w-]+) \}\}", value).group(1) in ACTION["outputs"], name
+    used = re.findall(r"needs\.gate\.outputs\.([\w-]+)", yaml.safe_dump(github["jobs"]["deploy"]))
+    assert used and set(used) <= set(github["jobs"]["gate"]["outputs"])
 
+
+def test_gitlab_pipeline_extends_the_template_as_it_is():
+    _, gitlab, _ = documented()
+    (include,) = gitlab["include"]
+    assert (ROOT / include["file"].lstrip("/")).is_file()
+    for job in ("specreg-gate", "promote"):
+        assert gitlab[job]["extends"] in GITLAB_TEMPLATE
+    assert set(gitlab["specreg-gate"]["variables"]) <= set(gitlab_job(".specreg-gate")["variables"])
+    dotenv = {"SPECREG_VERDICT", "SPECREG_PAIR", "SPECREG_VERSION", "SPECREG_ENVIRONMENT", "SPECREG_BINDING",
+              "SPECREG_LOCK_DIGEST", "SPECREG_AUDIT_HEAD", "SPECREG_REASONS"}
+    assert set(re.findall(r"\$(SPECREG_[A-Z_]+)", " ".join(gitlab["promote"]["script"]))) <= dotenv
+    assert set(re.findall(r"SPECREG_[A-Z_]+", DOC.read_text().split("## GitLab CI")[1].split("```")[0])) == \
+        dotenv | {"SPECREG_REQUIREMENT", "SPECREG_GATE_PAIR", "SPECREG_GATE_ENV", "SPECREG_GATE_LOCK"}
+
+
+def test_rollout_snippet_fills_in_the_exported_argument():
+    from specreg.registry.deploy.engines import argo
+
+    _, _, steps = documented()
+    (analysis,) = [step["analysis"] for step in steps if "analysis" in step]
+    assert analysis["args"] == [{"name": argo.CANARY_ARG, "valueFrom": {"podTemplateHashValue": "Latest"}}]
+    assert analysis["templates"][0]["templateName"].endswith("-acceptance")
+
+
+def test_documented_gate_steps_run(tmp_path, tiny_models, approval_key):
+    """The workflow's gate step (action.yml's, with the documented inputs) and the GitLab job (the
+    template's script with the documented variables) pass on a real registry and deployed lock."""
+    github, gitlab, _ = documented()
+    workspace = tmp_path / "workspace"
+    (workspace / "deploy").mkdir(parents=True)
     db_url = f"sqlite:///{tmp_path / 'registry.db'}"
-    record_policy(db_url, policy_file, tmp_path)
+    (tmp_path / "specreg.toml").write_text(POLICY_TOML)
+    record_policy(db_url, tmp_path / "specreg.toml", tmp_path)  # the registry's policy of record
     registry = Registry(as_user(db_url, "alice"), user="alice")
     (ref,) = register_versions(registry, tiny_models, "chat", 1)
     record_validation(registry, ref)
-    summary = tmp_path / "step-summary.md"
-    github_cmd = github_gate.replace("${{ inputs.pair }}", ref).replace("${{ inputs.environment }}", "staging")
-    env = {**os.environ, "SPECREG_DB": db_url, "GITHUB_STEP_SUMMARY": str(summary), "PAIR": ref,
-           "TARGET_ENV": "staging", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    for command in (github_cmd, gitlab_gate):
-        workdir = tmp_path / ("github" if command is github_cmd else "gitlab")
-        workdir.mkdir()
-        result = subprocess.run(["bash", "-euc", command], cwd=workdir, env=env, capture_output=True, text=True,
-                                timeout=120)
-        assert result.returncode == 0, (command, result.stderr)
-        assert json.loads((workdir / "gate.json").read_text())["verdict"] == "pass"
-        assert (workdir / "gate.xml").read_text().count("<testcase") >= 5
-    assert "PASS" in summary.read_text() and "PASS" in (tmp_path / "gitlab" / "gate.md").read_text()
+    Registry(db_url, user="bob").approve(ref, key=approval_key(db_url, "bob"), note="ok")
+    lock_text = dict(registry.export(ref, "vllm"))["specreg.lock.json"]
+    (workspace / "deploy" / "specreg.lock.json").write_text(lock_text)
+    binding = registry.get(ref).binding_sha256
+    here = str(Path(sys.executable).parent)  # this checkout's specreg stands for the installed one
+    env = {**os.environ, "PATH": f"{here}:{os.environ['PATH']}"}
+
+    # GitHub: the gate job's env and the action step's inputs, as the runner fills them in
+    job, (step,) = github["jobs"]["gate"], [s for s in github["jobs"]["gate"]["steps"] if s.get("id") == "gate"]
+    values = {"secrets.SPECREG_DB": db_url, "inputs.pair": ref, "inputs.environment": "staging",
+              "github.actor": "octocat"}
+    job_env = {k: expression(v, values) for k, v in {**job.get("env", {}), **step.get("env", {})}.items()}
+    inputs = {k: expression(str(v), values) for k, v in step["with"].items()}
+    runner = {"RUNNER_TEMP": tmp_path / "runner", "GITHUB_OUTPUT": tmp_path / "github_output",
+              "GITHUB_STEP_SUMMARY": tmp_path / "summary.md", "GITHUB_PATH": tmp_path / "github_path",
+              "GITHUB_ACTION_PATH": ROOT}
+    runner["RUNNER_TEMP"].mkdir()
+    result = run_action_step("specreg gate", inputs, runner, {**env, **job_env}, cwd=workspace)
+    assert result.returncode == 0, result.stdout + result.stderr
+    outputs = parse_github_output(runner["GITHUB_OUTPUT"].read_text())
+    assert outputs["verdict"] == "pass" and outputs["binding"] == binding and len(outputs["lock_digest"]) == 64
+    assert "PASS" in runner["GITHUB_STEP_SUMMARY"].read_text()
+
+    # GitLab: the documented job's variables over the template's, the template's script
+    documented_job = gitlab["specreg-gate"]
+    variables = {**gitlab_job(documented_job["extends"])["variables"], **gitlab["variables"],
+                 **documented_job["variables"], "SPECREG_DB": db_url, "TARGET_ENV": "staging", "PAIR": ref}
+    variables = {k: re.sub(r"\$(\w+)", lambda m: variables.get(m.group(1), m.group(0)), str(v))
+                 for k, v in variables.items()}
+    script = "\n".join(["set -eo pipefail", *gitlab_job(documented_job["extends"])["script"]])
+    ran = subprocess.run(["bash", "-c", script], cwd=workspace, env={**env, **variables}, capture_output=True,
+                         text=True, timeout=120)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    dotenv = parse_dotenv((workspace / "gate.env").read_text())
+    assert dotenv["SPECREG_VERDICT"] == "pass" and dotenv["SPECREG_BINDING"] == binding
+    assert json.loads((workspace / "gate.json").read_text())["verdict"] == "pass"
+    assert (workspace / "gate.xml").read_text().count("<testcase") >= 5

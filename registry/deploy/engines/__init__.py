@@ -30,6 +30,7 @@ FORMATS: dict[str, str] = {
     "k8s-vllm": "k8s",
     "prometheus-rules": "prometheus",
     "llamacpp": "llamacpp",
+    "argo-analysis": "argo",
 }
 
 

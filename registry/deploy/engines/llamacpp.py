@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from specreg.errors import SpecregError, UsageError
-from specreg.registry.deploy.engines import llamacpp_build
+from specreg.registry.deploy.engines import llamacpp_build, vllm
 from specreg.registry.deploy.engines.common import Export
 from specreg.registry.store.entities import PairVersion, SpecMethod
 
@@ -49,6 +49,12 @@ DRAFTS = "llamacpp:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "llamacpp:spec_decode_num_draft_tokens_total"
 ACCEPTED = "llamacpp:spec_decode_num_accepted_tokens_total"
 ACCEPTED_PER_POS = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total"
+
+
+def alert_expressions(selector: str, window: str) -> dict[str, str]:
+    """PromQL of the live figures from llama-server's counters: vLLM's formulas on its names
+    (tools/server/server-task.cpp writes the series without labels; Prometheus adds the target's)."""
+    return vllm.alert_expressions(selector, window, (DRAFTS, DRAFT_TOKENS, ACCEPTED))
 
 
 def check_options(opts: dict[str, Any]) -> None:

@@ -107,16 +107,19 @@ def command(target_source: str, revision: str | None, speculative: dict[str, Any
 # Metrics: counters, so live figures come from deltas between scrapes (observe.live_figures).
 
 
-def alert_expressions(selector: str, window: str) -> dict[str, str]:
+def alert_expressions(selector: str, window: str,
+                      counters: tuple[str, str, str] = (DRAFTS, DRAFT_TOKENS, ACCEPTED)) -> dict[str, str]:
     """PromQL of the live figures: alpha = rate(accepted) / rate(draft tokens), tau = 1 +
     rate(accepted) / rate(drafts). With no traffic the ratios are NaN and a comparison with NaN
-    is false, so an idle server does not fire."""
+    is false, so an idle server does not fire. ``counters``: (drafts, draft tokens, accepted),
+    another engine's names for the same counters (llama.cpp's)."""
+    drafts, draft_tokens, accepted = counters
 
     def rate(metric: str) -> str:
         return f"sum(rate({metric}{selector}[{window}]))"
 
-    return {"acceptance_rate": f"{rate(ACCEPTED)} / {rate(DRAFT_TOKENS)}",
-            "mean_acceptance_length": f"1 + {rate(ACCEPTED)} / {rate(DRAFTS)}"}
+    return {"acceptance_rate": f"{rate(accepted)} / {rate(draft_tokens)}",
+            "mean_acceptance_length": f"1 + {rate(accepted)} / {rate(drafts)}"}
 
 
 def read_metrics(samples, model_name: str | None, source: str) -> dict[str, Any]:
