@@ -216,6 +216,12 @@ def test_batched_validation_counts_what_one_prompt_at_a_time_counts(registry, mo
     rows = reused_rows(runs[3], golden, prompts, "float32")
     assert [row["record"] for row in rows] == ["chat-1", "raw-1", "sampled-1"]
     assert rows[0]["token_ids"] == three.evidence["greedy_rows"][0]["token_ids"]
+    # the very rows the engine comparison's own runtime pass decodes when there is no such run
+    from specreg.engine_validation import runtime_pass
+    from specreg.runtime.pair import load_pair
+
+    pair = load_pair(models["target"], models["draft"], device="cpu")
+    assert runtime_pass(pair, prompts, registry.get("batched@1"), batch_size=2) == rows
     # ... but not those of another dtype, nor a run recorded before validate used the engines' schedule
     assert reused_rows(runs[3], golden, prompts, "bfloat16") is None
     older = dataclasses.replace(runs[3], baselines={key: value for key, value in runs[3].baselines.items()
