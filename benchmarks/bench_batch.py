@@ -13,6 +13,10 @@ batch 1 (the runtime's promise; a difference is printed).
 
     .venv/bin/python benchmarks/bench_batch.py [--batch-sizes 1,2,4,8] [--prompts 8] [--max-new-tokens 32]
         [--pairs real,demo] [--device cpu] [--dtype float32] [--threads 1] [--json FILE]
+
+--validate-pass times validate's own decode pass instead (the whole golden set, target-only,
+speculative and sampled decodes as the records ask, their own lengths) at batch 1 and at the
+largest --batch-sizes.
 """
 
 from __future__ import annotations
@@ -72,6 +76,10 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: torch's default)")
     parser.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON")
+    parser.add_argument("--validate-pass", action="store_true",
+                        help="instead: time validate's decode pass (validators.equivalence.decode_golden: "
+                             "target-only, speculative and sampled decodes of the whole golden set, as records "
+                             "ask) at batch 1 and at the largest batch size, interleaved over --rounds")
     args = parser.parse_args()
 
     import torch
@@ -85,6 +93,9 @@ def main() -> None:
     if 1 not in sizes:
         sizes = [1] + sizes
     pairs = load_pairs(args.pairs.split(","), args.device, args.dtype, args.demo_dir)
+    if args.validate_pass:
+        validate_pass(pairs, args, max(sizes))
+        return
     golden = list(load_golden_set(args.golden_set))
     config = DecodeConfig(k=args.k, max_new_tokens=args.max_new_tokens, eos_token_ids=())
     results = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "device": args.device,
@@ -123,6 +134,26 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as out:
             json.dump(results, out, indent=2)
+
+
+def validate_pass(pairs, args, batch_size) -> None:
+    """Seconds of validate's decode pass over the golden set at batch 1 and at batch_size."""
+    from specreg.golden_prompts.loader import load_golden_set
+    from specreg.validators.equivalence import SpeculativeSettings, decode_golden
+
+    golden = load_golden_set(args.golden_set)
+    settings = SpeculativeSettings(k=args.k)
+    for name, pair in pairs.items():
+        seconds = {1: [], batch_size: []}
+        for _ in range(args.rounds):
+            for size in seconds:
+                start = time.perf_counter()
+                decode_golden(pair, golden, settings, batch_size=size)
+                seconds[size].append(time.perf_counter() - start)
+        one, many = statistics.median(seconds[1]), statistics.median(seconds[batch_size])
+        print(f"{name} pair, {args.golden_set} set ({len(golden)} prompts), validate's decode pass: batch 1 "
+              f"{one:.0f} s, batch {batch_size} {many:.0f} s: {one / many:.2f}x faster (median of {args.rounds}; "
+              f"runs {[round(s) for s in seconds[1]]} / {[round(s) for s in seconds[batch_size]]} s)")
 
 
 if __name__ == "__main__":
