@@ -66,8 +66,11 @@ class GoldenDecodes:
     single: list[PromptRun] = field(default_factory=list)
 
 
-# prompts decoded again at batch 1 for the latency figures when the golden set is decoded batched
+# prompts decoded again at batch 1 for the latency figures when the golden set is decoded batched:
+# a tenth of the set, at least one and at most LATENCY_PROMPTS (on a 7-prompt set, four of them
+# decoded again took as long as batching saved)
 LATENCY_PROMPTS = 4
+LATENCY_SHARE = 0.1
 DEFAULT_BATCH_SIZE = 8
 
 
@@ -96,8 +99,8 @@ def decode_golden(pair, golden, settings: SpeculativeSettings, *, seed: int = 0,
     (acceptance_rule / greedy_rule: tests inject broken rules). Per prompt: target-only greedy,
     speculative greedy and, for sampled records, speculative sampling as the record asks (each row
     decodes as it would alone: runtime/decode.decode_rows). progress(record_id) is called for each
-    record as its batch ends. With batch_size > 1 the first LATENCY_PROMPTS prompts are decoded
-    again one at a time (GoldenDecodes.single). Records the target's tokenizer cannot encode (a
+    record as its batch ends. With batch_size > 1 the first prompts (a tenth of the set, 1 to
+    LATENCY_PROMPTS) are decoded again one at a time (GoldenDecodes.single). Records the target's tokenizer cannot encode (a
     chat record and no chat template) are skipped and listed; the chat_template check reports why.
     """
     import jinja2
@@ -148,7 +151,8 @@ def decode_golden(pair, golden, settings: SpeculativeSettings, *, seed: int = 0,
     if batch_size == 1:
         decodes.single = decodes.runs
     else:
-        decodes.single = [run for item in encoded[:LATENCY_PROMPTS] for run in decode([item], sampling=False)]
+        count = max(1, min(LATENCY_PROMPTS, round(len(encoded) * LATENCY_SHARE)))
+        decodes.single = [run for item in encoded[:count] for run in decode([item], sampling=False)]
     return decodes
 
 
