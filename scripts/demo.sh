@@ -111,6 +111,7 @@ real_pair_steps() {
   # the demo's longest lane) on one llama.cpp thread (its threads spin: on a busy machine more
   # threads than free cores cost more than they give)
   step "the real pair in llama.cpp: parity with our runtime, equivalence in the engine, tokens/s with and without the draft"
+  specreg llamacpp-build > /dev/null  # the binary's sha256 into this registry: specreg runs only one it recorded
   specreg validate smollm2@1 --engine llamacpp --golden smoke --concurrency 1 --engine-threads 1
 }
 real_pair_steps > "$DEMO_DIR/real-pair.log" 2>&1 &

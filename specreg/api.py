@@ -473,12 +473,11 @@ class Registry:
 
         from pathlib import Path
 
+        from specreg.core.files import read_text_bounded
+        from specreg.core.signing import MAX_KEY_BYTES, public_key_pem
+
         path = Path(public_key).expanduser()
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise SpecregError(f"public key {path}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
-        from specreg.core.signing import public_key_pem
+        text = read_text_bounded(path, MAX_KEY_BYTES, "public key")
 
         return enrol(self.store, self.policy(), person, public_key_pem(text, f"public key {path}"), actor=self.user)
 
@@ -644,7 +643,7 @@ class Registry:
                         engine_url: str | None = None, reference_url: str | None = None,
                         model_name: str | None = None, concurrency: tuple[int, ...] = (1, 4),
                         parity_tolerance: float = 0.03, near_tie_tolerance: float | None = None,
-                        dtype: str = "float32", threads: int | None = None, progress=None):
+                        dtype: str = "float32", threads: int | None = None, deadline_s: float = 600.0, progress=None):
         """Validate a version in a serving engine and record its engine baseline (see
         specreg.engine_validation): ``engine`` llamacpp (started here from the pair's files) or
         vllm / sglang at ``engine_url`` (``reference_url``: the same engine without speculation,
@@ -655,7 +654,7 @@ class Registry:
         options = check_options(EngineOptions(
             engine=engine, engine_url=engine_url, reference_url=reference_url, model_name=model_name,
             tiers=tuple(concurrency), parity_tolerance=parity_tolerance, near_tie_tolerance=near_tie_tolerance,
-            dtype=dtype, threads=threads))
+            dtype=dtype, threads=threads, deadline_s=deadline_s))
         version = self.get(ref)
         golden_set = load_golden_set(golden)
         return validate_in_engine(self.store, version, golden_set, options, actor=self.user, progress=progress)
@@ -667,14 +666,53 @@ class Registry:
         version = self.get(ref)
         return EngineBaselineStore(self.store).list(version.name, version.version, engine)
 
+    def build_llama_server(self, log=None, progress=None):
+        """llama-server built (once, cached) and its sha256 recorded in this registry (audited):
+        what `validate --engine llamacpp` checks the binary against before every start. Returns
+        its path."""
+        from specreg.registry.deploy.engines.llamacpp_build import build_and_record
+        from specreg.registry.store.engine_artifacts import ArtifactRecords
+
+        return build_and_record(ArtifactRecords(self.store, self.user), log=log, progress=progress)
+
+    def engine_baseline_standings(self, ref: str | PairRef) -> list:
+        """Every engine baseline of a version, oldest first, with whether it counts and why
+        (registry.governance.engine_acceptance.Standing)."""
+        from specreg.registry.governance.engine_acceptance import standings
+
+        version = self.get(ref)
+        return standings(self.store, self.policy(), version.name, version.version)
+
+    def accept_engine_baseline(self, ref: str | PairRef, baseline_id: int, *, key: str | None = None,
+                               note: str | None = None) -> dict:
+        """Sign and record this user's acceptance of an unaccepted engine baseline (its
+        acceptance differs from our runtime's beyond the parity tolerance) with their enrolled
+        private key ``key`` (else ``$SPECREG_APPROVAL_KEY``). Returns the baseline's standing as
+        a dict. Refused for the registrant, whoever ran that engine validation, a failed baseline."""
+        from specreg.registry.governance.engine_acceptance import accept
+
+        check_text("note", note)
+        actor = self.user
+        ref = parse_ref(ref) if isinstance(ref, str) else ref
+        key = key or os.environ.get("SPECREG_APPROVAL_KEY") or None
+        if key is None:
+            raise UsageError("an acceptance is your signature: pass --key FILE (or set SPECREG_APPROVAL_KEY); "
+                             "make one with `specreg keys create`")
+        version = self.get(ref)
+        return accept(self.store, self.policy(), version.name, version.version, baseline_id, actor=actor, key=key,
+                      note=note).to_dict()
+
     def engine_baseline(self, version: PairVersion, engine: str):
-        """The newest passed baseline of ``engine`` for ``version`` on its current binding, or None:
-        what exports, alert rules and observe for that engine compare with, where one exists."""
-        from specreg.registry.store.engine_baselines import ENGINES, EngineBaselineStore
+        """The newest baseline of ``engine`` for ``version`` that counts (passed, or accepted by an
+        approver; on its current binding and on the audit chain:
+        registry/governance/engine_acceptance.py), or None: what exports, alert rules and observe
+        for that engine compare with, where one exists."""
+        from specreg.registry.governance.engine_acceptance import newest_counted
+        from specreg.registry.store.engine_baselines import ENGINES
 
         if engine not in ENGINES:
             return None
-        return EngineBaselineStore(self.store).latest(version.name, version.version, engine)
+        return newest_counted(self.store, self.policy(), version.name, version.version, engine)
 
     def baselines_for_engine(self, version: PairVersion, engine: str | None, baselines: dict | None) -> dict | None:
         """``baselines`` (ours) with the acceptance figures of ``engine``'s baseline where one
@@ -750,8 +788,12 @@ class Registry:
         if hasattr(module, "write_models"):  # llamacpp: the export makes the files the engine loads (GGUF)
             if out_dir is None:
                 raise UsageError(f"export format {fmt} writes the model files the engine loads: give -o DIR")
+            from specreg.registry.store.engine_artifacts import ArtifactRecords
+
             opts = merge_options(options)
-            engine_layouts = lambda: module.write_models(version, out_dir, opts, overwrite=overwrite)  # noqa: E731
+            records = ArtifactRecords(self.store, self.user)
+            engine_layouts = lambda: module.write_models(version, out_dir, opts, overwrite=overwrite,  # noqa: E731
+                                                         records=records)
         lock = None
         if fmt != "prometheus-rules":  # the rules load no model: nothing to lock
             lock = self.pair_lock(version, engine=lock_engine(fmt), baselines=baselines,

@@ -25,6 +25,8 @@ from specreg.registry.store.store import Store
 
 DEFAULT_TIERS = (1, 4)
 MAX_CONCURRENCY = 64
+MAX_DEADLINE_S = 86_400.0
+IDENTITY_DEADLINE_S = 30.0  # /version, /props: an engine answers those at once
 
 
 @dataclass(frozen=True)
@@ -38,11 +40,13 @@ class EngineOptions:
     near_tie_tolerance: float | None = None  # default by the GGUF / engine dtype
     dtype: str = "float32"
     threads: int | None = None
+    deadline_s: float = 600.0  # one engine request, connect to last byte
 
     def to_dict(self) -> dict[str, Any]:
         return {"engine": self.engine, "engine_url": self.engine_url, "reference_url": self.reference_url,
                 "model_name": self.model_name, "tiers": list(self.tiers), "parity_tolerance": self.parity_tolerance,
-                "near_tie_tolerance": self.near_tie_tolerance, "dtype": self.dtype, "threads": self.threads}
+                "near_tie_tolerance": self.near_tie_tolerance, "dtype": self.dtype, "threads": self.threads,
+                "deadline_s": self.deadline_s}
 
 
 def check_options(options: EngineOptions) -> EngineOptions:
@@ -64,8 +68,11 @@ def check_options(options: EngineOptions) -> EngineOptions:
         raise UsageError(f"invalid --concurrency {','.join(map(str, options.tiers))}: tiers from 1 to {MAX_CONCURRENCY}")
     if options.threads is not None and not 1 <= options.threads <= 256:
         raise UsageError(f"invalid --engine-threads {options.threads}: 1 to 256")
-    if not 0 < options.parity_tolerance < 1:
+    if not 0 < options.parity_tolerance < 1:  # NaN fails this too
         raise UsageError(f"invalid parity tolerance {options.parity_tolerance!r}: use a fraction in (0, 1)")
+    if not 0 < options.deadline_s <= MAX_DEADLINE_S:
+        raise UsageError(f"invalid --engine-deadline {options.deadline_s!r}: seconds, more than 0 and at most "
+                         f"{MAX_DEADLINE_S:g}")
     if options.dtype not in ("float32", "bfloat16"):
         raise UsageError(f"invalid --dtype {options.dtype} for an engine validation: float32 or bfloat16 "
                          f"(comparable numerics)")
@@ -90,7 +97,7 @@ class EngineOutcome:
 
     @property
     def passed(self) -> bool:
-        return self.baseline.status == "passed"
+        return self.baseline.status == "passed"  # an unaccepted one is no baseline yet
 
 
 Progress = Callable[[str, int, int, str], None]  # (what, done, total, detail): specreg.cli.progress.Progress
@@ -116,7 +123,8 @@ def counting(progress: Progress | None, what: str, total: int) -> Callable[[str]
 
 
 def drive(engine: str, base_url: str, prompts: list[dict[str, Any]], *, concurrency: int, model: str | None,
-          counters: bool, progress: Progress | None = None, what: str = "engine") -> EngineRun:
+          counters: bool, progress: Progress | None = None, what: str = "engine",
+          deadline_s: float = 600.0) -> EngineRun:
     """Every prompt through the engine at ``concurrency``. ``counters`` (concurrency 1): read the
     /metrics counters around each request, so steps and per-position acceptance are per prompt.
     ``progress(what, done, total, record)`` after each prompt."""
@@ -127,7 +135,8 @@ def drive(engine: str, base_url: str, prompts: list[dict[str, Any]], *, concurre
 
     def one(prompt):
         before = engine_client.read_counters(engine, base_url, model) if counters else None
-        done = engine_client.complete(engine, base_url, prompt["prompt_ids"], prompt["max_new_tokens"], model=model)
+        done = engine_client.complete(engine, base_url, prompt["prompt_ids"], prompt["max_new_tokens"], model=model,
+                                      timeout=deadline_s)
         row = {"record": prompt["record"], "category": prompt["category"], "generated_tokens": len(done.token_ids),
                "drafted": done.drafted, "accepted": done.accepted, "draft_steps": done.draft_steps,
                "accepted_per_position": done.accepted_per_position}
@@ -248,28 +257,51 @@ def validate_in_engine(store: Store, version: PairVersion, golden, options: Engi
     started = time.time()
     with interrupt_on_signals():
         if options.engine == "llamacpp":
-            latest = ValidationStore(store).latest_passed(version.name, version.version)
-            report, baselines, checks, identity = _local_llamacpp(version, golden, options, progress, latest)
+            report, baselines, checks, identity = _local_llamacpp(store, version, golden, options, progress,
+                                                                  actor=actor)
         else:
             report, baselines, checks, identity = _remote(store, version, golden, options, progress)
     report["seconds"] = round(time.time() - started, 1)
     report["checks"] = [check.to_dict() for check in checks]
-    passed = not any(check.status == FAIL for check in checks)
     failed = [check.name for check in checks if check.status == FAIL]
     report["reason"] = f"{', '.join(failed)} failed" if failed else None
+    status, report["acceptance_reason"] = baseline_status(checks, options)
     run = ValidationStore(store).latest_passed(version.name, version.version)
     baseline = EngineBaselineStore(store).record(
         version, engine=options.engine, engine_version=identity["version"] or "unknown",
-        engine_build=identity["build"] or "unknown", source=options.engine_url or "local", passed=passed,
+        engine_build=identity["build"] or "unknown", source=options.engine_url or "local", status=status,
         golden_set=golden.name, golden_sha256=golden.content_sha256,
         validation_run_id=run.id if run is not None else None, baselines=baselines, report=report, actor=actor)
     return EngineOutcome(baseline, tuple(checks), report)
 
 
+def baseline_status(checks, options: EngineOptions) -> tuple[str, str | None]:
+    """(passed | failed | unaccepted, why it needs acceptance or None). A check other than parity
+    failing fails the baseline. An acceptance rate beyond the parity tolerance, the run's or, when
+    the run was given a looser one, the registry's own (validators.engine.PARITY_TOLERANCE), makes
+    it unaccepted: recorded, used by nothing until an approver accepts it."""
+    from specreg.registry.store.engine_baselines import FAILED, PASSED, UNACCEPTED
+    from specreg.validators.engine import PARITY_TOLERANCE
+
+    if any(check.status == FAIL and check.name != "engine_parity" for check in checks):
+        return FAILED, None
+    parity = next((check for check in checks if check.name == "engine_parity"), None)
+    if parity is None:
+        return PASSED, None
+    tolerance = min(options.parity_tolerance, PARITY_TOLERANCE)
+    delta = (parity.figures or {}).get("alpha_delta")
+    if parity.status == FAIL or (delta is not None and delta > tolerance):
+        alpha = (parity.figures or {})
+        shown = (f"alpha {alpha['alpha_engine']:.4f} in the engine vs {alpha['alpha_ours']:.4f} on our runtime "
+                 f"(|d| {delta:.4f} > {tolerance:g})" if delta is not None else "no acceptance to compare")
+        return UNACCEPTED, shown
+    return PASSED, None
+
+
 GGUF_TYPES = {"float32": "f32", "bfloat16": "bf16"}
 
 
-def llamacpp_ggufs(version: PairVersion, dtype: str) -> dict[str, Any]:
+def llamacpp_ggufs(version: PairVersion, dtype: str, records) -> dict[str, Any]:
     """The GGUF files llama-server loads for ``version``: converted by the llamacpp export's own
     converter (llama.cpp's convert_hf_to_gguf.py) from the registered folders, after checking they
     still match their fingerprints, through llama.cpp's conversion cache (the export's too)."""
@@ -283,42 +315,47 @@ def llamacpp_ggufs(version: PairVersion, dtype: str) -> dict[str, Any]:
     if changes:
         raise SpecregError(f"{version.label}: the models changed since registration ({'; '.join(changes)}); "
                            f"nothing is converted or served")
-    return {role: llamacpp_build.converted(model.path, model.fingerprint, GGUF_TYPES[dtype])[0]
+    return {role: llamacpp_build.converted(model.path, model.fingerprint, GGUF_TYPES[dtype], records=records)[0]
             for role, model in (("target", version.target), ("draft", version.draft))}
 
 
 def llamacpp_identity(server) -> dict[str, Any]:
     """Engine version and build of a running llama-server: the vendored llama.cpp commit, /props
-    build_info and the binary's sha256."""
-    import hashlib
-
+    build_info and the binary's sha256 (the one checked against the registry before it started)."""
     from specreg.registry.deploy.engine_client import server_identity
     from specreg.registry.deploy.engines import llamacpp_build
 
     props = server_identity("llamacpp", server.url)
-    program = Path(server.argv[0])
-    digest = hashlib.sha256(program.read_bytes()).hexdigest()[:16]
+    digest = str(server.info.get("sha256"))[:16]
     commit = (server.info or {}).get("llama_cpp_commit") or "unknown"
     return {"version": f"llama.cpp {commit[:12]} ({llamacpp_build.PACKAGE} {llamacpp_build.VERSION} sdist)",
             "build": f"{props.get('build')}; llama-server sha256 {digest}", "model": props.get("model"),
             "slots": props.get("slots")}
 
 
-def _local_llamacpp(version: PairVersion, golden, options: EngineOptions, progress, latest_run=None):
+def _local_llamacpp(store: Store, version: PairVersion, golden, options: EngineOptions, progress, *, actor: str):
     from specreg.registry.deploy.engine_client import complete
+    from specreg.registry.deploy.engines import llamacpp_build
     from specreg.registry.deploy.engines.llamacpp import start_server
     from specreg.runtime.pair import load_pair
     from specreg.validators import engine as checks_module
     from specreg.validators.suite import default_near_tie_tolerance
 
+    from specreg.registry.store.engine_artifacts import ArtifactRecords
+    from specreg.registry.store.validations import ValidationStore
+
     config = version.config
-    ggufs = llamacpp_ggufs(version, options.dtype)
+    records = ArtifactRecords(store, actor)
+    # the binary first: an unknown one is refused before minutes of conversion and decoding
+    llamacpp_build.trusted_server(records)
+    ggufs = llamacpp_ggufs(version, options.dtype, records)
     pair = load_pair(version.target.path, version.draft.path, device="cpu", dtype=options.dtype,
                      target_fingerprint=version.target.fingerprint, draft_fingerprint=version.draft.fingerprint,
                      method=config.method.value)
     prompts, skipped = golden_prompts(golden, pair.tokenizer)
     if not prompts:
         raise SpecregError(f"no prompt of golden set {golden.name} could be encoded with the target's tokenizer")
+    latest_run = ValidationStore(store).latest_passed(version.name, version.version)
     ours_rows = reused_rows(latest_run, golden, prompts, options.dtype)
     reused = ours_rows is not None
     if not reused:
@@ -326,22 +363,27 @@ def _local_llamacpp(version: PairVersion, golden, options: EngineOptions, progre
     top_tier = max(options.tiers)
     k = config.num_speculative_tokens
     spec, plain, commands = {}, {}, {}
-    with start_server(ggufs["target"], ggufs["draft"], k=k, parallel=top_tier, threads=options.threads) as server:
+    with start_server(ggufs["target"], ggufs["draft"], records=records, k=k, parallel=top_tier,
+                      threads=options.threads) as server:
         identity = llamacpp_identity(server)
         commands["with_draft"] = " ".join(server.argv)
         for tier in options.tiers:
             spec[tier] = drive("llamacpp", server.url, prompts, concurrency=tier, model=None, counters=tier == 1,
-                               progress=progress, what=f"llama.cpp with the draft, concurrency {tier}")
-    with start_server(ggufs["target"], None, k=k, parallel=top_tier, threads=options.threads) as server:
+                               progress=progress, what=f"llama.cpp with the draft, concurrency {tier}",
+                               deadline_s=options.deadline_s)
+    with start_server(ggufs["target"], None, records=records, k=k, parallel=top_tier,
+                      threads=options.threads) as server:
         commands["without_draft"] = " ".join(server.argv)
         for tier in options.tiers:
             plain[tier] = drive("llamacpp", server.url, prompts, concurrency=tier, model=None, counters=False,
-                                progress=progress, what=f"llama.cpp without the draft, concurrency {tier}")
+                                progress=progress, what=f"llama.cpp without the draft, concurrency {tier}",
+                                deadline_s=options.deadline_s)
         tolerance = options.near_tie_tolerance if options.near_tie_tolerance is not None \
             else default_near_tie_tolerance(options.dtype)
 
         def top_of(record, position):  # the target-only engine's top-2 where the outputs part
-            again = complete("llamacpp", server.url, record["prompt_ids"], position + 1, top_logprobs=2)
+            again = complete("llamacpp", server.url, record["prompt_ids"], position + 1, top_logprobs=2,
+                             timeout=options.deadline_s)
             return again.top_logprobs[position] if again.top_logprobs and len(again.top_logprobs) > position else None
 
         records = [{"record": p["record"], "category": p["category"], "prompt_ids": p["prompt_ids"],
@@ -354,6 +396,7 @@ def _local_llamacpp(version: PairVersion, golden, options: EngineOptions, progre
                        "alone) and count at a stop token (a matching end-of-generation draft ends acceptance)"
                        + (f": the decodes of validation run {latest_run.id}" if reused else ": decoded here"))}
     engine_baselines = checks_module.baselines_of(spec[1].rows, k)
+    counts = checks_module.check_counts(spec[1].rows, engine_name="llama.cpp")
     parity = checks_module.check_parity(ours, engine_baselines, engine_name="llama.cpp",
                                         tolerance=options.parity_tolerance)
     tiers = [{"concurrency": tier, "with_draft_tokens_per_s": spec[tier].tokens_per_s,
@@ -370,7 +413,7 @@ def _local_llamacpp(version: PairVersion, golden, options: EngineOptions, progre
               "engine_matches_runtime_counts": same_counts, "throughput": tiers,
               "per_prompt_runtime": [{key: value for key, value in row.items() if key != "token_ids"}
                                      for row in ours_rows]}
-    return report, engine_baselines, [parity, equivalence, throughput], identity
+    return report, engine_baselines, [counts, parity, equivalence, throughput], identity
 
 
 def _remote(store: Store, version: PairVersion, golden, options: EngineOptions, progress):
@@ -382,19 +425,21 @@ def _remote(store: Store, version: PairVersion, golden, options: EngineOptions, 
     from specreg.validators.suite import default_near_tie_tolerance
 
     engine, url = options.engine, engine_client.check_url(options.engine_url)
-    identity = engine_client.server_identity(engine, url)
+    identity = engine_client.server_identity(engine, url, timeout=min(IDENTITY_DEADLINE_S, options.deadline_s))
     tokenizer = load_tokenizer(version.target.path, expected=version.target.fingerprint)
     prompts, skipped = golden_prompts(golden, tokenizer)
     if not prompts:
         raise SpecregError(f"no prompt of golden set {golden.name} could be encoded with the target's tokenizer")
     model = options.model_name or identity.get("model")
     spec = {tier: drive(engine, url, prompts, concurrency=tier, model=model, counters=tier == 1 and engine == "vllm",
-                        progress=progress, what=f"{engine} with speculation, concurrency {tier}")
+                        progress=progress, what=f"{engine} with speculation, concurrency {tier}",
+                        deadline_s=options.deadline_s)
             for tier in options.tiers}
     plain: dict[int, EngineRun] = {}
     checks = []
     k = version.config.num_speculative_tokens
     engine_baselines = checks_module.baselines_of(spec[1].rows, k)
+    checks.append(checks_module.check_counts(spec[1].rows, engine_name=engine))
     run = ValidationStore(store).latest_passed(version.name, version.version)
     if run is None or not run.baselines:
         raise SpecregError(f"{version.label} has no passed validation on our runtime to compare {engine} with: "
@@ -406,13 +451,14 @@ def _remote(store: Store, version: PairVersion, golden, options: EngineOptions, 
         reference = engine_client.check_url(options.reference_url)
         for tier in options.tiers:
             plain[tier] = drive(engine, reference, prompts, concurrency=tier, model=model, counters=False,
-                                progress=progress, what=f"{engine} without speculation, concurrency {tier}")
+                                progress=progress, what=f"{engine} without speculation, concurrency {tier}",
+                                deadline_s=options.deadline_s)
         tolerance = options.near_tie_tolerance if options.near_tie_tolerance is not None \
             else default_near_tie_tolerance("bfloat16")
 
         def top_of(record, position):  # the target-only server's top-2 where the outputs part
             again = engine_client.complete(engine, reference, record["prompt_ids"], position + 1, model=model,
-                                           top_logprobs=2)
+                                           top_logprobs=2, timeout=options.deadline_s)
             return again.top_logprobs[position] if again.top_logprobs and len(again.top_logprobs) > position else None
 
         records = [{"record": p["record"], "category": p["category"], "prompt_ids": p["prompt_ids"],

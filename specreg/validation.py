@@ -69,6 +69,7 @@ def validate_version(store: Store, version: PairVersion, golden, options, *, act
     SIGTERM the run is marked aborted and ValidationInterrupted propagates; on any other error
     it is marked error and the error propagates; the pair's state is unchanged in both cases.
     """
+    from specreg.golden_prompts.loader import check_vocabulary
     from specreg.runtime.loading import resolve_device
     from specreg.validators.suite import environment, run_suite
 
@@ -76,6 +77,7 @@ def validate_version(store: Store, version: PairVersion, golden, options, *, act
     runs.reap_dead_runs()
     if version.state is PairState.RETIRED:
         raise IllegalTransitionError(f"{version.label} is retired: it cannot be validated")
+    check_vocabulary(golden, version.target.fingerprint.vocab_size)
     device = resolve_device(options.device)
     env = environment(device, options.dtype)
     previous = runs.previous_baselines(version.name, version.version)

@@ -11,6 +11,11 @@ engine did with the golden prompts, beside what our runtime did with the same to
   model, its plain-decoding top-1/top-2 logit margin (validators.equivalence): both tokens in the
   top two with a margin under the tolerance is a numerical near-tie (warn); anything else fails.
 - **throughput**: tokens/s with and without the draft at each concurrency tier, and the speedup.
+- **counts**: what any engine's counts obey, prompt by prompt: accepted <= drafted tokens, steps
+  with drafts <= drafted tokens (a step drafts at least one), per-position counts non-increasing,
+  summing to accepted, the first at most the steps. An engine whose counts break one reports
+  figures nobody can use (an acceptance of 1.0 with a tau just above 1 is one such): the
+  baseline fails.
 
 Rows are plain dicts, one per prompt: {"record", "category", "generated_tokens", "drafted",
 "accepted", "draft_steps", "accepted_per_position"} (counts; None where unknown).
@@ -64,6 +69,44 @@ def baselines_of(rows: list[dict[str, Any]], k: int) -> dict[str, Any]:
         categories.setdefault(row["category"], []).append(row)
     return {"k": k, "tau_definition": "1 + accepted / steps with drafts", "overall": figures(rows, k),
             "per_category": {category: figures(group, k) for category, group in categories.items()}}
+
+
+def count_problems(row: dict[str, Any]) -> list[str]:
+    """What is inconsistent in one counts row (validators.engine rows; None counts are unknown and
+    not judged) -> one phrase per broken relation, empty when the counts can all be true."""
+    drafted, accepted, steps = row.get("drafted"), row.get("accepted"), row.get("draft_steps")
+    per_position = row.get("accepted_per_position")
+    problems = []
+    if drafted is not None and accepted is not None and accepted > drafted:
+        problems.append(f"{accepted} accepted of {drafted} drafted tokens")
+    if drafted is not None and steps is not None and steps > drafted:
+        problems.append(f"{steps} steps with drafts but {drafted} drafted tokens")
+    if per_position:
+        if any(later > earlier for earlier, later in zip(per_position, per_position[1:])):
+            problems.append(f"accepted per position {per_position} increases (position i+1 is reached only "
+                            f"through i)")
+        if accepted is not None and sum(per_position) != accepted:
+            problems.append(f"accepted per position sums to {sum(per_position)}, not the {accepted} accepted")
+        if steps is not None and per_position[0] > steps:
+            problems.append(f"{per_position[0]} accepted at position 0 in {steps} steps")
+    return problems
+
+
+def check_counts(rows: list[dict[str, Any]], *, engine_name: str) -> CheckResult:
+    """Every row's counts consistent (count_problems) -> CheckResult "engine_counts": pass, or
+    fail naming the first inconsistent prompt, every one in the evidence."""
+    found = [{"record": row["record"], "problems": problems}
+             for row in rows if (problems := count_problems(row))]
+    evidence = {"inconsistent": found[:MAX_DIFFERENCES], "engine": engine_name}
+    figures_out = {"prompts": len(rows), "inconsistent": len(found)}
+    if found:
+        first = found[0]
+        return CheckResult("engine_counts", FAIL, f"{engine_name} reported impossible counts for {len(found)} of "
+                           f"{len(rows)} prompts; '{first['record']}': {'; '.join(first['problems'])}",
+                           evidence, figures_out)
+    return CheckResult("engine_counts", PASS, f"{len(rows)} prompts: {engine_name}'s counts consistent "
+                       f"(accepted <= drafted, steps <= drafted, per-position non-increasing and summing to accepted)",
+                       evidence, figures_out)
 
 
 def check_parity(ours: dict[str, Any], engine: dict[str, Any], *, engine_name: str,

@@ -212,8 +212,7 @@ def lock_context(lock: dict[str, Any] | None, context: dict[str, Any]) -> dict[s
     if "draft" in lock["models"]:
         # a head pair's --draft directory is bound in the lock too, whether or not this format names it
         recorded = lock["models"]["draft"]
-        by_reference = context["options"]["model_source"] == "reference" and (
-            recorded.get("revision") is not None or Path(recorded["reference"]).is_absolute())  # as served_reference
+        by_reference = context["options"]["model_source"] == "reference" and recorded.get("revision") is not None
         fallback = recorded["reference"] if by_reference else recorded["registered_path"]
         argv += ["--draft", context["draft"]["source"] if context["draft"] is not None else fallback]
     return {"file": LOCK_FILE, "text": lock_text(lock), "signed": signed, "public_key_file": PUBLIC_KEY_FILE,
@@ -222,11 +221,11 @@ def lock_context(lock: dict[str, Any] | None, context: dict[str, Any]) -> dict[s
 
 
 def served_reference(model) -> str:
-    """What an export names a model by under model_source=reference: the hub id, or the absolute
-    path of a local folder. A version registered before references were recorded absolute may
-    hold a relative one (``tiny/target``, valid only from the folder it was typed in, and read
-    as a hub id by an engine): its recorded absolute path is written instead."""
-    if model.revision is not None or Path(model.reference).is_absolute():
+    """What an export names a model by under model_source=reference: the hub id, or for a local
+    folder the resolved path that was fingerprinted at registration. The folder as typed may be a
+    symlink (re-pointed later to other weights) or relative (valid only from the folder it was
+    typed in, and read as a hub id by an engine): neither is written into a serve script."""
+    if model.revision is not None:
         return model.reference
     return model.path
 

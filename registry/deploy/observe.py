@@ -42,8 +42,7 @@ def scrape(url: str, timeout: float = 5.0, max_bytes: int = MAX_RESPONSE_BYTES,
     over ``max_bytes`` (read no further) or one not complete within ``deadline_s`` -> SpecregError
     naming the URL. ``timeout`` bounds each socket operation; the deadline bounds the whole
     exchange (a server trickling a byte a second never lets a per-read timeout expire)."""
-    if urllib.parse.urlparse(url).scheme not in ("http", "https"):
-        raise UsageError(f"metrics URL {url!r} must be http:// or https://")
+    check_http_url(url, "metrics URL")
     deadline = Deadline(deadline_s)
     opener = urllib.request.build_opener(*deadline.handlers())
     try:
@@ -60,6 +59,8 @@ def scrape(url: str, timeout: float = 5.0, max_bytes: int = MAX_RESPONSE_BYTES,
                 raise SpecregError(f"metrics endpoint {url} sent more than {max_bytes} bytes; a metrics page "
                                    f"is far smaller: is this the engine's /metrics?")
             return body.decode("utf-8", errors="replace")
+    except SpecregError:
+        raise
     except Exception as exc:
         if deadline.expired:  # whatever the cut socket raised on the way
             raise SpecregError(f"metrics endpoint {url} did not send its whole answer within {deadline_s:g} s "
@@ -71,6 +72,26 @@ def scrape(url: str, timeout: float = 5.0, max_bytes: int = MAX_RESPONSE_BYTES,
         if isinstance(exc, (TimeoutError, OSError, http.client.HTTPException)):
             raise SpecregError(f"cannot read metrics endpoint {url}: {exc or type(exc).__name__}") from None
         raise
+
+
+def check_http_url(url: str, what: str) -> str:
+    """``url`` when it is http(s)://HOST[:PORT][/PATH] that urllib can send a request to;
+    UsageError naming ``what`` otherwise (an unclosed IPv6 bracket, a space or control character,
+    a port that is not a number, no host)."""
+    problem = None
+    try:
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            problem = "must be http://HOST:PORT or https://HOST:PORT"
+        else:
+            parsed.port  # noqa: B018 - raises ValueError for a port that is not one
+    except ValueError as exc:
+        problem = f"is not a URL ({exc})"
+    if problem is None and any(ch.isspace() or ord(ch) < 32 or ord(ch) == 127 for ch in url):
+        problem = "has a space or control character"
+    if problem:
+        raise UsageError(f"{what} {' '.join(repr(url).split())[:200]} {problem}")
+    return url
 
 
 class Deadline:
@@ -108,7 +129,7 @@ class Deadline:
 
     def handlers(self) -> list[urllib.request.BaseHandler]:
         """urllib handlers for http and https whose connections' raw sockets (before any TLS
-        handshake) this deadline watches."""
+        handshake) this deadline watches, and one that follows a redirect only on the same host."""
         deadline = self
 
         def watched(connection_class):
@@ -126,7 +147,24 @@ class Deadline:
             def https_open(self, request):
                 return self.do_open(watched(http.client.HTTPSConnection), request, context=self._context)
 
-        return [Handler(), SecureHandler()]
+        return [Handler(), SecureHandler(), SameHostRedirects()]
+
+
+class SameHostRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect only to the same scheme, host and port: a server named by the user may
+    move a path, never send specreg's request (a prompt, a scrape) to another address, e.g. an
+    internal one it can reach and the user did not name."""
+
+    def redirect_request(self, request, fp, code, msg, headers, new_url):
+        old, new = urllib.parse.urlsplit(request.full_url), urllib.parse.urlsplit(new_url)
+        try:
+            same = (old.scheme, old.hostname, old.port) == (new.scheme, new.hostname, new.port)
+        except ValueError:  # an unparsable port in the Location header
+            same = False
+        if not same:
+            raise SpecregError(f"{request.full_url} redirected (HTTP {code}) to another host, "
+                               f"{' '.join(str(new_url).split())[:200]!r}: not followed")
+        return super().redirect_request(request, fp, code, msg, headers, new_url)
 
 
 def shut(sock: socket.socket) -> None:

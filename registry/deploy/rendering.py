@@ -11,7 +11,10 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from specreg.core.files import read_text_bounded
 from specreg.errors import SpecregError
+
+MAX_TEMPLATE_BYTES = 1024 * 1024  # a serve script's template: a few kilobytes
 
 
 
@@ -69,8 +72,7 @@ def render_user_template(template_path: Path, context: dict[str, Any]) -> tuple[
     from jinja2.exceptions import SecurityError
     from jinja2.sandbox import SandboxedEnvironment
 
-    if not template_path.is_file():
-        raise SpecregError(f"template {template_path}: no such file")
+    source = read_text_bounded(template_path, MAX_TEMPLATE_BYTES, "template")
     out_name = template_path.name[: -len(".j2")] if template_path.name.endswith(".j2") else template_path.name
     escape = out_name.lower().endswith((".html", ".htm", ".xml", ".svg"))
     env = SandboxedEnvironment(
@@ -79,7 +81,7 @@ def render_user_template(template_path: Path, context: dict[str, Any]) -> tuple[
     )
     env.filters.update(FILTERS)
     try:
-        text = env.from_string(template_path.read_text(encoding="utf-8")).render(context)
+        text = env.from_string(source).render(context)
     except SecurityError as exc:
         raise SpecregError(f"template {template_path}: refused by the sandbox: {exc}") from None
     except TemplateSyntaxError as exc:

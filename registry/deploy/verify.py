@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specreg.core.files import read_bounded, read_text_bounded
 from specreg.core.fingerprint import sha256_file
 from specreg.core.signing import model_signing_package
 from specreg.errors import SpecregError, UsageError
@@ -61,15 +62,7 @@ def read_lock(path: str | Path) -> dict[str, Any]:
     most MAX_LOCK_BYTES are read (a bigger file is refused, never read whole), integers are at
     most MAX_INTEGER_DIGITS long and nesting is bounded by the parser's recursion limit."""
     lock_path = Path(path)
-    try:
-        with open(lock_path, "rb") as handle:
-            data = handle.read(MAX_LOCK_BYTES + 1)
-    except FileNotFoundError:
-        raise SpecregError(f"lock {lock_path}: no such file") from None
-    except OSError as exc:
-        raise SpecregError(f"lock {lock_path}: cannot read ({exc.strerror or exc})") from None
-    if len(data) > MAX_LOCK_BYTES:
-        raise SpecregError(f"lock {lock_path}: over {MAX_LOCK_BYTES} bytes; not a pair lock")
+    data = read_bounded(lock_path, MAX_LOCK_BYTES, "lock")
     try:
         lock = json.loads(data.decode("utf-8"), parse_int=bounded_int)
     except RecursionError:
@@ -101,6 +94,10 @@ def signed_manifest(lock: dict[str, Any], public_key: Path):
     model_signing_package()
     from model_signing._signing import sign_ec_key, sign_sigstore_pb
 
+    from specreg.core.files import check_regular_file
+    from specreg.core.signing import MAX_KEY_BYTES
+
+    check_regular_file(public_key, MAX_KEY_BYTES, "public key")
     try:
         verifier = sign_ec_key.Verifier(public_key)
     except FileNotFoundError:
@@ -242,10 +239,7 @@ def check_configs(report: VerifyReport, lock: dict[str, Any], configs: list[Path
     recorded = lock.get("exported") if isinstance(lock.get("exported"), dict) else {}
     for path in configs:
         name = path.name
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise SpecregError(f"--config {path}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
+        text = read_text_bounded(path, MAX_LOCK_BYTES, "--config")
         if name not in recorded:
             return report.add("configs", False, f"{name} is not an engine file this lock's export wrote "
                                                 f"(recorded: {', '.join(sorted(recorded)) or 'none'})", name)

@@ -169,8 +169,9 @@ def evaluate(session: Session, row: PairVersionRow, env: EnvironmentPolicy, poli
                                 f"run {run.id} recorded acceptance baselines" if figures
                                 else "no acceptance baselines recorded" + (f" in run {run.id}" if run else ""),
                                 {"overall": figures} if figures else {}))
-    conditions.append(acceptance_condition(session, row, run, figures, env, golden_sha256, holder))
-    conditions.extend(engine_baseline_conditions(session, row, env, golden_sha256=golden_sha256, now=now))
+    conditions.append(acceptance_condition(session, row, run, figures, env, golden_sha256, holder, chain))
+    conditions.extend(engine_baseline_conditions(session, row, env, golden_sha256=golden_sha256, now=now, policy=policy,
+                                                 chain=chain))
     events = [e for e in chain if e.pair_name == row.pair.name and e.version == row.version]
     conditions += floor_conditions(run, env, overall_figures(run) if run is not None else None, events)
     conditions.append(approval_condition(session, row, env, policy, chain))
@@ -179,18 +180,18 @@ def evaluate(session: Session, row: PairVersionRow, env: EnvironmentPolicy, poli
 
 def acceptance_condition(session: Session, row: PairVersionRow, run: ValidationRunRow | None,
                          figures: dict[str, float] | None, env: EnvironmentPolicy, golden_sha256: str,
-                         holder: PairVersionRow | None) -> Condition:
+                         holder: PairVersionRow | None, chain: list[AuditEventRow]) -> Condition:
     """Acceptance >= baseline * (1 - tolerance) against (a) the version's own earlier passed run
     on the same golden set (drift) and (b) the environment's current holder."""
     if figures is None:
         return Condition("acceptance", False, "no acceptance figures to compare")
     references: list[tuple[str, ValidationRunRow]] = []
-    earlier = [r for r in finished_runs(session, row.id)
+    earlier = [r for r in finished_runs(session, row.id, chain)
                if r.id < run.id and r.status == "passed" and r.golden_sha256 == golden_sha256]
     if earlier and overall_figures(earlier[0]):
         references.append((f"run {earlier[0].id} of this version", earlier[0]))
     if holder is not None and holder.id != row.id:
-        holder_runs = [r for r in finished_runs(session, holder.id)
+        holder_runs = [r for r in finished_runs(session, holder.id, chain)
                        if r.status == "passed" and r.golden_sha256 == golden_sha256]
         if holder_runs and overall_figures(holder_runs[0]):
             references.append((f"{env.name} holder {holder.pair.name}@{holder.version}", holder_runs[0]))

@@ -229,22 +229,12 @@ def builtin_policy() -> Policy:
 def read_policy_file(path: str | os.PathLike) -> tuple[str, str]:
     """(the text of the policy file ``path``, "toml" or "yaml"), read with a bound: a FIFO or
     /dev/zero is refused with one line, never read to the end."""
+    from specreg.core.files import read_text_bounded
+
     file = Path(path).expanduser()
-    try:
-        if file.exists() and not file.is_file():
-            raise UsageError(f"policy file {file}: not a regular file")
-        with open(file, "rb") as handle:
-            data = handle.read(MAX_POLICY_BYTES + 1)
-    except FileNotFoundError:
-        raise UsageError(f"policy file {file} not found") from None
-    except OSError as exc:
-        raise UsageError(f"policy file {file}: cannot read ({exc.strerror or exc})") from None
-    if len(data) > MAX_POLICY_BYTES:
-        raise UsageError(f"policy file {file}: over the limit of {MAX_POLICY_BYTES} bytes")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise UsageError(f"policy file {file}: cannot read (not UTF-8 text)") from None
+    if not file.exists() and not file.is_symlink():
+        raise UsageError(f"policy file {file} not found")
+    text = read_text_bounded(file, MAX_POLICY_BYTES, "policy file", UsageError)
     return text, "yaml" if file.suffix in (".yaml", ".yml") else "toml"
 
 

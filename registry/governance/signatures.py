@@ -183,13 +183,9 @@ def read_keyring_file(path: str | Path) -> tuple[dict[str, KeyringEntry], int | 
     """(key id -> entry, the file's approvals_required or None) of a keyring file; SpecregError
     naming the file and field when it is not one."""
     file = Path(path)
-    try:
-        with open(file, "rb") as handle:
-            data = handle.read(MAX_KEYRING_BYTES + 1)
-    except OSError as exc:
-        raise SpecregError(f"keyring {file}: {exc.strerror or exc}") from None
-    if len(data) > MAX_KEYRING_BYTES:
-        raise SpecregError(f"keyring {file}: over {MAX_KEYRING_BYTES} bytes")
+    from specreg.core.files import read_bounded
+
+    data = read_bounded(file, MAX_KEYRING_BYTES, "keyring")
     try:
         document = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:

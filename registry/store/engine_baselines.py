@@ -1,7 +1,9 @@
 """Engine baselines: a pair version's acceptance, equivalence and throughput as a serving engine
 measured them on a golden set (``specreg validate --engine``), stamped with the engine's name,
 version and build, and kept beside our runtime's baseline (the validation run they were compared
-with). Recording one appends an ``engine_validate`` audit event; it never moves the pair's state.
+with). Recording one appends an ``engine_validate`` audit event carrying the row's content hash;
+it never moves the pair's state. Which baselines count (passed or accepted, on the chain) is
+registry/governance/engine_acceptance.py's to say.
 """
 
 from __future__ import annotations
@@ -12,12 +14,15 @@ from typing import Any
 
 from sqlalchemy import select
 
+from specreg.core.fingerprint import canonical_json, sha256_hex
 from specreg.registry.store.entities import PairVersion
 from specreg.registry.store.orm import EngineBaselineRow, PairRow, PairVersionRow
 from specreg.registry.store.store import Store, utcnow
 
 ENGINES = ("llamacpp", "vllm", "sglang")
-PASSED, FAILED = "passed", "failed"
+# unaccepted: every check held but the engine's acceptance differs from our runtime's beyond the
+# parity tolerance; it is not a baseline until an approver accepts it
+PASSED, FAILED, UNACCEPTED = "passed", "failed", "unaccepted"
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,16 @@ class EngineBaseline:
         }
 
 
+def content_sha256(row: EngineBaselineRow) -> str:
+    """The hash an engine baseline's audit event and an acceptance of it carry: everything that
+    says what was measured, on what, by whom and what came out (the report is evidence beside it)."""
+    return sha256_hex(canonical_json({
+        "pair_version_id": row.pair_version_id, "engine": row.engine, "engine_version": row.engine_version,
+        "engine_build": row.engine_build, "source": row.source, "status": row.status, "golden_set": row.golden_set,
+        "golden_sha256": row.golden_sha256, "binding_sha256": row.binding_sha256,
+        "validation_run_id": row.validation_run_id, "baselines": row.baselines, "actor": row.actor}))
+
+
 def to_entity(row: EngineBaselineRow, name: str, version: int) -> EngineBaseline:
     return EngineBaseline(
         id=row.id, pair_name=name, version=version, engine=row.engine, engine_version=row.engine_version,
@@ -81,16 +96,20 @@ class EngineBaselineStore:
         self.store = store
 
     def record(self, version: PairVersion, *, engine: str, engine_version: str, engine_build: str, source: str,
-               passed: bool, golden_set: str, golden_sha256: str, validation_run_id: int | None,
-               baselines: dict[str, Any], report: dict[str, Any], actor: str) -> EngineBaseline:
-        """Insert one engine baseline and its audit event in one transaction -> the baseline."""
+               golden_set: str, golden_sha256: str, validation_run_id: int | None, baselines: dict[str, Any],
+               report: dict[str, Any], actor: str, passed: bool = True, status: str | None = None) -> EngineBaseline:
+        """Insert one engine baseline and its audit event in one transaction -> the baseline.
+        ``status``: passed, failed or unaccepted (default: by ``passed``)."""
         if engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}")
+        status = status or (PASSED if passed else FAILED)
+        if status not in (PASSED, FAILED, UNACCEPTED):
+            raise ValueError(f"unknown engine baseline status {status!r}")
         with self.store.session(write=True) as session:
             version_row = self.store.version_row(session, version.name, version.version)
             row = EngineBaselineRow(
                 pair_version_id=version_row.id, engine=engine, engine_version=engine_version[:64],
-                engine_build=engine_build[:255], source=source, status=PASSED if passed else FAILED,
+                engine_build=engine_build[:255], source=source, status=status,
                 golden_set=golden_set, golden_sha256=golden_sha256, binding_sha256=version_row.binding_sha256,
                 validation_run_id=validation_run_id, baselines=baselines, report=report, actor=actor,
                 created_at=utcnow())
@@ -101,7 +120,8 @@ class EngineBaselineStore:
                 session, pair_name=version.name, version=version.version, action="engine_validate",
                 from_state=version_row.state, to_state=version_row.state, actor=actor,
                 reason=f"{engine} {engine_version} ({engine_build}): engine validation {row.status}",
-                details={"engine_baseline_id": row.id, "engine": engine, "engine_version": row.engine_version,
+                details={"engine_baseline_id": row.id, "status": row.status, "content_sha256": content_sha256(row),
+                         "engine": engine, "engine_version": row.engine_version,
                          "engine_build": row.engine_build, "source": source, "golden_set": golden_set,
                          "golden_sha256": golden_sha256, "validation_run_id": validation_run_id,
                          "acceptance_rate": overall.get("acceptance_rate"),

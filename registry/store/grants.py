@@ -14,8 +14,10 @@ import re
 
 from specreg.errors import UsageError
 
+# every table of the schema (tests/adversarial/test_input_bounds.py holds this list to the ORM's)
 INSERT_TABLES = ("pairs", "pair_versions", "audit_events", "audit_head", "validation_runs", "check_results",
-                 "approvals", "approver_keys", "environment_pointers", "observations", "policy_versions")
+                 "approvals", "approver_keys", "environment_pointers", "observations", "engine_baselines",
+                 "policy_versions")
 # column-level UPDATE: what specreg updates (and SELECT ... FOR UPDATE needs one such column)
 UPDATE_COLUMNS = {
     "pairs": ("created_at",),  # never changed by specreg; lets the pair row be locked (FOR UPDATE)

@@ -11,7 +11,8 @@ import sys
 
 import click
 
-from specreg.cli import deploy, governance, pipeline, registration, review, validation  # noqa: F401  (register commands)
+from specreg.cli import (deploy, engine_baselines, governance, pipeline, registration, review,  # noqa: F401
+                         validation)
 from specreg.cli.common import cli, echo_err, printable, print_warnings
 from specreg.errors import PathTooLongError, SpecregError
 

@@ -247,15 +247,18 @@ def observe(ref, metrics_url, engine, interval, model_name, tolerance, deadline,
 
 
 @cli.command(name="llamacpp-build")
-def llamacpp_build():
+@db_option
+@user_option
+def llamacpp_build(db_url, user):
     """Build llama.cpp's llama-server once (from the llama-cpp-python sdist, fetched from the package
-    index) into $SPECREG_ENGINE_CACHE and print its path; later calls print the cached one."""
+    index) into $SPECREG_ENGINE_CACHE, record its sha256 in the registry (audited; specreg runs only
+    a binary the registry recorded) and print its path; later calls print the cached one."""
     from specreg.cli.progress import Progress
-    from specreg.registry.deploy.engines.llamacpp_build import binary
 
+    registry = open_registry(db_url, user)
     progress = Progress()
     try:
-        path = binary(log=progress.note, progress=progress)
+        path = registry.build_llama_server(log=progress.note, progress=progress)
     finally:
         progress.close()
     click.echo(path)

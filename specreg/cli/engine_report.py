@@ -19,7 +19,8 @@ def _positions(values) -> str:
 
 
 def run_engine_validation(registry, ref: str, *, engine: str, golden: str, engine_url, reference_url, model_name,
-                          tiers, parity_tolerance, near_tie_tolerance, dtype, threads=None, as_json: bool = False) -> None:
+                          tiers, parity_tolerance, near_tie_tolerance, dtype, threads=None, deadline_s: float = 600.0,
+                          as_json: bool = False) -> None:
     from specreg.errors import PolicyViolation
     from specreg.validation import ValidationInterrupted
 
@@ -30,7 +31,7 @@ def run_engine_validation(registry, ref: str, *, engine: str, golden: str, engin
         outcome = registry.validate_engine(ref, engine=engine, golden=golden, engine_url=engine_url,
                                            reference_url=reference_url, model_name=model_name, concurrency=tiers,
                                            parity_tolerance=parity_tolerance, near_tie_tolerance=near_tie_tolerance,
-                                           dtype=dtype, threads=threads, progress=progress)
+                                           dtype=dtype, threads=threads, deadline_s=deadline_s, progress=progress)
     except ValidationInterrupted as exc:
         progress.close()
         click.echo(f"specreg: engine validation aborted by {exc.signal_name}; the server was stopped, nothing "
@@ -71,5 +72,9 @@ def run_engine_validation(registry, ref: str, *, engine: str, golden: str, engin
         print_table(["CHECK", "STATUS", "SUMMARY"], [[c.name, c.status, c.summary] for c in outcome.checks])
         echo_lines([f"{baseline.label}: engine baseline {baseline.id} on {baseline.stamp} {baseline.status} "
                     f"(golden set {baseline.golden_set}, {outcome.report.get('seconds')} s)"])
+    if baseline.status == "unaccepted":
+        raise PolicyViolation(f"{baseline.label}: engine baseline {baseline.id} is unaccepted, "
+                              f"{outcome.report.get('acceptance_reason')}: nothing uses it until an approver runs "
+                              f"`specreg engine-baselines accept {baseline.label} {baseline.id} --key FILE`")
     if not outcome.passed:
         raise PolicyViolation(f"{baseline.label} failed validation in {engine}: {outcome.report.get('reason')}")

@@ -32,12 +32,15 @@ from specreg.cli.common import (cli, db_option, user_option, json_option, open_r
 @click.option("--concurrency", default="1,4", show_default=True, metavar="LIST", help="Engine throughput tiers (llama-server -np).")
 @click.option("--parity-tolerance", type=float, default=0.03, show_default=True, help="Largest |alpha_engine - alpha_ours| overall.")
 @click.option("--engine-threads", type=int, default=None, metavar="N", help="llama-server -t (default: llama.cpp's own choice).")
+@click.option("--engine-deadline", type=float, default=600.0, show_default=True, metavar="SECONDS",
+              help="One engine request in all, connect to last byte (a stalled or trickling server fails then).")
 @db_option
 @user_option
 @json_option
 def validate(ref, golden, device, dtype, checks, gpu_memory, acceptance_tolerance, near_tie_tolerance,
-             distribution_samples, runtime_batch, report_path, markdown_path, junit_path, engine, engine_url, engine_reference_url,
-             engine_model, concurrency, parity_tolerance, engine_threads, db_url, user, as_json):
+             distribution_samples, runtime_batch, report_path, markdown_path, junit_path, engine, engine_url,
+             engine_reference_url, engine_model, concurrency, parity_tolerance, engine_threads, engine_deadline, db_url,
+             user, as_json):
     """Validate a pair version on golden prompts; exit 0 pass, 100 a check failed, 1 error.
 
     With --engine: run the golden prompts through a serving engine and record the pair's engine
@@ -61,7 +64,7 @@ def validate(ref, golden, device, dtype, checks, gpu_memory, acceptance_toleranc
         run_engine_validation(open_registry(db_url, user), ref, engine=engine, golden=golden, engine_url=engine_url,
                               reference_url=engine_reference_url, model_name=engine_model, tiers=tiers,
                               parity_tolerance=parity_tolerance, near_tie_tolerance=near_tie_tolerance,
-                              dtype=dtype, threads=engine_threads, as_json=as_json)
+                              dtype=dtype, threads=engine_threads, deadline_s=engine_deadline, as_json=as_json)
         return
 
     # a report path that cannot be written fails now, not after the run was recorded

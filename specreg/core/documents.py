@@ -12,21 +12,49 @@ from typing import Any
 
 MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
 MAX_DOCUMENT_DEPTH = 32
+# mappings and lists in one YAML document: building Python objects for each costs far more than
+# scanning it, so a 16 MiB file of tiny mappings is refused after the scan (about a second)
+MAX_DOCUMENT_CONTAINERS = 250_000
 
 
-def yaml_problem(text: str, max_depth: int = MAX_DOCUMENT_DEPTH) -> str | None:
-    """Scan YAML events (no objects are built) for aliases and nesting deeper than
-    ``max_depth``; a one-line reason or None. Raises yaml.YAMLError for malformed YAML, which
-    the caller reports as it already does."""
+def safe_loader():
+    """PyYAML's SafeLoader in C (libyaml) where PyYAML was built with it: the pure-Python parser
+    reads about 80 KB a second, the C one some 10 MB."""
     import yaml
 
-    depth = 0
-    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+    return getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def yaml_problem(text: str, max_depth: int = MAX_DOCUMENT_DEPTH,
+                 max_containers: int = MAX_DOCUMENT_CONTAINERS) -> str | None:
+    """Scan YAML events (no objects are built) for aliases, nesting deeper than ``max_depth``
+    and more than ``max_containers`` mappings and lists; a one-line reason or None. Raises
+    yaml.YAMLError for malformed YAML, which the caller reports as it already does."""
+    import yaml
+
+    try:
+        return _scan(text, max_depth, max_containers)
+    except yaml.YAMLError as exc:
+        # libyaml stops at its own nesting limit (1000 levels), sometimes before this scan sees 33
+        if "increasing flow level" in str(exc) or "increasing block level" in str(exc):
+            return f"nested deeper than {max_depth} levels"
+        raise
+
+
+def _scan(text: str, max_depth: int, max_containers: int) -> str | None:
+    import yaml
+
+    depth = containers = 0
+    for event in yaml.parse(text, Loader=safe_loader()):
         if isinstance(event, yaml.AliasEvent):
             line = event.start_mark.line + 1 if event.start_mark else "?"
             return f"YAML alias *{event.anchor} at line {line}: aliases are not allowed"
         if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
             depth += 1
+            containers += 1
+            if containers > max_containers:
+                line = event.start_mark.line + 1 if event.start_mark else "?"
+                return f"more than {max_containers} mappings and lists (line {line})"
             if depth > max_depth:
                 line = event.start_mark.line + 1 if event.start_mark else "?"
                 return f"nested deeper than {max_depth} levels at line {line}"

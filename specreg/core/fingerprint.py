@@ -22,6 +22,7 @@ from typing import Any
 
 from specreg.errors import ModelReferenceError
 from specreg.core.documents import depth_problem
+from specreg.core.files import read_bounded, read_text_bounded
 from specreg.core.types import ModelFingerprint, ModelRef
 
 # A directory holds a tokenizer when it has one of these (tokenizer_config.json alone is not one).
@@ -78,9 +79,7 @@ def read_json_file(path: Path, data: bytes | None = None) -> dict[str, Any]:
     the file for anything else: unreadable, too large, not JSON, nested too deeply."""
     try:
         if data is None:
-            if path.stat().st_size > MAX_JSON_BYTES:
-                raise ValueError(f"larger than {MAX_JSON_BYTES // (1024 * 1024)} MiB")
-            data = path.read_bytes()
+            data = read_bounded(path, MAX_JSON_BYTES, "", ModelReferenceError)
         parsed = json.loads(data.decode("utf-8"))
     except OSError as exc:
         raise ModelReferenceError(f"{path}: cannot read: {exc.strerror or exc}") from None
@@ -331,10 +330,7 @@ def read_chat_template(directory: Path) -> str | None:
     """The chat template string, wherever this transformers generation saved it."""
     jinja = directory / "chat_template.jinja"
     if jinja.is_file():
-        try:
-            return jinja.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ModelReferenceError(f"{jinja}: cannot read ({_one_line(str(exc))})") from None
+        return read_text_bounded(jinja, MAX_JSON_BYTES, "", ModelReferenceError)
     as_json = directory / "chat_template.json"
     if as_json.is_file():
         template = read_json_file(as_json).get("chat_template")

@@ -32,11 +32,33 @@ class PackageUnavailable(SpecregError):
     """A package could not be fetched: no package index reachable (tests skip on it, CI fails)."""
 
 
+CACHE_DIR_MODE = 0o755
+
+
+def cache_dir(path: Path) -> Path:
+    """``path`` and each missing folder above it, created with mode 0755 whatever the umask: a
+    cache folder others may write into (umask 0) would let them replace a binary specreg runs or
+    a file it serves; one only its creator may read (umask 077) shuts out the other users of a
+    shared cache. Folders that exist already are left as they are."""
+    missing = []
+    for folder in (path, *path.parents):
+        if folder.exists():
+            break
+        missing.append(folder)
+    for folder in reversed(missing):
+        try:
+            folder.mkdir()
+        except FileExistsError:  # another process made it first
+            continue
+        os.chmod(folder, CACHE_DIR_MODE)
+    return path
+
+
 def cache_root() -> Path:
-    """``$SPECREG_ENGINE_CACHE``, default /var/cache/specreg/engines (created on first use)."""
+    """``$SPECREG_ENGINE_CACHE``, default /var/cache/specreg/engines (created on first use, 0755)."""
     root = Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE).expanduser()
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        cache_dir(root)
     except OSError as exc:
         raise SpecregError(f"cache folder {root}: cannot create it ({exc.strerror or exc}); "
                            f"set {CACHE_ENV} to a writable folder") from None
@@ -89,7 +111,7 @@ def distribution_file(name: str, version: str, *, sdist: bool = False, quiet: bo
     stderr (before: package, version, destination; pip's progress; after: file, size, seconds)
     unless ``quiet``."""
     wheels = cache_root() / "wheels"
-    wheels.mkdir(parents=True, exist_ok=True)
+    cache_dir(wheels)
     stem = f"{name.replace('-', '_')}-{version}"
     pattern = f"{stem}.tar.gz" if sdist else f"{stem}-*.whl"
     found = sorted(wheels.glob(pattern))

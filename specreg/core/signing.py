@@ -123,14 +123,17 @@ def key_id(public_pem: str) -> str:
     return hashlib.sha256(public_pem.encode()).hexdigest()
 
 
+MAX_KEY_BYTES = 64 * 1024  # a PEM key is a few hundred bytes
+
+
 def load_signer(private_key: str | Path):
     """model-signing's elliptic-key Signer for a private key file; SpecregError naming the file."""
     model_signing_package()
     from model_signing._signing import sign_ec_key
 
-    key_path = Path(private_key).expanduser()
-    if not key_path.is_file():
-        raise SpecregError(f"signing key {key_path}: no such file")
+    from specreg.core.files import check_regular_file
+
+    key_path = check_regular_file(private_key, MAX_KEY_BYTES, "signing key")
     try:
         return sign_ec_key.Signer(key_path)
     except (ValueError, TypeError, AttributeError) as exc:

@@ -62,8 +62,10 @@ def test_gate_and_export_outputs_carry_the_audit_head(db_url, tiny_models, polic
                "--markdown", markdown)
     assert gate.returncode == 0, gate.stderr
     assert json.loads(gate.stdout)["audit_head"] == head
-    [prop] = ET.parse(junit).getroot().iter("property")
-    assert prop.attrib == {"name": "specreg.audit_head", "value": head}
+    properties = {p.attrib["name"]: p.attrib["value"] for p in ET.parse(junit).getroot().iter("property")}
+    policy = Registry(db_url).policy()
+    assert properties == {"specreg.audit_head": head, "specreg.policy": policy.source,
+                          "specreg.policy_sha256": policy.sha256}
     assert f"audit head `{head}`" in markdown.read_text()
     exported = run("export", "anchor@1", "--format", "vllm", "--db", db_url)
     assert exported.returncode == 0, exported.stderr

@@ -35,11 +35,14 @@ def exported(tmp_path_factory):
     root = tmp_path_factory.mktemp("llamacpp")
     private, public = create_key_pair(root / "keys")
     registry = Registry(f"sqlite:///{root / 'registry.db'}", user="alice")
+    assert registry.build_llama_server() == server  # built: its digest recorded in this registry
     registry.register("smollm2", target=str(target), draft=str(draft), num_speculative_tokens=4)
     files = registry.export("smollm2@1", "llamacpp", out_dir=str(root / "export"), force=True,
                             signing_key=str(private))
+    from specreg.registry.store.engine_artifacts import ArtifactRecords
+
     return {"dir": root / "export", "files": dict(files), "public": public, "server": server,
-            "target": target, "draft": draft}
+            "target": target, "draft": draft, "records": ArtifactRecords(registry.store, "alice")}
 
 
 def test_every_exported_flag_is_one_the_built_server_knows(exported):
@@ -94,7 +97,7 @@ def test_server_drafts_with_the_exported_draft(exported):
     from specreg.registry.deploy.engines.llamacpp import serve_export
 
     # one thread: on a loaded shared machine two spinning ggml threads cost seconds per token
-    with serve_export(exported["dir"], parallel=1, threads=1) as server:
+    with serve_export(exported["dir"], records=exported["records"], parallel=1, threads=1) as server:
         answer = server.completion(FRANCE_IDS, max_tokens=16)
         metrics = server.metrics()
     assert server.process.poll() is not None  # stopped
@@ -113,7 +116,7 @@ def test_conversion_runs_once_per_model_and_again_when_the_cached_file_changed(e
 
     # the export's file is the cache's file, byte for byte
     fingerprint = fingerprint_model(Path(exported["draft"]))
-    cached, digest = llamacpp_build.converted(exported["draft"], fingerprint, "f32")
+    cached, digest = llamacpp_build.converted(exported["draft"], fingerprint, "f32", records=exported["records"])
     assert cached.parent == llamacpp_build.gguf_cache()
     assert sha256_file(exported["dir"] / "gguf" / "draft" / "model-f32.gguf") == digest
 
@@ -121,8 +124,8 @@ def test_conversion_runs_once_per_model_and_again_when_the_cached_file_changed(e
     runs = []
     real_convert = llamacpp_build.convert
     monkeypatch.setattr(llamacpp_build, "convert", lambda *a, **k: runs.append(a) or real_convert(*a, **k))
-    first, first_digest = llamacpp_build.converted(exported["draft"], fingerprint, "f32")
-    again, again_digest = llamacpp_build.converted(exported["draft"], fingerprint, "f32")
+    first, first_digest = llamacpp_build.converted(exported["draft"], fingerprint, "f32", records=exported["records"])
+    again, again_digest = llamacpp_build.converted(exported["draft"], fingerprint, "f32", records=exported["records"])
     assert len(runs) == 1 and (again, again_digest) == (first, first_digest) and first_digest == digest
     assert first.parent == tmp_path / "gguf"
     with open(first, "r+b") as handle:  # someone edits the cached file: it is not served, it is made again
@@ -131,8 +134,5 @@ def test_conversion_runs_once_per_model_and_again_when_the_cached_file_changed(e
         handle.seek(-1, 2)
         handle.write(bytes([last ^ 1]))
     assert sha256_file(first) != digest
-    remade, remade_digest = llamacpp_build.converted(exported["draft"], fingerprint, "f32")
+    remade, remade_digest = llamacpp_build.converted(exported["draft"], fingerprint, "f32", records=exported["records"])
     assert len(runs) == 2 and remade_digest == digest == sha256_file(remade)
-    remade.with_suffix(".json").write_text("{not json")  # a damaged record: converted again, no traceback
-    llamacpp_build.converted(exported["draft"], fingerprint, "f32")
-    assert len(runs) == 3

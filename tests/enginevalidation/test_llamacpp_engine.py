@@ -87,6 +87,10 @@ def test_validate_in_llamacpp_parity_equivalence_throughput_and_no_orphan(sqlite
                             num_speculative_tokens=4).version.label
     before = set(llama_servers())
     golden = smoke_subset(tmp_path, SUBSET)
+    # the built binary's digest into this registry: an unrecorded one is refused, never run
+    refused = run_specreg(["validate", ref, "--engine", "llamacpp", "--golden", str(golden), "--db", db_url])
+    assert refused.returncode == 1 and "not a llama-server this registry recorded" in refused.stderr, refused.stderr
+    assert run_specreg(["llamacpp-build", "--db", db_url]).returncode == 0
     # validate decodes on the engines' schedule: the engine comparison reads its decodes
     validated = registry.validate(ref, golden=str(golden), device="cpu", checks="equivalence,acceptance")
     assert validated.passed, validated.checks
@@ -137,6 +141,7 @@ def test_ctrl_c_stops_llama_server_and_records_nothing(postgres_url, smol_pair, 
     golden = smoke_subset(tmp_path, SUBSET[:1])
     ref = registry.register("smol", target=str(smol_pair["target"]), draft=str(smol_pair["draft"]),
                             num_speculative_tokens=4).version.label
+    registry.build_llama_server()  # the built binary's digest into this registry
     before = set(llama_servers())
     process = subprocess.Popen([*SPECREG, "validate", ref, "--engine", "llamacpp", "--golden", str(golden),
                                 "--engine-threads", "1", "--db", db_url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -41,7 +41,8 @@ def test_eagle3_to_vllm_names_the_head_as_the_speculative_model():
     script = files_of(head_pair(SpecMethod.EAGLE3), "vllm")["vllm-serve.sh"]
     words = shlex.split(script.split("vllm serve", 1)[1].replace("\\\n", " "), comments=True)
     speculative = json.loads(words[words.index("--speculative-config") + 1])
-    assert speculative == {"method": "eagle3", "num_speculative_tokens": 3, "model": "/models/eagle3-head",
+    # a local folder is served by the path registration resolved (the folder as typed may be a link)
+    assert speculative == {"method": "eagle3", "num_speculative_tokens": 3, "model": "/cache/eagle3-head",
                            "draft_tensor_parallel_size": 1}
 
 
@@ -50,7 +51,7 @@ def test_eagle3_to_trtllm_and_k8s():
     spec = config["speculative_config"]
     # 1.2 knows "Eagle" (EagleDecodingConfig; eagle3_one_model selects EAGLE-3), not "Eagle3"
     assert (spec["decoding_type"], spec["max_draft_len"], spec["speculative_model"], spec["eagle3_one_model"]) == \
-        ("Eagle", 3, "/models/eagle3-head", True)  # the reference: model_source's default
+        ("Eagle", 3, "/cache/eagle3-head", True)  # a local folder: its resolved path
     # the head's trained states entering layers 2, 8, 13 are TensorRT-LLM's outputs of layers 1, 7, 12
     assert spec["eagle3_layers_to_capture"] == [1, 7, 12]
     jsonschema.validate(config, engine_schema("trtllm")["config"])

@@ -199,8 +199,13 @@ def test_jsonl_errors_name_the_line(tmp_path):
     assert str(info.value) == f'{path}: line 1: the first line must be the set header {{"name": ..., "version": ...}}'
 
 
+import yaml  # noqa: E402
+
 @pytest.mark.parametrize("text, expected", [
-    ("name: x\nversion: 1\nrecords: [\n", "invalid YAML at line 4, column 1: expected the node content, but found '<stream end>'"),
+    # libyaml (the C parser the loader uses where PyYAML has it) words it its own way
+    ("name: x\nversion: 1\nrecords: [\n", "invalid YAML at line 4, column 1: " + (
+        "did not find expected node content" if yaml.__with_libyaml__
+        else "expected the node content, but found '<stream end>'")),
     ("", "empty golden set file"),
     ("name: x\nname: y\nversion: 1\nrecords: []\n", "duplicate key 'name' at line 2"),
 ])

@@ -119,11 +119,12 @@ def command(target_gguf: str, draft_gguf: str | None, k: int, opts: dict[str, An
 
 
 def write_models(pair_version: PairVersion, out_dir: str | Path, opts: dict[str, Any],
-                 overwrite: bool = False, log=None) -> dict[str, tuple[str, dict[str, str]]]:
+                 overwrite: bool = False, log=None, *, records) -> dict[str, tuple[str, dict[str, str]]]:
     """The registered target and draft folders as GGUF files under out_dir/gguf/<role>/
     (convert_hf_to_gguf.py of the built llama.cpp, through its conversion cache,
     llamacpp_build.converted); returns {role: ("gguf/<role>", {file: sha256})}, what the pair lock
-    binds for each role (lock.build_lock engine_layouts). Called once the models were checked
+    binds for each role (lock.build_lock engine_layouts); ``records``: the registry's recorded
+    conversions (registry.store.engine_artifacts.ArtifactRecords). Called once the models were checked
     against their fingerprints. An existing file is refused unless ``overwrite``; each file is
     copied beside its place, hashed as written and moved there whole."""
     import shutil
@@ -138,7 +139,8 @@ def write_models(pair_version: PairVersion, out_dir: str | Path, opts: dict[str,
         path = Path(out_dir) / gguf_file(role, opts)
         if path.exists() and not overwrite:
             raise SpecregError(f"{path} exists; refusing to overwrite it (use --overwrite)")
-        cached, digest = llamacpp_build.converted(model.path, model.fingerprint, opts["gguf_type"], log=log)
+        cached, digest = llamacpp_build.converted(model.path, model.fingerprint, opts["gguf_type"], log=log,
+                                                  records=records)
         path.parent.mkdir(parents=True, exist_ok=True)
         for stale in path.parent.glob("*.gguf"):
             stale.unlink()
@@ -211,15 +213,16 @@ class LlamaServer:
         self.stop()
 
 
-def start_server(target_gguf: str | Path, draft_gguf: str | Path | None = None, *, k: int = 4, parallel: int = 1,
-                 port: int | None = None, threads: int | None = None, log_path: str | Path | None = None,
-                 timeout: float = 300, log=None) -> LlamaServer:
-    """Start the built llama-server (llamacpp_build.binary: built on first use) on 127.0.0.1 and
-    wait until /health answers 200. ``draft_gguf`` None serves the target alone; ``parallel`` is
-    -np; ``port`` None picks a free loopback port. The argument lines are command()'s, the same
-    the export writes. Raises SpecregError with the end of the server's log if it exits or does
+def start_server(target_gguf: str | Path, draft_gguf: str | Path | None = None, *, records, k: int = 4,
+                 parallel: int = 1, port: int | None = None, threads: int | None = None,
+                 log_path: str | Path | None = None, timeout: float = 300, log=None) -> LlamaServer:
+    """Start the built llama-server on 127.0.0.1 once its sha256 is one the registry of
+    ``records`` recorded at its build (llamacpp_build.trusted_server: `specreg llamacpp-build`
+    builds and records it) and wait until /health answers 200. ``draft_gguf`` None serves the
+    target alone; ``parallel`` is -np; ``port`` None picks a free loopback port. The argument
+    lines are command()'s, the same the export writes. Raises SpecregError with the end of the server's log if it exits or does
     not become healthy within ``timeout`` seconds (the process is stopped then)."""
-    program = llamacpp_build.binary(log=log)
+    program, digest = llamacpp_build.trusted_server(records, log=log)
     port = port or free_port()
     opts = {"parallel": parallel, "threads": threads, "host": "127.0.0.1", "port": port}
     argv = [word for line in command(str(target_gguf), None if draft_gguf is None else str(draft_gguf), k, opts,
@@ -250,7 +253,7 @@ def start_server(target_gguf: str | Path, draft_gguf: str | Path | None = None, 
         server.stop()
         raise
     server.started_s = round(time.monotonic() - started, 2)
-    server.info = {"program": str(program), **llamacpp_build.source_info()}
+    server.info = {"program": str(program), "sha256": digest, **llamacpp_build.source_info()}
     return server
 
 
@@ -265,7 +268,7 @@ def die_with_parent() -> None:
         pass  # not Linux: the server is still stopped by every ordinary exit path
 
 
-def serve_export(export_dir: str | Path, *, draft: bool = True, parallel: int = 1, port: int | None = None,
+def serve_export(export_dir: str | Path, *, records, draft: bool = True, parallel: int = 1, port: int | None = None,
                  threads: int | None = None, log=None) -> LlamaServer:
     """start_server on the GGUF files of a llamacpp export folder (specreg export --format
     llamacpp -o DIR), with k from its lock; ``draft`` False serves the same target without the
@@ -281,8 +284,8 @@ def serve_export(export_dir: str | Path, *, draft: bool = True, parallel: int = 
         raise SpecregError(f"{folder}: not a llamacpp export (expected one GGUF in each of "
                            f"{GGUF_DIR}/target and {GGUF_DIR}/draft)")
     k = int(lock["speculative_config"]["num_speculative_tokens"])
-    return start_server(found["target"][0], found["draft"][0] if draft else None, k=k, parallel=parallel,
-                        port=port, threads=threads, log=log)
+    return start_server(found["target"][0], found["draft"][0] if draft else None, records=records, k=k,
+                        parallel=parallel, port=port, threads=threads, log=log)
 
 
 def log_tail(path: Path, lines: int = 5) -> str:

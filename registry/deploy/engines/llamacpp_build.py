@@ -7,15 +7,23 @@ with tools/server and convert_hf_to_gguf.py), fetched from the package index wit
 CPU only, static, Release, ``-march=native`` (the cache is this machine's), only the targets
 asked for, no web UI (its prebuilt assets would be fetched from a model hub), no OpenSSL. A
 ``.complete-<target>`` stamp marks each binary built; a lock file keeps two processes (two
-pytest workers) from building at once. `specreg llamacpp-build` builds llama-server and prints
-its path (`make llamacpp`, which .ci/run and `make demo` call).
+pytest workers) from building at once. Cache folders are made 0755 whatever the umask.
+
+Trust is the registry's, not the cache's (registry/store/engine_artifacts.py): `specreg
+llamacpp-build` builds llama-server, records its sha256 in the registry in use and prints its
+path (`make llamacpp`, which .ci/run and `make demo` call); trusted_server() hashes the binary
+before every start and refuses one whose digest the registry has no record of, naming that
+command. A binary changed since its build (its stamp records the digest built) is built again
+by `specreg llamacpp-build`, never recorded.
 
 convert(): GGUF from a Hugging Face model folder by the same source's convert_hf_to_gguf.py,
 run with its own gguf-py (src/gguf-py) first on the path. converted(): the same, once per model
 content: kept under home()/gguf by the model's registered fingerprint, the GGUF type and this
-llama.cpp, with the GGUF's own sha256 beside it, re-hashed on every reuse (an edited cache file is
-converted again, never served). `validate --engine llamacpp` and the llamacpp export take their
-files from there, so a pair is converted once, not by every validation and every export.
+llama.cpp, its sha256 recorded in the registry; re-hashed on every reuse, and a file whose digest
+the registry has no record of for that model (swapped, edited, or made for another registry) is
+converted again, never served or bound into a lock. `validate --engine llamacpp` and the
+llamacpp export take their files from there, so a pair is converted once, not by every
+validation and every export.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from specreg.core.packages import cache_root, distribution_file
+from specreg.core.packages import cache_dir, cache_root, distribution_file
 from specreg.errors import SpecregError
 
 PACKAGE = "llama-cpp-python"
@@ -43,6 +51,8 @@ CMAKE_OPTIONS = ("-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DLLA
                  "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_OPENSSL=OFF", "-DGGML_NATIVE=ON", "-DGGML_CUDA=OFF",
                  "-DGGML_METAL=OFF", "-DGGML_VULKAN=OFF")
 CONVERT_TYPES = ("f32", "bf16", "f16")
+SERVER_KEY = f"{PACKAGE}=={VERSION} {SERVER}"  # what a recorded llama-server digest was built from
+BUILD_COMMAND = "specreg llamacpp-build"
 
 
 def home() -> Path:
@@ -54,7 +64,7 @@ def home() -> Path:
 def build_lock(folder: Path):
     import fcntl
 
-    folder.mkdir(parents=True, exist_ok=True)
+    cache_dir(folder)
     with open(folder / ".lock", "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
@@ -131,10 +141,56 @@ def binary(target: str = SERVER, log=None, progress=None) -> Path:
         if not path.is_file():
             raise SpecregError(f"llama.cpp build wrote no {path}")
         seconds = round(time.monotonic() - started, 1)
-        stamp.write_text(json.dumps({"seconds": seconds, "cpus": os.cpu_count()}))
+        for made in (build, build / "bin"):  # cmake made them under the caller's umask
+            os.chmod(made, 0o755)
+        os.chmod(path, 0o755)
+        stamp.write_text(json.dumps({"seconds": seconds, "cpus": os.cpu_count(), "sha256": sha256_of(path)}))
         if log:
             log(f"built {path} in {seconds} s")
     return path
+
+
+def sha256_of(path: Path) -> str:
+    from specreg.core.fingerprint import sha256_file
+
+    return sha256_file(path)
+
+
+def build_and_record(records, log=None, progress=None) -> Path:
+    """`specreg llamacpp-build`: llama-server built (binary()) and its sha256 recorded in the
+    registry of ``records`` (registry.store.engine_artifacts.ArtifactRecords) -> its path. A cached
+    binary that is no longer the one its build stamped is built again first, never recorded."""
+    path = binary(SERVER, log=log, progress=progress)
+    stamp = home() / f".complete-{SERVER}"
+    try:
+        built = json.loads(stamp.read_text()).get("sha256")
+    except (OSError, ValueError, AttributeError):
+        built = None
+    digest = sha256_of(path)
+    if built is not None and digest != built:
+        if log:
+            log(f"{path}: no longer the binary built here (sha256 {digest[:12]}, built {built[:12]}); building again")
+        stamp.unlink(missing_ok=True)
+        path = binary(SERVER, log=log, progress=progress)
+        digest = sha256_of(path)
+    records.record("llama-server", SERVER_KEY, digest, str(path))
+    return path
+
+
+def trusted_server(records, log=None) -> tuple[Path, str]:
+    """(llama-server's path, its sha256) once its digest is one the registry of ``records``
+    recorded when it was built; SpecregError (one line, naming the command that records it)
+    for a binary missing or unknown to the registry: it is never executed then."""
+    path = home() / "build" / "bin" / SERVER
+    if not (home() / f".complete-{SERVER}").exists() or not path.is_file():
+        raise SpecregError(f"llama-server is not built in {home()}: run `{BUILD_COMMAND}` (with this --db) first")
+    digest = sha256_of(path)
+    if digest not in records.digests("llama-server", SERVER_KEY):
+        raise SpecregError(f"{path} (sha256 {digest[:16]}) is not a llama-server this registry recorded as built: "
+                           f"not run; `{BUILD_COMMAND}` with this --db builds and records it")
+    if log:
+        log(f"{path}: sha256 {digest[:16]} as recorded in the registry")
+    return path, digest
 
 
 def gguf_cache() -> Path:
@@ -164,38 +220,33 @@ def run_logged(command: list[str], log_file: Path, progress, what: str) -> int:
         return process.wait()
 
 
-def converted(model_dir: str | Path, fingerprint, outtype: str = "f32", log=None) -> tuple[Path, str]:
+def converted(model_dir: str | Path, fingerprint, outtype: str = "f32", log=None, *, records) -> tuple[Path, str]:
     """(cached GGUF of the model folder, its sha256): ``fingerprint`` is the folder's registered
     ModelFingerprint, which the caller has checked against the folder (nothing here re-reads the
-    model). The cache entry is keyed by that fingerprint, ``outtype`` and this llama.cpp; on reuse
-    the file is hashed again and converted anew if it no longer matches its recorded digest."""
+    model). The cache entry is keyed by that fingerprint, ``outtype`` and this llama.cpp; its
+    digest is recorded in the registry of ``records`` (registry.store.engine_artifacts), and on
+    reuse the file is hashed again and converted anew unless that digest is recorded there."""
     from specreg.core.fingerprint import sha256_file
 
     identity = json.dumps({"fingerprint": fingerprint.to_dict(), "outtype": outtype, "llama_cpp": VERSION},
                           sort_keys=True)
     key = hashlib.sha256(identity.encode()).hexdigest()[:24]
     folder = gguf_cache()
-    path, record = folder / f"{key}-{outtype}.gguf", folder / f"{key}-{outtype}.json"
+    path = folder / f"{key}-{outtype}.gguf"
+    record_key = f"{key}-{outtype}"
     with build_lock(folder):  # two processes converting one model: the second one waits and reuses
-        if path.is_file() and record.is_file():
+        if path.is_file():
             digest = sha256_file(path)
-            try:
-                recorded = json.loads(record.read_text()).get("sha256")
-            except (OSError, ValueError, AttributeError):
-                recorded = None  # an unreadable record: converted again below
-            if digest == recorded:
+            if digest in records.digests("gguf", record_key):
                 return path, digest
             if log:
-                log(f"{path}: no longer the file converted earlier (sha256 {digest[:12]}); converting again")
-        started = time.monotonic()
+                log(f"{path}: sha256 {digest[:12]} is not a conversion this registry recorded; converting again")
         if log:
             log(f"converting {model_dir} to GGUF {outtype} with llama.cpp's convert_hf_to_gguf.py into {folder}")
-        record.unlink(missing_ok=True)
         convert(model_dir, path, outtype)
+        os.chmod(path, 0o644)
         digest = sha256_file(path)
-        record.write_text(json.dumps({"sha256": digest, "model": str(model_dir), "outtype": outtype,
-                                      "identity": json.loads(identity),
-                                      "seconds": round(time.monotonic() - started, 1)}, indent=2))
+        records.record("gguf", record_key, digest, str(path))
     return path, digest
 
 
@@ -207,7 +258,7 @@ def convert(model_dir: str | Path, outfile: str | Path, outtype: str = "f32") ->
         raise SpecregError(f"GGUF type {outtype!r}: use one of {', '.join(CONVERT_TYPES)}")
     src = source()
     outfile = Path(outfile)
-    outfile.parent.mkdir(parents=True, exist_ok=True)
+    cache_dir(outfile.parent)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src / "gguf-py"), str(src)]),
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", NO_LOCAL_GGUF="")
     partial = outfile.with_name(f".{outfile.name}.partial")
