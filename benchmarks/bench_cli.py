@@ -1,4 +1,4 @@
-"""CLI speed targets (run by hand; figures go in the README with the date and machine):
+"""CLI speed targets (run by hand; figures go in docs/benchmarks.md with the date and machine):
 - `specreg --help` under 0.3 s;
 - `specreg list` with 10,000 registered versions in SQLite under 0.5 s.
 Each figure is the median wall time of repeated runs of the real command in a new process.

@@ -86,7 +86,7 @@ wait_for_build() {  # NAME PATTERN: wait for its background build, then show whe
 # policy and bob, whose key an enroller (admin) put in the keyring, approves it (four-eyes under the
 # built-in policy in effect until then). Every later command is judged under it.
 step "the team's policy of record: alice proposes the demo policy, bob approves it with his own key"
-specreg keys create --out "$DEMO_DIR/keys/bob"                                   # bob's own key pair
+specreg keys create --use approval --out "$DEMO_DIR/keys/bob"                                 # bob's own key pair
 specreg keys enrol bob --public-key "$DEMO_DIR/keys/bob/specreg-signing.pub" --user admin   # an enroller, audited
 export SPECREG_APPROVAL_KEY="$DEMO_DIR/keys/bob/specreg-signing.key"
 specreg policy propose "$POLICY_FILE" --note "demo: the smoke golden set, bob approves production"
@@ -104,7 +104,7 @@ real_pair_steps() {
     --num-speculative-tokens 4 --notes "real pair built by specreg demo-pair --real"
   # the checks the demo's policy asks for, and memory; its speed is measured in llama.cpp next (tokens/s with
   # and without the draft): our runtime's performance check would only repeat that this float32
-  # draft costs what the target costs (0.59x on the smoke set: README, A real model and llama.cpp)
+  # draft costs what the target costs (0.59x on the smoke set: docs/runtime.md, A real model and llama.cpp)
   specreg validate smollm2@1 --golden smoke --device cpu --gpu-memory 2GiB --report "$DEMO_DIR/validation-smollm2.html" \
     --checks integrity,tokenizer,chat_template,memory,equivalence,distribution,acceptance
   # one request at a time (--concurrency 1,2 adds a tier of two parallel requests: 25 CPU-s more,
@@ -141,7 +141,7 @@ specreg promote demo-chat@1 --to production --reason "demo rollout"
 specreg env list demo-chat
 
 step "export deployment configs carrying the pair's identity and baselines, with a signed pair lock"
-specreg keys create --out "$DEMO_DIR/keys"
+specreg keys create --use lock --out "$DEMO_DIR/keys"
 specreg keys export --out "$DEMO_DIR/keys/approvers.json"   # the approvers' keyring the platform mounts
 for format in vllm sglang trtllm k8s-vllm prometheus-rules; do
   # the manifest mounts the models from a volume: here the host folder the demo pair lies in

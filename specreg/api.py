@@ -554,7 +554,8 @@ class Registry:
             validate = getattr(self, "validate", None)
             if validate is None:
                 raise SpecregError("gate --rerun needs Registry.validate, which this specreg does not have")
-            validate(version.label, golden=env.golden_set, progress=progress)
+            validate(version.label, golden=env.golden_set, acceptance_tolerance=env.acceptance_tolerance,
+                     progress=progress)
         result = decisions.gate(self.store, policy, version, environment)
         if preview is not None:
             result = replace(result, preview=decisions.gate(self.store, preview, version, environment).to_dict())
@@ -587,13 +588,29 @@ class Registry:
 
     # --- validation ---------------------------------------------------------------------
 
-    def validate(self, ref: str | PairRef, *, golden: str = "default", device: str = "auto",
+    def validation_settings(self, golden: str | None = None, acceptance_tolerance: float | None = None) -> dict:
+        """The golden set and acceptance tolerance a validation uses: those given, else those of
+        the policy in effect (its validation environment: Policy.validation_environment) ->
+        {"golden_set", "acceptance_tolerance", "policy", "environment"} ("environment": None
+        when both were given)."""
+        if golden is not None and acceptance_tolerance is not None:
+            return {"golden_set": golden, "acceptance_tolerance": acceptance_tolerance, "policy": None,
+                    "environment": None}
+        policy = self.policy()
+        env = policy.validation_environment()
+        return {"golden_set": golden if golden is not None else env.golden_set,
+                "acceptance_tolerance": (acceptance_tolerance if acceptance_tolerance is not None
+                                         else env.acceptance_tolerance),
+                "policy": policy.source, "environment": env.name}
+
+    def validate(self, ref: str | PairRef, *, golden: str | None = None, device: str = "auto",
                  dtype: str = "float32", checks: str | list[str] | None = None, gpu_memory: str | None = None,
-                 acceptance_tolerance: float = 0.10, near_tie_tolerance: float | None = None,
+                 acceptance_tolerance: float | None = None, near_tie_tolerance: float | None = None,
                  distribution_samples: int = 4000, seed: int = 0, runtime_batch: int = 8, progress=None,
                  hooks: dict | None = None):
         """Validate a pair version on golden set ``golden`` (a shipped name or a file path) and
-        record the run; the version moves to validated or failed.
+        record the run; the version moves to validated or failed. ``golden`` and
+        ``acceptance_tolerance`` default to the policy's (validation_settings).
 
         runtime_batch: golden prompts the runtime decodes at once (each decodes as it would alone;
         the speed figures say the batch size, latency is measured at batch 1 as well).
@@ -610,6 +627,8 @@ class Registry:
         from specreg.validation import validate_version
         from specreg.validators.suite import ValidationOptions, parse_checks
 
+        settings = self.validation_settings(golden, acceptance_tolerance)
+        golden, acceptance_tolerance = settings["golden_set"], settings["acceptance_tolerance"]
         if not 0 <= acceptance_tolerance < 1:
             raise UsageError(f"invalid acceptance tolerance {acceptance_tolerance!r}: use a fraction in [0, 1)")
         if distribution_samples < 1000:
@@ -639,7 +658,7 @@ class Registry:
         self.mirror(version.label)
         return outcome
 
-    def validate_engine(self, ref: str | PairRef, *, engine: str, golden: str = "default",
+    def validate_engine(self, ref: str | PairRef, *, engine: str, golden: str | None = None,
                         engine_url: str | None = None, reference_url: str | None = None,
                         model_name: str | None = None, concurrency: tuple[int, ...] = (1, 4),
                         parity_tolerance: float = 0.03, near_tie_tolerance: float | None = None,
@@ -656,7 +675,7 @@ class Registry:
             tiers=tuple(concurrency), parity_tolerance=parity_tolerance, near_tie_tolerance=near_tie_tolerance,
             dtype=dtype, threads=threads, deadline_s=deadline_s))
         version = self.get(ref)
-        golden_set = load_golden_set(golden)
+        golden_set = load_golden_set(self.validation_settings(golden, 0.0)["golden_set"])
         return validate_in_engine(self.store, version, golden_set, options, actor=self.user, progress=progress)
 
     def engine_baselines(self, ref: str | PairRef, engine: str | None = None) -> list:

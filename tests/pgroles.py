@@ -1,7 +1,7 @@
 """Acting as a user on PostgreSQL means authenticating as that role (specreg takes the actor
 from ``session_user``). ``as_user(db_url, "alice")`` returns the URL that connects as role
 ``alice`` (created on first use: LOGIN, trust auth on the test server) with the least-privilege
-grants the README recommends (`specreg db grants alice`: read everything, insert, update only
+grants docs/governance.md recommends (`specreg db grants alice`: read everything, insert, update only
 what specreg updates, delete nothing) on that database; a SQLite URL comes back unchanged
 (identity there is advisory: pass ``user=``)."""
 

@@ -167,3 +167,30 @@ def build_deepseek_v3(directory: Path, tokenizer_dir: Path, *, hidden_size: int 
 
 def read_json(path: Path) -> dict:
     return json.loads(Path(path).read_text())
+
+
+def build_agreeing_pair(root: Path, *, target_layers: int = 8, seed: int = 0) -> tuple[Path, Path]:
+    """A tiny (target, draft) pair that agrees and is faster than its target, with no training:
+    the target's layers after the first add nothing to the residual stream (their attention and
+    MLP output projections are zero, so each computes and adds exactly 0.0), and the draft is the
+    target's first layer with the same embeddings, norm and head. The draft then proposes what the
+    target would emit, bit for bit, at a fraction of its cost: a pair that passes the built-in
+    policy's floors (acceptance, speedup) the way a well-matched real pair does. -> (target, draft)"""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    root = Path(root)
+    build_tokenizer(root / "tokenizer")
+    target_dir = build_llama(root / "target", root / "tokenizer", seed=seed, num_layers=target_layers)
+    target = LlamaForCausalLM.from_pretrained(target_dir)
+    with torch.no_grad():
+        for layer in target.model.layers[1:]:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+    target.save_pretrained(target_dir, safe_serialization=True)
+    draft_dir = build_llama(root / "draft", root / "tokenizer", seed=seed, num_layers=1)
+    draft = LlamaForCausalLM.from_pretrained(draft_dir)
+    draft.load_state_dict({key: value for key, value in target.state_dict().items()
+                           if not key.startswith("model.layers.") or key.startswith("model.layers.0.")})
+    draft.save_pretrained(draft_dir, safe_serialization=True)
+    return target_dir, draft_dir

@@ -27,6 +27,9 @@ def latest_validation_summary(store: Store, version: PairVersion) -> dict[str, A
             "categories": {cat: (figs or {}).get("acceptance_rate")
                            for cat, figs in (baselines.get("per_category") or {}).items()},
             "checks": {c.name: c.status for c in run.checks},
+            # what the performance check measured: speculative vs target-only on the same prompts
+            **{key: ((run.summary or {}).get("performance") or {}).get(key)
+               for key in ("speedup", "tokens_per_s", "baseline_tokens_per_s", "recommended_k")},
         }
 
 
@@ -52,7 +55,8 @@ def diff(store: Store, a: PairVersion, b: PairVersion) -> list[dict[str, Any]]:
         add("config", key, value_a, b.config.to_dict()[key])
     summary_a, summary_b = latest_validation_summary(store, a) or {}, latest_validation_summary(store, b) or {}
     for key in ("run", "status", "golden_set", "golden_sha256", "finished_at", "acceptance_rate",
-                "mean_acceptance_length", "per_position_acceptance"):
+                "mean_acceptance_length", "per_position_acceptance", "speedup", "tokens_per_s",
+                "baseline_tokens_per_s", "recommended_k"):
         add("validation", key, summary_a.get(key), summary_b.get(key))
     categories = list(dict.fromkeys([*(summary_a.get("categories") or {}), *(summary_b.get("categories") or {})]))
     for category in categories:

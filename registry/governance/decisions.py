@@ -44,8 +44,8 @@ class GateResult:
 
     @property
     def reasons(self) -> list[str]:
-        """One line per failed condition: ``name: reason``."""
-        return [f"{c.name}: {c.reason}" for c in self.conditions if not c.passed]
+        """One line per failed condition that was judged (``unmet``): ``name: reason``."""
+        return [f"{c.name}: {c.reason}" for c in unmet(self.conditions)]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -56,6 +56,23 @@ class GateResult:
             "audit_head": self.audit_head, "binding_sha256": self.binding_sha256, "reasons": self.reasons,
             "conditions": [c.to_dict() for c in self.conditions],
         }
+
+
+NOT_JUDGED = "not_judged"  # a Condition's details key: the condition whose failure left it unjudged
+
+
+def unmet(conditions) -> list[Condition]:
+    """The failed conditions that were judged, in the order evaluated: the first is the root
+    cause. A condition left unjudged by another's failure (the checks, baselines and floors
+    while no validation on the policy's golden set exists) still fails the gate, but is not
+    listed as unmet: it may well be met on another golden set."""
+    return [c for c in conditions if not c.passed and NOT_JUDGED not in c.details]
+
+
+def not_judged(name: str, golden_set: str) -> Condition:
+    """``name`` unjudged for want of a passed validation on ``golden_set``."""
+    return Condition(name, False, f"not judged: needs a passed validation on golden set {golden_set}",
+                     {NOT_JUDGED: "validation"})
 
 
 def replayed_state(row: PairVersionRow, chain: list[AuditEventRow]) -> tuple[str | None, str | None]:
@@ -109,19 +126,22 @@ def evaluate(session: Session, row: PairVersionRow, env: EnvironmentPolicy, poli
     relevant = [r for r in runs if r.golden_set == env.golden_set or r.golden_sha256 == golden_sha256]
     run = relevant[0] if relevant else None
     if run is None:
-        elsewhere = f" (its latest validation used golden set {runs[0].golden_set})" if runs else ""
-        conditions.append(Condition("validation", False,
-                                    f"{label} is not validated on golden set {env.golden_set}{elsewhere}"))
+        if runs:
+            reason = (f"run {runs[0].id} used golden set {runs[0].golden_set}; the policy asks for "
+                      f"{env.golden_set}")
+        else:
+            reason = f"{label} is not validated on golden set {env.golden_set} (no validation run yet)"
+        conditions.append(Condition("validation", False, reason, {"golden_set": env.golden_set}))
     elif run.status != "passed":
         conditions.append(Condition("validation", False,
                                     f"the latest validation of {label} on {env.golden_set} (run {run.id}) {run.status}",
-                                    {"run": run.id, "status": run.status}))
+                                    {"run": run.id, "status": run.status, "golden_set": env.golden_set}))
     else:
         conditions.append(Condition("validation", True, f"run {run.id} passed on {env.golden_set}",
                                     {"run": run.id, "finished_at": run.finished_at.isoformat() if run.finished_at else None}))
 
     if run is None:
-        conditions.append(Condition("golden_set", False, "no validation to compare"))
+        conditions.append(not_judged("golden_set", env.golden_set))
     elif run.golden_sha256 != golden_sha256:
         conditions.append(Condition("golden_set", False,
                                     f"golden set {env.golden_set} changed since run {run.id} "
@@ -143,7 +163,7 @@ def evaluate(session: Session, row: PairVersionRow, env: EnvironmentPolicy, poli
     if env.max_validation_age_days is not None:
         finished = run.finished_at if run is not None else None
         if finished is None:
-            conditions.append(Condition("validation_age", False, "no finished validation"))
+            conditions.append(not_judged("validation_age", env.golden_set))
         else:
             age_days = (now - finished) / timedelta(days=1)
             fresh = age_days <= env.max_validation_age_days
@@ -157,7 +177,7 @@ def evaluate(session: Session, row: PairVersionRow, env: EnvironmentPolicy, poli
     for name in env.checks_for(row.method):  # per pair kind where the policy says so
         check = checks.get(name)
         if run is None:
-            conditions.append(Condition(f"check.{name}", False, "no validation"))
+            conditions.append(not_judged(f"check.{name}", env.golden_set))
         elif check is None:
             conditions.append(Condition(f"check.{name}", False, f"run {run.id} did not run check {name}"))
         else:
@@ -165,15 +185,20 @@ def evaluate(session: Session, row: PairVersionRow, env: EnvironmentPolicy, poli
                                         f"{check.status}: {check.summary}", {"status": check.status}))
 
     figures = overall_figures(run) if run is not None and run.status == "passed" else None
-    conditions.append(Condition("baselines", figures is not None,
-                                f"run {run.id} recorded acceptance baselines" if figures
-                                else "no acceptance baselines recorded" + (f" in run {run.id}" if run else ""),
-                                {"overall": figures} if figures else {}))
+    if run is None or run.status != "passed":
+        # a failed or missing validation is the cause: what it would have measured is not judged
+        conditions.append(not_judged("baselines", env.golden_set))
+    else:
+        conditions.append(Condition("baselines", figures is not None,
+                                    f"run {run.id} recorded acceptance baselines" if figures
+                                    else f"no acceptance baselines recorded in run {run.id}",
+                                    {"overall": figures} if figures else {}))
     conditions.append(acceptance_condition(session, row, run, figures, env, golden_sha256, holder, chain))
     conditions.extend(engine_baseline_conditions(session, row, env, golden_sha256=golden_sha256, now=now, policy=policy,
                                                  chain=chain))
     events = [e for e in chain if e.pair_name == row.pair.name and e.version == row.version]
-    conditions += floor_conditions(run, env, overall_figures(run) if run is not None else None, events)
+    floors = floor_conditions(run, env, overall_figures(run) if run is not None else None, events)
+    conditions += [not_judged(c.name, env.golden_set) if run is None and not c.passed else c for c in floors]
     conditions.append(approval_condition(session, row, env, policy, chain))
     return conditions, run
 
@@ -184,7 +209,9 @@ def acceptance_condition(session: Session, row: PairVersionRow, run: ValidationR
     """Acceptance >= baseline * (1 - tolerance) against (a) the version's own earlier passed run
     on the same golden set (drift) and (b) the environment's current holder."""
     if figures is None:
-        return Condition("acceptance", False, "no acceptance figures to compare")
+        if run is None or run.status != "passed":
+            return not_judged("acceptance", env.golden_set)
+        return Condition("acceptance", False, f"run {run.id} recorded no acceptance figures to compare")
     references: list[tuple[str, ValidationRunRow]] = []
     earlier = [r for r in finished_runs(session, row.id, chain)
                if r.id < run.id and r.status == "passed" and r.golden_sha256 == golden_sha256]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from specreg.registry.governance.decisions import GateResult
+from specreg.registry.governance.decisions import NOT_JUDGED, GateResult
 
 
 def junit_xml(result: GateResult | None, error: str | None = None, subject: str = "") -> str:
@@ -31,15 +31,19 @@ def junit_xml(result: GateResult | None, error: str | None = None, subject: str 
         ET.SubElement(case, "error", message=error or "gate not evaluated", type="error").text = error
         counts = {"tests": "1", "failures": "0", "errors": "1"}
     else:
-        failures = 0
+        failures = skipped = 0
         for condition in result.conditions:
             case = ET.SubElement(suite, "testcase", classname=f"specreg.gate.{result.environment}", name=condition.name)
             if condition.passed:
                 ET.SubElement(case, "system-out").text = condition.reason
+            elif NOT_JUDGED in condition.details:  # the failed condition it waits for is the failure
+                ET.SubElement(case, "skipped", message=condition.reason)
+                skipped += 1
             else:
                 failures += 1
                 ET.SubElement(case, "failure", message=condition.reason, type="refused").text = condition.reason
-        counts = {"tests": str(len(result.conditions)), "failures": str(failures), "errors": "0"}
+        counts = {"tests": str(len(result.conditions)), "failures": str(failures), "errors": "0",
+                  "skipped": str(skipped)}
     for key, value in counts.items():
         suite.set(key, value)
     suites = ET.Element("testsuites")
@@ -60,7 +64,7 @@ def markdown_summary(result: GateResult | None, error: str | None = None, subjec
              + (f" · audit head `{result.audit_head}`" if result.audit_head else ""), "",
              "| | condition | reason |", "|---|---|---|"]
     for condition in result.conditions:
-        mark = "✅" if condition.passed else "❌"
+        mark = "✅" if condition.passed else "–" if NOT_JUDGED in condition.details else "❌"
         lines.append(f"| {mark} | `{condition.name}` | {escape_cell(condition.reason)} |")
     return "\n".join(lines) + "\n"
 

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from specreg.errors import ConcurrentUpdateError, IllegalTransitionError, NotFoundError, PolicyViolation
 from specreg.registry.governance.approvals import export_environment, rejected_by, standing
-from specreg.registry.governance.decisions import evaluate
+from specreg.registry.governance.decisions import evaluate, unmet
 from specreg.registry.governance.environment_history import new_holder
 from specreg.registry.governance.floors import SPEEDUP_EXCEPTION
 from specreg.registry.governance.policy import Policy
@@ -98,9 +98,10 @@ def promote(store: Store, policy: Policy, name: str, version: int, environment: 
         exception = {"condition": SPEEDUP_EXCEPTION, "reason": allow_slower, **excepted.details} if excepted else None
         failed = [c for c in conditions if not c.passed and c is not excepted]
         if failed:
+            judged = unmet(failed)  # never empty: an unjudged condition follows a failed one
             raise PolicyViolation(f"cannot promote {label} to {environment}: "
-                                  + "; ".join(f"{c.name}: {c.reason}" for c in failed),
-                                  reasons=[(c.name, c.reason) for c in failed])
+                                  + "; ".join(f"{c.name}: {c.reason}" for c in judged),
+                                  reasons=[(c.name, c.reason) for c in judged])
         now = utcnow()
         if pointer is None:
             pointer = EnvironmentPointerRow(pair_id=pair.id, environment=environment, pair_version_id=row.id,

@@ -188,6 +188,12 @@ class Policy:
             raise NotFoundError(f"unknown environment {name!r}: policy {self.source} defines {known}")
         return self.environments[name]
 
+    def validation_environment(self) -> EnvironmentPolicy:
+        """The environment whose golden set and tolerance `specreg validate` uses unless told
+        otherwise: the last one the policy lists (production in the built-in policy), so that
+        one validation serves the promotion that asks the most of it."""
+        return list(self.environments.values())[-1]
+
     def to_dict(self) -> dict[str, Any]:
         return {"source": self.source, "version": self.version,
                 "identity": {"allow_claimed_user": self.allow_claimed_user},

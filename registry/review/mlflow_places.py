@@ -38,7 +38,76 @@ def ui_command(tracking_uri: str, host: str = "127.0.0.1", port: int = 5000) -> 
         "--default-artifact-root", str(artifact_root),
         "--host", host,
         "--port", str(port),
+        # one uvicorn process: MLflow's default is 4 workers under a supervisor (13 processes
+        # with its helpers) for a UI one person reads
+        "--workers", "1",
     ]
+
+
+def serve_ui(argv: list[str], log: Path, stop_after_s: float = 10.0) -> int | None:
+    """Run the UI server ``argv`` until it exits or this process gets SIGINT / SIGTERM, its
+    output appended to ``log``; then stop every process it started -> its exit code (None:
+    stopped by a signal here).
+
+    The server runs in a session of its own, so that the whole process group (uvicorn and any
+    helper MLflow forks) can be signalled at once: SIGTERM, then SIGKILL after
+    ``stop_after_s``. Library warnings go to the log, never to the terminal."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    log.parent.mkdir(parents=True, exist_ok=True)
+    # no job runner (two more interpreters and a 10-worker consumer for MLflow's GenAI jobs,
+    # which specreg never submits) and no telemetry, unless the caller asks for them
+    env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true", **os.environ,
+           "PYTHONWARNINGS": "ignore"}
+    stopped = []
+
+    def stop(signum, _frame):
+        stopped.append(signum)
+        raise KeyboardInterrupt
+
+    previous = {number: signal.signal(number, stop) for number in (signal.SIGINT, signal.SIGTERM)}
+    with open(log, "ab") as out:
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                   start_new_session=True)
+        try:
+            code = process.wait()
+        except KeyboardInterrupt:
+            code = None
+        finally:
+            for number, handler in previous.items():
+                signal.signal(number, handler)
+            stop_group(process, stop_after_s, time)
+    return None if stopped else code
+
+
+def stop_group(process, stop_after_s: float, time) -> None:
+    """SIGTERM the process group of ``process`` (its own session), SIGKILL what is left after
+    ``stop_after_s``; reap ``process``."""
+    import os
+    import signal
+
+    def alive() -> bool:
+        try:
+            os.killpg(process.pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
+    if alive():
+        os.killpg(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + stop_after_s
+    while time.monotonic() < deadline:
+        process.poll()  # reap the leader, so that only its live children keep the group
+        if not alive():
+            break
+        time.sleep(0.1)
+    else:
+        if alive():
+            os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
 
 
 def model_version_url(base_url: str, name: str, version: int | str) -> str:

@@ -26,7 +26,8 @@ from specreg.registry.store import audit
 from specreg.core.types import ModelRef
 from specreg.registry.store.entities import AuditEvent, PairState, PairVersion, SpecConfig
 from specreg.registry.store.lifecycle import check_transition
-from specreg.registry.store.orm import AuditEventRow, AuditHeadRow, ObservationRow, PairRow, PairVersionRow
+from specreg.registry.store.orm import (AuditEventRow, AuditHeadRow, EnvironmentPointerRow, ObservationRow, PairRow,
+                                        PairVersionRow)
 
 # The newest migration in migrations/versions; a test checks it equals alembic's head.
 SCHEMA_HEAD = "0007"
@@ -324,10 +325,18 @@ class Store:
                        PairVersionRow.registered_at)
                 .join(PairRow).order_by(PairRow.name, PairVersionRow.version)
             ).all()
+            held: dict[tuple[str, int], list[str]] = {}  # which environments each version holds
+            for name, version, environment in session.execute(
+                    select(PairRow.name, PairVersionRow.version, EnvironmentPointerRow.environment)
+                    .join(PairVersionRow, EnvironmentPointerRow.pair_version_id == PairVersionRow.id)
+                    .join(PairRow, PairVersionRow.pair_id == PairRow.id)
+                    .order_by(EnvironmentPointerRow.environment)):
+                held.setdefault((name, version), []).append(environment)
             return [
                 {"name": r.name, "version": r.version, "state": r.state, "method": r.method,
                  "num_speculative_tokens": r.num_speculative_tokens, "registered_by": r.registered_by,
-                 "registered_at": r.registered_at.isoformat(timespec="seconds")}
+                 "registered_at": r.registered_at.isoformat(timespec="seconds"),
+                 "environments": held.get((r.name, r.version), [])}
                 for r in rows
             ]
 

@@ -55,23 +55,39 @@ def print_warnings() -> None:
         registry.warnings.clear()
 
 
-def echo_err(lines: list[str]) -> None:
-    """Lines for people on stderr (already ``printable``), wrapped to the terminal when stderr is
-    one: a continuation is indented two spaces past its line's own indent."""
-    import shutil
-    import sys
+def wrapped(lines: list[str], width: int | None) -> list[str]:
+    """``lines`` fitted to ``width`` columns (None: as they are): a continuation is indented two
+    spaces past its line's own indent."""
     import textwrap
 
-    width = shutil.get_terminal_size((100, 24)).columns if sys.stderr.isatty() else None
     out = []
     for line in lines:
         if width is None or len(line) <= width:
             out.append(line)
             continue
-        indent = " " * (len(line) - len(line.lstrip(" ")) + 2)
+        indent = " " * min(len(line) - len(line.lstrip(" ")) + 2, width // 2)
         out += textwrap.wrap(line, width, subsequent_indent=indent, break_on_hyphens=False,
                              break_long_words=True) or [line]
-    click.echo("\n".join(out), err=True)
+    return out
+
+
+def echo_err(lines: list[str]) -> None:
+    """Lines for people on stderr (already ``printable``), wrapped to the terminal when stderr is
+    one."""
+    import shutil
+    import sys
+
+    width = shutil.get_terminal_size((100, 24)).columns if sys.stderr.isatty() else None
+    click.echo("\n".join(wrapped(lines, width)), err=True)
+
+
+def say(text: str, err: bool = False) -> None:
+    """One message for people on stdout (``err``: stderr), made ``printable`` and wrapped to the
+    terminal when that stream is one (in a pipe or a log: one line, for tools)."""
+    if err:
+        echo_err([printable(text)])
+    else:
+        echo_lines([text])
 
 
 def print_json(data) -> None:
@@ -91,8 +107,8 @@ def printable(text) -> str:
 
 
 def echo_lines(lines: list[str]) -> None:
-    """Print lines for people, each made ``printable`` (one write)."""
-    click.echo("\n".join(printable(line) for line in lines))
+    """Print lines for people, each made ``printable`` and fitted to ``output_width()`` (one write)."""
+    click.echo("\n".join(wrapped([printable(line) for line in lines], output_width())))
 
 
 def output_width() -> int | None:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from specreg.cli.common import (cli, db_option, fmt_number, json_option, open_registry, print_json, print_table,
-                                user_option)
+from specreg.cli.common import (cli, db_option, fmt_number, json_option, open_registry, print_json,
+                                print_table, say, user_option)
 from specreg.registry.deploy.engines import FORMATS
 
 
@@ -55,7 +55,7 @@ def export(ref, fmt, out_dir, template, option_pairs, force, overwrite, signing_
         print_json([{"file": name, "link" if isinstance(text, Link) else "text": str(text)} for name, text in files])
     elif out_dir:
         for name, text in files:
-            click.echo(f"wrote {out_dir.rstrip('/')}/{name}" + (f" -> {text}" if isinstance(text, Link) else ""))
+            say(f"wrote {out_dir.rstrip('/')}/{name}" + (f" -> {text}" if isinstance(text, Link) else ""))
     else:
         for name, text in files:
             if isinstance(text, Link):
@@ -107,13 +107,13 @@ def verify(lock_path, public_key, target, draft, registry_url, environment, allo
         print_json(report.to_dict())
     else:
         for check in report.checks:
-            click.echo(f"{'ok' if check['passed'] else 'MISMATCH'}  {check['name']}: {check['detail']}")
+            say(f"{'ok' if check['passed'] else 'MISMATCH'}  {check['name']}: {check['detail']}")
     if not report.passed:
         if not as_json:
-            click.echo(f"specreg: verify: {report.pair}: {report.failure['detail']}", err=True)
+            say(f"specreg: verify: {report.pair}: {report.failure['detail']}", err=True)
         sys.exit(100)
     if not as_json:
-        click.echo(f"verified {report.pair}: {'signed lock, ' if report.signed else 'UNSIGNED lock, '}files match")
+        say(f"verified {report.pair}: {'signed lock, ' if report.signed else 'UNSIGNED lock, '}files match")
 
 
 @cli.group()
@@ -133,7 +133,7 @@ def keys_enrol(person, public_key, db_url, user, as_json):
     if as_json:
         print_json({k: v for k, v in entry.to_dict().items() if k != "public_key"})
     else:
-        click.echo(f"enrolled key {entry.key_id[:12]} for {entry.person} (by {entry.enrolled_by})")
+        say(f"enrolled key {entry.key_id[:12]} for {entry.person} (by {entry.enrolled_by})")
 
 
 @keys.command(name="list")
@@ -147,9 +147,9 @@ def keys_list(db_url, as_json):
                     "not_counted": refused, "revoked": revoked})
         return
     for e in entries:
-        click.echo(f"{e.key_id[:12]}  {e.person}  enrolled by {e.enrolled_by} at {e.enrolled_at}")
+        say(f"{e.key_id[:12]}  {e.person}  enrolled by {e.enrolled_by} at {e.enrolled_at}")
     for line in refused:
-        click.echo(f"NOT COUNTED  {line}")
+        say(f"NOT COUNTED  {line}")
 
 
 @keys.command(name="export")
@@ -169,7 +169,7 @@ def keys_export(out_path, db_url):
                                   encoding="utf-8")
     except OSError as exc:
         raise SpecregError(f"keyring {out_path}: cannot write ({exc.strerror or exc})") from None
-    click.echo(f"wrote {len(entries)} key(s) and {len(revoked)} revocation(s) to {out_path}")
+    say(f"wrote {len(entries)} key(s) and {len(revoked)} revocation(s) to {out_path}")
 
 
 @keys.command(name="revoke")
@@ -185,20 +185,38 @@ def keys_revoke(key_id, reason, db_url, user, as_json):
     if as_json:
         print_json({"revoked": entry.key_id, "person": entry.person})
     else:
-        click.echo(f"revoked key {entry.key_id[:12]} of {entry.person}: its approvals no longer count; run "
-                   f"`specreg keys export` again for every deploy")
+        say(f"revoked key {entry.key_id[:12]} of {entry.person}: its approvals no longer count; run "
+            f"`specreg keys export` again for every deploy")
+
+
+KEY_USES = {
+    # what each use does with the two halves of the pair: (private key, public key)
+    "approval": ("approve --key / SPECREG_APPROVAL_KEY: your approvals are its signatures; keep it to yourself",
+                 "an enroller adds it to the keyring: specreg keys enrol PERSON --public-key {public}"),
+    "lock": ("export --signing-key / SPECREG_SIGNING_KEY: signs the pair lock of every export",
+             "verify --public-key {public}: give it to every deploy"),
+}
 
 
 @keys.command(name="create")
 @click.option("--out", "out_dir", required=True, metavar="DIR", help="Folder for the key pair (created if missing).")
-def keys_create(out_dir):
+@click.option("--use", "use", type=click.Choice(sorted(KEY_USES)), default=None,
+              help="What the key is for: approval (a person's approvals) or lock (the team's export signing); "
+                   "decides the hints printed.")
+def keys_create(out_dir, use):
     """Create an ECDSA P-256 key pair: DIR/specreg-signing.key (private, mode 0600) and
     DIR/specreg-signing.pub. Never overwrites a key."""
+    from specreg.cli.common import echo_lines
     from specreg.core.signing import create_key_pair
 
     private_path, public_path = create_key_pair(out_dir)
-    click.echo(f"private key: {private_path} (mode 0600; export --signing-key / SPECREG_SIGNING_KEY)")
-    click.echo(f"public key:  {public_path} (verify --public-key; give it to every deploy)")
+    uses = [use] if use else sorted(KEY_USES)  # without --use: the hints of either use, each named
+    label = {"approval": "approvals", "lock": "pair locks"}
+    prefix = (lambda name: "  ") if use else (lambda name: f"  for {label[name]}: ")
+    echo_lines([f"private key: {private_path} (mode 0600)"]
+               + [prefix(name) + KEY_USES[name][0] for name in uses]
+               + [f"public key:  {public_path}"]
+               + [prefix(name) + KEY_USES[name][1].format(public=public_path) for name in uses])
 
 
 @cli.command()
@@ -237,12 +255,12 @@ def observe(ref, metrics_url, engine, interval, model_name, tolerance, deadline,
     if as_json:
         print_json(result)
     else:
-        click.echo(f"{result['pair']} via {engine} at {metrics_url}: {result['verdict']}")
+        say(f"{result['pair']} via {engine} at {metrics_url}: {result['verdict']}")
         print_table(["METRIC", "LIVE", "BASELINE", "FLOOR", "OK"],
                     [[c["metric"], fmt_number(c["live"]), fmt_number(c["baseline"]), fmt_number(c["floor"]),
                       {True: "yes", False: "NO", None: "-"}[c["ok"]]] for c in result["checks"]])
         for reason in result["reasons"] + result.get("not_compared", []):
-            click.echo(f"- {reason}")
+            say(f"- {reason}")
     sys.exit(result["exit_code"])
 
 

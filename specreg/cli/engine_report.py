@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from specreg.cli.common import echo_lines, print_json, print_table
+from specreg.cli.common import echo_lines, print_json, print_table, say
 
 
 def _num(value, digits: int = 3) -> str:
@@ -34,7 +34,7 @@ def run_engine_validation(registry, ref: str, *, engine: str, golden: str, engin
                                            dtype=dtype, threads=threads, deadline_s=deadline_s, progress=progress)
     except ValidationInterrupted as exc:
         progress.close()
-        click.echo(f"specreg: engine validation aborted by {exc.signal_name}; the server was stopped, nothing "
+        say(f"specreg: engine validation aborted by {exc.signal_name}; the server was stopped, nothing "
                    f"was recorded", err=True)
         sys.exit(128 + exc.signal_number)
     finally:
@@ -66,7 +66,7 @@ def run_engine_validation(registry, ref: str, *, engine: str, golden: str, engin
                          for t in throughput.evidence["tiers"]])
         report = outcome.report
         if "engine_matches_runtime_counts" in report:
-            click.echo(f"prompt by prompt: {report['engine_matches_runtime_tokens']} of {report['prompts']} with the "
+            say(f"prompt by prompt: {report['engine_matches_runtime_tokens']} of {report['prompts']} with the "
                        f"same tokens in {engine} as in our runtime, {report['engine_matches_runtime_counts']} with "
                        f"the same drafted / accepted / steps / per-position counts")
         print_table(["CHECK", "STATUS", "SUMMARY"], [[c.name, c.status, c.summary] for c in outcome.checks])

@@ -6,8 +6,8 @@ import textwrap
 
 import click
 
-from specreg.cli.common import (cli, db_option, echo_lines, user_option, json_option, output_width, policy_option, PREVIEW_ONLY,
-                                open_registry, print_json, print_table, printable)
+from specreg.cli.common import (PREVIEW_ONLY, cli, db_option, echo_lines, json_option, open_registry,
+                                output_width, policy_option, print_json, print_table, printable, say, user_option)
 from specreg.errors import SpecregError
 
 
@@ -26,7 +26,7 @@ def approve(ref, note, key, environment, db_url, user, as_json):
     if as_json:
         print_json(approval.to_dict())
     else:
-        click.echo(f"{approval.pair}@{approval.version} approved by {approval.actor}")
+        say(f"{approval.pair}@{approval.version} approved by {approval.actor}")
 
 
 @cli.command()
@@ -44,7 +44,7 @@ def reject(ref, note, key, environment, db_url, user, as_json):
     if as_json:
         print_json(approval.to_dict())
     else:
-        click.echo(f"{approval.pair}@{approval.version} rejected by {approval.actor}")
+        say(f"{approval.pair}@{approval.version} rejected by {approval.actor}")
 
 
 def parse_expected_holder(value: str | None):
@@ -75,7 +75,7 @@ def parse_expected_holder(value: str | None):
 @json_option
 def promote(ref, environment, reason, expected, allow_slower, policy_path, db_url, user, as_json):
     """Make a version hold ENV if the policy of record allows it (exit 100 with every reason if not)."""
-    from specreg.cli.refusals import Refusal, refusal_lines
+    from specreg.cli.refusals import Refusal, known_values, refusal_lines
     from specreg.errors import PolicyViolation, UsageError
 
     if policy_path is not None:
@@ -87,22 +87,25 @@ def promote(ref, environment, reason, expected, allow_slower, policy_path, db_ur
     except PolicyViolation as exc:
         if not exc.reasons:
             raise
-        label = registry.get(ref).label
         policy = registry.policy()
-        raise Refusal(refusal_lines(f"cannot promote {label} to {environment} (policy {policy.source}):", exc.reasons,
-                                    label, environment, policy.environment(environment).golden_set),
+        known = known_values(registry, ref, environment, policy)
+        if as_json:
+            print_json({"pair": known.label.split("@")[0], "version": int(known.label.split("@")[1]),
+                        "environment": environment, "promoted": False, "policy": policy.source,
+                        "reasons": [f"{name}: {why}" for name, why in exc.reasons]})
+        raise Refusal(refusal_lines(f"cannot promote {known.label} to {environment}", exc.reasons, known),
                       exc.reasons) from None
     if as_json:
         print_json(move.to_dict())
         return
     before = f" (previous holder {move.pair}@{move.previous_version})" if move.previous_version else ""
-    click.echo(f"promoted {move.pair}@{move.version} to {move.environment}{before}")
+    say(f"promoted {move.pair}@{move.version} to {move.environment}{before}")
     if move.exception:
-        click.echo(f"specreg: EXCEPTION recorded in the audit log: {move.pair}@{move.version} holds "
+        say(f"specreg: EXCEPTION recorded in the audit log: {move.pair}@{move.version} holds "
                    f"{move.environment} with a measured speedup of {move.exception['speedup']:.2f}x, below the "
                    f"policy's {move.exception['floor']:g}x; reason: {printable(allow_slower)}", err=True)
     elif allow_slower:
-        click.echo("specreg: note: --allow-slower was not needed (the speedup meets the policy); no exception "
+        say("specreg: note: --allow-slower was not needed (the speedup meets the policy); no exception "
                    "recorded", err=True)
 
 
@@ -119,7 +122,7 @@ def rollback(name, environment, reason, db_url, user, as_json):
     if as_json:
         print_json(move.to_dict())
     else:
-        click.echo(f"{move.pair}@{move.environment} rolled back to version {move.version}"
+        say(f"{move.pair}@{move.environment} rolled back to version {move.version}"
                    + (f" (from version {move.previous_version})" if move.previous_version else ""))
 
 
@@ -136,7 +139,7 @@ def retire(ref, reason, force, db_url, user, as_json):
     if as_json:
         print_json(version.to_dict(with_events=False))
     else:
-        click.echo(f"retired {version.label}")
+        say(f"retired {version.label}")
 
 
 @cli.command()
@@ -170,24 +173,24 @@ def gate(ref, environment, rerun, junit_path, markdown_path, policy_path, db_url
         print_json(result.to_dict() if result is not None else
                    {"ref": ref, "environment": environment, "passed": False, "verdict": "error", "error": error})
     elif result is not None:
-        click.echo(f"gate {result.pair}@{result.version} -> {environment}: {'PASS' if result.passed else 'REFUSED'}"
-                   f"  (policy {result.policy_source})")
-        print_table(["", "CONDITION", "REASON"],
-                    [["ok" if c.passed else "NO", c.name, c.reason] for c in result.conditions])
+        if result.passed:
+            say(f"gate {result.pair}@{result.version} -> {environment}: PASS  (policy {result.policy_source})")
+            print_table(["", "CONDITION", "REASON"], [["ok", c.name, c.reason] for c in result.conditions])
         if result.preview is not None:
-            click.echo(f"preview under {result.preview['policy']}: it would "
-                       f"{'PASS' if result.preview['passed'] else 'be REFUSED'} (decides nothing: "
-                       f"{result.policy_source} decides)")
+            say(f"preview under {result.preview['policy']}: it would "
+                f"{'PASS' if result.preview['passed'] else 'be REFUSED'} (decides nothing: "
+                f"{result.policy_source} decides)")
     if error is not None:
         raise GateError(error, code)
     if code:
-        from specreg.cli.refusals import Refusal, refusal_lines
+        # each reason once, on stderr, root cause first (`--json` or --junit for every condition)
+        from specreg.cli.refusals import Refusal, known_values, refusal_lines
+        from specreg.registry.governance.decisions import unmet
 
-        failed = [(c.name, c.reason) for c in result.conditions if not c.passed]
+        failed = [(c.name, c.reason) for c in unmet(result.conditions)]
         label = f"{result.pair}@{result.version}"
-        golden_set = registry.policy().environment(environment).golden_set
-        raise Refusal(refusal_lines(f"gate refused {label} for {environment}:", failed, label, environment, golden_set),
-                      failed)
+        known = known_values(registry, label, environment, registry.policy())
+        raise Refusal(refusal_lines(f"gate refused {label} for {environment}", failed, known), failed)
 
 
 class GateError(SpecregError):
@@ -244,11 +247,11 @@ def audit_verify(expected_head, db_url, as_json):
         raise PolicyViolation(f"audit head {expected_head} is not in the chain of {checked} event(s) (head now "
                               f"{head}): events were deleted from its end or the chain was re-hashed")
     if not as_json:
-        click.echo(f"audit log intact: {checked} event(s), every hash links; head {head}")
+        say(f"audit log intact: {checked} event(s), every hash links; head {head}")
         for line in not_counted:
-            click.echo(f"NOT COUNTED  {printable(line)}")
+            say(f"NOT COUNTED  {line}")
         if expected_head is not None:
-            click.echo(f"expected head found at event {position} of {checked} ({checked - position} event(s) since)")
+            say(f"expected head found at event {position} of {checked} ({checked - position} event(s) since)")
 
 
 @cli.group(name="env")
@@ -267,7 +270,7 @@ def env_list(name, db_url, as_json):
         print_json(rows)
         return
     if not rows:
-        click.echo("no environment holds a version yet")
+        say("no environment holds a version yet")
         return
     print_table(["PAIR", "ENV", "VERSION", "PREVIOUS", "BY", "AT (UTC)"],
                 [[r["pair"], r["environment"], r["version"] or "(none)", r["previous_version"], r["updated_by"],
@@ -289,14 +292,14 @@ def env_history(name, environment, at, db_url, as_json):
         return
     if at is not None:
         if not tenures:
-            click.echo(f"no version of {name} held {environment} at {at}")
+            say(f"no version of {name} held {environment} at {at}")
         else:
             t = tenures[0]
-            click.echo(f"{name}@{t.version} held {environment} at {at} (since {t.to_dict()['since']}, "
+            say(f"{name}@{t.version} held {environment} at {at} (since {t.to_dict()['since']}, "
                        f"{t.action} by {t.actor})")
         return
     if not tenures:
-        click.echo(f"no version of {name} has held {environment}")
+        say(f"no version of {name} has held {environment}")
         return
     print_table(["VERSION", "SINCE (UTC)", "UNTIL (UTC)", "BY", "ACTION", "REASON"],
                 [[t.version if t.version is not None else "(none)", t.to_dict()["since"], t.to_dict()["until"] or "now",
@@ -328,12 +331,12 @@ def policy_show(policy_path, db_url, as_json):
         return
     if record is not None:
         approved = f", approved by {', '.join(record.approved_by)}" if record.approved_by else ""
-        click.echo(f"# {policy.source} (sha256 {policy.sha256[:12]}"
+        say(f"# {policy.source} (sha256 {policy.sha256[:12]}"
                    + (f", proposed by {record.proposed_by}{approved}" if record.proposed_by else "") + ")")
         for problem in record.problems:
-            click.echo(f"# NOT COUNTED: {printable(problem)}")
+            say(f"# NOT COUNTED: {printable(problem)}")
     else:
-        click.echo(f"# preview of {policy.source}: decides nothing until proposed and approved "
+        say(f"# preview of {policy.source}: decides nothing until proposed and approved "
                    f"(`specreg policy propose {policy.source}`)")
     notes = [policy.identity_text()] + [line for env in policy.environments.values() for line in env.floors_text()]
     width = output_width()  # a terminal: wrapped to it; a pipe: one line a note
@@ -345,7 +348,7 @@ def policy_show(policy_path, db_url, as_json):
     for env in policy.environments.values():
         if env.required_engine_baselines:
             engines = ", ".join(env.required_engine_baselines)
-            click.echo(f"# {env.name}: a version needs a passed engine baseline from {engines} (`specreg validate "
+            say(f"# {env.name}: a version needs a passed engine baseline from {engines} (`specreg validate "
                        f"NAME@V --engine ENGINE` on golden set {env.golden_set}) before it is promoted; exports "
                        f"and alert rules for that engine use its baseline")
     print_table(["ENV", "GOLDEN SET", "APPROVAL", "APPROVERS", "TOLERANCE", "MAX AGE (DAYS)", "MIN ACCEPTANCE",
@@ -372,7 +375,7 @@ def policy_propose(policy_file, note, db_url, user, as_json):
     if as_json:
         print_json(proposed)
         return
-    click.echo(f"proposed policy v{proposed['version']} (sha256 {proposed['sha256'][:12]}); it governs once it has "
+    say(f"proposed policy v{proposed['version']} (sha256 {proposed['sha256'][:12]}); it governs once it has "
                f"{proposed['needs']}: `specreg policy approve {proposed['version']} --key FILE`")
 
 
@@ -391,9 +394,9 @@ def policy_approve(version, key, note, db_url, user, as_json):
         print_json(approved)
         return
     if approved["active"]:
-        click.echo(f"approved policy v{version}: it is now the policy of record")
+        say(f"approved policy v{version}: it is now the policy of record")
     else:
-        click.echo(f"approved policy v{version}; not yet in effect: {printable(approved['standing'])}")
+        say(f"approved policy v{version}; not yet in effect: {printable(approved['standing'])}")
 
 
 @policy_group.command(name="history")
@@ -406,7 +409,7 @@ def policy_history(db_url, as_json):
         print_json(listed)
         return
     if not listed:
-        click.echo("no policy proposed yet: the built-in default governs (`specreg policy show`)")
+        say("no policy proposed yet: the built-in default governs (`specreg policy show`)")
         return
     print_table(["VERSION", "STATE", "SHA256", "PROPOSED BY", "AT (UTC)", "APPROVED BY", "NOTE"],
                 [[p["version"], p["state"], p["sha256"][:12], p["proposed_by"], p["proposed_at"],

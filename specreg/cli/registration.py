@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from specreg.cli.common import (cli, db_option, echo_lines, user_option, json_option, open_registry,
-                                fmt_number, print_json, print_table)
+from specreg.cli.common import (cli, db_option, echo_lines, fmt_number, json_option, open_registry,
+                                print_json, print_table, say, user_option)
 
 
 @cli.command()
@@ -49,7 +49,7 @@ def register(name, target, draft, num_speculative_tokens, method, tree, allow_ve
                    + [f"  {role}: {model.reference}" + (f" (revision {model.revision})" if model.revision else "")
                       for role, model in models])
     else:
-        click.echo(f"already registered as {version.label}: same fingerprints and config, nothing new recorded")
+        say(f"already registered as {version.label}: same fingerprints and config, nothing new recorded")
 
 
 @cli.command(name="list")
@@ -62,11 +62,28 @@ def list_command(db_url, as_json):
         print_json(rows)
         return
     if not rows:
-        click.echo("no pairs registered")
+        say("no pairs registered")
         return
-    print_table(["PAIR", "VERSION", "STATE", "METHOD", "K", "BY", "REGISTERED (UTC)"],
-                [[r["name"], r["version"], r["state"], r["method"], r["num_speculative_tokens"],
-                  r["registered_by"], r["registered_at"]] for r in rows])
+    print_table(["PAIR", "VERSION", "STATE", "HOLDS", "METHOD", "K", "BY", "REGISTERED (UTC)"],
+                [[r["name"], r["version"], r["state"], ", ".join(r["environments"]) or "-", r["method"],
+                  r["num_speculative_tokens"], r["registered_by"], r["registered_at"]] for r in rows])
+
+
+def event_environment(event) -> str:
+    """The environment an audit event moved (promote, release, rollback, retire), or ""."""
+    return str((event.details or {}).get("environment") or "")
+
+
+def event_reason(event) -> str:
+    """An audit event's reason, with the exception a promote made (--allow-slower) spelled out."""
+    exception = (event.details or {}).get("exception") or {}
+    parts = [event.reason] if event.reason else []
+    if exception:
+        speedup, floor = exception.get("speedup"), exception.get("floor")
+        measured = f" ({speedup:.2f}x < {floor:g}x)" if isinstance(speedup, (int, float)) and \
+            isinstance(floor, (int, float)) else ""
+        parts.append(f"EXCEPTION --allow-slower{measured}: {exception.get('reason')}")
+    return "; ".join(parts)
 
 
 def describe_model(role: str, model) -> list[str]:
@@ -113,7 +130,8 @@ def show(ref, db_url, as_json):
     observations = registry.observations(version.label)
     validations = registry.validation_runs(version.label)  # also marks runs of dead processes aborted
     if as_json:
-        print_json({**version.to_dict(), "observations": observations,
+        holds = [e["environment"] for e in registry.environments(version.name) if e["version"] == version.version]
+        print_json({**version.to_dict(), "holds": holds, "observations": observations,
                     "validations": [{key: value for key, value in run.to_dict().items() if key != "checks"}
                                     | {"checks": {c.name: c.status for c in run.checks}} for run in validations]})
         return
@@ -148,11 +166,14 @@ def show(ref, db_url, as_json):
             lines.append(f"  {o['observed_at']}  {o['engine']:<7} {o['verdict']:<8} acceptance rate "
                          f"{fmt_number(figures.get('acceptance_rate'))}  mean acceptance length "
                          f"{fmt_number(figures.get('mean_acceptance_length'))}  {o['url']}")
+    holds = [e for e in registry.environments(version.name) if e["version"] == version.version]
+    lines.append("holds: " + (", ".join(e["environment"] for e in holds) or "no environment"))
     lines.append("events:")
     for event in version.events:
         move = f"{event.from_state or '-'} -> {event.to_state or '-'}"
-        lines.append(f"  {event.created_at.isoformat(timespec='seconds')}  {event.action:<10} {move:<26} {event.actor}"
-                     + (f"  {event.reason}" if event.reason else ""))
+        where, why = event_environment(event), event_reason(event)
+        lines.append(f"  {event.created_at.isoformat(timespec='seconds')}  {event.action:<10} {move:<22} {event.actor}"
+                     + (f"  env {where}" if where else "") + (f"  {why}" if why else ""))
     echo_lines(lines)
 
 
@@ -166,9 +187,9 @@ def history(name, db_url, as_json):
     if as_json:
         print_json([event.to_dict() for event in events])
         return
-    print_table(["AT (UTC)", "VERSION", "ACTION", "FROM", "TO", "BY", "REASON"],
-                [[e.created_at.isoformat(timespec="seconds"), e.version, e.action, e.from_state, e.to_state,
-                  e.actor, e.reason] for e in events])
+    print_table(["AT (UTC)", "VERSION", "ACTION", "ENV", "FROM", "TO", "BY", "REASON"],
+                [[e.created_at.isoformat(timespec="seconds"), e.version, e.action, event_environment(e) or "-",
+                  e.from_state, e.to_state, e.actor, event_reason(e)] for e in events])
 
 
 
@@ -187,7 +208,7 @@ def diff(ref_a, ref_b, show_all, db_url, as_json):
         return
     shown = [r for r in rows if show_all or not r["same"]]
     if not shown:
-        click.echo(f"{ref_a} and {ref_b} do not differ")
+        say(f"{ref_a} and {ref_b} do not differ")
         return
     print_table(["", "SECTION", "FIELD", ref_a.upper(), ref_b.upper()],
                 [["=" if r["same"] else "≠", r["section"], r["field"], short_value(r["a"]), short_value(r["b"])]
@@ -221,7 +242,7 @@ def upgrade(db_url):
     store = Store(url, check=False)
     before = store.current_revision()
     store.upgrade()
-    click.echo(f"database {safe_url(url)}: schema {before or 'empty'} -> {store.current_revision()}")
+    say(f"database {safe_url(url)}: schema {before or 'empty'} -> {store.current_revision()}")
 
 
 @db.command()
@@ -262,24 +283,24 @@ def demo_pair(directory, method, real, force):
         if method != "draft_model":
             raise UsageError(f"--real builds a draft_model pair; --method {method} is for the tiny demo pair")
         target_dir, draft_dir = build_real_pair(directory, force=force, log=progress.note)
-        click.echo(f"target: {target_dir}")
-        click.echo(f"draft:  {draft_dir}")
+        say(f"target: {target_dir}")
+        say(f"draft:  {draft_dir}")
         return
     from specreg.runtime.demo_pair import build_demo_pair
 
     target_dir, draft_dir = build_demo_pair(directory, force=force, progress=progress)
-    click.echo(f"target: {target_dir}")
-    click.echo(f"draft:  {draft_dir}")
+    say(f"target: {target_dir}")
+    say(f"draft:  {draft_dir}")
     if method == "eagle3":
         from specreg.runtime.demo_heads import build_demo_head
 
-        click.echo(f"eagle3: {build_demo_head(directory, 'eagle3', target_dir=target_dir, force=force, progress=progress)}")
+        say(f"eagle3: {build_demo_head(directory, 'eagle3', target_dir=target_dir, force=force, progress=progress)}")
     if method == "medusa":
         from specreg.runtime.demo_medusa import DEMO_TREE, build_demo_medusa
 
-        click.echo(f"medusa: {build_demo_medusa(Path(directory) / 'medusa', target_dir, force=force, progress=progress)}")
-        click.echo(f"tree:   {json.dumps([list(path) for path in DEMO_TREE], separators=(',', ':'))}")
+        say(f"medusa: {build_demo_medusa(Path(directory) / 'medusa', target_dir, force=force, progress=progress)}")
+        say(f"tree:   {json.dumps([list(path) for path in DEMO_TREE], separators=(',', ':'))}")
     if method == "mtp":
         from specreg.runtime.demo_mtp import build_demo_mtp
 
-        click.echo(f"mtp: {build_demo_mtp(Path(directory) / 'target-mtp', target_dir, force=force, progress=progress)}")
+        say(f"mtp: {build_demo_mtp(Path(directory) / 'target-mtp', target_dir, force=force, progress=progress)}")

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import sys
-
 import click
 
-from specreg.cli.common import cli, db_option, user_option, json_option, open_registry, print_json
+from specreg.cli.common import cli, db_option, json_option, open_registry, print_json, say, user_option
+from specreg.errors import SpecregError
 
 
 @cli.command()
@@ -23,9 +22,9 @@ def sync(name, db_url, user, as_json):
         return
     for item in done:
         aliases = ", ".join(f"{env}->v{mv}" for env, mv in item["aliases"].items() if mv) or "-"
-        click.echo(f"{item['pair']}: {len(item['runs'])} validation run(s), model version "
+        say(f"{item['pair']}: {len(item['runs'])} validation run(s), model version "
                    f"{item['model_version'] or '-'}, approval {item['approval'] or '-'}, aliases {aliases}")
-    click.echo(f"MLflow at {registry.review().tracking_uri} is up to date")
+    say(f"MLflow at {registry.review().tracking_uri} is up to date")
 
 
 @cli.command()
@@ -33,17 +32,19 @@ def sync(name, db_url, user, as_json):
 @click.option("--port", type=int, default=5000, show_default=True)
 @click.option("--host", default="127.0.0.1", show_default=True)
 def ui(name, port, host):
-    """Serve the MLflow UI on the embedded store and print the URL of pair NAME's model."""
-    import os
-    import subprocess
-
-    from specreg.registry.review.mlflow_places import registered_model_url, ui_command
+    """Serve the MLflow UI on the embedded store and print the URL of pair NAME's model; Ctrl-C
+    stops it and every process it started. The server's own output goes to a log file."""
+    from specreg.registry.review.mlflow_places import local_artifact_root, registered_model_url, serve_ui, ui_command
     from specreg.registry.review.mlflow_sync import MlflowSync
 
     mlflow = MlflowSync(click.get_current_context().find_root().params.get("mlflow_uri"))
     argv = ui_command(mlflow.tracking_uri, host=host, port=port)
     base = f"http://{host}:{port}"
-    click.echo(f"MLflow UI: {registered_model_url(base, mlflow.registered_model_name(name)) if name else base}")
-    if os.name == "posix":
-        os.execv(argv[0], argv)  # the server replaces this process: Ctrl-C stops it directly
-    sys.exit(subprocess.run(argv, check=False).returncode)
+    log = local_artifact_root(mlflow.tracking_uri).parent / "ui.log"  # beside the store it serves
+    say(f"MLflow UI: {registered_model_url(base, mlflow.registered_model_name(name)) if name else base}")
+    say(f"one MLflow server process (log: {log}); Ctrl-C stops it")
+    code = serve_ui(argv, log)
+    if code is None:
+        say("MLflow UI stopped, with every process it started")
+    elif code != 0:
+        raise SpecregError(f"the MLflow server exited with code {code}: see {log}")

@@ -6,18 +6,20 @@ import sys
 
 import click
 
-from specreg.cli.common import (cli, db_option, user_option, json_option, open_registry,
-                                print_json, print_table)
+from specreg.cli.common import (cli, db_option, json_option, open_registry, print_json, print_table,
+                                printable, say, user_option)
 
 
 @cli.command()
 @click.argument("ref", metavar="NAME@VERSION")
-@click.option("--golden", default="default", show_default=True, metavar="SET|PATH", help="Shipped golden set name or a .yaml/.jsonl file.")
+@click.option("--golden", default=None, metavar="SET|PATH",
+              help="Shipped golden set name or a .yaml/.jsonl file (default: the policy's, see `specreg policy show`).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda", "mps"]), default="auto", show_default=True)
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
 @click.option("--checks", default=None, metavar="LIST", help="Comma-separated subset: integrity,tokenizer,chat_template,memory,equivalence,distribution,acceptance,performance.")
 @click.option("--gpu-memory", default=None, metavar="SIZE", help="Device memory budget, e.g. 80GiB (default: the CUDA device's).")
-@click.option("--acceptance-tolerance", type=float, default=0.10, show_default=True, help="Relative acceptance drop vs the previous validated version that fails.")
+@click.option("--acceptance-tolerance", type=float, default=None,
+              help="Relative acceptance drop vs the previous validated version that fails (default: the policy's).")
 @click.option("--near-tie-tolerance", type=float, default=None, help="Logit margin below which a greedy divergence is a near-tie (default by dtype).")
 @click.option("--distribution-samples", type=int, default=4000, show_default=True, help="Draws per prefix for the distribution check.")
 @click.option("--runtime-batch", type=int, default=8, show_default=True, metavar="N", help="Golden prompts our runtime decodes at once (speed figures say the batch size; latency is measured at batch 1 too).")
@@ -50,6 +52,10 @@ def validate(ref, golden, device, dtype, checks, gpu_memory, acceptance_toleranc
     from specreg.registry.review import reports
     from specreg.validation import ValidationInterrupted
 
+    registry = open_registry(db_url, user)
+    # the policy in effect decides what the run is judged on, unless told otherwise (said at the end)
+    settings = registry.validation_settings(golden, acceptance_tolerance if engine is None else 0.0)
+    golden, acceptance_tolerance = settings["golden_set"], settings["acceptance_tolerance"]
     if engine is None and (engine_url or engine_reference_url or engine_model):
         raise UsageError("--engine-url / --engine-reference-url / --engine-model need --engine")
     if engine is not None:
@@ -61,7 +67,7 @@ def validate(ref, golden, device, dtype, checks, gpu_memory, acceptance_toleranc
             raise UsageError(f"invalid --concurrency {concurrency!r}: comma-separated integers, e.g. 1,4") from None
         from specreg.cli.engine_report import run_engine_validation
 
-        run_engine_validation(open_registry(db_url, user), ref, engine=engine, golden=golden, engine_url=engine_url,
+        run_engine_validation(registry, ref, engine=engine, golden=golden, engine_url=engine_url,
                               reference_url=engine_reference_url, model_name=engine_model, tiers=tiers,
                               parity_tolerance=parity_tolerance, near_tie_tolerance=near_tie_tolerance,
                               dtype=dtype, threads=engine_threads, deadline_s=engine_deadline, as_json=as_json)
@@ -73,7 +79,6 @@ def validate(ref, golden, device, dtype, checks, gpu_memory, acceptance_toleranc
             reports.check_writable(path, option)
     from specreg.cli.progress import Progress
 
-    registry = open_registry(db_url, user)
     progress = Progress(enabled=not as_json)
     try:
         outcome = registry.validate(ref, golden=golden, device=device, dtype=dtype, checks=checks,
@@ -82,7 +87,7 @@ def validate(ref, golden, device, dtype, checks, gpu_memory, acceptance_toleranc
                                     distribution_samples=distribution_samples, runtime_batch=runtime_batch,
                                     progress=progress)
     except ValidationInterrupted as exc:
-        click.echo(f"specreg: validation aborted by {exc.signal_name}; the pair's state is unchanged", err=True)
+        say(f"specreg: validation aborted by {exc.signal_name}; the pair's state is unchanged", err=True)
         sys.exit(128 + exc.signal_number)
     finally:
         progress.close()
@@ -93,10 +98,15 @@ def validate(ref, golden, device, dtype, checks, gpu_memory, acceptance_toleranc
         if path:
             reports.write_text(path, render())
     if as_json:
-        print_json({**run.to_dict(), "state": version.state.value})
+        print_json({**run.to_dict(), "state": version.state.value, "policy": settings["policy"],
+                    "acceptance_tolerance": acceptance_tolerance})
     else:
         print_table(["CHECK", "STATUS", "SUMMARY"], [[c.name, c.status, c.summary] for c in run.checks])
-        click.echo(f"{run.label}: validation run {run.id} {run.status}; state {version.state.value}")
+        say(f"{run.label}: validation run {run.id} {run.status} on golden set {run.golden_set}; "
+                   f"state {version.state.value}")
+        if settings["policy"] is not None:
+            say(f"golden set and acceptance tolerance ({acceptance_tolerance:.0%}) from {settings['policy']}, "
+                f"environment {settings['environment']}")
     if run.status == ERROR:  # a check could not run: no verdict on the pair, exit 1 (not 100)
         raise SpecregError(f"{run.label}: validation run {run.id} could not judge the pair: {run.error}")
     if not outcome.passed:

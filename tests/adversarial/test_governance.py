@@ -138,10 +138,10 @@ def test_control_characters_in_notes_and_reasons_cannot_forge_output_lines(db_ur
     gate = run("gate", "esc@1", "--env", "production", "--db", db_url)
     assert gate.returncode == 100
     assert "\x1b" not in gate.stdout + gate.stderr
-    headline, reason, fix = gate.stderr.splitlines()  # one reason a line, then its fix: no forged line
-    assert headline == "specreg: gate refused esc@1 for production:" and reason.startswith("  - approval: rejected by bob")
-    assert fix.startswith("    fix: specreg approve esc@1")
-    assert "rejected by bob: ok\\n2099" in gate.stdout
+    (headline,) = gate.stderr.splitlines()  # the one reason and its fix on one line: no forged line
+    assert headline.startswith("specreg: gate refused esc@1 for production under ")
+    assert " under policy of record v1: approval: rejected by bob" in headline and "`specreg approve esc@1" in headline
+    assert "rejected by bob: ok\\n2099" in headline and gate.stdout == ""
 
 
 # --- item 3: identity from authentication --------------------------------------------------------

@@ -367,7 +367,7 @@ def test_a_gigabyte_lock_is_refused_without_reading_it(shipped):
 
 def test_role_alice_cannot_write_an_event_whose_stamped_role_is_bob(postgres_url, tiny_models, policy_file,
                                                                      tmp_path):
-    """With the README's least-privilege grants (tests/pgroles.py), alice inserts an audit event
+    """With the least-privilege grants of docs/governance.md (tests/pgroles.py), alice inserts an audit event
     and a keyring row claiming bob and admin: the server stamps alice on both, the event hash
     no longer matches, and the key does not count. She can neither edit nor delete events."""
     import psycopg

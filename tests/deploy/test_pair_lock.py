@@ -464,3 +464,14 @@ def test_sglang_eagle3_lock_binds_the_layout_sglang_loads(tmp_path, monkeypatch,
                   draft=layout).returncode == 0
     refused(verify({"public": keys[1]}, "--allow-unapproved", lock=out / LOCK_FILE, target=target, draft=head),
             "draft file config.json differs from the lock")
+
+
+def test_keys_create_hints_by_use(tmp_path):
+    approval = run("keys", "create", "--out", tmp_path / "bob", "--use", "approval").stdout
+    assert "approve --key" in approval and f"keys enrol PERSON --public-key {tmp_path}/bob/specreg-signing.pub" \
+        in approval
+    assert "--signing-key" not in approval and "verify --public-key" not in approval  # not a lock key
+    lock = run("keys", "create", "--out", tmp_path / "team", "--use", "lock").stdout
+    assert "export --signing-key" in lock and "verify --public-key" in lock and "approve --key" not in lock
+    either = run("keys", "create", "--out", tmp_path / "any").stdout
+    assert "for approvals: approve --key" in either and "for pair locks: export --signing-key" in either

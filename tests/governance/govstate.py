@@ -43,10 +43,11 @@ def record_validation(registry: Registry, ref: str, *, status: str = "passed", g
                       golden_sha256: str | None = None, acceptance_rate: float = 0.8,
                       mean_acceptance_length: float = 3.0, checks: dict[str, str] | None = None,
                       finished_at: datetime | None = None, binding_sha256: str | None = None,
-                      tau_definition: str | None = "engines", speedup: float | None = None) -> int:
+                      tau_definition: str | None = "engines", speedup: float | None = None,
+                      recommended_k: int | None = None) -> int:
     """Insert a finished validation run of ``ref`` and move its state; returns the run id.
     ``tau_definition=None`` stores baselines as runs before the engines' tau did; ``speedup``:
-    what its performance check measured (None: the check did not run)."""
+    what its performance check measured (None: the check did not run), with ``recommended_k``."""
     version = registry.get(ref)
     finished_at = finished_at or utcnow()
     def figures(rate: float) -> dict:
@@ -70,7 +71,9 @@ def record_validation(registry: Registry, ref: str, *, status: str = "passed", g
                          "device": "cpu", "dtype": "float32"},
             options={}, baselines=baselines,
             summary={"verdict": "pass" if status == "passed" else "fail",
-                     **({"performance": {"speedup": speedup}} if speedup is not None else {})},
+                     **({"performance": {"speedup": speedup, "tokens_per_s": 100.0 * speedup,
+                                         "baseline_tokens_per_s": 100.0, "recommended_k": recommended_k}}
+                        if speedup is not None else {})},
             actor="validator", pid=None, started_at=finished_at - timedelta(seconds=5), finished_at=finished_at,
         )
         session.add(run)

@@ -40,13 +40,13 @@ def test_gate_promote_rollback_from_the_command_line(tiny_models, policy_file, t
     assert data["passed"] is False and data["verdict"] == "refused"
     assert data["reasons"] == ["approval: production needs an approval by someone other than the registrant alice "
                                "(no signed approval counts)"]
-    # one reason a line, each with the command that fixes it
+    # the root cause in one line, with the command that fixes it; nothing on stdout but the JSON
     assert refused.stderr.splitlines() == [
-        "specreg: gate refused cli@1 for production:",
-        "  - approval: production needs an approval by someone other than the registrant alice (no signed approval "
-        "counts)",
-        "    fix: specreg approve cli@1 --user APPROVER --key APPROVER_KEY (a key enrolled to someone other than the "
-        "registrant: specreg keys enrol)"]
+        "specreg: gate refused cli@1 for production under policy of record v1: approval: production needs an "
+        "approval by someone other than the registrant alice (no signed approval counts): `specreg approve cli@1 --user "
+        "policy_approver --key KEY` (run by policy_approver with their enrolled private key)"]
+    human = run("gate", v1, "--env", "production", "--db", db_url)
+    assert human.returncode == 100 and human.stdout == "" and human.stderr == refused.stderr
     suite = ET.parse(junit).getroot().find("testsuite")
     cases = {case.get("name"): case for case in suite.iter("testcase")}
     assert len(cases) == len(data["conditions"]) == int(suite.get("tests"))
@@ -71,10 +71,11 @@ def test_gate_promote_rollback_from_the_command_line(tiny_models, policy_file, t
     run("approve", v2, "--db", db_url, "--key", bob_key, user="bob")
     worse = run("promote", v2, "--to", "production", "--db", db_url)
     assert worse.returncode == 100
-    headline, reason, fix = worse.stderr.splitlines()  # one reason, then the command that fixes it
-    assert headline.startswith("specreg: cannot promote cli@2 to production (policy ")
-    assert reason.startswith("  - acceptance: acceptance_rate 0.500 < 0.720 (production holder cli@1")
-    assert fix.startswith("    fix: specreg validate cli@2 --golden smoke")
+    (headline,) = worse.stderr.splitlines()  # one reason, with the command that fixes it
+    assert headline.startswith(f"specreg: cannot promote cli@2 to production under policy of record v1: acceptance: "
+                               "acceptance_rate 0.500 < 0.720 (production holder cli@1")
+    assert "`specreg validate cli@2 --golden smoke` (to measure again; or register a draft closer to the target: " \
+           f"specreg register cli --target {tiny_models['target']}" in headline
     assert run("promote", v2, "--to", "staging", "--db", db_url).returncode == 0
     stale = run("promote", v1, "--to", "staging", "--expect", "none", "--db", db_url)
     assert stale.returncode == 1 and "cli@staging is now held by version 2" in stale.stderr
@@ -121,7 +122,8 @@ def test_gate_fails_closed_and_usage_errors(tmp_path, tiny_models, policy_file):
     engine.dispose()
     edited = run("gate", ref, "--env", "staging", "--db", db_url, "--json")
     assert edited.returncode == 100, edited.stderr
-    assert "validation: fc@1 is not validated on golden set smoke" in json.loads(edited.stdout)["reasons"]
+    assert "validation: fc@1 is not validated on golden set smoke (no validation run yet)" \
+        in json.loads(edited.stdout)["reasons"]
 
     bad_policy = tmp_path / "bad.toml"
     bad_policy.write_text("[environments.production]\naproval_required = true\n")
@@ -156,3 +158,55 @@ def test_audit_verify_catches_an_edited_and_a_deleted_event(db_url, tiny_models,
     assert deleted.returncode == 1 and deleted.stderr.count("\n") == 1
     assert "event 3: prev_hash does not match the event before it" in deleted.stderr
     engine.dispose()
+
+
+def test_a_run_on_another_golden_set_is_the_root_cause_and_nothing_it_met_is_listed_unmet(tmp_path, tiny_models,
+                                                                                          monkeypatch, approval_key):
+    monkeypatch.delenv("SPECREG_POLICY", raising=False)  # the built-in policy: production asks for `default`
+    db_url = f"sqlite:///{tmp_path / 'registry.db'}"
+    alice = Registry(db_url, user="alice")
+    (ref,) = register_versions(alice, tiny_models, "first", 1)
+    record_validation(alice, ref, golden="smoke", acceptance_rate=0.8, speedup=1.5)  # every check passed there
+    junit = tmp_path / "gate.xml"
+    refused = run("gate", ref, "--env", "production", "--db", db_url, "--json", "--junit", junit)
+    data = json.loads(refused.stdout)
+    assert refused.returncode == 100
+    assert data["reasons"] == [
+        "validation: run 1 used golden set smoke; the policy asks for default",
+        "approval: production needs an approval by someone other than the registrant alice (no signed approval "
+        "counts)"]
+    waiting = {c["name"] for c in data["conditions"] if not c["passed"]} - {"validation", "approval"}
+    assert waiting == {"golden_set", "validation_age", "check.integrity", "check.tokenizer", "check.chat_template",
+                       "check.equivalence", "check.acceptance",
+                       "baselines", "acceptance", "min_acceptance", "speedup"}
+    assert all(c["reason"] == "not judged: needs a passed validation on golden set default"
+               for c in data["conditions"] if c["name"] in waiting)
+    suite = ET.parse(junit).getroot().find("testsuite")
+    assert suite.get("failures") == "2" and suite.get("skipped") == str(len(waiting))
+    lines = refused.stderr.splitlines()
+    assert lines[0] == ("specreg: gate refused first@1 for production under built-in default (no policy of record yet): validation: run 1 "
+                        "used golden set smoke; the policy asks for default: `specreg validate first@1 --golden "
+                        "default`")
+    assert lines[1:] == [
+        "also unmet (1):",
+        "  - approval: production needs an approval by someone other than the registrant alice (no signed approval "
+        "counts)",
+        "    fix: specreg approve first@1 --user PERSON --key KEY (by someone other than the registrant, with a key "
+        "enrolled by `specreg keys enrol`)"]
+    promote = run("promote", ref, "--to", "production", "--db", db_url, "--json")
+    assert promote.returncode == 100 and json.loads(promote.stdout)["reasons"] == data["reasons"]
+    assert promote.stderr.splitlines()[0].startswith("specreg: cannot promote first@1 to production under built-in "
+                                                     "default (no policy of record yet): validation: run 1 used")
+
+    # once an approver is enrolled the fix names them; a slow pair's fix is the k its validation recommends
+    approval_key(db_url, "bob")
+    (slow,) = register_versions(alice, tiny_models, "slow", 1)
+    record_validation(alice, slow, golden="default", acceptance_rate=0.8, speedup=0.7, recommended_k=3,
+                      checks={name: "pass" for name in ("integrity", "tokenizer", "chat_template", "equivalence",
+                                                        "acceptance")})
+    lines = run("gate", slow, "--env", "production", "--db", db_url).stderr.splitlines()
+    assert lines[0].startswith("specreg: gate refused slow@1 for production under built-in default (no policy of record yet): speedup: "
+                               "0.70x at k=1 < 1x (min_speedup): slower than the target alone: `specreg register "
+                               f"slow --target {tiny_models['target']} --draft {tiny_models['draft']} "
+                               "--num-speculative-tokens 3` (the k its validation recommends;")
+    assert "    fix: specreg approve slow@1 --user bob --key KEY (run by bob with their enrolled private key)" in lines

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from govstate import POLICY_TOML, record_validation, recorded_policy_file, register_versions
 
+from clirun import run
 from pgroles import as_user
 from specreg.api import Registry
 from specreg.errors import PolicyViolation, UsageError
@@ -64,6 +65,33 @@ def test_allow_slower_is_recorded_in_the_audit_and_honoured_by_the_gate(db_url, 
     assert speedup.passed and speedup.reason.startswith("EXCEPTION: 0.80x at k=1 < 1x, allowed by alice at ")
     assert speedup.reason.endswith(": latency is not the goal here")
     assert alice.verify_audit()[1] is None
+
+    # what a user inspects names the environment of the promote and the exception's reason
+    alice.promote(ref, "staging")
+    db = ["--db", as_user(db_url, "alice")]
+    history = run("history", "slow", *db).stdout.splitlines()
+    promotes = [line.split() for line in history if " promote " in line]
+    assert [fields[3] for fields in promotes] == ["production", "staging"]
+    assert history[[i for i, line in enumerate(history) if " promote " in line][0]].endswith(
+        "launch; EXCEPTION --allow-slower (0.80x < 1x): latency is not the goal here")
+    show = run("show", "slow@1", *db).stdout
+    assert "holds: production, staging" in show and "env production  launch; EXCEPTION --allow-slower" in show
+    listing = [line.split() for line in run("list", *db).stdout.splitlines()[2:]]
+    assert listing[0][:4] == ["slow", "1", "promoted", "production,"] and listing[0][4] == "staging"
+
+
+def test_diff_shows_speedup_and_tokens_per_second(tmp_path, tiny_models, floors_policy):
+    db_url = f"sqlite:///{tmp_path / 'registry.db'}"
+    alice = Registry(db_url, user="alice")
+    v1, v2 = register_versions(alice, tiny_models, "fast", 2)
+    record_validation(alice, v1, speedup=1.7)
+    record_validation(alice, v2, speedup=0.8)
+    rows = {(r["section"], r["field"]): (r["a"], r["b"]) for r in alice.diff(v1, v2)}
+    assert rows[("validation", "speedup")] == (1.7, 0.8)
+    assert rows[("validation", "tokens_per_s")] == (170.0, 80.0)
+    shown = run("diff", v1, v2, "--db", db_url).stdout
+    assert any(line.split()[1:5] == ["validation", "speedup", "1.7000", "0.8000"] for line in shown.splitlines())
+    assert "tokens_per_s" in shown and "baseline_tokens_per_s" not in shown  # the same target-only figure
 
 
 def test_a_speedup_not_measured_cannot_be_waived(db_url, tiny_models, floors_policy, approval_key):

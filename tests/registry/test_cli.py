@@ -36,16 +36,18 @@ def test_register_list_show_history(db_url, tiny_models):
     assert again.returncode == 0 and "already registered as chat@1" in again.stdout
 
     listing = run_process("list", "--db", db_url, "--json")
-    assert [(r["name"], r["version"], r["state"]) for r in json.loads(listing.stdout)] == [("chat", 1, "registered")]
-    table = run_process("list", "--db", db_url)
-    assert table.stdout.splitlines()[0].split() == ["PAIR", "VERSION", "STATE", "METHOD", "K", "BY", "REGISTERED", "(UTC)"]
+    assert [(r["name"], r["version"], r["state"], r["environments"]) for r in json.loads(listing.stdout)] == [
+        ("chat", 1, "registered", [])]
+    table = run_process("list", "--db", db_url).stdout.splitlines()
+    assert table[0].split() == ["PAIR", "VERSION", "STATE", "HOLDS", "METHOD", "K", "BY", "REGISTERED", "(UTC)"]
+    assert table[2].split()[:5] == ["chat", "1", "registered", "-", "draft_model"]
 
     shown = json.loads(run_process("show", "chat@1", "--db", db_url, "--json").stdout)
     assert shown["target"]["fingerprint"]["weights_sha256"] == data["target"]["fingerprint"]["weights_sha256"]
     assert shown["config"]["num_speculative_tokens"] == 4
     assert [e["action"] for e in shown["events"]] == ["register"]
     human = run_process("show", "chat", "--db", db_url).stdout
-    assert "chat@1  state registered" in human and "chat template" in human
+    assert "chat@1  state registered" in human and "chat template" in human and "holds: no environment" in human
 
     history = json.loads(run_process("history", "chat", "--db", db_url, "--json").stdout)
     assert [(e["action"], e["actor"], e["reason"]) for e in history] == [("register", "carol", "first cut")]

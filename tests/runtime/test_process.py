@@ -91,3 +91,22 @@ def test_a_build_reports_its_compile_steps_and_keeps_its_whole_log(tmp_path):
     assert run_logged(["sh", "-c", "printf '[ 50%%] Building a\\n[100%%] Built target b\\n'"], log,
                       lambda *a: steps.append(a), "building") == 0
     assert steps == [("building", 50, 100), ("building", 100, 100)]
+
+
+def test_in_a_log_a_silent_step_still_prints_a_line_every_interval():
+    """Loading the models reports once, then nothing until the first prompt is decoded: in a CI
+    log a line still comes every interval, from the heartbeat."""
+    import time
+
+    stream = io.StringIO()
+    progress = Progress(stream=stream, bar=False, interval=1.0)
+    progress("decoding golden prompts", 0, 43, "loading the models")
+    time.sleep(3.5)  # a step that says nothing for 3.5 intervals
+    progress.close()
+    printed = stream.getvalue()
+    time.sleep(1.5)  # closed: no more heartbeats
+    assert stream.getvalue() == printed
+    lines = printed.splitlines()
+    assert lines[0] == "decoding golden prompts: 0/43, 0:00 elapsed (loading the models)"
+    assert 2 <= len(lines) - 1 <= 4 and all(line.startswith("decoding golden prompts: 0/43, 0:0")
+                                            and line.endswith("(still loading the models)") for line in lines[1:])

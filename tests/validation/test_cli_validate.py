@@ -23,7 +23,7 @@ def test_exit_codes_table_and_reports(registry, models, golden_path, tmp_path):
                            "--checks", "integrity,equivalence,acceptance,performance", "--report", str(report),
                            "--markdown", str(markdown), "--junit", str(junit), *db)
     assert code == 0, out
-    assert "CHECK" in out and "equivalence" in out and "cli@1: validation run 1 passed; state validated" in out
+    assert "CHECK" in out and "equivalence" in out and "cli@1: validation run 1 passed on golden set tiny; state validated" in out
     html = report.read_text()
     assert html.count("<svg") == 2 and "per-position acceptance" in html and "latency histogram" in html
     assert "<script" not in html and "src=" not in html and "href=" not in html and "https://" not in html

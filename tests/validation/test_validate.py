@@ -229,3 +229,33 @@ def test_batched_validation_counts_what_one_prompt_at_a_time_counts(registry, mo
     older = dataclasses.replace(runs[3], baselines={key: value for key, value in runs[3].baselines.items()
                                                     if key != "schedule"})
     assert reused_rows(older, golden, prompts, "float32") is None
+
+
+def test_validate_takes_golden_set_and_tolerance_from_the_policy_and_says_which(models, golden_path, tmp_path,
+                                                                                monkeypatch):
+    from clirun import run
+
+    from policyrecord import record_policy
+
+    policy = tmp_path / "team.toml"
+    policy.write_text(f'golden_set = "{golden_path}"\nacceptance_tolerance = 0.25\n'
+                      '[environments.staging]\n[environments.production]\nacceptance_tolerance = 0.2\n')
+    db = f"sqlite:///{tmp_path / 'registry.db'}"
+    version = record_policy(db, policy, tmp_path)
+    assert run("register", "pol", "--target", models["target"], "--draft", models["draft"], "-k", "3",
+               "--db", db).returncode == 0
+    result = run("validate", "pol@1", "--device", "cpu", "--checks", "integrity,tokenizer", "--db", db)
+    assert result.returncode == 0, result.stderr
+    # the policy's last environment (production) decides, and the run says which policy that was
+    assert result.stdout.splitlines()[-2:] == [
+        "pol@1: validation run 1 passed on golden set tiny; state validated",
+        f"golden set and acceptance tolerance (20%) from policy of record v{version}, environment production"]
+    explicit = run("validate", "pol@1", "--device", "cpu", "--checks", "integrity", "--golden", "smoke",
+                   "--acceptance-tolerance", "0.3", "--db", db, "--json")
+    data = json.loads(explicit.stdout)
+    assert data["golden_set"] == "smoke" and data["acceptance_tolerance"] == 0.3 and data["policy"] is None
+    from specreg.api import Registry
+
+    runs = {run.id: run for run in Registry(db).validation_runs("pol@1")}
+    assert runs[1].golden_set == "tiny" and runs[1].options["acceptance_tolerance"] == 0.2
+    assert runs[2].golden_set == "smoke" and runs[2].options["acceptance_tolerance"] == 0.3
