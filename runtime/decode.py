@@ -5,8 +5,14 @@ Target-only decoding is the same loop with no drafts (k = 0: the prefill, then o
 steps), so both share one cache code path.
 
 With a candidate tree (DecodeConfig.tree: Medusa, EAGLE-3 top-k) the drafts are a tree: the same
-loop, with tree_forward for the verification forward, the tree acceptance rules, and the cache
-compacted to the accepted path (tree.py) where a chain is cropped.
+loop, with the tree's mask and per-depth positions in the verification forward (tree.py) and the
+tree acceptance rules.
+
+The loop decodes many prompts at once (decode_rows): the rows share one KV cache whose columns
+are valid or not per row (row_cache.RowCache: left-aligned padding, rejected drafts and tree nodes
+off the accepted path are masked, each row at its own positions), each row with its own budget,
+stops, random generator and metrics; a row leaves the batch when it ends. One prompt is the batch
+of one (stream_generate, speculative_generate, target_only_generate).
 """
 
 from __future__ import annotations
@@ -120,227 +126,384 @@ def synchronize(device) -> None:
         torch.mps.synchronize()
 
 
-def stream_generate(pair: ModelPair, prompt_ids, config: DecodeConfig, *, speculate: bool = True,
-                    metrics: GenerationMetrics | None = None, batch_size: int = 1,
-                    memory_probe: Callable[[], int] | None = None,
-                    acceptance_rule: Callable = rejection_sample,
-                    greedy_rule: Callable = greedy_accept,
-                    tree_acceptance_rule: Callable = tree_rejection_sample,
-                    tree_greedy_rule: Callable = tree_greedy_accept) -> Iterator[int]:
-    """Yield verified token ids one by one (never a draft that was not accepted).
+@dataclass
+class Row:
+    """One prompt's decoding inside a batch: its verified tokens, budget, random stream and metrics."""
 
-    prompt_ids: list[int] or a tensor # [1, n] / [n]. speculate=False decodes target-only
-    through the same loop. batch_size is the concurrency the caller serves; above
-    config.disable_above_batch_size speculation is off. memory_probe() -> free accelerator bytes
-    (default torch.cuda.mem_get_info on CUDA). acceptance_rule / greedy_rule (chains) and
-    tree_acceptance_rule / tree_greedy_rule (trees) replace the rules of acceptance.py (tests inject
-    broken rules to show the validators catch them).
-    Fills `metrics` (pass one in to read it) as it goes.
-    """
+    index: int  # its place in the caller's list of prompts
+    config: DecodeConfig
+    tokens: object  # [1, length] the verified sequence
+    token_list: list[int]
+    max_length: int
+    generator: object  # torch.Generator of its own seed (None when greedy): the stream one row alone draws from
+    eos_ids: set[int]
+    metrics: GenerationMetrics
+    speculating: bool
+    cached_length: int = 0  # leading tokens whose keys/values the target cache holds
+    generated: list[int] = field(default_factory=list)
+    rolling_tau: deque = field(default_factory=deque)
+    stop: str | None = None
+
+    @property
+    def sampling(self) -> bool:
+        return self.config.temperature > 0
+
+    def probs(self, logits):  # [n, vocab] -> [n, vocab] under the row's temperature / top-k / top-p
+        return logits_to_probs(logits, self.config.temperature, self.config.top_k, self.config.top_p)
+
+    def next_tokens(self, logits):  # [n, vocab] -> [n]
+        return sample(self.probs(logits), self.generator) if self.sampling else logits.argmax(dim=-1)
+
+
+def check_batch(configs: list[DecodeConfig]) -> None:
+    """RuntimeConfigError unless the rows can share one batch: one method, k and tree (the
+    budget, sampling settings, seeds and stops are each row's own)."""
+    for config in configs:
+        check_config(config)
+    shared = {(c.method, c.k, repr(c.tree), c.prompt_lookup_min, c.prompt_lookup_max, c.prefill_alone) for c in configs}
+    if len(shared) > 1:
+        raise RuntimeConfigError("the rows of one batch must share method, k, tree, prompt lookup and schedule")
+
+
+def new_row(pair: ModelPair, index: int, prompt_ids, config: DecodeConfig, metrics: GenerationMetrics,
+            speculate: bool) -> Row:
+    """A prompt's Row, checked against the models' position limits."""
     import torch
-    from transformers import DynamicCache
 
-    check_config(config)
-    metrics = metrics if metrics is not None else GenerationMetrics()
-    device = pair.device
-    prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=device).view(1, -1)  # [1, n]
-    prompt_length = prompt.shape[1]
+    prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=pair.device).view(1, -1)  # [1, n]
+    length = prompt.shape[1]
     for name, model in (("target", pair.target), ("draft", pair.draft)):
         limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-        if limit is not None and prompt_length > limit:
-            raise RuntimeConfigError(f"prompt of {prompt_length} tokens is longer than the {name}'s "
+        if limit is not None and length > limit:
+            raise RuntimeConfigError(f"prompt of {length} tokens is longer than the {name}'s "
                                      f"max_position_embeddings {limit}")
-    if prompt_length == 0:
+    if length == 0:
         raise RuntimeConfigError("empty prompt: at least one token is needed")
-    max_length = prompt_length + config.max_new_tokens
+    max_length = length + config.max_new_tokens
     target_limit = getattr(pair.target.config, "max_position_embeddings", None)
     if target_limit is not None:
         max_length = min(max_length, target_limit)
-    draft_limit = getattr(getattr(pair.draft, "config", None), "max_position_embeddings", None)
+    generator = torch.Generator(device=pair.device).manual_seed(config.seed) if config.temperature > 0 else None
+    metrics.prompt_tokens = length
+    return Row(index, config, prompt, prompt[0].tolist(), max_length, generator, eos_ids_of(pair, config), metrics,
+               speculate, rolling_tau=deque(maxlen=config.acceptance_window))
 
-    sampling = config.temperature > 0
-    generator = torch.Generator(device=device).manual_seed(config.seed) if sampling else None
-    vocab_size = pair.vocab_size
-    eos_ids = eos_ids_of(pair, config)
-    stop_strings = tuple(config.stop_strings or ())
-    stop_window = max((len(s) for s in stop_strings), default=0) + 8
+
+def line_up(rows: list[Row], proposals: list[tuple], ks: list[int], tree, device):
+    """The verification forward's inputs: per row what the target cache lacks (the whole prompt on
+    the first step, then the last emitted token) right-aligned to the longest, then its drafts (a
+    chain, or the tree's nodes after the root, the last pending token), shorter rows padded.
+    -> (input_ids # [b, P + N], query_valid # [b, P + N] bool, offsets # [b, P + N] positions
+    after each row's cached tokens, new_mask # [P + N, P + N] bool for a tree else None, P)."""
+    import torch
+
+    pending = [row.tokens[0, row.cached_length:] for row in rows]
+    width = max(piece.shape[0] for piece in pending)  # P
+    drafts = tree.num_nodes if tree is not None else max(ks)  # N
+    queries = width + drafts
+    input_ids = torch.zeros(len(rows), queries, dtype=torch.long, device=device)  # [b, P + N]
+    query_valid = torch.zeros(len(rows), queries, dtype=torch.bool, device=device)  # [b, P + N]
+    offsets = torch.zeros(len(rows), queries, dtype=torch.long, device=device)  # [b, P + N]
+    node_offsets = (tree.buffers(device).depths[1:] if tree is not None
+                    else torch.arange(1, drafts + 1, device=device))  # [N] positions after the root
+    for r, (piece, (draft_ids, _)) in enumerate(zip(pending, proposals)):
+        n = piece.shape[0]
+        input_ids[r, width - n:width] = piece
+        query_valid[r, width - n:width] = True
+        offsets[r, width - n:width] = torch.arange(n, device=device)
+        offsets[r, width:] = n - 1 + node_offsets
+        if ks[r]:
+            nodes = draft_ids.shape[0] - (1 if tree is not None else 0)  # a tree's node ids start with the root
+            input_ids[r, width:width + nodes] = draft_ids[-nodes:]
+            query_valid[r, width:width + nodes] = True
+    new_mask = None
+    if tree is not None:
+        # the nodes see the pending tokens and their own ancestors, root included (a pruned tree's
+        # nodes are the first of the whole tree's: same mask, the rest is padding)
+        new_mask = torch.ones(queries, queries, dtype=torch.bool, device=device).tril()
+        new_mask[width - 1:, :width - 1] = True
+        new_mask[width - 1:, width - 1:] = tree.buffers(device).attention_mask
+    return input_ids, query_valid, offsets, new_mask, width
+
+
+def accept(row: Row, logits, proposal: tuple, k: int, step_tree, rules: tuple):
+    """One row's acceptance: logits # [N + 1, vocab] of its root and drafts; proposal
+    (draft_ids, draft_probs); rules (acceptance_rule, greedy_rule, tree_acceptance_rule,
+    tree_greedy_rule) -> (num_accepted, emitted # [num_accepted + 1], accepted draft columns after
+    the root # [num_accepted] long: 1.. for a chain, the accepted nodes for a tree)."""
+    import torch
+
+    acceptance_rule, greedy_rule, tree_acceptance_rule, tree_greedy_rule = rules
+    draft_ids, draft_probs = proposal
+    device = logits.device
+    if k == 0:
+        return 0, row.next_tokens(logits[:1]), torch.empty(0, dtype=torch.long, device=device)
+    if step_tree is not None:
+        nodes = step_tree.num_nodes
+        buffers = step_tree.buffers(device)
+        if row.sampling:
+            target_probs = row.probs(logits[:nodes + 1])  # [nodes+1, vocab]
+            uniforms = torch.rand(nodes + 1, generator=row.generator, device=device)  # [nodes+1]
+            accepted_nodes, emitted = tree_acceptance_rule(draft_probs, target_probs, draft_ids, buffers.parent_ids,
+                                                           uniforms, row.generator)
+        else:
+            accepted_nodes, emitted = tree_greedy_rule(draft_ids, logits[:nodes + 1].argmax(dim=-1),
+                                                       buffers.retrieve_indices)
+        return accepted_nodes.shape[0], emitted, accepted_nodes
+    if row.sampling:
+        target_probs = row.probs(logits[:k + 1])  # [k+1, vocab]
+        uniforms = torch.rand(k, generator=row.generator, device=device)  # [k]
+        num_accepted, emitted = acceptance_rule(draft_probs, target_probs, draft_ids, uniforms, row.generator)
+    else:
+        num_accepted, emitted = greedy_rule(draft_ids, logits[:k + 1].argmax(dim=-1))
+    return num_accepted, emitted, torch.arange(1, num_accepted + 1, device=device)
+
+
+def stop_of(pair: ModelPair, row: Row, token: int) -> str | None:
+    """Why the row ends at `token` just emitted (EOS, a stop string, its budget), or None."""
+    if token in row.eos_ids:
+        return "eos"
+    stop_strings = row.config.stop_strings or ()
+    if stop_strings:
+        window = max(len(s) for s in stop_strings) + 8
+        if any(s in pair.tokenizer.decode(row.generated[-window:]) for s in stop_strings):
+            return "stop_string"
+    if len(row.token_list) >= row.max_length:
+        return "max_new_tokens" if len(row.generated) >= row.config.max_new_tokens else "max_position"
+    return None
+
+
+def decode_rows(pair: ModelPair, prompts: list, configs: list[DecodeConfig], *, speculate: bool = True,
+                metrics: list[GenerationMetrics] | None = None, batch_size: int | None = None,
+                memory_probe: Callable[[], int] | None = None,
+                acceptance_rule: Callable = rejection_sample,
+                greedy_rule: Callable = greedy_accept,
+                tree_acceptance_rule: Callable = tree_rejection_sample,
+                tree_greedy_rule: Callable = tree_greedy_accept) -> Iterator[tuple[int, int]]:
+    """Decode many prompts at once; yield (row index, verified token id) as each is emitted
+    (never a draft that was not accepted).
+
+    prompts: per row a list[int] or a tensor # [1, n] / [n]; configs: per row a DecodeConfig (one
+    method, k and tree for all: check_batch). Each row has its own acceptance, length, stops,
+    random generator (seeded with its config.seed, drawn from in the order one row alone would)
+    and metrics (metrics[r], filled as it goes); rows leave the batch as they finish. Token for
+    token a row decodes as it would alone, up to rounding where padding changes the order of a
+    reduction (the equivalence check's near-tie rule covers that, as for verification).
+    speculate=False decodes target-only through the same loop. batch_size: the concurrency served
+    (default the number of rows); above config.disable_above_batch_size speculation is off.
+    memory_probe() -> free accelerator bytes (default torch.cuda.mem_get_info on CUDA).
+    acceptance_rule / greedy_rule (chains) and tree_acceptance_rule / tree_greedy_rule (trees)
+    replace the rules of acceptance.py (tests inject broken rules to show the validators catch them).
+    """
+    import torch
+
+    from specreg.runtime.row_cache import RowCache
+
+    check_batch(configs)
+    config = configs[0]  # what the rows share
+    device = pair.device
+    metrics = metrics if metrics is not None else [GenerationMetrics() for _ in prompts]
+    batch_size = batch_size if batch_size is not None else len(prompts)
+    draft_limit = getattr(getattr(pair.draft, "config", None), "max_position_embeddings", None)
+    rows = [new_row(pair, index, prompt_ids, row_config, metrics[index], speculate)
+            for index, (prompt_ids, row_config) in enumerate(zip(prompts, configs))]
     if memory_probe is None and config.min_free_memory_bytes is not None:
         memory_probe = default_memory_probe(device)
 
     tree = None
     if config.tree is not None:
-        from specreg.runtime.tree import compact_cache, parse_tree, tree_forward
+        from specreg.runtime.tree import parse_tree
 
         tree = parse_tree(config.tree)
     drafter = None
     if speculate:
-        from specreg.runtime.drafters import make_drafter
+        from specreg.runtime.drafters import make_row_drafters
 
-        drafter = make_drafter(pair, config, generator)
+        drafter = make_row_drafters(pair, configs, [row.generator for row in rows])
         if config.disable_above_batch_size is not None and batch_size > config.disable_above_batch_size:
-            metrics.record_fallback("batch_size", batch_size)
-            drafter = None
-    rolling_tau = deque(maxlen=config.acceptance_window)
-
-    def next_tokens(logits):  # [n, vocab] -> [n]
-        if sampling:
-            return sample(logits_to_probs(logits, config.temperature, config.top_k, config.top_p), generator)
-        return logits.argmax(dim=-1)
-
-    tokens = prompt  # [1, length] the verified sequence
-    token_list = prompt[0].tolist()
-    metrics.prompt_tokens = prompt_length
-    cache = DynamicCache(config=pair.target.config)
-    cached_length = 0  # leading tokens of `tokens` whose keys/values the target cache holds
-    generated = []
+            for row in rows:
+                row.metrics.record_fallback("batch_size", batch_size)
+                row.speculating = False
+    hidden_state_ids = getattr(drafter, "hidden_state_ids", ())
+    rules = (acceptance_rule, greedy_rule, tree_acceptance_rule, tree_greedy_rule)
+    cache = RowCache(pair.target.config, len(rows), device)
+    vocab_size = pair.vocab_size
     start = time.perf_counter()
     try:
         with torch.inference_mode():
-            while True:
+            while rows:
                 step_start = time.perf_counter()
-                # fallbacks: each switches to target-only for the rest of the generation
-                if drafter is not None and memory_probe is not None and config.min_free_memory_bytes is not None:
+                # fallbacks: each switches its row to target-only for the rest of its generation
+                if memory_probe is not None and config.min_free_memory_bytes is not None \
+                        and any(row.speculating for row in rows):
                     free = memory_probe()
                     if free < config.min_free_memory_bytes:
-                        metrics.record_fallback("low_memory", int(free))
-                        drafter = None
-                if (drafter is not None and config.acceptance_length_threshold is not None
-                        and len(rolling_tau) == rolling_tau.maxlen
-                        and sum(rolling_tau) / len(rolling_tau) < config.acceptance_length_threshold):
-                    metrics.record_fallback("low_acceptance_length", sum(rolling_tau) / len(rolling_tau))
-                    drafter = None
+                        for row in rows:
+                            if row.speculating:
+                                row.metrics.record_fallback("low_memory", int(free))
+                                row.speculating = False
+                for row in rows:
+                    window = row.rolling_tau
+                    if (row.speculating and row.config.acceptance_length_threshold is not None
+                            and len(window) == window.maxlen
+                            and sum(window) / len(window) < row.config.acceptance_length_threshold):
+                        row.metrics.record_fallback("low_acceptance_length", sum(window) / len(window))
+                        row.speculating = False
 
-                # draft: at most what the budget can still take after the bonus token
-                k = min(config.k, max_length - len(token_list) - 1) if drafter is not None else 0
-                if config.prefill_alone and cached_length == 0:
-                    k = 0
-                if draft_limit is not None and config.method == "draft_model":
-                    k = min(k, draft_limit - len(token_list) + 1)
-                draft_ids, draft_probs, step_tree = None, None, None
-                if k > 0:
-                    forwards = drafter.forwards
-                    if tree is not None:
-                        # the tree cut to the budget; draft_ids are its nodes' tokens, the root first
-                        step_tree = tree.pruned(k)
-                        draft_ids, draft_probs = drafter.propose_tree(tokens, step_tree)
-                    elif config.method == "ngram":
-                        draft_ids, draft_probs = drafter.propose(tokens, k, token_list)
-                    else:
-                        draft_ids, draft_probs = drafter.propose(tokens, k)
-                    metrics.draft_forwards += drafter.forwards - forwards
+                # draft: per row at most what its budget can still take after the bonus token
+                ks = []
+                for row in rows:
+                    k = min(config.k, row.max_length - len(row.token_list) - 1) if row.speculating else 0
+                    if config.prefill_alone and row.cached_length == 0:
+                        k = 0
+                    if draft_limit is not None and config.method == "draft_model":
+                        k = min(k, draft_limit - len(row.token_list) + 1)
+                    ks.append(max(k, 0))
+                step_trees = [tree.pruned(k) if tree is not None and k > 0 else None for k in ks]
+                proposals = [(None, None)] * len(rows)
+                drafting = [k > 0 for k in ks]
+                if any(drafting):
+                    proposals = drafter.propose_rows([row.tokens for row in rows], [row.token_list for row in rows],
+                                                     ks, step_trees)
                     synchronize(device)
-                    if draft_ids.shape[0] == 0:  # ngram found no match; a head has no state before the first forward
-                        k, step_tree = 0, None
-                    elif step_tree is None:
-                        k = draft_ids.shape[0]  # ngram may propose fewer
-                    verify_start = time.perf_counter()
-                    metrics.draft_time_s += verify_start - step_start
-                else:
-                    verify_start = step_start
+                verify_start = time.perf_counter()
+                for r, row in enumerate(rows):
+                    if not drafting[r]:
+                        continue
+                    row.metrics.draft_time_s += verify_start - step_start
+                    row.metrics.draft_forwards += drafter.last_forwards[r]
+                    draft_ids = proposals[r][0]
+                    if draft_ids.shape[0] == 0:
+                        # nothing drafted: ngram found no match, a head has no state before the first forward
+                        ks[r], step_trees[r], proposals[r] = 0, None, (None, None)
+                    elif step_trees[r] is None:
+                        ks[r] = draft_ids.shape[0]  # ngram may propose fewer
 
-                # verify: one target forward over what its cache lacks (the whole prompt on the first
-                # step, so the prefill verifies the first drafts too; then the last emitted token)
-                # followed by the k drafts (or the tree); only the positions after them need logits
-                pending = tokens[:, cached_length:]  # [1, n]
-                # a head drafter also reads the target's hidden states of every position fed
-                hidden_state_ids = getattr(drafter, "hidden_state_ids", ())
+                # verify: one target forward per row over what its cache lacks (the whole prompt on
+                # the first step, so the prefill verifies the first drafts too; then the last emitted
+                # token) followed by its drafts (a chain, or the tree's nodes; the root is the last
+                # token before them). Rows line up: pending tokens right-aligned, drafts after them,
+                # shorter rows padded; only the root and draft positions need logits
+                input_ids, query_valid, offsets, new_mask, width = line_up(rows, proposals, ks, tree, device)
+                drafts = input_ids.shape[1] - width  # N: the longest chain, or the tree's nodes
+                logits = cache.forward(pair.target, input_ids, query_valid, offsets, new_mask, drafts + 1,
+                                       hidden_state_ids)
                 hidden = None
-                if step_tree is not None:
-                    logits, hidden = tree_forward(pair.target, cache, pending, draft_ids, step_tree, hidden_state_ids)
-                    hidden = hidden.unsqueeze(0)  # [1, n - 1 + nodes+1, A * H]
-                    logits = logits[:, :vocab_size]  # [nodes+1, vocab]
-                else:
-                    verify_input = pending if k == 0 else torch.cat([pending, draft_ids.view(1, -1)], dim=1)
-                    logits = forward_logits(pair.target, verify_input, cache, k + 1, hidden_state_ids)
-                    if hidden_state_ids:
-                        logits, hidden = logits  # hidden # [1, n + k, A * H]
-                    logits = logits[0, :, :vocab_size]  # [k+1, vocab]
-                if k == 0:
-                    num_accepted, emitted = 0, next_tokens(logits)
-                elif step_tree is not None:
-                    buffers = step_tree.buffers(device)
-                    if sampling:
-                        target_probs = logits_to_probs(logits, config.temperature, config.top_k, config.top_p)  # [nodes+1, vocab]
-                        uniforms = torch.rand(draft_ids.shape[0], generator=generator, device=device)  # [nodes+1]
-                        accepted_nodes, emitted = tree_acceptance_rule(draft_probs, target_probs, draft_ids,
-                                                                       buffers.parent_ids, uniforms, generator)
-                    else:
-                        accepted_nodes, emitted = tree_greedy_rule(draft_ids, logits.argmax(dim=-1),
-                                                                   buffers.retrieve_indices)
-                    num_accepted = accepted_nodes.shape[0]
-                elif sampling:
-                    target_probs = logits_to_probs(logits, config.temperature, config.top_k, config.top_p)  # [k+1, vocab]
-                    uniforms = torch.rand(k, generator=generator, device=device)  # [k]
-                    num_accepted, emitted = acceptance_rule(draft_probs, target_probs, draft_ids, uniforms, generator)
-                else:
-                    num_accepted, emitted = greedy_rule(draft_ids, logits.argmax(dim=-1))
-                # roll back: keep the verified tokens and the accepted drafts, drop the rejected ones
-                # (a tree: keep the accepted path's nodes, in order); the emitted recovered/bonus
-                # token is fed with the next step
-                if step_tree is not None:
-                    before_root = pending.shape[1] - 1
-                    compact_cache(cache, len(token_list), accepted_nodes)
-                    if hidden is not None:
-                        kept_rows = torch.cat([torch.arange(before_root + 1, device=device), before_root + accepted_nodes])
-                        hidden = hidden[:, kept_rows]
-                elif k > num_accepted:
-                    cache.crop(-(k - num_accepted))
-                    if hidden is not None:
-                        hidden = hidden[:, : hidden.shape[1] - (k - num_accepted)]
-                cached_length = len(token_list) + num_accepted
-                if drafter is not None:
-                    drafter.rollback(cached_length, hidden)
-                emitted_list = emitted.tolist()  # syncs, so the verify time below is honest
-                now = time.perf_counter()
-                metrics.verify_time_s += now - verify_start
-                # a tree counts its depth as the positions drafted: per-position acceptance is per depth
-                metrics.record_step(k, num_accepted, len(emitted_list))
-                if k > 0:
-                    rolling_tau.append(num_accepted + 1)
+                if hidden_state_ids:
+                    logits, hidden = logits  # hidden # [b, P + N, A * H]
+                logits = logits[:, :, :vocab_size]  # [b, N + 1, vocab]: the root's, then each draft's
 
-                # emit the verified tokens of this step, stopping at EOS / stop string / budget
-                first_step = metrics.ttft_s is None
-                if first_step:
-                    metrics.ttft_s = now - start
-                share = (now - step_start) / len(emitted_list)
-                stop = None
-                for token in emitted_list:
-                    generated.append(token)
-                    token_list.append(token)
-                    metrics.generated_tokens += 1
+                # accept, row by row, with its own rule and random stream
+                kept = query_valid.clone()  # [b, P + N]; drafts off the accepted path are cleared below
+                kept[:, width:] = False
+                steps = []  # per row (num_accepted, emitted # [num_accepted + 1])
+                for r, row in enumerate(rows):
+                    num_accepted, emitted, accepted_columns = accept(row, logits[r], proposals[r], ks[r], step_trees[r],
+                                                                     rules)
+                    kept[r, width - 1 + accepted_columns] = True
+                    steps.append((num_accepted, emitted))
+                # roll back: keep the verified tokens and the accepted drafts, drop the rest (the
+                # emitted recovered/bonus token is fed with the next step)
+                cache.keep(kept)
+                for r, (row, (num_accepted, _)) in enumerate(zip(rows, steps)):
+                    row.cached_length = len(row.token_list) + num_accepted
+                drafter_lengths = [row.cached_length for row in rows]
+                if drafter is not None:
+                    hiddens = [hidden[r:r + 1, kept[r]] for r in range(len(rows))] if hidden is not None else None
+                    drafter.rollback_rows(drafter_lengths, hiddens)
+                emitted_lists = [emitted.tolist() for _, emitted in steps]  # syncs, so the verify time is honest
+                now = time.perf_counter()
+
+                # emit each row's verified tokens, stopping it at EOS / stop string / budget
+                for r, (row, (num_accepted, emitted), emitted_list) in enumerate(zip(rows, steps, emitted_lists)):
+                    row.metrics.verify_time_s += now - verify_start
+                    # a tree counts its depth as the positions drafted: per-position acceptance is per depth
+                    row.metrics.record_step(ks[r] if step_trees[r] is None else step_trees[r].depth,
+                                            num_accepted, len(emitted_list))
+                    if ks[r] > 0:
+                        row.rolling_tau.append(num_accepted + 1)
+                    first_step = row.metrics.ttft_s is None
                     if first_step:
-                        metrics.ttft_tokens += 1
-                    metrics.token_latencies_s.append(share)
-                    yield token
-                    if token in eos_ids:
-                        stop = "eos"
-                    elif stop_strings and any(s in pair.tokenizer.decode(generated[-stop_window:])
-                                              for s in stop_strings):
-                        stop = "stop_string"
-                    elif len(token_list) >= max_length:
-                        stop = "max_new_tokens" if len(generated) >= config.max_new_tokens else "max_position"
-                    if stop:
-                        break
-                if stop:
-                    metrics.stop_reason = stop
-                    break
-                tokens = torch.cat([tokens, emitted.view(1, -1)], dim=1)  # [1, length]
+                        row.metrics.ttft_s = now - start
+                    share = (now - step_start) / len(emitted_list)
+                    for position, token in enumerate(emitted_list):
+                        row.generated.append(token)
+                        row.token_list.append(token)
+                        row.metrics.generated_tokens += 1
+                        if first_step:
+                            row.metrics.ttft_tokens += 1
+                        row.metrics.token_latencies_s.append(share)
+                        yield row.index, token
+                        row.stop = stop_of(pair, row, token)
+                        if row.stop == "eos" and step_trees[r] is None and position < min(num_accepted, ks[r] - 1):
+                            # an accepted draft ended the generation before the step's last draft:
+                            # llama.cpp counts only the drafts before it (metrics.stop_draft_counts)
+                            row.metrics.stop_draft = (position, num_accepted)
+                        if row.stop:
+                            break
+                    if row.stop:
+                        row.metrics.stop_reason = row.stop
+                        row.metrics.total_time_s = time.perf_counter() - start
+                    else:
+                        row.tokens = torch.cat([row.tokens, emitted.view(1, -1)], dim=1)  # [1, length]
+                going = [r for r, row in enumerate(rows) if not row.stop]
+                if len(going) < len(rows):
+                    rows = [rows[r] for r in going]
+                    if rows:
+                        cache.select(going)
+                        if drafter is not None:
+                            drafter.select(going)
     finally:
-        metrics.total_time_s = time.perf_counter() - start
+        for row in rows:
+            row.metrics.total_time_s = time.perf_counter() - start
+
+
+def stream_generate(pair: ModelPair, prompt_ids, config: DecodeConfig, *, speculate: bool = True,
+                    metrics: GenerationMetrics | None = None, **hooks) -> Iterator[int]:
+    """Yield verified token ids of one prompt one by one: decode_rows with a single row.
+
+    prompt_ids: list[int] or a tensor # [1, n] / [n]. Fills `metrics` (pass one in to read it) as
+    it goes. hooks: batch_size, memory_probe, acceptance_rule, greedy_rule, tree_acceptance_rule,
+    tree_greedy_rule (see decode_rows)."""
+    metrics = metrics if metrics is not None else GenerationMetrics()
+    hooks.setdefault("batch_size", 1)
+    for _, token in decode_rows(pair, [prompt_ids], [config], speculate=speculate, metrics=[metrics], **hooks):
+        yield token
+
+
+def generate_batch(pair: ModelPair, prompts: list, configs, *, speculate: bool = True, **hooks) -> list[Generation]:
+    """Decode many prompts at once -> one Generation per prompt, in order; each row's metrics
+    carry the batch's size and its share of the batch's wall time (metrics.batch_size,
+    metrics.batch_time_s), so pooled throughput is tokens / the batch's time.
+
+    configs: one DecodeConfig for all, or one per prompt (sharing method, k and tree). hooks: as
+    decode_rows."""
+    if isinstance(configs, DecodeConfig):
+        configs = [configs] * len(prompts)
+    metrics = [GenerationMetrics() for _ in prompts]
+    token_ids = [[] for _ in prompts]
+    start = time.perf_counter()
+    for index, token in decode_rows(pair, list(prompts), list(configs), speculate=speculate, metrics=metrics,
+                                    **hooks):
+        token_ids[index].append(token)
+    wall = time.perf_counter() - start
+    generations = []
+    for ids, one in zip(token_ids, metrics):
+        one.batch_size, one.batch_time_s = len(prompts), wall / len(prompts)
+        text = pair.tokenizer.decode(ids) if pair.tokenizer is not None else None
+        generations.append(Generation(token_ids=ids, text=text, metrics=one))
+    return generations
 
 
 def _generate(pair, prompt_ids, config, speculate, **hooks) -> Generation:
-    metrics = GenerationMetrics()
-    token_ids = list(stream_generate(pair, prompt_ids, config, speculate=speculate, metrics=metrics, **hooks))
-    text = pair.tokenizer.decode(token_ids) if pair.tokenizer is not None else None
-    return Generation(token_ids=token_ids, text=text, metrics=metrics)
+    return generate_batch(pair, [prompt_ids], [config], speculate=speculate, **{"batch_size": 1, **hooks})[0]
 
 
 def speculative_generate(pair: ModelPair, prompt_ids, config: DecodeConfig, **hooks) -> Generation:
     """Speculative decoding of one prompt -> Generation(token_ids, text, metrics).
 
     hooks: batch_size, memory_probe, acceptance_rule, greedy_rule, tree_acceptance_rule,
-    tree_greedy_rule (see stream_generate).
+    tree_greedy_rule (see decode_rows).
     """
     return _generate(pair, prompt_ids, config, True, **hooks)
 

@@ -16,45 +16,92 @@ from specreg.runtime.sampling import draft_token
 
 
 class DraftModelDrafter:
-    """A small causal LM decoding k tokens autoregressively with its own KV cache."""
+    """A small causal LM decoding k tokens autoregressively with its own KV cache, for many rows at
+    once (one RowCache; each row its own sampling settings and random generator, drawn from in the
+    order one row alone would). The single-row interface (propose / rollback) is the batch of one."""
 
     def __init__(self, model, vocab_size: int, temperature: float = 0.0, top_k=None, top_p=None,
-                 generator=None):
+                 generator=None, *, rows: list[tuple] | None = None):
+        """rows: (temperature, top_k, top_p, generator) per row; default one row of the arguments."""
         self.model = model
         self.vocab_size = vocab_size
-        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
-        self.generator = generator
+        self.rows = list(rows) if rows is not None else [(temperature, top_k, top_p, generator)]
         self.cache = None
-        self.cached_length = 0  # tokens of the verified sequence whose keys/values are cached
+        self.cached_lengths = [0] * len(self.rows)  # per row: verified tokens whose keys/values are cached
         self.forwards = 0
+        self.last_forwards = [0] * len(self.rows)  # per row: forwards it took part in at the last propose
+
+    def propose_rows(self, tokens: list, token_lists: list, ks: list[int], trees=None) -> list[tuple]:
+        """tokens: per row the verified sequence # [1, n_r]; ks: drafts wanted per row (0: none) ->
+        per row (draft_token_ids # [k_r], draft_probs # [k_r, vocab] or None when greedy)."""
+        import torch
+
+        from specreg.runtime.row_cache import RowCache
+
+        device = tokens[0].device
+        if self.cache is None:
+            self.cache = RowCache(self.model.config, len(self.rows), device)
+        # the first forward feeds what each row's cache lacks (the prompt at first, then 1 or 2
+        # tokens), right-aligned; then one token per row still drafting
+        new = [row_tokens[0, self.cached_lengths[r]:] if ks[r] > 0 else row_tokens[0, :0]
+               for r, row_tokens in enumerate(tokens)]
+        width = max(piece.shape[0] for piece in new)
+        input_ids = torch.zeros(len(new), width, dtype=torch.long, device=device)  # [b, width]
+        query_valid = torch.zeros(len(new), width, dtype=torch.bool, device=device)
+        offsets = torch.zeros(len(new), width, dtype=torch.long, device=device)
+        for r, piece in enumerate(new):
+            if piece.shape[0]:
+                input_ids[r, width - piece.shape[0]:] = piece
+                query_valid[r, width - piece.shape[0]:] = True
+                offsets[r, width - piece.shape[0]:] = torch.arange(piece.shape[0], device=device)
+        draft_ids = [[] for _ in new]
+        draft_probs = [[] for _ in new]
+        self.last_forwards = [0] * len(new)
+        for index in range(max(ks)):
+            logits = self.cache.forward(self.model, input_ids, query_valid, offsets)[:, -1, : self.vocab_size]  # [b, vocab]
+            self.cache.keep(query_valid)
+            self.forwards += 1
+            for r, (temperature, top_k, top_p, generator) in enumerate(self.rows):
+                if index < ks[r]:
+                    self.last_forwards[r] += 1
+                    token, probs = draft_token(logits[r:r + 1], temperature, top_k, top_p, generator)  # [1]
+                    draft_ids[r].append(token)
+                    if probs is not None:
+                        draft_probs[r].append(probs)
+            query_valid = torch.tensor([[index + 1 < k] for k in ks], dtype=torch.bool, device=device)  # [b, 1]
+            input_ids = torch.stack([ids[-1] if ids else torch.zeros(1, dtype=torch.long, device=device)
+                                     for ids in draft_ids])  # [b, 1]
+            offsets = torch.zeros(len(new), 1, dtype=torch.long, device=device)
+        proposals = []
+        for r, k in enumerate(ks):
+            if k > 0:
+                self.cached_lengths[r] = tokens[r].shape[1] + k - 1  # x_k itself was never fed
+            proposals.append((torch.cat(draft_ids[r]) if draft_ids[r] else torch.empty(0, dtype=torch.long, device=device),
+                              torch.cat(draft_probs[r]) if draft_probs[r] else None))
+        return proposals
+
+    def rollback_rows(self, valid_lengths: list[int], hidden_states=None) -> None:
+        """Drop each row's cached positions past the first valid_lengths[r] tokens of its sequence."""
+        if self.cache is None:
+            return
+        self.cached_lengths = [min(cached, valid) for cached, valid in zip(self.cached_lengths, valid_lengths)]
+        self.cache.truncate(self.cached_lengths)
+
+    def select(self, rows: list[int]) -> None:
+        """Keep only these rows (the others finished)."""
+        self.rows = [self.rows[r] for r in rows]
+        self.cached_lengths = [self.cached_lengths[r] for r in rows]
+        self.last_forwards = [self.last_forwards[r] for r in rows]
+        if self.cache is not None:
+            self.cache.select(rows)
 
     def propose(self, tokens, k: int):
         """tokens # [1, n] the verified sequence -> (draft_token_ids # [k], draft_probs # [k, vocab])."""
-        import torch
-        from transformers import DynamicCache
-
-        if self.cache is None:
-            self.cache = DynamicCache(config=self.model.config)
-        # feed what the cache lacks: the whole prompt at first, then 1 or 2 tokens per step
-        next_input = tokens[:, self.cached_length:]
-        draft_ids, draft_probs = [], []
-        for _ in range(k):
-            logits = forward_logits(self.model, next_input, self.cache)[0, :, : self.vocab_size]  # [1, vocab]
-            self.forwards += 1
-            token, probs = draft_token(logits, self.temperature, self.top_k, self.top_p, self.generator)  # [1]
-            if probs is not None:
-                draft_probs.append(probs)
-            draft_ids.append(token)
-            next_input = token.view(1, 1)
-        self.cached_length = tokens.shape[1] + k - 1  # x_k itself was never fed
-        probs = torch.cat(draft_probs) if draft_probs else None
-        return torch.cat(draft_ids), probs
+        return self.propose_rows([tokens], [None], [k])[0]
 
     def rollback(self, valid_length: int, hidden_states=None) -> None:
         """Drop cached positions past the first `valid_length` tokens of the new sequence."""
-        if self.cache is not None and self.cached_length > valid_length:
-            self.cache.crop(-(self.cached_length - valid_length))
-            self.cached_length = valid_length
+        self.rollback_rows([valid_length])
 
 
 class NgramDrafter:
@@ -105,6 +152,54 @@ class NgramDrafter:
 
     def rollback(self, valid_length: int, hidden_states=None) -> None:
         """Nothing cached: the lookup reads the verified sequence afresh each step."""
+
+
+class RowDrafters:
+    """Drafters that hold one row each (n-gram, EAGLE-3 and MTP heads, Medusa), asked row by row
+    through the batch interface the decode loop uses (as DraftModelDrafter's rows): a head is a
+    fraction of one target layer, so its per-row steps cost little beside the batched target."""
+
+    def __init__(self, drafters: list):
+        self.drafters = drafters
+        self.hidden_state_ids = getattr(drafters[0], "hidden_state_ids", ())
+        self.last_forwards = [0] * len(drafters)
+
+    def propose_rows(self, tokens: list, token_lists: list, ks: list[int], trees: list) -> list[tuple]:
+        """Per row: tokens # [1, n_r], its token list, k_r (0: nothing), its tree (tree methods) ->
+        per row (draft_token_ids or tree node ids, draft_probs or None); (None, None) where k_r is 0."""
+        proposals = []
+        for r, drafter in enumerate(self.drafters):
+            before = drafter.forwards
+            if ks[r] == 0:
+                proposals.append((None, None))
+            elif trees[r] is not None:
+                proposals.append(drafter.propose_tree(tokens[r], trees[r]))
+            elif isinstance(drafter, NgramDrafter):
+                proposals.append(drafter.propose(tokens[r], ks[r], token_lists[r]))
+            else:
+                proposals.append(drafter.propose(tokens[r], ks[r]))
+            self.last_forwards[r] = drafter.forwards - before
+        return proposals
+
+    def rollback_rows(self, valid_lengths: list[int], hidden_states: list | None = None) -> None:
+        for r, drafter in enumerate(self.drafters):
+            drafter.rollback(valid_lengths[r], hidden_states[r] if hidden_states is not None else None)
+
+    def select(self, rows: list[int]) -> None:
+        self.drafters = [self.drafters[r] for r in rows]
+        self.last_forwards = [self.last_forwards[r] for r in rows]
+
+
+def make_row_drafters(pair, configs, generators):
+    """The drafter of a batch: configs and generators per row (one method for all) -> an object
+    with propose_rows / rollback_rows / select / last_forwards / hidden_state_ids. A draft model
+    drafts every row in one forward per position; other methods keep a drafter per row."""
+    config = configs[0]
+    if config.method == "draft_model":
+        check = make_drafter(pair, config, generators[0])  # the pair's checks and errors, built once
+        return DraftModelDrafter(check.model, check.vocab_size, rows=[
+            (c.temperature, c.top_k, c.top_p, generator) for c, generator in zip(configs, generators)])
+    return RowDrafters([make_drafter(pair, c, generator) for c, generator in zip(configs, generators)])
 
 
 def make_drafter(pair, config, generator=None):

@@ -65,6 +65,11 @@ class GenerationMetrics:
     longest_rejection_run: int = 0
     fallbacks: list[dict] = field(default_factory=list)
     stop_reason: str | None = None
+    # (position, accepted) of a step whose accepted draft at `position` was a stop token before its
+    # last draft: what llama.cpp counts differently (stop_draft_counts)
+    stop_draft: tuple[int, int] | None = None
+    batch_size: int = 1  # rows decoded together: the throughput figures are at this batch size
+    batch_time_s: float | None = None  # this row's share of its batch's wall time (None: total_time_s)
 
     def record_step(self, num_drafted: int, num_accepted: int, num_emitted: int) -> None:
         """One verification forward: num_drafted proposals, num_accepted kept, num_emitted out."""
@@ -153,6 +158,23 @@ class GenerationMetrics:
         }
 
 
+def stop_draft_counts(metrics: GenerationMetrics) -> dict:
+    """The counts of one greedy decode as llama.cpp's server counts them (common/sampling.cpp
+    common_sampler_sample_and_accept_n): an accepted draft that is a stop token, unless it is the
+    step's last draft, ends acceptance there and is not counted; the drafts after it that the
+    target agreed with are not counted either (acceptance.greedy_accept_stopping_at is the rule
+    stated on its own). The tokens are the same either way -> {"drafted", "accepted",
+    "draft_steps", "accepted_per_position", "generated_tokens"}."""
+    accepted, per_position = metrics.accepted, list(metrics.accepted_per_position)
+    if metrics.stop_draft is not None:
+        position, num_accepted = metrics.stop_draft
+        accepted -= num_accepted - position
+        for index in range(position, num_accepted):
+            per_position[index] -= 1
+    return {"drafted": metrics.drafted, "accepted": accepted, "draft_steps": metrics.draft_steps,
+            "accepted_per_position": per_position, "generated_tokens": metrics.generated_tokens}
+
+
 def decode_rate(tokens: int, seconds: float) -> float | None:
     return tokens / seconds if tokens > 0 and seconds > 0 else None
 
@@ -185,6 +207,11 @@ def aggregate(metrics: list[GenerationMetrics]) -> dict:
             decode_tokens += one.generated_tokens - one.ttft_tokens
             decode_seconds += one.total_time_s - one.ttft_s
     summary = total.summary()
+    # rows decoded together share their batch's wall time: throughput is tokens over the batches'
+    # time (tokens_per_s stays one row's rate: its tokens over its own time from start to end)
+    batch_seconds = sum(one.batch_time_s if one.batch_time_s is not None else one.total_time_s for one in metrics)
+    summary["batch_size"] = max((one.batch_size for one in metrics), default=1)
+    summary["batch_tokens_per_s"] = decode_rate(total.generated_tokens, batch_seconds)
     summary["ttft_s"] = sum(ttfts) / len(ttfts) if ttfts else None
     summary["decode_tokens_per_s"] = decode_rate(decode_tokens, decode_seconds)
     summary["generations"] = len(metrics)

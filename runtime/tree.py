@@ -5,7 +5,7 @@ the `--tree` of registration: ((0,), (1,), (0, 0), (0, 1), (0, 0, 0)) is the top
 candidates for the next token, the top-1 and top-2 after the top-1, and the top-1 after that.
 Node 0 is the root: the last verified token, whose keys the target cache does not hold yet.
 
-One step (runtime/decode.py's loop calls these in this order for tree methods):
+One step of one row, as tree_forward and compact_cache run it (choose_k times a tree step so):
 1. tree_candidates: per-depth ranked proposals -> the token of every node.
 2. tree_forward: one target forward over the uncached tokens (ending with the root) and all
    nodes, under the causal mask over the cached prefix combined with the tree mask (a node sees
@@ -14,6 +14,9 @@ One step (runtime/decode.py's loop calls these in this order for tree methods):
 3. acceptance.tree_greedy_accept / tree_rejection_sample: the kept path and the emitted tokens.
 4. compact_cache: keep the prefix and the kept path's nodes, in order, so the cache equals one
    built by decoding the accepted tokens one by one.
+The decode loop (runtime/decode.py) runs the same step for many rows at once: the same mask and
+positions through row_cache.RowCache, where the nodes off the accepted path become invalid
+columns instead of being compacted away.
 
 What we followed: FasterDecoding/Medusa medusa/model/utils.py generate_medusa_buffers (paths
 sorted by (len, path); mask with the root column set; position ids = depth; retrieve indices of

@@ -32,6 +32,7 @@ MAX_SPECULATIVE_TOKENS = 64  # acceptance falls as alpha^k: no engine drafts mor
 MAX_PROMPT_LOOKUP = 64
 MAX_BATCH_SIZE = 1_000_000
 MAX_DISTRIBUTION_SAMPLES = 1_000_000
+MAX_RUNTIME_BATCH = 256
 
 
 @dataclass(frozen=True)
@@ -614,10 +615,14 @@ class Registry:
     def validate(self, ref: str | PairRef, *, golden: str | None = None, device: str = "auto",
                  dtype: str = "float32", checks: str | list[str] | None = None, gpu_memory: str | None = None,
                  acceptance_tolerance: float | None = None, near_tie_tolerance: float | None = None,
-                 distribution_samples: int = 4000, seed: int = 0, progress=None, hooks: dict | None = None):
+                 distribution_samples: int = 4000, seed: int = 0, runtime_batch: int = 8, progress=None,
+                 hooks: dict | None = None):
         """Validate a pair version on golden set ``golden`` (a shipped name or a file path) and
         record the run; the version moves to validated or failed. ``golden`` and
         ``acceptance_tolerance`` default to the policy's (validation_settings).
+
+        runtime_batch: golden prompts the runtime decodes at once (each decodes as it would alone;
+        the speed figures say the batch size, latency is measured at batch 1 as well).
 
         checks: "a,b" or a list (default: all of validators.suite.CHECK_NAMES); progress(what, done,
         total, detail) per check, golden prompt and sampled prefix (validators.suite.run_suite);
@@ -641,10 +646,12 @@ class Registry:
         check_range("distribution samples", distribution_samples, 1000, MAX_DISTRIBUTION_SAMPLES)
         if near_tie_tolerance is not None and not 0 <= near_tie_tolerance < float("inf"):
             raise UsageError(f"invalid near-tie tolerance {near_tie_tolerance!r}: use a finite number >= 0")
+        check_range("runtime batch", runtime_batch, 1, MAX_RUNTIME_BATCH)
         selected = parse_checks(checks if isinstance(checks, str) or checks is None else ",".join(checks))
         options = ValidationOptions(device=device, dtype=dtype, checks=selected, gpu_memory=gpu_memory,
                                     acceptance_tolerance=acceptance_tolerance, near_tie_tolerance=near_tie_tolerance,
-                                    distribution_samples=distribution_samples, seed=seed)
+                                    distribution_samples=distribution_samples, seed=seed,
+                                    runtime_batch_size=runtime_batch)
         version = self.get(ref)
         golden_set = load_golden_set(golden)
         outcome = validate_version(self.store, version, golden_set, options, actor=self.user,

@@ -184,17 +184,16 @@ def golden_prompts(golden, tokenizer) -> tuple[list[dict[str, Any]], list[dict[s
     return prompts, skipped
 
 
-def runtime_pass(pair, prompts, version: PairVersion, progress: Progress | None = None) -> list[dict[str, Any]]:
-    """Our runtime's greedy speculative decode of every prompt -> counts rows (+ "token_ids"), on
-    llama-server's schedule (DecodeConfig.prefill_alone: the prefill emits the first token alone,
-    drafting starts from it) and with its count at a stop token (greedy_accept_stopping_at: a
-    matching end-of-generation draft ends acceptance), so both loops draft the same windows and
-    count them the same way; the tokens are greedy decoding's either way."""
-    import dataclasses
-
-    from specreg.runtime.acceptance import greedy_accept_stopping_at
-    from specreg.runtime.decode import eos_ids_of, speculative_generate
-    from specreg.validators.engine import runtime_row
+def runtime_pass(pair, prompts, version: PairVersion, progress: Progress | None = None,
+                 batch_size: int = 8) -> list[dict[str, Any]]:
+    """Our runtime's greedy speculative decode of every prompt, batch_size at once -> counts rows
+    (+ "token_ids"), on llama-server's schedule (DecodeConfig.prefill_alone: the prefill emits the
+    first token alone, drafting starts from it) and with its count at a stop token (a matching
+    end-of-generation draft ends acceptance: runtime.metrics.stop_draft_counts), so both loops
+    draft the same windows and count them the same way; the tokens are greedy decoding's either
+    way. What validate recorded (reused_rows) makes this pass unnecessary."""
+    from specreg.runtime.decode import generate_batch
+    from specreg.runtime.metrics import stop_draft_counts
     from specreg.validators.equivalence import SpeculativeSettings, decode_config
 
     spec = version.config
@@ -203,14 +202,42 @@ def runtime_pass(pair, prompts, version: PairVersion, progress: Progress | None 
                                    prompt_lookup_max=spec.prompt_lookup_max or 3, tree=spec.tree)
     rows = []
     one_more = counting(progress, "our runtime (greedy, the engine's schedule)", len(prompts))
-    for prompt in prompts:
-        config = dataclasses.replace(decode_config(prompt["golden"], settings, greedy=True), prefill_alone=True)
-        generation = speculative_generate(pair, prompt["prompt_ids"], config,
-                                          greedy_rule=greedy_accept_stopping_at(eos_ids_of(pair, config)))
-        rows.append({**runtime_row(prompt["record"], prompt["category"], generation.metrics),
-                     "token_ids": list(generation.token_ids)})
-        one_more(prompt["record"])
+    for start in range(0, len(prompts), batch_size):
+        chunk = prompts[start:start + batch_size]
+        generations = generate_batch(pair, [prompt["prompt_ids"] for prompt in chunk],
+                                     [decode_config(prompt["golden"], settings, greedy=True) for prompt in chunk])
+        for prompt, generation in zip(chunk, generations):
+            rows.append(engine_row(prompt["record"], prompt["category"], stop_draft_counts(generation.metrics),
+                                   generation.token_ids))
+            one_more(prompt["record"])
     return rows
+
+
+def engine_row(record: str, category: str, counts: dict[str, Any], token_ids) -> dict[str, Any]:
+    """A counts row of our runtime (validators.engine) from stop_draft_counts and the tokens."""
+    return {"record": record, "category": category, **{key: counts[key] for key in COUNTED},
+            "token_ids": list(token_ids)}
+
+
+COUNTED = ("generated_tokens", "drafted", "accepted", "draft_steps", "accepted_per_position")
+
+
+def reused_rows(run, golden, prompts, dtype: str) -> list[dict[str, Any]] | None:
+    """The rows of `validate`'s own greedy decodes (its acceptance check's "greedy_rows"), when
+    ``run`` (the version's latest passed validation) decoded these very prompts on the engines'
+    schedule, on the CPU in ``dtype``; None otherwise (a run recorded before validate decoded on
+    that schedule, another golden set, device or dtype: decode again)."""
+    from specreg.core.baselines import ENGINE_SCHEDULE, schedule_of
+
+    if run is None or run.golden_sha256 != golden.content_sha256 or schedule_of(run.baselines) != ENGINE_SCHEDULE:
+        return None
+    if (run.environment or {}).get("device") != "cpu" or (run.environment or {}).get("dtype") != dtype:
+        return None
+    acceptance = next((check for check in run.checks if check.name == "acceptance"), None)
+    recorded = (acceptance.evidence or {}).get("greedy_rows") if acceptance is not None else None
+    if not recorded or [row["record"] for row in recorded] != [prompt["record"] for prompt in prompts]:
+        return None
+    return [engine_row(row["record"], row["category"], row["stop_counts"], row["token_ids"]) for row in recorded]
 
 
 def runtime_margin(pair) -> Callable[[list[int], list[int]], dict]:
@@ -326,6 +353,7 @@ def _local_llamacpp(store: Store, version: PairVersion, golden, options: EngineO
     from specreg.validators.suite import default_near_tie_tolerance
 
     from specreg.registry.store.engine_artifacts import ArtifactRecords
+    from specreg.registry.store.validations import ValidationStore
 
     config = version.config
     records = ArtifactRecords(store, actor)
@@ -338,7 +366,11 @@ def _local_llamacpp(store: Store, version: PairVersion, golden, options: EngineO
     prompts, skipped = golden_prompts(golden, pair.tokenizer)
     if not prompts:
         raise SpecregError(f"no prompt of golden set {golden.name} could be encoded with the target's tokenizer")
-    ours_rows = runtime_pass(pair, prompts, version, progress=progress)
+    latest_run = ValidationStore(store).latest_passed(version.name, version.version)
+    ours_rows = reused_rows(latest_run, golden, prompts, options.dtype)
+    reused = ours_rows is not None
+    if not reused:
+        ours_rows = runtime_pass(pair, prompts, version, progress=progress)
     top_tier = max(options.tiers)
     k = config.num_speculative_tokens
     spec, plain, commands = {}, {}, {}
@@ -371,8 +403,9 @@ def _local_llamacpp(store: Store, version: PairVersion, golden, options: EngineO
         equivalence = checks_module.check_engine_equivalence(records, engine_name="llama.cpp", tolerance=tolerance,
                                                              top_of=top_of, our_margin=runtime_margin(pair))
     ours = {**checks_module.baselines_of(ours_rows, k),
-            "source": "our runtime, greedy, same token ids, llama-server's schedule (first token from the prefill "
-                      "alone) and count at a stop token (a matching end-of-generation draft ends acceptance)"}
+            "source": ("our runtime, greedy, same token ids, llama-server's schedule (first token from the prefill "
+                       "alone) and count at a stop token (a matching end-of-generation draft ends acceptance)"
+                       + (f": the decodes of validation run {latest_run.id}" if reused else ": decoded here"))}
     engine_baselines = checks_module.baselines_of(spec[1].rows, k)
     counts = checks_module.check_counts(spec[1].rows, engine_name="llama.cpp")
     parity = checks_module.check_parity(ours, engine_baselines, engine_name="llama.cpp",
@@ -383,13 +416,13 @@ def _local_llamacpp(store: Store, version: PairVersion, golden, options: EngineO
     throughput = checks_module.check_throughput(tiers, engine_name="llama.cpp")
     concurrency = checks_module.check_concurrency(tiers, engine_name="llama.cpp")
     same_as_runtime = sum(1 for row, done in zip(ours_rows, spec[1].completions) if row["token_ids"] == done.token_ids)
-    counted = ("generated_tokens", "drafted", "accepted", "draft_steps", "accepted_per_position")
     same_counts = sum(1 for row, theirs in zip(ours_rows, spec[1].rows)
-                      if all(row[key] == theirs[key] for key in counted))
+                      if all(row[key] == theirs[key] for key in COUNTED))
     report = {"engine": "llamacpp", "identity": identity, "command": commands["with_draft"],
               "command_without_draft": commands["without_draft"], "gguf": {r: str(p) for r, p in ggufs.items()},
               "options": options.to_dict(), "prompts": len(prompts), "skipped": skipped, "ours": ours,
-              "per_prompt": spec[1].rows, "engine_matches_runtime_tokens": same_as_runtime,
+              "per_prompt": spec[1].rows, "runtime_rows_from_validation_run": latest_run.id if reused else None,
+              "engine_matches_runtime_tokens": same_as_runtime,
               "engine_matches_runtime_counts": same_counts, "throughput": tiers,
               "per_prompt_runtime": [{key: value for key, value in row.items() if key != "token_ids"}
                                      for row in ours_rows]}

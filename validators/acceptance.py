@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from specreg.core.baselines import ENGINE_TAU, drift_floor, in_engine_terms, legacy_tau_note, relative_change
+from specreg.core.baselines import (ENGINE_SCHEDULE, ENGINE_TAU, drift_floor, in_engine_terms, legacy_tau_note,
+                                    relative_change)
 from specreg.core.types import FAIL, PASS, SKIP, CheckResult
 
 CHECK_NAME = "acceptance"
@@ -26,7 +27,8 @@ BASELINE_KEYS = ("acceptance_rate", "mean_acceptance_length", "per_position_acce
 
 
 def acceptance_baselines(decodes, k: int | None = None) -> dict[str, Any]:
-    """GoldenDecodes -> {"k": k, "tau_definition": "engines", "overall": figures, "per_category":
+    """GoldenDecodes -> {"k": k, "tau_definition": "engines", "schedule": "prefill_alone" (the
+    decodes' schedule: core.baselines.schedule_of), "overall": figures, "per_category":
     {category: figures}} with the names and definitions vLLM uses (acceptance_rate,
     mean_acceptance_length, per_position_acceptance ...) and ours under their own names
     (tokens_per_target_forward, per_position_acceptance_conditional); k is the speculative depth
@@ -40,8 +42,21 @@ def acceptance_baselines(decodes, k: int | None = None) -> dict[str, Any]:
     categories: dict[str, list] = {}
     for run in decodes.runs:
         categories.setdefault(run.category, []).append(run)
-    return {"k": k, "tau_definition": ENGINE_TAU, "overall": figures(decodes.runs),
+    return {"k": k, "tau_definition": ENGINE_TAU, "schedule": ENGINE_SCHEDULE, "overall": figures(decodes.runs),
             "per_category": {category: figures(runs) for category, runs in categories.items()}}
+
+
+def greedy_rows(decodes) -> list[dict[str, Any]]:
+    """Per prompt, the greedy speculative decode in the engines' terms (validators.engine rows)
+    with its token ids and its counts as llama.cpp counts at a stop token ("stop_counts",
+    runtime.metrics.stop_draft_counts): what `validate --engine llamacpp` compares the engine
+    with instead of decoding the prompts again (both on the engines' schedule)."""
+    from specreg.runtime.metrics import stop_draft_counts
+    from specreg.validators.engine import runtime_row
+
+    return [{**runtime_row(run.record_id, run.category, run.speculative.metrics),
+             "token_ids": list(run.speculative.token_ids), "stop_counts": stop_draft_counts(run.speculative.metrics)}
+            for run in decodes.runs]
 
 
 def comparable_metrics(current: dict[str, Any], previous: dict[str, Any]) -> tuple[tuple[str, ...], list[str]]:
@@ -91,6 +106,7 @@ def check_acceptance(decodes, *, previous: tuple[int, dict[str, Any]] | None = N
     baselines = acceptance_baselines(decodes, k=k)
     overall = baselines["overall"]
     evidence: dict[str, Any] = {"baselines": baselines, "tolerance": tolerance, "k": k,
+                                "greedy_rows": greedy_rows(decodes),
                                 "compared_with_version": previous[0] if previous else None, "comparison": []}
     if not decodes.runs or not overall.get("drafted"):
         return CheckResult(CHECK_NAME, SKIP, "no draft token was proposed on the golden prompts: nothing to measure",

@@ -12,6 +12,7 @@ is a real difference (fail).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -59,9 +60,24 @@ class PromptRun:
 class GoldenDecodes:
     runs: list[PromptRun] = field(default_factory=list)
     skipped: list[dict] = field(default_factory=list)  # records that could not be encoded
+    batch_size: int = 1  # prompts decoded at once in `runs`
+    # the first prompts decoded again one at a time (greedy, target-only and speculative): the
+    # latency one request sees alone; `runs` itself when batch_size is 1
+    single: list[PromptRun] = field(default_factory=list)
+
+
+# prompts decoded again at batch 1 for the latency figures when the golden set is decoded batched:
+# a tenth of the set, at least one and at most LATENCY_PROMPTS (on a 7-prompt set, four of them
+# decoded again took as long as batching saved)
+LATENCY_PROMPTS = 4
+LATENCY_SHARE = 0.1
+DEFAULT_BATCH_SIZE = 8
 
 
 def decode_config(record, settings: SpeculativeSettings, *, greedy: bool, seed: int = 0):
+    """The DecodeConfig of one golden record, on the serving engines' schedule (the prefill emits
+    the first token alone and drafting starts from it, DecodeConfig.prefill_alone), so that the
+    engine comparison of `validate --engine` reads the very decodes validate counted."""
     from specreg.runtime.decode import DecodeConfig
 
     return DecodeConfig(
@@ -70,52 +86,73 @@ def decode_config(record, settings: SpeculativeSettings, *, greedy: bool, seed: 
         top_k=None if greedy else record.top_k, top_p=None if greedy else record.top_p,
         seed=record.seed if record.seed is not None else seed,
         prompt_lookup_min=settings.prompt_lookup_min, prompt_lookup_max=settings.prompt_lookup_max,
-        tree=settings.tree,
+        tree=settings.tree, prefill_alone=True,
     )
 
 
 def decode_golden(pair, golden, settings: SpeculativeSettings, *, seed: int = 0,
-                  progress: Callable[[str], None] | None = None, hooks: dict | None = None) -> GoldenDecodes:
-    """Decode every golden record on the runtime -> GoldenDecodes.
+                  progress: Callable[[str], None] | None = None, hooks: dict | None = None,
+                  batch_size: int = DEFAULT_BATCH_SIZE) -> GoldenDecodes:
+    """Decode every golden record on the runtime, batch_size prompts at once -> GoldenDecodes.
 
-    pair: a runtime ModelPair; golden: a GoldenSet; hooks: passed to speculative_generate
-    (acceptance_rule / greedy_rule: tests inject broken rules). progress(record_id) is called
-    after each record. Records the target's tokenizer cannot encode (a chat record and no chat
-    template) are skipped and listed; the chat_template check reports why.
+    pair: a runtime ModelPair; golden: a GoldenSet; hooks: passed to the speculative decodes
+    (acceptance_rule / greedy_rule: tests inject broken rules). Per prompt: target-only greedy,
+    speculative greedy and, for sampled records, speculative sampling as the record asks (each row
+    decodes as it would alone: runtime/decode.decode_rows). progress(record_id) is called for each
+    record as its batch ends. With batch_size > 1 the first prompts (a tenth of the set, 1 to
+    LATENCY_PROMPTS) are decoded again one at a time (GoldenDecodes.single). Records the target's tokenizer cannot encode (a
+    chat record and no chat template) are skipped and listed; the chat_template check reports why.
     """
     import jinja2
 
-    from specreg.runtime.decode import speculative_generate, target_only_generate
+    from specreg.runtime.decode import generate_batch
 
     hooks = hooks or {}
-    decodes = GoldenDecodes()
-    warmed = False
+    decodes = GoldenDecodes(batch_size=batch_size)
+    encoded = []
     for record in golden:
         try:
-            prompt_ids = record.encode(pair.tokenizer)
+            encoded.append((record, record.encode(pair.tokenizer)))
         except (ModelReferenceError, jinja2.TemplateError) as exc:
             decodes.skipped.append({"record": record.id, "reason": " ".join(str(exc).split())[:200]})
             if progress:
                 progress(record.id)
-            continue
-        greedy = decode_config(record, settings, greedy=True, seed=seed)
-        if not warmed:
-            # first calls pay one-off allocation and kernel selection: keep them out of the timings
-            short = decode_config(record, settings, greedy=True, seed=seed)
-            short.max_new_tokens = min(4, short.max_new_tokens)
-            target_only_generate(pair, prompt_ids, short)
-            speculative_generate(pair, prompt_ids, short, **hooks)
-            warmed = True
-        target_only = target_only_generate(pair, prompt_ids, greedy)
-        speculative = speculative_generate(pair, prompt_ids, greedy, **hooks)
-        sampled = None
-        if not record.is_greedy:
-            sampled = speculative_generate(pair, prompt_ids, decode_config(record, settings, greedy=False, seed=seed),
-                                           **hooks)
-        decodes.runs.append(PromptRun(record.id, record.category, list(prompt_ids), float(record.temperature or 0.0),
-                                      speculative, target_only, sampled))
+    if not encoded:
+        return decodes
+    batch_size = decodes.batch_size = min(batch_size, len(encoded))  # the largest batch decoded
+
+    def decode(chunk, sampling: bool = True):
+        prompts = [list(ids) for _, ids in chunk]
+        greedy = [decode_config(record, settings, greedy=True, seed=seed) for record, _ in chunk]
+        target_only = generate_batch(pair, prompts, greedy, speculate=False)
+        speculative = generate_batch(pair, prompts, greedy, **hooks)
+        sampled_rows = [row for row, (record, _) in enumerate(chunk) if sampling and not record.is_greedy]
+        sampled = dict(zip(sampled_rows, generate_batch(
+            pair, [prompts[row] for row in sampled_rows],
+            [decode_config(chunk[row][0], settings, greedy=False, seed=seed) for row in sampled_rows],
+            **hooks))) if sampled_rows else {}
+        return [PromptRun(record.id, record.category, prompts[row], float(record.temperature or 0.0),
+                          speculative[row], target_only[row], sampled.get(row))
+                for row, (record, _) in enumerate(chunk)]
+
+    # first calls pay one-off allocation and kernel selection: keep them out of the timings
+    record, ids = encoded[0]
+    short = dataclasses.replace(decode_config(record, settings, greedy=True, seed=seed),
+                                max_new_tokens=min(4, record.max_new_tokens))
+    warm = [list(ids)] * min(batch_size, len(encoded))
+    generate_batch(pair, warm, short, speculate=False)
+    generate_batch(pair, warm, short, **hooks)
+    for start in range(0, len(encoded), batch_size):
+        chunk = encoded[start:start + batch_size]
+        decodes.runs.extend(decode(chunk))
         if progress:
-            progress(record.id)
+            for record, _ in chunk:
+                progress(record.id)
+    if batch_size == 1:
+        decodes.single = decodes.runs
+    else:
+        count = max(1, min(LATENCY_PROMPTS, round(len(encoded) * LATENCY_SHARE)))
+        decodes.single = [run for item in encoded[:count] for run in decode([item], sampling=False)]
     return decodes
 
 

@@ -1,10 +1,13 @@
 """Performance: what speculation buys on this device, and the k the measurements recommend.
 
-Speedup = target-only decode time / speculative decode time over the greedy decodes of every
-golden prompt (same prompts, same tokens: equivalence holds them equal), end to end. The decode
+Speedup = speculative tokens/s / target-only tokens/s over the greedy decodes of every golden
+prompt (same prompts, same tokens: equivalence holds them equal), end to end, at the batch size the
+prompts were decoded at (figures["batch_size"]: throughput, tokens over the batches' wall time).
+Latency (per-token p50/p95/p99, TTFT) and a batch-1 speedup come from the first prompts decoded
+again one at a time (equivalence.GoldenDecodes.single): what one request alone sees. The decode
 speedup leaves out each generation's first step (prefill, TTFT) on both sides: the part that
-DESIGN.md §2's formula models, which short golden outputs would otherwise dilute. Per-token latency
-p50/p95/p99 and the longest run of fully rejected steps come from the speculative decodes. The
+DESIGN.md §2's formula models, which short golden outputs would otherwise dilute. The longest run
+of fully rejected steps comes from the speculative decodes. The
 recommended k is the runtime's choose_k over the measured per-position acceptance and the
 measured draft/target step-cost ratio, searched only up to the deepest measured position; a
 better k beyond it is reported as extrapolated, never as the recommendation. For a candidate tree
@@ -36,6 +39,12 @@ def latency_histogram(latencies_s: list[float], bins: int = HISTOGRAM_BINS) -> d
     return {"edges_ms": [low + i * width for i in range(bins + 1)], "counts": counts}
 
 
+def batch_seconds(summary: dict) -> float:
+    """The wall time an aggregate's batches took (tokens / throughput)."""
+    rate = summary["batch_tokens_per_s"]
+    return summary["generated_tokens"] / rate if rate else 0.0
+
+
 def in_loop_cost_ratio(speculative: dict) -> float:
     """c from aggregated decode metrics: seconds per draft forward / seconds per target forward."""
     if not speculative["draft_forwards"] or not speculative["target_forwards"] or not speculative["verify_time_s"]:
@@ -62,7 +71,14 @@ def check_performance(pair, decodes, *, method: str = "draft_model", k: int = 4,
         return CheckResult(CHECK_NAME, SKIP, "no golden prompt was decoded", {}, {})
     speculative = aggregate([run.speculative.metrics for run in decodes.runs])
     target_only = aggregate([run.target_only.metrics for run in decodes.runs])
-    speedup = target_only["total_time_s"] / speculative["total_time_s"] if speculative["total_time_s"] > 0 else 0.0
+    batch_size = getattr(decodes, "batch_size", 1)
+    # throughput at the batch size the prompts were decoded at: tokens over the batches' wall time
+    speedup = (speculative["batch_tokens_per_s"] / target_only["batch_tokens_per_s"]
+               if speculative["batch_tokens_per_s"] and target_only["batch_tokens_per_s"] else 0.0)
+    # latency as one request alone sees it: the prompts decoded again at batch 1 (all of them at batch 1)
+    single = getattr(decodes, "single", None) or decodes.runs
+    single_speculative = aggregate([run.speculative.metrics for run in single])
+    single_target_only = aggregate([run.target_only.metrics for run in single])
     if cost_ratio is None:
         if method == "ngram" or pair.draft is None:
             cost_ratio = 0.0
@@ -99,20 +115,28 @@ def check_performance(pair, decodes, *, method: str = "draft_model", k: int = 4,
         # recommend within what was measured, and name a deeper optimum as an extrapolation.
         best_k, expected = choose_k(per_position, cost_ratio, k_max=max(1, min(max(k_max, k), len(measured))))
         extrapolated_k, extrapolated = choose_k(per_position, cost_ratio, k_max=max(k_max, k))
-    latencies = [s for run in decodes.runs for s in run.speculative.metrics.token_latencies_s]
+    latencies = [s for run in single for s in run.speculative.metrics.token_latencies_s]
     decode_speedup = None
     if speculative["decode_tokens_per_s"] and target_only["decode_tokens_per_s"]:
         decode_speedup = speculative["decode_tokens_per_s"] / target_only["decode_tokens_per_s"]
+    single_speedup = (single_target_only["total_time_s"] / single_speculative["total_time_s"]
+                      if single_speculative["total_time_s"] > 0 else 0.0)
     figures = {
+        "batch_size": batch_size,
         "speedup": speedup,
         "decode_speedup": decode_speedup,
-        "tokens_per_s": speculative["tokens_per_s"] or 0.0,
-        "baseline_tokens_per_s": target_only["tokens_per_s"] or 0.0,
-        "ttft_ms": (speculative["ttft_s"] or 0.0) * 1000,
-        "latency_p50_ms": speculative["latency_p50_s"] * 1000,
-        "latency_p95_ms": speculative["latency_p95_s"] * 1000,
-        "latency_p99_ms": speculative["latency_p99_s"] * 1000,
-        "baseline_latency_p50_ms": target_only["latency_p50_s"] * 1000,
+        "tokens_per_s": speculative["batch_tokens_per_s"] or 0.0,
+        "baseline_tokens_per_s": target_only["batch_tokens_per_s"] or 0.0,
+        # one request alone (batch 1): latency and speed as a single user sees them
+        "latency_prompts": len(single),
+        "batch1_speedup": single_speedup,
+        "batch1_tokens_per_s": single_speculative["tokens_per_s"] or 0.0,
+        "batch1_baseline_tokens_per_s": single_target_only["tokens_per_s"] or 0.0,
+        "ttft_ms": (single_speculative["ttft_s"] or 0.0) * 1000,
+        "latency_p50_ms": single_speculative["latency_p50_s"] * 1000,
+        "latency_p95_ms": single_speculative["latency_p95_s"] * 1000,
+        "latency_p99_ms": single_speculative["latency_p99_s"] * 1000,
+        "baseline_latency_p50_ms": single_target_only["latency_p50_s"] * 1000,
         "longest_rejection_run": speculative["longest_rejection_run"],
         "cost_ratio": cost_ratio,
         "k": k,
@@ -124,11 +148,12 @@ def check_performance(pair, decodes, *, method: str = "draft_model", k: int = 4,
         **tree_figures,
     }
     evidence = {"latency_histogram": latency_histogram(latencies),
-                "speculative_time_s": speculative["total_time_s"], "target_only_time_s": target_only["total_time_s"],
+                "speculative_time_s": batch_seconds(speculative), "target_only_time_s": batch_seconds(target_only),
                 "generated_tokens": speculative["generated_tokens"], "fallbacks": speculative["fallbacks"],
                 "device": str(pair.device)}
-    headline = (f"speedup {speedup:.2f}x at {'tree depth ' if tree_figures else 'k='}{k} ({figures['tokens_per_s']:.1f} vs "
-                f"{figures['baseline_tokens_per_s']:.1f} tokens/s), p50/p95/p99 "
+    headline = (f"speedup {speedup:.2f}x at {'tree depth ' if tree_figures else 'k='}{k}, batch {batch_size} "
+                f"({figures['tokens_per_s']:.1f} vs {figures['baseline_tokens_per_s']:.1f} tokens/s); batch 1: "
+                f"{single_speedup:.2f}x, p50/p95/p99 "
                 f"{figures['latency_p50_ms']:.2f}/{figures['latency_p95_ms']:.2f}/{figures['latency_p99_ms']:.2f} ms, "
                 f"longest rejection run {figures['longest_rejection_run']}, " +
                 (f"recommended tree depth {best_k} ({tree_figures['recommended_tree_nodes']} of "

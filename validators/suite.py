@@ -27,7 +27,8 @@ class ValidationOptions:
     checks: tuple[str, ...] | None = None
     gpu_memory: str | None = None
     max_context_tokens: int | None = None
-    batch_size: int = 1
+    batch_size: int = 1  # sequences held at once (the memory check's KV cache)
+    runtime_batch_size: int = 8  # golden prompts the runtime decodes at once (equivalence.decode_golden)
     acceptance_tolerance: float = 0.10
     near_tie_tolerance: float | None = None
     distribution_samples: int = 4000
@@ -261,7 +262,7 @@ def run_suite(pair_version, golden, options: ValidationOptions, *, device: str,
                              draft_fingerprint=pair_version.draft.fingerprint if pair_version.draft else None,
                              method=config.method.value)
             decodes = equivalence.decode_golden(pair, golden, settings, seed=options.seed, progress=advance,
-                                                hooks=hooks)
+                                                hooks=hooks, batch_size=options.runtime_batch_size)
         except UsageError:
             raise
         except Exception as exc:  # noqa: BLE001 - every runtime check needs the decodes
@@ -340,6 +341,7 @@ def build_summary(result: SuiteResult, golden, options: ValidationOptions, devic
     if "performance" in by_name and by_name["performance"].figures:
         figures = by_name["performance"].figures
         summary["performance"] = {
+            "batch_size": figures.get("batch_size", 1), "batch1_speedup": figures.get("batch1_speedup"),
             "speedup": figures["speedup"], "decode_speedup": figures.get("decode_speedup"),
             "tokens_per_s": figures["tokens_per_s"],
             "baseline_tokens_per_s": figures["baseline_tokens_per_s"], "ttft_ms": figures["ttft_ms"],

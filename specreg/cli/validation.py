@@ -22,6 +22,7 @@ from specreg.cli.common import (cli, db_option, json_option, open_registry, prin
               help="Relative acceptance drop vs the previous validated version that fails (default: the policy's).")
 @click.option("--near-tie-tolerance", type=float, default=None, help="Logit margin below which a greedy divergence is a near-tie (default by dtype).")
 @click.option("--distribution-samples", type=int, default=4000, show_default=True, help="Draws per prefix for the distribution check.")
+@click.option("--runtime-batch", type=int, default=8, show_default=True, metavar="N", help="Golden prompts our runtime decodes at once (speed figures say the batch size; latency is measured at batch 1 too).")
 @click.option("--report", "report_path", default=None, metavar="FILE", help="Write the HTML report.")
 @click.option("--markdown", "markdown_path", default=None, metavar="FILE", help="Write a Markdown summary (e.g. $GITHUB_STEP_SUMMARY).")
 @click.option("--junit", "junit_path", default=None, metavar="FILE", help="Write JUnit XML: one testcase per check.")
@@ -39,8 +40,9 @@ from specreg.cli.common import (cli, db_option, json_option, open_registry, prin
 @user_option
 @json_option
 def validate(ref, golden, device, dtype, checks, gpu_memory, acceptance_tolerance, near_tie_tolerance,
-             distribution_samples, report_path, markdown_path, junit_path, engine, engine_url, engine_reference_url,
-             engine_model, concurrency, parity_tolerance, engine_threads, engine_deadline, db_url, user, as_json):
+             distribution_samples, runtime_batch, report_path, markdown_path, junit_path, engine, engine_url,
+             engine_reference_url, engine_model, concurrency, parity_tolerance, engine_threads, engine_deadline, db_url,
+             user, as_json):
     """Validate a pair version on golden prompts; exit 0 pass, 100 a check failed, 1 error.
 
     With --engine: run the golden prompts through a serving engine and record the pair's engine
@@ -82,7 +84,8 @@ def validate(ref, golden, device, dtype, checks, gpu_memory, acceptance_toleranc
         outcome = registry.validate(ref, golden=golden, device=device, dtype=dtype, checks=checks,
                                     gpu_memory=gpu_memory, acceptance_tolerance=acceptance_tolerance,
                                     near_tie_tolerance=near_tie_tolerance,
-                                    distribution_samples=distribution_samples, progress=progress)
+                                    distribution_samples=distribution_samples, runtime_batch=runtime_batch,
+                                    progress=progress)
     except ValidationInterrupted as exc:
         say(f"specreg: validation aborted by {exc.signal_name}; the pair's state is unchanged", err=True)
         sys.exit(128 + exc.signal_number)

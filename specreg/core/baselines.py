@@ -17,6 +17,11 @@ from __future__ import annotations
 from typing import Any
 
 ENGINE_TAU = "engines"
+# the decode schedule that counted a baseline: the serving engines' (the prefill emits the first
+# token alone and drafting starts from it), recorded as "schedule"; baselines recorded before
+# carry none and were counted on our earlier one (the prefill forward verified the first drafts too)
+ENGINE_SCHEDULE = "prefill_alone"
+LEGACY_SCHEDULE = "prefill_verifies_drafts"
 LEGACY_TAU = "tokens_per_target_forward"
 # an old baseline's figure -> the name it has now
 LEGACY_NAMES = {"mean_acceptance_length": "tokens_per_target_forward",
@@ -77,3 +82,11 @@ def relative_change(metric: str, value: float, baseline: float) -> float:
     if metric == "mean_acceptance_length":
         return (value - 1.0) / (baseline - 1.0) - 1.0 if baseline > 1.0 else 0.0
     return value / baseline - 1.0
+
+
+def schedule_of(baselines: dict[str, Any] | None) -> str:
+    """The decode schedule that counted ``baselines``: ENGINE_SCHEDULE, or LEGACY_SCHEDULE for
+    baselines recorded before the schedule was (read as they always were)."""
+    if isinstance(baselines, dict) and baselines.get("schedule"):
+        return str(baselines["schedule"])
+    return LEGACY_SCHEDULE

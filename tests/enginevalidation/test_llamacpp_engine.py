@@ -6,7 +6,8 @@ llama-server left behind: neither after a run nor after Ctrl-C in the middle of 
 
 Each engine validation costs a minute or more here (our runtime's pass and four llama-server
 passes with a 135M float32 pair: 98 s on the 7-prompt smoke set), so each case runs on one store
-and on part of the smoke set: the whole run on three prompts records its baseline on SQLite, the
+and on part of the smoke set: the whole run on three prompts (after a `validate` of them, whose
+decodes the engine comparison reads instead of decoding again) records its baseline on SQLite, the
 interrupted one on one prompt records nothing on PostgreSQL. Storing and reading engine
 baselines on both stores is test_engine_baselines.py's; make demo runs the whole smoke set."""
 
@@ -90,6 +91,9 @@ def test_validate_in_llamacpp_parity_equivalence_throughput_and_no_orphan(sqlite
     refused = run_specreg(["validate", ref, "--engine", "llamacpp", "--golden", str(golden), "--db", db_url])
     assert refused.returncode == 1 and "not a llama-server this registry recorded" in refused.stderr, refused.stderr
     assert run_specreg(["llamacpp-build", "--db", db_url]).returncode == 0
+    # validate decodes on the engines' schedule: the engine comparison reads its decodes
+    validated = registry.validate(ref, golden=str(golden), device="cpu", checks="equivalence,acceptance")
+    assert validated.passed, validated.checks
     done = run_specreg(["validate", ref, "--engine", "llamacpp", "--golden", str(golden), "--concurrency", "1,2",
                         "--engine-threads", "1", "--db", db_url, "--json"])
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
@@ -111,6 +115,7 @@ def test_validate_in_llamacpp_parity_equivalence_throughput_and_no_orphan(sqlite
     # both loops draft the same windows: every prompt has the same tokens and the same counts
     # (measured on the whole smoke set: 7 of 7; before the schedule was matched, 4 categories
     # differed by more than 0.03; make demo shows the whole set's table)
+    assert report["runtime_rows_from_validation_run"] == validated.run.id
     assert report["engine_matches_runtime_tokens"] == report["prompts"] == len(SUBSET)
     assert report["engine_matches_runtime_counts"] == len(SUBSET), list(zip(report["per_prompt_runtime"], report["per_prompt"]))
     assert parity["figures"]["alpha_delta"] == 0.0 and parity["status"] == "pass"

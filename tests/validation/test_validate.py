@@ -3,6 +3,7 @@ move, the persisted run and the baselines."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -182,6 +183,52 @@ def test_ngram_pair_validates_without_a_draft_model(registry, models, golden_pat
     assert memory["draft_weight_bytes"] == 0 and memory["target_weight_bytes"] > 0
     assert outcome.passed and outcome.version.state is PairState.VALIDATED
     assert registry.baselines("lookup@1")["overall"]["drafted"] >= 0
+
+
+def test_batched_validation_counts_what_one_prompt_at_a_time_counts(registry, models, golden_path):
+    """`validate` decodes the golden prompts batched (--runtime-batch) on the engines' schedule:
+    the same tokens and counts as one at a time, the batch size recorded with the speed figures,
+    and each prompt's greedy decode kept for `validate --engine llamacpp` (reused_rows)."""
+    from specreg.engine_validation import golden_prompts, reused_rows
+    from specreg.golden_prompts.loader import load_golden_set
+    from specreg.runtime.loading import load_tokenizer
+
+    registry.register("batched", target=str(models["target"]), draft=str(models["draft"]), num_speculative_tokens=3)
+    checks = "equivalence,acceptance,performance"
+    runs = {}
+    for batch in (1, 3):
+        outcome = registry.validate("batched@1", golden=str(golden_path), device="cpu", checks=checks,
+                                    runtime_batch=batch)
+        assert outcome.passed, outcome.checks
+        runs[batch] = outcome.run
+    one, three = (next(c for c in runs[b].checks if c.name == "acceptance") for b in (1, 3))
+    assert one.evidence["greedy_rows"] == three.evidence["greedy_rows"]
+    for scope in ("overall",):
+        for key in ("drafted", "accepted", "draft_steps", "per_position_acceptance", "generated_tokens"):
+            assert one.evidence["baselines"][scope][key] == three.evidence["baselines"][scope][key], key
+    assert three.evidence["baselines"]["schedule"] == "prefill_alone"
+    performance = {b: next(c for c in runs[b].checks if c.name == "performance").figures for b in (1, 3)}
+    assert performance[1]["batch_size"] == 1 and performance[3]["batch_size"] == 3
+    # latency at batch 1: the 3-prompt set decodes one prompt again alone; at batch 1 all of them are
+    assert performance[3]["latency_prompts"] == 1 and performance[1]["latency_prompts"] == 3
+    assert performance[3]["batch1_tokens_per_s"] > 0
+    # the engine comparison reads these decodes instead of decoding again ...
+    golden = load_golden_set(str(golden_path))
+    prompts, _ = golden_prompts(golden, load_tokenizer(models["target"]))
+    rows = reused_rows(runs[3], golden, prompts, "float32")
+    assert [row["record"] for row in rows] == ["chat-1", "raw-1", "sampled-1"]
+    assert rows[0]["token_ids"] == three.evidence["greedy_rows"][0]["token_ids"]
+    # the very rows the engine comparison's own runtime pass decodes when there is no such run
+    from specreg.engine_validation import runtime_pass
+    from specreg.runtime.pair import load_pair
+
+    pair = load_pair(models["target"], models["draft"], device="cpu")
+    assert runtime_pass(pair, prompts, registry.get("batched@1"), batch_size=2) == rows
+    # ... but not those of another dtype, nor a run recorded before validate used the engines' schedule
+    assert reused_rows(runs[3], golden, prompts, "bfloat16") is None
+    older = dataclasses.replace(runs[3], baselines={key: value for key, value in runs[3].baselines.items()
+                                                    if key != "schedule"})
+    assert reused_rows(older, golden, prompts, "float32") is None
 
 
 def test_validate_takes_golden_set_and_tolerance_from_the_policy_and_says_which(models, golden_path, tmp_path,

@@ -1,0 +1,112 @@
+"""Many rows in one KV cache: each row its own tokens, its own positions, its own rejected drafts.
+
+A forward appends the same number of columns to every row (the longest row's new tokens; a
+shorter row's extra columns are padding) and each column is valid or not per row
+(`valid` # [batch, columns]). Every query attends to its row's valid columns only, at its row's
+own positions (the count of valid columns before it), so a row decodes as it would alone. A
+rejected draft or a tree node off the accepted path is a column made invalid, not a copy; the
+columns no row holds are cut from the end at once, and the cache is compacted (each row's valid
+columns gathered to the right) when the holes outnumber what is kept.
+
+When every column is valid and the new tokens are a causal block (one row, or rows in step with
+no drafts rejected) the forward is the plain causal one, the very computation of decoding one
+prompt alone (pair.forward_logits with no mask).
+
+This module imports torch at import time: import it lazily.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specreg.errors import RuntimeConfigError
+from specreg.runtime.pair import forward_logits
+
+COMPACT_SLACK = 16  # columns of holes tolerated beyond the kept ones before compacting
+
+
+class RowCache:
+    """A transformers DynamicCache of `batch` rows with a validity mask per column."""
+
+    def __init__(self, config, batch: int, device):
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache(config=config)
+        self.valid = torch.zeros(batch, 0, dtype=torch.bool, device=device)  # [b, columns]
+        self.lengths = torch.zeros(batch, dtype=torch.long, device=device)  # [b] valid columns: each row's next position
+
+    def forward(self, model, input_ids, query_valid, offsets, new_mask=None, logits_to_keep: int = 1,
+                hidden_state_ids: tuple[int, ...] = ()):
+        """One forward of every row's new tokens.
+
+        input_ids    # [b, q]     the new tokens, padding where query_valid is False
+        query_valid  # [b, q]     bool: real tokens (padding is never seen by any other query)
+        offsets      # [b, q]     each token's position after the row's cached tokens (0 = the next one)
+        new_mask     # [q, q]     bool: which new tokens each new token sees (a candidate tree); None: causal
+        -> logits # [b, logits_to_keep, vocab] of the last columns (and hidden # [b, q, A * H] with
+        hidden_state_ids, as forward_logits). Call keep() after it."""
+        batch, queries = input_ids.shape
+        plain = new_mask is None and bool(self.valid.all()) and bool(query_valid.all())
+        if plain:
+            return forward_logits(model, input_ids, self.cache, logits_to_keep, hidden_state_ids)
+        odd = next((type(layer).__name__ for layer in self.cache.layers if type(layer).__name__ != "DynamicLayer"), None)
+        if odd is not None:
+            # a sliding-window layer keeps only its window: column masks over it would be wrong
+            raise RuntimeConfigError(f"decoding rows of different lengths or with candidate trees needs "
+                                     f"full-attention dynamic cache layers, not {odd}: decode one prompt at a "
+                                     f"time (validate --runtime-batch 1), with chains")
+        device = input_ids.device
+        sees_new = torch.ones(queries, queries, dtype=torch.bool, device=device).tril() if new_mask is None else new_mask
+        # a query always sees itself, so a padding query has one key and no row of the softmax is empty
+        sees_new = (sees_new[None] & query_valid[:, None, :]) | torch.eye(queries, dtype=torch.bool, device=device)
+        sees = torch.cat([self.valid[:, None, :].expand(batch, queries, -1), sees_new], dim=2)  # [b, q, columns + q]
+        dtype = next(model.parameters()).dtype
+        mask = torch.zeros(sees.shape, dtype=dtype, device=device).masked_fill(~sees, torch.finfo(dtype).min)
+        position_ids = self.lengths[:, None] + offsets  # [b, q]
+        return forward_logits(model, input_ids, self.cache, logits_to_keep, hidden_state_ids,
+                              attention_mask=mask.unsqueeze(1), position_ids=position_ids)
+
+    def keep(self, kept) -> None:
+        """kept # [b, q] bool: which of the last forward's columns stay in each row."""
+        self.valid = torch.cat([self.valid, kept], dim=1)
+        self.lengths = self.lengths + kept.sum(dim=1)
+        self.trim()
+
+    def truncate(self, lengths: list[int]) -> None:
+        """Keep each row's first lengths[r] valid columns (drop drafts the target rejected)."""
+        limit = torch.as_tensor(lengths, dtype=torch.long, device=self.valid.device)  # [b]
+        self.valid = self.valid & (self.valid.cumsum(dim=1) <= limit[:, None])
+        self.lengths = torch.minimum(self.lengths, limit)
+        self.trim()
+
+    def select(self, rows: list[int]) -> None:
+        """Keep only these rows (the others finished)."""
+        index = torch.as_tensor(rows, dtype=torch.long, device=self.valid.device)
+        self.cache.batch_select_indices(index)
+        self.valid, self.lengths = self.valid[index], self.lengths[index]
+        self.trim()
+
+    def trim(self) -> None:
+        held = self.valid.any(dim=0)  # [columns]
+        columns = held.shape[0]
+        tail = columns - (int(held.nonzero().max()) + 1 if bool(held.any()) else 0)
+        if tail:
+            self.cache.crop(-tail)
+            self.valid = self.valid[:, :columns - tail]
+        if self.valid.shape[1] > int(self.lengths.max()) * 2 + COMPACT_SLACK:
+            self.compact()
+
+    def compact(self) -> None:
+        """Gather each row's valid columns to the right end of a cache as wide as the longest row."""
+        width = int(self.lengths.max())
+        columns = self.valid.shape[1]
+        # sort each row's columns invalid first, keeping order: the valid ones end up at the right
+        order = torch.argsort(self.valid.to(torch.int8) * columns + torch.arange(columns, device=self.valid.device),
+                              dim=1)[:, columns - width:]  # [b, width]
+        for layer in self.cache.layers:
+            if layer.keys is None or layer.keys.numel() == 0:
+                continue
+            index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
+            layer.keys = layer.keys.gather(2, index)
+            layer.values = layer.values.gather(2, index)
+        self.valid = self.valid.gather(1, order)

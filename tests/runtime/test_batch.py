@@ -1,0 +1,158 @@
+"""Many prompts decoded at once (decode.generate_batch) give each prompt exactly what decoding it
+alone gives: the same token ids and the same acceptance counts, for every method, chains and
+trees, greedy and sampled (each row its own seed), with rows of different lengths that end early
+(budget or EOS) and drafts rejected outright."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from specreg.runtime.decode import DecodeConfig, generate_batch, speculative_generate, target_only_generate
+from specreg.runtime.medusa import new_medusa_heads
+from specreg.runtime.pair import ModelPair, make_pair
+
+from .test_eagle3 import heads  # noqa: F401  (session fixture: EAGLE-3 heads for the tiny target)
+from .test_mtp import mtp_dirs, mtp_pairs  # noqa: F401  (session fixtures: the tiny target with MTP layers)
+
+TREE = ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0))
+BUDGETS = (24, 5, 17, 30)  # per row: rows end at different steps
+COUNTS = ("drafted", "accepted", "draft_steps", "accepted_per_position", "reached_per_position", "verify_steps",
+          "generated_tokens", "stop_reason", "draft_forwards")
+
+
+def row_configs(base: DecodeConfig, sampled: bool) -> list[DecodeConfig]:
+    """One config per row: its own budget and, sampled, its own seed and warping."""
+    configs = []
+    for row, budget in enumerate(BUDGETS):
+        config = dataclasses.replace(base, max_new_tokens=budget)
+        if sampled:
+            config = dataclasses.replace(config, temperature=(0.7, 1.0, 1.3, 0.9)[row], seed=11 + row,
+                                         top_p=(None, 0.9, None, 0.95)[row], top_k=(None, None, 12, None)[row])
+        configs.append(config)
+    return configs
+
+
+def assert_batch_equals_alone(pair, prompts, configs, speculate=True):
+    batch = generate_batch(pair, prompts, configs, speculate=speculate)
+    alone = [(speculative_generate if speculate else target_only_generate)(pair, prompt, config)
+             for prompt, config in zip(prompts, configs)]
+    for row, (ours, reference) in enumerate(zip(batch, alone)):
+        assert ours.token_ids == reference.token_ids, f"row {row}"
+        for name in COUNTS:
+            assert getattr(ours.metrics, name) == getattr(reference.metrics, name), f"row {row}: {name}"
+        assert ours.metrics.batch_size == len(prompts) and reference.metrics.batch_size == 1
+    return batch
+
+
+def pairs_under_test(target, tokenizer, drafts, heads, mtp_pairs):  # noqa: F811
+    vocab = int(target.get_output_embeddings().weight.shape[0])
+    medusa = new_medusa_heads(target, num_heads=3, num_layers=1, seed=5)
+    generator = torch.Generator().manual_seed(6)
+    with torch.no_grad():
+        for parameter in medusa.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.5 * (parameter.std() + 0.01))
+    return {
+        "draft_model aligned": (make_pair(target, tokenizer, drafts["aligned"], tokenizer), DecodeConfig(k=3)),
+        # a different random model: nearly every draft is rejected
+        "draft_model random": (make_pair(target, tokenizer, drafts["random"], tokenizer), DecodeConfig(k=4)),
+        "ngram": (make_pair(target, tokenizer), DecodeConfig(method="ngram", k=3)),
+        "eagle3": (ModelPair(target, tokenizer, heads["trained"], vocab), DecodeConfig(method="eagle3", k=3)),
+        "eagle3 tree": (ModelPair(target, tokenizer, heads["trained"], vocab),
+                        DecodeConfig(method="eagle3", k=3, tree=TREE)),
+        "medusa tree": (ModelPair(target, tokenizer, medusa.eval(), vocab), DecodeConfig(method="medusa", k=3, tree=TREE)),
+        "mtp": (mtp_pairs["trained"], DecodeConfig(method="mtp", k=2)),
+    }
+
+
+@pytest.fixture(scope="module")
+def pairs(target, tokenizer, drafts, heads, mtp_pairs):  # noqa: F811
+    return pairs_under_test(target, tokenizer, drafts, heads, mtp_pairs)
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("name", ["draft_model aligned", "draft_model random", "ngram", "eagle3", "eagle3 tree",
+                                  "medusa tree", "mtp"])
+def test_batch_equals_each_prompt_alone(pairs, prompts, name, sampled):
+    pair, base = pairs[name]
+    configs = row_configs(dataclasses.replace(base, eos_token_ids=()), sampled)
+    batch = assert_batch_equals_alone(pair, prompts, configs)
+    assert [len(generation.token_ids) for generation in batch] == list(BUDGETS)
+    if name == "draft_model random" and not sampled:
+        # rows that reject every draft: each step emits only the target's own token
+        assert all(g.metrics.accepted == 0 < g.metrics.drafted for g in batch)
+    if name == "draft_model aligned":
+        assert max(g.metrics.accepted for g in batch) > 0
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_target_only_batch_equals_each_prompt_alone(pairs, prompts, sampled):
+    pair, base = pairs["draft_model aligned"]
+    assert_batch_equals_alone(pair, prompts, row_configs(dataclasses.replace(base, eos_token_ids=()), sampled),
+                              speculate=False)
+
+
+def test_rows_ending_at_eos_leave_the_batch(pairs, prompts):
+    """An EOS that one row emits early ends that row only; the others decode on as they would alone."""
+    pair, base = pairs["draft_model aligned"]
+    alone = target_only_generate(pair, prompts[1], dataclasses.replace(base, max_new_tokens=30, eos_token_ids=()))
+    eos = alone.token_ids[3]  # the 4th token of row 1
+    configs = [dataclasses.replace(base, max_new_tokens=30, eos_token_ids=(eos,)) for _ in prompts]
+    batch = assert_batch_equals_alone(pair, prompts, configs)
+    assert batch[1].metrics.stop_reason == "eos" and len(batch[1].token_ids) <= 4
+
+
+def test_batch_prefill_alone_schedule(pairs, prompts):
+    """The engines' schedule (the prefill emits the first token alone) batches the same way."""
+    pair, base = pairs["draft_model aligned"]
+    configs = [dataclasses.replace(c, prefill_alone=True) for c in row_configs(dataclasses.replace(base, eos_token_ids=()),
+                                                                              False)]
+    batch = assert_batch_equals_alone(pair, prompts, configs)
+    assert all(g.metrics.ttft_tokens == 1 for g in batch)
+
+
+def test_stop_draft_counts_are_llamacpps_count_at_a_stop_token(target, tokenizer, drafts, prompts):
+    """One decode gives both counts: stop_draft_counts of a greedy decode equals the counts of the
+    decode under llama.cpp's rule (greedy_accept_stopping_at) when an accepted draft before the
+    step's last one is the stop token, and the tokens are the same."""
+    from specreg.runtime.acceptance import greedy_accept_stopping_at
+    from specreg.runtime.metrics import stop_draft_counts
+
+    pair = make_pair(target, tokenizer, drafts["self"], tokenizer)  # every draft accepted
+    plain = target_only_generate(pair, prompts[0], DecodeConfig(max_new_tokens=20, eos_token_ids=()))
+    # the engines' schedule: 1 token, then steps of k + 1 = 4; the 3rd token is the second draft of step 2
+    eos = plain.token_ids[2]
+    assert eos not in plain.token_ids[:2]
+    config = DecodeConfig(k=3, max_new_tokens=20, eos_token_ids=(eos,), prefill_alone=True)
+    ours = speculative_generate(pair, prompts[0], config)
+    llamacpp = speculative_generate(pair, prompts[0], config, greedy_rule=greedy_accept_stopping_at({eos}))
+    assert ours.token_ids == llamacpp.token_ids == plain.token_ids[:3]
+    assert ours.metrics.stop_draft == (1, 3) and ours.metrics.accepted == 3 and llamacpp.metrics.accepted == 1
+    counted = stop_draft_counts(ours.metrics)
+    for key in ("drafted", "accepted", "draft_steps", "accepted_per_position", "generated_tokens"):
+        assert counted[key] == stop_draft_counts(llamacpp.metrics)[key] == getattr(llamacpp.metrics, key), key
+
+
+def test_compacted_cache_decodes_as_the_plain_one(pairs, prompts, monkeypatch):
+    """Holes left by tree nodes off the accepted path are gathered away (RowCache.compact) once
+    they outnumber the kept columns; here at every step: greedy tree decoding, batched and alone,
+    still emits exactly the target's own greedy tokens."""
+    from specreg.runtime import row_cache
+
+    compactions = []
+    original = row_cache.RowCache.compact
+
+    def counted(self):
+        compactions.append(self.valid.shape)
+        original(self)
+
+    monkeypatch.setattr(row_cache.RowCache, "compact", counted)
+    monkeypatch.setattr(row_cache, "COMPACT_SLACK", -10**6)
+    pair, base = pairs["eagle3 tree"]  # a trained head: nodes accepted beside rejected siblings
+    configs = row_configs(dataclasses.replace(base, eos_token_ids=()), False)
+    batch = assert_batch_equals_alone(pair, prompts, configs)
+    assert any(columns > 0 for _, columns in compactions)
+    for generation, prompt, config in zip(batch, prompts, configs):
+        assert generation.token_ids == target_only_generate(pair, prompt, config).token_ids
