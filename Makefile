@@ -10,7 +10,7 @@ DEMO_DIR ?= $(CURDIR)/.demo
 install: $(VENV)/.installed
 
 # Each step says what it does; pip shows what it downloads and installs (about 5 minutes on a
-# fresh machine, measured in issue 22; nothing on later runs).
+# fresh machine, docs/benchmarks.md; nothing on later runs).
 $(VENV)/.installed: pyproject.toml
 	@echo "== install 1/3: a virtual environment in $(VENV)"
 	$(PYTHON) -m venv $(VENV)

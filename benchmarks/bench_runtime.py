@@ -8,9 +8,9 @@ EAGLE-3 head (demo_heads.build_demo_head; --no-eagle3 leaves them out), Medusa t
 Medusa heads (demo_medusa.build_demo_medusa; --no-medusa) and MTP chain with the demo target's MTP
 layer (demo_mtp.build_demo_mtp; --no-mtp). The HF methods run stock transformers: their own copies of the two models, loaded
 with its default attention (ours load through the runtime, see runtime/attention.py). Reports
-tokens/s and ratios, alpha-hat, tau, c, the theoretical speedup of DESIGN.md §2 and our
+tokens/s and ratios, alpha-hat, tau, c, the theoretical speedup of docs/design.md §2 and our
 efficiency = measured / theoretical, end to end and in the decode phase. For the head methods the
-prediction is DESIGN.md §2 in its tree form: expected tokens per step with alpha = alpha-hat (and,
+prediction is docs/design.md §2 in its tree form: expected tokens per step with alpha = alpha-hat (and,
 stricter, from the measured per-depth rates) over (the heads' drafting cost per step + 1), both in
 one-token target steps; the cost of
 the verification forward over the whole tree is measured against a one-token step beside it.
@@ -68,7 +68,7 @@ def main() -> None:
     parser.add_argument("--no-mtp", action="store_true", help="leave out the MTP chain row")
     parser.add_argument("--ignore-eos", action="store_true",
                         help="every generation runs max_new_tokens tokens, past EOS (as vLLM's benchmarks' "
-                             "--ignore-eos): the steady state DESIGN.md §2 describes, without the short "
+                             "--ignore-eos): the steady state docs/design.md §2 describes, without the short "
                              "outputs' prefill and cut last step")
     args = parser.parse_args()
 
@@ -192,7 +192,7 @@ def main() -> None:
     summary = aggregate(spec_metrics)
     target_summary = aggregate(target_metrics)
     cost_ratio = measure_cost_ratio(pair.target, pair.draft, prompts[0])
-    # DESIGN.md §2 as written: one alpha for every position, alpha = the measured acceptance rate
+    # docs/design.md §2 as written: one alpha for every position, alpha = the measured acceptance rate
     theoretical = expected_speedup(summary["acceptance_rate"], args.k, cost_ratio)
     # the same formula over the measured per-position (conditional) rates: their product is what
     # tau measures, so this is the stricter bound when acceptance is not the same at every position
@@ -233,7 +233,7 @@ def main() -> None:
           + "  (vLLM's, / draft steps; conditional: "
           + ", ".join(f"{a:.2f}" for a in summary["per_position_acceptance_conditional"]) + ")")
     print(f"c (draft step / target step)       {cost_ratio:.3f}  (target {1 / cost_ratio:.1f}x the draft)")
-    print(f"theoretical speedup (k={args.k})        {theoretical:.2f}x  (DESIGN.md §2 with alpha = alpha-hat)")
+    print(f"theoretical speedup (k={args.k})        {theoretical:.2f}x  (docs/design.md §2 with alpha = alpha-hat)")
     print(f"  with per-position rates          {theoretical_per_position:.2f}x  (1 + sum of products = tau's expectation)")
     print(f"verify forward over k+1 tokens     {verify_cost:.2f}x a one-token target step "
           f"(the formula assumes 1.00x; with it: {with_verify_cost:.2f}x)")
@@ -263,7 +263,7 @@ def main() -> None:
         # drafting cost per step in one-token target steps, as validate's performance check reads it
         drafting_steps = summary_h["draft_steps"]
         draft_step_cost = head_draft_step_cost(summary_h, one_step)
-        # DESIGN.md §2 as written (alpha = alpha-hat, as for the draft model above), in its tree form:
+        # docs/design.md §2 as written (alpha = alpha-hat, as for the draft model above), in its tree form:
         # expected tokens per step over (the heads' drafting cost per step + one verification)
         tokens_alpha = expected_tokens_per_step(summary_h["acceptance_rate"], depth)
         predicted = tokens_alpha / (draft_step_cost + 1.0)
@@ -282,7 +282,7 @@ def main() -> None:
               + "  (conditional: " + ", ".join(f"{a:.2f}" for a in summary_h["per_position_acceptance_conditional"]) + ")")
         print(f"drafting cost per step             {draft_step_cost:.3f} one-token target steps "
               f"({summary_h['draft_forwards'] / drafting_steps:.1f} head forwards)")
-        print(f"predicted speedup                  {predicted:.2f}x  (DESIGN.md §2 with alpha = alpha-hat, tree form: "
+        print(f"predicted speedup                  {predicted:.2f}x  (docs/design.md §2 with alpha = alpha-hat, tree form: "
               f"{tokens_alpha:.2f} tokens per step / (drafting + 1))")
         with_verify = tokens_alpha / (draft_step_cost + head_verify)
         print(f"  with per-depth rates             {bound:.2f}x; with the measured verify cost {head_verify:.2f}x: "

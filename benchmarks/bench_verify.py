@@ -1,4 +1,4 @@
-"""Start time of `specreg verify` (issue 12: under 1 s for a 2-file model, hashing excluded).
+"""Start time of `specreg verify` (the target: under 1 s for a 2-file model, hashing excluded).
 
 Run by hand with the interpreter of the environment to measure, e.g. the slim verify-only venv
 of the README: `/tmp/slim/bin/python benchmarks/bench_verify.py`. Builds a signed lock over a

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The accelerator check of issue 11 (<= 5 min on one GPU): equivalence of every speculative
+# The accelerator check (<= 5 min on one GPU): equivalence of every speculative
 # method (draft model, EAGLE-3 chain and tree, Medusa tree, MTP) on CUDA in bf16, then the runtime
 # benchmark there. For a machine whose python3 already has torch, transformers, safetensors,
 # tokenizers, click, jinja2, pyyaml and jsonschema (the device image does); specreg itself is put on

@@ -1,4 +1,4 @@
-"""The acceptance rule of speculative decoding (DESIGN.md §2), pure functions over tensors.
+"""The acceptance rule of speculative decoding (docs/design.md §2), pure functions over tensors.
 
 Sampling: accept draft token x_i with probability min(1, p_i(x_i) / q_i(x_i)) (q_i(x_i) = 0 ->
 reject); at the first rejection emit a *recovered* token from norm(max(0, p_i - q_i)); if all

@@ -1,4 +1,4 @@
-"""Choice of the speculative depth k from measured acceptance and cost (DESIGN.md §2)."""
+"""Choice of the speculative depth k from measured acceptance and cost (docs/design.md §2)."""
 
 from __future__ import annotations
 

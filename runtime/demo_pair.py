@@ -30,9 +30,8 @@ TARGET_SHAPE = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=20
 DRAFT_SHAPE = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=1, num_attention_heads=4,
                    num_key_value_heads=2)
 # (steps, batch of SEQUENCE_LENGTH windows) and peak learning rates; the target is grown from the
-# trained draft, then trained further. 64 CPU-seconds at one thread on an idle core in all
-# (2026-12-01; issue 22: 250 and 60 steps took 85, for greedy acceptance 0.765 against 0.748 now
-# on the smoke set, 2.35x).
+# trained draft, then trained further: fewer steps than acceptance alone would ask for, because
+# every first `make demo` pays them (their cost and the acceptance they reach: docs/benchmarks.md).
 DRAFT_TRAINING = (160, 16)
 DRAFT_LR = 3e-3
 TARGET_TRAINING = (30, 8)

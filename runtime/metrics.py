@@ -1,4 +1,4 @@
-"""Per-generation metrics, named as vLLM names them (DESIGN.md §2), and their aggregate.
+"""Per-generation metrics, named as vLLM names them (docs/design.md §2), and their aggregate.
 
 The engines' terms (vLLM's SpecDecodingStats/SpecDecodingLogging, SGLang's accept length): a
 *draft step* is a verification that had drafts; a step that drafted nothing (n-gram found no
@@ -11,7 +11,7 @@ match, a head before its first target states, speculation off) is not one.
 Ours, under their own names, never to be compared with an engine's tau or per-position:
 - tokens_per_target_forward = emitted tokens / all verification forwards (draft steps or not)
 - per_position_acceptance_conditional[i] = accepted at i / draft steps that reached i (the
-  factors of DESIGN.md §2's speedup formula, which choose_k multiplies)
+  factors of docs/design.md §2's speedup formula, which choose_k multiplies)
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class GenerationMetrics:
     0..i-1 were all accepted); verify_steps and verify_emitted (every verification forward, with or
     without drafts, and the tokens they emitted, bonus included); ttft_tokens: the
     tokens that came with the first one (the first step's, prefill included: up to k+1 when it
-    verified drafts). Decode phase: everything after that first step, the part DESIGN.md §2's
+    verified drafts). Decode phase: everything after that first step, the part docs/design.md §2's
     speedup formula models (prefill is outside it). Times in seconds. Per-token latency: a
     step's time shared equally by the tokens it emitted.
     """
@@ -129,7 +129,7 @@ class GenerationMetrics:
         return decode_rate(self.generated_tokens - self.ttft_tokens, self.total_time_s - (self.ttft_s or 0.0))
 
     def summary(self) -> dict:
-        """The named figures of DESIGN.md §2 as a flat JSON-able dict."""
+        """The named figures of docs/design.md §2 as a flat JSON-able dict."""
         return {
             "drafted": self.drafted,
             "accepted": self.accepted,

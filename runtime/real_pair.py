@@ -72,7 +72,7 @@ def dequantized_target(gguf_path: Path):
     folder, name = str(gguf_path.parent), gguf_path.name
     # transformers' GGUF reader draws its own tqdm bar ("Converting and de-quantizing GGUF
     # tensors..."), which neither its progress switch nor huggingface_hub's silences: specreg
-    # reports this step itself (issue 22: no library bars in our output). It also parses the
+    # reports this step itself (no library's bars in our output). It also parses the
     # file three times (tokenizer, config, weights: gguf-py's reader walks the 49152-token
     # vocabulary field by field, 8-17 s each) and builds gguf-py's tensor-name table once per
     # module of the model (397 times, 23 s): the same read-only reader and table serve every call

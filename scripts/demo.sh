@@ -206,7 +206,7 @@ specreg show demo-chat-mtp@1
 step "mirror the registry into MLflow for review (validation runs with their reports, model versions, approvals, aliases), while the real pair's steps still run"
 SPECREG_MLFLOW=on specreg sync
 
-# --- the real pair in llama.cpp (issue 20) -------------------------------------------------------
+# --- the real pair in llama.cpp ----------------------------------------------------------------
 printf '\n(waiting for the real pair'"'"'s steps in the background: %s)\n' "$DEMO_DIR/real-pair.log"
 if ! wait "${builds[real]}"; then
   cat "$DEMO_DIR/real-pair.log" >&2; echo "the real pair's steps failed" >&2; exit 1

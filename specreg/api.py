@@ -334,7 +334,7 @@ class Registry:
         from specreg.registry.deploy.lock import list_model_files
 
         # every file engines may read, not only those the fingerprint covers: an export whose file
-        # set differs is refused (issue 21 MED-1)
+        # set differs is refused
         model_files = {role: list(list_model_files(ref.path)) for role, ref in (("target", target_ref),
                                                                                  ("draft", draft_ref)) if ref}
         version, created = self.store.create_version(

@@ -1,4 +1,4 @@
-"""One validation, end to end: the orchestration of issue 13's one-way dependencies.
+"""One validation, end to end: the orchestration over the one-way dependencies (docs/design.md §1).
 
 It runs the validators' suite (which runs the runtime) on a registered pair version and
 persists the run through the registry's ValidationStore, so neither side imports the other:

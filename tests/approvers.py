@@ -1,4 +1,4 @@
-"""Approvals are signatures (issue 21 §1): a person approves with their own key, enrolled in
+"""Approvals are signatures: a person approves with their own key, enrolled in
 the registry's keyring by an enroller (the built-in policy's and the default ``[keyring]``
 enroller is ``admin``). ``approval_key(db_url, "bob", folder)`` makes bob's key pair under
 ``folder/bob`` once, enrols it as ``admin`` (the PostgreSQL role admin on PostgreSQL) and

@@ -1,4 +1,4 @@
-"""The house's one-way dependencies (issue 13), checked by walking every module's imports,
+"""The house's one-way dependencies, checked by walking every module's imports,
 lazy ones inside functions included:
 
     core <- runtime <- validators <- front door (api, validation, cli) -> registry -> core
@@ -167,7 +167,7 @@ def test_no_import_cycle_between_parts():
 
 
 def test_checker_catches_a_reintroduced_cycle(tmp_path):
-    """The walk sees a lazy import inside a function: the defect issue 13 found
+    """The walk sees a lazy import inside a function: the defect this test was written for
     (registry importing validators) is reported with its file and line, and closes a cycle."""
     fake = tmp_path / "registry" / "store"
     fake.mkdir(parents=True)

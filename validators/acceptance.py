@@ -1,4 +1,4 @@
-"""Acceptance (DESIGN.md §2): alpha-hat, tau and per-position acceptance, overall and per
+"""Acceptance (docs/design.md §2): alpha-hat, tau and per-position acceptance, overall and per
 category, measured on the golden prompts decoded as their records ask (greedy or sampled), and
 compared with the baselines of the previous validated version of the same pair name.
 

@@ -1,4 +1,4 @@
-"""Distribution preservation (DESIGN.md §3): speculative sampling must emit tokens distributed
+"""Distribution preservation (docs/design.md §3): speculative sampling must emit tokens distributed
 exactly as the target's own sampling.
 
 For each golden prompt with temperature > 0, at a few fixed prefixes (the prompt, and the

@@ -1,7 +1,7 @@
 """Validation in a serving engine (``specreg validate --engine``): the checks over what the
 engine did with the golden prompts, beside what our runtime did with the same token ids.
 
-- **parity**: acceptance in the engines' terms (DESIGN.md §2), ours against the engine's, overall
+- **parity**: acceptance in the engines' terms (docs/design.md §2), ours against the engine's, overall
   and per category: α̂ = accepted / drafted; τ = 1 + accepted / steps that had drafts;
   per-position = accepted at position i / steps that had drafts (vLLM's unconditional rate).
   |α_engine − α_ours| overall beyond the tolerance fails; a category beyond it warns.
@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from specreg.core.types import FAIL, PASS, SKIP, WARN, CheckResult
 
-PARITY_TOLERANCE = 0.03  # |alpha_engine - alpha_ours| overall, greedy (issue 20)
+PARITY_TOLERANCE = 0.03  # |alpha_engine - alpha_ours| overall, greedy
 MAX_DIFFERENCES = 50
 
 

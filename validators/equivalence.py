@@ -1,4 +1,4 @@
-"""Golden-prompt equivalence (DESIGN.md §3): speculative greedy decoding must emit exactly the
+"""Golden-prompt equivalence (docs/design.md §3): speculative greedy decoding must emit exactly the
 tokens of target-only greedy decoding, on the same device and dtype.
 
 ``decode_golden`` is the one pass over the golden prompts that the runtime checks share: per

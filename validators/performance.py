@@ -6,7 +6,7 @@ prompts were decoded at (figures["batch_size"]: throughput, tokens over the batc
 Latency (per-token p50/p95/p99, TTFT) and a batch-1 speedup come from the first prompts decoded
 again one at a time (equivalence.GoldenDecodes.single): what one request alone sees. The decode
 speedup leaves out each generation's first step (prefill, TTFT) on both sides: the part that
-DESIGN.md §2's formula models, which short golden outputs would otherwise dilute. The longest run
+docs/design.md §2's formula models, which short golden outputs would otherwise dilute. The longest run
 of fully rejected steps comes from the speculative decodes. The
 recommended k is the runtime's choose_k over the measured per-position acceptance and the
 measured draft/target step-cost ratio, searched only up to the deepest measured position; a

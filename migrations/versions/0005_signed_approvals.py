@@ -4,13 +4,13 @@ Revision ID: 0005
 Revises: 0004
 Create Date: 2026-12-01 16:10:00
 
-An approval counts only with a DSSE signature by a key enrolled to its approver (issue 21 §1):
+An approval counts only with a DSSE signature by a key enrolled to its approver:
 ``approvals.signature`` holds the Sigstore bundle, ``key_id`` the signing key, ``scope`` the
 environment it was given for (``*``: any). Rows written before have no signature and no longer
 count; their approvers sign again with `specreg approve`. ``pair_versions.model_files``: every
 file of each model directory at registration (NULL for versions registered before).
 ``session_role`` (PostgreSQL): the role that wrote each audit event, approval and keyring row,
-stamped server-side and covered by the event hash (issue 21 §4). A downgrade below 0005 drops
+stamped server-side and covered by the event hash. A downgrade below 0005 drops
 those roles, so on PostgreSQL the events written since no longer verify.
 """
 from alembic import op

@@ -8,7 +8,7 @@ Python builds every value; the Jinja2 templates in templates/exports/ only lay t
 every value goes through a quoting filter (rendering.py), so that model paths with spaces or
 quotes cannot break a shell line, a JSON document or a YAML file.
 
-Engine names and keys follow DESIGN.md section 4; the schema files in templates/engines/ list
+Engine names and keys follow docs/design.md §4; the schema files in templates/engines/ list
 them for each targeted engine version and the tests hold every output to them.
 """
 

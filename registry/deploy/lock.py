@@ -179,7 +179,7 @@ def sign_lock(lock: dict[str, Any], private_key: str | Path) -> dict[str, Any]:
 
 
 def exported_digests(files: list[tuple[str, str]]) -> dict[str, Any]:
-    """What the lock records of the engine files an export wrote (issue 19 item 6): the sha256
+    """What the lock records of the engine files an export wrote: the sha256
     of each file's text; for a Kubernetes manifest (``.yaml`` holding a Deployment) the sha256
     of each pod container's image, command and args instead, by container name, and of each
     ConfigMap file but the lock (the engine's arguments), as "ConfigMap NAME/FILE" (the manifest

@@ -2,7 +2,7 @@
 recorded at validation.
 
 vLLM exposes counters, so the live figures are computed from their deltas between two scrapes
-(DESIGN.md section 4): acceptance_rate = d(accepted tokens) / d(draft tokens) and
+(docs/design.md §4): acceptance_rate = d(accepted tokens) / d(draft tokens) and
 mean_acceptance_length = 1 + d(accepted tokens) / d(drafts). SGLang exposes gauges that hold
 both figures already (over its own logging window); the live value is the mean of the two
 scrapes. TensorRT-LLM's trtllm-serve has no Prometheus speculative-decoding metrics specreg
@@ -344,7 +344,7 @@ def compare_with_baseline(live: dict[str, Any], baselines: dict[str, Any] | None
     0 | 100 | 1 | 1, "reasons": [str], "checks": [{"metric", "live", "baseline", "floor", "ok"}],
     "not_compared": [str], "tolerance"}. "no-data" (no drafts in the interval) and "invalid" (the
     reading cannot be true: reading_problems) cannot be judged, so their exit code fails closed
-    (1), as DESIGN.md section 7 asks.
+    (1), as docs/design.md §7 asks.
     """
     if not 0.0 <= tolerance < 1.0:
         raise UsageError(f"tolerance {tolerance} must be in [0, 1)")

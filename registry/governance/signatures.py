@@ -1,4 +1,4 @@
-"""Approvals as signatures (issue 21 §1): the statement an approver signs, checking one against a
+"""Approvals as signatures: the statement an approver signs, checking one against a
 keyring, and counting the signed decisions of a version against a threshold.
 
 An approval or rejection is an in-toto Statement v1 (predicate ``PREDICATE_TYPE``) in a DSSE

@@ -1,5 +1,5 @@
 """The approval tag on an MLflow model version: what specreg writes there from a signed decision,
-and what a reviewer's tag in the UI says. A tag is never a decision (issue 21 §3): MLflow OSS
+and what a reviewer's tag in the UI says. A tag is never a decision: MLflow OSS
 records no author for a tag, so ``approved:bob`` is a request naming bob, which counts once bob
 has signed it with `specreg approve` (registry/review/replay.py shows "waiting for bob's
 signature" until then)."""

@@ -1,4 +1,4 @@
-"""MLflow as the review surface of the registry (DESIGN.md §5).
+"""MLflow as the review surface of the registry (docs/design.md §5).
 
 specreg's own database is the source of truth; this module copies what it knows into MLflow
 and reads back the one thing reviewers write there: the approval tag (a request, never a decision:

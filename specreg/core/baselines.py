@@ -1,4 +1,4 @@
-"""Which tau a recorded acceptance baseline holds (DESIGN.md §2), so that no comparison mixes two.
+"""Which tau a recorded acceptance baseline holds (docs/design.md §2), so that no comparison mixes two.
 
 Baselines recorded since the engines' definitions (runtime/metrics.py) carry
 ``"tau_definition": "engines"``: mean_acceptance_length = 1 + accepted / draft steps and

@@ -1,4 +1,4 @@
-"""The audit chain under attack (issue 14 item 5): what someone with write access to the database
+"""The audit chain under attack: what someone with write access to the database
 can do by SQL, and what catches it. Deleting the newest events together with ``audit_head`` and
 re-hashing the whole chain leave a chain that links: the head anchored outside the database
 (gate JSON/JUnit/Markdown, export headers, the MLflow tag) catches both through

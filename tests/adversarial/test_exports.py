@@ -1,4 +1,4 @@
-"""Exports and rollback against the approval decisions, and export paths (issue 14 items 6, 14).
+"""Exports and rollback against the approval decisions, and export paths.
 
 Real `specreg` processes on real database rows (SQLite and PostgreSQL); validations are the
 recorded rows of tests/governance/govstate.py, so no speculative runtime runs here.
@@ -197,7 +197,7 @@ def test_export_leaves_no_temporary_files(pair, tmp_path, approval_key):
 
 @pytest.mark.parametrize("value", ["a: b: c", "[unclosed", "x\n---\ny", "pvc:claim\n---\nkind: Pod", "{a: 1", "tab\there"])
 def test_export_option_values_that_are_not_yaml_or_hold_a_line_break(pair, tmp_path, value):
-    """MED-5 (issue 21): an --option value that is no valid YAML is a string like any other, and one
+    """MED-5: an --option value that is no valid YAML is a string like any other, and one
     holding a control character (a newline and `---` would start a second YAML document in the k8s
     manifest, or a second line of the serve script) is refused in one line; nothing is written."""
     db_url, models = pair

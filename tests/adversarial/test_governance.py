@@ -1,4 +1,4 @@
-"""Governance under attack (issue 14 items 2, 3, 9, 15; issue 12 section 5): four-eyes by another
+"""Governance under attack: four-eyes by another
 spelling of a name, identity claimed instead of authenticated, a malformed MLflow approval tag,
 control characters forging output lines. Real databases (SQLite and PostgreSQL), real `specreg`
 processes, exit codes and stderr as a user sees them."""
@@ -202,7 +202,7 @@ def test_policy_show_says_identity_on_sqlite_is_advisory(tmp_path):
     assert refused.returncode == 2 and "identity.allow_claimed_user = 'yes' must be true or false" in refused.stderr
 
 
-# --- item 9 and issue 12 section 5: approvals read from MLflow ------------------------------------
+# --- approvals read from MLflow ------------------------------------
 
 @pytest.fixture
 def mirror_on(monkeypatch, policy_file):
@@ -247,7 +247,7 @@ def test_a_malformed_approval_tag_is_warned_about_and_ignored(db_url, tiny_model
 
 def test_a_ui_tag_naming_another_user_is_a_request_until_they_sign(db_url, tiny_models, mlflow_server, mirror_on,
                                                                    approval_key):
-    """Issue 21 HIGH-3: on a shared MLflow server the registrant herself tags ``approved:bob``
+    """On a shared MLflow server the registrant herself tags ``approved:bob``
     (MLflow records no author for a tag). Before: sync recorded it as bob's approval and the
     production gate passed. Now it is a request: nothing is recorded, the UI summary says
     "waiting for bob's signature", and only bob's own signed approval counts."""
@@ -280,7 +280,7 @@ def test_a_ui_tag_naming_another_user_is_a_request_until_they_sign(db_url, tiny_
 def test_a_ui_tag_is_a_request_even_where_the_auth_app_lets_that_user_edit(tmp_path, tiny_models, policy_file,
                                                                           monkeypatch):
     """A real `mlflow server --app-name basic-auth` where carol holds EDIT on the model: a tag
-    ``approved:carol`` is still only a request (issue 21 HIGH-2); the auth app is not asked."""
+    ``approved:carol`` is still only a request; the auth app is not asked."""
     import base64
     import urllib.request
 
@@ -337,7 +337,7 @@ def test_a_ui_tag_is_a_request_even_where_the_auth_app_lets_that_user_edit(tmp_p
         tag("approved:carol")
         carol = run(*uri, "sync", pair, "--db", db_url, "--user", "alice")
         assert carol.returncode == 0, carol.stderr
-        # issue 21 HIGH-2: before, the auth app's EDIT for carol made the tag carol's approval,
+        # before, the auth app's EDIT for carol made the tag carol's approval,
         # though anyone with EDIT (here the registrant's sync) could have written her name
         assert f"approval of {pair}@1 requested in MLflow for carol: waiting for carol's signature" in carol.stderr
         assert registry.get(f"{pair}@1").state is PairState.VALIDATED

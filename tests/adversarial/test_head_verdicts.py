@@ -1,4 +1,4 @@
-"""What register accepted and validate then refused (issue 21 §7): heads an engine cannot run are
+"""What register accepted and validate then refused: heads an engine cannot run are
 refused at registration with the engine's reason; what an engine runs but specreg's runtime does
 not is said at registration, and validate then records an error (exit 1), never a fail of the
 pair. Real tiny Llama targets (tests/tinymodels.py), heads written by the runtime's own savers,

@@ -1,4 +1,4 @@
-"""Inputs past what a field can hold (issue 21 §6: MED-6, MED-8, LOW-3, LOW-4): a version number
+"""Inputs past what a field can hold: a version number
 past the database's integers, a time that leaves the calendar once converted to UTC, a key file
 position held by a dangling symlink, a path component over the file system's 255 bytes. Each is
 one line on stderr, exit 1 or 2, no traceback, nothing written; the store cases run on SQLite

@@ -1,4 +1,4 @@
-"""Hostile and careless INPUTS (issue 14): model folders, safetensors headers, shard indexes,
+"""Hostile and careless INPUTS: model folders, safetensors headers, shard indexes,
 configs, tokenizers, chat templates, golden sets, policies, lengths and paths.
 
 Each test was seen failing (a traceback, a wrong acceptance, or a check that passed) before

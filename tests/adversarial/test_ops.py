@@ -1,5 +1,4 @@
-"""Operations (issue 14 item 12, observe's tracebacks and response size; issue 12 section 5's
-`specreg env history`): real processes on real SQLite files and PostgreSQL databases, a real
+"""Operations: real processes on real SQLite files and PostgreSQL databases, a real
 HTTP endpoint."""
 
 from __future__ import annotations
@@ -140,7 +139,7 @@ def test_observe_reads_no_more_than_the_bound(observed):
     assert Registry(db_url).observations("watch@1") == []
 
 
-# --- issue 12 section 5: env history -------------------------------------------------------------
+# --- env history -------------------------------------------------------------
 
 def test_env_history_names_who_held_production_when(db_url, tiny_models, tmp_path, monkeypatch, approval_key):
     policy = tmp_path / "specreg.toml"

@@ -1,5 +1,4 @@
-"""Approvals are signatures, checked again at pod start (issue 21 §1, §2, §5, MED-1, MED-2, MED-7,
-LOW-1, LOW-2; issue 19 item 6). Each test is an attack or a careless input as issue 21 found it;
+"""Approvals are signatures, checked again at pod start. Each test is an attack or a careless input as a review found it;
 before the fix each passed the gate, `specreg verify` or an export, or ended in a traceback.
 Real databases, real keys, real `specreg` processes."""
 
@@ -64,7 +63,7 @@ def test_a_forged_row_with_a_chained_event_naming_bob_does_not_count(db_url, tin
     approval = forge_row(alice, "forge", "bob", None)
     assert alice.verify_audit()[1] is None
     # SQLite: nothing authenticates the writer, the signature is what is missing; PostgreSQL: the
-    # server stamped the event with role alice too (issue 21 §4)
+    # server stamped the event with role alice too
     why = ("its audit event says bob but database role alice wrote it; no signature" if "postgresql" in db_url
            else "no signature")
     reasons = [c.reason for c in alice.gate("forge@1", "production").conditions if c.name == "approval"]
@@ -295,7 +294,7 @@ def test_an_export_whose_file_set_changed_since_registration_is_refused(shipped)
     assert not (shipped["tmp"] / "again").exists()
 
 
-# --- issue 19 item 6: the engine's arguments under the signature -----------------------------------
+# --- the engine's arguments under the signature -----------------------------------
 
 def test_an_edited_serve_script_or_deployment_is_refused(shipped, tmp_path):
     lock = json.loads(shipped["lock"].read_text())

@@ -1,4 +1,4 @@
-"""Wrong validation verdicts (issue 14 items 10, 11 and "wrong validation verdicts"): pairs that
+"""Wrong validation verdicts: pairs that
 are fine must pass, runs that measured nothing must not, and one broken check must not take the
 others down. Real tiny models (tests/tinymodels.py), the real suite, real processes for the CLI.
 """
@@ -240,7 +240,7 @@ def test_recommended_k_stays_within_the_measured_positions(models, golden):
     assert "extrapolated" in result.summary and "k=12" in result.summary
 
 
-# --- a check that could not run is an error, never a fail (issue 21 §7) -----------------------
+# --- a check that could not run is an error, never a fail -----------------------
 
 def pickle_copy(source: Path, destination: Path) -> Path:
     """The model in ``source`` with its weights as a PyTorch pickle (pytorch_model.bin, as

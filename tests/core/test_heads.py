@@ -206,7 +206,7 @@ def test_target_without_mtp_is_refused(tmp_path):
                                              ("qwen3_next", "mtp.pre_fc_norm_hidden.weight")])
 def test_an_mtp_layer_without_its_projection_is_refused_as_vllm_does(tmp_path, family, dropped):
     """vLLM 0.33 raises "Following weights were not initialized from checkpoint" for it: register
-    must not accept what no engine loads (issue 21 §7)."""
+    must not accept what no engine loads."""
     config, names = MTP_CASES[family]
     target = write_target(tmp_path / "target", config_extra=config,
                           extra_tensors=mtp_tensors([name for name in names if name != dropped]))
@@ -303,7 +303,7 @@ def test_the_last_layer_output_is_a_valid_aux_layer(tmp_path):
     head = read_head(write_eagle3(tmp_path / "head", aux=[0, 3, 6], verifier=str(target)))
     fit = check_head_fits(head, target)
     assert fit.aux_layer_ids == (0, 3, 6)
-    # vLLM reads it, specreg's runtime does not: said at registration (issue 21 §7)
+    # vLLM reads it, specreg's runtime does not: said at registration
     assert len(fit.warnings) == 1 and fit.warnings[0].startswith("aux layer ids: [0, 3, 6] include 6, the output of "
                                                                  "the target's last layer: vLLM 0.33 reads it")
     assert not check_head_fits(read_head(write_eagle3(tmp_path / "inner", aux=[0, 3, 5], verifier=str(target))),
@@ -314,7 +314,7 @@ def test_the_last_layer_output_is_a_valid_aux_layer(tmp_path):
                                               (6, "[2, 3, 3] names layer 3")])
 def test_default_aux_layers_that_repeat_a_layer_are_refused_as_vllm_cannot_run_them(tmp_path, layers, repeated):
     """vLLM 0.33 collects each default layer once and feeds fc fewer states than it was sized for
-    (a shape error at its first forward): refused at registration with that reason (issue 21 §7)."""
+    (a shape error at its first forward): refused at registration with that reason."""
     target = write_target(tmp_path / "target", layers=layers)
     head = read_head(write_eagle3(tmp_path / "head", aux=None, verifier=str(target)))
     with pytest.raises(HeadMismatchError, match=r"^aux layer ids: the head names none, and the target's default "

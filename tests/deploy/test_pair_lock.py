@@ -288,7 +288,7 @@ def test_usage_and_errors(deployed):
     bad_key = verify(deployed, public_key=deployed["lock"])
     assert bad_key.returncode == 1 and "not an ECDSA P-256/384/521 public key" in bad_key.stderr
     bad_registry = verify(deployed, "--registry", f"sqlite:///{deployed['tmp'] / 'empty.db'}")
-    # a deploy check never creates or migrates a database (issue 21 LOW-1: it created a missing file)
+    # a deploy check never creates or migrates a database
     assert bad_registry.returncode == 1 and "no such database file (verify never creates one)" in bad_registry.stderr
     assert not (deployed["tmp"] / "empty.db").exists()
     (deployed["tmp"] / "empty.db").touch()

@@ -110,7 +110,7 @@ def test_validate_in_llamacpp_parity_equivalence_throughput_and_no_orphan(sqlite
         assert (row["response_drafted"], row["response_accepted"]) == (row["drafted"], row["accepted"])
         assert row["draft_steps"] > 0 and sum(row["accepted_per_position"]) == row["accepted"]
     parity = checks["engine_parity"]
-    assert parity["figures"]["alpha_delta"] <= 0.03, parity["summary"]  # issue 20's target, greedy
+    assert parity["figures"]["alpha_delta"] <= 0.03, parity["summary"]  # the parity target, greedy
     # on the engine's schedule (the prefill emits the first token alone) and the same float32 numbers,
     # both loops draft the same windows: every prompt has the same tokens and the same counts
     # (measured on the whole smoke set: 7 of 7; before the schedule was matched, 4 categories

@@ -1,4 +1,4 @@
-"""Model paths in exports (issue 22): a local folder registered by a relative path is recorded
+"""Model paths in exports: a local folder registered by a relative path is recorded
 and exported by its absolute path, never as typed (`exec vllm serve tiny/target` worked only
 from that folder and read like a hub id); headers carry no Python reprs."""
 

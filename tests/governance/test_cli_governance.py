@@ -150,7 +150,7 @@ def test_audit_verify_catches_an_edited_and_a_deleted_event(db_url, tiny_models,
     with engine.begin() as connection:
         connection.execute(text("UPDATE audit_events SET reason = NULL WHERE id = 2"))
     # SQLite: the edit undone, the chain verifies; PostgreSQL: the server stamped the editor's role
-    # on the row (issue 21 §4), so even an undone edit stays visible
+    # on the row, so even an undone edit stays visible
     assert run("audit", "verify", "--db", db_url).returncode == (1 if "postgresql" in db_url else 0)
     with engine.begin() as connection:
         connection.execute(text("DELETE FROM audit_events WHERE id = 2"))

@@ -1,4 +1,4 @@
-"""The policy's floors (issue 22, issue 21 section 7): min_acceptance_rate and min_speedup refuse a
+"""The policy's floors: min_acceptance_rate and min_speedup refuse a
 version in production, `promote --allow-slower` is an explicit exception recorded in the audit
 log that the gate honours, and the built-in policy has both. On SQLite and PostgreSQL."""
 

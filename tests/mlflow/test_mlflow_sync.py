@@ -256,7 +256,7 @@ def test_approval_from_the_ui_and_from_the_cli(
     approval = sync.read_approval(pair_version)
     assert approval["status"] == "approved" and approval["user"] is None and approval["named"] == "carol"
 
-    # A value that is no decision is reported, never raised (issue 14 item 9).
+    # A value that is no decision is reported, never raised.
     mlflow_server.post("model-versions/set-tag", {
         "name": name, "version": str(number), "key": "specreg.approval", "value": "yes please"})
     approval = sync.read_approval(pair_version)

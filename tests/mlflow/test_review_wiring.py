@@ -73,7 +73,7 @@ def test_sync_ui_approval_and_promotion_alias(db_url, tiny_models, mlflow_server
     assert alice.validation_runs(f"{pair}@1")[-1].mlflow_run_id == run["info"]["run_id"]
 
     # A reviewer asks for bob's approval in the MLflow UI (the UI's own REST call): a request,
-    # not a decision (MLflow records no author for a tag; issue 21 §3). Nothing is recorded.
+    # not a decision (MLflow records no author for a tag). Nothing is recorded.
     mlflow_server.post("model-versions/set-tag", {"name": f"specreg.{pair}", "version": "1",
                                                   "key": "specreg.approval", "value": "approved:bob"})
     picked = cli("--mlflow-uri", mlflow_server.url, "sync", pair, "--db", as_user(db_url, "carol"), "--user", "carol")

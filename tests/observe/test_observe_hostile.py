@@ -1,4 +1,4 @@
-"""`observe` against hostile or broken metrics endpoints (issue 21 MED-3, MED-4, MED-9): a server
+"""`observe` against hostile or broken metrics endpoints: a server
 that trickles a byte a second, counters that claim more accepted than drafted tokens, position
 labels that are not small integers. Each one is a one-line error or a flagged reading, never a
 hang, an "ok" or a traceback."""

@@ -1,4 +1,4 @@
-"""The pure acceptance rule, without models (DESIGN.md §2 step 4)."""
+"""The pure acceptance rule, without models (docs/design.md §2 step 4)."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ def no_thread_settings(monkeypatch):
 @pytest.mark.parametrize("cores, load, threads", [
     (2, 0.1, 2),   # idle: one thread a core
     (2, 0.9, 1),   # one core busy
-    (2, 9.0, 1),   # the loaded 2-core machine of issue 22: never more threads than free cores, at least 1
+    (2, 9.0, 1),   # a loaded 2-core machine: never more threads than free cores, at least 1
     (2, 1.6, 1),
     (16, 3.6, 12),
 ])

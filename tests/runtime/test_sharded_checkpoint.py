@@ -1,7 +1,6 @@
 """A sharded checkpoint (safetensors shards + model.safetensors.index.json, as transformers'
 save_pretrained writes every model over its shard size) loads against its registered
-fingerprint (issue 20: load_tokenizer read the index as "missing since the model was
-fingerprinted" because its private copy holds only the tokenizer's files)."""
+fingerprint."""
 
 from __future__ import annotations
 

@@ -143,7 +143,7 @@ def test_weights_modified_after_registration_fail_integrity_naming_the_file(regi
 
 
 def test_corrupt_weights_fail_the_check_that_reads_them(registry, models, golden_path, tmp_path):
-    # issue 14: an exception inside one check is that check's failure, never the run's abort
+    # an exception inside one check is that check's failure, never the run's abort
     draft = copy_model(models["draft"], tmp_path / "corrupt")
     registry.register("corrupt", target=str(models["target"]), draft=str(draft), num_speculative_tokens=3)
     (draft / "model.safetensors").write_bytes(b"\x00" * 64)
