@@ -74,6 +74,14 @@ def event_environment(event) -> str:
     return str((event.details or {}).get("environment") or "")
 
 
+def event_policy(event) -> str:
+    """The policy a promote or decision was judged under ("v2", "built-in"), or ""."""
+    version = (event.details or {}).get("policy_version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        return ""
+    return f"v{version}" if version else "built-in"
+
+
 def event_reason(event) -> str:
     """An audit event's reason, with the exception a promote made (--allow-slower) spelled out."""
     exception = (event.details or {}).get("exception") or {}
@@ -171,9 +179,10 @@ def show(ref, db_url, as_json):
     lines.append("events:")
     for event in version.events:
         move = f"{event.from_state or '-'} -> {event.to_state or '-'}"
-        where, why = event_environment(event), event_reason(event)
+        where, why, policy = event_environment(event), event_reason(event), event_policy(event)
         lines.append(f"  {event.created_at.isoformat(timespec='seconds')}  {event.action:<10} {move:<22} {event.actor}"
-                     + (f"  env {where}" if where else "") + (f"  {why}" if why else ""))
+                     + (f"  env {where}" if where else "") + (f"  {why}" if why else "")
+                     + (f"  (policy {policy})" if policy else ""))
     echo_lines(lines)
 
 
@@ -187,9 +196,9 @@ def history(name, db_url, as_json):
     if as_json:
         print_json([event.to_dict() for event in events])
         return
-    print_table(["AT (UTC)", "VERSION", "ACTION", "ENV", "FROM", "TO", "BY", "REASON"],
+    print_table(["AT (UTC)", "VERSION", "ACTION", "ENV", "POLICY", "FROM", "TO", "BY", "REASON"],
                 [[e.created_at.isoformat(timespec="seconds"), e.version, e.action, event_environment(e) or "-",
-                  e.from_state, e.to_state, e.actor, event_reason(e)] for e in events])
+                  event_policy(e) or "-", e.from_state, e.to_state, e.actor, event_reason(e)] for e in events])
 
 
 

@@ -97,6 +97,11 @@ def test_a_registrant_cannot_loosen_the_policy_alone(db_url, tiny_models, policy
     event = alice.history("solo")[-1]
     assert (move.version, event.details["policy_version"], event.details["policy_sha256"]) == \
         (1, 2, alice.policy().sha256)
+    # what a user inspects names the policy each decision was judged under
+    history = run("history", "solo", "--db", db_url).stdout.splitlines()
+    assert "POLICY" in history[0] and any(" promote " in l and " v2 " in l for l in history[1:])
+    shown = run("show", "solo@1", "--db", db_url).stdout
+    assert any("promote" in l and "(policy v2)" in l for l in shown.splitlines())
 
 
 def test_postgres_registrant_cannot_claim_an_enroller_with_her_own_policy(postgres_url, tiny_models, tmp_path):
