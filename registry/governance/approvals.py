@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from specreg.core.identity import normalize_user, same_user
 from specreg.core.signing import load_signer, signer_key_id
 from specreg.errors import PolicyViolation, SpecregError
-from specreg.registry.governance.keyring import keyring_entries, written_by_its_actor
+from specreg.registry.governance.keyring import enrolled_entry, keyring_entries, written_by_its_actor
 from specreg.registry.governance.policy import EnvironmentPolicy, Policy
 from specreg.registry.governance.queries import Condition, finished_runs, lock_pair
 from specreg.registry.governance.signatures import (ANY_SCOPE, APPROVED, REJECTED, KeyringEntry, SignedDecision,
@@ -217,11 +217,7 @@ def decide(store: Store, policy: Policy, name: str, version: int, *, actor: str,
         if problem is not None:
             raise SpecregError(f"cannot record a decision on {label}: the audit chain does not verify ({problem})")
         keyring, _ = keyring_entries(session, policy, chain)
-        entry = keyring.get(kid)
-        if entry is None or not same_user(entry.person, actor):
-            whose = f"is enrolled to {entry.person}" if entry else "is not enrolled (or its enrolment does not count)"
-            raise PolicyViolation(f"key {kid[:12]} ({key}) {whose}, not to {actor}: an enroller runs "
-                                  f"`specreg keys enrol {actor} --public-key FILE.pub`")
+        enrolled_entry(keyring, kid, key, actor)
         state = PairState(row.state)
         if state is PairState.RETIRED:
             raise PolicyViolation(f"{label} is retired: nothing to {decision[:-1]}")

@@ -181,7 +181,7 @@ def accept(store, policy, name: str, version: int, baseline_id: int, *, actor: s
     the engine validation, a baseline not on the chain, not on the current binding, failed, or
     one that counts already."""
     from specreg.core.signing import load_signer, sign_statement, signer_key_id
-    from specreg.registry.governance.keyring import keyring_entries
+    from specreg.registry.governance.keyring import enrolled_entry, keyring_entries
     from specreg.registry.governance.queries import lock_pair
     from specreg.registry.store.store import utcnow, verified_chain
 
@@ -197,11 +197,7 @@ def accept(store, policy, name: str, version: int, baseline_id: int, *, actor: s
             raise SpecregError(f"cannot accept an engine baseline of {label}: the audit chain does not verify "
                                f"({problem})")
         keyring, _ = keyring_entries(session, policy, chain)
-        entry = keyring.get(kid)
-        if entry is None or not same_user(entry.person, actor):
-            whose = f"is enrolled to {entry.person}" if entry else "is not enrolled (or its enrolment does not count)"
-            raise PolicyViolation(f"key {kid[:12]} ({key}) {whose}, not to {actor}: an enroller runs "
-                                  f"`specreg keys enrol {actor} --public-key FILE.pub`")
+        enrolled_entry(keyring, kid, key, actor)
         row = session.get(EngineBaselineRow, baseline_id)
         if row is None or row.pair_version_id != version_row.id:
             raise NotFoundError(f"{label} has no engine baseline {baseline_id}")

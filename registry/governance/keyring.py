@@ -145,6 +145,17 @@ def keyring_entries(session: Session, policy: Policy,
     return valid, refused
 
 
+def enrolled_entry(keyring: dict[str, KeyringEntry], kid: str, key_path: str, actor: str) -> KeyringEntry:
+    """The entry of key ``kid`` (the file ``key_path``) when it counts and is enrolled to
+    ``actor``, who signs with it; PolicyViolation naming the enrolment that fixes it otherwise."""
+    entry = keyring.get(kid)
+    if entry is None or not same_user(entry.person, actor):
+        whose = f"is enrolled to {entry.person}" if entry else "is not enrolled (or its enrolment does not count)"
+        raise PolicyViolation(f"key {kid[:12]} ({key_path}) {whose}, not to {actor}: an enroller runs "
+                              f"`specreg keys enrol {actor} --public-key FILE.pub`")
+    return entry
+
+
 def list_keys(store: Store, policy: Policy) -> tuple[list[KeyringEntry], list[str], list[dict[str, str | None]]]:
     """The keys that count (for `specreg keys list` / `keys export`), the rows that do not, and
     the revocations (which the exported keyring carries)."""

@@ -28,7 +28,7 @@ from specreg.core.fingerprint import sha256_hex
 from specreg.core.identity import normalize_user, same_user
 from specreg.core.signing import load_signer, signer_key_id
 from specreg.errors import NotFoundError, PolicyViolation, SpecregError, UsageError
-from specreg.registry.governance.keyring import keyring_entries, written_by_its_actor
+from specreg.registry.governance.keyring import enrolled_entry, keyring_entries, written_by_its_actor
 from specreg.registry.governance.policy import (EnvironmentPolicy, Policy, builtin_policy, parse_policy_text,
                                                 read_policy_file)
 from specreg.registry.governance.signatures import (ANY_SCOPE, APPROVED, POLICY_PREDICATE_TYPE, Tally,
@@ -232,11 +232,7 @@ def approve(store: Store, version: int, *, actor: str, key: str, note: str | Non
             raise PolicyViolation(f"{actor} may not approve policy changes: {record.policy.source} asks for "
                                   f"{', '.join(rule.approvers)}")
         keyring, _ = keyring_entries(session, record.policy, chain)
-        entry = keyring.get(kid)
-        if entry is None or not same_user(entry.person, actor):
-            whose = f"is enrolled to {entry.person}" if entry else "is not enrolled (or its enrolment does not count)"
-            raise PolicyViolation(f"key {kid[:12]} ({key}) {whose}, not to {actor}: an enroller runs "
-                                  f"`specreg keys enrol {actor} --public-key FILE.pub`")
+        enrolled_entry(keyring, kid, key, actor)
         now = utcnow()
         predicate = approval_predicate(pair=POLICY_SUBJECT, version=version, binding_sha256=row.sha256,
                                        decision=APPROVED, scope=ANY_SCOPE, policy_sha256=record.policy.sha256,

@@ -6,7 +6,6 @@ runs it, exit codes and one-line errors."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -22,7 +21,7 @@ from specreg.registry.store.entities import PairState
 sys.path.insert(0, str(Path(__file__).parent.parent / "governance"))
 from govstate import POLICY_TOML, record_validation, recorded_policy_file  # noqa: E402
 
-from clirun import run_specreg  # noqa: E402
+from clirun import run  # noqa: E402
 from policyrecord import record_policy  # noqa: E402
 
 LOOSE_TOML = """\
@@ -35,12 +34,6 @@ allow_claimed_user = true
 [environments.production]
 approval_required = false
 """
-
-
-def run(*args, env: dict | None = None):
-    result = run_specreg(args, env={**os.environ, **(env or {})})
-    assert "Traceback" not in result.stderr, result.stderr
-    return result
 
 
 def validated(db_url: str, tiny_models, name: str, registrant: str = "alice") -> Registry:
