@@ -376,7 +376,7 @@ def policy_propose(policy_file, note, db_url, user, as_json):
         print_json(proposed)
         return
     say(f"proposed policy v{proposed['version']} (sha256 {proposed['sha256'][:12]}); it governs once it has "
-               f"{proposed['needs']}: `specreg policy approve {proposed['version']} --key FILE`")
+        f"{proposed['needs']}: `specreg policy approve {proposed['version']} --key FILE`")
 
 
 @policy_group.command(name="approve")
