@@ -9,7 +9,6 @@ chain says. Real SQLite and PostgreSQL databases, real `specreg` processes."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 import xml.etree.ElementTree as ET
 from datetime import datetime
@@ -28,13 +27,7 @@ from specreg.registry.store.store import SCHEMA_HEAD
 sys.path.insert(0, str(Path(__file__).parent.parent / "governance"))
 from govstate import policy_file, record_validation  # noqa: E402,F401
 
-from clirun import run_specreg  # tests/ is on sys.path (tests/conftest.py)
-
-
-def run(*args, env_extra: dict | None = None):
-    result = run_specreg(args, env={**os.environ, **(env_extra or {})})
-    assert "Traceback" not in result.stderr, result.stderr
-    return result
+from clirun import run  # tests/ is on sys.path (tests/conftest.py)
 
 
 def approved_pair(db_url: str, tiny_models, name: str, approval_key) -> Registry:
@@ -275,5 +268,5 @@ def test_a_keyed_chain_needs_the_key_to_verify_and_to_write(db_url, tiny_models,
     refused = run("reject", "needkey@1", "--db", as_user(db_url, "bob"), "--user", "bob",
                   "--key", approval_key(db_url, "bob"))
     assert refused.returncode == 1 and "the chain is keyed from here on; set SPECREG_AUDIT_KEY" in refused.stderr
-    wrong = run("audit", "verify", "--db", db_url, env_extra={"SPECREG_AUDIT_KEY": "another-key"})
+    wrong = run("audit", "verify", "--db", db_url, env={"SPECREG_AUDIT_KEY": "another-key"})
     assert wrong.returncode == 1 and "re-hashed without SPECREG_AUDIT_KEY" in wrong.stderr

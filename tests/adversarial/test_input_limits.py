@@ -13,17 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from clirun import run_specreg  # tests/ is on sys.path (tests/conftest.py)
+from clirun import one_line, run_specreg  # tests/ is on sys.path (tests/conftest.py)
 
 LONG = "a" * 300  # one path component; Linux file systems hold 255 bytes
-
-
-def one_line(result, code: int, *fragments: str) -> None:
-    assert "Traceback" not in result.stderr, result.stderr
-    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
-    assert result.stderr.count("\n") == 1, result.stderr
-    for fragment in fragments:
-        assert fragment in result.stderr, (fragment, result.stderr)
 
 
 @pytest.fixture

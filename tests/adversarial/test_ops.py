@@ -21,18 +21,12 @@ from pgroles import as_user
 from policyrecord import record_policy
 from specreg.registry.store.store import SCHEMA_HEAD
 
-from clirun import run_specreg  # tests/ is on sys.path (tests/conftest.py)
+from clirun import run  # tests/ is on sys.path (tests/conftest.py)
 
 # A real `specreg` process that waits for a shared start time, so that six of them reach the
 # fresh database together (the CLI itself, its argv, nothing replaced).
 AT_START = ("import sys, time; start = float(sys.argv[1]); time.sleep(max(0.0, start - time.time())); "
             "sys.argv = ['specreg'] + sys.argv[2:]; from specreg.cli import main; main()")
-
-
-def run(*args):
-    result = run_specreg(args)
-    assert "Traceback" not in result.stderr, result.stderr
-    return result
 
 
 # --- item 12: parallel first commands on a fresh database ---------------------------------------

@@ -18,7 +18,7 @@ from specreg.errors import PolicyViolation
 from pgroles import as_user
 from policyrecord import record_policy
 
-from clirun import SPECREG, run_specreg  # tests/ is on sys.path (tests/conftest.py)
+from clirun import SPECREG, run  # tests/ is on sys.path (tests/conftest.py)
 
 GOLDEN_YAML = """
 name: verdicts
@@ -34,12 +34,6 @@ records:
     prompt: "def add(a, b):\\n"
     max_new_tokens: 12
 """
-
-
-def run(*args):
-    result = run_specreg(args)
-    assert "Traceback" not in result.stderr, result.stderr
-    return result
 
 
 @pytest.fixture(scope="module")

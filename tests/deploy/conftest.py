@@ -3,7 +3,6 @@ lock (``deployed``), as tests/deploy/test_pair_lock.py and the pipeline tests us
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -16,12 +15,8 @@ from specreg.registry.deploy.lock import LOCK_FILE
 sys.path.insert(0, str(Path(__file__).parent.parent / "governance"))
 from govstate import POLICY_TOML, record_validation  # noqa: E402
 
-from clirun import run_specreg  # tests/ is on sys.path (tests/conftest.py)
+from clirun import run  # tests/ is on sys.path (tests/conftest.py)
 from policyrecord import record_policy
-
-
-def run(*args, env=None):
-    return run_specreg(args, env={**os.environ, **(env or {})})
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ real files on disk, a real metrics endpoint on 127.0.0.1."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -19,13 +18,7 @@ from specreg.api import Registry
 sys.path.insert(0, str(Path(__file__).parent.parent / "governance"))
 from govstate import POLICY_TOML, record_validation  # noqa: E402
 
-from clirun import run_specreg  # tests/ is on sys.path (tests/conftest.py)
-
-
-def run(*args, env=None):
-    result = run_specreg(args, env={**os.environ, **(env or {})})
-    assert "Traceback" not in result.stderr, result.stderr
-    return result
+from clirun import run  # tests/ is on sys.path (tests/conftest.py)
 
 
 @pytest.fixture

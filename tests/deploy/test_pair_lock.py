@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
 import shutil
 import stat
 import subprocess
@@ -25,14 +24,8 @@ from specreg.registry.deploy.verify import verify_lock
 sys.path.insert(0, str(Path(__file__).parent.parent / "governance"))
 from govstate import record_validation  # noqa: E402
 
-from clirun import run_specreg  # tests/ is on sys.path (tests/conftest.py)
+from clirun import run  # tests/ is on sys.path (tests/conftest.py)
 from policyrecord import record_policy
-
-
-def run(*args, env=None):
-    result = run_specreg(args, env={**os.environ, **(env or {})})
-    assert "Traceback" not in result.stderr, result.stderr
-    return result
 
 
 def sha256(path: Path) -> str:
