@@ -261,7 +261,12 @@ def test_validate_in_llamacpp_parity_and_a_head_served_on_other_layers_fails(hea
     assert checks["engine_parity"]["figures"]["alpha_delta"] <= 0.03
     assert report["engine_matches_runtime_tokens"] == report["prompts"] == 3
     assert checks["engine_equivalence"]["status"] in ("pass", "warn")
-    assert checks["engine_concurrency"]["status"] == "pass", checks["engine_concurrency"]["summary"]
+    # whether two requests at once draft worse depends on how llama-server batched them (on a busy
+    # machine they overlap more, and EAGLE-3's acceptance fell from 0.86 to 0.60 at 2): the verdict
+    # must follow the measured figures, whichever they are
+    concurrency = checks["engine_concurrency"]
+    fell = concurrency["figures"]["alpha_c1"] - concurrency["figures"]["alpha_c2"] > 0.1
+    assert concurrency["status"] == ("fail" if fell else "pass"), concurrency["summary"]
     # the per-batch schedule the two tiers support, recorded with the baseline for the exports
     speedups = {t["concurrency"]: t["with_draft_tokens_per_s"] / t["without_draft_tokens_per_s"]
                 for t in report["throughput"]}
