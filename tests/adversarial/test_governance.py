@@ -20,7 +20,7 @@ from specreg.errors import IdentityError
 from specreg.registry.store.entities import PairState
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "governance"))
-from govstate import POLICY_TOML, policy_file, record_validation  # noqa: E402,F401
+from govstate import POLICY_TOML, policy_file, record_validation, validated_pair  # noqa: E402,F401
 
 from clirun import run_specreg  # tests/ is on sys.path (tests/conftest.py)
 
@@ -30,14 +30,6 @@ def run(*args, env: dict | None = None, unset: tuple[str, ...] = ()):
     result = run_specreg(args, env=environment)
     assert "Traceback" not in result.stderr, result.stderr
     return result
-
-
-def validated_pair(db_url: str, tiny_models, name: str, registrant: str = "alice") -> Registry:
-    registry = Registry(as_user(db_url, registrant), user=registrant)
-    registry.register(name, target=str(tiny_models["target"]), draft=str(tiny_models["draft"]),
-                      num_speculative_tokens=2)
-    record_validation(registry, f"{name}@1")
-    return registry
 
 
 # --- item 2: one spelling per person ----------------------------------------------------------

@@ -19,7 +19,7 @@ from specreg.errors import PolicyViolation
 from specreg.registry.store.entities import PairState
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "governance"))
-from govstate import POLICY_TOML, record_validation, recorded_policy_file  # noqa: E402
+from govstate import POLICY_TOML, record_validation, recorded_policy_file, validated_pair  # noqa: E402
 
 from clirun import run  # noqa: E402
 from policyrecord import record_policy  # noqa: E402
@@ -36,14 +36,6 @@ approval_required = false
 """
 
 
-def validated(db_url: str, tiny_models, name: str, registrant: str = "alice") -> Registry:
-    registry = Registry(as_user(db_url, registrant), user=registrant)
-    registry.register(name, target=str(tiny_models["target"]), draft=str(tiny_models["draft"]),
-                      num_speculative_tokens=2)
-    record_validation(registry, f"{name}@1")
-    return registry
-
-
 @pytest.fixture
 def policy_file(tmp_path, request):
     return recorded_policy_file(tmp_path, request)
@@ -51,7 +43,7 @@ def policy_file(tmp_path, request):
 
 def test_a_file_the_caller_chooses_never_decides(db_url, tiny_models, policy_file, tmp_path):
     """P07: the registrant's own permissive file, by --policy or $SPECREG_POLICY, moves nothing."""
-    alice = validated(db_url, tiny_models, "own")
+    alice = validated_pair(db_url, tiny_models, "own")
     loose = tmp_path / "loose.toml"
     loose.write_text(LOOSE_TOML)
     alice_db = as_user(db_url, "alice")
@@ -71,7 +63,7 @@ def test_a_file_the_caller_chooses_never_decides(db_url, tiny_models, policy_fil
 
 
 def test_a_registrant_cannot_loosen_the_policy_alone(db_url, tiny_models, policy_file, tmp_path, approval_key):
-    alice = validated(db_url, tiny_models, "solo")
+    alice = validated_pair(db_url, tiny_models, "solo")
     loose = tmp_path / "loose.toml"
     loose.write_text(LOOSE_TOML)
     proposed = alice.propose_policy(str(loose), note="faster releases")
@@ -102,7 +94,7 @@ def test_postgres_registrant_cannot_claim_an_enroller_with_her_own_policy(postgr
     team = tmp_path / "team.toml"
     team.write_text(POLICY_TOML)
     record_policy(postgres_url, team, tmp_path)
-    validated(postgres_url, tiny_models, "claim")
+    validated_pair(postgres_url, tiny_models, "claim")
     loose = tmp_path / "loose.toml"
     loose.write_text(LOOSE_TOML)
     from specreg.core.signing import PUBLIC_KEY_FILE, create_key_pair
@@ -119,7 +111,7 @@ def test_postgres_registrant_cannot_claim_an_enroller_with_her_own_policy(postgr
 
 def test_a_validation_run_no_event_covers_counts_for_nothing(db_url, tiny_models, policy_file, approval_key):
     """P05: alice inserts a passed run and passing checks for her failed pair."""
-    alice = validated(db_url, tiny_models, "forged")
+    alice = validated_pair(db_url, tiny_models, "forged")
     record_validation(alice, "forged@1", status="failed")
     version = alice.get("forged@1")
     golden = alice.validation_runs("forged@1")[-1]
@@ -145,7 +137,7 @@ def test_a_validation_run_no_event_covers_counts_for_nothing(db_url, tiny_models
 
 def test_a_pointer_row_without_its_promote_event_holds_nothing(db_url, tiny_models, policy_file, tmp_path):
     """P04: a raw INSERT into environment_pointers."""
-    alice = validated(db_url, tiny_models, "ptr")
+    alice = validated_pair(db_url, tiny_models, "ptr")
     version = alice.get("ptr@1")
     with alice.store.engine.begin() as connection:
         connection.execute(text("INSERT INTO environment_pointers (pair_id, environment, pair_version_id, "
@@ -164,7 +156,7 @@ def test_a_decision_is_ordered_by_its_audit_event_not_the_signers_clock(db_url, 
     """K07: bob's clock says 2999; carol's later rejection and a later failed validation still win."""
     import specreg.registry.governance.approvals as approvals
 
-    alice = validated(db_url, tiny_models, "clock")
+    alice = validated_pair(db_url, tiny_models, "clock")
     bob = Registry(as_user(db_url, "bob"), user="bob")
     carol = Registry(as_user(db_url, "carol"), user="carol")
     bob_key, carol_key = approval_key(db_url, "bob"), approval_key(db_url, "carol")
@@ -175,7 +167,7 @@ def test_a_decision_is_ordered_by_its_audit_event_not_the_signers_clock(db_url, 
     gate = alice.gate("clock@1", "production")
     assert not gate.passed and "rejected by carol" in {c.name: c.reason for c in gate.conditions}["approval"]
 
-    validated(db_url, tiny_models, "clock2")
+    validated_pair(db_url, tiny_models, "clock2")
     with monkeypatch.context() as patched:
         patched.setattr(approvals, "utcnow", lambda: datetime(2999, 1, 1))
         bob.approve("clock2@1", key=bob_key)
@@ -186,7 +178,7 @@ def test_a_decision_is_ordered_by_its_audit_event_not_the_signers_clock(db_url, 
 
 def test_an_approval_counts_under_the_policy_it_signed(db_url, tiny_models, policy_file, tmp_path, approval_key):
     """K06: approved under v1; once v2 governs, bob signs again."""
-    alice = validated(db_url, tiny_models, "moved")
+    alice = validated_pair(db_url, tiny_models, "moved")
     bob = Registry(as_user(db_url, "bob"), user="bob")
     bob.approve("moved@1", key=approval_key(db_url, "bob"))
     assert alice.gate("moved@1", "production").passed
@@ -202,7 +194,7 @@ def test_an_approval_counts_under_the_policy_it_signed(db_url, tiny_models, poli
 
 def test_a_revoked_key_stops_counting_here_and_at_pod_start(db_url, tiny_models, policy_file, tmp_path, approval_key):
     """K03: bob's key leaked; admin revokes it; what it signed no longer counts anywhere."""
-    alice = validated(db_url, tiny_models, "leak")
+    alice = validated_pair(db_url, tiny_models, "leak")
     bob = Registry(as_user(db_url, "bob"), user="bob")
     bob_key = approval_key(db_url, "bob")
     bob.approve("leak@1", key=bob_key)
@@ -237,7 +229,7 @@ def test_a_revoked_key_stops_counting_here_and_at_pod_start(db_url, tiny_models,
 
 
 def test_a_forged_activation_or_an_edited_document_governs_nothing(db_url, tiny_models, policy_file, tmp_path):
-    alice = validated(db_url, tiny_models, "forge")
+    alice = validated_pair(db_url, tiny_models, "forge")
     loose = tmp_path / "loose.toml"
     loose.write_text(LOOSE_TOML)
     alice.propose_policy(str(loose))

@@ -93,6 +93,17 @@ def record_validation(registry: Registry, ref: str, *, status: str = "passed", g
         return run.id
 
 
+def validated_pair(db_url: str, tiny_models, name: str, registrant: str = "alice") -> Registry:
+    """NAME@1 (k = 2) registered by ``registrant`` (their own role on PostgreSQL) and validated."""
+    from pgroles import as_user
+
+    registry = Registry(as_user(db_url, registrant), user=registrant)
+    registry.register(name, target=str(tiny_models["target"]), draft=str(tiny_models["draft"]),
+                      num_speculative_tokens=2)
+    record_validation(registry, f"{name}@1")
+    return registry
+
+
 def register_versions(registry: Registry, tiny_models, name: str, count: int, target=None, draft=None) -> list[str]:
     """``count`` versions of ``name`` over the same tiny models (k = 1..count)."""
     refs = []
