@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from specreg.core.baselines import (ENGINE_SCHEDULE, ENGINE_TAU, drift_floor, in_engine_terms, legacy_tau_note,
-                                    relative_change)
+                                    relative_change, schedule_note)
 from specreg.core.types import FAIL, PASS, SKIP, CheckResult
 
 CHECK_NAME = "acceptance"
@@ -124,13 +124,16 @@ def check_acceptance(decodes, *, previous: tuple[int, dict[str, Any]] | None = N
     comparison = compare_baselines(baselines, previous_baselines, tolerance)
     evidence["comparison"] = comparison
     evidence["not_compared"] = comparable_metrics(baselines, previous_baselines)[1]
+    note = schedule_note(previous_baselines, f"v{version}'s baseline")
+    evidence["notes"] = [note] if note else []
+    flagged = f"; {note}" if note else ""
     drops = [row for row in comparison if not row["ok"]]
     if drops:
         worst = min(drops, key=lambda row: row["relative_change"])
         part = " (its accepted part, tau - 1)" if worst["metric"] == "mean_acceptance_length" else ""
         summary = (f"{headline}; {worst['metric']} ({worst['scope']}) {worst['current']:.3f} is "
                    f"{-worst['relative_change']:.0%}{part} below v{version}'s {worst['baseline']:.3f} "
-                   f"(tolerance {tolerance:.0%}; {len(drops)} figure(s) dropped)")
+                   f"(tolerance {tolerance:.0%}; {len(drops)} figure(s) dropped){flagged}")
         return CheckResult(CHECK_NAME, FAIL, summary, evidence, figures)
     return CheckResult(CHECK_NAME, PASS, f"{headline}; within {tolerance:.0%} of v{version}'s baseline "
-                       f"({len(comparison)} figures compared)", evidence, figures)
+                       f"({len(comparison)} figures compared){flagged}", evidence, figures)

@@ -22,7 +22,7 @@ import urllib.parse
 import urllib.request
 from typing import Any, Callable
 
-from specreg.core.baselines import drift_floor, in_engine_terms, legacy_tau_note
+from specreg.core.baselines import drift_floor, in_engine_terms, legacy_tau_note, schedule_note
 from specreg.errors import SpecregError, UsageError
 
 ENGINES = ("vllm", "sglang", "trtllm")
@@ -342,12 +342,14 @@ def compare_with_baseline(live: dict[str, Any], baselines: dict[str, Any] | None
     A figure drifts when it falls below its drift floor (specreg.core.baselines.drift_floor);
     higher is never drift. Out: {"verdict": "ok" | "drift" | "no-data" | "invalid", "exit_code":
     0 | 100 | 1 | 1, "reasons": [str], "checks": [{"metric", "live", "baseline", "floor", "ok"}],
-    "not_compared": [str], "tolerance"}. "no-data" (no drafts in the interval) and "invalid" (the
+    "not_compared": [str], "notes": [str] (a baseline counted on the earlier decode schedule:
+    core.baselines.schedule_note), "tolerance"}. "no-data" (no drafts in the interval) and "invalid" (the
     reading cannot be true: reading_problems) cannot be judged, so their exit code fails closed
     (1), as docs/design.md §7 asks.
     """
     if not 0.0 <= tolerance < 1.0:
         raise UsageError(f"tolerance {tolerance} must be in [0, 1)")
+    notes = [note] if (note := schedule_note(baselines)) else []
     baselines = in_engine_terms(baselines) or {}
     overall = baselines.get("overall") or {}
     if not isinstance(overall.get("acceptance_rate"), (int, float)):
@@ -380,4 +382,4 @@ def compare_with_baseline(live: dict[str, Any], baselines: dict[str, Any] | None
         verdict = "ok"
     exit_code = {"ok": 0, "drift": 100, "no-data": 1, "invalid": 1}[verdict]
     return {"verdict": verdict, "exit_code": exit_code, "reasons": reasons, "checks": checks,
-            "not_compared": not_compared, "tolerance": tolerance}
+            "not_compared": not_compared, "notes": notes, "tolerance": tolerance}

@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from specreg.core.baselines import drift_floor
+from specreg.core.baselines import drift_floor, schedule_note
 from specreg.core.identity import same_user
 from specreg.registry.governance.approvals import approval_condition
 from specreg.registry.governance.engine_gate import engine_baseline_conditions
@@ -229,9 +229,12 @@ def acceptance_condition(session: Session, row: PairVersionRow, run: ValidationR
     drops: list[str] = []
     compared: list[dict[str, Any]] = []
     not_compared: list[str] = []
+    notes: list[str] = []
     k = (run.baselines or {}).get("k")
     for source, reference in references:
         baseline = overall_figures(reference)
+        if note := schedule_note(reference.baselines, source):
+            notes.append(note)
         if "mean_acceptance_length" in figures and "mean_acceptance_length" not in baseline:
             not_compared.append(f"tau not compared with {source}: recorded before the engines' definition")
         # tau counts up to k + 1 tokens a step: comparable only at the same k; alpha-hat always
@@ -243,12 +246,12 @@ def acceptance_condition(session: Session, row: PairVersionRow, run: ValidationR
             compared.append({"reference": source, "figure": key, "value": value, "baseline": baseline[key], "floor": floor})
             if value < floor:
                 drops.append(f"{key} {value:.3f} < {floor:.3f} ({source} {baseline[key]:.3f} - {env.acceptance_tolerance:.0%})")
-    details = {"compared": compared, "not_compared": not_compared}
+    details = {"compared": compared, "not_compared": not_compared, "notes": notes}
     if drops:
-        return Condition("acceptance", False, "; ".join(drops + not_compared), details)
+        return Condition("acceptance", False, "; ".join(drops + not_compared + notes), details)
     return Condition("acceptance", True,
                      f"acceptance rate {figures['acceptance_rate']:.3f} within {env.acceptance_tolerance:.0%} of "
-                     + ", ".join(source for source, _ in references) + "".join(f"; {n}" for n in not_compared),
+                     + ", ".join(source for source, _ in references) + "".join(f"; {n}" for n in not_compared + notes),
                      details)
 
 

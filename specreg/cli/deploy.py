@@ -259,7 +259,7 @@ def observe(ref, metrics_url, engine, interval, model_name, tolerance, deadline,
         print_table(["METRIC", "LIVE", "BASELINE", "FLOOR", "OK"],
                     [[c["metric"], fmt_number(c["live"]), fmt_number(c["baseline"]), fmt_number(c["floor"]),
                       {True: "yes", False: "NO", None: "-"}[c["ok"]]] for c in result["checks"]])
-        for reason in result["reasons"] + result.get("not_compared", []):
+        for reason in result["reasons"] + result.get("not_compared", []) + result.get("notes", []):
             say(f"- {reason}")
     sys.exit(result["exit_code"])
 

@@ -63,6 +63,18 @@ def legacy_tau_note(baselines: dict[str, Any] | None, whose: str = "the baseline
     return None
 
 
+def schedule_note(baselines: dict[str, Any] | None, whose: str = "the baseline") -> str | None:
+    """One line flagging ``baselines`` counted on the earlier decode schedule (None when they were
+    counted on the engines'): they are still compared as recorded, but their first draft step of
+    every prompt was drafted from the prompt and verified by the prefill, so alpha-hat and tau
+    moved a little with the schedule alone."""
+    if not isinstance(baselines, dict) or schedule_of(baselines) == ENGINE_SCHEDULE:
+        return None
+    return (f"{whose} was counted on the earlier decode schedule (the prefill verified the first drafts; "
+            f"the engines draft from the first sampled token): compared as recorded, a difference of a "
+            f"few points can be the schedule; validate that version again to re-count it")
+
+
 def drift_floor(metric: str, baseline: float, tolerance: float) -> float:
     """The lowest value of ``metric`` within ``tolerance`` of its baseline (below it is drift).
 

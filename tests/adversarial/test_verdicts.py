@@ -198,10 +198,12 @@ def test_tau_is_compared_only_at_the_same_k(db_url, models, golden, tmp_path, mo
     compared = {(row["scope"], row["metric"]) for row in acceptance.evidence["comparison"]}
     assert ("overall", "acceptance_rate") in compared and ("overall", "mean_acceptance_length") not in compared
     assert "k=4" in " ".join(acceptance.evidence["not_compared"])
+    assert acceptance.evidence["notes"] == []  # both counted on the engines' schedule: nothing to flag
     gate = alice.gate("depth@2", "staging")
     condition = next(c for c in gate.conditions if c.name == "acceptance")
     assert condition.passed, condition.reason
     assert {row["figure"] for row in condition.details["compared"]} == {"acceptance_rate"}
+    assert condition.details["notes"] == []
 
 
 def test_a_drop_at_the_same_k_still_fails(db_url, models, golden):

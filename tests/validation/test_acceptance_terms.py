@@ -37,3 +37,19 @@ def test_a_baseline_recorded_before_engine_tau_is_not_compared_on_tau():
     assert {row["metric"] for row in rows} == {"acceptance_rate"} and not rows[0]["ok"]
     assert in_engine_terms(old)["overall"]["tokens_per_target_forward"] == 1.45
     assert in_engine_terms(baselines(3.0)) == baselines(3.0)  # marked: unchanged
+
+
+def test_a_baseline_counted_on_the_earlier_schedule_is_compared_and_flagged():
+    """Baselines recorded before validate decoded on the engines' schedule carry no "schedule":
+    they are read as before (alpha-hat and tau compared) and every verdict says what counted them."""
+    from specreg.core.baselines import ENGINE_SCHEDULE, LEGACY_SCHEDULE, schedule_note, schedule_of
+    from specreg.registry.deploy.observe import compare_with_baseline
+
+    old, new = baselines(3.0), {**baselines(3.0), "schedule": ENGINE_SCHEDULE}
+    assert schedule_of(old) == LEGACY_SCHEDULE and schedule_of(new) == ENGINE_SCHEDULE
+    assert schedule_note(new) is None
+    assert schedule_note(old, "v1's baseline").startswith("v1's baseline was counted on the earlier decode schedule")
+    assert {row["metric"] for row in compare_baselines(new, old, 0.10)} == {"acceptance_rate", "mean_acceptance_length"}
+    live = {"acceptance_rate": 0.7, "mean_acceptance_length": 3.0, "per_position_acceptance": [0.8, 0.6]}
+    assert compare_with_baseline(live, old)["notes"] == [schedule_note(old)]
+    assert compare_with_baseline(live, new)["notes"] == []
