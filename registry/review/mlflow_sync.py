@@ -85,8 +85,9 @@ class MlflowSync(ApprovalTags):
         """Turn "cannot reach / cannot use MLflow" into MlflowUnavailable; errors the server
         answers with on purpose (bad request, not found ...) stay as they are."""
         import requests
-        import sqlalchemy.exc
         from mlflow.exceptions import MlflowException, RestException
+
+        from specreg.registry.store.database import operational_errors
 
         try:
             yield
@@ -104,12 +105,8 @@ class MlflowSync(ApprovalTags):
                     f"MLflow at {self.tracking_uri} is unreachable: {message[:300]}"
                 ) from error
             raise
-        except (
-            requests.exceptions.RequestException,
-            sqlalchemy.exc.OperationalError,  # local store: locked or unreadable database
-            ConnectionError,
-            TimeoutError,
-        ) as error:
+        # a local store's database locked or unreadable counts as unreachable
+        except (requests.exceptions.RequestException, *operational_errors(), ConnectionError, TimeoutError) as error:
             raise MlflowUnavailable(
                 f"MLflow at {self.tracking_uri} is unreachable: {str(error)[:300]}"
             ) from error
