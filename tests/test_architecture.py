@@ -223,12 +223,12 @@ def test_only_the_store_knows_sql():
 
 
 def test_sql_check_sees_a_lazy_import(tmp_path):
-    fake = tmp_path / "registry" / "governance" / "moves.py"
+    fake = tmp_path / "registry" / "governance" / "pointer_moves.py"
     fake.parent.mkdir(parents=True)
     fake.write_text("def f():\n    from sqlalchemy import select\n    from specreg.registry.store import orm\n")
-    assert sql_imports({"specreg.registry.governance.moves": fake}, root=tmp_path) == [
-        "registry/governance/moves.py:2: imports sqlalchemy",
-        "registry/governance/moves.py:3: imports specreg.registry.store.orm"]
+    assert sql_imports({"specreg.registry.governance.pointer_moves": fake}, root=tmp_path) == [
+        "registry/governance/pointer_moves.py:2: imports sqlalchemy",
+        "registry/governance/pointer_moves.py:3: imports specreg.registry.store.orm"]
 
 
 MAX_REGISTRY_LINES = 450

@@ -1,6 +1,6 @@
 """Governance: the gate. Every condition a pair version must meet to hold an environment
 (audit chain, validation, golden set, fingerprints, checks, baselines, acceptance, approval),
-evaluated read-only for `specreg gate` and inside promote's transaction (moves.py)."""
+evaluated read-only for `specreg gate` and inside promote's transaction (pointer_moves.py)."""
 
 from __future__ import annotations
 
