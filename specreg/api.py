@@ -785,7 +785,7 @@ class Registry:
         from specreg.registry.deploy.exports import (check_exportable, draft_layout, lock_engine, merge_options,
                                                      render_export)
         from specreg.registry.deploy.lock import LOCK_FILE, exported_digests, lock_text, sign_lock
-        from specreg.registry.deploy.writing import write_export
+        from specreg.registry.deploy.export_files import write_export
         from specreg.registry.governance.approvals import approval_standing
         from specreg.registry.governance.decisions import audit_check
         from specreg.registry.store.validations import ValidationStore

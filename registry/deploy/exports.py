@@ -147,7 +147,7 @@ def draft_layout(pair_version: PairVersion, baselines: dict[str, Any] | None, fm
     bind the files the engine loads: a written file by its text, a linked one by the registered
     head's file of that name. None when the engine loads the registered directory itself."""
     from specreg.core.fingerprint import sha256_file, sha256_hex
-    from specreg.registry.deploy.writing import Link
+    from specreg.registry.deploy.export_files import Link
 
     layout = head_layout(resolve_export(pair_version, baselines, fmt, approved, options), fmt)
     if not layout:
