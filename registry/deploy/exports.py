@@ -136,7 +136,7 @@ def render_export(
 
 def head_layout(export: Export, fmt: str) -> dict[str, str] | None:
     """The head directory as the format's engine loads it, where it differs from the registered one
-    (engines/<engine>.py head_layout; SGLang's EAGLE-3): {relative name: text or writing.Link}."""
+    (engines/<engine>.py head_layout; SGLang's EAGLE-3): {relative name: text or export_files.Link}."""
     module = ENGINE_FORMATS[fmt]
     return module.head_layout(export) if hasattr(module, "head_layout") else None
 
