@@ -33,7 +33,7 @@ from typing import Any, Iterator
 
 from specreg.errors import MlflowUnavailable, NotFoundError, UsageError
 from specreg.registry.review.mlflow_approvals import ApprovalTags
-from specreg.registry.review.mlflow_places import local_artifact_root
+from specreg.registry.review.mlflow_ui import local_artifact_root
 from specreg.registry.review.mlflow_records import (_check_statuses, stage_artifacts, validation_metrics,
                                                    validation_params)
 from specreg.registry.store.entities import PairVersion
