@@ -384,10 +384,10 @@ class Registry:
     def retire(self, ref: str | PairRef, reason: str | None = None, *, force: bool = False) -> PairVersion:
         """Retire a version; refused (PolicyViolation) while it holds an environment unless ``force``."""
         check_text("reason", reason)
-        from specreg.registry.governance import moves
+        from specreg.registry.governance import pointer_moves
 
         version = self.get(ref)
-        retired = moves.retire(self.store, version.name, version.version, actor=self.user, reason=reason,
+        retired = pointer_moves.retire(self.store, version.name, version.version, actor=self.user, reason=reason,
                                     force=force)
         self.mirror(version.label)
         return retired
@@ -508,7 +508,7 @@ class Registry:
 
     def promote(self, ref: str | PairRef, environment: str, *, reason: str | None = None,
                 expected_holder: int | None | str = "current", allow_slower: str | None = None):
-        """Make the version hold ``environment`` under the policy of record; returns moves.PointerMove.
+        """Make the version hold ``environment`` under the policy of record; returns pointer_moves.PointerMove.
 
         ``expected_holder``: the version number you saw holding the environment (None: none);
         the default reads it now. If another promote moves the pointer before this one commits,
@@ -519,7 +519,7 @@ class Registry:
         check_text("allow-slower reason", allow_slower)
         if allow_slower is not None and not allow_slower.strip():
             raise UsageError("--allow-slower needs a reason: who decided it and why, for the audit log")
-        from specreg.registry.governance import moves
+        from specreg.registry.governance import pointer_moves
         from specreg.registry.governance.queries import holder_of
 
         version = self.get(ref)
@@ -528,18 +528,18 @@ class Registry:
         self.mirror(version.label)  # an approval given in the MLflow UI counts for this promote
         if expected_holder == "current":
             expected_holder = holder_of(self.store, version.name, environment)
-        move = moves.promote(self.store, policy, version.name, version.version, environment,
+        move = pointer_moves.promote(self.store, policy, version.name, version.version, environment,
                              actor=self.user, expected_holder=expected_holder, reason=reason,
                              allow_slower=allow_slower)
         self.mirror(version.label)
         return move
 
     def rollback(self, name: str, environment: str, *, reason: str | None = None):
-        """Point ``environment`` of pair ``name`` back at its previous holder; moves.PointerMove."""
+        """Point ``environment`` of pair ``name`` back at its previous holder; pointer_moves.PointerMove."""
         check_text("reason", reason)
-        from specreg.registry.governance import moves
+        from specreg.registry.governance import pointer_moves
 
-        move = moves.rollback(self.store, self.policy(), check_name(name), environment, actor=self.user, reason=reason)
+        move = pointer_moves.rollback(self.store, self.policy(), check_name(name), environment, actor=self.user, reason=reason)
         self.mirror(name)
         return move
 
@@ -578,9 +578,9 @@ class Registry:
 
     def environments(self, name: str | None = None) -> list[dict]:
         """Environment pointers: which version holds each environment, and which did before."""
-        from specreg.registry.governance import moves
+        from specreg.registry.governance import pointer_moves
 
-        return moves.environment_pointers(self.store, check_name(name) if name else None)
+        return pointer_moves.environment_pointers(self.store, check_name(name) if name else None)
 
     def environment_history(self, name: str, environment: str, *, at: str | None = None) -> list:
         """Which version of ``name`` held ``environment`` when, from the audit log: a list of
@@ -785,7 +785,7 @@ class Registry:
         from specreg.registry.deploy.exports import (check_exportable, draft_layout, lock_engine, merge_options,
                                                      render_export)
         from specreg.registry.deploy.lock import LOCK_FILE, exported_digests, lock_text, sign_lock
-        from specreg.registry.deploy.writing import write_export
+        from specreg.registry.deploy.export_files import write_export
         from specreg.registry.governance.approvals import approval_standing
         from specreg.registry.governance.decisions import audit_check
         from specreg.registry.store.validations import ValidationStore

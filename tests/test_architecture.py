@@ -203,3 +203,39 @@ def test_core_imports_nothing_heavy(module):
             "print(','.join(heavy))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def sql_imports(modules: dict[str, Path], root: Path = ROOT) -> list[str]:
+    """Every import of sqlalchemy or of the store's ORM outside registry/store (lazy ones too):
+    the store is the only place that knows SQL (docs/design.md §1)."""
+    problems = {}  # one a line: `from a import b` also yields a.b
+    for module, path in sorted(modules.items()):
+        if part_of(module) == "specreg.registry.store":
+            continue
+        for imported, line in imports_of(path, module):
+            if imported.split(".")[0] == "sqlalchemy" or imported.startswith("specreg.registry.store.orm"):
+                problems.setdefault((str(path.relative_to(root)), line), imported)
+    return [f"{where}:{line}: imports {imported}" for (where, line), imported in sorted(problems.items())]
+
+
+def test_only_the_store_knows_sql():
+    assert sql_imports(module_files()) == []
+
+
+def test_sql_check_sees_a_lazy_import(tmp_path):
+    fake = tmp_path / "registry" / "governance" / "pointer_moves.py"
+    fake.parent.mkdir(parents=True)
+    fake.write_text("def f():\n    from sqlalchemy import select\n    from specreg.registry.store import orm\n")
+    assert sql_imports({"specreg.registry.governance.pointer_moves": fake}, root=tmp_path) == [
+        "registry/governance/pointer_moves.py:2: imports sqlalchemy",
+        "registry/governance/pointer_moves.py:3: imports specreg.registry.store.orm"]
+
+
+MAX_REGISTRY_LINES = 450
+
+
+def test_registry_files_stay_short():
+    """A registry module a reader takes in at once: over 450 lines, split it by what it holds."""
+    long = [f"{path.relative_to(ROOT)}: {n} lines" for path in sorted((ROOT / "registry").rglob("*.py"))
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_REGISTRY_LINES]
+    assert long == []

@@ -136,7 +136,7 @@ def render_export(
 
 def head_layout(export: Export, fmt: str) -> dict[str, str] | None:
     """The head directory as the format's engine loads it, where it differs from the registered one
-    (engines/<engine>.py head_layout; SGLang's EAGLE-3): {relative name: text or writing.Link}."""
+    (engines/<engine>.py head_layout; SGLang's EAGLE-3): {relative name: text or export_files.Link}."""
     module = ENGINE_FORMATS[fmt]
     return module.head_layout(export) if hasattr(module, "head_layout") else None
 
@@ -147,7 +147,7 @@ def draft_layout(pair_version: PairVersion, baselines: dict[str, Any] | None, fm
     bind the files the engine loads: a written file by its text, a linked one by the registered
     head's file of that name. None when the engine loads the registered directory itself."""
     from specreg.core.fingerprint import sha256_file, sha256_hex
-    from specreg.registry.deploy.writing import Link
+    from specreg.registry.deploy.export_files import Link
 
     layout = head_layout(resolve_export(pair_version, baselines, fmt, approved, options), fmt)
     if not layout:

@@ -188,21 +188,18 @@ def check_registry(report: VerifyReport, lock: dict[str, Any], registry_url: str
     """The version still exists with the same binding, is not retired, no signed rejection
     withdrew its approval since, and (with ``environment``) still holds that environment. A
     SQLite file that does not exist is an error, never created."""
-    from sqlalchemy.engine import make_url
-
     from specreg.errors import NotFoundError
-    from specreg.registry.governance.approvals import rejected_by
-    from specreg.registry.governance.policy_record import replay
+    from specreg.registry.governance.approvals import rejection_standing
     from specreg.registry.governance.queries import holder_of
+    from specreg.registry.store.database import sqlite_file
     from specreg.registry.store.entities import PairState
     from specreg.registry.store.store import Store
 
     try:
-        url = make_url(registry_url)
-    except Exception:  # noqa: BLE001 - any unparsable URL is the user's: one line
+        database_file = sqlite_file(registry_url)
+    except ValueError:  # any unparsable URL is the user's: one line
         raise SpecregError(f"--registry {registry_url!r} is not a database URL") from None
-    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:") \
-            and not Path(url.database).expanduser().is_file():
+    if database_file is not None and not database_file.is_file():
         raise SpecregError(f"--registry {registry_url}: no such database file (verify never creates one)")
     pair = lock["pair"]
     label = pair["label"]
@@ -217,9 +214,7 @@ def check_registry(report: VerifyReport, lock: dict[str, Any], registry_url: str
     if version.state is PairState.RETIRED:
         return report.add("registry", False, f"{label} is retired in the registry")
     if lock.get("approved") is True:
-        with store.session() as session:
-            rejecter = rejected_by(session, store.version_row(session, pair["name"], pair["version"]),
-                                   replay(session).policy)
+        rejecter = rejection_standing(store, pair["name"], pair["version"])
         if rejecter is not None:
             return report.add("registry", False, f"{label}: its approval was withdrawn by a signed rejection by "
                                                  f"{rejecter} after the export")

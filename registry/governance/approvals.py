@@ -11,68 +11,35 @@ else counts for nothing and is reported by name.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from datetime import datetime
-from typing import Any
+from dataclasses import replace
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
-
-from specreg.core.identity import normalize_user, same_user
-from specreg.core.signing import load_signer, signer_key_id
-from specreg.errors import PolicyViolation, SpecregError
-from specreg.registry.governance.keyring import enrolled_entry, keyring_entries, written_by_its_actor
+from specreg.core.identity import same_user
+from specreg.errors import PolicyViolation
+from specreg.registry.governance.keyring import keyring_entries, written_by_its_actor
 from specreg.registry.governance.policy import EnvironmentPolicy, Policy
-from specreg.registry.governance.queries import Condition, finished_runs, lock_pair
+from specreg.registry.governance.queries import Condition, finished_runs
 from specreg.registry.governance.signatures import (ANY_SCOPE, APPROVED, REJECTED, KeyringEntry, SignedDecision,
                                                     Tally, approval_predicate, check_decision, sign_decision, tally)
-from specreg.registry.store.entities import PairState
-from specreg.registry.store.orm import ApprovalRow, AuditEventRow, AuditHeadRow, PairVersionRow
-from specreg.registry.store.store import Store, utcnow, verified_chain
+from specreg.registry.governance.signed_writes import signed_write
+from specreg.registry.store import approval_records
+from specreg.registry.store.entities import Approval, AuditEvent, PairState, PairVersion
+from specreg.registry.store.store import Session, Store, utcnow, verified_chain
 
-__all__ = ["APPROVED", "REJECTED", "ANY_SCOPE"]
-
-
-@dataclass(frozen=True)
-class Approval:
-    """An approval or rejection of one pair version."""
-
-    id: int
-    pair: str
-    version: int
-    decision: str  # approved | rejected
-    actor: str
-    note: str | None
-    source: str  # cli
-    created_at: datetime
-    scope: str = ANY_SCOPE
-    key_id: str | None = None
-    signature: dict | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "pair": self.pair, "version": self.version, "decision": self.decision,
-                "actor": self.actor, "note": self.note, "source": self.source, "scope": self.scope,
-                "key_id": self.key_id, "at": self.created_at.isoformat()}
+__all__ = ["APPROVED", "REJECTED", "ANY_SCOPE", "Approval"]
 
 
-def approvals_of(session: Session, pair_version_id: int) -> list[ApprovalRow]:
-    """Every decision row of a version, oldest first, whether or not it counts."""
-    return list(session.scalars(select(ApprovalRow).where(ApprovalRow.pair_version_id == pair_version_id)
-                                .order_by(ApprovalRow.id)))
-
-
-def chained_approvals(session: Session, row: PairVersionRow, chain: list[AuditEventRow]) -> list[ApprovalRow]:
+def chained_approvals(session: Session, row: PairVersion, chain: list[AuditEvent]) -> list[Approval]:
     """The decisions of ``row`` that the verified audit chain vouches for: the row names an
     event (``event_hash``) of the chain, and that event records this very decision (same
     version, approval id, decision, approver, note), written (PostgreSQL) by the approver's role."""
     events = {e.event_hash: e for e in chain}
     counted = []
-    for approval in approvals_of(session, row.id):
+    for approval in approval_records.approvals_of(session, row):
         event = events.get(approval.event_hash) if approval.event_hash else None
         if event is None:
             continue
         details = event.details or {}
-        if (event.pair_name == row.pair.name and event.version == row.version
+        if (event.pair_name == row.name and event.version == row.version
                 and event.action == ("approve" if approval.decision == APPROVED else "reject")
                 and details.get("approval") == approval.id and details.get("decision") == approval.decision
                 and details.get("source") == approval.source and event.reason == approval.note
@@ -82,9 +49,9 @@ def chained_approvals(session: Session, row: PairVersionRow, chain: list[AuditEv
     return counted
 
 
-def signed_decisions(session: Session, row: PairVersionRow, chain: list[AuditEventRow],
+def signed_decisions(session: Session, row: PairVersion, chain: list[AuditEvent],
                      keyring: dict[str, KeyringEntry],
-                     policy: Policy | None = None) -> tuple[list[tuple[ApprovalRow, SignedDecision]], list[str]]:
+                     policy: Policy | None = None) -> tuple[list[tuple[Approval, SignedDecision]], list[str]]:
     """(the decisions of ``row`` that count: chained and validly signed by their approver, one
     line per decision row that does not count and why). With ``policy``, an approval counts only
     under the policy it signed (a policy change asks approvers to sign again); a rejection
@@ -93,7 +60,7 @@ def signed_decisions(session: Session, row: PairVersionRow, chain: list[AuditEve
     chained = {a.id for a in chained_approvals(session, row, chain)}
     events = {e.event_hash: e for e in chain}
     valid, refused = [], []
-    for approval in approvals_of(session, row.id):
+    for approval in approval_records.approvals_of(session, row):
         label = f"{'approval' if approval.decision == APPROVED else 'rejection'} {approval.id} by {approval.actor}"
         event = events.get(approval.event_hash) if approval.event_hash else None
         problems = []  # every reason, so each defence is visible on its own
@@ -102,7 +69,7 @@ def signed_decisions(session: Session, row: PairVersionRow, chain: list[AuditEve
         elif approval.id not in chained:
             problems.append("no matching event in the verified audit chain")
         try:
-            signed = check_decision(approval.signature, keyring, pair=row.pair.name, version=row.version,
+            signed = check_decision(approval.signature, keyring, pair=row.name, version=row.version,
                                     binding_sha256=row.binding_sha256)
             if signed.decision != approval.decision or not same_user(signed.approver, approval.actor):
                 problems.append(f"its signature says {signed.decision} by {signed.approver}")
@@ -118,18 +85,18 @@ def signed_decisions(session: Session, row: PairVersionRow, chain: list[AuditEve
     return valid, refused
 
 
-def standing(session: Session, row: PairVersionRow, env: EnvironmentPolicy, policy: Policy,
-             chain: list[AuditEventRow]) -> tuple[Tally, list[str], list[ApprovalRow]]:
+def standing(session: Session, row: PairVersion, env: EnvironmentPolicy, policy: Policy,
+             chain: list[AuditEvent]) -> tuple[Tally, list[str], list[Approval]]:
     """The tally of ``row``'s signed decisions for ``env`` (a failed validation withdraws the
     decisions signed before it), the lines naming what did not count, and the approval rows
     whose signatures count now."""
     keyring, bad_keys = keyring_entries(session, policy, chain)
     valid, refused = signed_decisions(session, row, chain, keyring, policy)
-    last_failure = next((r for r in finished_runs(session, row.id, chain) if r.status == "failed"), None)
+    last_failure = next((r for r in finished_runs(session, row, chain) if r.status == "failed"), None)
     result = tally([signed for _, signed in valid], registrant=row.registered_by, approvers=env.approvers,
                    scope=env.name, threshold=env.approvals_required,
                    since=last_failure.finished_at if last_failure is not None else None,
-                   what=env.name if env.name != ANY_SCOPE else f"{row.pair.name}@{row.version}")
+                   what=env.name if env.name != ANY_SCOPE else row.label)
     stale = [s for _, s in valid if last_failure is not None and s.decision == APPROVED
              and s.signed_at < last_failure.finished_at and not same_user(s.approver, row.registered_by)]
     if stale and not result.passed and not any(s.signed_at >= last_failure.finished_at for _, s in valid):
@@ -140,8 +107,8 @@ def standing(session: Session, row: PairVersionRow, env: EnvironmentPolicy, poli
     return result, refused + bad_keys, counted
 
 
-def approval_condition(session: Session, row: PairVersionRow, env: EnvironmentPolicy, policy: Policy,
-                       chain: list[AuditEventRow]) -> Condition:
+def approval_condition(session: Session, row: PairVersion, env: EnvironmentPolicy, policy: Policy,
+                       chain: list[AuditEvent]) -> Condition:
     """Four-eyes by signatures: ``env.approvals_required`` people other than the registrant (of
     ``env.approvers`` when named) signed an approval since the newest signed rejection."""
     if not env.approval_required:
@@ -175,10 +142,10 @@ def approval_standing(store: Store, policy: Policy, name: str, version: int,
     env = replace(env, approval_required=True) if env is not None else export_environment(policy)
     with store.session() as session:
         chain, _ = verified_chain(session)  # a broken chain vouches for nothing: no approval counts
-        return approval_condition(session, store.version_row(session, name, version), env, policy, chain)
+        return approval_condition(session, store.pair_version(session, name, version), env, policy, chain)
 
 
-def rejected_by(session: Session, row: PairVersionRow, policy: Policy) -> str | None:
+def rejected_by(session: Session, row: PairVersion, policy: Policy) -> str | None:
     """Who stands as having rejected ``row`` (signed, not withdrawn by a later approval), or None."""
     chain, _ = verified_chain(session)
     return standing(session, row, export_environment(policy), policy, chain)[0].rejected_by
@@ -187,11 +154,20 @@ def rejected_by(session: Session, row: PairVersionRow, policy: Policy) -> str | 
 def counted_approvals(store: Store, policy: Policy, name: str, version: int) -> list[Approval]:
     """The decisions of ``name@version`` whose signatures count now (for the pair lock)."""
     with store.session() as session:
-        row = store.version_row(session, name, version)
+        row = store.pair_version(session, name, version)
         chain, _ = verified_chain(session)
         keyring, _ = keyring_entries(session, policy, chain)
         valid, _ = signed_decisions(session, row, chain, keyring, policy)
-        return [approval_entity(a, name, version) for a, _ in valid]
+        return [a for a, _ in valid]
+
+
+def rejection_standing(store: Store, name: str, version: int) -> str | None:
+    """Who stands as having rejected ``name@version`` under the policy of record now (signed, not
+    withdrawn by a later approval), or None."""
+    from specreg.registry.governance.policy_record import replay
+
+    with store.session() as session:
+        return rejected_by(session, store.pair_version(session, name, version), replay(session).policy)
 
 
 def decide(store: Store, policy: Policy, name: str, version: int, *, actor: str, decision: str, key: str,
@@ -206,22 +182,19 @@ def decide(store: Store, policy: Policy, name: str, version: int, *, actor: str,
     version keeps its state."""
     if decision not in (APPROVED, REJECTED):
         raise ValueError(f"decision must be {APPROVED} or {REJECTED}, not {decision!r}")
-    actor = normalize_user(actor, what="approver")
-    signer = load_signer(key)
-    kid = signer_key_id(signer)
     label = f"{name}@{version}"
-    with store.session(write=True) as session:
-        lock_pair(session, name)
-        row = store.version_row(session, name, version, lock=True)
-        chain, problem = verified_chain(session)
-        if problem is not None:
-            raise SpecregError(f"cannot record a decision on {label}: the audit chain does not verify ({problem})")
-        keyring, _ = keyring_entries(session, policy, chain)
-        enrolled_entry(keyring, kid, key, actor)
-        state = PairState(row.state)
+
+    def lock(session: Session) -> PairVersion:
+        store.lock_pair(session, name)
+        return store.pair_version(session, name, version, lock=True)
+
+    with signed_write(store, actor=actor, key=key, what=f"record a decision on {label}", lock=lock) as write:
+        session, actor, row, kid = write.session, write.actor, write.locked, write.key_id
+        write.enrolled(policy)
+        state = row.state
         if state is PairState.RETIRED:
             raise PolicyViolation(f"{label} is retired: nothing to {decision[:-1]}")
-        runs = finished_runs(session, row.id, chain)
+        runs = finished_runs(session, row, write.chain)
         if decision == APPROVED:
             if same_user(actor, row.registered_by):
                 raise PolicyViolation(f"four-eyes: {actor} registered {label} and cannot approve it")
@@ -233,11 +206,10 @@ def decide(store: Store, policy: Policy, name: str, version: int, *, actor: str,
                                        decision=decision, scope=scope, policy_sha256=policy.sha256,
                                        validation_run=runs[0].id if runs else None, approver=actor, signed_at=now,
                                        note=note)
-        approval = ApprovalRow(pair_version_id=row.id, decision=decision, actor=actor, note=note, source="cli",
-                               created_at=now, signature=sign_decision(signer, predicate), key_id=kid, scope=scope)
-        session.add(approval)
-        session.flush()
-        event_details = {"approval": approval.id, "decision": decision, "source": "cli", "scope": scope,
+        approval_id = approval_records.add_approval(
+            session, row, decision=decision, actor=actor, note=note, created_at=now,
+            signature=sign_decision(write.signer, predicate), key_id=kid, scope=scope)
+        event_details = {"approval": approval_id, "decision": decision, "source": "cli", "scope": scope,
                          "key_id": kid, "policy_sha256": policy.sha256, "policy_version": policy.version,
                          "validation_run": runs[0].id if runs else None}
         action = "approve" if decision == APPROVED else "reject"
@@ -255,18 +227,10 @@ def decide(store: Store, policy: Policy, name: str, version: int, *, actor: str,
             store.transition(name, version, to_state, actor=actor, action=action, reason=note,
                              details=event_details, session=session)
         # the event just appended is the chain's head: this transaction holds the head's lock
-        approval.event_hash = session.get(AuditHeadRow, 1).last_hash
-        session.flush()
-        return approval_entity(approval, name, version)
-
-
-def approval_entity(row: ApprovalRow, name: str, version: int) -> Approval:
-    return Approval(row.id, name, version, row.decision, row.actor, row.note, row.source, row.created_at,
-                    row.scope or ANY_SCOPE, row.key_id, row.signature)
+        return approval_records.mark_recorded(session, row, approval_id, store.head_hash(session))
 
 
 def approvals(store: Store, name: str, version: int) -> list[Approval]:
     """Every approval and rejection row of ``name@version``, oldest first (counted or not)."""
     with store.session() as session:
-        row = store.version_row(session, name, version)
-        return [approval_entity(a, name, version) for a in approvals_of(session, row.id)]
+        return approval_records.approvals_of(session, store.pair_version(session, name, version))

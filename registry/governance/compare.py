@@ -12,7 +12,7 @@ from specreg.registry.store.store import Store
 def latest_validation_summary(store: Store, version: PairVersion) -> dict[str, Any] | None:
     """Figures of the newest finished validation of ``version`` (for diff), or None."""
     with store.session() as session:
-        runs = finished_runs(session, version.id)
+        runs = finished_runs(session, version)
         if not runs:
             return None
         run = runs[0]

@@ -1,14 +1,12 @@
 """Governance: the gate. Every condition a pair version must meet to hold an environment
 (audit chain, validation, golden set, fingerprints, checks, baselines, acceptance, approval),
-evaluated read-only for `specreg gate` and inside promote's transaction (moves.py)."""
+evaluated read-only for `specreg gate` and inside promote's transaction (pointer_moves.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
-
-from sqlalchemy.orm import Session
 
 from specreg.core.baselines import drift_floor, schedule_note
 from specreg.core.identity import same_user
@@ -17,10 +15,10 @@ from specreg.registry.governance.engine_gate import engine_baseline_conditions
 from specreg.registry.governance.floors import floor_conditions
 from specreg.registry.governance.policy import EnvironmentPolicy, Policy
 from specreg.registry.governance.queries import (Condition, finished_runs, fingerprint_changes, golden_set_sha256,
-                                                 overall_figures, pointer_problem, pointer_row)
-from specreg.registry.store.entities import PairState, PairVersion
-from specreg.registry.store.orm import AuditEventRow, PairVersionRow, ValidationRunRow
-from specreg.registry.store.store import Store, utcnow, verified_chain
+                                                 overall_figures, pointer_problem)
+from specreg.registry.store import pointers
+from specreg.registry.store.entities import AuditEvent, PairState, PairVersion, ValidationRun
+from specreg.registry.store.store import Session, Store, utcnow, verified_chain
 
 @dataclass(frozen=True)
 class GateResult:
@@ -75,12 +73,12 @@ def not_judged(name: str, golden_set: str) -> Condition:
                      {NOT_JUDGED: "validation"})
 
 
-def replayed_state(row: PairVersionRow, chain: list[AuditEventRow]) -> tuple[str | None, str | None]:
+def replayed_state(row: PairVersion, chain: list[AuditEvent]) -> tuple[str | None, str | None]:
     """The state of ``row`` replayed from its events in the verified chain, and the first
     disagreement between the row and its events (None: they agree). The first event must be
     the registration, by the recorded registrant, of the recorded binding."""
-    mine = [e for e in chain if e.pair_name == row.pair.name and e.version == row.version]
-    label = f"{row.pair.name}@{row.version}"
+    mine = [e for e in chain if e.pair_name == row.name and e.version == row.version]
+    label = row.label
     if not mine or mine[0].action != "register":
         return None, f"{label} has no registration event in the audit chain (a row written outside specreg)"
     register = mine[0]
@@ -90,12 +88,12 @@ def replayed_state(row: PairVersionRow, chain: list[AuditEventRow]) -> tuple[str
         return None, (f"{label}: registrant {row.registered_by!r} differs from its registration event's actor "
                       f"{register.actor!r}")
     state = mine[-1].to_state
-    if state != row.state:
-        return state, f"{label} is {row.state} in its row but {state} by its audit events"
+    if state != row.state.value:
+        return state, f"{label} is {row.state.value} in its row but {state} by its audit events"
     return state, None
 
 
-def audit_condition(row: PairVersionRow, chain: list[AuditEventRow], problem: str | None) -> Condition:
+def audit_condition(row: PairVersion, chain: list[AuditEvent], problem: str | None) -> Condition:
     """The audit chain links, and the version's row agrees with what its events say."""
     if problem is not None:
         return Condition("audit", False, f"audit log broken: {problem}")
@@ -103,26 +101,26 @@ def audit_condition(row: PairVersionRow, chain: list[AuditEventRow], problem: st
     if disagreement is not None:
         return Condition("audit", False, disagreement)
     head = chain[-1].event_hash if chain else None
-    return Condition("audit", True, f"chain of {len(chain)} event(s) intact; state {row.state} as its events say",
+    return Condition("audit", True, f"chain of {len(chain)} event(s) intact; state {row.state.value} as its events say",
                      {"audit_head": head})
 
 
-def evaluate(session: Session, row: PairVersionRow, env: EnvironmentPolicy, policy: Policy, *, golden_sha256: str,
-             changes: list[str], holder: PairVersionRow | None, now: datetime) -> tuple[list[Condition], ValidationRunRow | None]:
+def evaluate(session: Session, row: PairVersion, env: EnvironmentPolicy, policy: Policy, *, golden_sha256: str,
+             changes: list[str], holder: PairVersion | None, now: datetime) -> tuple[list[Condition], ValidationRun | None]:
     """Every condition for ``row`` to hold environment ``env``, read inside ``session``.
 
     ``golden_sha256``: the policy's golden set hash now; ``changes``: fingerprint_changes();
     ``holder``: the version holding the environment now (its baseline is a reference).
     Returns (conditions, the validation run they are based on)."""
-    label = f"{row.pair.name}@{row.version}"
+    label = row.label
     conditions: list[Condition] = []
     chain, problem = verified_chain(session)
     conditions.append(audit_condition(row, chain, problem))
-    conditions.append(Condition("not_retired", row.state != PairState.RETIRED.value,
-                                f"{label} is retired" if row.state == PairState.RETIRED.value
-                                else f"{label} is {row.state}"))
+    conditions.append(Condition("not_retired", row.state is not PairState.RETIRED,
+                                f"{label} is retired" if row.state is PairState.RETIRED
+                                else f"{label} is {row.state.value}"))
 
-    runs = finished_runs(session, row.id, chain)
+    runs = finished_runs(session, row, chain)
     relevant = [r for r in runs if r.golden_set == env.golden_set or r.golden_sha256 == golden_sha256]
     run = relevant[0] if relevant else None
     if run is None:
@@ -174,7 +172,7 @@ def evaluate(session: Session, row: PairVersionRow, env: EnvironmentPolicy, poli
 
     checks = {c.name: c for c in run.checks} if run is not None else {}
     accepted = ("pass", "warn") if env.allow_warnings else ("pass",)
-    for name in env.checks_for(row.method):  # per pair kind where the policy says so
+    for name in env.checks_for(row.config.method.value):  # per pair kind where the policy says so
         check = checks.get(name)
         if run is None:
             conditions.append(not_judged(f"check.{name}", env.golden_set))
@@ -196,32 +194,32 @@ def evaluate(session: Session, row: PairVersionRow, env: EnvironmentPolicy, poli
     conditions.append(acceptance_condition(session, row, run, figures, env, golden_sha256, holder, chain))
     conditions.extend(engine_baseline_conditions(session, row, env, golden_sha256=golden_sha256, now=now, policy=policy,
                                                  chain=chain))
-    events = [e for e in chain if e.pair_name == row.pair.name and e.version == row.version]
+    events = [e for e in chain if e.pair_name == row.name and e.version == row.version]
     floors = floor_conditions(run, env, overall_figures(run) if run is not None else None, events)
     conditions += [not_judged(c.name, env.golden_set) if run is None and not c.passed else c for c in floors]
     conditions.append(approval_condition(session, row, env, policy, chain))
     return conditions, run
 
 
-def acceptance_condition(session: Session, row: PairVersionRow, run: ValidationRunRow | None,
+def acceptance_condition(session: Session, row: PairVersion, run: ValidationRun | None,
                          figures: dict[str, float] | None, env: EnvironmentPolicy, golden_sha256: str,
-                         holder: PairVersionRow | None, chain: list[AuditEventRow]) -> Condition:
+                         holder: PairVersion | None, chain: list[AuditEvent]) -> Condition:
     """Acceptance >= baseline * (1 - tolerance) against (a) the version's own earlier passed run
     on the same golden set (drift) and (b) the environment's current holder."""
     if figures is None:
         if run is None or run.status != "passed":
             return not_judged("acceptance", env.golden_set)
         return Condition("acceptance", False, f"run {run.id} recorded no acceptance figures to compare")
-    references: list[tuple[str, ValidationRunRow]] = []
-    earlier = [r for r in finished_runs(session, row.id, chain)
+    references: list[tuple[str, ValidationRun]] = []
+    earlier = [r for r in finished_runs(session, row, chain)
                if r.id < run.id and r.status == "passed" and r.golden_sha256 == golden_sha256]
     if earlier and overall_figures(earlier[0]):
         references.append((f"run {earlier[0].id} of this version", earlier[0]))
     if holder is not None and holder.id != row.id:
-        holder_runs = [r for r in finished_runs(session, holder.id, chain)
+        holder_runs = [r for r in finished_runs(session, holder, chain)
                        if r.status == "passed" and r.golden_sha256 == golden_sha256]
         if holder_runs and overall_figures(holder_runs[0]):
-            references.append((f"{env.name} holder {holder.pair.name}@{holder.version}", holder_runs[0]))
+            references.append((f"{env.name} holder {holder.label}", holder_runs[0]))
     if not references:
         return Condition("acceptance", True,
                          f"acceptance rate {figures['acceptance_rate']:.3f}; no earlier baseline on this golden set",
@@ -258,7 +256,7 @@ def acceptance_condition(session: Session, row: PairVersionRow, run: ValidationR
 def audit_check(store: Store, version: PairVersion) -> Condition:
     """``audit_condition`` of one version in a read session (for export and sync)."""
     with store.session() as session:
-        row = store.version_row(session, version.name, version.version)
+        row = store.pair_version(session, version.name, version.version)
         chain, problem = verified_chain(session)
         return audit_condition(row, chain, problem)
 
@@ -269,12 +267,13 @@ def gate(store: Store, policy: Policy, version: PairVersion, environment: str) -
     changes = fingerprint_changes(version)
     golden_sha256 = golden_set_sha256(env.golden_set)
     with store.session() as session:
-        row = store.version_row(session, version.name, version.version)
-        pointer = pointer_row(session, row.pair_id, environment)
+        row = store.pair_version(session, version.name, version.version)
+        pointer = pointers.pointer(session, version.name, environment)
         chain, _ = verified_chain(session)
-        if pointer is not None and pointer_problem(session, pointer, version.name, chain):
+        if pointer is not None and pointer_problem(pointer, chain):
             pointer = None  # a pointer row the chain does not vouch for is no reference
-        holder = session.get(PairVersionRow, pointer.pair_version_id) if pointer and pointer.pair_version_id else None
+        holder = store.pair_version(session, version.name, pointer.version) \
+            if pointer and pointer.version is not None else None
         conditions, run = evaluate(session, row, env, policy, golden_sha256=golden_sha256, changes=changes,
                                    holder=holder, now=utcnow())
         head = next((c.details.get("audit_head") for c in conditions if c.name == "audit"), None)

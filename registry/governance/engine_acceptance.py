@@ -23,13 +23,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
-
-from specreg.core.identity import normalize_user, same_user
-from specreg.errors import NotFoundError, PolicyViolation, SpecregError, UsageError
-from specreg.registry.store.engine_baselines import FAILED, PASSED, UNACCEPTED, content_sha256
-from specreg.registry.store.orm import AuditEventRow, EngineBaselineRow, PairVersionRow
+from specreg.core.identity import same_user
+from specreg.errors import NotFoundError, PolicyViolation, UsageError
+from specreg.registry.store.engine_baselines import (FAILED, PASSED, UNACCEPTED, baseline_of, baselines_of,
+                                                     content_sha256)
+from specreg.registry.store.entities import AuditEvent, EngineBaseline, PairVersion
+from specreg.registry.store.store import Session, verified_chain
 
 ACCEPT_ACTION = "engine_accept"
 VALIDATE_ACTION = "engine_validate"
@@ -40,7 +39,7 @@ ACCEPT_PREDICATE = "https://specreg.dev/engine-baseline-acceptance/v1"
 class Standing:
     """One engine baseline as the registry judges it now."""
 
-    row: EngineBaselineRow
+    row: EngineBaseline
     counts: bool
     why: str  # passed / accepted by NAME / unaccepted ... / failed ... / not on the chain ...
     accepted_by: str | None = None
@@ -51,16 +50,16 @@ class Standing:
                 "counts": self.counts, "why": self.why, "accepted_by": self.accepted_by, "on_chain": self.on_chain}
 
 
-def judge(session: Session, version_row: PairVersionRow, rows: list[EngineBaselineRow], chain: list[AuditEventRow],
+def judge(session: Session, version_row: PairVersion, rows: list[EngineBaseline], chain: list[AuditEvent],
           keyring: dict) -> list[Standing]:
     """Each of ``rows`` (baselines of ``version_row``) with whether it counts and why."""
     from specreg.registry.governance.keyring import written_by_its_actor
 
-    label = f"{version_row.pair.name}@{version_row.version}"
-    recorded: dict[int, AuditEventRow] = {}
-    acceptances: dict[int, list[AuditEventRow]] = {}
+    label = version_row.label
+    recorded: dict[int, AuditEvent] = {}
+    acceptances: dict[int, list[AuditEvent]] = {}
     for event in chain:
-        if event.pair_name != version_row.pair.name or event.version != version_row.version:
+        if event.pair_name != version_row.name or event.version != version_row.version:
             continue
         baseline_id = (event.details or {}).get("engine_baseline_id")
         if event.action == VALIDATE_ACTION and written_by_its_actor(event):
@@ -102,7 +101,7 @@ def judge(session: Session, version_row: PairVersionRow, rows: list[EngineBaseli
     return judged
 
 
-def check_acceptance(event: AuditEventRow, row: EngineBaselineRow, version_row: PairVersionRow, keyring: dict,
+def check_acceptance(event: AuditEvent, row: EngineBaseline, version_row: PairVersion, keyring: dict,
                      digest: str) -> str:
     """The approver of one ``engine_accept`` event once its signature verifies with a key the
     keyring enrols to them and says what the row is now; ValueError with the reason otherwise."""
@@ -116,7 +115,7 @@ def check_acceptance(event: AuditEventRow, row: EngineBaselineRow, version_row: 
         raise ValueError(f"acceptance by {event.actor}: signed with a key the keyring does not enrol")
     statement = verified_statement(bundle, entry.public_key, ACCEPT_PREDICATE)
     predicate = statement.get("predicate") or {}
-    expected = {"pair": version_row.pair.name, "version": str(version_row.version),
+    expected = {"pair": version_row.name, "version": str(version_row.version),
                 "binding_sha256": version_row.binding_sha256, "engine_baseline_id": str(row.id),
                 "content_sha256": digest}
     if any(predicate.get(key) != value for key, value in expected.items()):
@@ -130,47 +129,38 @@ def check_acceptance(event: AuditEventRow, row: EngineBaselineRow, version_row: 
     return entry.person
 
 
-def counted_rows(session: Session, version_row: PairVersionRow, engine: str, policy,
-                 chain: list[AuditEventRow] | None = None) -> list[Standing]:
+def counted_rows(session: Session, version_row: PairVersion, engine: str, policy,
+                 chain: list[AuditEvent] | None = None) -> list[Standing]:
     """Every baseline of ``engine`` for ``version_row``, newest first, each judged (judge)."""
     from specreg.registry.governance.keyring import keyring_entries
-    from specreg.registry.store.store import verified_chain
 
     if chain is None:
         chain, _ = verified_chain(session)
     keyring, _ = keyring_entries(session, policy, chain)
-    rows = list(session.scalars(select(EngineBaselineRow)
-                                .where(EngineBaselineRow.pair_version_id == version_row.id,
-                                       EngineBaselineRow.engine == engine)
-                                .order_by(EngineBaselineRow.id.desc())))
+    rows = baselines_of(session, version_row, engine, newest_first=True)
     return judge(session, version_row, rows, chain, keyring)
 
 
 def newest_counted(store, policy, name: str, version: int, engine: str):
     """The newest engine baseline of ``engine`` for ``name@version`` that counts (an
     engine_baselines.EngineBaseline), or None: what exports, alert rules and observe use."""
-    from specreg.registry.store.engine_baselines import to_entity
-
     with store.session() as session:
-        version_row = store.version_row(session, name, version)
+        version_row = store.pair_version(session, name, version)
         for standing in counted_rows(session, version_row, engine, policy):
             if standing.counts:
-                return to_entity(standing.row, name, version)
+                return standing.row
     return None
 
 
 def standings(store, policy, name: str, version: int) -> list[Standing]:
     """Every engine baseline of ``name@version``, oldest first, judged."""
     from specreg.registry.governance.keyring import keyring_entries
-    from specreg.registry.store.store import verified_chain
 
     with store.session() as session:
-        version_row = store.version_row(session, name, version)
+        version_row = store.pair_version(session, name, version)
         chain, _ = verified_chain(session)
         keyring, _ = keyring_entries(session, policy, chain)
-        rows = list(session.scalars(select(EngineBaselineRow).where(EngineBaselineRow.pair_version_id == version_row.id)
-                                    .order_by(EngineBaselineRow.id)))
-        return judge(session, version_row, rows, chain, keyring)
+        return judge(session, version_row, baselines_of(session, version_row), chain, keyring)
 
 
 def accept(store, policy, name: str, version: int, baseline_id: int, *, actor: str, key: str,
@@ -180,28 +170,23 @@ def accept(store, policy, name: str, version: int, baseline_id: int, *, actor: s
     event. PolicyViolation for a key not enrolled to ``actor``, the pair's registrant, whoever ran
     the engine validation, a baseline not on the chain, not on the current binding, failed, or
     one that counts already."""
-    from specreg.core.signing import load_signer, sign_statement, signer_key_id
-    from specreg.registry.governance.keyring import enrolled_entry, keyring_entries
-    from specreg.registry.governance.queries import lock_pair
-    from specreg.registry.store.store import utcnow, verified_chain
+    from specreg.core.signing import sign_statement
+    from specreg.registry.governance.signed_writes import signed_write
+    from specreg.registry.store.store import utcnow
 
-    actor = normalize_user(actor, what="approver")
-    signer = load_signer(key)
-    kid = signer_key_id(signer)
     label = f"{name}@{version}"
-    with store.session(write=True) as session:
-        lock_pair(session, name)
-        version_row = store.version_row(session, name, version, lock=True)
-        chain, problem = verified_chain(session)
-        if problem is not None:
-            raise SpecregError(f"cannot accept an engine baseline of {label}: the audit chain does not verify "
-                               f"({problem})")
-        keyring, _ = keyring_entries(session, policy, chain)
-        enrolled_entry(keyring, kid, key, actor)
-        row = session.get(EngineBaselineRow, baseline_id)
-        if row is None or row.pair_version_id != version_row.id:
+
+    def lock(session: Session) -> PairVersion:
+        store.lock_pair(session, name)
+        return store.pair_version(session, name, version, lock=True)
+
+    with signed_write(store, actor=actor, key=key, what=f"accept an engine baseline of {label}", lock=lock) as write:
+        session, actor, version_row, kid = write.session, write.actor, write.locked, write.key_id
+        keyring = write.enrolled(policy)
+        row = baseline_of(session, version_row, baseline_id)
+        if row is None:
             raise NotFoundError(f"{label} has no engine baseline {baseline_id}")
-        standing = judge(session, version_row, [row], chain, keyring)[0]
+        standing = judge(session, version_row, [row], write.chain, keyring)[0]
         if standing.counts:
             raise UsageError(f"engine baseline {baseline_id} of {label} counts already ({standing.why})")
         if row.status == FAILED:
@@ -219,11 +204,11 @@ def accept(store, policy, name: str, version: int, baseline_id: int, *, actor: s
                      "engine_baseline_id": str(row.id), "content_sha256": digest, "approver": actor,
                      "signed_at": utcnow().isoformat(timespec="microseconds"), "policy_sha256": policy.sha256,
                      "note": note}
-        bundle = sign_statement(signer, subject_name=label, subject_sha256=version_row.binding_sha256,
+        bundle = sign_statement(write.signer, subject_name=label, subject_sha256=version_row.binding_sha256,
                                 predicate_type=ACCEPT_PREDICATE, predicate=predicate)
         store.append_event(session, pair_name=name, version=version, action=ACCEPT_ACTION,
-                           from_state=version_row.state, to_state=version_row.state, actor=actor, reason=note,
+                           from_state=version_row.state.value, to_state=version_row.state.value, actor=actor,
+                           reason=note,
                            details={"engine_baseline_id": row.id, "engine": row.engine, "content_sha256": digest,
                                     "key_id": kid, "policy_sha256": policy.sha256, "signature": bundle})
-        session.flush()
         return Standing(row, True, f"accepted by {actor}", actor)

@@ -9,19 +9,18 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from sqlalchemy.orm import Session
-
 from specreg.registry.governance.engine_acceptance import counted_rows
 from specreg.registry.governance.policy import EnvironmentPolicy
 from specreg.registry.governance.queries import Condition
-from specreg.registry.store.orm import PairVersionRow
+from specreg.registry.store.entities import PairVersion
+from specreg.registry.store.store import Session
 
 
-def engine_baseline_conditions(session: Session, row: PairVersionRow, env: EnvironmentPolicy, *,
+def engine_baseline_conditions(session: Session, row: PairVersion, env: EnvironmentPolicy, *,
                                golden_sha256: str, now: datetime, policy, chain) -> list:
     """One Condition ``engine_baseline.ENGINE`` per engine the policy requires."""
     conditions = []
-    label = f"{row.pair.name}@{row.version}"
+    label = row.label
     for engine in env.required_engine_baselines:
         name = f"engine_baseline.{engine}"
         # a row with no audit event behind it neither passes nor blocks: it is not specreg's

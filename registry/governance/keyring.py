@@ -12,16 +12,14 @@ the revocation so that `specreg verify --keyring` refuses it at pod start too.
 
 from __future__ import annotations
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
-
 from specreg.core.identity import normalize_user, same_user
 from specreg.core.signing import key_id, public_key_pem
 from specreg.errors import PolicyViolation, SpecregError
 from specreg.registry.governance.policy import Policy
 from specreg.registry.governance.signatures import KeyringEntry
-from specreg.registry.store.orm import ApproverKeyRow, AuditEventRow, AuditHeadRow
-from specreg.registry.store.store import Store, utcnow, verified_chain
+from specreg.registry.store import approver_keys
+from specreg.registry.store.entities import AuditEvent, EnrolledKey
+from specreg.registry.store.store import Session, Store, utcnow, verified_chain
 
 ENROL_ACTION = "enrol-key"
 REVOKE_ACTION = "revoke-key"
@@ -40,38 +38,35 @@ def enrol(store: Store, policy: Policy, person: str, public_key_text: str, *, ac
     pem = public_key_pem(public_key_text, "public key")
     kid = key_id(pem)
     with store.session(write=True) as session:
-        existing = session.scalar(select(ApproverKeyRow).where(ApproverKeyRow.key_id == kid))
+        existing = approver_keys.key_with_id(session, kid)
         if existing is not None:
             raise SpecregError(f"key {kid[:12]} is already enrolled to {existing.person} "
                                f"(by {existing.enrolled_by} at {existing.enrolled_at.isoformat(timespec='seconds')})")
-        row = ApproverKeyRow(person=person, key_id=kid, public_key=pem, enrolled_by=actor, enrolled_at=utcnow())
-        session.add(row)
-        session.flush()
+        key_row = approver_keys.add_key(session, person=person, key_id=kid, public_key=pem, enrolled_by=actor,
+                                        enrolled_at=utcnow())
         store.append_event(session, pair_name=KEYRING_EVENT_PAIR, version=None, action=ENROL_ACTION, from_state=None,
                            to_state=None, actor=actor, reason=None,
-                           details={"person": person, "key_id": kid, "key_row": row.id})
-        row.event_hash = session.get(AuditHeadRow, 1).last_hash
-        session.flush()
-        return entry_of(row)
+                           details={"person": person, "key_id": kid, "key_row": key_row})
+        return entry_of(approver_keys.mark_recorded(session, key_row, store.head_hash(session)))
 
 
-def written_by_its_actor(event: AuditEventRow) -> bool:
+def written_by_its_actor(event: AuditEvent) -> bool:
     """On PostgreSQL the server stamps each event with the role that wrote it (session_role,
     covered by the event hash): an event counts as its actor's only when that role is the actor,
     or the authenticated role recorded beside a claimed user. Events without a stamp (SQLite,
     or written before schema 0005) pass: there is no authenticated role to compare."""
-    role = getattr(event, "session_role", None)
+    role = event.session_role
     if role is None:
         return True
     return same_user(role, str((event.details or {}).get("authenticated_role") or event.actor))
 
 
-def entry_of(row: ApproverKeyRow) -> KeyringEntry:
+def entry_of(row: EnrolledKey) -> KeyringEntry:
     return KeyringEntry(row.person, row.key_id, row.public_key, row.enrolled_by,
                         row.enrolled_at.isoformat(timespec="seconds") + "Z")
 
 
-def revocations(chain: list[AuditEventRow]) -> dict[str, AuditEventRow]:
+def revocations(chain: list[AuditEvent]) -> dict[str, AuditEvent]:
     """key id -> the event that revoked it. Every revocation on the verified chain counts
     (written by its actor): a wrongly revoked key is enrolled again; a leaked one must not
     outlive a doubt about who revoked it."""
@@ -79,7 +74,7 @@ def revocations(chain: list[AuditEventRow]) -> dict[str, AuditEventRow]:
             if e.action == REVOKE_ACTION and written_by_its_actor(e)}
 
 
-def revocation_entries(chain: list[AuditEventRow]) -> list[dict[str, str | None]]:
+def revocation_entries(chain: list[AuditEvent]) -> list[dict[str, str | None]]:
     """The revocations as the exported keyring file carries them."""
     return [{"key_id": kid, "revoked_by": e.actor, "revoked_at": e.created_at.isoformat(timespec="seconds") + "Z",
              "reason": e.reason} for kid, e in revocations(chain).items()]
@@ -100,7 +95,7 @@ def revoke(store: Store, policy: Policy, key: str, *, actor: str, reason: str) -
         chain, problem = verified_chain(session)
         if problem is not None:
             raise SpecregError(f"cannot revoke a key: the audit chain does not verify ({problem})")
-        rows = list(session.scalars(select(ApproverKeyRow).where(ApproverKeyRow.key_id.startswith(wanted))))
+        rows = approver_keys.keys_with_prefix(session, wanted)
         if len(rows) != 1:
             raise SpecregError(f"key {key}: {'no enrolled key' if not rows else f'{len(rows)} enrolled keys'} "
                                f"with that id (`specreg keys list`)")
@@ -114,7 +109,7 @@ def revoke(store: Store, policy: Policy, key: str, *, actor: str, reason: str) -
 
 
 def keyring_entries(session: Session, policy: Policy,
-                    chain: list[AuditEventRow] | None = None) -> tuple[dict[str, KeyringEntry], list[str]]:
+                    chain: list[AuditEvent] | None = None) -> tuple[dict[str, KeyringEntry], list[str]]:
     """(key id -> entry of every key that counts, one line per keyring row that does not)."""
     if chain is None:
         chain, _ = verified_chain(session)
@@ -122,7 +117,7 @@ def keyring_entries(session: Session, policy: Policy,
     events = {e.event_hash: e for e in chain if e.action == ENROL_ACTION}
     valid: dict[str, KeyringEntry] = {}
     refused: list[str] = []
-    for row in session.scalars(select(ApproverKeyRow).order_by(ApproverKeyRow.id)):
+    for row in approver_keys.enrolled_keys(session):
         label = f"key {row.key_id[:12]} of {row.person}"
         event = events.get(row.event_hash) if row.event_hash else None
         details = (event.details or {}) if event is not None else {}

@@ -21,20 +21,18 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session
-
 from specreg.core.fingerprint import sha256_hex
 from specreg.core.identity import normalize_user, same_user
-from specreg.core.signing import load_signer, signer_key_id
 from specreg.errors import NotFoundError, PolicyViolation, SpecregError, UsageError
-from specreg.registry.governance.keyring import enrolled_entry, keyring_entries, written_by_its_actor
+from specreg.registry.governance.keyring import keyring_entries, written_by_its_actor
 from specreg.registry.governance.policy import (EnvironmentPolicy, Policy, builtin_policy, parse_policy_text,
                                                 read_policy_file)
 from specreg.registry.governance.signatures import (ANY_SCOPE, APPROVED, POLICY_PREDICATE_TYPE, Tally,
                                                     approval_predicate, check_decision, sign_decision, tally)
-from specreg.registry.store.orm import AuditEventRow, AuditHeadRow, PolicyVersionRow
-from specreg.registry.store.store import Store, utcnow, verified_chain
+from specreg.registry.governance.signed_writes import signed_write
+from specreg.registry.store import policy_versions
+from specreg.registry.store.entities import AuditEvent, PolicyDocument
+from specreg.registry.store.store import Session, Store, utcnow, verified_chain
 
 PROPOSE, APPROVE, ACTIVATE = "policy-propose", "policy-approve", "policy-activate"
 POLICY_EVENT_PAIR = "-"  # policy events belong to no pair
@@ -89,12 +87,12 @@ def rule_text(policy: Policy) -> str:
     return f"{count}{who} by someone other than the proposer (the rule of {policy.source})"
 
 
-def parsed(row: PolicyVersionRow) -> Policy:
+def parsed(row: PolicyDocument) -> Policy:
     return replace(parse_policy_text(row.document, row.format, record_source(row.version)), version=row.version)
 
 
-def judge(session: Session, row: PolicyVersionRow | None, approvals: list[AuditEventRow], current: Policy,
-          chain: list[AuditEventRow], before: int | None = None) -> tuple[Policy | None, Tally | None, str | None]:
+def judge(session: Session, row: PolicyDocument | None, approvals: list[AuditEvent], current: Policy,
+          chain: list[AuditEvent], before: int | None = None) -> tuple[Policy | None, Tally | None, str | None]:
     """Whether policy ``row`` may replace ``current`` at the chain's event ``before`` (None: now):
     (its Policy, the tally of its approvals, None) or (None, the tally if one was made, why not).
     Only the approvals between its proposal and that point count."""
@@ -142,15 +140,15 @@ def judge(session: Session, row: PolicyVersionRow | None, approvals: list[AuditE
     return policy, result, None
 
 
-def replay(session: Session, chain: list[AuditEventRow] | None = None) -> PolicyRecord:
+def replay(session: Session, chain: list[AuditEvent] | None = None) -> PolicyRecord:
     """The policy of record, replayed from the verified audit chain (see the module's text)."""
     if chain is None:
         chain, _ = verified_chain(session)
-    rows = {row.version: row for row in session.scalars(select(PolicyVersionRow))}
+    rows = {row.version: row for row in policy_versions.policy_documents(session)}
     current = replace(builtin_policy(), version=0, source=record_source(0))
     record = PolicyRecord(current)
     problems: list[str] = []
-    approvals: dict[int, list[AuditEventRow]] = defaultdict(list)
+    approvals: dict[int, list[AuditEvent]] = defaultdict(list)
     for event in chain:
         if event.action not in (APPROVE, ACTIVATE):
             continue
@@ -191,18 +189,16 @@ def propose(store: Store, path: str, *, actor: str, note: str | None = None) -> 
         record = replay(session, chain)
         if policy.sha256 == record.policy.sha256:
             raise UsageError(f"policy file {path} says what {record.policy.source} already says: nothing to propose")
-        version = (session.scalar(select(func.max(PolicyVersionRow.version))) or 0) + 1
-        row = PolicyVersionRow(version=version, document=text, format=policy_format, sha256=policy.sha256,
-                               proposed_by=actor, proposed_at=utcnow(), note=note)
-        session.add(row)
-        session.flush()
+        row = policy_versions.add_policy_document(session, document=text, format=policy_format,
+                                                  sha256=policy.sha256, proposed_by=actor, proposed_at=utcnow(),
+                                                  note=note)
+        version = row.version
         store.append_event(session, pair_name=POLICY_EVENT_PAIR, version=None, action=PROPOSE, from_state=None,
                            to_state=None, actor=actor, reason=note,
                            details={"policy_version": version, "sha256": policy.sha256,
                                     "document_sha256": sha256_hex(text.encode("utf-8")), "file": str(path),
                                     "replaces": record.version})
-        row.event_hash = session.get(AuditHeadRow, 1).last_hash
-        session.flush()
+        policy_versions.mark_recorded(session, row.id, store.head_hash(session))
         return {"version": version, "sha256": policy.sha256, "replaces": record.version,
                 "needs": rule_text(record.policy)}
 
@@ -211,16 +207,11 @@ def approve(store: Store, version: int, *, actor: str, key: str, note: str | Non
     """Sign ``actor``'s approval of proposed policy ``version`` with the private key file ``key``
     (enrolled to ``actor``; never the proposer). When the approvals meet the rule of the policy
     in effect, the proposed version becomes the policy of record in the same transaction."""
-    actor = normalize_user(actor, what="approver")
-    signer = load_signer(key)
-    kid = signer_key_id(signer)
-    with store.session(write=True) as session:
-        session.scalar(select(AuditHeadRow).where(AuditHeadRow.id == 1).with_for_update())  # one change at a time
-        chain, problem = verified_chain(session)
-        if problem is not None:
-            raise SpecregError(f"cannot approve a policy: the audit chain does not verify ({problem})")
-        record = replay(session, chain)
-        row = session.scalar(select(PolicyVersionRow).where(PolicyVersionRow.version == version))
+    # one change at a time: the audit head is held throughout
+    with signed_write(store, actor=actor, key=key, what="approve a policy", lock=store.lock_audit_head) as write:
+        session, actor, kid = write.session, write.actor, write.key_id
+        record = replay(session, write.chain)
+        row = policy_versions.policy_document(session, version)
         if row is None:
             raise NotFoundError(f"unknown policy version {version} (`specreg policy history` lists them)")
         if version <= record.version:
@@ -231,8 +222,7 @@ def approve(store: Store, version: int, *, actor: str, key: str, note: str | Non
         if rule.approvers and not any(same_user(actor, a) for a in rule.approvers):
             raise PolicyViolation(f"{actor} may not approve policy changes: {record.policy.source} asks for "
                                   f"{', '.join(rule.approvers)}")
-        keyring, _ = keyring_entries(session, record.policy, chain)
-        enrolled_entry(keyring, kid, key, actor)
+        write.enrolled(record.policy)
         now = utcnow()
         predicate = approval_predicate(pair=POLICY_SUBJECT, version=version, binding_sha256=row.sha256,
                                        decision=APPROVED, scope=ANY_SCOPE, policy_sha256=record.policy.sha256,
@@ -241,7 +231,7 @@ def approve(store: Store, version: int, *, actor: str, key: str, note: str | Non
                            to_state=None, actor=actor, reason=note,
                            details={"policy_version": version, "sha256": row.sha256, "key_id": kid,
                                     "under_policy_version": record.version,
-                                    "signature": sign_decision(signer, predicate, POLICY_PREDICATE_TYPE)})
+                                    "signature": sign_decision(write.signer, predicate, POLICY_PREDICATE_TYPE)})
         session.flush()
         chain, _ = verified_chain(session)
         approvals = [e for e in chain if e.action == APPROVE and (e.details or {}).get("policy_version") == version]
@@ -265,9 +255,8 @@ def history(store: Store) -> list[dict[str, Any]]:
         for event in chain:
             if event.action == APPROVE:
                 approvers[(event.details or {}).get("policy_version")].append(event.actor)
-        rows = session.scalars(select(PolicyVersionRow).order_by(PolicyVersionRow.version))
         listed = []
-        for row in rows:
+        for row in policy_versions.policy_documents(session):
             if row.version == record.version:
                 state = "in effect"
             elif row.version in record.counted:
@@ -285,7 +274,7 @@ def history(store: Store) -> list[dict[str, Any]]:
 def document(store: Store, version: int) -> str:
     """The text of policy ``version`` as proposed."""
     with store.session() as session:
-        row = session.scalar(select(PolicyVersionRow).where(PolicyVersionRow.version == version))
+        row = policy_versions.policy_document(session, version)
         if row is None:
             raise NotFoundError(f"unknown policy version {version} (`specreg policy history` lists them)")
         return row.document

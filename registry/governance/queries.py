@@ -1,6 +1,6 @@
 """What the gate, the approvals and the pointer moves all read: the Condition they report,
-the facts gathered outside a transaction (fingerprints, golden-set hash) and the row queries
-shared by governance."""
+the facts gathered outside a transaction (fingerprints, golden-set hash) and which pointers and
+validation runs the audit chain vouches for."""
 
 from __future__ import annotations
 
@@ -8,17 +8,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
-
 from specreg.core.baselines import in_engine_terms
 from specreg.core.fingerprint import compare_fingerprints, fingerprint_model
 from specreg.errors import NotFoundError
-from specreg.registry.store.entities import PairVersion
-from specreg.registry.store.orm import AuditEventRow, EnvironmentPointerRow, PairRow, PairVersionRow, ValidationRunRow
-from specreg.registry.store.store import Store, verified_chain
-
-FINISHED_STATUSES = ("passed", "failed")  # running/aborted/error runs judged nothing
+from specreg.registry.store import pointers
+from specreg.registry.store.entities import AuditEvent, EnvironmentPointer, PairVersion, ValidationRun
+from specreg.registry.store.store import Session, Store, verified_chain
+from specreg.registry.store.validations import counted_finished_runs
 
 
 @dataclass(frozen=True)
@@ -54,26 +50,7 @@ def golden_set_sha256(name_or_path: str) -> str:
     return load_golden_set(name_or_path).content_sha256
 
 
-def lock_pair(session: Session, name: str) -> PairRow:
-    pair = session.scalar(select(PairRow).where(PairRow.name == name).with_for_update())
-    if pair is None:
-        raise NotFoundError(f"unknown pair {name}")
-    return pair
-
-
-def pointer_row(session: Session, pair_id: int, environment: str, *, lock: bool = False) -> EnvironmentPointerRow | None:
-    query = select(EnvironmentPointerRow).where(EnvironmentPointerRow.pair_id == pair_id,
-                                                EnvironmentPointerRow.environment == environment)
-    return session.scalar(query.with_for_update() if lock else query)
-
-
-def version_number(session: Session, pair_version_id: int | None) -> int | None:
-    if pair_version_id is None:
-        return None
-    return session.scalar(select(PairVersionRow.version).where(PairVersionRow.id == pair_version_id))
-
-
-def chained_holder(pair_name: str, environment: str, chain: list[AuditEventRow]) -> int | None:
+def chained_holder(pair_name: str, environment: str, chain: list[AuditEvent]) -> int | None:
     """The version that holds ``environment`` of ``pair_name`` by the verified audit chain: the
     newest promote, rollback or forced retire that moved that pointer (None: nobody)."""
     from specreg.registry.governance.environment_history import new_holder
@@ -87,59 +64,47 @@ def chained_holder(pair_name: str, environment: str, chain: list[AuditEventRow])
     return holder
 
 
-def pointer_problem(session: Session, pointer: EnvironmentPointerRow, pair_name: str,
-                    chain: list[AuditEventRow]) -> str | None:
-    """Why the pointer row counts for nothing (its holder is not the one the audit chain's
-    newest move of it names: a row written or edited outside specreg), or None."""
-    row_holder = version_number(session, pointer.pair_version_id)
-    chained = chained_holder(pair_name, pointer.environment, chain)
-    if row_holder == chained:
+def pointer_problem(pointer: EnvironmentPointer, chain: list[AuditEvent]) -> str | None:
+    """Why the pointer counts for nothing (its holder is not the one the audit chain's newest
+    move of it names: a row written or edited outside specreg), or None."""
+    chained = chained_holder(pointer.pair, pointer.environment, chain)
+    if pointer.version == chained:
         return None
-    said = f"{pair_name}@{chained}" if chained is not None else "no version"
-    return (f"environment pointer {pair_name}@{pointer.environment} names "
-            f"{f'version {row_holder}' if row_holder is not None else 'no version'}, but the audit chain's newest "
-            f"move of it says {said}: it counts for nothing")
+    said = f"{pointer.pair}@{chained}" if chained is not None else "no version"
+    return (f"environment pointer {pointer.pair}@{pointer.environment} names "
+            f"{f'version {pointer.version}' if pointer.version is not None else 'no version'}, but the audit chain's "
+            f"newest move of it says {said}: it counts for nothing")
 
 
 def holder_of(store: Store, name: str, environment: str) -> int | None:
     """The version number of ``name`` that holds ``environment`` now (None: nobody, or a pointer
     row that the audit chain does not vouch for)."""
     with store.session() as session:
-        pair_id = session.scalar(select(PairRow.id).where(PairRow.name == name))
-        if pair_id is None:
+        if not store.has_pair(session, name):
             raise NotFoundError(f"unknown pair {name}")
-        pointer = pointer_row(session, pair_id, environment)
+        pointer = pointers.pointer(session, name, environment)
         if pointer is None:
             return None
         chain, _ = verified_chain(session)
-        return None if pointer_problem(session, pointer, name, chain) else version_number(session, pointer.pair_version_id)
+        return None if pointer_problem(pointer, chain) else pointer.version
 
 
-def uncovered_pointers(session: Session, chain: list[AuditEventRow]) -> list[str]:
+def uncovered_pointers(session: Session, chain: list[AuditEvent]) -> list[str]:
     """One line per environment pointer row that the audit chain does not vouch for."""
-    rows = session.execute(select(EnvironmentPointerRow, PairRow.name)
-                           .join(PairRow, PairRow.id == EnvironmentPointerRow.pair_id)
-                           .order_by(EnvironmentPointerRow.id)).all()
-    return [problem for pointer, name in rows if (problem := pointer_problem(session, pointer, name, chain))]
+    return [problem for pointer in pointers.pointers_in_written_order(session)
+            if (problem := pointer_problem(pointer, chain))]
 
 
-def finished_runs(session: Session, pair_version_id: int,
-                  chain: list[AuditEventRow] | None = None) -> list[ValidationRunRow]:
+def finished_runs(session: Session, version: PairVersion, chain: list[AuditEvent] | None = None) -> list[ValidationRun]:
     """Validation runs that judged the version, newest first: only those whose content an audit
     event of the verified chain covers (a row written or edited outside `specreg validate`
     judged nothing)."""
-    from specreg.registry.store.validations import chained_run_ids
-
     if chain is None:
         chain, _ = verified_chain(session)
-    counted = chained_run_ids(session, chain)
-    return [run for run in session.scalars(
-        select(ValidationRunRow).where(ValidationRunRow.pair_version_id == pair_version_id,
-                                       ValidationRunRow.status.in_(FINISHED_STATUSES))
-        .order_by(ValidationRunRow.id.desc())) if run.id in counted]
+    return counted_finished_runs(session, version, chain)
 
 
-def overall_figures(run: ValidationRunRow | None) -> dict[str, float] | None:
+def overall_figures(run: ValidationRun | None) -> dict[str, float] | None:
     """``{"acceptance_rate", "mean_acceptance_length"}`` of a run's baselines (None: none recorded);
     without "mean_acceptance_length" when the run recorded tau before the engines' definition
     (specreg.core.baselines), so that it is never compared with an engine-counted tau."""

@@ -1,12 +1,19 @@
 """What a validation becomes in MLflow: the run's params and metrics, flattened from the
-registry's pair version and validation summary (pure functions; no mlflow import)."""
+registry's pair version and validation summary, and the files logged under ``pair/`` (no
+mlflow import)."""
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
+from pathlib import Path
 from typing import Any
 
+import yaml
+
 from specreg.core.types import ModelRef
+from specreg.errors import NotFoundError, UsageError
 from specreg.registry.store.entities import PairVersion
 
 _METRIC_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_\-. /]")
@@ -103,3 +110,33 @@ def _check_statuses(checks: Any) -> dict[str, str]:
         for check in checks or []
         if check.get("name") and check.get("status")
     }
+
+
+def stage_artifacts(
+    staging: Path,
+    pair_version: PairVersion,
+    validation: dict[str, Any],
+    artifacts: dict[str, Path | str],
+) -> None:
+    """Write everything to log under ``pair/`` into ``staging`` (one upload call)."""
+    (staging / "pair.yaml").write_text(
+        yaml.safe_dump(pair_version.to_dict(), sort_keys=False), encoding="utf-8"
+    )
+    (staging / "validation.json").write_text(
+        json.dumps(validation, indent=2, sort_keys=True, default=str), encoding="utf-8"
+    )
+    for name, content in artifacts.items():
+        relative = Path(name)
+        if relative.is_absolute() or ".." in relative.parts:
+            raise UsageError(f"artifact name {name!r} must be a relative path inside pair/")
+        target = staging / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, Path):
+            if not content.exists():
+                raise NotFoundError(f"artifact {name}: file {content} does not exist")
+            if content.is_dir():
+                shutil.copytree(content, target, dirs_exist_ok=True)
+            else:
+                shutil.copyfile(content, target)
+        else:
+            target.write_text(str(content), encoding="utf-8")

@@ -26,18 +26,16 @@ import io
 import json
 import os
 import re
-import shutil
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
-import yaml
-
 from specreg.errors import MlflowUnavailable, NotFoundError, UsageError
 from specreg.registry.review.mlflow_approvals import ApprovalTags
-from specreg.registry.review.mlflow_places import local_artifact_root
-from specreg.registry.review.mlflow_records import _check_statuses, validation_metrics, validation_params
+from specreg.registry.review.mlflow_ui import local_artifact_root
+from specreg.registry.review.mlflow_records import (_check_statuses, stage_artifacts, validation_metrics,
+                                                   validation_params)
 from specreg.registry.store.entities import PairVersion
 from specreg.settings import default_mlflow_uri
 
@@ -85,8 +83,9 @@ class MlflowSync(ApprovalTags):
         """Turn "cannot reach / cannot use MLflow" into MlflowUnavailable; errors the server
         answers with on purpose (bad request, not found ...) stay as they are."""
         import requests
-        import sqlalchemy.exc
         from mlflow.exceptions import MlflowException, RestException
+
+        from specreg.registry.store.database import operational_errors
 
         try:
             yield
@@ -104,12 +103,8 @@ class MlflowSync(ApprovalTags):
                     f"MLflow at {self.tracking_uri} is unreachable: {message[:300]}"
                 ) from error
             raise
-        except (
-            requests.exceptions.RequestException,
-            sqlalchemy.exc.OperationalError,  # local store: locked or unreadable database
-            ConnectionError,
-            TimeoutError,
-        ) as error:
+        # a local store's database locked or unreadable counts as unreachable
+        except (requests.exceptions.RequestException, *operational_errors(), ConnectionError, TimeoutError) as error:
             raise MlflowUnavailable(
                 f"MLflow at {self.tracking_uri} is unreachable: {str(error)[:300]}"
             ) from error
@@ -217,7 +212,7 @@ class MlflowSync(ApprovalTags):
         verdict = str(validation.get("verdict") or "unknown")
         with tempfile.TemporaryDirectory(prefix="specreg-mlflow-") as staging:
             # Staged first: a missing file fails before anything is written to MLflow.
-            self._stage_artifacts(Path(staging), pair_version, validation, artifacts or {})
+            stage_artifacts(Path(staging), pair_version, validation, artifacts or {})
             existing = self.find_validation_run(pair_version.name, validation_id)
             with self._translate_errors():
                 if existing is not None:
@@ -270,36 +265,6 @@ class MlflowSync(ApprovalTags):
             self.client.log_batch(run_id, params=param_list[start:start + 100])
         for start in range(0, len(metric_list), 1000):
             self.client.log_batch(run_id, metrics=metric_list[start:start + 1000])
-
-    @staticmethod
-    def _stage_artifacts(
-        staging: Path,
-        pair_version: PairVersion,
-        validation: dict[str, Any],
-        artifacts: dict[str, Path | str],
-    ) -> None:
-        """Write everything to log under ``pair/`` into ``staging`` (one upload call)."""
-        (staging / "pair.yaml").write_text(
-            yaml.safe_dump(pair_version.to_dict(), sort_keys=False), encoding="utf-8"
-        )
-        (staging / "validation.json").write_text(
-            json.dumps(validation, indent=2, sort_keys=True, default=str), encoding="utf-8"
-        )
-        for name, content in artifacts.items():
-            relative = Path(name)
-            if relative.is_absolute() or ".." in relative.parts:
-                raise UsageError(f"artifact name {name!r} must be a relative path inside pair/")
-            target = staging / relative
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if isinstance(content, Path):
-                if not content.exists():
-                    raise NotFoundError(f"artifact {name}: file {content} does not exist")
-                if content.is_dir():
-                    shutil.copytree(content, target, dirs_exist_ok=True)
-                else:
-                    shutil.copyfile(content, target)
-            else:
-                target.write_text(str(content), encoding="utf-8")
 
     # ------------------------------------------------------------------ model versions
 

@@ -145,9 +145,9 @@ class Review:
 
     def sync_aliases(self, pair_name: str) -> dict[str, int | None]:
         """MLflow aliases follow the registry's environment pointers."""
-        from specreg.registry.governance import moves
+        from specreg.registry.governance import pointer_moves
 
-        pointers = moves.environment_pointers(self.store, pair_name)
+        pointers = pointer_moves.environment_pointers(self.store, pair_name)
         current = self.mlflow.aliases(pair_name) if pointers else {}
         result: dict[str, int | None] = {}
         for pointer in pointers:

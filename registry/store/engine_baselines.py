@@ -8,14 +8,13 @@ registry/governance/engine_acceptance.py's to say.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from specreg.core.fingerprint import canonical_json, sha256_hex
-from specreg.registry.store.entities import PairVersion
+from specreg.registry.store.entities import EngineBaseline, PairVersion
 from specreg.registry.store.orm import EngineBaselineRow, PairRow, PairVersionRow
 from specreg.registry.store.store import Store, utcnow
 
@@ -25,52 +24,7 @@ ENGINES = ("llamacpp", "vllm", "sglang")
 PASSED, FAILED, UNACCEPTED = "passed", "failed", "unaccepted"
 
 
-@dataclass(frozen=True)
-class EngineBaseline:
-    """One engine validation of a pair version.
-
-    baselines: the engine's acceptance in the validation baselines' shape ({"k", "overall",
-    "per_category"} with acceptance_rate, mean_acceptance_length, per_position_acceptance ...);
-    report: parity with our runtime, equivalence in the engine, throughput tiers, settings."""
-
-    id: int
-    pair_name: str
-    version: int
-    engine: str
-    engine_version: str
-    engine_build: str
-    source: str
-    status: str
-    golden_set: str
-    golden_sha256: str
-    binding_sha256: str
-    validation_run_id: int | None
-    baselines: dict[str, Any]
-    report: dict[str, Any]
-    actor: str
-    created_at: datetime
-
-    @property
-    def label(self) -> str:
-        return f"{self.pair_name}@{self.version}"
-
-    @property
-    def stamp(self) -> str:
-        """``engine version (build)``: what the figures were measured on."""
-        return f"{self.engine} {self.engine_version} ({self.engine_build})"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id, "pair": self.pair_name, "version": self.version, "engine": self.engine,
-            "engine_version": self.engine_version, "engine_build": self.engine_build, "source": self.source,
-            "status": self.status, "golden_set": self.golden_set, "golden_sha256": self.golden_sha256,
-            "binding_sha256": self.binding_sha256, "validation_run_id": self.validation_run_id,
-            "baselines": self.baselines, "report": self.report, "actor": self.actor,
-            "created_at": self.created_at.isoformat(timespec="seconds"),
-        }
-
-
-def content_sha256(row: EngineBaselineRow) -> str:
+def content_sha256(row: EngineBaselineRow | EngineBaseline) -> str:
     """The hash an engine baseline's audit event and an acceptance of it carry: everything that
     says what was measured, on what, by whom and what came out (the report is evidence beside it)."""
     return sha256_hex(canonical_json({
@@ -78,15 +32,6 @@ def content_sha256(row: EngineBaselineRow) -> str:
         "engine_build": row.engine_build, "source": row.source, "status": row.status, "golden_set": row.golden_set,
         "golden_sha256": row.golden_sha256, "binding_sha256": row.binding_sha256,
         "validation_run_id": row.validation_run_id, "baselines": row.baselines, "actor": row.actor}))
-
-
-def to_entity(row: EngineBaselineRow, name: str, version: int) -> EngineBaseline:
-    return EngineBaseline(
-        id=row.id, pair_name=name, version=version, engine=row.engine, engine_version=row.engine_version,
-        engine_build=row.engine_build, source=row.source, status=row.status, golden_set=row.golden_set,
-        golden_sha256=row.golden_sha256, binding_sha256=row.binding_sha256,
-        validation_run_id=row.validation_run_id, baselines=row.baselines, report=row.report, actor=row.actor,
-        created_at=row.created_at)
 
 
 class EngineBaselineStore:
@@ -126,7 +71,7 @@ class EngineBaselineStore:
                          "golden_sha256": golden_sha256, "validation_run_id": validation_run_id,
                          "acceptance_rate": overall.get("acceptance_rate"),
                          "mean_acceptance_length": overall.get("mean_acceptance_length")})
-            return to_entity(row, version.name, version.version)
+            return row.to_entity(version.name, version.version)
 
     def _query(self):
         return (select(EngineBaselineRow, PairRow.name, PairVersionRow.version)
@@ -139,7 +84,7 @@ class EngineBaselineStore:
         if engine is not None:
             query = query.where(EngineBaselineRow.engine == engine)
         with self.store.session() as session:
-            return [to_entity(*found) for found in session.execute(query.order_by(EngineBaselineRow.id)).all()]
+            return [row.to_entity(name, number) for row, name, number in session.execute(query.order_by(EngineBaselineRow.id)).all()]
 
     def latest(self, name: str, version: int, engine: str, *, passed_only: bool = True) -> EngineBaseline | None:
         """The newest (passed, unless ``passed_only`` is false) baseline of ``engine`` for one version
@@ -152,7 +97,24 @@ class EngineBaselineStore:
             query = query.where(EngineBaselineRow.status == PASSED)
         with self.store.session() as session:
             found = session.execute(query).first()
-            return to_entity(*found) if found else None
+            return found[0].to_entity(*found[1:]) if found else None
+
+
+def baselines_of(session: Session, version: PairVersion, engine: str | None = None, *,
+                 newest_first: bool = False) -> list[EngineBaseline]:
+    """Every engine baseline of ``version`` (of one engine when given), inside the caller's transaction."""
+    query = select(EngineBaselineRow).where(EngineBaselineRow.pair_version_id == version.id)
+    if engine is not None:
+        query = query.where(EngineBaselineRow.engine == engine)
+    order = EngineBaselineRow.id.desc() if newest_first else EngineBaselineRow.id
+    return [row.to_entity(version.name, version.version) for row in session.scalars(query.order_by(order))]
+
+
+def baseline_of(session: Session, version: PairVersion, baseline_id: int) -> EngineBaseline | None:
+    """Engine baseline ``baseline_id`` when it is one of ``version``'s, else None."""
+    row = session.get(EngineBaselineRow, baseline_id)
+    return row.to_entity(version.name, version.version) if row is not None and row.pair_version_id == version.id \
+        else None
 
 
 def with_engine_baseline(baselines: dict[str, Any] | None, found: EngineBaseline | None) -> dict[str, Any] | None:

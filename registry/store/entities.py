@@ -80,6 +80,9 @@ class AuditEvent:
     created_at: datetime
     prev_hash: str
     event_hash: str
+    # PostgreSQL: the database role the server stamped on the row (covered by event_hash); None on
+    # SQLite and before schema 0005
+    session_role: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -197,4 +200,115 @@ class ValidationRun:
             "error": self.error,
             "mlflow_run_id": self.mlflow_run_id,
             "checks": [check.to_dict() for check in self.checks],
+        }
+
+
+@dataclass(frozen=True)
+class Approval:
+    """An approval or rejection of one pair version, as recorded; whether it counts (its audit
+    event, its signature) is registry/governance/approvals.py's to say."""
+
+    id: int
+    pair: str
+    version: int
+    decision: str  # approved | rejected
+    actor: str
+    note: str | None
+    source: str  # cli
+    created_at: datetime
+    scope: str = "*"  # the environment it was given for; *: any
+    key_id: str | None = None
+    signature: dict | None = None
+    event_hash: str | None = None  # the audit event that recorded it
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "pair": self.pair, "version": self.version, "decision": self.decision,
+                "actor": self.actor, "note": self.note, "source": self.source, "scope": self.scope,
+                "key_id": self.key_id, "at": self.created_at.isoformat()}
+
+
+@dataclass(frozen=True)
+class EnrolledKey:
+    """A row of the approvers' keyring: a person's public key, who enrolled it, when, and the
+    audit event that recorded the enrolment."""
+
+    id: int
+    person: str
+    key_id: str
+    public_key: str  # SubjectPublicKeyInfo PEM
+    enrolled_by: str
+    enrolled_at: datetime
+    event_hash: str | None
+
+
+@dataclass(frozen=True)
+class PolicyDocument:
+    """A proposed version of the policy of record: its text as proposed, and the proposal event."""
+
+    id: int
+    version: int
+    document: str
+    format: str  # toml | yaml
+    sha256: str
+    proposed_by: str
+    proposed_at: datetime
+    note: str | None
+    event_hash: str | None
+
+
+@dataclass(frozen=True)
+class EnvironmentPointer:
+    """Which version of a pair holds an environment, and which held it before (None: nobody)."""
+
+    pair: str
+    environment: str
+    version: int | None
+    previous_version: int | None
+    updated_by: str
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class EngineBaseline:
+    """One engine validation of a pair version.
+
+    baselines: the engine's acceptance in the validation baselines' shape ({"k", "overall",
+    "per_category"} with acceptance_rate, mean_acceptance_length, per_position_acceptance ...);
+    report: parity with our runtime, equivalence in the engine, throughput tiers, settings."""
+
+    id: int
+    pair_name: str
+    version: int
+    engine: str
+    engine_version: str
+    engine_build: str
+    source: str
+    status: str
+    golden_set: str
+    golden_sha256: str
+    binding_sha256: str
+    validation_run_id: int | None
+    baselines: dict[str, Any]
+    report: dict[str, Any]
+    actor: str
+    created_at: datetime
+    pair_version_id: int = 0  # the version's row: part of what the baseline's content hash covers
+
+    @property
+    def label(self) -> str:
+        return f"{self.pair_name}@{self.version}"
+
+    @property
+    def stamp(self) -> str:
+        """``engine version (build)``: what the figures were measured on."""
+        return f"{self.engine} {self.engine_version} ({self.engine_build})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "pair": self.pair_name, "version": self.version, "engine": self.engine,
+            "engine_version": self.engine_version, "engine_build": self.engine_build, "source": self.source,
+            "status": self.status, "golden_set": self.golden_set, "golden_sha256": self.golden_sha256,
+            "binding_sha256": self.binding_sha256, "validation_run_id": self.validation_run_id,
+            "baselines": self.baselines, "report": self.report, "actor": self.actor,
+            "created_at": self.created_at.isoformat(timespec="seconds"),
         }

@@ -1,6 +1,7 @@
 """SQLAlchemy ORM classes: the only description of the schema. Alembic migrations in
 ``migrations/versions`` must produce exactly this metadata (a test compares them).
-Rows convert to the plain entities of ``entities.py`` through ``to_entity()``."""
+Rows become the plain entities of ``entities.py`` one way only: each row's ``to_entity()``
+(given the pair's name and version where the row holds only the version's id)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ from sqlalchemy import (JSON, Boolean, DateTime, ForeignKey, Integer, String, Te
                         UniqueConstraint)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-from specreg.core.types import ModelFingerprint, ModelRef
-from specreg.registry.store.entities import AuditEvent, PairState, PairVersion, SpecConfig, SpecMethod
+from specreg.core.baselines import in_engine_terms
+from specreg.core.types import CheckResult, ModelFingerprint, ModelRef
+from specreg.registry.store.entities import (Approval, AuditEvent, EngineBaseline, EnrolledKey, EnvironmentPointer,
+                                             PairState, PairVersion, PolicyDocument, SpecConfig, SpecMethod,
+                                             ValidationRun)
 
 
 class Base(DeclarativeBase):
@@ -120,7 +124,7 @@ class AuditEventRow(Base):
             id=self.id, pair_name=self.pair_name, version=self.version, action=self.action,
             from_state=self.from_state, to_state=self.to_state, actor=self.actor, reason=self.reason,
             details=self.details or {}, created_at=self.created_at, prev_hash=self.prev_hash,
-            event_hash=self.event_hash,
+            event_hash=self.event_hash, session_role=self.session_role,
         )
 
 
@@ -167,6 +171,16 @@ class ValidationRunRow(Base):
 
     checks: Mapped[list["CheckResultRow"]] = relationship(back_populates="run", order_by="CheckResultRow.id")
 
+    def to_entity(self, pair_name: str, version: int) -> ValidationRun:
+        return ValidationRun(
+            id=self.id, pair_name=pair_name, version=version, status=self.status, golden_set=self.golden_set,
+            golden_sha256=self.golden_sha256, binding_sha256=self.binding_sha256,
+            environment=self.environment or {}, options=self.options or {}, summary=self.summary,
+            baselines=in_engine_terms(self.baselines), actor=self.actor, pid=self.pid, started_at=self.started_at,
+            finished_at=self.finished_at, error=self.error, mlflow_run_id=self.mlflow_run_id,
+            checks=tuple(CheckResult(c.name, c.status, c.summary, c.evidence, c.figures or {}) for c in self.checks),
+        )
+
 
 class CheckResultRow(Base):
     __tablename__ = "check_results"
@@ -206,6 +220,10 @@ class ApprovalRow(Base):
     scope: Mapped[str | None] = mapped_column(String(32))
     session_role: Mapped[str | None] = mapped_column(String(255))  # stamped as audit_events.session_role
 
+    def to_entity(self, pair_name: str, version: int) -> Approval:
+        return Approval(self.id, pair_name, version, self.decision, self.actor, self.note, self.source,
+                        self.created_at, self.scope or "*", self.key_id, self.signature, self.event_hash)
+
 
 class ApproverKeyRow(Base):
     """The approvers' keyring: a person's public key, who enrolled it and when, and the hash of
@@ -223,6 +241,10 @@ class ApproverKeyRow(Base):
     enrolled_at: Mapped[datetime] = mapped_column(DateTime, nullable=False)
     event_hash: Mapped[str | None] = mapped_column(String(64))
     session_role: Mapped[str | None] = mapped_column(String(255))  # stamped as audit_events.session_role
+
+    def to_entity(self) -> EnrolledKey:
+        return EnrolledKey(self.id, self.person, self.key_id, self.public_key, self.enrolled_by, self.enrolled_at,
+                           self.event_hash)
 
 
 class PolicyVersionRow(Base):
@@ -243,6 +265,10 @@ class PolicyVersionRow(Base):
     note: Mapped[str | None] = mapped_column(Text)
     event_hash: Mapped[str | None] = mapped_column(String(64))  # the policy-propose event
 
+    def to_entity(self) -> PolicyDocument:
+        return PolicyDocument(self.id, self.version, self.document, self.format, self.sha256, self.proposed_by,
+                              self.proposed_at, self.note, self.event_hash)
+
 
 class EnvironmentPointerRow(Base):
     """Which version of a pair holds an environment, and which held it before (for rollback)."""
@@ -257,6 +283,14 @@ class EnvironmentPointerRow(Base):
     previous_version_id: Mapped[int | None] = mapped_column(ForeignKey("pair_versions.id", ondelete="RESTRICT"))
     updated_by: Mapped[str] = mapped_column(String(255), nullable=False)
     updated_at: Mapped[datetime] = mapped_column(DateTime, nullable=False)
+
+    pair: Mapped[PairRow] = relationship()
+    holder: Mapped[PairVersionRow | None] = relationship(foreign_keys=[pair_version_id])
+    previous: Mapped[PairVersionRow | None] = relationship(foreign_keys=[previous_version_id])
+
+    def to_entity(self) -> EnvironmentPointer:
+        return EnvironmentPointer(self.pair.name, self.environment, self.holder.version if self.holder else None,
+                                  self.previous.version if self.previous else None, self.updated_by, self.updated_at)
 
 
 class ObservationRow(Base):
@@ -295,3 +329,11 @@ class EngineBaselineRow(Base):
     report: Mapped[dict] = mapped_column(JSON, nullable=False)  # parity, equivalence, throughput, settings
     actor: Mapped[str] = mapped_column(String(255), nullable=False)
     created_at: Mapped[datetime] = mapped_column(DateTime, nullable=False)
+
+    def to_entity(self, pair_name: str, version: int) -> EngineBaseline:
+        return EngineBaseline(
+            id=self.id, pair_name=pair_name, version=version, engine=self.engine, engine_version=self.engine_version,
+            engine_build=self.engine_build, source=self.source, status=self.status, golden_set=self.golden_set,
+            golden_sha256=self.golden_sha256, binding_sha256=self.binding_sha256,
+            validation_run_id=self.validation_run_id, baselines=self.baselines, report=self.report, actor=self.actor,
+            created_at=self.created_at, pair_version_id=self.pair_version_id)

@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import contextlib
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, Iterator
 
-from sqlalchemy import create_engine, event, func, inspect, select
+from sqlalchemy import event, func, inspect, select
 from sqlalchemy import inspect as inspect_object
-from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModuleError, OperationalError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from specreg.core.identity import normalize_user
 from specreg.errors import ImmutableError, NotFoundError, SchemaOutOfDateError, StoreError
 from specreg.registry.store import audit
+from specreg.registry.store.database import create_db_engine, describe_db_error, safe_url
 from specreg.core.types import ModelRef
 from specreg.registry.store.entities import AuditEvent, PairState, PairVersion, SpecConfig
 from specreg.registry.store.lifecycle import check_transition
@@ -31,69 +30,11 @@ from specreg.registry.store.orm import (AuditEventRow, AuditHeadRow, Environment
 
 # The newest migration in migrations/versions; a test checks it equals alembic's head.
 SCHEMA_HEAD = "0007"
-SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 
 def utcnow() -> datetime:
     """Naive UTC with microseconds: stored the same way by SQLite and PostgreSQL."""
     return datetime.now(timezone.utc).replace(tzinfo=None)
-
-
-def safe_url(url: str) -> str:
-    """The URL with any password hidden, for messages."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return url
-
-
-def create_db_engine(url: str) -> Engine:
-    try:
-        parsed = make_url(url)
-    except ArgumentError:
-        raise StoreError(f"database URL {url!r} is not a valid SQLAlchemy URL") from None
-    try:
-        if parsed.get_backend_name() == "sqlite":
-            if parsed.database and "\0" in parsed.database:
-                raise StoreError(f"database {safe_url(url)}: the file name holds a NUL byte")
-            if parsed.database and parsed.database != ":memory:":
-                folder = Path(parsed.database).expanduser().parent
-                try:  # $SPECREG_HOME or --db under a file, in /proc, with a NUL byte: one line
-                    folder.mkdir(parents=True, exist_ok=True)
-                except (OSError, ValueError) as exc:
-                    reason = "a file is in the way" if isinstance(exc, FileExistsError) else \
-                        getattr(exc, "strerror", None) or str(exc)
-                    raise StoreError(f"database {safe_url(url)}: cannot create its folder {folder}: {reason}") from None
-            engine = create_engine(parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
-            install_sqlite_locking(engine)
-            return engine
-        if parsed.get_backend_name() == "postgresql" and parsed.get_driver_name() in ("psycopg2", "") :
-            parsed = parsed.set(drivername="postgresql+psycopg")
-        return create_engine(parsed, pool_pre_ping=True, connect_args=connect_timeout_args(parsed))
-    except (NoSuchModuleError, ModuleNotFoundError) as exc:
-        raise StoreError(f"database URL {safe_url(url)}: driver not installed ({exc})") from None
-
-
-def connect_timeout_args(parsed) -> dict[str, Any]:
-    return {"connect_timeout": 5} if parsed.get_backend_name() == "postgresql" else {}
-
-
-def install_sqlite_locking(engine: Engine) -> None:
-    """Let SQLAlchemy, not pysqlite, emit BEGIN, so write sessions can BEGIN IMMEDIATE."""
-
-    @event.listens_for(engine, "connect")
-    def on_connect(dbapi_connection, _record):
-        dbapi_connection.isolation_level = None
-        cursor = dbapi_connection.cursor()
-        cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
-        cursor.execute("PRAGMA foreign_keys = ON")
-        cursor.execute("PRAGMA journal_mode = WAL")
-        cursor.close()
-
-    @event.listens_for(engine, "begin")
-    def on_begin(connection):
-        immediate = connection.get_execution_options().get("specreg_write", False)
-        connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
 
 def refuse_changes_to_bound_data(session: Session, _flush_context, _instances) -> None:
@@ -110,11 +51,6 @@ def refuse_changes_to_bound_data(session: Session, _flush_context, _instances) -
     for row in session.deleted:
         if isinstance(row, (PairVersionRow, AuditEventRow)):
             raise ImmutableError(f"{type(row).__tablename__} rows are never deleted")
-
-
-def describe_db_error(url: str, exc: Exception) -> str:
-    first_line = str(getattr(exc, "orig", exc)).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return f"database {safe_url(url)}: {first_line}"
 
 
 class Store:
@@ -301,6 +237,20 @@ class Store:
             raise NotFoundError(f"unknown version {name}@{version}")
         return row
 
+    def pair_version(self, session: Session, name: str, version: int | None, *, lock: bool = False) -> PairVersion:
+        """``name@version`` (the newest when None) read inside the caller's transaction; ``lock``:
+        its row is held (SELECT ... FOR UPDATE) until the transaction ends."""
+        return self.version_row(session, name, version, lock=lock).to_entity()
+
+    def lock_pair(self, session: Session, name: str) -> None:
+        """Hold the pair's row until the transaction ends: the first lock of every move of one
+        pair's versions or pointers, so that two of them queue. NotFoundError for an unknown pair."""
+        if session.scalar(select(PairRow.id).where(PairRow.name == name).with_for_update()) is None:
+            raise NotFoundError(f"unknown pair {name}")
+
+    def has_pair(self, session: Session, name: str) -> bool:
+        return session.scalar(select(PairRow.id).where(PairRow.name == name)) is not None
+
     def get_version(self, name: str, version: int | None = None, *, with_events: bool = False) -> PairVersion:
         """A version (the newest when ``version`` is None). Raises NotFoundError."""
         with self.session() as session:
@@ -382,6 +332,15 @@ class Store:
         return self._append(session, head, key, pair_name=pair_name, version=version, action=action,
                             from_state=from_state, to_state=to_state, actor=actor, reason=reason, details=details)
 
+    def lock_audit_head(self, session: Session) -> None:
+        """Hold the audit head until the transaction ends: one decision at a time on the chain."""
+        session.scalar(select(AuditHeadRow).where(AuditHeadRow.id == 1).with_for_update())
+
+    def head_hash(self, session: Session) -> str:
+        """The hash of the newest event, read where this transaction holds the head's lock (it
+        appended since): the event a row written beside it names."""
+        return session.get(AuditHeadRow, 1).last_hash
+
     def _append(self, session: Session, head: AuditHeadRow, key: bytes | None, **content: Any) -> AuditEventRow:
         created_at = utcnow()
         # PostgreSQL stamps the row with session_user whatever is sent; the hash covers that role
@@ -451,19 +410,19 @@ class Store:
             return [observation_dict(o) for o in rows]
 
 
-def verified_chain(session: Session) -> tuple[list[AuditEventRow], str | None]:
+def verified_chain(session: Session) -> tuple[list[AuditEvent], str | None]:
     """Every audit event, in order, up to the first broken link; and the problem found (None:
     the whole chain links and the head row points at its last event)."""
     rows = session.scalars(select(AuditEventRow).order_by(AuditEventRow.id)).all()
     checked, problem = audit.verify_chain(rows, key=audit.audit_key())
     if problem:
-        return list(rows[:checked]), problem
+        return [row.to_entity() for row in rows[:checked]], problem
     head = session.get(AuditHeadRow, 1)
     last_hash = rows[-1].event_hash if rows else audit.GENESIS_HASH
     if head is not None and head.last_hash != last_hash:
-        return list(rows), (f"the newest event(s) after event {rows[-1].id if rows else 0} were deleted "
-                            f"(audit head does not match)")
-    return list(rows), None
+        return [row.to_entity() for row in rows], (f"the newest event(s) after event {rows[-1].id if rows else 0} "
+                                                   f"were deleted (audit head does not match)")
+    return [row.to_entity() for row in rows], None
 
 
 def observation_dict(row: ObservationRow) -> dict[str, Any]:

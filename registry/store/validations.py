@@ -20,9 +20,8 @@ from sqlalchemy.orm import Session
 
 from specreg.core.baselines import in_engine_terms
 from specreg.core.fingerprint import canonical_json, sha256_hex
-from specreg.core.types import CheckResult
-from specreg.registry.store.entities import PairState, PairVersion, ValidationRun
-from specreg.registry.store.orm import AuditEventRow, CheckResultRow, PairRow, PairVersionRow, ValidationRunRow
+from specreg.registry.store.entities import AuditEvent, PairState, PairVersion, ValidationRun
+from specreg.registry.store.orm import CheckResultRow, PairRow, PairVersionRow, ValidationRunRow
 from specreg.registry.store.store import Store, utcnow, verified_chain
 
 RUNNING, PASSED, FAILED, ABORTED, ERROR = "running", "passed", "failed", "aborted", "error"
@@ -44,7 +43,7 @@ def run_content_sha256(row: ValidationRunRow) -> str:
     }))))
 
 
-def chained_run_ids(session: Session, chain: list[AuditEventRow]) -> set[int]:
+def chained_run_ids(session: Session, chain: list[AuditEvent]) -> set[int]:
     """The ids of the finished runs whose content the verified audit chain vouches for: a
     ``validate`` event names the run and its content hash, and the run still hashes to it."""
     covered: dict[int, str] = {}
@@ -58,7 +57,7 @@ def chained_run_ids(session: Session, chain: list[AuditEventRow]) -> set[int]:
     return {row.id for row in rows if row.status in FINISHED and run_content_sha256(row) == covered[row.id]}
 
 
-def uncovered_runs(session: Session, chain: list[AuditEventRow]) -> list[str]:
+def uncovered_runs(session: Session, chain: list[AuditEvent]) -> list[str]:
     """One line per finished run that counts for nothing because no audit event covers it."""
     covered = chained_run_ids(session, chain)
     found = session.execute(select(ValidationRunRow.id, ValidationRunRow.status, PairRow.name, PairVersionRow.version)
@@ -70,15 +69,14 @@ def uncovered_runs(session: Session, chain: list[AuditEventRow]) -> list[str]:
             for run_id, status, name, version in found if run_id not in covered]
 
 
-def run_to_entity(row: ValidationRunRow, pair_name: str, version: int) -> ValidationRun:
-    return ValidationRun(
-        id=row.id, pair_name=pair_name, version=version, status=row.status, golden_set=row.golden_set,
-        golden_sha256=row.golden_sha256, binding_sha256=row.binding_sha256,
-        environment=row.environment or {}, options=row.options or {}, summary=row.summary,
-        baselines=in_engine_terms(row.baselines), actor=row.actor, pid=row.pid, started_at=row.started_at,
-        finished_at=row.finished_at, error=row.error, mlflow_run_id=row.mlflow_run_id,
-        checks=tuple(CheckResult(c.name, c.status, c.summary, c.evidence, c.figures or {}) for c in row.checks),
-    )
+def counted_finished_runs(session: Session, version: PairVersion, chain: list[AuditEvent]) -> list[ValidationRun]:
+    """The passed or failed runs of ``version``, newest first, whose content an audit event of the
+    verified ``chain`` covers (a row written or edited outside `specreg validate` judged nothing)."""
+    counted = chained_run_ids(session, chain)
+    rows = session.scalars(select(ValidationRunRow).where(ValidationRunRow.pair_version_id == version.id,
+                                                          ValidationRunRow.status.in_(FINISHED))
+                           .order_by(ValidationRunRow.id.desc()))
+    return [row.to_entity(version.name, version.version) for row in rows if row.id in counted]
 
 
 def process_start_ticks(pid: int) -> int | None:
@@ -143,7 +141,7 @@ class ValidationStore:
             )
             session.add(row)
             session.flush()
-            return run_to_entity(row, pair_version.name, pair_version.version)
+            return row.to_entity(pair_version.name, pair_version.version)
 
     def record_check(self, run_id: int, check) -> None:
         """Persist one CheckResult of a running run, as soon as it is known."""
@@ -184,7 +182,7 @@ class ValidationStore:
                                         "run_sha256": run_content_sha256(row)},
                 session=session)
             session.flush()
-            return run_to_entity(row, pair_version.name, pair_version.version), moved
+            return row.to_entity(pair_version.name, pair_version.version), moved
 
     def abort(self, run_id: int, status: str, reason: str, summary: dict[str, Any] | None = None) -> None:
         """Mark a still-running run ``aborted`` or ``error`` with the reason (and the suite's
@@ -228,7 +226,7 @@ class ValidationStore:
             found = session.execute(self._runs_query().where(ValidationRunRow.id == run_id)).first()
             if found is None:
                 raise NotFoundError(f"unknown validation run {run_id}")
-            return run_to_entity(*found)
+            return found[0].to_entity(*found[1:])
 
     def list_runs(self, name: str, version: int | None = None) -> list[ValidationRun]:
         """Runs of a pair (of one version when given), oldest first."""
@@ -236,7 +234,7 @@ class ValidationStore:
         if version is not None:
             query = query.where(PairVersionRow.version == version)
         with self.store.session() as session:
-            return [run_to_entity(*found) for found in session.execute(query.order_by(ValidationRunRow.id)).all()]
+            return [found[0].to_entity(*found[1:]) for found in session.execute(query.order_by(ValidationRunRow.id)).all()]
 
     def latest_passed(self, name: str, version: int) -> ValidationRun | None:
         """The newest passed run of one version (its baselines are the version's baselines)."""
@@ -246,7 +244,7 @@ class ValidationStore:
         with self.store.session() as session:
             chain, _ = verified_chain(session)
             found = session.execute(query.where(ValidationRunRow.id.in_(chained_run_ids(session, chain)))).first()
-            return run_to_entity(*found) if found else None
+            return found[0].to_entity(*found[1:]) if found else None
 
     def baselines(self, name: str, version: int) -> dict[str, Any] | None:
         run = self.latest_passed(name, version)

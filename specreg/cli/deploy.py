@@ -49,7 +49,7 @@ def export(ref, fmt, out_dir, template, option_pairs, force, overwrite, signing_
         options[key] = value if key == "engine_version" else yaml_scalar(value)
     files = open_registry(db_url).export(ref, fmt, out_dir=out_dir, force=force, overwrite=overwrite,
                                          template=template, options=options or None, signing_key=signing_key)
-    from specreg.registry.deploy.writing import Link
+    from specreg.registry.deploy.export_files import Link
 
     if as_json:  # a Link entry (a head file the layout links to) has "link" instead of "text"
         print_json([{"file": name, "link" if isinstance(text, Link) else "text": str(text)} for name, text in files])

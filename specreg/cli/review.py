@@ -34,7 +34,7 @@ def sync(name, db_url, user, as_json):
 def ui(name, port, host):
     """Serve the MLflow UI on the embedded store and print the URL of pair NAME's model; Ctrl-C
     stops it and every process it started. The server's own output goes to a log file."""
-    from specreg.registry.review.mlflow_places import local_artifact_root, registered_model_url, serve_ui, ui_command
+    from specreg.registry.review.mlflow_ui import local_artifact_root, registered_model_url, serve_ui, ui_command
     from specreg.registry.review.mlflow_sync import MlflowSync
 
     mlflow = MlflowSync(click.get_current_context().find_root().params.get("mlflow_uri"))

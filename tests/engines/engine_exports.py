@@ -16,7 +16,7 @@ from exportcase import BASELINES, fingerprint, record_argv
 from specreg.core.types import ModelRef
 from specreg.registry.store.entities import PairState, PairVersion, SpecConfig, SpecMethod
 from specreg.registry.deploy.exports import render_export
-from specreg.registry.deploy.writing import write_export
+from specreg.registry.deploy.export_files import write_export
 
 K = 4
 CUTOFF = 16

@@ -11,7 +11,7 @@ from exportcase import make_pair
 from specreg.errors import PolicyViolation, SpecregError
 from specreg.registry.store.entities import PairState, SpecMethod
 from specreg.registry.deploy.exports import render_export
-from specreg.registry.deploy.writing import write_export
+from specreg.registry.deploy.export_files import write_export
 
 
 def test_unapproved_refused_without_force(draft_pair, baselines):

@@ -18,7 +18,7 @@ from specreg.errors import SpecregError, UsageError
 from specreg.registry.deploy.exports import draft_layout, render_export
 from specreg.registry.deploy.lock import build_lock, lock_text
 from specreg.registry.deploy.verify import verify_lock
-from specreg.registry.deploy.writing import Link, write_export
+from specreg.registry.deploy.export_files import Link, write_export
 from specreg.registry.store.entities import SpecConfig, SpecMethod
 
 

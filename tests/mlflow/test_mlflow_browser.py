@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from specreg.registry.review.mlflow_places import model_version_url
+from specreg.registry.review.mlflow_ui import model_version_url
 from specreg.registry.review.mlflow_sync import MlflowSync
 
 

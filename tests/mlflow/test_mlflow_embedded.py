@@ -11,7 +11,7 @@ import pytest
 
 from mlflow_server import MlflowServer, free_port
 from specreg.errors import UsageError
-from specreg.registry.review.mlflow_places import local_artifact_root, ui_command
+from specreg.registry.review.mlflow_ui import local_artifact_root, ui_command
 from specreg.registry.review.mlflow_sync import MlflowSync
 from specreg.settings import specreg_home
 

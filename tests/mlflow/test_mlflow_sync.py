@@ -12,7 +12,7 @@ import yaml
 
 from specreg.errors import NotFoundError, UsageError
 from specreg.registry.store.entities import PairState
-from specreg.registry.review.mlflow_places import model_version_url
+from specreg.registry.review.mlflow_ui import model_version_url
 from specreg.registry.review.mlflow_sync import MlflowSync
 
 GATE_SUMMARY = "## specreg gate summary\n\n| check | result |\n|---|---|\n| acceptance | pass 0.71 |\n"

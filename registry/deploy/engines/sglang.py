@@ -11,7 +11,7 @@ from typing import Any
 
 from specreg.errors import SpecregError
 from specreg.registry.deploy.engines.common import Export, mtp_family, mtp_refusal, trained_aux_layers
-from specreg.registry.deploy.writing import Link
+from specreg.registry.deploy.export_files import Link
 from specreg.registry.store.entities import PairVersion, SpecMethod
 
 ENGINE = "sglang"

@@ -1,5 +1,6 @@
-"""Where MLflow keeps things and how to reach them: the artifact folder of a local store, the
-`specreg ui` command line, and the UI addresses of model versions."""
+"""The MLflow UI and where MLflow keeps things: the `specreg ui` command line and the server it
+starts, the UI addresses of registered models and model versions, and the artifact folder of a
+local store."""
 
 from __future__ import annotations
 

@@ -14,20 +14,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
-
 from specreg.errors import ConcurrentUpdateError, IllegalTransitionError, NotFoundError, PolicyViolation
 from specreg.registry.governance.approvals import export_environment, rejected_by, standing
 from specreg.registry.governance.decisions import evaluate, unmet
 from specreg.registry.governance.environment_history import new_holder
 from specreg.registry.governance.floors import SPEEDUP_EXCEPTION
 from specreg.registry.governance.policy import Policy
-from specreg.registry.governance.queries import (fingerprint_changes, golden_set_sha256, lock_pair, pointer_problem,
-                                                 pointer_row, version_number)
+from specreg.registry.governance.queries import fingerprint_changes, golden_set_sha256, pointer_problem
+from specreg.registry.store import pointers
 from specreg.registry.store.entities import PairState, PairVersion
-from specreg.registry.store.orm import EnvironmentPointerRow, PairRow, PairVersionRow
-from specreg.registry.store.store import Store, utcnow, verified_chain
+from specreg.registry.store.store import Session, Store, utcnow, verified_chain
 
 @dataclass(frozen=True)
 class PointerMove:
@@ -46,17 +42,15 @@ class PointerMove:
                 **({"exception": self.exception} if self.exception else {})}
 
 
-def release(store: Store, policy: Policy, session: Session, row: PairVersionRow, *, actor: str, environment: str,
+def release(store: Store, policy: Policy, session: Session, row: PairVersion, *, actor: str, environment: str,
             replaced_by: int | None, reason: str | None) -> None:
     """A version lost ``environment``: when it holds no other environment its state returns
     to approved (validated unless its signed approvals stand), with an audit event."""
-    still_holds = session.scalar(select(EnvironmentPointerRow.id).where(
-        EnvironmentPointerRow.pair_version_id == row.id, EnvironmentPointerRow.environment != environment))
-    if still_holds is not None or row.state != PairState.PROMOTED.value:
+    if pointers.holds_another(session, row, environment) or row.state is not PairState.PROMOTED:
         return
     chain, _ = verified_chain(session)
     approved = standing(session, row, export_environment(policy), policy, chain)[0].passed
-    store.transition(row.pair.name, row.version, PairState.APPROVED if approved else PairState.VALIDATED,
+    store.transition(row.name, row.version, PairState.APPROVED if approved else PairState.VALIDATED,
                      actor=actor, action="release", reason=reason,
                      details={"environment": environment, "replaced_by": replaced_by}, session=session)
 
@@ -77,11 +71,11 @@ def promote(store: Store, policy: Policy, name: str, version: int, environment: 
     golden_sha256 = golden_set_sha256(env.golden_set)
     label = f"{name}@{version}"
     with store.session(write=True) as session:
-        pair = lock_pair(session, name)
-        row = store.version_row(session, name, version, lock=True)
-        pointer = pointer_row(session, pair.id, environment, lock=True)
-        holder = session.get(PairVersionRow, pointer.pair_version_id) if pointer and pointer.pair_version_id else None
-        holder_version = holder.version if holder else None
+        store.lock_pair(session, name)
+        row = store.pair_version(session, name, version, lock=True)
+        pointer = pointers.pointer(session, name, environment, lock=True)
+        holder_version = pointer.version if pointer else None
+        holder = store.pair_version(session, name, holder_version) if holder_version is not None else None
         if holder_version != expected_holder:
             raise ConcurrentUpdateError(
                 f"{name}@{environment} is now held by {describe_holder(holder_version)} (moved by {pointer.updated_by} "
@@ -102,15 +96,7 @@ def promote(store: Store, policy: Policy, name: str, version: int, environment: 
             raise PolicyViolation(f"cannot promote {label} to {environment}: "
                                   + "; ".join(f"{c.name}: {c.reason}" for c in judged),
                                   reasons=[(c.name, c.reason) for c in judged])
-        now = utcnow()
-        if pointer is None:
-            pointer = EnvironmentPointerRow(pair_id=pair.id, environment=environment, pair_version_id=row.id,
-                                            previous_version_id=None, updated_by=actor, updated_at=now)
-            session.add(pointer)
-        else:
-            pointer.previous_version_id = pointer.pair_version_id
-            pointer.pair_version_id, pointer.updated_by, pointer.updated_at = row.id, actor, now
-        session.flush()
+        pointers.hold(session, name, environment, row, actor=actor, now=utcnow())
         approval = next((c.details.get("approval") for c in conditions if c.name == "approval"), None)
         store.transition(name, version, PairState.PROMOTED, actor=actor, action="promote", reason=reason,
                          details={"environment": environment, "previous_version": holder_version,
@@ -148,45 +134,42 @@ def rollback(store: Store, policy: Policy, name: str, environment: str, *, actor
     rollback is refused rather than flipping back to the version just rolled back."""
     seen_previous, changes = None, []
     with store.session() as session:
-        pair_id = session.scalar(select(PairRow.id).where(PairRow.name == name))
-        pointer = pointer_row(session, pair_id, environment) if pair_id is not None else None
-        if pointer is not None and pointer.previous_version_id is not None:
-            seen_previous = version_number(session, pointer.previous_version_id)
+        pointer = pointers.pointer(session, name, environment)
+        if pointer is not None:
+            seen_previous = pointer.previous_version
     if seen_previous is not None:
         # slow (hashes every weight file): outside the transaction, re-checked against the pointer below
         changes = fingerprint_changes(store.get_version(name, seen_previous))
     with store.session(write=True) as session:
-        pair = lock_pair(session, name)
-        pointer = pointer_row(session, pair.id, environment, lock=True)
+        store.lock_pair(session, name)
+        pointer = pointers.pointer(session, name, environment, lock=True)
         if pointer is None:
             raise NotFoundError(f"no version of {name} has held environment {environment}")
-        if pointer.previous_version_id is None:
+        if pointer.previous_version is None:
             raise IllegalTransitionError(f"{name}@{environment}: no previous holder recorded to roll back to; "
                                          f"promote a version explicitly")
-        previous = session.get(PairVersionRow, pointer.previous_version_id, with_for_update=True)
+        previous = store.pair_version(session, name, pointer.previous_version, lock=True)
         if previous.version != seen_previous:
             raise ConcurrentUpdateError(f"{name}@{environment}: the previous holder changed while rolling back "
                                         f"(now {name}@{previous.version}): nothing changed, run it again")
         target = f"cannot roll back {name}@{environment} to {name}@{previous.version}"
         chain, _ = verified_chain(session)
-        problem = pointer_problem(session, pointer, name, chain)
+        problem = pointer_problem(pointer, chain)
         if problem is not None:
             raise PolicyViolation(f"{target}: {problem}")
         if not any(e.pair_name == name and new_holder(e, environment) == (True, previous.version) for e in chain):
             raise PolicyViolation(f"{target}: the audit chain has no promote of it to {environment} (the pointer row's "
                                   f"previous holder was written outside specreg)")
-        if previous.state in (PairState.RETIRED.value, PairState.FAILED.value):
-            raise PolicyViolation(f"{target}: it is {previous.state}")
+        if previous.state in (PairState.RETIRED, PairState.FAILED):
+            raise PolicyViolation(f"{target}: it is {previous.state.value}")
         rejecter = rejected_by(session, previous, policy)
         if rejecter is not None:
             raise PolicyViolation(f"{target}: it was rejected by {rejecter} (signed)")
         if changes:
             raise PolicyViolation(f"{target}: its models changed since registration: {', '.join(changes)}")
-        current = session.get(PairVersionRow, pointer.pair_version_id) if pointer.pair_version_id else None
-        current_version = current.version if current else None
-        pointer.pair_version_id, pointer.previous_version_id = previous.id, None
-        pointer.updated_by, pointer.updated_at = actor, utcnow()
-        session.flush()
+        current_version = pointer.version
+        current = store.pair_version(session, name, current_version) if current_version is not None else None
+        pointers.restore_previous(session, name, environment, actor=actor, now=utcnow())
         store.transition(name, previous.version, PairState.PROMOTED, actor=actor, action="rollback", reason=reason,
                          details={"environment": environment, "previous_version": current_version}, session=session)
         if current is not None:
@@ -202,22 +185,14 @@ def retire(store: Store, name: str, version: int, *, actor: str, reason: str | N
     previous one)."""
     label = f"{name}@{version}"
     with store.session(write=True) as session:
-        lock_pair(session, name)
-        row = store.version_row(session, name, version, lock=True)
-        held = list(session.scalars(select(EnvironmentPointerRow).where(
-            EnvironmentPointerRow.pair_version_id == row.id).with_for_update()))
-        environments = sorted(p.environment for p in held)
-        if held and not force:
+        store.lock_pair(session, name)
+        row = store.pair_version(session, name, version, lock=True)
+        environments = pointers.held_by(session, row)
+        if environments and not force:
             raise PolicyViolation(f"{label} holds {', '.join(environments)}: roll back or promote another version "
                                   f"first, or retire with --force")
-        now = utcnow()
-        for pointer in held:
-            pointer.pair_version_id, pointer.updated_by, pointer.updated_at = None, actor, now
-        # a retired version can no longer be a rollback target
-        for pointer in session.scalars(select(EnvironmentPointerRow).where(
-                EnvironmentPointerRow.previous_version_id == row.id).with_for_update()):
-            pointer.previous_version_id = None
-        session.flush()
+        # a retired version holds nothing and can no longer be a rollback target
+        pointers.let_go(session, row, actor=actor, now=utcnow())
         return store.transition(name, version, PairState.RETIRED, actor=actor, action="retire", reason=reason,
                                 details={"released": environments, "force": force}, session=session)
 
@@ -227,18 +202,14 @@ def environment_pointers(store: Store, name: str | None = None) -> list[dict[str
     audit chain does not vouch for shows no holder and says why (``not_counted``)."""
     with store.session() as session:
         chain, _ = verified_chain(session)
-        query = select(EnvironmentPointerRow, PairRow.name).join(PairRow, PairRow.id == EnvironmentPointerRow.pair_id)
-        if name is not None:
-            if session.scalar(select(PairRow.id).where(PairRow.name == name)) is None:
-                raise NotFoundError(f"unknown pair {name}")
-            query = query.where(PairRow.name == name)
-        rows = session.execute(query.order_by(PairRow.name, EnvironmentPointerRow.environment)).all()
+        if name is not None and not store.has_pair(session, name):
+            raise NotFoundError(f"unknown pair {name}")
         listed = []
-        for p, pair_name in rows:
-            problem = pointer_problem(session, p, pair_name, chain)
-            listed.append({"pair": pair_name, "environment": p.environment,
-                           "version": None if problem else version_number(session, p.pair_version_id),
-                           "previous_version": None if problem else version_number(session, p.previous_version_id),
+        for p in pointers.pointers_of(session, name):
+            problem = pointer_problem(p, chain)
+            listed.append({"pair": p.pair, "environment": p.environment,
+                           "version": None if problem else p.version,
+                           "previous_version": None if problem else p.previous_version,
                            "updated_by": p.updated_by, "updated_at": p.updated_at.isoformat(timespec="seconds"),
                            **({"not_counted": problem} if problem else {})})
         return listed
