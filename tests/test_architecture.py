@@ -46,7 +46,9 @@ ALLOWED = {
 }
 # The schema's migration scripts are the store's own: env.py reads the ORM metadata, the store runs them.
 SAME_PART = {"specreg.migrations": "specreg.registry.store"}
-FRONT_DOOR = ("specreg.api", "specreg.validation", "specreg.engine_validation", "specreg.cli", "specreg")  # may import anything
+# The front door may import anything below it; inside it: cli -> api -> usecases -> validation, engine_validation.
+FRONT_DOOR = ("specreg.api", "specreg.usecases", "specreg.validation", "specreg.engine_validation", "specreg.cli",
+              "specreg")
 HEAVY = ("torch", "transformers", "mlflow", "sqlalchemy", "alembic", "numpy")
 
 
