@@ -270,3 +270,18 @@ def test_every_engine_module_satisfies_the_engine_interface():
             value = getattr(module, name)
             allowed = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
             assert isinstance(value, tuple(typing.get_origin(kind) or kind for kind in allowed)), (fmt, name, value)
+
+
+def test_checks_share_one_shape_and_stay_short():
+    """Every check of the suite is a validators.context.Check over one CheckContext; run_suite is a
+    loop over those the options select, and no function in validators/ runs past 60 lines."""
+    from specreg.validators.context import Check
+    from specreg.validators.suite import CHECK_NAMES, suite_checks
+
+    checks = suite_checks()
+    assert list(checks) == list(CHECK_NAMES)
+    assert all(isinstance(check, Check) and check.name == name for name, check in checks.items())
+    lengths = {name: lines for path in sorted((ROOT / "validators").glob("*.py"))
+               for name, lines in function_lengths(path).items()}
+    assert [name for name in lengths if name.endswith(" run_suite")], "the walk found no run_suite"
+    assert {name: lines for name, lines in lengths.items() if lines > 60} == {}
