@@ -244,7 +244,8 @@ def test_engine_modules_are_reached_through_their_interface_only():
              ROOT / "registry" / "deploy" / "engines" / "__init__.py", *(ROOT / "specreg" / "usecases").glob("*.py")]
     probes = [f"{path.relative_to(ROOT)}:{node.lineno}" for path in files
               for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
-              if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("hasattr", "getattr")]
+              if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id in ("hasattr", "getattr")]
     assert probes == []
 
 

@@ -33,7 +33,8 @@ def export(registry, ref, fmt: str, *, out_dir: str | None = None, force: bool =
     plan = plan_export(version, baselines, fmt, approved=standing.passed and audited.passed, force=force,
                        options=options, unapproved_reason=standing.reason)
     lock = None if fmt == RULES_FORMAT else pair_lock(registry, plan, baselines, env, out_dir, overwrite)
-    files = render(plan, lock, template, signing_key, audited.details.get("audit_head") or registry.store.audit_head())
+    audit_head = audited.details.get("audit_head") or registry.store.audit_head()
+    files = render(plan, lock, template, signing_key, audit_head)
     if out_dir is not None:
         write_export(files, out_dir, overwrite=overwrite)
     if lock is not None and not signing_key:

@@ -42,8 +42,9 @@ def register(registry, name: str, *, target: str, draft: str | None = None, num_
     elif allow_verifier_mismatch:
         raise UsageError("--allow-verifier-mismatch applies to methods eagle3, medusa and mtp")
     version, created = registry.store.create_version(
-        name=name, target=target_ref, draft=draft_ref, config=config, binding_sha256=binding(target_ref, draft_ref, config),
-        actor=registry.user, notes=notes, allow_pickle=allow_pickle, model_files=model_files(target_ref, draft_ref),
+        name=name, target=target_ref, draft=draft_ref, config=config,
+        binding_sha256=binding(target_ref, draft_ref, config), actor=registry.user, notes=notes,
+        allow_pickle=allow_pickle, model_files=model_files(target_ref, draft_ref),
     )
     return RegisterResult(version, created)
 
