@@ -1,7 +1,7 @@
 """The house's one-way dependencies, checked by walking every module's imports,
 lazy ones inside functions included:
 
-    core <- runtime <- validators <- front door (api, validation, cli) -> registry -> core
+    core <- runtime <- validators <- front door (cli, api, usecases, validation) -> registry -> core
 
 and inside the registry: store <- governance <- review, deploy. A new import that breaks a
 rule, or closes a cycle between these parts, fails here with the file and line.
