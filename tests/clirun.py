@@ -71,10 +71,12 @@ def run_specreg(args, *, env: dict | None = None, cwd=None) -> subprocess.Comple
     return subprocess.CompletedProcess(["specreg", *argv], code, stdout.getvalue(), stderr.getvalue())
 
 
-def run(*args, env: dict | None = None) -> subprocess.CompletedProcess:
+def run(*args, env: dict | None = None, unset: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     """``specreg *args`` in this process (run_specreg) with ``env`` added to this process's
-    environment; asserts that it printed no traceback, whatever its exit code."""
-    result = run_specreg(args, env={**os.environ, **(env or {})})
+    environment and the variables ``unset`` taken out of it; asserts that it printed no
+    traceback, whatever its exit code."""
+    environment = {key: value for key, value in {**os.environ, **(env or {})}.items() if key not in unset}
+    result = run_specreg(args, env=environment)
     assert "Traceback" not in result.stderr, result.stderr
     return result
 

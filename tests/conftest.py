@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sys
 import uuid
 from pathlib import Path
@@ -25,13 +26,10 @@ TESTS_DIR = Path(__file__).parent
 sys.path.insert(0, str(TESTS_DIR))  # tinymodels and other shared test helpers
 
 from mlflow_server import mlflow_server  # noqa: E402,F401  (session fixture: a real MLflow server)
+from helpers import in_ci  # noqa: E402
 from pgroles import ensure_role  # noqa: E402
 
 PG_ADMIN_URL = os.environ.get("SPECREG_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
 @pytest.fixture(autouse=True)
@@ -133,6 +131,25 @@ def tiny_models(tmp_path_factory):
         "draft2": build_llama(root / "draft2", root / "tokenizer", seed=3),
     }
     return paths
+
+
+@pytest.fixture(scope="session")
+def models(tiny_models, tmp_path_factory) -> dict[str, Path]:
+    """Pairs over the tiny models: target, draft (random), self (a copy of the target: accepts
+    everything), padded (a draft whose embeddings have 20 padding rows beyond the tokenizer)."""
+    from tinymodels import build_llama
+
+    root = tmp_path_factory.mktemp("models")
+    self_draft = Path(shutil.copytree(tiny_models["target"], root / "self"))
+    padded = build_llama(root / "padded", tiny_models["tokenizer"], seed=5,
+                         vocab_size=len(_tokenizer(tiny_models["tokenizer"])) + 20)
+    return {"target": tiny_models["target"], "draft": tiny_models["draft"], "self": self_draft, "padded": padded}
+
+
+def _tokenizer(path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
 
 
 @pytest.fixture

@@ -13,9 +13,7 @@ from pathlib import Path
 
 import pytest
 
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+from helpers import in_ci  # tests/ is on sys.path (tests/conftest.py)
 
 
 def unavailable(what: str, exc: Exception):

@@ -1,7 +1,7 @@
 """The house's one-way dependencies, checked by walking every module's imports,
 lazy ones inside functions included:
 
-    core <- runtime <- validators <- front door (api, validation, cli) -> registry -> core
+    core <- runtime <- validators <- front door (cli, api, usecases, validation) -> registry -> core
 
 and inside the registry: store <- governance <- review, deploy. A new import that breaks a
 rule, or closes a cycle between these parts, fails here with the file and line.
@@ -46,7 +46,9 @@ ALLOWED = {
 }
 # The schema's migration scripts are the store's own: env.py reads the ORM metadata, the store runs them.
 SAME_PART = {"specreg.migrations": "specreg.registry.store"}
-FRONT_DOOR = ("specreg.api", "specreg.validation", "specreg.engine_validation", "specreg.cli", "specreg")  # may import anything
+# The front door may import anything below it; inside it: cli -> api -> usecases -> validation, engine_validation.
+FRONT_DOOR = ("specreg.api", "specreg.usecases", "specreg.validation", "specreg.engine_validation", "specreg.cli",
+              "specreg")
 HEAVY = ("torch", "transformers", "mlflow", "sqlalchemy", "alembic", "numpy")
 
 
@@ -239,3 +241,84 @@ def test_registry_files_stay_short():
     long = [f"{path.relative_to(ROOT)}: {n} lines" for path in sorted((ROOT / "registry").rglob("*.py"))
             if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_REGISTRY_LINES]
     assert long == []
+
+
+def function_lengths(path: Path, inside_class: str | None = None) -> dict[str, int]:
+    """Lines of each function of ``path`` (of class ``inside_class`` only, when given), by name."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    if inside_class is not None:
+        [tree] = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == inside_class]
+    return {f"{path.relative_to(ROOT)}:{node.lineno} {node.name}": node.end_lineno - node.lineno + 1
+            for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def test_the_api_is_a_thin_facade_over_the_use_cases():
+    """api.py stays a facade: the work of each command is in its use case (specreg/usecases/), so a
+    reader goes from the CLI module to the use case to the store or governance."""
+    api = ROOT / "specreg" / "api.py"
+    assert len(api.read_text(encoding="utf-8").splitlines()) <= 250
+    methods = function_lengths(api, inside_class="Registry")
+    assert len(methods) > 40, "the walk found too few Registry methods: the checker is broken"
+    assert {name: lines for name, lines in methods.items() if lines > 25} == {}
+
+
+def test_use_cases_sit_below_the_api_and_the_cli():
+    """A use case never reaches back up into the facade or the CLI (one way: cli -> api -> usecases)."""
+    modules = module_files()
+    cases = {name: path for name, path in modules.items() if name.startswith("specreg.usecases.")}
+    assert "specreg.usecases.export" in cases
+    problems = [f"{path.relative_to(ROOT)}:{line}: imports {imported}"
+                for name, path in sorted(cases.items()) for imported, line in imports_of(path, name)
+                if imported.startswith(("specreg.api", "specreg.cli"))]
+    assert problems == []
+
+
+def test_engine_modules_are_reached_through_their_interface_only():
+    """No hasattr / getattr on the export path: what an engine module has is what
+    engines.EngineModule says, so an export reads it without probing."""
+    files = [ROOT / "specreg" / "api.py", ROOT / "registry" / "deploy" / "exports.py",
+             ROOT / "registry" / "deploy" / "engines" / "__init__.py", *(ROOT / "specreg" / "usecases").glob("*.py")]
+    probes = [f"{path.relative_to(ROOT)}:{node.lineno}" for path in files
+              for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+              if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id in ("hasattr", "getattr")]
+    assert probes == []
+
+
+def test_every_engine_module_satisfies_the_engine_interface():
+    """Each module of engines.FORMATS has every member of engines.EngineModule, each function taking
+    the parameters the interface names, each constant of the type it says."""
+    import inspect
+    import types
+    import typing
+
+    from specreg.registry.deploy.engines import EngineModule, format_modules
+
+    hints = typing.get_type_hints(EngineModule)
+    functions = {name: [p for p in inspect.signature(member).parameters if p != "self"]
+                 for name, member in vars(EngineModule).items()
+                 if inspect.isfunction(member) and not name.startswith("_")}
+    assert {"refusal", "context", "write_models"} <= set(functions) and "WRITES_MODELS" in hints
+    for fmt, module in format_modules().items():
+        assert isinstance(module, EngineModule), fmt
+        for name, parameters in functions.items():
+            assert list(inspect.signature(getattr(module, name)).parameters) == parameters, (fmt, name)
+        for name, hint in hints.items():
+            value = getattr(module, name)
+            allowed = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+            assert isinstance(value, tuple(typing.get_origin(kind) or kind for kind in allowed)), (fmt, name, value)
+
+
+def test_checks_share_one_shape_and_stay_short():
+    """Every check of the suite is a validators.context.Check over one CheckContext; run_suite is a
+    loop over those the options select, and no function in validators/ runs past 60 lines."""
+    from specreg.validators.context import Check
+    from specreg.validators.suite import CHECK_NAMES, suite_checks
+
+    checks = suite_checks()
+    assert list(checks) == list(CHECK_NAMES)
+    assert all(isinstance(check, Check) and check.name == name for name, check in checks.items())
+    lengths = {name: lines for path in sorted((ROOT / "validators").glob("*.py"))
+               for name, lines in function_lengths(path).items()}
+    assert [name for name in lengths if name.endswith(" run_suite")], "the walk found no run_suite"
+    assert {name: lines for name, lines in lengths.items() if lines > 60} == {}

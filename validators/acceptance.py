@@ -17,6 +17,7 @@ from typing import Any
 from specreg.core.baselines import (ENGINE_SCHEDULE, ENGINE_TAU, drift_floor, in_engine_terms, legacy_tau_note,
                                     relative_change, schedule_note)
 from specreg.core.types import FAIL, PASS, SKIP, CheckResult
+from specreg.validators.context import Check, CheckContext
 
 CHECK_NAME = "acceptance"
 DEFAULT_TOLERANCE = 0.10
@@ -137,3 +138,13 @@ def check_acceptance(decodes, *, previous: tuple[int, dict[str, Any]] | None = N
         return CheckResult(CHECK_NAME, FAIL, summary, evidence, figures)
     return CheckResult(CHECK_NAME, PASS, f"{headline}; within {tolerance:.0%} of v{version}'s baseline "
                        f"({len(comparison)} figures compared){flagged}", evidence, figures)
+
+
+def run(context: CheckContext) -> CheckResult:
+    """The acceptance check of a validation, over the runtime's golden decodes."""
+    _, decodes = context.runtime()
+    return check_acceptance(decodes, previous=context.previous_baselines, tolerance=context.options.acceptance_tolerance,
+                            k=context.settings.k)
+
+
+CHECK = Check(CHECK_NAME, run, runtime=True)

@@ -14,6 +14,7 @@ from pathlib import Path
 from specreg.core.types import FAIL, SKIP, CheckResult, summarize_findings
 from specreg.runtime.loading import load_tokenizer
 from specreg.validators.tokenizer import first_token_difference
+from specreg.validators.context import Check, CheckContext
 
 CHECK_NAME = "chat_template"
 CONTEXT_CHARS = 20
@@ -51,6 +52,30 @@ def check_chat_template_alignment(draft_dir: str | Path, target_dir: str | Path,
                    f"{len(conversations)} messages records that must be rendered through one")
         return CheckResult(CHECK_NAME, FAIL, summary, evidence, {"conversations": len(conversations)})
 
+    text_mismatches, token_mismatches, render_errors, renders = compare_renders(conversations, draft, target)
+    findings = render_findings(text_mismatches, token_mismatches, render_errors)
+    status, summary = summarize_findings(
+        findings, f"chat templates agree on {len(conversations)} conversations of '{golden.name}' "
+                  f"({renders} renders, with and without the generation prompt)")
+    evidence.update({
+        "findings": findings,
+        "text_mismatches": text_mismatches[:MAX_EXAMPLES],
+        "token_mismatches": token_mismatches[:MAX_EXAMPLES],
+        "render_errors": render_errors[:MAX_EXAMPLES],
+    })
+    figures = {
+        "conversations": len(conversations),
+        "renders_compared": renders,
+        "text_mismatches": len(text_mismatches),
+        "token_mismatches": len(token_mismatches),
+        "render_errors": len(render_errors),
+    }
+    return CheckResult(CHECK_NAME, status, summary, evidence, figures)
+
+
+def compare_renders(conversations, draft, target) -> tuple[list[dict], list[dict], list[dict], int]:
+    """Each conversation rendered by both templates, with and without the generation prompt ->
+    (text mismatches, token-id mismatches, render errors, renders compared)."""
     import jinja2
 
     text_mismatches, token_mismatches, render_errors = [], [], []
@@ -78,7 +103,11 @@ def check_chat_template_alignment(draft_dir: str | Path, target_dir: str | Path,
                 target.encode(rendered["target"], add_special_tokens=False), draft, target)
             if difference is not None:
                 token_mismatches.append({**where, **difference})
+    return text_mismatches, token_mismatches, render_errors, renders
 
+
+def render_findings(text_mismatches: list[dict], token_mismatches: list[dict], render_errors: list[dict]) -> list[dict]:
+    """One finding per kind of difference, naming its first case."""
     findings = []
     if render_errors:
         first = render_errors[0]
@@ -100,23 +129,7 @@ def check_chat_template_alignment(draft_dir: str | Path, target_dir: str | Path,
                                     f"{first['draft_token']!r} (id {first['draft_id']}), target "
                                     f"{first['target_token']!r} (id {first['target_id']})"
                                     + _more(token_mismatches)})
-    status, summary = summarize_findings(
-        findings, f"chat templates agree on {len(conversations)} conversations of '{golden.name}' "
-                  f"({renders} renders, with and without the generation prompt)")
-    evidence.update({
-        "findings": findings,
-        "text_mismatches": text_mismatches[:MAX_EXAMPLES],
-        "token_mismatches": token_mismatches[:MAX_EXAMPLES],
-        "render_errors": render_errors[:MAX_EXAMPLES],
-    })
-    figures = {
-        "conversations": len(conversations),
-        "renders_compared": renders,
-        "text_mismatches": len(text_mismatches),
-        "token_mismatches": len(token_mismatches),
-        "render_errors": len(render_errors),
-    }
-    return CheckResult(CHECK_NAME, status, summary, evidence, figures)
+    return findings
 
 
 def template_text(tokenizer) -> str | None:
@@ -156,3 +169,18 @@ def _more(items: list) -> str:
 
 def _sha256(text: str | None) -> str | None:
     return hashlib.sha256(text.encode("utf-8")).hexdigest() if text else None
+
+
+def run(context: CheckContext) -> CheckResult:
+    """The chat-template check of a validation: the draft's template against the target's."""
+    method = context.config.method
+    if method.has_head:
+        return CheckResult(CHECK_NAME, SKIP, f"the {method.value} head drafts inside the target's own chat context: "
+                                             "there is no second template")
+    tokenizers = context.compared_tokenizers(CHECK_NAME)
+    if isinstance(tokenizers, CheckResult):
+        return tokenizers
+    return check_chat_template_alignment(context.draft_dir, context.target_dir, context.golden, **tokenizers)
+
+
+CHECK = Check(CHECK_NAME, run)

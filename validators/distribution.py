@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Callable
 
 from specreg.core.types import FAIL, PASS, SKIP, CheckResult
+from specreg.validators.context import Check, CheckContext
 
 CHECK_NAME = "distribution"
 DEFAULT_SAMPLES = 4000
@@ -226,80 +227,109 @@ def check_distribution(pair, golden, decodes, *, method: str = "draft_model", sa
     tests inject broken ones); progress(done, total) after each prefix. Returns a CheckResult
     "distribution"; skip when no prompt samples.
     """
-    import torch
-
     from specreg.runtime.acceptance import rejection_sample
 
-    rule = acceptance_rule or rejection_sample
+    rules = (acceptance_rule or rejection_sample, tree_acceptance_rule)
     records = {record.id: record for record in golden}
     sampled = [run for run in decodes.runs if run.temperature > 0][:max_records]
     if not sampled:
         return CheckResult(CHECK_NAME, SKIP, f"golden set '{golden.name}' has no prompt with temperature > 0",
                            {"prefixes": []}, {"prefixes": 0})
-    vocab = pair.vocab_size
+    prefixes = golden_prefixes(sampled)
+    tests = 2 * len(prefixes)
+    threshold = alpha / tests
+    results = []
+    for index, (run, offset, token_ids) in enumerate(prefixes):
+        record = records[run.record_id]
+        target_probs = next_token_probs(pair.target, token_ids, pair.vocab_size, record)  # [vocab]
+        node_token_ids, draft_probs = draft_law(pair, method, token_ids, record, tree, target_probs)
+        result = test_prefix(node_token_ids, draft_probs, target_probs, samples, seed + 1000 * index, rules)
+        results.append({"record": run.record_id, "category": run.category, "prefix_tokens": len(token_ids),
+                        "continuation_offset": offset, **result,
+                        "ok": result["zero_probability_emitted"] == 0
+                        and min(result["p_value_vs_target_sampling"], result["p_value_vs_target_probs"]) >= threshold})
+        if progress:
+            progress(index + 1, len(prefixes))
+    evidence = {"prefixes": results, "alpha": alpha, "tests": tests,
+                "method": "single-step draws through the acceptance rule vs target sampling, chi-square",
+                "draft_law": draft_law_description(pair, method, tree)}
+    return verdict(results, evidence, samples, threshold)
+
+
+def golden_prefixes(sampled: list) -> list[tuple]:
+    """The fixed prefixes of the sampled prompts: each prompt and the prompt followed by the first
+    PREFIX_OFFSETS tokens of its greedy continuation -> [(run, offset, token_ids)]."""
     prefixes = []
     for run in sampled:
         continuation = run.target_only.token_ids
         for offset in PREFIX_OFFSETS:
             if offset <= len(continuation) - 1 or offset == 0:
                 prefixes.append((run, offset, run.prompt_ids + continuation[:offset]))
-    tests = 2 * len(prefixes)
-    threshold = alpha / tests
-    results, zero_probability = [], 0
-    for index, (run, offset, token_ids) in enumerate(prefixes):
-        record = records[run.record_id]
-        target_probs = next_token_probs(pair.target, token_ids, vocab, record)  # [vocab]
-        node_token_ids = None
-        if method == "ngram" or pair.draft is None:
-            # ngram looks its proposals up, deterministically: a point mass
-            draft_probs = torch.zeros_like(target_probs)
-            draft_probs[target_probs.argmax()] = 1.0
-        elif method == "draft_model":
-            draft_probs = next_token_probs(pair.draft, token_ids, vocab, record)
-        elif len(token_ids) < 2:  # a head needs the target's state before the last token
-            draft_probs = torch.zeros_like(target_probs)
-            draft_probs[target_probs.argmax()] = 1.0
-        else:
-            node_token_ids, draft_probs = drafter_proposal(pair, method, token_ids, record, tree)
-        if node_token_ids is not None:
-            speculative, target_only = sample_one_step_tree(node_token_ids, draft_probs, target_probs, samples,
-                                                            seed + 1000 * index, tree_acceptance_rule)
-            # the chance that one of the candidates is accepted
-            expected_acceptance = float(target_probs[node_token_ids[1:].unique()].sum())
-        else:
-            speculative, target_only = sample_one_step(draft_probs, target_probs, samples, seed + 1000 * index, rule)
-            expected_acceptance = float(torch.minimum(target_probs, draft_probs).sum())
-        target_cpu = target_probs.double().cpu()
-        spec_counts = torch.bincount(speculative, minlength=vocab)[:vocab]
-        target_counts = torch.bincount(target_only, minlength=vocab)[:vocab]
-        zeros = int(spec_counts[target_cpu == 0].sum())
-        zero_probability += zeros
-        _, _, p_homogeneity = two_sample_chi2(spec_counts, target_counts)
-        statistic, dof, p_fit = goodness_of_fit_chi2(spec_counts, target_cpu)
-        empirical = spec_counts.double() / samples
-        results.append({
-            "record": run.record_id, "category": run.category, "prefix_tokens": len(token_ids),
-            "continuation_offset": offset, "samples": samples,
-            "p_value_vs_target_sampling": p_homogeneity, "p_value_vs_target_probs": p_fit,
+    return prefixes
+
+
+def draft_law(pair, method: str, token_ids: list[int], record, tree, target_probs):
+    """q at the prefix as the pair's drafter proposes it -> (node_token_ids # [nodes+1] or None for
+    a chain, draft_probs # [vocab] or [nodes+1, vocab]). ngram looks its proposals up,
+    deterministically: a point mass on the target's top token, as for a head before it has the
+    target's state before the last token."""
+    import torch
+
+    if method == "draft_model" and pair.draft is not None:
+        return None, next_token_probs(pair.draft, token_ids, pair.vocab_size, record)
+    if method == "ngram" or pair.draft is None or len(token_ids) < 2:
+        draft_probs = torch.zeros_like(target_probs)
+        draft_probs[target_probs.argmax()] = 1.0
+        return None, draft_probs
+    return drafter_proposal(pair, method, token_ids, record, tree)
+
+
+def draft_law_description(pair, method: str, tree) -> str:
+    """What q was, in words, for the evidence."""
+    if method == "draft_model" and pair.draft is not None:
+        return "the draft model's distribution"
+    if method == "ngram" or pair.draft is None:
+        return "a point mass on the target's top token (ngram)"
+    if tree is not None:
+        return "the tree's first-depth candidates (point masses), tree rule"
+    return f"the {method} head's distribution from the target's hidden states"
+
+
+def test_prefix(node_token_ids, draft_probs, target_probs, samples: int, seed: int, rules: tuple) -> dict:
+    """``samples`` draws at one prefix through the acceptance rule (rules: (chain rule, tree rule))
+    and from the target, with both chi-square tests -> the prefix's figures."""
+    import torch
+
+    vocab = target_probs.shape[-1]
+    if node_token_ids is not None:
+        speculative, target_only = sample_one_step_tree(node_token_ids, draft_probs, target_probs, samples, seed,
+                                                        rules[1])
+        # the chance that one of the candidates is accepted
+        expected_acceptance = float(target_probs[node_token_ids[1:].unique()].sum())
+    else:
+        speculative, target_only = sample_one_step(draft_probs, target_probs, samples, seed, rules[0])
+        expected_acceptance = float(torch.minimum(target_probs, draft_probs).sum())
+    target_cpu = target_probs.double().cpu()
+    spec_counts = torch.bincount(speculative, minlength=vocab)[:vocab]
+    target_counts = torch.bincount(target_only, minlength=vocab)[:vocab]
+    _, _, p_homogeneity = two_sample_chi2(spec_counts, target_counts)
+    statistic, dof, p_fit = goodness_of_fit_chi2(spec_counts, target_cpu)
+    empirical = spec_counts.double() / samples
+    return {"samples": samples, "p_value_vs_target_sampling": p_homogeneity, "p_value_vs_target_probs": p_fit,
             "chi2_vs_target_probs": statistic, "dof": dof,
             "total_variation": float((empirical - target_cpu).abs().sum() / 2),
             "expected_acceptance": expected_acceptance,
-            "zero_probability_emitted": zeros,
-            "ok": zeros == 0 and min(p_homogeneity, p_fit) >= threshold,
-        })
-        if progress:
-            progress(index + 1, len(prefixes))
+            "zero_probability_emitted": int(spec_counts[target_cpu == 0].sum())}
+
+
+def verdict(results: list[dict], evidence: dict, samples: int, threshold: float) -> CheckResult:
+    """The check's result over every prefix: any zero-probability token fails, as does any p-value
+    below the threshold."""
+    zero_probability = sum(r["zero_probability_emitted"] for r in results)
     min_p = min(min(r["p_value_vs_target_sampling"], r["p_value_vs_target_probs"]) for r in results)
-    figures = {"prefixes": len(prefixes), "samples_per_prefix": samples, "min_p_value": min_p,
+    figures = {"prefixes": len(results), "samples_per_prefix": samples, "min_p_value": min_p,
                "threshold": threshold, "zero_probability_emitted": zero_probability,
                "max_total_variation": max(r["total_variation"] for r in results)}
-    evidence = {"prefixes": results, "alpha": alpha, "tests": tests,
-                "method": "single-step draws through the acceptance rule vs target sampling, chi-square",
-                "draft_law": ("the draft model's distribution" if method == "draft_model" and pair.draft is not None
-                              else "a point mass on the target's top token (ngram)" if method == "ngram"
-                              or pair.draft is None
-                              else "the tree's first-depth candidates (point masses), tree rule" if tree is not None
-                              else f"the {method} head's distribution from the target's hidden states")}
     if zero_probability:
         bad = next(r for r in results if r["zero_probability_emitted"])
         return CheckResult(CHECK_NAME, FAIL, f"speculative sampling emitted {zero_probability} token(s) the target "
@@ -312,6 +342,20 @@ def check_distribution(pair, golden, decodes, *, method: str = "draft_model", sa
                            f"'{bad['record']}' prefix of {bad['prefix_tokens']} tokens, p = "
                            f"{min(bad['p_value_vs_target_sampling'], bad['p_value_vs_target_probs']):.2e} < "
                            f"{threshold:.1e} ({len(failing)} of {len(results)} prefixes fail)", evidence, figures)
-    return CheckResult(CHECK_NAME, PASS, f"{len(prefixes)} prefixes x {samples} draws: speculative sampling matches "
+    return CheckResult(CHECK_NAME, PASS, f"{len(results)} prefixes x {samples} draws: speculative sampling matches "
                        f"the target (min p = {min_p:.3g} >= {threshold:.1e}), no zero-probability token",
                        evidence, figures)
+
+
+def run(context: CheckContext) -> CheckResult:
+    """The distribution check of a validation, at prefixes of the runtime's golden decodes."""
+    pair, decodes = context.runtime()
+    settings, options, hooks = context.settings, context.options, context.hooks
+    return check_distribution(
+        pair, context.golden, decodes, method=settings.method, samples=options.distribution_samples,
+        seed=options.seed, acceptance_rule=hooks.get("acceptance_rule"), tree=settings.tree,
+        tree_acceptance_rule=hooks.get("tree_acceptance_rule"),
+        progress=lambda done, total: context.report(f"check {CHECK_NAME}", done, total + 1, "prefixes sampled"))
+
+
+CHECK = Check(CHECK_NAME, run, announce=True, runtime=True)

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from specreg.errors import ModelReferenceError
 from specreg.core.types import FAIL, PASS, SKIP, WARN, CheckResult
+from specreg.validators.context import Check, CheckContext
 
 CHECK_NAME = "equivalence"
 # Logit margins under which fp rounding between one-position and (k+1)-position forwards can
@@ -135,13 +136,7 @@ def decode_golden(pair, golden, settings: SpeculativeSettings, *, seed: int = 0,
                           speculative[row], target_only[row], sampled.get(row))
                 for row, (record, _) in enumerate(chunk)]
 
-    # first calls pay one-off allocation and kernel selection: keep them out of the timings
-    record, ids = encoded[0]
-    short = dataclasses.replace(decode_config(record, settings, greedy=True, seed=seed),
-                                max_new_tokens=min(4, record.max_new_tokens))
-    warm = [list(ids)] * min(batch_size, len(encoded))
-    generate_batch(pair, warm, short, speculate=False)
-    generate_batch(pair, warm, short, **hooks)
+    warm_up(pair, encoded, settings, seed=seed, batch_size=batch_size, hooks=hooks)
     for start in range(0, len(encoded), batch_size):
         chunk = encoded[start:start + batch_size]
         decodes.runs.extend(decode(chunk))
@@ -154,6 +149,19 @@ def decode_golden(pair, golden, settings: SpeculativeSettings, *, seed: int = 0,
         count = max(1, min(LATENCY_PROMPTS, round(len(encoded) * LATENCY_SHARE)))
         decodes.single = [run for item in encoded[:count] for run in decode([item], sampling=False)]
     return decodes
+
+
+def warm_up(pair, encoded: list, settings: SpeculativeSettings, *, seed: int, batch_size: int, hooks: dict) -> None:
+    """A few steps of both decodes on the first record, untimed: first calls pay one-off
+    allocation and kernel selection, which must stay out of the timings."""
+    from specreg.runtime.decode import generate_batch
+
+    record, ids = encoded[0]
+    short = dataclasses.replace(decode_config(record, settings, greedy=True, seed=seed),
+                                max_new_tokens=min(4, record.max_new_tokens))
+    warm = [list(ids)] * min(batch_size, len(encoded))
+    generate_batch(pair, warm, short, speculate=False)
+    generate_batch(pair, warm, short, **hooks)
 
 
 def plain_next_token_logits(pair, token_ids: list[int]):
@@ -233,3 +241,19 @@ def check_equivalence(pair, decodes: GoldenDecodes, *, tolerance: float) -> Chec
     skipped = f"; {len(decodes.skipped)} skipped" if decodes.skipped else ""
     return CheckResult(CHECK_NAME, PASS, f"{prompts} prompts, {figures['tokens_compared']} tokens: speculative "
                        f"output identical to target-only{skipped}", evidence, figures)
+
+
+def default_near_tie_tolerance(dtype: str) -> float:
+    return NEAR_TIE_TOLERANCE.get(dtype, NEAR_TIE_TOLERANCE["bfloat16"])
+
+
+def run(context: CheckContext) -> CheckResult:
+    """The equivalence check of a validation, over the runtime's golden decodes."""
+    pair, decodes = context.runtime()
+    tolerance = context.options.near_tie_tolerance
+    if tolerance is None:
+        tolerance = default_near_tie_tolerance(context.options.dtype)
+    return check_equivalence(pair, decodes, tolerance=tolerance)
+
+
+CHECK = Check(CHECK_NAME, run, runtime=True)

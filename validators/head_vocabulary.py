@@ -14,6 +14,7 @@ from typing import Any
 
 from specreg.core.types import FAIL, PASS, CheckResult
 from specreg.errors import SpecregError
+from specreg.validators.context import CheckContext
 
 CHECK_NAME = "tokenizer"
 
@@ -43,3 +44,13 @@ def check_head_vocabulary(method: str, head_dir: str | None, target_dir: str, *,
     figures = {"compared_token_strings": fit.compared_token_strings}
     return CheckResult(CHECK_NAME, PASS, f"the {method} head fits the target's vocabulary and layers; {compared}",
                        evidence, figures)
+
+
+def run(context: CheckContext) -> CheckResult:
+    """The tokenizer check of a head pair (tokenizer.run): the head's fit to the target's files now."""
+    config, version = context.config, context.pair_version
+    fit = config.head.get("fit", {}) if config.head else {}
+    return check_head_vocabulary(config.method.value, context.draft_dir, context.target_dir,
+                                 target_reference=version.target.reference,
+                                 target_fingerprint=version.target.fingerprint,
+                                 allow_verifier_mismatch=bool(fit.get("allow_verifier_mismatch")))

@@ -12,6 +12,7 @@ from specreg.errors import ModelReferenceError
 from specreg.core.types import ModelRef
 from specreg.core.fingerprint import compare_fingerprints, fingerprint_model
 from specreg.core.types import FAIL, PASS, CheckResult
+from specreg.validators.context import Check, CheckContext
 
 CHECK_NAME = "integrity"
 
@@ -47,3 +48,14 @@ def check_integrity(models: dict[str, ModelRef | None], allow_pickle: bool = Fal
     roles = " and ".join(role for role, ref in models.items() if ref is not None)
     return CheckResult(CHECK_NAME, PASS, f"{roles} unchanged since registration (weights, config, "
                        f"tokenizer, chat template)", {"changes": []}, figures)
+
+
+def run(context: CheckContext) -> CheckResult:
+    """The integrity check of a validation, over the pair version's registered models."""
+    version = context.pair_version
+    return check_integrity({"target": version.target, "draft": version.draft}, allow_pickle=version.allow_pickle)
+
+
+# it hashes every weight file (a minute for a large model); when the files are not the registered
+# ones, nothing measured on them would be about this version
+CHECK = Check(CHECK_NAME, run, announce=True, stops="integrity failed, the models on disk are not the registered ones")

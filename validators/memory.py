@@ -20,6 +20,7 @@ from typing import Any
 from specreg.errors import ModelReferenceError, UsageError
 from specreg.core.fingerprint import read_safetensors_header
 from specreg.core.types import FAIL, PASS, SKIP, CheckResult
+from specreg.validators.context import Check, CheckContext
 
 CHECK_NAME = "memory"
 DEFAULT_HEADROOM = 0.10
@@ -184,26 +185,10 @@ def check_memory_headroom(draft_dir: str | Path | None, target_dir: str | Path, 
         floating weight dtype). headroom: fraction of the budget kept free, in [0, 1).
     Returns a CheckResult "memory" with every figure in bytes.
     """
-    if not 0 <= headroom < 1:
-        raise UsageError(f"invalid memory headroom {headroom!r}: use a fraction in [0, 1), e.g. 0.1")
-    if batch_size < 1:
-        raise UsageError(f"invalid batch size {batch_size!r}: must be at least 1")
     target_dir = Path(target_dir)
-    if max_context_tokens is None:
-        max_context_tokens = config_value(_text_config(target_dir), "max_position_embeddings")
-        if not max_context_tokens:
-            raise UsageError(f"{target_dir / 'config.json'}: no max_position_embeddings; give the max context length")
-    if max_context_tokens < 1:
-        raise UsageError(f"invalid max context length {max_context_tokens!r}: must be at least 1")
-
+    max_context_tokens = context_tokens(target_dir, max_context_tokens, batch_size, headroom)
     budget, budget_source, device_free = _budget(gpu_memory, device)
-    models = {}
-    sides = [("target", target_dir)] if draft_dir is None else [("draft", Path(draft_dir)), ("target", target_dir)]
-    for side, model_dir in sides:
-        weights = weight_bytes(model_dir, dtype)
-        element = dtype_bytes(dtype) if dtype is not None else _widest_float(weights["stored_dtypes"])
-        models[side] = {"weights": weights,
-                        "kv_cache": kv_cache_bytes(model_dir, max_context_tokens, batch_size, element)}
+    models = model_memory(draft_dir, target_dir, dtype, max_context_tokens, batch_size)
     total = sum(m["weights"]["bytes"] + m["kv_cache"]["bytes"] for m in models.values())
 
     no_model = {"weights": {"bytes": 0}, "kv_cache": {"bytes": 0}}
@@ -243,6 +228,34 @@ def check_memory_headroom(draft_dir: str | Path | None, target_dir: str | Path, 
     summary = (f"fits: needs {format_bytes(total)} ({parts}) of {format_bytes(usable)} usable "
                f"({format_bytes(budget)} with {headroom:.0%} headroom)")
     return CheckResult(CHECK_NAME, PASS, summary, evidence, figures)
+
+
+def context_tokens(target_dir: Path, max_context_tokens: int | None, batch_size: int, headroom: float) -> int:
+    """The tokens per sequence the caches hold (default: the target's max_position_embeddings),
+    after the check's inputs are checked (UsageError naming a bad one)."""
+    if not 0 <= headroom < 1:
+        raise UsageError(f"invalid memory headroom {headroom!r}: use a fraction in [0, 1), e.g. 0.1")
+    if batch_size < 1:
+        raise UsageError(f"invalid batch size {batch_size!r}: must be at least 1")
+    if max_context_tokens is None:
+        max_context_tokens = config_value(_text_config(target_dir), "max_position_embeddings")
+        if not max_context_tokens:
+            raise UsageError(f"{target_dir / 'config.json'}: no max_position_embeddings; give the max context length")
+    if max_context_tokens < 1:
+        raise UsageError(f"invalid max context length {max_context_tokens!r}: must be at least 1")
+    return max_context_tokens
+
+
+def model_memory(draft_dir: str | Path | None, target_dir: Path, dtype: str | None, tokens: int,
+                 batch_size: int) -> dict[str, dict[str, Any]]:
+    """{side: {"weights", "kv_cache"}} of each model counted (the target only without a draft)."""
+    models = {}
+    sides = [("target", target_dir)] if draft_dir is None else [("draft", Path(draft_dir)), ("target", target_dir)]
+    for side, model_dir in sides:
+        weights = weight_bytes(model_dir, dtype)
+        element = dtype_bytes(dtype) if dtype is not None else _widest_float(weights["stored_dtypes"])
+        models[side] = {"weights": weights, "kv_cache": kv_cache_bytes(model_dir, tokens, batch_size, element)}
+    return models
 
 
 def _budget(gpu_memory, device) -> tuple[int | None, str, int | None]:
@@ -313,3 +326,16 @@ def _config_int(config: dict, key: str, path: Path) -> int:
         named = f"'{key}'" + (f" ('{own_name}' in {config.get('model_type')} configs)" if own_name else "")
         raise ModelReferenceError(f"{path}: field {named} missing or not a positive integer")
     return value
+
+
+def run(context: CheckContext) -> CheckResult:
+    """The memory check of a validation, on the pair's files and the options' budget."""
+    options, device = context.options, context.device
+    # a head's weights are a fraction of one target layer's: the check counts the target
+    draft_dir = None if context.config.method.has_head else context.draft_dir
+    return check_memory_headroom(draft_dir, context.target_dir, gpu_memory=options.gpu_memory,
+                                 max_context_tokens=options.max_context_tokens, batch_size=options.batch_size,
+                                 dtype=options.dtype, device=device if device.startswith("cuda") else None)
+
+
+CHECK = Check(CHECK_NAME, run, announce=True)

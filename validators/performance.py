@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from specreg.core.types import PASS, SKIP, WARN, CheckResult
+from specreg.validators.context import Check, CheckContext
 
 CHECK_NAME = "performance"
 HISTOGRAM_BINS = 20
@@ -64,72 +65,99 @@ def check_performance(pair, decodes, *, method: str = "draft_model", k: int = 4,
     acceptance, the heads' cost per step and the measured cost of verifying the tree cut at each
     depth (choose_tree_depth). Returns a CheckResult "performance".
     """
-    from specreg.runtime.choose_k import choose_k, measure_cost_ratio
+    from specreg.runtime.choose_k import choose_k
     from specreg.runtime.metrics import aggregate
 
     if not decodes.runs:
         return CheckResult(CHECK_NAME, SKIP, "no golden prompt was decoded", {}, {})
     speculative = aggregate([run.speculative.metrics for run in decodes.runs])
     target_only = aggregate([run.target_only.metrics for run in decodes.runs])
-    batch_size = getattr(decodes, "batch_size", 1)
-    # throughput at the batch size the prompts were decoded at: tokens over the batches' wall time
-    speedup = (speculative["batch_tokens_per_s"] / target_only["batch_tokens_per_s"]
-               if speculative["batch_tokens_per_s"] and target_only["batch_tokens_per_s"] else 0.0)
     # latency as one request alone sees it: the prompts decoded again at batch 1 (all of them at batch 1)
     single = getattr(decodes, "single", None) or decodes.runs
-    single_speculative = aggregate([run.speculative.metrics for run in single])
-    single_target_only = aggregate([run.target_only.metrics for run in single])
     if cost_ratio is None:
-        if method == "ngram" or pair.draft is None:
-            cost_ratio = 0.0
-        elif method != "draft_model":
-            # a head drafts from the target's hidden states: no standalone step to time, so c is
-            # what the decode loop measured (time per head forward / time per verification)
-            cost_ratio = in_loop_cost_ratio(speculative)
-        else:
-            cost_ratio = measure_cost_ratio(pair.target, pair.draft, decodes.runs[0].prompt_ids, steps=8)
+        cost_ratio = measured_cost_ratio(pair, decodes, method, speculative)
     measured = speculative["per_position_acceptance_conditional"] or []  # the factors choose_k multiplies
     per_position = measured or [speculative["acceptance_rate"] or 0.0]
     tree_figures = {}
     if tree is not None:
-        # the tree cut at each measured depth: its verification cost against a one-token step here
-        from specreg.runtime.choose_k import (choose_tree_depth, head_draft_step_cost, measure_step_time,
-                                              measure_tree_step_time)
-        from specreg.runtime.tree import parse_tree
-
-        full = parse_tree(tree)
-        prompt = decodes.runs[0].prompt_ids
-        one_step = measure_step_time(pair.target, prompt, steps=8)
-        depths = range(1, max(1, min(full.depth, len(measured))) + 1)
-        verify_costs = {depth: measure_tree_step_time(pair.target, prompt, full.pruned(depth), steps=8) / one_step
-                        for depth in depths}
-        draft_step_cost = head_draft_step_cost(speculative, one_step)
-        best_k, expected = choose_tree_depth(per_position, draft_step_cost, verify_costs)
+        best_k, expected, tree_figures = recommend_tree_depth(pair, decodes, tree, per_position, measured, speculative)
         extrapolated_k, extrapolated = best_k, expected  # a tree is never cut deeper than registered
-        tree_figures = {"tree_nodes": full.num_nodes, "recommended_tree_nodes": full.pruned(best_k).num_nodes,
-                        "verify_cost_ratio": verify_costs[max(depths)], "draft_step_cost": draft_step_cost,
-                        "expected_speedup_at_registered_tree": choose_tree_depth(
-                            per_position, draft_step_cost, {max(depths): verify_costs[max(depths)]})[1]}
     else:
         # Past the measured positions choose_k can only assume the last one's acceptance holds:
         # recommend within what was measured, and name a deeper optimum as an extrapolation.
         best_k, expected = choose_k(per_position, cost_ratio, k_max=max(1, min(max(k_max, k), len(measured))))
         extrapolated_k, extrapolated = choose_k(per_position, cost_ratio, k_max=max(k_max, k))
+    figures = {**speed_figures(speculative, target_only, single, getattr(decodes, "batch_size", 1)),
+               "cost_ratio": cost_ratio, "k": k, "recommended_k": best_k, "expected_speedup_at_recommended_k": expected,
+               "measured_positions": len(measured), "extrapolated_k": extrapolated_k,
+               "expected_speedup_at_extrapolated_k": extrapolated, **tree_figures}
     latencies = [s for run in single for s in run.speculative.metrics.token_latencies_s]
+    evidence = {"latency_histogram": latency_histogram(latencies),
+                "speculative_time_s": batch_seconds(speculative), "target_only_time_s": batch_seconds(target_only),
+                "generated_tokens": speculative["generated_tokens"], "fallbacks": speculative["fallbacks"],
+                "device": str(pair.device)}
+    summary = headline(figures, tree_figures)
+    if figures["speedup"] < 1.0:
+        return CheckResult(CHECK_NAME, WARN, f"slower than target-only on {pair.device}: {summary}", evidence, figures)
+    return CheckResult(CHECK_NAME, PASS, summary, evidence, figures)
+
+
+def measured_cost_ratio(pair, decodes, method: str, speculative: dict) -> float:
+    """c, the draft/target step cost: 0 for ngram (no draft forward); for a head, which drafts
+    from the target's hidden states and so has no standalone step to time, what the decode loop
+    measured (time per head forward / time per verification); for a draft model, timed here."""
+    from specreg.runtime.choose_k import measure_cost_ratio
+
+    if method == "ngram" or pair.draft is None:
+        return 0.0
+    if method != "draft_model":
+        return in_loop_cost_ratio(speculative)
+    return measure_cost_ratio(pair.target, pair.draft, decodes.runs[0].prompt_ids, steps=8)
+
+
+def recommend_tree_depth(pair, decodes, tree, per_position: list[float], measured: list[float],
+                         speculative: dict) -> tuple[int, float, dict[str, Any]]:
+    """The depth to cut the candidate tree at, from the tree cut at each measured depth and its
+    verification cost against a one-token step here -> (depth, expected speedup, tree figures)."""
+    from specreg.runtime.choose_k import (choose_tree_depth, head_draft_step_cost, measure_step_time,
+                                          measure_tree_step_time)
+    from specreg.runtime.tree import parse_tree
+
+    full = parse_tree(tree)
+    prompt = decodes.runs[0].prompt_ids
+    one_step = measure_step_time(pair.target, prompt, steps=8)
+    depths = range(1, max(1, min(full.depth, len(measured))) + 1)
+    verify_costs = {depth: measure_tree_step_time(pair.target, prompt, full.pruned(depth), steps=8) / one_step
+                    for depth in depths}
+    draft_step_cost = head_draft_step_cost(speculative, one_step)
+    best_k, expected = choose_tree_depth(per_position, draft_step_cost, verify_costs)
+    figures = {"tree_nodes": full.num_nodes, "recommended_tree_nodes": full.pruned(best_k).num_nodes,
+               "verify_cost_ratio": verify_costs[max(depths)], "draft_step_cost": draft_step_cost,
+               "expected_speedup_at_registered_tree": choose_tree_depth(
+                   per_position, draft_step_cost, {max(depths): verify_costs[max(depths)]})[1]}
+    return best_k, expected, figures
+
+
+def speed_figures(speculative: dict, target_only: dict, single: list, batch_size: int) -> dict[str, Any]:
+    """Throughput at the batch size the prompts were decoded at (tokens over the batches' wall
+    time), and speed and latency of one request alone (batch 1), as a single user sees them."""
+    from specreg.runtime.metrics import aggregate
+
+    single_speculative = aggregate([run.speculative.metrics for run in single])
+    single_target_only = aggregate([run.target_only.metrics for run in single])
     decode_speedup = None
     if speculative["decode_tokens_per_s"] and target_only["decode_tokens_per_s"]:
         decode_speedup = speculative["decode_tokens_per_s"] / target_only["decode_tokens_per_s"]
-    single_speedup = (single_target_only["total_time_s"] / single_speculative["total_time_s"]
-                      if single_speculative["total_time_s"] > 0 else 0.0)
-    figures = {
+    return {
         "batch_size": batch_size,
-        "speedup": speedup,
+        "speedup": (speculative["batch_tokens_per_s"] / target_only["batch_tokens_per_s"]
+                    if speculative["batch_tokens_per_s"] and target_only["batch_tokens_per_s"] else 0.0),
         "decode_speedup": decode_speedup,
         "tokens_per_s": speculative["batch_tokens_per_s"] or 0.0,
         "baseline_tokens_per_s": target_only["batch_tokens_per_s"] or 0.0,
-        # one request alone (batch 1): latency and speed as a single user sees them
         "latency_prompts": len(single),
-        "batch1_speedup": single_speedup,
+        "batch1_speedup": (single_target_only["total_time_s"] / single_speculative["total_time_s"]
+                           if single_speculative["total_time_s"] > 0 else 0.0),
         "batch1_tokens_per_s": single_speculative["tokens_per_s"] or 0.0,
         "batch1_baseline_tokens_per_s": single_target_only["tokens_per_s"] or 0.0,
         "ttft_ms": (single_speculative["ttft_s"] or 0.0) * 1000,
@@ -138,31 +166,34 @@ def check_performance(pair, decodes, *, method: str = "draft_model", k: int = 4,
         "latency_p99_ms": single_speculative["latency_p99_s"] * 1000,
         "baseline_latency_p50_ms": single_target_only["latency_p50_s"] * 1000,
         "longest_rejection_run": speculative["longest_rejection_run"],
-        "cost_ratio": cost_ratio,
-        "k": k,
-        "recommended_k": best_k,
-        "expected_speedup_at_recommended_k": expected,
-        "measured_positions": len(measured),
-        "extrapolated_k": extrapolated_k,
-        "expected_speedup_at_extrapolated_k": extrapolated,
-        **tree_figures,
     }
-    evidence = {"latency_histogram": latency_histogram(latencies),
-                "speculative_time_s": batch_seconds(speculative), "target_only_time_s": batch_seconds(target_only),
-                "generated_tokens": speculative["generated_tokens"], "fallbacks": speculative["fallbacks"],
-                "device": str(pair.device)}
-    headline = (f"speedup {speedup:.2f}x at {'tree depth ' if tree_figures else 'k='}{k}, batch {batch_size} "
-                f"({figures['tokens_per_s']:.1f} vs {figures['baseline_tokens_per_s']:.1f} tokens/s); batch 1: "
-                f"{single_speedup:.2f}x, p50/p95/p99 "
-                f"{figures['latency_p50_ms']:.2f}/{figures['latency_p95_ms']:.2f}/{figures['latency_p99_ms']:.2f} ms, "
-                f"longest rejection run {figures['longest_rejection_run']}, " +
-                (f"recommended tree depth {best_k} ({tree_figures['recommended_tree_nodes']} of "
-                 f"{tree_figures['tree_nodes']} nodes; verifying the tree costs "
-                 f"{tree_figures['verify_cost_ratio']:.2f} one-token steps)" if tree_figures else
-                 f"recommended k={best_k} (cost ratio {cost_ratio:.2f})"))
-    if extrapolated_k > best_k:
-        headline += (f"; k={extrapolated_k} is extrapolated (expected {extrapolated:.2f}x, assuming positions past the "
-                     f"{len(measured)} measured accept like the last): validate at that k before choosing it")
-    if speedup < 1.0:
-        return CheckResult(CHECK_NAME, WARN, f"slower than target-only on {pair.device}: {headline}", evidence, figures)
-    return CheckResult(CHECK_NAME, PASS, headline, evidence, figures)
+
+
+def headline(figures: dict[str, Any], tree_figures: dict[str, Any]) -> str:
+    """The check's summary line."""
+    best_k, k, cost_ratio = figures["recommended_k"], figures["k"], figures["cost_ratio"]
+    summary = (f"speedup {figures['speedup']:.2f}x at {'tree depth ' if tree_figures else 'k='}{k}, batch "
+               f"{figures['batch_size']} ({figures['tokens_per_s']:.1f} vs {figures['baseline_tokens_per_s']:.1f} "
+               f"tokens/s); batch 1: {figures['batch1_speedup']:.2f}x, p50/p95/p99 "
+               f"{figures['latency_p50_ms']:.2f}/{figures['latency_p95_ms']:.2f}/{figures['latency_p99_ms']:.2f} ms, "
+               f"longest rejection run {figures['longest_rejection_run']}, " +
+               (f"recommended tree depth {best_k} ({tree_figures['recommended_tree_nodes']} of "
+                f"{tree_figures['tree_nodes']} nodes; verifying the tree costs "
+                f"{tree_figures['verify_cost_ratio']:.2f} one-token steps)" if tree_figures else
+                f"recommended k={best_k} (cost ratio {cost_ratio:.2f})"))
+    if figures["extrapolated_k"] > best_k:
+        summary += (f"; k={figures['extrapolated_k']} is extrapolated (expected "
+                    f"{figures['expected_speedup_at_extrapolated_k']:.2f}x, assuming positions past the "
+                    f"{figures['measured_positions']} measured accept like the last): validate at that k before "
+                    f"choosing it")
+    return summary
+
+
+def run(context: CheckContext) -> CheckResult:
+    """The performance check of a validation: it times verification steps of the pair."""
+    pair, decodes = context.runtime()
+    settings = context.settings
+    return check_performance(pair, decodes, method=settings.method, k=settings.k, tree=settings.tree)
+
+
+CHECK = Check(CHECK_NAME, run, announce=True, runtime=True)

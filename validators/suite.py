@@ -1,6 +1,7 @@
-"""The validation suite: static checks first, then one decode pass over the golden prompts on
-the runtime, then the runtime checks over its results. Knows the runtime and the registry's
-plain entities, never the store: the caller persists each result through ``on_check``.
+"""The validation suite: the checks the options select, in order (static checks first, then the
+runtime checks over one decode pass of the golden prompts), each over one CheckContext
+(validators/context.py). Knows the runtime and the registry's plain entities, never the store:
+the caller persists each result through ``on_check``.
 """
 
 from __future__ import annotations
@@ -9,9 +10,10 @@ import platform
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from specreg.errors import (HeadMismatchError, ModelReferenceError, RuntimeConfigError, RuntimeUnsupportedError,
-                            UsageError)
+from specreg.errors import UsageError
 from specreg.core.types import ERROR, FAIL, SKIP, CheckResult, combine_statuses
+from specreg.validators.context import Check, CheckContext, ChecksStopped, guarded
+from specreg.validators.equivalence import default_near_tie_tolerance  # noqa: F401 - the name engine validation reads
 
 STATIC_CHECKS = ("integrity", "tokenizer", "chat_template", "memory")
 RUNTIME_CHECKS = ("equivalence", "distribution", "acceptance", "performance")
@@ -89,30 +91,6 @@ class SuiteResult:
         return None
 
 
-def guarded(name: str, check: Callable[[], CheckResult]) -> CheckResult:
-    """Run one check; an exception inside it becomes that check's result with a one-line reason
-    (see error_result), so one broken check never takes the others (or the recorded run) down.
-    Interrupts (KeyboardInterrupt, SystemExit) still propagate."""
-    try:
-        return check()
-    except UsageError:
-        raise  # the user's arguments, not the pair: exit 2 before anything is judged
-    except Exception as exc:  # noqa: BLE001 - any failure of a check is that check's verdict
-        return error_result(name, exc)
-
-
-def error_result(name: str, exc: Exception) -> CheckResult:
-    """Check ``name`` stopped on ``exc`` -> its result, one line. A ModelReferenceError names a
-    file of the pair that is wrong or changed since registration: the pair's ``fail``. Anything
-    else means the check could not run: ``error``, which judges nothing about the pair (a
-    sound pair is never failed because specreg could not check it)."""
-    message = " ".join(str(exc).split())[:300] or type(exc).__name__
-    evidence = {"error": {"type": type(exc).__name__, "message": message}}
-    if isinstance(exc, ModelReferenceError):
-        return CheckResult(name, FAIL, message, evidence)
-    return CheckResult(name, ERROR, f"the check could not run: {message}", evidence)
-
-
 def environment(device: str, dtype: str) -> dict[str, Any]:
     """Versions and hardware a validation ran on (recorded with the run)."""
     import torch
@@ -131,10 +109,14 @@ def environment(device: str, dtype: str) -> dict[str, Any]:
     return env
 
 
-def default_near_tie_tolerance(dtype: str) -> float:
-    from specreg.validators.equivalence import NEAR_TIE_TOLERANCE
+def suite_checks() -> dict[str, Check]:
+    """Every check of a validation, by name, in CHECK_NAMES order (each validator module's CHECK)."""
+    from specreg.validators import (acceptance, chat_template, distribution, equivalence, integrity, memory,
+                                    performance, tokenizer)
 
-    return NEAR_TIE_TOLERANCE.get(dtype, NEAR_TIE_TOLERANCE["bfloat16"])
+    checks = [module.CHECK for module in (integrity, tokenizer, chat_template, memory, equivalence, distribution,
+                                          acceptance, performance)]
+    return {check.name: check for check in checks}
 
 
 def run_suite(pair_version, golden, options: ValidationOptions, *, device: str,
@@ -142,175 +124,49 @@ def run_suite(pair_version, golden, options: ValidationOptions, *, device: str,
               on_check: Callable[[CheckResult], None] | None = None,
               progress: Callable[..., None] | None = None,
               hooks: dict | None = None) -> SuiteResult:
-    """Run the selected checks on a pair version -> SuiteResult.
+    """Run the selected checks on a pair version, in order -> SuiteResult.
 
     pair_version: registry PairVersion (its recorded model paths and fingerprints); golden: a
     GoldenSet; device: resolved device string; previous_baselines: (version, baselines) of the
     previous validated version of this pair name; on_check(result) after each check (persist it);
-    progress(what, done, total, detail): "check NAME" 0/1 as a check starts and 1/1 (its status) as
-    it ends, "decoding golden prompts" after each prompt, the distribution check after each prefix
-    (specreg.cli.progress.Progress prints them); hooks: acceptance_rule /
-    greedy_rule handed to the runtime (tests inject broken rules). Model errors raise
-    (ModelReferenceError); a pair the runtime refuses fails the runtime checks instead.
+    progress(what, done, total, detail): "check NAME" 0/1 as a long check starts and 1/1 (its
+    status) as it ends, "decoding golden prompts" after each prompt, the distribution check after
+    each prefix (specreg.cli.progress.Progress prints them); hooks: acceptance_rule / greedy_rule
+    handed to the runtime (tests inject broken rules). Model errors raise (ModelReferenceError); a
+    pair the runtime refuses fails the runtime checks instead.
     """
-    from specreg.validators import acceptance, distribution, equivalence, integrity, performance
-
-    selected = options.selected
+    context = CheckContext(pair_version, golden, options, device, previous_baselines, hooks or {}, progress)
     result = SuiteResult()
-    hooks = hooks or {}
-    totals: dict[str, int] = {}  # the last total reported for each step: its end reports done = total
-
-    def report(what: str, done: int, total: int, detail: str = "") -> None:
-        totals[what] = total
-        if progress:
-            progress(what, done, total, detail)
-
-    def starting(name: str) -> None:
-        report(f"check {name}", 0, 1)
-
-    def emit(check: CheckResult) -> None:
-        result.checks.append(check)
+    checks = suite_checks()
+    stopped: ChecksStopped | None = None  # why the checks from here on are not run
+    for check in (checks[name] for name in options.selected):
+        outcome = stopped.result(check.name, first=False) if stopped else run_check(check, context)
+        result.checks.append(outcome)
+        context.results[outcome.name] = outcome
         if on_check:
-            on_check(check)
-        total = totals.get(f"check {check.name}", 1)
-        report(f"check {check.name}", total, total, check.status)
-
-    target_dir = pair_version.target.path
-    draft_dir = pair_version.draft.path if pair_version.draft else None
-    no_draft = "ngram drafting has no draft model to compare"
-    if "integrity" in selected:
-        starting("integrity")  # hashes every weight file: a minute for a large model
-        emit(guarded("integrity", lambda: integrity.check_integrity(
-            {"target": pair_version.target, "draft": pair_version.draft}, allow_pickle=pair_version.allow_pickle)))
-        if result.checks[-1].status in (FAIL, ERROR):
-            # the files are not the registered ones: nothing measured on them would be about this version
-            for name in selected[1:]:
-                emit(CheckResult(name, SKIP, "not run: integrity failed, the models on disk are not the "
-                                             "registered ones"))
-            result.summary = build_summary(result, golden, options, device)
-            return result
-    static_pair_checks = [name for name in ("tokenizer", "chat_template") if name in selected]
-    config = pair_version.config
-    if static_pair_checks and config.method.has_head:
-        # a head drafts the target's ids inside the target's own context: no second tokenizer or
-        # chat template to compare; what can break is its fit to the target's files now
-        from specreg.validators.head_vocabulary import check_head_vocabulary
-
-        fit = config.head.get("fit", {}) if config.head else {}
-        if "tokenizer" in selected:
-            emit(guarded("tokenizer", lambda: check_head_vocabulary(
-                config.method.value, draft_dir, target_dir, target_reference=pair_version.target.reference,
-                target_fingerprint=pair_version.target.fingerprint,
-                allow_verifier_mismatch=bool(fit.get("allow_verifier_mismatch")))))
-        if "chat_template" in selected:
-            emit(CheckResult("chat_template", SKIP, f"the {config.method.value} head drafts inside the target's "
-                                                    "own chat context: there is no second template"))
-    elif static_pair_checks and draft_dir is None:
-        for name in static_pair_checks:
-            emit(CheckResult(name, SKIP, no_draft))
-    elif static_pair_checks:
-        from specreg.validators.chat_template import check_chat_template_alignment
-        from specreg.validators.tokenizer import check_tokenizer_alignment, load_pair_tokenizers
-
-        tokenizers, load_error = None, None
-        try:
-            # both checks compare the same two tokenizers: load them once, checked against the
-            # registered fingerprints while they are read
-            tokenizers = load_pair_tokenizers(draft_dir, target_dir, draft_expected=pair_version.draft.fingerprint,
-                                              target_expected=pair_version.target.fingerprint)
-        except Exception as exc:  # noqa: BLE001 - a tokenizer that cannot load fails both checks
-            load_error = exc
-        for name, check in (("tokenizer", check_tokenizer_alignment), ("chat_template", check_chat_template_alignment)):
-            if name in selected:
-                emit(error_result(name, load_error) if load_error is not None else
-                     guarded(name, lambda check=check: check(draft_dir, target_dir, golden, **tokenizers)))
-    if "memory" in selected:
-        from specreg.validators.memory import check_memory_headroom
-
-        starting("memory")
-        # a head's weights are a fraction of one target layer's: the check counts the target
-        emit(guarded("memory", lambda: check_memory_headroom(
-            None if config.method.has_head else draft_dir, target_dir, gpu_memory=options.gpu_memory, max_context_tokens=options.max_context_tokens,
-            batch_size=options.batch_size, dtype=options.dtype, device=device if device.startswith("cuda") else None)))
-
-    runtime_checks = [name for name in RUNTIME_CHECKS if name in selected]
-    if runtime_checks:
-        from transformers.utils import logging as transformers_logging
-
-        from specreg.runtime.pair import load_pair
-
-        transformers_logging.disable_progress_bar()  # the suite reports its own progress
-
-        settings = equivalence.SpeculativeSettings(
-            method=config.method.value, k=config.num_speculative_tokens,
-            prompt_lookup_min=config.prompt_lookup_min or 1, prompt_lookup_max=config.prompt_lookup_max or 3,
-            tree=config.tree)
-        total = len(golden)
-        done = [0]
-        decoding = "decoding golden prompts (target-only and speculative)"
-
-        def advance(record_id: str) -> None:
-            done[0] += 1
-            report(decoding, done[0], total, record_id)
-
-        try:
-            # loaded from what is checked against the registered fingerprints while it is read:
-            # files swapped since the integrity check are never validated as the registered ones
-            report(decoding, 0, total, "loading the models")
-            pair = load_pair(target_dir, draft_dir, device=device, dtype=options.dtype,
-                             target_fingerprint=pair_version.target.fingerprint,
-                             draft_fingerprint=pair_version.draft.fingerprint if pair_version.draft else None,
-                             method=config.method.value)
-            decodes = equivalence.decode_golden(pair, golden, settings, seed=options.seed, progress=advance,
-                                                hooks=hooks, batch_size=options.runtime_batch_size)
-        except UsageError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - every runtime check needs the decodes
-            # RuntimeConfigError / HeadMismatchError: the pair's models do not fit each other (a
-            # fail); ModelReferenceError: a file is wrong or changed (a fail); RuntimeUnsupportedError
-            # (something engines run that this runtime does not) or any other error: the checks could
-            # not run (an error, no verdict on the pair)
-            message = " ".join(str(exc).split())[:300] or type(exc).__name__
-            if isinstance(exc, ModelReferenceError):
-                status, why, not_run = FAIL, message, "the pair's files cannot be loaded"
-            elif isinstance(exc, (RuntimeConfigError, HeadMismatchError)) \
-                    and not isinstance(exc, RuntimeUnsupportedError):
-                status, why, not_run = FAIL, f"the runtime refuses this pair: {message}", "the runtime refuses this pair"
-            else:
-                status, why = ERROR, f"the check could not run: the runtime stopped on this pair: {message}"
-                not_run = "the runtime could not run this pair"
-                if isinstance(exc, RuntimeUnsupportedError):
-                    why = f"the check could not run: {message}"
-            for name in runtime_checks:
-                status_now, summary = (status, why) if name == runtime_checks[0] else (SKIP, f"not run: {not_run}")
-                emit(CheckResult(name, status_now, summary, {"error": {"type": type(exc).__name__, "message": message}}))
-            result.summary = build_summary(result, golden, options, device)
-            return result
-
-        if "equivalence" in selected:
-            tolerance = options.near_tie_tolerance
-            if tolerance is None:
-                tolerance = default_near_tie_tolerance(options.dtype)
-            emit(guarded("equivalence", lambda: equivalence.check_equivalence(pair, decodes, tolerance=tolerance)))
-        if "distribution" in selected:
-            starting("distribution")
-            emit(guarded("distribution", lambda: distribution.check_distribution(
-                pair, golden, decodes, method=settings.method, samples=options.distribution_samples,
-                seed=options.seed, acceptance_rule=hooks.get("acceptance_rule"), tree=settings.tree,
-                tree_acceptance_rule=hooks.get("tree_acceptance_rule"),
-                progress=lambda done, total: report("check distribution", done, total + 1, "prefixes sampled"))))
-        if "acceptance" in selected:
-            check = guarded("acceptance", lambda: acceptance.check_acceptance(
-                decodes, previous=previous_baselines, tolerance=options.acceptance_tolerance, k=settings.k))
-            emit(check)
-            if isinstance(check.evidence, dict) and "baselines" in check.evidence:
-                result.baselines = check.evidence["baselines"]  # kept only if the run passes
-        if "performance" in selected:
-            starting("performance")  # times verification steps of the pair
-            emit(guarded("performance", lambda: performance.check_performance(
-                pair, decodes, method=settings.method, k=settings.k, tree=settings.tree)))
+            on_check(outcome)
+        total = context.totals.get(f"check {outcome.name}", 1)
+        context.report(f"check {outcome.name}", total, total, outcome.status)
+        if isinstance(outcome.evidence, dict) and "baselines" in outcome.evidence:
+            result.baselines = outcome.evidence["baselines"]  # kept only if the run passes
+        if check.stops and outcome.status in (FAIL, ERROR) and stopped is None:
+            stopped = ChecksStopped(SKIP, "", check.stops)
     result.summary = build_summary(result, golden, options, device)
     return result
+
+
+def run_check(check: Check, context: CheckContext) -> CheckResult:
+    """One check's result: not run when the runtime cannot decode the pair (a runtime check),
+    else its own, an exception inside it turned into its result (guarded)."""
+    if check.runtime:
+        first = context.loaded_runtime is None
+        try:
+            context.runtime()
+        except ChecksStopped as stopped:
+            return stopped.result(check.name, first)
+    if check.announce:
+        context.report(f"check {check.name}", 0, 1)
+    return guarded(check.name, lambda: check.run(context))
 
 
 def build_summary(result: SuiteResult, golden, options: ValidationOptions, device: str) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from specreg.errors import ModelReferenceError
 from specreg.runtime.loading import load_tokenizer
 from specreg.runtime.pair import BEYOND_TARGET_RULE, PREFIX_REFUSAL, vocabulary_relation
 from specreg.core.types import FAIL, WARN, CheckResult, summarize_findings
+from specreg.validators.context import Check, CheckContext
 
 CHECK_NAME = "tokenizer"
 TOKENIZER_JSON_PARTS = ("normalizer", "pre_tokenizer", "post_processor", "decoder")
@@ -53,27 +54,7 @@ def check_tokenizer_alignment(draft_dir: str | Path, target_dir: str | Path, gol
     draft_dir, target_dir = Path(draft_dir), Path(target_dir)
     target = target_tokenizer if target_tokenizer is not None else load_tokenizer(target_dir)
     draft = draft_tokenizer if draft_tokenizer is not None else load_tokenizer(draft_dir, tokenizer_class=type(target))
-    findings: list[dict] = []
-    notes: list[str] = []
-    findings += _compare_loaders(draft_dir, draft)
-
-    draft_vocab, target_vocab = draft.get_vocab(), target.get_vocab()
-    relation = vocabulary_relation(draft_vocab, target_vocab)
-    findings += _compare_vocab(draft_vocab, target_vocab, relation)
-    # draft-only tokens past the target's vocabulary: one warning (the vocab finding), whatever
-    # else lists them (added or special tokens)
-    beyond = len(target_vocab) if relation == "extends" else None
-
-    draft_json, target_json = _tokenizer_json(draft_dir, draft), _tokenizer_json(target_dir, target)
-    if draft_json is None or target_json is None:
-        notes.append("no tokenizer.json on one side: merges, added-token flags, normalizer, "
-                     "pre-tokenizer, post-processor and decoder not compared")
-    else:
-        findings += _compare_tokenizer_json(draft_json, target_json, beyond)
-
-    findings += _compare_special_tokens(draft, target, beyond)
-    findings += _compare_encoding_settings(draft_dir, target_dir)
-
+    findings, notes, relation = _compare_definitions(draft_dir, target_dir, draft, target)
     figures: dict[str, float] = {
         "draft_tokenizer_length": len(draft),
         "target_tokenizer_length": len(target),
@@ -102,6 +83,32 @@ def check_tokenizer_alignment(draft_dir: str | Path, target_dir: str | Path, gol
     if golden_evidence is not None:
         evidence["golden"] = golden_evidence
     return CheckResult(CHECK_NAME, status, summary, evidence, figures)
+
+
+def _compare_definitions(draft_dir: Path, target_dir: Path, draft, target) -> tuple[list[dict], list[str], str | None]:
+    """What the two tokenizers are (loaders, vocabulary, tokenizer.json, special tokens, encoding
+    settings) -> (findings, notes on what could not be compared, the vocabulary relation)."""
+    findings: list[dict] = []
+    notes: list[str] = []
+    findings += _compare_loaders(draft_dir, draft)
+
+    draft_vocab, target_vocab = draft.get_vocab(), target.get_vocab()
+    relation = vocabulary_relation(draft_vocab, target_vocab)
+    findings += _compare_vocab(draft_vocab, target_vocab, relation)
+    # draft-only tokens past the target's vocabulary: one warning (the vocab finding), whatever
+    # else lists them (added or special tokens)
+    beyond = len(target_vocab) if relation == "extends" else None
+
+    draft_json, target_json = _tokenizer_json(draft_dir, draft), _tokenizer_json(target_dir, target)
+    if draft_json is None or target_json is None:
+        notes.append("no tokenizer.json on one side: merges, added-token flags, normalizer, "
+                     "pre-tokenizer, post-processor and decoder not compared")
+    else:
+        findings += _compare_tokenizer_json(draft_json, target_json, beyond)
+
+    findings += _compare_special_tokens(draft, target, beyond)
+    findings += _compare_encoding_settings(draft_dir, target_dir)
+    return findings, notes, relation
 
 
 def load_pair_tokenizers(draft_dir: str | Path, target_dir: str | Path, *, draft_expected=None,
@@ -460,3 +467,19 @@ def _at(items: list, index: int):
 def _short(value: Any, limit: int = 80) -> str:
     text = json.dumps(value, ensure_ascii=False, sort_keys=True) if not isinstance(value, str) else repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def run(context: CheckContext) -> CheckResult:
+    """The tokenizer check of a validation: the draft's tokenizer against the target's; a head
+    drafts the target's ids, so for a head its vocabulary's fit to the target (head_vocabulary)."""
+    if context.config.method.has_head:
+        from specreg.validators import head_vocabulary
+
+        return head_vocabulary.run(context)
+    tokenizers = context.compared_tokenizers(CHECK_NAME)
+    if isinstance(tokenizers, CheckResult):
+        return tokenizers
+    return check_tokenizer_alignment(context.draft_dir, context.target_dir, context.golden, **tokenizers)
+
+
+CHECK = Check(CHECK_NAME, run)

@@ -21,22 +21,16 @@ from typing import Any
 from specreg.errors import PolicyViolation, SpecregError, UsageError
 from specreg.core.baselines import drift_floor, in_engine_terms, legacy_tau_note
 from specreg.core.types import ModelRef
-from specreg.registry.deploy.engines import engine_modules, format_modules
+from specreg.registry.deploy.engines import EngineModule, engine_modules, format_module, format_modules
 from specreg.registry.deploy.rendering import FILTERS, render_user_template
-from specreg.registry.deploy.engines.common import Export
+from specreg.registry.deploy.engines.common import Export, served_reference
 from specreg.registry.store.entities import PairState, PairVersion, SpecMethod
 
 ENGINE_FORMATS = format_modules()  # format -> its engine module (engines/__init__.py FORMATS)
 FORMATS = tuple(ENGINE_FORMATS)
-# The files each format writes; each is rendered from templates/exports/<file name>.j2.
-FORMAT_FILES = {fmt: module.FILES for fmt, module in ENGINE_FORMATS.items()}
 # Engine schema files kept in the repository, one per targeted engine version; the vLLM and
 # SGLang ones are generated from the engines' released code by scripts/engine_schemas.py.
 ENGINE_SCHEMAS = {engine: module.SCHEMA for engine, module in engine_modules().items()}
-# The engine and the engine versions each format is written for (option engine_version picks
-# one; any other is refused: keys and their meaning change between releases).
-FORMAT_ENGINES: dict[str, tuple[str, tuple[str, ...]]] = {
-    fmt: (module.ENGINE, module.VERSIONS) for fmt, module in ENGINE_FORMATS.items()}
 
 # Options every format reads; each engine module adds its own (engines/<engine>.py OPTIONS).
 COMMON_OPTIONS: dict[str, Any] = {
@@ -47,7 +41,7 @@ COMMON_OPTIONS: dict[str, Any] = {
     "served_model_name": None,  # None: the pair name, which is also the `model_name` metric label
     "model_source": "reference",  # "reference" (as registered) or "path" (where it was found)
     "tolerance": 0.1,  # alert / auto-off below baseline * (1 - tolerance)
-    "engine_version": None,  # None: the version the format targets (FORMAT_ENGINES); others refused
+    "engine_version": None,  # None: the version the format targets (its module's VERSIONS); others refused
 }
 OPTION_DEFAULTS: dict[str, Any] = {**COMMON_OPTIONS,
                                    **{key: value for module in ENGINE_FORMATS.values()
@@ -85,6 +79,19 @@ def engine_schema(engine: str) -> dict[str, Any]:
 # Public entry points.
 
 
+def plan_export(pair_version: PairVersion, baselines: dict[str, Any] | None, fmt: str, *, approved: bool,
+                force: bool = False, options: dict[str, Any] | None = None,
+                unapproved_reason: str | None = None) -> Export:
+    """The one place an export is judged and resolved: the format's engine module, whether the
+    version may be exported (check_exportable) and every input resolved after every refusal
+    (resolve_export). What an export writes (files, head layout, the lock's engine) is read from
+    the Export this returns. UsageError for an unknown format or a pair the format cannot have,
+    PolicyViolation for an unapproved version without ``force``."""
+    engine = format_module(fmt)
+    exportable = check_exportable(pair_version, baselines, approved, force, unapproved_reason)
+    return resolve_export(engine, fmt, pair_version, baselines, exportable, options)
+
+
 def render_export(
     pair_version: PairVersion,
     baselines: dict[str, Any] | None,
@@ -108,10 +115,16 @@ def render_export(
     ``audit_head``: the registry's audit chain head, carried in the header comments so the
     export anchors the chain outside the database (`specreg audit verify --expect-head`).
     """
-    exportable = check_exportable(pair_version, baselines, fmt, approved, force)
-    export = resolve_export(pair_version, baselines, fmt, approved=exportable, options=options)
-    context = build_context(export, fmt)
-    layout = list((head_layout(export, fmt) or {}).items())
+    export = plan_export(pair_version, baselines, fmt, approved=approved, force=force, options=options)
+    return render_files(export, template_path=template_path, audit_head=audit_head, lock=lock)
+
+
+def render_files(export: Export, *, template_path: str | Path | None = None, audit_head: str | None = None,
+                 lock: dict[str, Any] | None = None) -> list[tuple[str, str]]:
+    """The files of a planned export (plan_export) -> [(relative file name, text)]: the format's
+    templates (or the user's ``template_path``) and the head layout its engine loads."""
+    context = build_context(export)
+    layout = list((export.engine.head_layout(export) or {}).items())
     if audit_head:
         context["audit_head"] = audit_head
         context["header_lines"] = [*context["header_lines"],
@@ -131,59 +144,51 @@ def render_export(
         autoescape=False,  # shell, JSON and YAML: quoting is done by the filters
     )
     env.filters.update(FILTERS)
-    return [*((name, env.get_template(name + ".j2").render(context)) for name in FORMAT_FILES[fmt]), *layout]
+    return [*((name, env.get_template(name + ".j2").render(context)) for name in export.engine.FILES), *layout]
 
 
-def head_layout(export: Export, fmt: str) -> dict[str, str] | None:
-    """The head directory as the format's engine loads it, where it differs from the registered one
-    (engines/<engine>.py head_layout; SGLang's EAGLE-3): {relative name: text or export_files.Link}."""
-    module = ENGINE_FORMATS[fmt]
-    return module.head_layout(export) if hasattr(module, "head_layout") else None
-
-
-def draft_layout(pair_version: PairVersion, baselines: dict[str, Any] | None, fmt: str, approved: bool,
-                 options: dict[str, Any] | None = None) -> tuple[str, dict[str, str]] | None:
-    """(folder, {file: sha256}) of the head layout an export of ``fmt`` writes, for the pair lock to
+def draft_layout(export: Export) -> tuple[str, dict[str, str]] | None:
+    """(folder, {file: sha256}) of the head layout a planned export writes, for the pair lock to
     bind the files the engine loads: a written file by its text, a linked one by the registered
     head's file of that name. None when the engine loads the registered directory itself."""
     from specreg.core.fingerprint import sha256_file, sha256_hex
     from specreg.registry.deploy.export_files import Link
 
-    layout = head_layout(resolve_export(pair_version, baselines, fmt, approved, options), fmt)
+    layout = export.engine.head_layout(export)
     if not layout:
         return None
     folder = next(iter(layout)).split("/", 1)[0]
     digests = {}
     for name, value in layout.items():
         inside = name.split("/", 1)[1]
-        digests[inside] = (sha256_file(Path(pair_version.draft.path) / inside) if isinstance(value, Link)
+        digests[inside] = (sha256_file(Path(export.pair_version.draft.path) / inside) if isinstance(value, Link)
                            else sha256_hex(value.encode("utf-8")))
     return folder, dict(sorted(digests.items()))
 
 
-def check_exportable(pair_version: PairVersion, baselines: dict[str, Any] | None, fmt: str, approved: bool,
-                     force: bool) -> bool:
+def check_exportable(pair_version: PairVersion, baselines: dict[str, Any] | None, approved: bool, force: bool,
+                     unapproved_reason: str | None = None) -> bool:
     """Whether the version is validated and approved (the output then says so). Raises
-    UsageError for an unknown format, PolicyViolation when it is not and ``force`` is off."""
-    if fmt not in FORMATS:
-        raise UsageError(f"unknown export format {fmt!r}; known: {', '.join(FORMATS)}")
+    PolicyViolation when it is not and ``force`` is off, saying why (``unapproved_reason``: why the
+    approvals do not stand, as the gate's rule says it)."""
     exportable = approved and baselines is not None and pair_version.state in EXPORTABLE_STATES
-    if not exportable and not force:
+    if exportable or force:
+        return exportable
+    if not approved and unapproved_reason:
+        why = unapproved_reason
+    else:
         why = "no recorded baselines" if baselines is None else f"state {pair_version.state.value}"
         if not approved:
             why += ", not approved"
-        raise PolicyViolation(
-            f"{pair_version.label} is not validated and approved ({why}); export refused "
-            "(--force exports it marked UNAPPROVED)"
-        )
-    return exportable
+    raise PolicyViolation(f"{pair_version.label} is not validated and approved ({why}); export refused "
+                          "(--force exports it marked UNAPPROVED)")
 
 
-def lock_engine(fmt: str) -> dict[str, Any]:
-    """The engine (name, version, export format) a lock of format ``fmt`` is for, read from the
-    engine's schema file."""
-    schema = engine_schema(ENGINE_FORMATS[fmt].ENGINE if fmt in ENGINE_FORMATS else fmt)
-    return {"name": schema["engine"], "version": schema["engine_version"], "format": fmt}
+def lock_engine(export: Export) -> dict[str, Any]:
+    """The engine (name, version, export format) the lock of a planned export is for, read from
+    the engine's schema file."""
+    schema = engine_schema(export.engine.ENGINE)
+    return {"name": schema["engine"], "version": schema["engine_version"], "format": export.fmt}
 
 
 LOCK_MOUNT = "/etc/specreg/lock"
@@ -220,16 +225,6 @@ def lock_context(lock: dict[str, Any] | None, context: dict[str, Any]) -> dict[s
             "approved": bool(lock.get("approved")), "verify_argv": argv}
 
 
-def served_reference(model) -> str:
-    """What an export names a model by under model_source=reference: the hub id, or for a local
-    folder the resolved path that was fingerprinted at registration. The folder as typed may be a
-    symlink (re-pointed later to other weights) or relative (valid only from the folder it was
-    typed in, and read as a hub id by an engine): neither is written into a serve script."""
-    if model.revision is not None:
-        return model.reference
-    return model.path
-
-
 # ---------------------------------------------------------------------------------------------
 # The template context: every value a template needs, computed here.
 
@@ -258,76 +253,71 @@ def merge_options(options: dict[str, Any] | None) -> dict[str, Any]:
     if merged["model_source"] not in ("reference", "path"):
         raise UsageError(f"export option model_source={merged['model_source']!r} must be 'reference' or 'path'")
     for module in ENGINE_FORMATS.values():
-        if hasattr(module, "check_options"):
-            module.check_options(merged)
+        module.check_options(merged)
     return merged
 
 
-def resolve_export(pair_version: PairVersion, baselines: dict[str, Any] | None, fmt: str, approved: bool,
-                   options: dict[str, Any] | None = None) -> Export:
+def resolve_export(engine: EngineModule, fmt: str, pair_version: PairVersion, baselines: dict[str, Any] | None,
+                   approved: bool, options: dict[str, Any] | None = None) -> Export:
     """The export's inputs resolved (options, where the engine finds the models, thresholds), after
-    every refusal: the engine version, the pair kind, the format module's refusal and checks.
-    Baselines are read in the engines' terms (specreg.core.baselines): one recorded before tau
-    was counted as the engines count it gives no tau threshold (nor alert); the header says why."""
+    every refusal (refuse_pair, the engine module's check). Baselines are read in the engines'
+    terms (specreg.core.baselines): one recorded before tau was counted as the engines count it
+    gives no tau threshold (nor alert); the header says why."""
     opts = merge_options(options)
     baselines = in_engine_terms(baselines)
-    module = ENGINE_FORMATS[fmt]
-    engine, engine_versions = FORMAT_ENGINES[fmt]
-    engine_version = opts["engine_version"] or engine_versions[0]
-    if str(engine_version) not in engine_versions:
-        raise UsageError(
-            f"export format {fmt} is written for {engine} {', '.join(engine_versions)}; engine_version="
-            f"{engine_version} is not one of them (its keys or their meaning may differ), so it is refused"
-        )
-    config = pair_version.config
-    if config.method is SpecMethod.MEDUSA:
-        raise UsageError(f"{pair_version.label} is a medusa pair and cannot be exported: "
-                         f"{getattr(module, 'MEDUSA_REFUSAL', MEDUSA_REFUSAL)}")
-    if config.method not in EXPORTED_METHODS:
-        # Writing a draft_model or ngram config for a head pair would serve something else.
-        raise UsageError(
-            f"{pair_version.label} is a {config.method.value} pair: no export format writes {config.method.value} "
-            f"yet (exported methods: {', '.join(m.value for m in EXPORTED_METHODS)})"
-        )
-    refusal = module.refusal(pair_version)
-    if refusal:
-        article = "an" if config.method is SpecMethod.NGRAM else "a"
-        raise UsageError(f"{pair_version.label} is {article} {config.method.value} pair and cannot be exported to "
-                         f"{fmt}: {refusal}")
-    has_draft_dir = pair_version.draft is not None  # a draft model or an EAGLE-3 head directory
-    if config.method in (SpecMethod.DRAFT_MODEL, SpecMethod.EAGLE3) and pair_version.draft is None:
-        raise SpecregError(f"{pair_version.label} is a {config.method.value} pair without its draft directory")
-    if hasattr(module, "check"):
-        module.check(pair_version, baselines, opts)
-
-    source = (lambda ref: served_reference(ref)) if opts["model_source"] == "reference" else (lambda ref: ref.path)
-    target_source = source(pair_version.target)
-    draft_source = source(pair_version.draft) if has_draft_dir else None
-    if hasattr(module, "sources"):
-        target_source, draft_source = module.sources(pair_version, opts)
+    refuse_pair(engine, fmt, pair_version, opts)
+    engine.check(pair_version, baselines, opts)
+    target_source, draft_source = engine.sources(pair_version, opts)
     overall = (baselines or {}).get("overall") or {}
     thresholds = {
         key: round(drift_floor(key, overall[key], opts["tolerance"]), 6)
         for key in ("acceptance_rate", "mean_acceptance_length")
         if isinstance(overall.get(key), (int, float))
     }
-    return Export(pair_version=pair_version, baselines=baselines, approved=approved, opts=opts,
-                  target_source=target_source, draft_source=draft_source,
+    return Export(fmt=fmt, engine=engine, pair_version=pair_version, baselines=baselines, approved=approved,
+                  opts=opts, target_source=target_source, draft_source=draft_source,
                   served_name=opts["served_model_name"] or pair_version.name, overall=overall,
                   thresholds=thresholds)
 
 
-def build_context(export: Export, fmt: str) -> dict[str, Any]:
-    """The plain (JSON-like) context every template of ``fmt`` renders from: the common keys
+def refuse_pair(engine: EngineModule, fmt: str, pair_version: PairVersion, opts: dict[str, Any]) -> None:
+    """UsageError when format ``fmt`` cannot serve the pair: an engine version it is not written
+    for, a pair kind no format writes, or the engine module's own refusal."""
+    engine_version = opts["engine_version"] or engine.VERSIONS[0]
+    if str(engine_version) not in engine.VERSIONS:
+        raise UsageError(
+            f"export format {fmt} is written for {engine.ENGINE} {', '.join(engine.VERSIONS)}; engine_version="
+            f"{engine_version} is not one of them (its keys or their meaning may differ), so it is refused"
+        )
+    config = pair_version.config
+    if config.method is SpecMethod.MEDUSA:
+        raise UsageError(f"{pair_version.label} is a medusa pair and cannot be exported: "
+                         f"{engine.MEDUSA_REFUSAL or MEDUSA_REFUSAL}")
+    if config.method not in EXPORTED_METHODS:
+        # Writing a draft_model or ngram config for a head pair would serve something else.
+        raise UsageError(
+            f"{pair_version.label} is a {config.method.value} pair: no export format writes {config.method.value} "
+            f"yet (exported methods: {', '.join(m.value for m in EXPORTED_METHODS)})"
+        )
+    refusal = engine.refusal(pair_version)
+    if refusal:
+        article = "an" if config.method is SpecMethod.NGRAM else "a"
+        raise UsageError(f"{pair_version.label} is {article} {config.method.value} pair and cannot be exported to "
+                         f"{fmt}: {refusal}")
+    if config.method in (SpecMethod.DRAFT_MODEL, SpecMethod.EAGLE3) and pair_version.draft is None:
+        raise SpecregError(f"{pair_version.label} is a {config.method.value} pair without its draft directory")
+
+
+def build_context(export: Export) -> dict[str, Any]:
+    """The plain (JSON-like) context every template of the export's format renders from: the common keys
     here, and each engine module's own (engines/<engine>.py ``context``).
 
     Only dicts, lists, strings and numbers go in, never entity objects: a sandboxed user
     template then has no Python methods to reach through.
     """
     pair_version, baselines, approved, opts = export.pair_version, export.baselines, export.approved, export.opts
-    config = pair_version.config
-    engine, engine_versions = FORMAT_ENGINES[fmt]
-    engine_version = opts["engine_version"] or engine_versions[0]
+    fmt, config = export.fmt, pair_version.config
+    engine, engine_version = export.engine.ENGINE, opts["engine_version"] or export.engine.VERSIONS[0]
     thresholds = export.thresholds
     has_draft_dir = pair_version.draft is not None
     context = {

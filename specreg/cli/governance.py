@@ -52,7 +52,7 @@ def parse_expected_holder(value: str | None):
         return "current"
     if value.lower() == "none":
         return None
-    from specreg.api import parse_version
+    from specreg.usecases.inputs import parse_version
 
     version = parse_version(value, f"--expect {value[:40]!r}")
     if version is None:

@@ -6,7 +6,6 @@ processes, exit codes and stderr as a user sees them."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 import uuid
 from pathlib import Path
@@ -22,14 +21,8 @@ from specreg.registry.store.entities import PairState
 sys.path.insert(0, str(Path(__file__).parent.parent / "governance"))
 from govstate import POLICY_TOML, policy_file, record_validation, validated_pair  # noqa: E402,F401
 
-from clirun import run_specreg  # tests/ is on sys.path (tests/conftest.py)
-
-
-def run(*args, env: dict | None = None, unset: tuple[str, ...] = ()):
-    environment = {k: v for k, v in {**os.environ, **(env or {})}.items() if k not in unset}
-    result = run_specreg(args, env=environment)
-    assert "Traceback" not in result.stderr, result.stderr
-    return result
+from clirun import run  # tests/ is on sys.path (tests/conftest.py)
+from helpers import in_ci
 
 
 # --- item 2: one spelling per person ----------------------------------------------------------
@@ -278,7 +271,7 @@ def test_a_ui_tag_is_a_request_even_where_the_auth_app_lets_that_user_edit(tmp_p
 
     from mlflow_server import MlflowServer, free_port, mlflow_executable
 
-    if os.environ.get("CI", "").lower() not in ("1", "true", "yes"):
+    if not in_ci():
         pytest.importorskip("flask_wtf", reason="the MLflow basic-auth app needs Flask-WTF (pip install 'specreg[dev]')")
 
     root, port, password = tmp_path / "auth-mlflow", free_port(), "admin-pass-1234"

@@ -21,12 +21,7 @@ from specreg.core.types import ModelFingerprint, ModelRef
 from specreg.errors import ModelReferenceError
 
 from clirun import one_line, run  # tests/ is on sys.path (tests/conftest.py)
-
-
-def copy_model(tiny_models, tmp_path, name="model", source="draft") -> Path:
-    path = tmp_path / name
-    shutil.copytree(tiny_models[source], path)
-    return path
+from helpers import copy_model
 
 
 def edit_json(path: Path, change) -> None:
@@ -101,7 +96,7 @@ def test_valid_safetensors_header_accepted_like_the_library(tmp_path):
 def test_register_refuses_a_model_with_overlapping_tensors(tiny_models, tmp_path):
     from specreg import Registry
 
-    model = copy_model(tiny_models, tmp_path)
+    model = copy_model(tiny_models["draft"], tmp_path / "model")
     (model / "model.safetensors").write_bytes(safetensors_bytes({"a": F32, "b": F32}, b"\0" * 8))
     registry = Registry(f"sqlite:///{tmp_path / 'r.db'}")
     with pytest.raises(ModelReferenceError, match="model.safetensors: corrupt safetensors header .*overlap"):
@@ -194,7 +189,7 @@ def test_index_naming_a_missing_shard_is_refused(tiny_models, tmp_path):
 
 
 def test_config_transformers_weights_must_stay_inside(tiny_models, tmp_path):
-    path = copy_model(tiny_models, tmp_path)
+    path = copy_model(tiny_models["draft"], tmp_path / "model")
     edit_json(path / "config.json", lambda d: d.update(transformers_weights="../other/model.safetensors"))
     with pytest.raises(ModelReferenceError, match="config.json: names weight file '../other/model.safetensors'"):
         fingerprint_model(path)
@@ -211,7 +206,7 @@ BEHAVIOUR_EDITS = {
 
 @pytest.mark.parametrize("name", sorted(BEHAVIOUR_EDITS))
 def test_behaviour_file_changes_change_the_fingerprint(tiny_models, tmp_path, name):
-    path = copy_model(tiny_models, tmp_path)
+    path = copy_model(tiny_models["draft"], tmp_path / "model")
     if not (path / name).exists():
         (path / name).write_text("{}")
     before = fingerprint_model(path)
@@ -221,7 +216,7 @@ def test_behaviour_file_changes_change_the_fingerprint(tiny_models, tmp_path, na
 
 
 def test_added_tokens_file_appearing_changes_the_fingerprint(tiny_models, tmp_path):
-    path = copy_model(tiny_models, tmp_path)
+    path = copy_model(tiny_models["draft"], tmp_path / "model")
     before = fingerprint_model(path)
     (path / "added_tokens.json").write_text(json.dumps({"<extra>": 300}))
     assert compare_fingerprints(before, fingerprint_model(path)) == ["added_tokens.json was added"]
@@ -235,7 +230,7 @@ def scheme_one(fingerprint: ModelFingerprint) -> dict:
 def test_a_version_registered_under_scheme_one_still_verifies(tiny_models, tmp_path):
     from specreg.validators.integrity import check_integrity
 
-    path = copy_model(tiny_models, tmp_path)
+    path = copy_model(tiny_models["draft"], tmp_path / "model")
     old = scheme_one(fingerprint_model(path))
     recorded = ModelFingerprint.from_dict(old)
     assert recorded.to_dict() == old  # serialised as recorded: its binding digest is unchanged
@@ -330,7 +325,7 @@ def test_register_on_a_malformed_model_names_file_and_field(tiny_models, tmp_pat
     from specreg import Registry
 
     change, message = MALFORMED_MODELS[case]
-    model = copy_model(tiny_models, tmp_path)
+    model = copy_model(tiny_models["draft"], tmp_path / "model")
     change(model)
     registry = Registry(f"sqlite:///{tmp_path / 'r.db'}")
     with pytest.raises(ModelReferenceError) as caught:
@@ -341,7 +336,7 @@ def test_register_on_a_malformed_model_names_file_and_field(tiny_models, tmp_pat
 
 
 def test_cli_register_on_nan_vocab_size_is_one_line(tiny_models, tmp_path):
-    model = copy_model(tiny_models, tmp_path)
+    model = copy_model(tiny_models["draft"], tmp_path / "model")
     text = (model / "config.json").read_text().replace('"vocab_size": 300', '"vocab_size": NaN')
     (model / "config.json").write_text(text)
     result = run("register", "p", "--target", tiny_models["target"], "--draft", model, "-k", "2",
@@ -357,7 +352,7 @@ def test_files_swapped_after_the_integrity_check_are_not_validated(tiny_models, 
     from specreg.golden_prompts.loader import load_golden_set
     from specreg.validators.suite import ValidationOptions, run_suite
 
-    draft = copy_model(tiny_models, tmp_path, "draft")
+    draft = copy_model(tiny_models["draft"], tmp_path / "draft")
     registry = Registry(f"sqlite:///{tmp_path / 'r.db'}")
     version = registry.register("p", target=str(tiny_models["target"]), draft=str(draft),
                                 num_speculative_tokens=2).version
@@ -519,7 +514,7 @@ def test_hostile_chat_templates_fail_the_check_in_bounded_time(tiny_models, tmp_
     # ~4 s (one limit per render of a smoke chat record), not ~20 s; the check behaves the same.
     monkeypatch.setattr(loader, "RENDER_SECONDS", 1.0)
     template, message = HOSTILE_TEMPLATES[case]
-    draft = copy_model(tiny_models, tmp_path)
+    draft = copy_model(tiny_models["draft"], tmp_path / "model")
     (draft / "chat_template.jinja").write_text(template)
     started = time.perf_counter()
     result = check_chat_template_alignment(draft, tiny_models["target"], load_golden_set("smoke"))
@@ -630,7 +625,7 @@ def test_bad_database_locations_are_one_line(tmp_path, how, value, message):
 # --- validate on models changed after registration ------------------------------------------
 
 def test_validate_after_nan_vocab_size_fails_integrity_and_runs_nothing_else(tiny_models, tmp_path):
-    draft = copy_model(tiny_models, tmp_path)
+    draft = copy_model(tiny_models["draft"], tmp_path / "model")
     db = f"sqlite:///{tmp_path / 'r.db'}"
     run("register", "p", "--target", tiny_models["target"], "--draft", draft, "-k", "2", "--db", db)
     text = (draft / "config.json").read_text().replace('"vocab_size": 300', '"vocab_size": NaN')

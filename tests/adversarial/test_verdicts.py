@@ -44,10 +44,10 @@ def golden(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def models(tiny_models, tmp_path_factory) -> dict[str, Path]:
-    """A Llama target; a GPT-2 and a Qwen2 draft over the target's tokenizer files; a copy of
-    the target (accepts every token). ``plain``: a Llama target whose tokenizer_config names no
-    unk/pad token (as many real ones), with a Qwen2 draft over the same files (``plain_qwen2``)
+def models(models, tiny_models, tmp_path_factory) -> dict[str, Path]:
+    """tests/conftest.py's ``models`` (a Llama target, a draft, a copy of the target that accepts
+    every token) with a GPT-2 and a Qwen2 draft over the target's tokenizer files. ``plain``: a
+    Llama target whose tokenizer_config names no unk/pad token (as many real ones), with a Qwen2 draft over the same files (``plain_qwen2``)
     and one whose tokenizer files differ (``plain_qwen2_other``: one token renamed)."""
     from tinymodels import build_llama, build_other
 
@@ -68,11 +68,9 @@ def models(tiny_models, tmp_path_factory) -> dict[str, Path]:
     vocab["zz-renamed"] = vocab.pop(victim)
     (other / "tokenizer.json").write_text(json.dumps(data))
     return {
-        "target": target,
-        "draft": tiny_models["draft"],
+        **models,
         "gpt2": build_other(root / "gpt2", target, "gpt2", seed=2),
         "qwen2": build_other(root / "qwen2", target, "qwen2", seed=2),
-        "self": Path(shutil.copytree(target, root / "self")),
         "plain": plain,
         "plain_qwen2": build_other(root / "plain-qwen2", plain, "qwen2", seed=2),
         "plain_qwen2_other": build_other(root / "plain-qwen2-other", other, "qwen2", seed=2),

@@ -12,7 +12,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))  # engine_env
 sys.path.insert(0, str(Path(__file__).parents[1] / "exports"))  # exportcase
 
-from engine_env import EngineUnavailable, in_ci, run_engine  # noqa: E402
+from engine_env import EngineUnavailable, run_engine  # noqa: E402
+from helpers import in_ci  # noqa: E402
 
 
 def run_or_skip(engine: str, cases: list[dict], workdir: Path, **options) -> dict:

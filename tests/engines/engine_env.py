@@ -32,16 +32,13 @@ import time
 import zipfile
 from pathlib import Path
 
+from helpers import in_ci  # tests/ is on sys.path (tests/conftest.py)
 from specreg.core.packages import PackageUnavailable, cache_root, distribution_file, run_pip
 
 ENGINES_DIR = Path(__file__).parent
 ENGINE_RELEASES = {"vllm": "0.33.0", "sglang": "0.5.23"}
 CHECK_SCRIPT = ENGINES_DIR / "engine_check.py"
 TIMINGS: dict[str, float] = {}
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
 class EngineUnavailable(Exception):

@@ -96,8 +96,8 @@ def tiny_pair(models: dict[str, Path], method: SpecMethod, max_batch: int | None
                             head={"layout": "mtp:deepseek", "num_heads": layers})
         draft = None
     elif method == SpecMethod.EAGLE3:
-        # what registration records of the head (specreg.api.describe_head: read_head + check_head_fits)
-        from specreg.api import describe_head
+        # what registration records of the head (specreg.usecases.register.describe_head: read_head + check_head_fits)
+        from specreg.usecases.register import describe_head
 
         draft = ModelRef(str(eagle3_head(models)), str(eagle3_head(models)), None, fingerprint("e"))
         config = SpecConfig(method, K, max_batch_size_for_speculation=max_batch)

@@ -15,7 +15,7 @@ from exportcase import BASELINES, fingerprint, make_pair, record_argv
 
 from specreg.core.types import ModelRef
 from specreg.errors import SpecregError, UsageError
-from specreg.registry.deploy.exports import draft_layout, render_export
+from specreg.registry.deploy.exports import draft_layout, plan_export, render_export, render_files
 from specreg.registry.deploy.lock import build_lock, lock_text
 from specreg.registry.deploy.verify import verify_lock
 from specreg.registry.deploy.export_files import Link, write_export
@@ -79,10 +79,10 @@ def test_the_export_writes_sglang_its_head_layout(eagle3_pair, tmp_path):
 def test_the_lock_binds_the_layout_sglang_loads(eagle3_pair, tmp_path):
     """`specreg verify --draft` passes on the written layout and fails on the registered head, whose
     config.json is not what SGLang reads."""
-    files = render_export(eagle3_pair, BASELINES, "sglang", approved=True)
+    plan = plan_export(eagle3_pair, BASELINES, "sglang", approved=True)
     out = tmp_path / "out"
-    write_export(files, out)
-    layout = draft_layout(eagle3_pair, BASELINES, "sglang", True)
+    write_export(render_files(plan), out)
+    layout = draft_layout(plan)
     lock = build_lock(eagle3_pair, engine=None, baselines=BASELINES, approvals=[], audit_head={}, approved=True,
                       exported_by="tester", draft_layout=layout)
     assert lock["models"]["draft"]["layout"] == "sglang-eagle3-head"

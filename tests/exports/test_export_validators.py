@@ -6,7 +6,6 @@ Skipped when a tool is not installed, a failure with CI=true (.ci/run installs b
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -17,6 +16,8 @@ import yaml
 
 from specreg.registry.deploy.exports import render_export
 
+from helpers import in_ci  # tests/ is on sys.path (tests/conftest.py)
+
 RULES_OPTIONS = {"tolerance": 0.1, "for": "10m", "rate_window": "5m"}
 # Baselines (exportcase.BASELINES): alpha 0.71, tau 3.1 -> floors 0.639 and 1 + 2.1 * 0.9 = 2.89.
 RATE_ALERT, LENGTH_ALERT = "SpecDecodeAcceptanceRateBelowBaseline", "SpecDecodeAcceptanceLengthBelowBaseline"
@@ -26,7 +27,7 @@ def tool(name: str) -> str:
     found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
     if found:
         return found
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+    if in_ci():
         pytest.fail(f"{name} is not installed in CI (.ci/run installs it)")
     pytest.skip(f"{name} is not installed (apt-get install prometheus / pip install kubernetes-validate)")
 

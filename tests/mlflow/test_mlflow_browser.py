@@ -13,11 +13,13 @@ import pytest
 from specreg.registry.review.mlflow_ui import model_version_url
 from specreg.registry.review.mlflow_sync import MlflowSync
 
+from helpers import in_ci  # tests/ is on sys.path (tests/conftest.py)
+
 
 def _chromium() -> str | None:
     found = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
     if found is None:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        if in_ci():
             pytest.fail("chromium is not installed, and CI is set: .ci/run must install it")
         pytest.skip("chromium is not installed (apt-get install -y chromium); CI=true makes this a failure")
     return found

@@ -20,7 +20,7 @@ from specreg.registry.store.entities import PairState
 sys.path.insert(0, str(Path(__file__).parent.parent / "governance"))
 from govstate import POLICY_TOML, record_validation  # noqa: E402
 
-from clirun import run_specreg  # tests/ is on sys.path (tests/conftest.py)
+from clirun import run as cli  # tests/ is on sys.path (tests/conftest.py); `run` names MLflow runs here
 
 
 @pytest.fixture
@@ -35,12 +35,6 @@ def mirror_on(monkeypatch, tmp_path, request):
     policy.write_text(POLICY_TOML)
     db = request.getfixturevalue("db_url") if "db_url" in request.fixturenames else default_db_url()
     record_policy(db, policy, tmp_path)
-
-
-def cli(*args):
-    result = run_specreg(args)
-    assert "Traceback" not in result.stderr, result.stderr
-    return result
 
 
 def model_versions(server, pair):

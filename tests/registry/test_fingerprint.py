@@ -13,11 +13,7 @@ from specreg.errors import ModelReferenceError
 from specreg.core.fingerprint import (compare_fingerprints, fingerprint_model, read_safetensors_header,
                                       resolve_reference, sha256_file)
 
-
-def copy_model(tiny_models, tmp_path, name="model"):
-    path = tmp_path / name
-    shutil.copytree(tiny_models["draft"], path)
-    return path
+from helpers import copy_model  # tests/ is on sys.path (tests/conftest.py)
 
 
 def test_fingerprint_reads_headers_and_hashes_files(tiny_models):
@@ -40,7 +36,7 @@ def test_fingerprint_reads_headers_and_hashes_files(tiny_models):
 
 
 def test_formatting_only_changes_do_not_change_the_hashes(tiny_models, tmp_path):
-    path = copy_model(tiny_models, tmp_path)
+    path = copy_model(tiny_models["draft"], tmp_path / "model")
     before = fingerprint_model(path)
     for name in ("tokenizer.json", "config.json", "tokenizer_config.json"):
         data = json.loads((path / name).read_text())
@@ -52,7 +48,7 @@ def test_formatting_only_changes_do_not_change_the_hashes(tiny_models, tmp_path)
 
 
 def test_real_changes_change_the_hashes(tiny_models, tmp_path):
-    path = copy_model(tiny_models, tmp_path)
+    path = copy_model(tiny_models["draft"], tmp_path / "model")
     before = fingerprint_model(path)
     tokenizer = json.loads((path / "tokenizer.json").read_text())
     vocab = tokenizer["model"]["vocab"]
@@ -73,7 +69,7 @@ def test_real_changes_change_the_hashes(tiny_models, tmp_path):
 
 
 def test_pickle_only_weights_refused_unless_allowed(tiny_models, tmp_path):
-    path = copy_model(tiny_models, tmp_path)
+    path = copy_model(tiny_models["draft"], tmp_path / "model")
     (path / "model.safetensors").rename(path / "pytorch_model.bin")
     with pytest.raises(ModelReferenceError, match="pickle files \\(pytorch_model.bin\\).*--allow-pickle"):
         fingerprint_model(path)
@@ -89,7 +85,7 @@ def test_pickle_only_weights_refused_unless_allowed(tiny_models, tmp_path):
     (lambda p: (p / "config.json").write_text("{not json"), "config.json: not readable JSON"),
 ])
 def test_broken_directories_name_the_problem(tiny_models, tmp_path, damage, message):
-    path = copy_model(tiny_models, tmp_path)
+    path = copy_model(tiny_models["draft"], tmp_path / "model")
     damage(path)
     with pytest.raises(ModelReferenceError, match=message):
         fingerprint_model(path)

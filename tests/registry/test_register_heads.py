@@ -19,11 +19,11 @@ from specreg.errors import HeadMismatchError, UsageError
 from specreg.registry.store.entities import SpecMethod
 from specreg.registry.store.orm import PairVersionRow
 
-from clirun import run_specreg  # tests/ is on sys.path (tests/conftest.py)
+from clirun import one_line, run  # tests/ is on sys.path (tests/conftest.py)
 
 
 @pytest.fixture
-def models(tmp_path, monkeypatch):
+def head_models(tmp_path, monkeypatch):
     """A target at models/target (the name the heads declare as their verifier) and heads for it."""
     monkeypatch.chdir(tmp_path)
     target = write_target(tmp_path / "models" / "target")
@@ -48,9 +48,9 @@ def stored_row(db_url: str, version_id: int) -> PairVersionRow:
     return row
 
 
-def test_an_eagle3_head_is_read_checked_and_bound(db_url, models):
+def test_an_eagle3_head_is_read_checked_and_bound(db_url, head_models):
     registry = Registry(as_user(db_url, "alice"), user="alice")
-    version = registry.register("chat", target="models/target", draft=str(models["eagle3"]), method="eagle3",
+    version = registry.register("chat", target="models/target", draft=str(head_models["eagle3"]), method="eagle3",
                                 num_speculative_tokens=3).version
     config = version.config
     assert config.method is SpecMethod.EAGLE3 and config.num_speculative_tokens == 3 and config.tree is None
@@ -67,14 +67,14 @@ def test_an_eagle3_head_is_read_checked_and_bound(db_url, models):
     assert row.method == "eagle3" and row.head == head and row.tree is None
     assert registry.get("chat@1").config == config
     # the same files again: the same binding, nothing new
-    again = registry.register("chat", target="models/target", draft=str(models["eagle3"]), method="eagle3",
+    again = registry.register("chat", target="models/target", draft=str(head_models["eagle3"]), method="eagle3",
                               num_speculative_tokens=3)
     assert not again.created and again.version.binding_sha256 == version.binding_sha256
 
 
-def test_mtp_binds_the_target_tensors_that_form_the_module(db_url, models):
+def test_mtp_binds_the_target_tensors_that_form_the_module(db_url, head_models):
     version = Registry(as_user(db_url, "alice"), user="alice").register(
-        "chat-mtp", target=str(models["mtp"]), method="mtp", num_speculative_tokens=1).version
+        "chat-mtp", target=str(head_models["mtp"]), method="mtp", num_speculative_tokens=1).version
     assert version.draft is None
     assert version.config.head["layout"] == "mtp:deepseek"
     assert [t["name"] for t in version.config.head["tensors"]] == [
@@ -82,15 +82,15 @@ def test_mtp_binds_the_target_tensors_that_form_the_module(db_url, models):
         "model.layers.6.shared_head.norm.weight"]
 
 
-def test_medusa_with_a_tree(db_url, models):
+def test_medusa_with_a_tree(db_url, head_models):
     registry = Registry(as_user(db_url, "alice"), user="alice")
-    version = registry.register("chat-medusa", target="models/target", draft=str(models["medusa"]),
+    version = registry.register("chat-medusa", target="models/target", draft=str(head_models["medusa"]),
                                 method="medusa", tree="[[0],[1],[0,0],[0,1],[0,0,0]]").version
     assert version.config.tree == ((0,), (1,), (0, 0), (0, 1), (0, 0, 0))
     assert version.config.num_speculative_tokens == 3  # the tree's depth
     assert stored_row(db_url, version.id).tree == [[0], [1], [0, 0], [0, 1], [0, 0, 0]]
     # another tree is another binding
-    other = registry.register("chat-medusa", target="models/target", draft=str(models["medusa"]),
+    other = registry.register("chat-medusa", target="models/target", draft=str(head_models["medusa"]),
                               method="medusa", tree="[[0],[0,0]]").version
     assert other.version == 2 and other.binding_sha256 != version.binding_sha256
 
@@ -104,34 +104,34 @@ def test_medusa_with_a_tree(db_url, models):
     ("[]", "a non-empty list of paths"),
     ("{", "not JSON"),
 ])
-def test_a_bad_tree_is_refused_before_any_row(tmp_path, models, tree, message):
+def test_a_bad_tree_is_refused_before_any_row(tmp_path, head_models, tree, message):
     registry = Registry(f"sqlite:///{tmp_path / 'r.db'}", user="alice")
     with pytest.raises(UsageError, match=message):
-        registry.register("chat-medusa", target="models/target", draft=str(models["medusa"]), method="medusa",
+        registry.register("chat-medusa", target="models/target", draft=str(head_models["medusa"]), method="medusa",
                           tree=tree)
     assert registry.list_summaries() == []
 
 
-def test_the_method_decides_what_draft_means(tmp_path, models):
+def test_the_method_decides_what_draft_means(tmp_path, head_models):
     registry = Registry(f"sqlite:///{tmp_path / 'r.db'}", user="alice")
     with pytest.raises(UsageError, match=r"num_speculative_tokens is missing: pass -k N \(or --tree"):
-        registry.register("x", target="models/target", draft=str(models["medusa"]), method="medusa")
+        registry.register("x", target="models/target", draft=str(head_models["medusa"]), method="medusa")
     with pytest.raises(UsageError, match="method eagle3 needs --draft"):
         registry.register("x", target="models/target", method="eagle3", num_speculative_tokens=3)
     with pytest.raises(UsageError, match="method mtp drafts with the layers inside the target"):
-        registry.register("x", target=str(models["mtp"]), draft=str(models["eagle3"]), method="mtp",
+        registry.register("x", target=str(head_models["mtp"]), draft=str(head_models["eagle3"]), method="mtp",
                           num_speculative_tokens=1)
     with pytest.raises(UsageError, match="--tree applies to methods medusa and eagle3"):
         registry.register("x", target="models/target", method="ngram", num_speculative_tokens=3, tree="[[0]]")
     with pytest.raises(UsageError, match="differs from the tree's depth 2"):
-        registry.register("x", target="models/target", draft=str(models["medusa"]), method="medusa",
+        registry.register("x", target="models/target", draft=str(head_models["medusa"]), method="medusa",
                           num_speculative_tokens=3, tree="[[0],[0,0]]")
     with pytest.raises(UsageError, match="--allow-verifier-mismatch applies to methods eagle3, medusa and mtp"):
         registry.register("x", target="models/target", method="ngram", num_speculative_tokens=3,
                           allow_verifier_mismatch=True)
 
 
-def test_a_head_for_another_target_is_refused_unless_allowed_and_then_recorded(tmp_path, models):
+def test_a_head_for_another_target_is_refused_unless_allowed_and_then_recorded(tmp_path, head_models):
     other = write_eagle3(tmp_path / "other-head", verifier="models/another-target")
     registry = Registry(f"sqlite:///{tmp_path / 'r.db'}", user="alice")
     with pytest.raises(HeadMismatchError, match="models/another-target"):
@@ -144,32 +144,27 @@ def test_a_head_for_another_target_is_refused_unless_allowed_and_then_recorded(t
     assert any("models/another-target" in note for note in fit["notes"])
 
 
-def run_cli(*args, db):
-    return run_specreg([*args, "--db", db])
-
-
-def test_cli_registers_each_kind_and_refuses_a_wrong_head_in_one_line(tmp_path, models):
+def test_cli_registers_each_kind_and_refuses_a_wrong_head_in_one_line(tmp_path, head_models):
     db = f"sqlite:///{tmp_path / 'r.db'}"
-    out = run_cli("register", "chat", "--target", "models/target", "--draft", str(models["eagle3"]),
-                  "--method", "eagle3", "-k", "3", "--json", db=db)
+    out = run("register", "chat", "--target", "models/target", "--draft", str(head_models["eagle3"]),
+              "--method", "eagle3", "-k", "3", "--json", "--db", db)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["config"]["head"]["fit"]["aux_layer_ids"] == [1, 3, 4]
-    out = run_cli("register", "chat-medusa", "--target", "models/target", "--draft", str(models["medusa"]),
-                  "--method", "medusa", "--tree", "[[0],[1],[0,0]]", db=db)
+    out = run("register", "chat-medusa", "--target", "models/target", "--draft", str(head_models["medusa"]),
+              "--method", "medusa", "--tree", "[[0],[1],[0,0]]", "--db", db)
     assert out.returncode == 0, out.stderr
-    shown = run_cli("show", "chat-medusa@1", db=db)
+    shown = run("show", "chat-medusa@1", "--db", db)
     assert "tree: 3 nodes, depth 2: [[0],[1],[0,0]]" in shown.stdout
     assert "head            medusa:" in shown.stdout and "(matches the target)" in shown.stdout
 
     wide = write_eagle3(tmp_path / "wide-head", hidden=32)  # a head for a 32-wide target
-    out = run_cli("register", "chat", "--target", "models/target", "--draft", str(wide), "--method", "eagle3",
-                  "-k", "3", db=db)
-    assert out.returncode == 1
-    assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
-    assert out.stderr.startswith("specreg: error: ") and "hidden" in out.stderr
+    out = run("register", "chat", "--target", "models/target", "--draft", str(wide), "--method", "eagle3",
+              "-k", "3", "--db", db)
+    one_line(out, 1, "hidden")
+    assert out.stderr.startswith("specreg: error: ")
 
 
-def test_a_head_folder_with_tokenizer_files_is_not_registered_as_a_draft_model(tmp_path, models):
+def test_a_head_folder_with_tokenizer_files_is_not_registered_as_a_draft_model(tmp_path, head_models):
     # speculators copies the verifier's tokenizer beside an EAGLE-3 head: the folder then passes for
     # a draft model (recorded as Eagle3Speculator, vocab null) and fails later on config fields
     from headfiles import token_vocab, write_tokenizer
@@ -183,17 +178,15 @@ def test_a_head_folder_with_tokenizer_files_is_not_registered_as_a_draft_model(t
     original.mkdir()
     (original / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1,
                                                       "draft_vocab_size": 24}))
-    for folder in (models["eagle3"], models["medusa"], eagle1, original):
+    for folder in (head_models["eagle3"], head_models["medusa"], eagle1, original):
         write_tokenizer(folder, token_vocab())
     db = f"sqlite:///{tmp_path / 'r.db'}"
-    for folder, what, how in ((models["eagle3"], "a speculators 'eagle3' head", "--method eagle3"),
-                              (models["medusa"], "Medusa heads (medusa_num_heads)", "--method medusa"),
+    for folder, what, how in ((head_models["eagle3"], "a speculators 'eagle3' head", "--method eagle3"),
+                              (head_models["medusa"], "Medusa heads (medusa_num_heads)", "--method medusa"),
                               (eagle1, "an EAGLE (1/2) head", "specreg registers EAGLE-3, Medusa and MTP heads"),
                               (original, "an EAGLE-3 head (architectures ['LlamaForCausalLM'], draft_vocab_size 24)",
                                "--method eagle3")):
-        out = run_cli("register", "chat", "--target", "models/target", "--draft", str(folder), "-k", "3", db=db)
-        assert out.returncode == 2 and out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, out.stderr
-        assert f"{folder / 'config.json'}: {what}" in out.stderr and how in out.stderr
-        assert "not a draft model" in out.stderr
+        out = run("register", "chat", "--target", "models/target", "--draft", str(folder), "-k", "3", "--db", db)
+        one_line(out, 2, f"{folder / 'config.json'}: {what}", how, "not a draft model")
     assert Registry(db).list_summaries() == []
-    assert head_in_place_of_a_model(models["target"]) is None  # a causal LM is one
+    assert head_in_place_of_a_model(head_models["target"]) is None  # a causal LM is one

@@ -10,7 +10,8 @@ from sqlalchemy import create_engine, select, text
 from sqlalchemy.orm import Session
 
 from pgroles import as_user
-from specreg.api import Registry, parse_ref
+from specreg.api import Registry
+from specreg.usecases.inputs import parse_ref
 from specreg.errors import (IllegalTransitionError, ImmutableError, ModelReferenceError, NotFoundError,
                             UsageError)
 from specreg.registry.store.entities import PairState

@@ -14,7 +14,7 @@ from specreg.runtime.pair import ModelPair, forward_logits, load_pair
 
 from headrollback import assert_drafts_equal_a_fresh_drafter  # tests/ is on sys.path (tests/conftest.py)
 
-from .test_equivalence import hf_greedy
+from helpers import hf_greedy  # tests/ is on sys.path (tests/conftest.py)
 
 
 def head_pair(target, tokenizer, head) -> ModelPair:

@@ -7,14 +7,7 @@ import pytest
 from specreg.runtime.decode import DecodeConfig, speculative_generate, stream_generate, target_only_generate
 from specreg.runtime.pair import make_pair
 
-
-def hf_greedy(target, prompt_ids, max_new_tokens, eos_token_id):
-    import torch
-
-    with torch.inference_mode():
-        output = target.generate(torch.tensor([prompt_ids]), do_sample=False, max_new_tokens=max_new_tokens,
-                                 eos_token_id=eos_token_id, pad_token_id=0)
-    return output[0, len(prompt_ids):].tolist()
+from helpers import hf_greedy  # tests/ is on sys.path (tests/conftest.py)
 
 
 @pytest.mark.parametrize("draft_name", ["random", "self", "aligned"])

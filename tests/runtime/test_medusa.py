@@ -12,6 +12,8 @@ from specreg.runtime.decode import DecodeConfig, speculative_generate, target_on
 from specreg.runtime.medusa import build_medusa_heads, load_medusa_heads, new_medusa_heads
 from specreg.runtime.pair import ModelPair, make_pair
 
+from helpers import hf_greedy  # tests/ is on sys.path (tests/conftest.py)
+
 TREES = {
     "chain": [(0,), (0, 0), (0, 0, 0)],
     "medusa": [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)],
@@ -26,13 +28,6 @@ def tree_generate(target, heads, paths, prompt_ids, max_new_tokens, *, eos_token
     config = DecodeConfig(method="medusa", tree=paths, k=max(len(path) for path in paths),
                           max_new_tokens=max_new_tokens, eos_token_ids=tuple(eos_token_ids), **sampling)
     return speculative_generate(pair, prompt_ids, config)
-
-
-def hf_greedy(target, prompt_ids, max_new_tokens):
-    with torch.inference_mode():
-        output = target.generate(torch.tensor([prompt_ids]), do_sample=False, max_new_tokens=max_new_tokens,
-                                 eos_token_id=None, pad_token_id=0)
-    return output[0, len(prompt_ids):].tolist()
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from specreg.runtime.pair import forward_logits, load_pair
 
 from headrollback import assert_drafts_equal_a_fresh_drafter  # tests/ is on sys.path (tests/conftest.py)
 
-from .test_equivalence import hf_greedy
+from helpers import hf_greedy  # tests/ is on sys.path (tests/conftest.py)
 
 
 @pytest.fixture(scope="session")
@@ -173,7 +173,8 @@ def test_the_directory_still_loads_as_the_plain_target(mtp_dirs, tiny_dir, promp
         assert torch.equal(plain(input_ids=tokens).logits, with_mtp(input_ids=tokens).logits)
 
 
-def one_line(exc) -> str:
+def one_line_message(exc) -> str:
+    """The message of a raised error (pytest.raises' ExceptionInfo), asserted to be one line."""
     message = str(exc.value)
     assert "\n" not in message
     return message
@@ -192,7 +193,7 @@ def test_targets_the_runtime_cannot_run_are_refused_in_one_line(mtp_dirs, tmp_pa
               str(bare / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(ModelReferenceError) as exc:
         load_pair(bare, method="mtp")
-    assert f"no tensor under model.layers.{layers}." in one_line(exc)
+    assert f"no tensor under model.layers.{layers}." in one_line_message(exc)
 
     # its projection missing: refused where the layers are read (specreg.core.heads.mtp, as at registration)
     no_projection = shutil.copytree(mtp_dirs["trained"], tmp_path / "no-projection")
@@ -200,7 +201,7 @@ def test_targets_the_runtime_cannot_run_are_refused_in_one_line(mtp_dirs, tmp_pa
               str(no_projection / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(ModelReferenceError) as exc:
         load_pair(no_projection, method="mtp")
-    assert f"has no model.layers.{layers}.eh_proj.weight: vLLM 0.33 builds it" in one_line(exc)
+    assert f"has no model.layers.{layers}.eh_proj.weight: vLLM 0.33 builds it" in one_line_message(exc)
 
     # some of its decoder layer's tensors missing
     partial = shutil.copytree(mtp_dirs["trained"], tmp_path / "partial")
@@ -208,7 +209,7 @@ def test_targets_the_runtime_cannot_run_are_refused_in_one_line(mtp_dirs, tmp_pa
               str(partial / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(RuntimeConfigError) as exc:
         load_pair(partial, method="mtp")
-    assert f"model.layers.{layers}.mlp.up_proj.weight" in one_line(exc) and "lacks" in one_line(exc)
+    assert f"model.layers.{layers}.mlp.up_proj.weight" in one_line_message(exc) and "lacks" in one_line_message(exc)
 
     # a tensor of the wrong shape
     wide = shutil.copytree(mtp_dirs["trained"], tmp_path / "wide")
@@ -217,7 +218,7 @@ def test_targets_the_runtime_cannot_run_are_refused_in_one_line(mtp_dirs, tmp_pa
     save_file(bad, str(wide / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(RuntimeConfigError, match=r"enorm.weight has shape \[3\]") as exc:
         load_pair(wide, method="mtp")
-    one_line(exc)
+    one_line_message(exc)
 
     # families whose MTP block is not a Llama layer: refused from config.json, before any weight loads
     for model_type, layout in (("deepseek_v3", "mtp:deepseek"), ("qwen3_next", "mtp:qwen3_next")):
@@ -232,7 +233,7 @@ def test_targets_the_runtime_cannot_run_are_refused_in_one_line(mtp_dirs, tmp_pa
                              extra_tensors=extra)
         with pytest.raises(RuntimeConfigError) as exc:
             load_pair(other, method="mtp")
-        assert f"model_type {model_type!r} ({layout} layers)" in one_line(exc)
+        assert f"model_type {model_type!r} ({layout} layers)" in one_line_message(exc)
 
     # a draft directory has no meaning for mtp; the target's MTP head is not a draft model
     with pytest.raises(RuntimeConfigError, match="no draft directory"):

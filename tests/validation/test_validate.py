@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -13,10 +12,8 @@ import pytest
 from specreg.errors import GoldenSetError, NotFoundError
 from specreg.registry.store.entities import PairState
 
+from helpers import copy_model  # tests/ is on sys.path (tests/conftest.py)
 
-
-def copy_model(source, destination) -> Path:
-    return Path(shutil.copytree(source, destination))
 
 
 FAST = "integrity,tokenizer,chat_template,equivalence,acceptance"

@@ -121,15 +121,15 @@ def test_mtp_pair_registers_and_validates_through_the_cli(registry, mtp_target, 
     runtime, the distribution check drawing from the MTP layer's own law."""
     import json
 
-    from .test_cli_validate import run_cli
+    from clirun import run
 
     db = ["--db", registry.db_url]
-    code, out, err = run_cli("register", "mtp", "--target", str(mtp_target), "--method", "mtp",
-                             "-k", "2", "--user", "alice", *db)
-    assert code == 0, err
-    code, out, err = run_cli("validate", "mtp@1", "--golden", str(golden_path), "--device", "cpu",
-                             "--gpu-memory", "1GiB", "--distribution-samples", "2000", "--json", *db)
-    data = json.loads(out)
+    registered = run("register", "mtp", "--target", str(mtp_target), "--method", "mtp", "-k", "2", "--user", "alice",
+                     *db)
+    assert registered.returncode == 0, registered.stderr
+    validated = run("validate", "mtp@1", "--golden", str(golden_path), "--device", "cpu",
+                    "--gpu-memory", "1GiB", "--distribution-samples", "2000", "--json", *db)
+    code, data, err = validated.returncode, json.loads(validated.stdout), validated.stderr
     found = {check["name"]: check for check in data["checks"]}
     assert list(found) == CHECKS
     assert found["chat_template"]["status"] == "skip"

@@ -1,14 +1,13 @@
 """One module per serving engine (or deployment format), listed in one table, ``FORMATS``.
 
-Each module owns, for its engine: the engine and the versions it targets (``ENGINE``,
-``VERSIONS``), its schema file in templates/engines/ (``SCHEMA``, or None), the files it writes
-(``FILES``, each rendered from templates/exports/<name>.j2), its own export options with their
-defaults (``OPTIONS``, checked by an optional ``check_options(opts)``), why it cannot serve a pair
-(``refusal(pair_version)``: one line, or None), any further precondition (optional
-``check(pair_version, baselines, opts)``), where its engine finds the models (optional
-``sources(pair_version, opts)``), the translation of the pair into the engine's terms as template
-keys (``context(export)``), and, where the engine has Prometheus metrics, their PromQL
-(``alert_expressions``) and reader (``read_metrics``, used by observe).
+Every module satisfies ``EngineModule`` (tests/test_architecture.py holds each to it): the engine and
+the versions it targets, its schema file in templates/engines/, the files it writes (each rendered
+from templates/exports/<name>.j2), its own export options, why it cannot serve a pair, any further
+precondition, where its engine finds the models, a head layout it loads, the model files it makes,
+and the translation of the pair into the engine's terms as template keys. What most engines do not
+need has one shared default in common.py, which a module names instead of writing its own. Where
+the engine has Prometheus metrics, the module also has their PromQL (``alert_expressions``) and
+reader (``read_metrics``, used by observe); those are reached through the tables that list them.
 
 A new engine: its module here and one line in ``FORMATS``; exports.py and the templates' common
 context need no change. Every engine's ``context`` runs for every export, so a user template can
@@ -18,7 +17,8 @@ combine them; a ``context`` therefore returns None values, not errors, for pairs
 from __future__ import annotations
 
 import importlib
-from types import ModuleType
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 # export format -> its module in this package, imported on first use (the CLI lists the formats
 # without importing any engine module)
@@ -34,15 +34,59 @@ FORMATS: dict[str, str] = {
 }
 
 
-def format_modules() -> dict[str, ModuleType]:
+@runtime_checkable
+class EngineModule(Protocol):
+    """What exports.py and the export use case read of an engine module, and nothing else."""
+
+    ENGINE: str  # the engine's name, as its schema file and the pair lock name it
+    VERSIONS: tuple[str, ...]  # the engine versions written for; option engine_version picks one
+    SCHEMA: str | None  # its schema file in templates/engines/ (None: no engine of its own)
+    FILES: tuple[str, ...]  # the files it writes
+    OPTIONS: dict[str, Any]  # its own export options with their defaults
+    MEDUSA_REFUSAL: str | None  # why it serves no Medusa pair, where it says so itself (None: the common line)
+    WRITES_MODELS: bool  # whether the export makes the model files the engine loads (needs -o DIR)
+
+    def check_options(self, opts: dict[str, Any]) -> None:
+        """Refuse (UsageError) a bad value of its own options; may normalise them in place."""
+
+    def refusal(self, pair_version) -> str | None:
+        """Why it cannot serve this pair, in one line, or None."""
+
+    def check(self, pair_version, baselines: dict[str, Any] | None, opts: dict[str, Any]) -> None:
+        """Any further precondition of an export (raises SpecregError)."""
+
+    def sources(self, pair_version, opts: dict[str, Any]) -> tuple[str, str | None]:
+        """(target, draft) as the engine is given them."""
+
+    def head_layout(self, export) -> dict[str, Any] | None:
+        """The head directory as the engine loads it where it differs from the registered one."""
+
+    def write_models(self, pair_version, out_dir: str | Path, opts: dict[str, Any], overwrite: bool = False,
+                     log=None, *, records) -> dict[str, tuple[str, dict[str, str]]] | None:
+        """The model files the engine loads, written under ``out_dir``: {role: (folder, {file: sha256})}."""
+
+    def context(self, export) -> dict[str, Any]:
+        """Its template keys for one export."""
+
+
+def format_modules() -> dict[str, EngineModule]:
     """Export format -> its engine module, in FORMATS order."""
     return {fmt: importlib.import_module(f"{__name__}.{name}") for fmt, name in FORMATS.items()}
 
 
-def engine_modules() -> dict[str, ModuleType]:
+def engine_modules() -> dict[str, EngineModule]:
     """Engine name -> the module that targets it first (a format such as k8s-vllm reuses vllm)."""
-    modules: dict[str, ModuleType] = {}
+    modules: dict[str, EngineModule] = {}
     for module in format_modules().values():
         if module.SCHEMA is not None:
             modules.setdefault(module.ENGINE, module)
     return modules
+
+
+def format_module(fmt: str) -> EngineModule:
+    """The engine module of export format ``fmt`` (UsageError naming the known formats)."""
+    from specreg.errors import UsageError
+
+    if fmt not in FORMATS:
+        raise UsageError(f"unknown export format {fmt!r}; known: {', '.join(FORMATS)}")
+    return importlib.import_module(f"{__name__}.{FORMATS[fmt]}")

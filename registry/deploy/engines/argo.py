@@ -16,13 +16,17 @@ from typing import Any
 
 from specreg.errors import UsageError
 from specreg.registry.deploy.engines import llamacpp, prometheus, sglang, vllm
-from specreg.registry.deploy.engines.common import Export
+from specreg.registry.deploy.engines.common import Export, no_head_layout, no_model_files, registered_sources
 from specreg.registry.store.entities import PairVersion
 
 ENGINE = "argo-rollouts"
 VERSIONS = ("1.9",)
 SCHEMA = "argo-rollouts-1.9.json"
 FILES = ("argo-analysis.yaml",)
+MEDUSA_REFUSAL = None  # the common line (exports.MEDUSA_REFUSAL)
+WRITES_MODELS = False
+# what it needs nothing of its own for: the shared defaults (engines.EngineModule)
+sources, head_layout, write_models = registered_sources, no_head_layout, no_model_files
 # the engines whose metrics an analysis reads; llama-server's series carry no model_name label
 ANALYSIS_ENGINES = {"vllm": vllm, "sglang": sglang, "llamacpp": llamacpp}
 LABELLED_BY_MODEL = ("vllm", "sglang")

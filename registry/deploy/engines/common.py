@@ -1,6 +1,7 @@
-"""What every engine module shares: the pair as one export sees it (``Export``), the refusal that
-holds for every engine (MTP on a target no engine builds an MTP drafter for) and the head's trained
-aux layers, which each engine module translates into its own numbering."""
+"""What every engine module shares: the pair as one export sees it (``Export``), the defaults of the
+engine interface (engines.EngineModule) a module names where it needs nothing of its own, the
+refusal that holds for every engine (MTP on a target no engine builds an MTP drafter for) and the
+head's trained aux layers, which each engine module translates into its own numbering."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ class Export:
     """One export's inputs, resolved: the pair, its baselines, the merged options and where the
     engine finds the models (``target_source``, ``draft_source``: reference, path or in-pod path)."""
 
+    fmt: str  # the export format
+    engine: Any  # its engines.EngineModule, resolved once for the whole export
     pair_version: PairVersion
     baselines: dict[str, Any] | None
     approved: bool
@@ -28,6 +31,43 @@ class Export:
     @property
     def config(self):
         return self.pair_version.config
+
+
+# The engine interface's defaults (engines.EngineModule), for a module that needs nothing of its own.
+
+
+def accept_options(opts: dict[str, Any]) -> None:
+    """No options of its own to check."""
+
+
+def no_check(pair_version: PairVersion, baselines: dict[str, Any] | None, opts: dict[str, Any]) -> None:
+    """No precondition past the engine's refusal."""
+
+
+def registered_sources(pair_version: PairVersion, opts: dict[str, Any]) -> tuple[str, str | None]:
+    """(target, draft) where they were registered: the reference (served_reference) under
+    model_source=reference, else the fingerprinted folder."""
+    source = served_reference if opts["model_source"] == "reference" else (lambda model: model.path)
+    return source(pair_version.target), source(pair_version.draft) if pair_version.draft is not None else None
+
+
+def no_head_layout(export: Export) -> None:
+    """The engine loads the registered head directory itself."""
+
+
+def no_model_files(pair_version: PairVersion, out_dir, opts: dict[str, Any], overwrite: bool = False, log=None, *,
+                   records) -> None:
+    """The engine loads the registered model files themselves."""
+
+
+def served_reference(model) -> str:
+    """What an export names a model by under model_source=reference: the hub id, or for a local
+    folder the resolved path that was fingerprinted at registration. The folder as typed may be a
+    symlink (re-pointed later to other weights) or relative (valid only from the folder it was
+    typed in, and read as a hub id by an engine): neither is written into a serve script."""
+    if model.revision is not None:
+        return model.reference
+    return model.path
 
 
 def mtp_refusal(pair_version: PairVersion) -> str | None:

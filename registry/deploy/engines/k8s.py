@@ -12,7 +12,7 @@ from typing import Any
 
 from specreg.errors import UsageError
 from specreg.registry.deploy.engines import vllm
-from specreg.registry.deploy.engines.common import Export
+from specreg.registry.deploy.engines.common import Export, no_head_layout, no_model_files
 from specreg.registry.store.entities import PairVersion
 
 ENGINE = vllm.ENGINE
@@ -20,6 +20,10 @@ VERSIONS = vllm.VERSIONS
 SCHEMA = vllm.SCHEMA
 # vllm-config.yaml is also the ConfigMap file the engine reads; the lock binds its sha256 (exported)
 FILES = ("k8s-vllm.yaml", "vllm-config.yaml")
+MEDUSA_REFUSAL = None  # the common line (exports.MEDUSA_REFUSAL)
+WRITES_MODELS = False
+# what it needs nothing of its own for: the shared defaults (engines.EngineModule)
+head_layout, write_models = no_head_layout, no_model_files
 ENGINE_CONFIG = "vllm-config.yaml"
 ENGINE_CONFIG_MOUNT = "/etc/specreg/engine"
 OPTIONS: dict[str, Any] = {

@@ -36,13 +36,16 @@ from typing import Any
 
 from specreg.errors import SpecregError, UsageError
 from specreg.registry.deploy.engines import llamacpp_build, vllm
-from specreg.registry.deploy.engines.common import Export, schedule_depth
+from specreg.registry.deploy.engines.common import Export, no_check, no_head_layout, schedule_depth
 from specreg.registry.store.entities import PairVersion, SpecMethod
 
 ENGINE = "llamacpp"
 VERSIONS = (llamacpp_build.VERSION,)
 SCHEMA = f"llamacpp-{llamacpp_build.VERSION}.json"
 FILES = ("llama-server.sh",)
+WRITES_MODELS = True  # GGUF files, made from the registered folders
+# what it needs nothing of its own for: the shared defaults (engines.EngineModule)
+check, head_layout = no_check, no_head_layout
 # -np slots; -t threads (None: llama.cpp's own choice); GGUF type of the converted files
 OPTIONS: dict[str, Any] = {"parallel": 1, "threads": None, "gguf_type": "f32"}
 GGUF_DIR = "gguf"

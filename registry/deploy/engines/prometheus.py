@@ -10,7 +10,7 @@ from typing import Any
 
 from specreg.errors import SpecregError, UsageError
 from specreg.registry.deploy.engines import sglang, vllm
-from specreg.registry.deploy.engines.common import Export
+from specreg.registry.deploy.engines.common import Export, no_head_layout, no_model_files, registered_sources
 from specreg.registry.store.entities import PairVersion
 
 RULE_ENGINES = {"vllm": vllm, "sglang": sglang}
@@ -18,6 +18,10 @@ ENGINE = "vllm/sglang"
 VERSIONS = (f"{vllm.VERSIONS[0]}/{sglang.VERSIONS[0]}",)
 SCHEMA = None
 FILES = ("prometheus-rules.yaml",)
+MEDUSA_REFUSAL = None  # the common line (exports.MEDUSA_REFUSAL)
+WRITES_MODELS = False
+# what it needs nothing of its own for: the shared defaults (engines.EngineModule)
+sources, head_layout, write_models = registered_sources, no_head_layout, no_model_files
 OPTIONS: dict[str, Any] = {
     "for": "10m",  # how long a Prometheus alert condition must hold
     "rate_window": "5m",

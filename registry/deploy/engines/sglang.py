@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from specreg.errors import SpecregError
-from specreg.registry.deploy.engines.common import Export, mtp_family, mtp_refusal, trained_aux_layers
+from specreg.registry.deploy.engines.common import (Export, accept_options, mtp_family, mtp_refusal, no_check,
+    no_model_files, registered_sources, trained_aux_layers)
 from specreg.registry.deploy.export_files import Link
 from specreg.registry.store.entities import PairVersion, SpecMethod
 
@@ -18,6 +19,10 @@ ENGINE = "sglang"
 VERSIONS = ("0.5.23",)
 SCHEMA = "sglang-0.5.23.json"
 FILES = ("sglang-launch.sh",)
+MEDUSA_REFUSAL = None  # the common line (exports.MEDUSA_REFUSAL)
+WRITES_MODELS = False
+# what it needs nothing of its own for: the shared defaults (engines.EngineModule)
+check_options, check, sources, write_models = accept_options, no_check, registered_sources, no_model_files
 OPTIONS: dict[str, Any] = {}
 
 ACCEPT_LENGTH = "sglang:spec_accept_length"

@@ -8,13 +8,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from specreg.registry.deploy.engines.common import Export
+from specreg.registry.deploy.engines.common import (Export, accept_options, no_check, no_head_layout, no_model_files,
+    registered_sources)
 from specreg.registry.store.entities import PairVersion, SpecMethod
 
 ENGINE = "tgi"
 VERSIONS = ("3.3",)
 SCHEMA = "tgi-3.3.json"
 FILES = ("tgi-launch.sh",)
+MEDUSA_REFUSAL = None  # the common line (exports.MEDUSA_REFUSAL)
+WRITES_MODELS = False
+# what it needs nothing of its own for: the shared defaults (engines.EngineModule)
+check_options, check, sources, head_layout, write_models = accept_options, no_check, registered_sources, no_head_layout, no_model_files
 OPTIONS: dict[str, Any] = {}
 
 
