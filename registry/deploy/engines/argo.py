@@ -27,6 +27,7 @@ MEDUSA_REFUSAL = None  # the common line (exports.MEDUSA_REFUSAL)
 WRITES_MODELS = False
 # what it needs nothing of its own for: the shared defaults (engines.EngineModule)
 sources, head_layout, write_models = registered_sources, no_head_layout, no_model_files
+
 # the engines whose metrics an analysis reads; llama-server's series carry no model_name label
 ANALYSIS_ENGINES = {"vllm": vllm, "sglang": sglang, "llamacpp": llamacpp}
 LABELLED_BY_MODEL = ("vllm", "sglang")

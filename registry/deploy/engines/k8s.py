@@ -24,6 +24,7 @@ MEDUSA_REFUSAL = None  # the common line (exports.MEDUSA_REFUSAL)
 WRITES_MODELS = False
 # what it needs nothing of its own for: the shared defaults (engines.EngineModule)
 head_layout, write_models = no_head_layout, no_model_files
+
 ENGINE_CONFIG = "vllm-config.yaml"
 ENGINE_CONFIG_MOUNT = "/etc/specreg/engine"
 OPTIONS: dict[str, Any] = {

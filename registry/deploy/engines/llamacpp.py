@@ -46,6 +46,7 @@ FILES = ("llama-server.sh",)
 WRITES_MODELS = True  # GGUF files, made from the registered folders
 # what it needs nothing of its own for: the shared defaults (engines.EngineModule)
 check, head_layout = no_check, no_head_layout
+
 # -np slots; -t threads (None: llama.cpp's own choice); GGUF type of the converted files
 OPTIONS: dict[str, Any] = {"parallel": 1, "threads": None, "gguf_type": "f32"}
 GGUF_DIR = "gguf"

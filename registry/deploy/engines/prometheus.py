@@ -22,6 +22,7 @@ MEDUSA_REFUSAL = None  # the common line (exports.MEDUSA_REFUSAL)
 WRITES_MODELS = False
 # what it needs nothing of its own for: the shared defaults (engines.EngineModule)
 sources, head_layout, write_models = registered_sources, no_head_layout, no_model_files
+
 OPTIONS: dict[str, Any] = {
     "for": "10m",  # how long a Prometheus alert condition must hold
     "rate_window": "5m",

@@ -11,7 +11,7 @@ from typing import Any
 
 from specreg.errors import SpecregError
 from specreg.registry.deploy.engines.common import (Export, accept_options, mtp_family, mtp_refusal, no_check,
-    no_model_files, registered_sources, trained_aux_layers)
+                                                    no_model_files, registered_sources, trained_aux_layers)
 from specreg.registry.deploy.export_files import Link
 from specreg.registry.store.entities import PairVersion, SpecMethod
 
@@ -23,6 +23,7 @@ MEDUSA_REFUSAL = None  # the common line (exports.MEDUSA_REFUSAL)
 WRITES_MODELS = False
 # what it needs nothing of its own for: the shared defaults (engines.EngineModule)
 check_options, check, sources, write_models = accept_options, no_check, registered_sources, no_model_files
+
 OPTIONS: dict[str, Any] = {}
 
 ACCEPT_LENGTH = "sglang:spec_accept_length"

@@ -11,7 +11,7 @@ from typing import Any
 
 from specreg.errors import UsageError
 from specreg.registry.deploy.engines.common import (Export, mtp_family, mtp_refusal, no_check, no_head_layout,
-    no_model_files, registered_sources, trained_aux_layers)
+                                                    no_model_files, registered_sources, trained_aux_layers)
 from specreg.registry.store.entities import PairVersion, SpecMethod
 
 ENGINE = "trtllm"
@@ -23,6 +23,7 @@ MEDUSA_REFUSAL = None  # the common line (exports.MEDUSA_REFUSAL)
 WRITES_MODELS = False
 # what it needs nothing of its own for: the shared defaults (engines.EngineModule)
 check, sources, head_layout, write_models = no_check, registered_sources, no_head_layout, no_model_files
+
 OPTIONS: dict[str, Any] = {"acceptance_window": 128}  # rolling window for acceptance_length_threshold
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from specreg.errors import SpecregError, UsageError
 from specreg.registry.deploy.engines.common import (Export, mtp_refusal, no_check, no_head_layout, no_model_files,
-    registered_sources)
+                                                    registered_sources)
 from specreg.registry.store.entities import PairVersion, SpecMethod
 
 ENGINE = "vllm"
@@ -21,6 +21,7 @@ MEDUSA_REFUSAL = None  # the common line (exports.MEDUSA_REFUSAL)
 WRITES_MODELS = False
 # what it needs nothing of its own for: the shared defaults (engines.EngineModule)
 check, sources, head_layout, write_models = no_check, registered_sources, no_head_layout, no_model_files
+
 # --max-num-seqs; also the end of the k=0 range of a batch cutoff
 OPTIONS: dict[str, Any] = {"max_num_seqs": None}
 
