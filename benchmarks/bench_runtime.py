@@ -80,22 +80,22 @@ def main() -> None:
                                           median_ratio)
     from specreg.runtime.decode import DecodeConfig, speculative_generate, target_only_generate
     from specreg.cli.progress import Progress
-    from specreg.runtime.demo_pair import build_demo_pair
+    from specreg.builders.demo_pair import build_demo_pair
     from specreg.runtime.metrics import aggregate
     from specreg.runtime.pair import ModelPair, load_pair
 
     target_dir, draft_dir = build_demo_pair(args.dir, progress=Progress())
     head_dir = medusa_dir = mtp_dir = None
     if not args.no_eagle3:
-        from specreg.runtime.demo_heads import build_demo_head
+        from specreg.builders.demo_heads import build_demo_head
 
         head_dir = build_demo_head(args.dir, "eagle3", target_dir=target_dir, progress=Progress())
     if not args.no_medusa:
-        from specreg.runtime.demo_medusa import build_demo_medusa
+        from specreg.builders.demo_medusa import build_demo_medusa
 
         medusa_dir = build_demo_medusa(f"{args.dir}/medusa", target_dir, progress=Progress())
     if not args.no_mtp:
-        from specreg.runtime.demo_mtp import build_demo_mtp
+        from specreg.builders.demo_mtp import build_demo_mtp
 
         mtp_dir = build_demo_mtp(f"{args.dir}/target-mtp", target_dir, progress=Progress())
     if args.threads:
@@ -129,7 +129,7 @@ def main() -> None:
         f"ours speculative (k={args.k})": ours_speculative,
     }
     # the head methods: the same target object (the heads read its hidden states, no second copy)
-    from specreg.runtime.demo_medusa import DEMO_TREE
+    from specreg.builders.demo_medusa import DEMO_TREE
     from specreg.runtime.tree import parse_tree
 
     tree = parse_tree(DEMO_TREE)

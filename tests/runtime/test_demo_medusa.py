@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from specreg.runtime import demo_medusa
+from specreg.builders import demo_medusa
 
 
 def test_build_then_reuse_then_rebuild_on_a_new_setting(tmp_path, tiny_dir, monkeypatch):

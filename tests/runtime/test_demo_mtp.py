@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from specreg.runtime import demo_mtp
+from specreg.builders import demo_mtp
 
 
 def test_build_then_reuse_then_rebuild_on_a_new_setting(tmp_path, tiny_dir, monkeypatch, prompts):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specreg.runtime import demo_pair
+from specreg.builders import demo_pair
 
 
 def test_corpus_covers_the_five_workloads_and_the_golden_prompts():

@@ -30,7 +30,7 @@ def heads(target, tokenizer):
     the demo head is where high acceptance is shown)."""
     from tinymodels import CORPUS
 
-    from specreg.runtime import demo_heads
+    from specreg.builders import demo_heads
     from specreg.runtime.eagle3 import new_eagle3_head
 
     stream = torch.tensor(tokenizer("".join(CORPUS * 3), add_special_tokens=False)["input_ids"])
@@ -203,7 +203,7 @@ def test_eagle3_method_needs_a_head(target, tokenizer, drafts, prompts):
 
 def test_demo_head_build_then_reuse_the_cache(tiny_dir, prompts, tmp_path, monkeypatch):
     # the real budget takes minutes; the same code path with two steps, on the tiny target
-    from specreg.runtime import demo_heads
+    from specreg.builders import demo_heads
 
     monkeypatch.setattr(demo_heads, "EAGLE3_TRAINING", (2, 2))
     head_dir = demo_heads.build_demo_head(tmp_path, "eagle3", target_dir=tiny_dir / "target")

@@ -29,8 +29,8 @@ def mtp_dirs(tiny_dir, target, tokenizer, tmp_path_factory):
     near-uniform, so acceptance stays modest: the demo is where high acceptance is shown)."""
     from tinymodels import CORPUS
 
-    from specreg.runtime.demo_medusa import target_states
-    from specreg.runtime.demo_mtp import train_mtp_head
+    from specreg.builders.demo_medusa import target_states
+    from specreg.builders.demo_mtp import train_mtp_head
     from specreg.runtime.mtp import new_mtp_head, save_target_with_mtp
 
     root = tmp_path_factory.mktemp("mtp")

@@ -12,8 +12,8 @@ import json
 import time
 from pathlib import Path
 
-from specreg.runtime.demo_pair import (SEQUENCE_LENGTH, OneCycleAdamW, build_demo_pair, cache_key, demo_corpus,
-                                      golden_texts)
+from specreg.builders.demo_pair import (SEQUENCE_LENGTH, OneCycleAdamW, build_demo_pair, cache_key, demo_corpus,
+                                       golden_texts)
 
 
 # EAGLE-3 head: the draft vocabulary is the corpus' most frequent tokens (as EAGLE-3 selects it);
