@@ -30,7 +30,7 @@ import time
 def load_pairs(names, device, dtype, demo_dir):
     """name -> (ModelPair, DecodeConfig method settings) for the pairs asked for, built on first use."""
     from specreg.core.packages import cache_root
-    from specreg.runtime.pair import load_pair
+    from specreg.runtime.methods import load_pair
 
     pairs = {}
     for name in names:
@@ -139,10 +139,11 @@ def main() -> None:
 def validate_pass(pairs, args, batch_size) -> None:
     """Seconds of validate's decode pass over the golden set at batch 1 and at batch_size."""
     from specreg.golden_prompts.loader import load_golden_set
-    from specreg.validators.equivalence import SpeculativeSettings, decode_golden
+    from specreg.runtime.decode import DecodeConfig
+    from specreg.validators.equivalence import decode_golden
 
     golden = load_golden_set(args.golden_set)
-    settings = SpeculativeSettings(k=args.k)
+    settings = DecodeConfig(k=args.k)
     for name, pair in pairs.items():
         seconds = {1: [], batch_size: []}
         for _ in range(args.rounds):

@@ -82,7 +82,8 @@ def main() -> None:
     from specreg.cli.progress import Progress
     from specreg.builders.demo_pair import build_demo_pair
     from specreg.runtime.metrics import aggregate
-    from specreg.runtime.pair import ModelPair, load_pair
+    from specreg.runtime.methods import load_pair
+    from specreg.runtime.pair import ModelPair
 
     target_dir, draft_dir = build_demo_pair(args.dir, progress=Progress())
     head_dir = medusa_dir = mtp_dir = None
@@ -135,7 +136,7 @@ def main() -> None:
     tree = parse_tree(DEMO_TREE)
     heads = []  # (row name, pair, config, metrics of its runs)
     if head_dir is not None:
-        from specreg.runtime.eagle3 import load_eagle3_head
+        from specreg.runtime.methods.eagle3 import load_eagle3_head
 
         eagle_pair = ModelPair(target=pair.target, tokenizer=pair.tokenizer, vocab_size=pair.vocab_size,
                                draft=load_eagle3_head(head_dir, pair.target))
@@ -143,7 +144,7 @@ def main() -> None:
         heads.append((f"ours EAGLE-3 tree ({tree.num_nodes} nodes)", eagle_pair,
                       dataclasses.replace(config, method="eagle3", k=tree.depth, tree=tree.paths), []))
     if medusa_dir is not None:
-        from specreg.runtime.medusa import load_medusa_heads
+        from specreg.runtime.methods.medusa import load_medusa_heads
 
         medusa_pair = ModelPair(target=pair.target, tokenizer=pair.tokenizer, vocab_size=pair.vocab_size,
                                 draft=load_medusa_heads(medusa_dir, pair.target))
@@ -151,7 +152,7 @@ def main() -> None:
                       dataclasses.replace(config, method="medusa", k=tree.depth, tree=tree.paths), []))
 
     if mtp_dir is not None:
-        from specreg.runtime.mtp import load_mtp_head, read_runnable_mtp
+        from specreg.runtime.methods.mtp import load_mtp_head, read_runnable_mtp
 
         # target-mtp is the same target plus its MTP layer: the layer's tensors on the same target object
         mtp_pair = ModelPair(target=pair.target, tokenizer=pair.tokenizer, vocab_size=pair.vocab_size,

@@ -52,10 +52,11 @@ def main() -> None:
     from specreg.builders.demo_medusa import build_demo_medusa
     from specreg.cli.progress import Progress
     from specreg.builders.demo_pair import build_demo_pair
-    from specreg.runtime.eagle3 import load_eagle3_head
-    from specreg.runtime.medusa import load_medusa_heads
+    from specreg.runtime.methods.eagle3 import load_eagle3_head
+    from specreg.runtime.methods.medusa import load_medusa_heads
     from specreg.runtime.metrics import aggregate
-    from specreg.runtime.pair import ModelPair, load_pair
+    from specreg.runtime.methods import load_pair
+    from specreg.runtime.pair import ModelPair
 
     target_dir, _ = build_demo_pair(args.dir, progress=Progress())
     head_dir = build_demo_head(args.dir, "eagle3", target_dir=target_dir, progress=Progress())

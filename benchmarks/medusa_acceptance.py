@@ -27,7 +27,7 @@ def main() -> None:
     from specreg.builders.demo_pair import build_demo_pair
     from specreg.runtime.decode import DecodeConfig, speculative_generate
     from specreg.runtime.metrics import aggregate
-    from specreg.runtime.pair import load_pair
+    from specreg.runtime.methods import load_pair
     from specreg.runtime.tree import chain_tree, parse_tree
 
     wall, cpu = time.perf_counter(), time.process_time()

@@ -194,7 +194,7 @@ def build_demo_head(directory, method: str = "eagle3", *, target_dir=None, force
     key = head_cache_key(method, target_dir)
     if cached_build(head_dir, "demo-head.json", key, "model.safetensors", force):
         return head_dir  # found before torch and transformers are imported
-    from specreg.runtime.eagle3 import new_eagle3_head, save_eagle3_head
+    from specreg.runtime.methods.eagle3 import new_eagle3_head, save_eagle3_head
     started, cpu_started = time.perf_counter(), time.process_time()
     target, stream = frozen_target(target_dir)
     head = new_eagle3_head(target, frequent_tokens(stream, EAGLE3_DRAFT_VOCAB),

@@ -94,7 +94,7 @@ def build_demo_medusa(out_dir, target_dir, *, force: bool = False, progress=None
     a Medusa head directory (config.json, medusa_lm_head.safetensors, demo-heads.json)."""
     from specreg.builders.demo_heads import cached_build, frozen_target, write_stamp
     from specreg.builders.demo_pair import SEQUENCE_LENGTH
-    from specreg.runtime.medusa import WEIGHTS_FILE, new_medusa_heads, save_medusa_heads
+    from specreg.runtime.methods.medusa import WEIGHTS_FILE, new_medusa_heads, save_medusa_heads
 
     out_dir, target_dir = Path(out_dir), Path(target_dir)
     key = medusa_cache_key(target_dir)

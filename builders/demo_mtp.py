@@ -35,7 +35,7 @@ def mtp_cache_key(target_dir) -> str:
     from specreg.builders.demo_heads import demo_cache_key
 
     here = Path(__file__).resolve().parent
-    code = [here / "demo_mtp.py", find_spec("specreg.runtime.mtp").origin, here / "demo_medusa.py"]
+    code = [here / "demo_mtp.py", find_spec("specreg.runtime.methods.mtp").origin, here / "demo_medusa.py"]
     return demo_cache_key(code, target_dir,
                           dict(windows=MTP_WINDOWS, training=MTP_TRAINING, lr=MTP_LR, ttt=MTP_TTT_STEPS))
 
@@ -99,7 +99,7 @@ def build_demo_mtp(out_dir, target_dir, *, force: bool = False, progress=None) -
         return out_dir  # found before torch and transformers are imported
     from specreg.builders.demo_medusa import target_states
     from specreg.builders.demo_pair import SEQUENCE_LENGTH
-    from specreg.runtime.mtp import new_mtp_head, save_target_with_mtp
+    from specreg.runtime.methods.mtp import new_mtp_head, save_target_with_mtp
     started, cpu_started = time.perf_counter(), time.process_time()
     target, stream = frozen_target(target_dir)
     windows, hidden, probs = target_states(target, stream, MTP_WINDOWS, SEQUENCE_LENGTH, seed=6)  # [w, L], ...

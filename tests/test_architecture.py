@@ -208,3 +208,13 @@ def test_core_imports_nothing_heavy(module):
             "print(','.join(heavy))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_no_import_cycle_between_runtime_modules():
+    """Inside the runtime the modules import one way too (the pair, the forward, the tree, the
+    methods, the loop), lazy imports included: a cycle means two modules are one idea."""
+    modules = {name: path for name, path in module_files().items() if name.startswith("specreg.runtime")}
+    graph = {name: {imported for imported, _ in imports_of(path, name) if imported in modules and imported != name}
+             for name, path in modules.items()}
+    assert "specreg.runtime.tree" in graph["specreg.runtime.methods.medusa"], "the walk found no imports"
+    assert find_cycle(graph) is None

@@ -59,7 +59,7 @@ def check_performance(pair, decodes, *, method: str = "draft_model", k: int = 4,
 
     pair: runtime ModelPair; decodes: GoldenDecodes; method, k: the pair's configuration;
     cost_ratio: draft/target step cost (measured here with measure_cost_ratio when None; 0 for
-    ngram, whose drafting has no forward pass); tree: the candidate tree's paths (tree methods):
+    ngram, whose drafting has no forward pass); tree: the parsed CandidateTree (tree methods):
     the recommendation is then the depth to cut the tree at, from the measured per-depth
     acceptance, the heads' cost per step and the measured cost of verifying the tree cut at each
     depth (choose_tree_depth). Returns a CheckResult "performance".
@@ -95,9 +95,7 @@ def check_performance(pair, decodes, *, method: str = "draft_model", k: int = 4,
         # the tree cut at each measured depth: its verification cost against a one-token step here
         from specreg.runtime.choose_k import (choose_tree_depth, head_draft_step_cost, measure_step_time,
                                               measure_tree_step_time)
-        from specreg.runtime.tree import parse_tree
-
-        full = parse_tree(tree)
+        full = tree
         prompt = decodes.runs[0].prompt_ids
         one_step = measure_step_time(pair.target, prompt, steps=8)
         depths = range(1, max(1, min(full.depth, len(measured))) + 1)

@@ -237,14 +237,13 @@ def run_suite(pair_version, golden, options: ValidationOptions, *, device: str,
     if runtime_checks:
         from transformers.utils import logging as transformers_logging
 
-        from specreg.runtime.pair import load_pair
+        from specreg.runtime.methods import load_pair
 
         transformers_logging.disable_progress_bar()  # the suite reports its own progress
 
-        settings = equivalence.SpeculativeSettings(
-            method=config.method.value, k=config.num_speculative_tokens,
-            prompt_lookup_min=config.prompt_lookup_min or 1, prompt_lookup_max=config.prompt_lookup_max or 3,
-            tree=config.tree)
+        from specreg.runtime.decode import DecodeConfig
+
+        settings = DecodeConfig.from_spec(config)  # the candidate tree parsed once for every check
         total = len(golden)
         done = [0]
         decoding = "decoding golden prompts (target-only and speculative)"

@@ -15,7 +15,7 @@ A method is one module runtime/methods/<name>.py, named as the registry names th
 
 A Drafter drafts for the rows of one batch, in the order the loop lists them:
 
-    hidden_state_ids: tuple[int, ...]     the target states it reads (pair.forward_logits'
+    hidden_state_ids: tuple[int, ...]     the target states it reads (forward.forward_logits'
                                           indices; () for none)
     last_forwards: list[int]              per row, the drafter forwards the last propose took
     propose(requests) -> list[Proposal]   one DraftRequest per row; k == 0: draft nothing

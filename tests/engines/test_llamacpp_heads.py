@@ -56,7 +56,7 @@ def heads(tmp_path_factory):
 
     from specreg.api import Registry
     from specreg.builders import demo_heads, demo_pair
-    from specreg.runtime.eagle3 import new_eagle3_head, save_eagle3_head
+    from specreg.runtime.methods.eagle3 import new_eagle3_head, save_eagle3_head
     from specreg.runtime.loading import load_model, load_tokenizer
     from specreg.runtime.pair import ModelPair
 

@@ -1,7 +1,7 @@
 """The validation runtime's n-gram drafter against vLLM 0.33.0's own n-gram proposer.
 
 `method: ngram` in our vLLM export is served by vllm/v1/spec_decode/ngram_proposer.py; a pair's
-validated acceptance describes what vLLM serves only if runtime/drafters.py's NgramDrafter drafts
+validated acceptance describes what vLLM serves only if runtime/methods/ngram.py's NgramDrafter drafts
 the same tokens. vLLM's NgramProposer.propose runs on each sequence from the cached wheel (numba
 JIT included, ngram_check.py, one subprocess); ours on the same sequences; the proposals must be
 identical token ids. Skips without the engine cache locally, fails in CI (conftest.run_or_skip).
@@ -14,7 +14,7 @@ import random
 import pytest
 from engine_env import ENGINES_DIR
 
-from specreg.runtime.drafters import NgramDrafter
+from specreg.runtime.methods.ngram import NgramDrafter
 
 MAX_MODEL_LEN = 64
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from specreg.runtime.decode import DecodeConfig, generate_batch, speculative_generate, target_only_generate
-from specreg.runtime.medusa import new_medusa_heads
+from specreg.runtime.methods.medusa import new_medusa_heads
 from specreg.runtime.pair import ModelPair, make_pair
 
 from .test_eagle3 import heads  # noqa: F401  (session fixture: EAGLE-3 heads for the tiny target)

@@ -12,7 +12,7 @@ def test_build_then_reuse_then_rebuild_on_a_new_setting(tmp_path, tiny_dir, monk
     from transformers import AutoModelForCausalLM
 
     from specreg.core.heads.mtp import read_mtp
-    from specreg.runtime.pair import load_pair
+    from specreg.runtime.methods import load_pair
 
     monkeypatch.setattr(demo_mtp, "MTP_WINDOWS", 8)
     monkeypatch.setattr(demo_mtp, "MTP_TRAINING", (6, 2))
