@@ -204,3 +204,8 @@ def build_demo_head(directory, method: str = "eagle3", *, target_dir=None, force
     save_eagle3_head(head, head_dir, str(Path(target_dir).resolve()), target.config.architectures or [])
     write_stamp(head_dir, "demo-head.json", key, started, cpu_started, method=method)
     return head_dir
+
+
+def build_demo(directory, target_dir, *, force: bool = False, progress=None) -> list[str]:
+    """The demo-pair command's EAGLE-3 step: the head for the demo target -> the lines it prints."""
+    return [f"eagle3: {build_demo_head(directory, 'eagle3', target_dir=target_dir, force=force, progress=progress)}"]

@@ -108,3 +108,12 @@ def build_demo_medusa(out_dir, target_dir, *, force: bool = False, progress=None
     save_medusa_heads(heads, out_dir, str(target_dir.resolve()))
     write_stamp(out_dir, "demo-heads.json", key, started, cpu_started, tree=[list(path) for path in DEMO_TREE])
     return out_dir
+
+
+def build_demo(directory, target_dir, *, force: bool = False, progress=None) -> list[str]:
+    """The demo-pair command's Medusa step: the heads (DIRECTORY/medusa) and the tree to register
+    them with -> the lines it prints."""
+    import json
+
+    heads = build_demo_medusa(Path(directory) / "medusa", target_dir, force=force, progress=progress)
+    return [f"medusa: {heads}", f"tree:   {json.dumps([list(path) for path in DEMO_TREE], separators=(',', ':'))}"]

@@ -108,3 +108,9 @@ def build_demo_mtp(out_dir, target_dir, *, force: bool = False, progress=None) -
     save_target_with_mtp(head, target_dir, out_dir)
     write_stamp(out_dir, "demo-mtp.json", key, started, cpu_started)
     return out_dir
+
+
+def build_demo(directory, target_dir, *, force: bool = False, progress=None) -> list[str]:
+    """The demo-pair command's MTP step: the demo target with its MTP layer (DIRECTORY/target-mtp)
+    -> the lines it prints."""
+    return [f"mtp: {build_demo_mtp(Path(directory) / 'target-mtp', target_dir, force=force, progress=progress)}"]

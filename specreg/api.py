@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from specreg import settings
 from specreg.core.fingerprint import canonical_json, fingerprint_reference, sha256_hex
 from specreg.core.identity import normalize_user
+from specreg.core.methods import METHODS, tree_methods
 from specreg.core.types import ModelRef
 from specreg.errors import PolicyViolation, SpecregError, UsageError
 from specreg.registry.store.entities import AuditEvent, PairState, PairVersion, SpecConfig, SpecMethod
@@ -157,14 +158,14 @@ def build_spec_config(method: str, num_speculative_tokens: int | None, prompt_lo
     spec_method = parse_method(method)
     paths = parse_tree(tree) if tree is not None else None
     if paths is not None:
-        if spec_method not in (SpecMethod.MEDUSA, SpecMethod.EAGLE3):
-            raise UsageError(f"--tree applies to methods medusa and eagle3, not {spec_method.value}")
+        if spec_method.descriptor.tree == "never":
+            raise UsageError(f"--tree applies to methods {' and '.join(tree_methods())}, not {spec_method.value}")
         depth = max(len(path) for path in paths)
         if num_speculative_tokens is not None and num_speculative_tokens != depth:
             raise UsageError(f"num_speculative_tokens {num_speculative_tokens} differs from the tree's depth {depth}")
         num_speculative_tokens = depth
     if num_speculative_tokens is None:
-        raise UsageError("num_speculative_tokens is missing: pass -k N (or --tree for medusa and eagle3)")
+        raise UsageError(f"num_speculative_tokens is missing: pass -k N (or --tree for {' and '.join(tree_methods())})")
     if num_speculative_tokens < 1:
         raise UsageError(f"invalid num_speculative_tokens {num_speculative_tokens}: must be >= 1")
     check_range("num_speculative_tokens", num_speculative_tokens, 1, MAX_SPECULATIVE_TOKENS)
@@ -173,18 +174,18 @@ def build_spec_config(method: str, num_speculative_tokens: int | None, prompt_lo
     check_range("max_batch_size_for_speculation", max_batch_size_for_speculation, 1, MAX_BATCH_SIZE)
     check_range("prompt_lookup_min", prompt_lookup_min, 1, MAX_PROMPT_LOOKUP)
     check_range("prompt_lookup_max", prompt_lookup_max, 1, MAX_PROMPT_LOOKUP)
-    if spec_method is not SpecMethod.NGRAM and (prompt_lookup_min is not None or prompt_lookup_max is not None):
-        raise UsageError("prompt_lookup_min/max apply only to method ngram")
-    if spec_method in (SpecMethod.DRAFT_MODEL, SpecMethod.EAGLE3, SpecMethod.MEDUSA):
+    descriptor = spec_method.descriptor
+    if not descriptor.prompt_lookup and (prompt_lookup_min is not None or prompt_lookup_max is not None):
+        raise UsageError(f"prompt_lookup_min/max apply only to method "
+                         f"{' and '.join(m.name for m in METHODS.values() if m.prompt_lookup)}")
+    if descriptor.takes_draft:
         if not has_draft:
-            what = "a draft model" if spec_method is SpecMethod.DRAFT_MODEL else f"the {spec_method.value} head directory"
+            what = f"the {spec_method.value} head directory" if descriptor.has_head else "a draft model"
             raise UsageError(f"method {spec_method.value} needs --draft ({what})")
-    elif spec_method is SpecMethod.MTP:
-        if has_draft:
-            raise UsageError("method mtp drafts with the layers inside the target: do not pass --draft")
-    else:
-        if has_draft:
-            raise UsageError("method ngram drafts from the prompt: do not pass --draft")
+    elif has_draft:
+        source = {"target": "with the layers inside the target", "sequence": "from the prompt"}[descriptor.drafts_with]
+        raise UsageError(f"method {spec_method.value} drafts {source}: do not pass --draft")
+    if descriptor.prompt_lookup:
         prompt_lookup_min = prompt_lookup_min or NGRAM_DEFAULT_LOOKUP[0]
         prompt_lookup_max = prompt_lookup_max or max(prompt_lookup_min, NGRAM_DEFAULT_LOOKUP[1])
         if prompt_lookup_min < 1 or prompt_lookup_max < prompt_lookup_min:
@@ -206,7 +207,7 @@ def describe_head(config: SpecConfig, target: ModelRef, draft: ModelRef | None, 
     head = read_head(draft.path if draft is not None else target.path, method=method)
     fit = check_head_fits(head, target.path, target_reference=target.reference,
                           target_fingerprint=target.fingerprint, allow_verifier_mismatch=allow_verifier_mismatch)
-    if config.method is SpecMethod.MEDUSA:
+    if config.method.descriptor.depth_limited_by_heads:
         depth = max(len(path) for path in config.tree) if config.tree else config.num_speculative_tokens
         if depth > head.num_heads:
             raise UsageError(f"{'tree depth' if config.tree else 'num_speculative_tokens'} {depth} needs "
@@ -307,7 +308,7 @@ class Registry:
         check_text("notes", notes)
         config = build_spec_config(method, num_speculative_tokens, prompt_lookup_min, prompt_lookup_max,
                                    max_batch_size_for_speculation, has_draft=draft is not None, tree=tree)
-        if config.method is SpecMethod.DRAFT_MODEL and draft is not None:
+        if config.method.descriptor.drafts_with == "draft model" and draft is not None:
             from specreg.core.heads import head_in_place_of_a_model
 
             head = head_in_place_of_a_model(draft)

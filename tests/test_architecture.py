@@ -218,3 +218,92 @@ def test_no_import_cycle_between_runtime_modules():
              for name, path in modules.items()}
     assert "specreg.runtime.tree" in graph["specreg.runtime.methods.medusa"], "the walk found no imports"
     assert find_cycle(graph) is None
+
+
+# --- method names ---------------------------------------------------------------------------------
+# A drafting method is its runtime module (runtime/methods/<name>.py), one descriptor
+# (specreg/core/methods.py), per engine its translation (registry/deploy/engines/) and, where it
+# has them, its head format's reader (core/heads/<name>.py, torch-free for registration and the
+# gate) and its demo builder (the builders/ module its descriptor names). Anywhere else a method's
+# name must not decide anything: a fact about a method comes from its descriptor.
+METHOD_NAMES = {"draft_model", "ngram", "eagle3", "eagle", "medusa", "mtp"}
+METHOD_MEMBERS = {"DRAFT_MODEL", "NGRAM", "EAGLE3", "EAGLE", "MEDUSA", "MTP"}  # SpecMethod.<member>
+
+
+def method_places() -> tuple[str, ...]:
+    from specreg.core.methods import HEAD_FORMATS, METHODS
+
+    return ("runtime/methods/", "registry/deploy/engines/", "specreg/core/methods.py",
+            *(f"specreg/core/heads/{name}.py" for name in HEAD_FORMATS if (ROOT / f"specreg/core/heads/{name}.py").is_file()),
+            *(f"builders/{m.demo_builder}.py" for m in METHODS.values() if m.demo_builder))
+
+
+def names_a_method(node: ast.AST) -> bool:
+    """A method's name as a literal, SpecMethod.<member>, or a tuple/list/set holding one."""
+    if isinstance(node, ast.Constant):
+        return node.value in METHOD_NAMES
+    if isinstance(node, ast.Attribute):
+        return node.attr in METHOD_MEMBERS and isinstance(node.value, ast.Name) and node.value.id == "SpecMethod"
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return any(names_a_method(element) for element in node.elts)
+    return False
+
+
+def method_branches(source: str, filename: str) -> list[tuple[int, str]]:
+    """Where a method's name decides something: a comparison (==, !=, is, in ...) with it in an if,
+    elif, while, ternary, assert, comprehension or boolean expression; a match case on it; a dict
+    keyed by it (a dispatch table); a subscript or .get() by it."""
+    found = []
+    for node in ast.walk(ast.parse(source, filename)):
+        if isinstance(node, ast.Compare) and any(names_a_method(n) for n in (node.left, *node.comparators)):
+            found.append((node.lineno, "comparison"))
+        elif isinstance(node, ast.MatchValue) and names_a_method(node.value):
+            found.append((node.lineno, "match case"))
+        elif isinstance(node, ast.Dict) and any(key is not None and names_a_method(key) for key in node.keys):
+            found.append((node.lineno, "dict keyed by method"))
+        elif isinstance(node, ast.Subscript) and names_a_method(node.slice):
+            found.append((node.lineno, "lookup by method"))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+              and node.args and names_a_method(node.args[0])):
+            found.append((node.lineno, "lookup by method"))
+    return found
+
+
+def test_no_method_name_is_branched_on_outside_the_method_modules():
+    problems = []
+    places = method_places()
+    for path in sorted(module_files().values()):
+        where = path.relative_to(ROOT).as_posix()
+        if where.startswith(places):
+            continue
+        problems += [f"{where}:{line}: {kind} on a method's name (ask its descriptor, specreg/core/methods.py)"
+                     for line, kind in method_branches(path.read_text(encoding="utf-8"), where)]
+    assert problems == []
+
+
+@pytest.mark.parametrize("code", [
+    "if config.method == 'ngram':\n    pass\n",
+    "x = 1 if method in ('eagle3', 'medusa') else 0\n",
+    "if config.method is SpecMethod.MTP:\n    pass\n",
+    "match method:\n    case 'medusa':\n        pass\n",
+    "build = {'draft_model': a, 'ngram': b}[method]\n",
+    "reader = READERS.get('eagle')\n",
+])
+def test_the_method_scan_sees_each_form_of_branch(code):
+    assert method_branches(code, "example.py"), code
+
+
+def test_every_method_has_its_runtime_module():
+    """Adding a method is its descriptor and its module: each descriptor has runtime/methods/<name>.py
+    whose METHOD carries its name."""
+    from specreg.core.methods import METHODS
+    from specreg.runtime.methods import drafting_method
+
+    assert [drafting_method(name).name for name in METHODS] == list(METHODS)
+
+
+def test_the_method_scan_lets_names_be_values():
+    """Naming a method as a value (a default, a record, a choice list) decides nothing."""
+    code = ("def f(method='draft_model'):\n    return {'method': 'ngram', 'k': 4}\n"
+            "CHOICES = ['draft_model', 'ngram']\nm = SpecMethod.MTP\n")
+    assert method_branches(code, "example.py") == []

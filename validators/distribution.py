@@ -210,6 +210,17 @@ def sample_one_step(draft_probs, target_probs, samples: int, seed: int, acceptan
     return speculative, target_only.cpu()
 
 
+def draft_law(descriptor, pair, tree) -> str:
+    """What q is in the check, in words (its evidence)."""
+    if descriptor.model_free or pair.draft is None:
+        return f"a point mass on the target's top token ({descriptor.name if descriptor.model_free else 'ngram'})"
+    if not descriptor.has_head:
+        return "the draft model's distribution"
+    if tree is not None:
+        return "the tree's first-depth candidates (point masses), tree rule"
+    return f"the {descriptor.name} head's distribution from the target's hidden states"
+
+
 def check_distribution(pair, golden, decodes, *, method: str = "draft_model", samples: int = DEFAULT_SAMPLES,
                        alpha: float = DEFAULT_ALPHA, seed: int = 0, acceptance_rule: Callable | None = None,
                        max_records: int = MAX_RECORDS, tree=None,
@@ -228,7 +239,10 @@ def check_distribution(pair, golden, decodes, *, method: str = "draft_model", sa
 
     from specreg.runtime.acceptance import rejection_sample
 
+    from specreg.core.methods import method_descriptor
+
     rule = acceptance_rule or rejection_sample
+    descriptor = method_descriptor(method)
     records = {record.id: record for record in golden}
     sampled = [run for run in decodes.runs if run.temperature > 0][:max_records]
     if not sampled:
@@ -248,11 +262,11 @@ def check_distribution(pair, golden, decodes, *, method: str = "draft_model", sa
         record = records[run.record_id]
         target_probs = next_token_probs(pair.target, token_ids, vocab, record)  # [vocab]
         node_token_ids = None
-        if method == "ngram" or pair.draft is None:
-            # ngram looks its proposals up, deterministically: a point mass
+        if descriptor.model_free or pair.draft is None:
+            # a model-free method looks its proposals up, deterministically: a point mass
             draft_probs = torch.zeros_like(target_probs)
             draft_probs[target_probs.argmax()] = 1.0
-        elif method == "draft_model":
+        elif not descriptor.has_head:  # a draft model: its own next-token law
             draft_probs = next_token_probs(pair.draft, token_ids, vocab, record)
         elif len(token_ids) < 2:  # a head needs the target's state before the last token
             draft_probs = torch.zeros_like(target_probs)
@@ -293,11 +307,7 @@ def check_distribution(pair, golden, decodes, *, method: str = "draft_model", sa
                "max_total_variation": max(r["total_variation"] for r in results)}
     evidence = {"prefixes": results, "alpha": alpha, "tests": tests,
                 "method": "single-step draws through the acceptance rule vs target sampling, chi-square",
-                "draft_law": ("the draft model's distribution" if method == "draft_model" and pair.draft is not None
-                              else "a point mass on the target's top token (ngram)" if method == "ngram"
-                              or pair.draft is None
-                              else "the tree's first-depth candidates (point masses), tree rule" if tree is not None
-                              else f"the {method} head's distribution from the target's hidden states")}
+                "draft_law": draft_law(descriptor, pair, tree)}
     if zero_probability:
         bad = next(r for r in results if r["zero_probability_emitted"])
         return CheckResult(CHECK_NAME, FAIL, f"speculative sampling emitted {zero_probability} token(s) the target "

@@ -64,6 +64,7 @@ def check_performance(pair, decodes, *, method: str = "draft_model", k: int = 4,
     acceptance, the heads' cost per step and the measured cost of verifying the tree cut at each
     depth (choose_tree_depth). Returns a CheckResult "performance".
     """
+    from specreg.core.methods import method_descriptor
     from specreg.runtime.choose_k import choose_k, measure_cost_ratio
     from specreg.runtime.metrics import aggregate
 
@@ -80,9 +81,10 @@ def check_performance(pair, decodes, *, method: str = "draft_model", k: int = 4,
     single_speculative = aggregate([run.speculative.metrics for run in single])
     single_target_only = aggregate([run.target_only.metrics for run in single])
     if cost_ratio is None:
-        if method == "ngram" or pair.draft is None:
+        descriptor = method_descriptor(method)
+        if descriptor.model_free or pair.draft is None:
             cost_ratio = 0.0
-        elif method != "draft_model":
+        elif descriptor.has_head:
             # a head drafts from the target's hidden states: no standalone step to time, so c is
             # what the decode loop measured (time per head forward / time per verification)
             cost_ratio = in_loop_cost_ratio(speculative)

@@ -9,6 +9,7 @@ import click
 
 from specreg.cli.common import (cli, db_option, echo_lines, fmt_number, json_option, open_registry,
                                 print_json, print_table, say, user_option)
+from specreg.core.methods import DEFAULT_METHOD, METHODS
 
 
 @cli.command()
@@ -17,7 +18,7 @@ from specreg.cli.common import (cli, db_option, echo_lines, fmt_number, json_opt
 @click.option("--draft", default=None, metavar="REF", help="Draft model (draft_model), or the head directory (eagle3, medusa).")
 @click.option("--num-speculative-tokens", "-k", "num_speculative_tokens", type=int, default=None,
               help="Draft tokens per step (k); with --tree, the tree's depth.")
-@click.option("--method", type=click.Choice(["draft_model", "ngram", "eagle3", "medusa", "mtp"]), default="draft_model",
+@click.option("--method", type=click.Choice(list(METHODS)), default=DEFAULT_METHOD,
               show_default=True, help="eagle3/medusa: --draft is the head; mtp: the target's own MTP layers.")
 @click.option("--tree", default=None, metavar="JSON", help='Candidate tree (medusa, eagle3), e.g. "[[0],[1],[0,0]]".')
 @click.option("--allow-verifier-mismatch", is_flag=True, help="Accept a head whose declared verifier is another model (recorded).")
@@ -113,7 +114,8 @@ def describe_model(role: str, model) -> list[str]:
 
 def describe_head(head: dict) -> list[str]:
     fit = head.get("fit") or {}
-    where = "target tensors" if head.get("method") == "mtp" else "tensors"
+    descriptor = METHODS.get(head.get("method"))  # None for a head format of no registered method
+    where = "target tensors" if descriptor is not None and descriptor.drafts_with == "target" else "tensors"
     values = {"hidden": head.get("hidden_size"), "draft vocab": head.get("draft_vocab_size"),
               "aux layers": fit.get("aux_layer_ids"), "heads": head.get("num_heads"), "layers": head.get("num_layers")}
     sizes = [f"{label} {value}" for label, value in values.items() if value not in (None, [])]  # what the format has
@@ -266,7 +268,8 @@ def grants(role):
 
 @cli.command(name="demo-pair")
 @click.argument("directory", type=click.Path(file_okay=False))
-@click.option("--method", type=click.Choice(["draft_model", "eagle3", "medusa", "mtp"]), default="draft_model",
+@click.option("--method", type=click.Choice(["draft_model", *(m.name for m in METHODS.values() if m.demo_builder)]),
+              default="draft_model",
               show_default=True, help="draft_model: the 1-layer draft; eagle3 / medusa: also an EAGLE-3 head / "
                                       "Medusa heads trained on the target's hidden states; mtp: also a copy of the "
                                       "target with a trained MTP layer (DIRECTORY/target-mtp).")
@@ -289,7 +292,7 @@ def demo_pair(directory, method, real, force):
         from specreg.errors import UsageError
         from specreg.builders.real_pair import build_real_pair
 
-        if method != "draft_model":
+        if METHODS[method].demo_builder:
             raise UsageError(f"--real builds a draft_model pair; --method {method} is for the tiny demo pair")
         target_dir, draft_dir = build_real_pair(directory, force=force, log=progress.note)
         say(f"target: {target_dir}")
@@ -300,16 +303,10 @@ def demo_pair(directory, method, real, force):
     target_dir, draft_dir = build_demo_pair(directory, force=force, progress=progress)
     say(f"target: {target_dir}")
     say(f"draft:  {draft_dir}")
-    if method == "eagle3":
-        from specreg.builders.demo_heads import build_demo_head
+    builder = METHODS[method].demo_builder  # the method's own demo drafter, built for this target
+    if builder:
+        from importlib import import_module
 
-        say(f"eagle3: {build_demo_head(directory, 'eagle3', target_dir=target_dir, force=force, progress=progress)}")
-    if method == "medusa":
-        from specreg.builders.demo_medusa import DEMO_TREE, build_demo_medusa
-
-        say(f"medusa: {build_demo_medusa(Path(directory) / 'medusa', target_dir, force=force, progress=progress)}")
-        say(f"tree:   {json.dumps([list(path) for path in DEMO_TREE], separators=(',', ':'))}")
-    if method == "mtp":
-        from specreg.builders.demo_mtp import build_demo_mtp
-
-        say(f"mtp: {build_demo_mtp(Path(directory) / 'target-mtp', target_dir, force=force, progress=progress)}")
+        for line in import_module(f"specreg.builders.{builder}").build_demo(directory, target_dir, force=force,
+                                                                            progress=progress):
+            say(line)
