@@ -199,7 +199,7 @@ def test_engine_modules_do_not_import_the_common_export_code():
     assert problems == []
 
 
-@pytest.mark.parametrize("module", ["specreg.core.types", "specreg.core.fingerprint"])
+@pytest.mark.parametrize("module", ["specreg.core.types", "specreg.core.fingerprint", "specreg.core.methods"])
 def test_core_imports_nothing_heavy(module):
     import subprocess
     import sys
@@ -226,8 +226,17 @@ def test_no_import_cycle_between_runtime_modules():
 # has them, its head format's reader (core/heads/<name>.py, torch-free for registration and the
 # gate) and its demo builder (the builders/ module its descriptor names). Anywhere else a method's
 # name must not decide anything: a fact about a method comes from its descriptor.
-METHOD_NAMES = {"draft_model", "ngram", "eagle3", "eagle", "medusa", "mtp"}
-METHOD_MEMBERS = {"DRAFT_MODEL", "NGRAM", "EAGLE3", "EAGLE", "MEDUSA", "MTP"}  # SpecMethod.<member>
+def method_names() -> set[str]:
+    """Every registered method's name and every head format's (a new method is scanned for as soon
+    as its descriptor exists)."""
+    from specreg.core.methods import HEAD_FORMATS, METHODS
+
+    return set(METHODS) | set(HEAD_FORMATS)
+
+
+METHOD_NAMES = method_names()
+assert {"draft_model", "ngram", "eagle3", "eagle", "medusa", "mtp"} <= METHOD_NAMES
+METHOD_MEMBERS = {name.upper() for name in METHOD_NAMES}  # SpecMethod.<member>
 
 
 def method_places() -> tuple[str, ...]:
