@@ -71,14 +71,18 @@ def vllm_proposals(engine_runner, tmp_path_factory):
 
 
 def ours(tokens: list[int], low: int, high: int, k: int, max_model_len: int) -> list[int]:
-    """NgramDrafter.propose as decode.py calls it; vLLM's cap of k at max_model_len is the
-    caller's cap at the token budget in our runtime (decode.py), applied here the same way."""
+    """NgramDrafter.propose as the decode loop asks it (a DraftRequest); vLLM's cap of k at
+    max_model_len is the caller's cap at the token budget in our runtime (decode.draft), applied
+    here the same way."""
     import torch
+
+    from specreg.runtime.methods.base import DraftRequest
 
     k = min(k, max_model_len - len(tokens))
     if k <= 0:
         return []
-    draft_ids, _ = NgramDrafter(16, low, high).propose(torch.tensor([tokens], dtype=torch.long), k, list(tokens))
+    request = DraftRequest(torch.tensor([tokens], dtype=torch.long), list(tokens), k)
+    draft_ids, _ = NgramDrafter(16, low, high).propose(request)
     return draft_ids.tolist()
 
 
