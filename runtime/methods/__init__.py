@@ -2,6 +2,12 @@
 of base.py: draft_model.py, ngram.py, eagle3.py, medusa.py, mtp.py. A module is named as the
 registry names its method (specreg.core.methods.METHODS, the one table of methods) and defines
 METHOD; the decode loop asks for it by name here and never branches on the name itself.
+
+Adding a method: one MethodDescriptor in specreg/core/methods.py (what drafts, tree, prompt
+lookup, exports) and one module here defining METHOD = base.Method(name, load, drafter[, check]);
+a model-free one loads the target alone (as ngram.py) and batches a base.RowDrafter with
+base.PerRowDrafter. tests/test_architecture.py checks both exist and that nothing else branches on
+the name.
 """
 
 from __future__ import annotations
