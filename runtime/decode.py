@@ -25,6 +25,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+from specreg.core.suffix import SuffixSettings
 from specreg.errors import RuntimeConfigError
 from specreg.runtime.acceptance import greedy_accept, rejection_sample, tree_greedy_accept, tree_rejection_sample
 from specreg.runtime.metrics import GenerationMetrics
@@ -49,6 +50,7 @@ class DecodeConfig:
     stop_strings: tuple[str, ...] = ()
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 3
+    suffix: SuffixSettings | None = None  # method suffix: vLLM's suffix_decoding_* (None: its defaults)
     disable_above_batch_size: int | None = None  # serve target-only above this concurrency
     min_free_memory_bytes: int | None = None  # fall back when the accelerator has less free
     acceptance_length_threshold: float | None = None  # fall back when rolling tau drops below
@@ -71,7 +73,7 @@ class DecodeConfig:
         k, prompt lookup and parsed tree; the rest as the defaults (each golden record sets its own)."""
         return cls(method=spec.method.value, k=spec.num_speculative_tokens,
                    prompt_lookup_min=spec.prompt_lookup_min or 1, prompt_lookup_max=spec.prompt_lookup_max or 3,
-                   tree=spec.tree)
+                   tree=spec.tree, suffix=spec.suffix)
 
 
 @dataclass
@@ -177,9 +179,11 @@ def check_batch(configs: list[DecodeConfig]) -> None:
     budget, sampling settings, seeds and stops are each row's own)."""
     for config in configs:
         check_config(config)
-    shared = {(c.method, c.k, c.tree, c.prompt_lookup_min, c.prompt_lookup_max, c.prefill_alone) for c in configs}
+    shared = {(c.method, c.k, c.tree, c.prompt_lookup_min, c.prompt_lookup_max, c.suffix, c.prefill_alone)
+              for c in configs}
     if len(shared) > 1:
-        raise RuntimeConfigError("the rows of one batch must share method, k, tree, prompt lookup and schedule")
+        raise RuntimeConfigError("the rows of one batch must share method, k, tree, prompt lookup, suffix settings "
+                                 "and schedule")
 
 
 def new_row(pair: ModelPair, index: int, prompt_ids, config: DecodeConfig, metrics: GenerationMetrics,

@@ -154,7 +154,10 @@ def parse_tree(tree) -> tuple[tuple[int, ...], ...]:
 
 def build_spec_config(method: str, num_speculative_tokens: int | None, prompt_lookup_min: int | None,
                       prompt_lookup_max: int | None, max_batch_size_for_speculation: int | None,
-                      has_draft: bool, tree=None) -> SpecConfig:
+                      has_draft: bool, tree=None, suffix: dict | None = None) -> SpecConfig:
+    """The speculative config a registration binds; UsageError naming the option at fault.
+    suffix: vLLM's suffix_decoding_* settings without the prefix (method suffix; unset ones take
+    vLLM's defaults, recorded)."""
     spec_method = parse_method(method)
     paths = parse_tree(tree) if tree is not None else None
     if paths is not None:
@@ -185,6 +188,17 @@ def build_spec_config(method: str, num_speculative_tokens: int | None, prompt_lo
     elif has_draft:
         source = {"target": "with the layers inside the target", "sequence": "from the prompt"}[descriptor.drafts_with]
         raise UsageError(f"method {spec_method.value} drafts {source}: do not pass --draft")
+    suffix = {name: value for name, value in (suffix or {}).items() if value is not None}
+    if not descriptor.suffix_settings and suffix:
+        raise UsageError(f"{', '.join('suffix_decoding_' + name for name in suffix)}: apply only to method "
+                         f"{' and '.join(m.name for m in METHODS.values() if m.suffix_settings)}")
+    settings = None
+    if descriptor.suffix_settings:
+        from specreg.core.suffix import SuffixSettings
+
+        settings = SuffixSettings(**suffix)
+        if settings.problem():
+            raise UsageError(f"invalid {settings.problem()}")
     if descriptor.prompt_lookup:
         prompt_lookup_min = prompt_lookup_min or NGRAM_DEFAULT_LOOKUP[0]
         prompt_lookup_max = prompt_lookup_max or max(prompt_lookup_min, NGRAM_DEFAULT_LOOKUP[1])
@@ -192,7 +206,7 @@ def build_spec_config(method: str, num_speculative_tokens: int | None, prompt_lo
             raise UsageError(
                 f"invalid prompt lookup range {prompt_lookup_min}..{prompt_lookup_max}: need 1 <= min <= max")
     return SpecConfig(spec_method, num_speculative_tokens, prompt_lookup_min, prompt_lookup_max,
-                      max_batch_size_for_speculation, tree=paths)
+                      max_batch_size_for_speculation, tree=paths, suffix=settings)
 
 
 def describe_head(config: SpecConfig, target: ModelRef, draft: ModelRef | None, *,
@@ -297,17 +311,19 @@ class Registry:
                  method: str = "draft_model", prompt_lookup_min: int | None = None,
                  prompt_lookup_max: int | None = None, max_batch_size_for_speculation: int | None = None,
                  notes: str | None = None, allow_pickle: bool = False, tree=None,
-                 allow_verifier_mismatch: bool = False) -> RegisterResult:
+                 allow_verifier_mismatch: bool = False, suffix: dict | None = None) -> RegisterResult:
         """Fingerprint both models and record version N+1 of ``name`` (or return the version
         that already binds the same fingerprints and config).
 
         method eagle3 / medusa: ``draft`` is the head directory; mtp: the target's own layers.
         The head must fit the target (hidden size, aux layers, vocabulary and its map, declared
-        verifier; see specreg.core.heads); ``tree`` is a Medusa / EAGLE candidate tree."""
+        verifier; see specreg.core.heads); ``tree`` is a Medusa / EAGLE candidate tree; ``suffix``
+        vLLM's suffix_decoding_* settings of method suffix, without the prefix."""
         check_name(name)
         check_text("notes", notes)
         config = build_spec_config(method, num_speculative_tokens, prompt_lookup_min, prompt_lookup_max,
-                                   max_batch_size_for_speculation, has_draft=draft is not None, tree=tree)
+                                   max_batch_size_for_speculation, has_draft=draft is not None, tree=tree,
+                                   suffix=suffix)
         if config.method.descriptor.drafts_with == "draft model" and draft is not None:
             from specreg.core.heads import head_in_place_of_a_model
 

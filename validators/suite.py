@@ -177,7 +177,7 @@ def run_suite(pair_version, golden, options: ValidationOptions, *, device: str,
 
     target_dir = pair_version.target.path
     draft_dir = pair_version.draft.path if pair_version.draft else None
-    no_draft = "ngram drafting has no draft model to compare"
+    no_draft = f"{pair_version.config.method.value} drafting has no draft model to compare"
     if "integrity" in selected:
         starting("integrity")  # hashes every weight file: a minute for a large model
         emit(guarded("integrity", lambda: integrity.check_integrity(

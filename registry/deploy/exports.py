@@ -405,7 +405,8 @@ def header_lines(
     # only the settings the pair has: an unset one is left out, never written as Python's None
     settings = [("method", config.method.value), ("num_speculative_tokens", config.num_speculative_tokens),
                 ("prompt_lookup_min", config.prompt_lookup_min), ("prompt_lookup_max", config.prompt_lookup_max),
-                ("max_batch_size_for_speculation", config.max_batch_size_for_speculation)]
+                ("max_batch_size_for_speculation", config.max_batch_size_for_speculation),
+                *(config.suffix.vllm_keys().items() if config.suffix is not None else ())]
     lines.append("speculative config: " + " ".join(f"{key}={value}" for key, value in settings if value is not None))
     if not baselines:
         lines.append("baselines: none recorded")

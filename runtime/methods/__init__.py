@@ -1,7 +1,7 @@
 """One module per drafting method, each owning its loading and its drafter behind the protocol
-of base.py: draft_model.py, ngram.py, eagle3.py, medusa.py, mtp.py. A module is named as the
-registry names its method (specreg.core.methods.METHODS, the one table of methods) and defines
-METHOD; the decode loop asks for it by name here and never branches on the name itself.
+of base.py: draft_model.py, ngram.py, suffix.py, eagle3.py, medusa.py, mtp.py. A module is named
+as the registry names its method (specreg.core.methods.METHODS, the one table of methods) and
+defines METHOD; the decode loop asks for it by name here and never branches on the name itself.
 
 Adding a method: one MethodDescriptor in specreg/core/methods.py (what drafts, tree, prompt
 lookup, exports) and one module here defining METHOD = base.Method(name, load, drafter[, check]);

@@ -23,6 +23,13 @@ from specreg.core.methods import DEFAULT_METHOD, METHODS
 @click.option("--allow-verifier-mismatch", is_flag=True, help="Accept a head whose declared verifier is another model (recorded).")
 @click.option("--prompt-lookup-min", type=int, default=None, help="ngram: shortest n-gram to match.")
 @click.option("--prompt-lookup-max", type=int, default=None, help="ngram: longest n-gram to match.")
+@click.option("--suffix-max-tree-depth", type=int, default=None, help="suffix: deepest suffix tree (vLLM default 24).")
+@click.option("--suffix-max-cached-requests", type=int, default=None,
+              help="suffix: responses vLLM keeps in its global tree (default 10000; 0: none).")
+@click.option("--suffix-max-spec-factor", type=float, default=None,
+              help="suffix: drafts per matched token (default 1.0).")
+@click.option("--suffix-min-token-prob", type=float, default=None,
+              help="suffix: least estimated probability of a drafted token (default 0.1).")
 @click.option("--max-batch-size-for-speculation", type=int, default=None, help="Speculation off above this batch size.")
 @click.option("--notes", default=None, help="Free text kept with the version.")
 @click.option("--allow-pickle", is_flag=True, help="Accept pickle-only weights (.bin/.pt); recorded on the version.")
@@ -30,7 +37,8 @@ from specreg.core.methods import DEFAULT_METHOD, METHODS
 @user_option
 @json_option
 def register(name, target, draft, num_speculative_tokens, method, tree, allow_verifier_mismatch, prompt_lookup_min,
-             prompt_lookup_max, max_batch_size_for_speculation, notes, allow_pickle, db_url, user, as_json):
+             prompt_lookup_max, suffix_max_tree_depth, suffix_max_cached_requests, suffix_max_spec_factor,
+             suffix_min_token_prob, max_batch_size_for_speculation, notes, allow_pickle, db_url, user, as_json):
     """Register draft + target + speculative config as version N+1 of pair NAME."""
     registry = open_registry(db_url, user)
     result = registry.register(
@@ -38,6 +46,8 @@ def register(name, target, draft, num_speculative_tokens, method, tree, allow_ve
         prompt_lookup_min=prompt_lookup_min, prompt_lookup_max=prompt_lookup_max,
         max_batch_size_for_speculation=max_batch_size_for_speculation, notes=notes, allow_pickle=allow_pickle,
         tree=tree, allow_verifier_mismatch=allow_verifier_mismatch,
+        suffix={"max_tree_depth": suffix_max_tree_depth, "max_cached_requests": suffix_max_cached_requests,
+                "max_spec_factor": suffix_max_spec_factor, "min_token_prob": suffix_min_token_prob},
     )
     version = result.version
     if as_json:
@@ -151,6 +161,8 @@ def show(ref, db_url, as_json):
         lines.append(f"notes: {version.notes}")
     lines.append(f"config: method {config.method.value}, k {config.num_speculative_tokens}"
                  + (f", prompt lookup {config.prompt_lookup_min}..{config.prompt_lookup_max}" if config.prompt_lookup_max else "")
+                 + ("".join(f", {key} {value}" for key, value in config.suffix.vllm_keys().items())
+                    if config.suffix else "")
                  + (f", speculation off above batch {config.max_batch_size_for_speculation}" if config.max_batch_size_for_speculation else "")
                  + (", pickle weights allowed" if version.allow_pickle else ""))
     if config.tree:

@@ -13,6 +13,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+from specreg.core.suffix import SuffixSettings
 from specreg.errors import UsageError
 
 
@@ -26,6 +27,7 @@ class MethodDescriptor:
     drafts_with: str
     tree: str = "never"  # a candidate tree: "never", "optional" (chain or tree) or "required"
     prompt_lookup: bool = False  # takes prompt_lookup_min / prompt_lookup_max
+    suffix_settings: bool = False  # takes vLLM's suffix_decoding_* settings (specreg.core.suffix)
     depth_limited_by_heads: bool = False  # head i drafts depth i + 1: the depth needs as many heads
     demo_builder: str | None = None  # the builders/ module whose build_demo(...) makes a demo drafter
     # exports: False when no export format writes the method; export_refusal says why no engine
@@ -76,6 +78,8 @@ METHODS: dict[str, MethodDescriptor] = {m.name: m for m in (
                      export_refusal=MEDUSA_REFUSAL),
     MethodDescriptor("mtp", "multi-token-prediction layers shipped inside the target", "target",
                      demo_builder="demo_mtp"),
+    MethodDescriptor("suffix", "suffix decoding: suffix trees of the request's own tokens, no model", "sequence",
+                     suffix_settings=True),
 )}
 
 
@@ -111,6 +115,8 @@ class SpecConfig:
     # What registration read of the head (specreg.core.heads.spec.HeadSpec.to_dict() + fit notes);
     # for MTP the target tensors that form the module.
     head: dict[str, Any] | None = None
+    # suffix: vLLM's suffix_decoding_* settings
+    suffix: SuffixSettings | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = {
@@ -125,6 +131,8 @@ class SpecConfig:
             data["tree"] = [list(path) for path in self.tree]
         if self.head is not None:
             data["head"] = self.head
+        if self.suffix is not None:
+            data["suffix"] = self.suffix.to_dict()
         return data
 
 

@@ -33,10 +33,17 @@ TREE_REFUSAL = ("the registered candidate tree is static; SGLang 0.5.23's EAGLE 
                 "(--speculative-eagle-topk, sglang/srt/arg_groups/fields/spec.py:62) and has no static-tree flag")
 
 
+SUFFIX_REFUSAL = ("SGLang 0.5.23 has no suffix decoding: its built-in --speculative-algorithm values are DFLASH, "
+                  "UNO, DSPARK, EAGLE, EAGLE3, FROZEN_KV_MTP, STANDALONE, NGRAM and NONE "
+                  "(sglang/srt/speculative/spec_info.py:39-47 SpeculativeAlgorithm)")
+
+
 def refusal(pair_version: PairVersion) -> str | None:
     config = pair_version.config
     if config.method is SpecMethod.NGRAM:
         return NGRAM_REFUSAL
+    if config.method is SpecMethod.SUFFIX:
+        return SUFFIX_REFUSAL
     if config.tree is not None and config.method.has_head:
         return TREE_REFUSAL
     if config.method is SpecMethod.EAGLE3:
@@ -51,8 +58,8 @@ def refusal(pair_version: PairVersion) -> str | None:
 
 
 def context(export: Export) -> dict[str, Any]:
-    # ngram has no SGLang command (refusal above); the key stays, None, for user templates
-    if export.config.method is SpecMethod.NGRAM:
+    # ngram and suffix have no SGLang command (refusal above); the key stays, None, for user templates
+    if export.config.method in (SpecMethod.NGRAM, SpecMethod.SUFFIX):
         return {"sglang_command": None}
     draft: str | dict | None = export.draft_source
     if export.config.method is SpecMethod.EAGLE3:
