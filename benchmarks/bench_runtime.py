@@ -80,22 +80,23 @@ def main() -> None:
                                           median_ratio)
     from specreg.runtime.decode import DecodeConfig, speculative_generate, target_only_generate
     from specreg.cli.progress import Progress
-    from specreg.runtime.demo_pair import build_demo_pair
+    from specreg.builders.demo_pair import build_demo_pair
     from specreg.runtime.metrics import aggregate
-    from specreg.runtime.pair import ModelPair, load_pair
+    from specreg.runtime.methods import load_pair
+    from specreg.runtime.pair import ModelPair
 
     target_dir, draft_dir = build_demo_pair(args.dir, progress=Progress())
     head_dir = medusa_dir = mtp_dir = None
     if not args.no_eagle3:
-        from specreg.runtime.demo_heads import build_demo_head
+        from specreg.builders.demo_heads import build_demo_head
 
         head_dir = build_demo_head(args.dir, "eagle3", target_dir=target_dir, progress=Progress())
     if not args.no_medusa:
-        from specreg.runtime.demo_medusa import build_demo_medusa
+        from specreg.builders.demo_medusa import build_demo_medusa
 
         medusa_dir = build_demo_medusa(f"{args.dir}/medusa", target_dir, progress=Progress())
     if not args.no_mtp:
-        from specreg.runtime.demo_mtp import build_demo_mtp
+        from specreg.builders.demo_mtp import build_demo_mtp
 
         mtp_dir = build_demo_mtp(f"{args.dir}/target-mtp", target_dir, progress=Progress())
     if args.threads:
@@ -129,13 +130,13 @@ def main() -> None:
         f"ours speculative (k={args.k})": ours_speculative,
     }
     # the head methods: the same target object (the heads read its hidden states, no second copy)
-    from specreg.runtime.demo_medusa import DEMO_TREE
+    from specreg.builders.demo_medusa import DEMO_TREE
     from specreg.runtime.tree import parse_tree
 
     tree = parse_tree(DEMO_TREE)
     heads = []  # (row name, pair, config, metrics of its runs)
     if head_dir is not None:
-        from specreg.runtime.eagle3 import load_eagle3_head
+        from specreg.runtime.methods.eagle3 import load_eagle3_head
 
         eagle_pair = ModelPair(target=pair.target, tokenizer=pair.tokenizer, vocab_size=pair.vocab_size,
                                draft=load_eagle3_head(head_dir, pair.target))
@@ -143,7 +144,7 @@ def main() -> None:
         heads.append((f"ours EAGLE-3 tree ({tree.num_nodes} nodes)", eagle_pair,
                       dataclasses.replace(config, method="eagle3", k=tree.depth, tree=tree.paths), []))
     if medusa_dir is not None:
-        from specreg.runtime.medusa import load_medusa_heads
+        from specreg.runtime.methods.medusa import load_medusa_heads
 
         medusa_pair = ModelPair(target=pair.target, tokenizer=pair.tokenizer, vocab_size=pair.vocab_size,
                                 draft=load_medusa_heads(medusa_dir, pair.target))
@@ -151,7 +152,7 @@ def main() -> None:
                       dataclasses.replace(config, method="medusa", k=tree.depth, tree=tree.paths), []))
 
     if mtp_dir is not None:
-        from specreg.runtime.mtp import load_mtp_head, read_runnable_mtp
+        from specreg.runtime.methods.mtp import load_mtp_head, read_runnable_mtp
 
         # target-mtp is the same target plus its MTP layer: the layer's tensors on the same target object
         mtp_pair = ModelPair(target=pair.target, tokenizer=pair.tokenizer, vocab_size=pair.vocab_size,

@@ -48,14 +48,15 @@ def main() -> None:
     from specreg.golden_prompts.loader import load_golden_set
     from specreg.runtime.choose_k import measure_step_time, measure_tree_step_time, median_ratio
     from specreg.runtime.decode import DecodeConfig, speculative_generate, target_only_generate
-    from specreg.runtime.demo_heads import build_demo_head
-    from specreg.runtime.demo_medusa import build_demo_medusa
+    from specreg.builders.demo_heads import build_demo_head
+    from specreg.builders.demo_medusa import build_demo_medusa
     from specreg.cli.progress import Progress
-    from specreg.runtime.demo_pair import build_demo_pair
-    from specreg.runtime.eagle3 import load_eagle3_head
-    from specreg.runtime.medusa import load_medusa_heads
+    from specreg.builders.demo_pair import build_demo_pair
+    from specreg.runtime.methods.eagle3 import load_eagle3_head
+    from specreg.runtime.methods.medusa import load_medusa_heads
     from specreg.runtime.metrics import aggregate
-    from specreg.runtime.pair import ModelPair, load_pair
+    from specreg.runtime.methods import load_pair
+    from specreg.runtime.pair import ModelPair
 
     target_dir, _ = build_demo_pair(args.dir, progress=Progress())
     head_dir = build_demo_head(args.dir, "eagle3", target_dir=target_dir, progress=Progress())

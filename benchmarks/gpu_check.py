@@ -29,14 +29,15 @@ def main() -> int:
     import torch
 
     from specreg.golden_prompts.loader import load_golden_set
-    from specreg.runtime.demo_heads import build_demo_head
-    from specreg.runtime.demo_medusa import DEMO_TREE, build_demo_medusa
-    from specreg.runtime.demo_mtp import build_demo_mtp
+    from specreg.builders.demo_heads import build_demo_head
+    from specreg.builders.demo_medusa import DEMO_TREE, build_demo_medusa
+    from specreg.builders.demo_mtp import build_demo_mtp
     from specreg.cli.progress import Progress
-    from specreg.runtime.demo_pair import build_demo_pair
+    from specreg.builders.demo_pair import build_demo_pair
     from specreg.runtime.metrics import aggregate
-    from specreg.runtime.pair import load_pair
-    from specreg.validators.equivalence import SpeculativeSettings, check_equivalence, decode_golden
+    from specreg.runtime.methods import load_pair
+    from specreg.runtime.decode import DecodeConfig
+    from specreg.validators.equivalence import check_equivalence, decode_golden
     from specreg.validators.suite import default_near_tie_tolerance
 
     target_dir, draft_dir = build_demo_pair(args.dir, progress=Progress())
@@ -48,12 +49,12 @@ def main() -> int:
     golden = load_golden_set(args.golden)
     tolerance = default_near_tie_tolerance(args.dtype)
     cases = [  # (name, target, drafter, settings)
-        ("draft_model k=4", target_dir, draft_dir, SpeculativeSettings(method="draft_model", k=4)),
-        ("eagle3 chain k=4", target_dir, head_dir, SpeculativeSettings(method="eagle3", k=4)),
-        (f"eagle3 tree {len(tree)} nodes", target_dir, head_dir, SpeculativeSettings(method="eagle3", k=depth, tree=tree)),
+        ("draft_model k=4", target_dir, draft_dir, DecodeConfig(method="draft_model", k=4)),
+        ("eagle3 chain k=4", target_dir, head_dir, DecodeConfig(method="eagle3", k=4)),
+        (f"eagle3 tree {len(tree)} nodes", target_dir, head_dir, DecodeConfig(method="eagle3", k=depth, tree=tree)),
         (f"medusa tree {len(tree)} nodes", target_dir, medusa_dir,
-         SpeculativeSettings(method="medusa", k=depth, tree=tree)),
-        ("mtp k=3", mtp_target, None, SpeculativeSettings(method="mtp", k=3)),
+         DecodeConfig(method="medusa", k=depth, tree=tree)),
+        ("mtp k=3", mtp_target, None, DecodeConfig(method="mtp", k=3)),
     ]
     device_name = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else args.device
     print(f"\n{device_name}, {args.dtype}, torch {torch.__version__}, golden set {golden.name} "

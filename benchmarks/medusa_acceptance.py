@@ -22,12 +22,12 @@ def main() -> None:
     args = parser.parse_args()
 
     from specreg.golden_prompts.loader import load_golden_set
-    from specreg.runtime.demo_medusa import DEMO_TREE, build_demo_medusa
+    from specreg.builders.demo_medusa import DEMO_TREE, build_demo_medusa
     from specreg.cli.progress import Progress
-    from specreg.runtime.demo_pair import build_demo_pair
+    from specreg.builders.demo_pair import build_demo_pair
     from specreg.runtime.decode import DecodeConfig, speculative_generate
     from specreg.runtime.metrics import aggregate
-    from specreg.runtime.pair import load_pair
+    from specreg.runtime.methods import load_pair
     from specreg.runtime.tree import chain_tree, parse_tree
 
     wall, cpu = time.perf_counter(), time.process_time()

@@ -80,7 +80,7 @@ def measure_tree_step_time(model, prompt_ids, tree, steps: int = 16, repeats: in
     from transformers import DynamicCache
 
     from specreg.runtime.decode import synchronize
-    from specreg.runtime.pair import forward_logits
+    from specreg.runtime.forward import forward_logits
     from specreg.runtime.tree import compact_cache, tree_forward
 
     device = next(model.parameters()).device
@@ -115,7 +115,7 @@ def measure_step_time(model, prompt_ids, steps: int = 16, repeats: int = 3, widt
     from transformers import DynamicCache
 
     from specreg.runtime.decode import synchronize
-    from specreg.runtime.pair import forward_logits
+    from specreg.runtime.forward import forward_logits
 
     device = next(model.parameters()).device
     prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=device).view(1, -1)  # [1, n]

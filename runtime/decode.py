@@ -1,5 +1,8 @@
-"""The decode loop: draft k tokens, verify them in one target forward, roll both KV caches
-back to the accepted length, repeat. The first step's target forward is the prefill: it runs
+"""The decode loop: draft k tokens, verify them in one target forward, accept, roll both KV
+caches back to the accepted length, emit, repeat. decode_rows runs one step as its parts, in order:
+fall_back (rows that stop speculating), draft (the method's Drafter, runtime/methods/), verify
+(one target forward), accept_rows (acceptance.py's rules), roll_back (the target cache and the
+drafter), emit (tokens, stops, metrics), leave (finished rows). No part knows which method drafts. The first step's target forward is the prefill: it runs
 over the prompt and the first k drafts at once, so no forward is spent on the prompt alone.
 Target-only decoding is the same loop with no drafts (k = 0: the prefill, then one-token
 steps), so both share one cache code path.
@@ -22,14 +25,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+from specreg.core.suffix import SuffixSettings
 from specreg.errors import RuntimeConfigError
 from specreg.runtime.acceptance import greedy_accept, rejection_sample, tree_greedy_accept, tree_rejection_sample
 from specreg.runtime.metrics import GenerationMetrics
-from specreg.runtime.pair import ModelPair, forward_logits
+from specreg.runtime.methods.base import DraftRequest, Proposal
+from specreg.runtime.pair import ModelPair
 from specreg.runtime.sampling import logits_to_probs, sample
-
-METHODS = ("draft_model", "ngram", "eagle3", "medusa", "mtp")
-TREE_METHODS = ("medusa", "eagle3")  # methods that can verify a candidate tree (medusa always does)
+from specreg.runtime.tree import CandidateTree, parse_tree
 
 
 @dataclass
@@ -47,15 +50,30 @@ class DecodeConfig:
     stop_strings: tuple[str, ...] = ()
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 3
+    suffix: SuffixSettings | None = None  # method suffix: vLLM's suffix_decoding_* (None: its defaults)
     disable_above_batch_size: int | None = None  # serve target-only above this concurrency
     min_free_memory_bytes: int | None = None  # fall back when the accelerator has less free
     acceptance_length_threshold: float | None = None  # fall back when rolling tau drops below
     acceptance_window: int = 16  # verification steps in the rolling tau
-    tree: tuple[tuple[int, ...], ...] | None = None  # candidate tree paths (tree methods); k = its depth
+    # the candidate tree (tree methods; k = its depth): paths of ranks as registered, parsed once
+    # here into a CandidateTree that the loop, the drafters and the validators share
+    tree: CandidateTree | tuple[tuple[int, ...], ...] | None = None
     # the serving engines' schedule (llama.cpp's server, vLLM): the prefill emits the first token
     # alone and drafting starts from it. Off (ours): the prefill forward verifies the first drafts
     # too. `validate --engine` decodes with it on, so that both loops draft the same windows.
     prefill_alone: bool = False
+
+    def __post_init__(self):
+        if self.tree is not None and not isinstance(self.tree, CandidateTree):
+            self.tree = parse_tree(self.tree)
+
+    @classmethod
+    def from_spec(cls, spec) -> "DecodeConfig":
+        """A registered SpecConfig (specreg.core.methods) as the runtime decodes it: its method,
+        k, prompt lookup and parsed tree; the rest as the defaults (each golden record sets its own)."""
+        return cls(method=spec.method.value, k=spec.num_speculative_tokens,
+                   prompt_lookup_min=spec.prompt_lookup_min or 1, prompt_lookup_max=spec.prompt_lookup_max or 3,
+                   tree=spec.tree, suffix=spec.suffix)
 
 
 @dataclass
@@ -67,8 +85,10 @@ class Generation:
 
 def check_config(config: DecodeConfig) -> None:
     """RuntimeConfigError for settings that cannot run, before any forward pass."""
-    if config.method not in METHODS:
-        raise RuntimeConfigError(f"method {config.method!r} unknown: use one of {', '.join(METHODS)}")
+    from specreg.core.methods import METHODS, tree_methods
+    from specreg.runtime.methods import drafting_method
+
+    method = drafting_method(config.method)  # refuses an unknown method
     if not isinstance(config.k, int) or config.k < 1:
         raise RuntimeConfigError(f"k = {config.k!r}: the speculative depth must be an integer >= 1")
     if config.max_new_tokens < 1:
@@ -80,16 +100,15 @@ def check_config(config: DecodeConfig) -> None:
     if not 1 <= config.prompt_lookup_min <= config.prompt_lookup_max:
         raise RuntimeConfigError(f"prompt_lookup_min/max = {config.prompt_lookup_min}/"
                                  f"{config.prompt_lookup_max}: need 1 <= min <= max")
-    if config.method == "medusa" and config.tree is None:
+    tree_rule = METHODS[config.method].tree
+    if tree_rule == "required" and config.tree is None:
         raise RuntimeConfigError(f"method {config.method!r} verifies a candidate tree: give its paths (tree)")
     if config.tree is not None:
-        from specreg.runtime.tree import parse_tree
-
-        if config.method not in TREE_METHODS:
-            raise RuntimeConfigError(f"a candidate tree applies to {', '.join(TREE_METHODS)}, not {config.method!r}")
-        depth = parse_tree(config.tree).depth
-        if config.k != depth:
-            raise RuntimeConfigError(f"k = {config.k} differs from the tree's depth {depth}")
+        if tree_rule == "never":
+            raise RuntimeConfigError(f"a candidate tree applies to {', '.join(tree_methods())}, not {config.method!r}")
+        if config.k != config.tree.depth:
+            raise RuntimeConfigError(f"k = {config.k} differs from the tree's depth {config.tree.depth}")
+    method.check(config)
 
 
 def default_memory_probe(device) -> Callable[[], int] | None:
@@ -160,9 +179,11 @@ def check_batch(configs: list[DecodeConfig]) -> None:
     budget, sampling settings, seeds and stops are each row's own)."""
     for config in configs:
         check_config(config)
-    shared = {(c.method, c.k, repr(c.tree), c.prompt_lookup_min, c.prompt_lookup_max, c.prefill_alone) for c in configs}
+    shared = {(c.method, c.k, c.tree, c.prompt_lookup_min, c.prompt_lookup_max, c.suffix, c.prefill_alone)
+              for c in configs}
     if len(shared) > 1:
-        raise RuntimeConfigError("the rows of one batch must share method, k, tree, prompt lookup and schedule")
+        raise RuntimeConfigError("the rows of one batch must share method, k, tree, prompt lookup, suffix settings "
+                                 "and schedule")
 
 
 def new_row(pair: ModelPair, index: int, prompt_ids, config: DecodeConfig, metrics: GenerationMetrics,
@@ -273,6 +294,166 @@ def stop_of(pair: ModelPair, row: Row, token: int) -> str | None:
     return None
 
 
+@dataclass
+class Step:
+    """One step's drafts, per row: the drafts asked and verified (k, 0: none; a tree's depth), the
+    candidate tree pruned to them (None for a chain) and what the drafter proposed."""
+
+    tree: CandidateTree | None  # the batch's whole tree: the verification forward's layout
+    ks: list[int]
+    trees: list
+    proposals: list  # Proposal per row
+
+
+def fall_back(rows: list[Row], config: DecodeConfig, memory_probe) -> None:
+    """Switch rows to target-only for the rest of their generation: free accelerator memory below
+    config.min_free_memory_bytes, or a row's rolling tau below its acceptance_length_threshold."""
+    if memory_probe is not None and config.min_free_memory_bytes is not None \
+            and any(row.speculating for row in rows):
+        free = memory_probe()
+        if free < config.min_free_memory_bytes:
+            for row in rows:
+                if row.speculating:
+                    row.metrics.record_fallback("low_memory", int(free))
+                    row.speculating = False
+    for row in rows:
+        window = row.rolling_tau
+        if (row.speculating and row.config.acceptance_length_threshold is not None
+                and len(window) == window.maxlen
+                and sum(window) / len(window) < row.config.acceptance_length_threshold):
+            row.metrics.record_fallback("low_acceptance_length", sum(window) / len(window))
+            row.speculating = False
+
+
+def draft(drafter, rows: list[Row], config: DecodeConfig, step_start: float, device) -> tuple[Step, float]:
+    """Ask the drafter for every speculating row's drafts: at most what its budget can still take
+    after the bonus token, none on the engines' schedule's prefill -> (Step, the time drafting
+    ended). A row given none (n-gram without a match, a head before the target's first states)
+    verifies no drafts this step; a chain may come back shorter than asked."""
+    ks = []
+    for row in rows:
+        k = min(config.k, row.max_length - len(row.token_list) - 1) if row.speculating else 0
+        if config.prefill_alone and row.cached_length == 0:
+            k = 0
+        ks.append(max(k, 0))
+    tree = config.tree
+    trees = [tree.pruned(k) if tree is not None and k > 0 else None for k in ks]
+    proposals = [Proposal(None)] * len(rows)
+    drafting = [k > 0 for k in ks]
+    if any(drafting):
+        proposals = drafter.propose([DraftRequest(row.tokens, row.token_list, k, row_tree)
+                                     for row, k, row_tree in zip(rows, ks, trees)])
+        synchronize(device)
+    drafted = time.perf_counter()
+    for r, row in enumerate(rows):
+        if not drafting[r]:
+            continue
+        row.metrics.draft_time_s += drafted - step_start
+        row.metrics.draft_forwards += drafter.last_forwards[r]
+        draft_ids = proposals[r].draft_token_ids
+        if draft_ids.shape[0] == 0:
+            ks[r], trees[r], proposals[r] = 0, None, Proposal(None)
+        elif trees[r] is None:
+            ks[r] = draft_ids.shape[0]
+    return Step(tree, ks, trees, proposals), drafted
+
+
+def verify(pair: ModelPair, cache, rows: list[Row], step: Step, hidden_state_ids: tuple[int, ...], device):
+    """One target forward per row over what its cache lacks (the whole prompt on the first step,
+    so the prefill verifies the first drafts too; then the last emitted token) followed by its
+    drafts (a chain, or the tree's nodes; the root is the last token before them). Rows line up:
+    pending tokens right-aligned, drafts after them, shorter rows padded; only the root and draft
+    positions need logits -> (logits # [b, N + 1, vocab] the root's then each draft's, hidden
+    # [b, P + N, A * H] the states the drafter reads or None, query_valid # [b, P + N], P)."""
+    input_ids, query_valid, offsets, new_mask, width = line_up(rows, step.proposals, step.ks, step.tree, device)
+    drafts = input_ids.shape[1] - width  # N: the longest chain, or the tree's nodes
+    logits = cache.forward(pair.target, input_ids, query_valid, offsets, new_mask, drafts + 1, hidden_state_ids)
+    hidden = None
+    if hidden_state_ids:
+        logits, hidden = logits
+    return logits[:, :, :pair.vocab_size], hidden, query_valid, width
+
+
+def accept_rows(rows: list[Row], logits, step: Step, query_valid, width: int, rules: tuple):
+    """Each row's acceptance, with its own rule and random stream -> (per row (num_accepted,
+    emitted # [num_accepted + 1]), kept # [b, P + N] bool: the columns that stay, the verified
+    tokens and the accepted drafts)."""
+    kept = query_valid.clone()
+    kept[:, width:] = False  # drafts off the accepted path are not kept
+    accepted = []
+    for r, row in enumerate(rows):
+        num_accepted, emitted, accepted_columns = accept(row, logits[r], step.proposals[r], step.ks[r],
+                                                         step.trees[r], rules)
+        kept[r, width - 1 + accepted_columns] = True
+        accepted.append((num_accepted, emitted))
+    return accepted, kept
+
+
+def roll_back(cache, drafter, rows: list[Row], accepted: list[tuple], kept, hidden) -> None:
+    """Keep the verified tokens and the accepted drafts in the target cache, drop the rest (the
+    emitted recovered/bonus token is fed with the next step); the drafter rolls back to the same
+    lengths, given the kept positions' target states when it reads them."""
+    cache.keep(kept)
+    for row, (num_accepted, _) in zip(rows, accepted):
+        row.cached_length = len(row.token_list) + num_accepted
+    if drafter is not None:
+        hiddens = [hidden[r:r + 1, kept[r]] for r in range(len(rows))] if hidden is not None else None
+        drafter.rollback([row.cached_length for row in rows], hiddens)
+
+
+def emit(pair: ModelPair, rows: list[Row], step: Step, accepted: list[tuple], start: float, step_start: float,
+         verify_start: float) -> Iterator[tuple[int, int]]:
+    """Yield each row's verified tokens (row index, token id), stopping a row at EOS, a stop string
+    or its budget, and record the step in its metrics."""
+    import torch
+
+    emitted_lists = [emitted.tolist() for _, emitted in accepted]  # syncs, so the verify time is honest
+    now = time.perf_counter()
+    for r, (row, (num_accepted, emitted), emitted_list) in enumerate(zip(rows, accepted, emitted_lists)):
+        k, step_tree = step.ks[r], step.trees[r]
+        row.metrics.verify_time_s += now - verify_start
+        # a tree counts its depth as the positions drafted: per-position acceptance is per depth
+        row.metrics.record_step(k if step_tree is None else step_tree.depth, num_accepted, len(emitted_list))
+        if k > 0:
+            row.rolling_tau.append(num_accepted + 1)
+        first_step = row.metrics.ttft_s is None
+        if first_step:
+            row.metrics.ttft_s = now - start
+        share = (now - step_start) / len(emitted_list)
+        for position, token in enumerate(emitted_list):
+            row.generated.append(token)
+            row.token_list.append(token)
+            row.metrics.generated_tokens += 1
+            if first_step:
+                row.metrics.ttft_tokens += 1
+            row.metrics.token_latencies_s.append(share)
+            yield row.index, token
+            row.stop = stop_of(pair, row, token)
+            if row.stop == "eos" and step_tree is None and position < min(num_accepted, k - 1):
+                # an accepted draft ended the generation before the step's last draft:
+                # llama.cpp counts only the drafts before it (metrics.stop_draft_counts)
+                row.metrics.stop_draft = (position, num_accepted)
+            if row.stop:
+                break
+        if row.stop:
+            row.metrics.stop_reason = row.stop
+            row.metrics.total_time_s = time.perf_counter() - start
+        else:
+            row.tokens = torch.cat([row.tokens, emitted.view(1, -1)], dim=1)  # [1, length]
+
+
+def leave(rows: list[Row], cache, drafter) -> list[Row]:
+    """The rows still decoding; the finished ones leave the cache and the drafter."""
+    going = [r for r, row in enumerate(rows) if not row.stop]
+    if len(going) < len(rows):
+        rows = [rows[r] for r in going]
+        if rows:
+            cache.select(going)
+            if drafter is not None:
+                drafter.select(going)
+    return rows
+
+
 def decode_rows(pair: ModelPair, prompts: list, configs: list[DecodeConfig], *, speculate: bool = True,
                 metrics: list[GenerationMetrics] | None = None, batch_size: int | None = None,
                 memory_probe: Callable[[], int] | None = None,
@@ -304,155 +485,34 @@ def decode_rows(pair: ModelPair, prompts: list, configs: list[DecodeConfig], *, 
     device = pair.device
     metrics = metrics if metrics is not None else [GenerationMetrics() for _ in prompts]
     batch_size = batch_size if batch_size is not None else len(prompts)
-    draft_limit = getattr(getattr(pair.draft, "config", None), "max_position_embeddings", None)
     rows = [new_row(pair, index, prompt_ids, row_config, metrics[index], speculate)
             for index, (prompt_ids, row_config) in enumerate(zip(prompts, configs))]
     if memory_probe is None and config.min_free_memory_bytes is not None:
         memory_probe = default_memory_probe(device)
-
-    tree = None
-    if config.tree is not None:
-        from specreg.runtime.tree import parse_tree
-
-        tree = parse_tree(config.tree)
     drafter = None
     if speculate:
-        from specreg.runtime.drafters import make_row_drafters
+        from specreg.runtime.methods import drafting_method
 
-        drafter = make_row_drafters(pair, configs, [row.generator for row in rows])
+        drafter = drafting_method(config.method).drafter(pair, configs, [row.generator for row in rows])
         if config.disable_above_batch_size is not None and batch_size > config.disable_above_batch_size:
             for row in rows:
                 row.metrics.record_fallback("batch_size", batch_size)
                 row.speculating = False
-    hidden_state_ids = getattr(drafter, "hidden_state_ids", ())
+    hidden_state_ids = drafter.hidden_state_ids if drafter is not None else ()
     rules = (acceptance_rule, greedy_rule, tree_acceptance_rule, tree_greedy_rule)
     cache = RowCache(pair.target.config, len(rows), device)
-    vocab_size = pair.vocab_size
     start = time.perf_counter()
     try:
         with torch.inference_mode():
             while rows:
                 step_start = time.perf_counter()
-                # fallbacks: each switches its row to target-only for the rest of its generation
-                if memory_probe is not None and config.min_free_memory_bytes is not None \
-                        and any(row.speculating for row in rows):
-                    free = memory_probe()
-                    if free < config.min_free_memory_bytes:
-                        for row in rows:
-                            if row.speculating:
-                                row.metrics.record_fallback("low_memory", int(free))
-                                row.speculating = False
-                for row in rows:
-                    window = row.rolling_tau
-                    if (row.speculating and row.config.acceptance_length_threshold is not None
-                            and len(window) == window.maxlen
-                            and sum(window) / len(window) < row.config.acceptance_length_threshold):
-                        row.metrics.record_fallback("low_acceptance_length", sum(window) / len(window))
-                        row.speculating = False
-
-                # draft: per row at most what its budget can still take after the bonus token
-                ks = []
-                for row in rows:
-                    k = min(config.k, row.max_length - len(row.token_list) - 1) if row.speculating else 0
-                    if config.prefill_alone and row.cached_length == 0:
-                        k = 0
-                    if draft_limit is not None and config.method == "draft_model":
-                        k = min(k, draft_limit - len(row.token_list) + 1)
-                    ks.append(max(k, 0))
-                step_trees = [tree.pruned(k) if tree is not None and k > 0 else None for k in ks]
-                proposals = [(None, None)] * len(rows)
-                drafting = [k > 0 for k in ks]
-                if any(drafting):
-                    proposals = drafter.propose_rows([row.tokens for row in rows], [row.token_list for row in rows],
-                                                     ks, step_trees)
-                    synchronize(device)
-                verify_start = time.perf_counter()
-                for r, row in enumerate(rows):
-                    if not drafting[r]:
-                        continue
-                    row.metrics.draft_time_s += verify_start - step_start
-                    row.metrics.draft_forwards += drafter.last_forwards[r]
-                    draft_ids = proposals[r][0]
-                    if draft_ids.shape[0] == 0:
-                        # nothing drafted: ngram found no match, a head has no state before the first forward
-                        ks[r], step_trees[r], proposals[r] = 0, None, (None, None)
-                    elif step_trees[r] is None:
-                        ks[r] = draft_ids.shape[0]  # ngram may propose fewer
-
-                # verify: one target forward per row over what its cache lacks (the whole prompt on
-                # the first step, so the prefill verifies the first drafts too; then the last emitted
-                # token) followed by its drafts (a chain, or the tree's nodes; the root is the last
-                # token before them). Rows line up: pending tokens right-aligned, drafts after them,
-                # shorter rows padded; only the root and draft positions need logits
-                input_ids, query_valid, offsets, new_mask, width = line_up(rows, proposals, ks, tree, device)
-                drafts = input_ids.shape[1] - width  # N: the longest chain, or the tree's nodes
-                logits = cache.forward(pair.target, input_ids, query_valid, offsets, new_mask, drafts + 1,
-                                       hidden_state_ids)
-                hidden = None
-                if hidden_state_ids:
-                    logits, hidden = logits  # hidden # [b, P + N, A * H]
-                logits = logits[:, :, :vocab_size]  # [b, N + 1, vocab]: the root's, then each draft's
-
-                # accept, row by row, with its own rule and random stream
-                kept = query_valid.clone()  # [b, P + N]; drafts off the accepted path are cleared below
-                kept[:, width:] = False
-                steps = []  # per row (num_accepted, emitted # [num_accepted + 1])
-                for r, row in enumerate(rows):
-                    num_accepted, emitted, accepted_columns = accept(row, logits[r], proposals[r], ks[r], step_trees[r],
-                                                                     rules)
-                    kept[r, width - 1 + accepted_columns] = True
-                    steps.append((num_accepted, emitted))
-                # roll back: keep the verified tokens and the accepted drafts, drop the rest (the
-                # emitted recovered/bonus token is fed with the next step)
-                cache.keep(kept)
-                for r, (row, (num_accepted, _)) in enumerate(zip(rows, steps)):
-                    row.cached_length = len(row.token_list) + num_accepted
-                drafter_lengths = [row.cached_length for row in rows]
-                if drafter is not None:
-                    hiddens = [hidden[r:r + 1, kept[r]] for r in range(len(rows))] if hidden is not None else None
-                    drafter.rollback_rows(drafter_lengths, hiddens)
-                emitted_lists = [emitted.tolist() for _, emitted in steps]  # syncs, so the verify time is honest
-                now = time.perf_counter()
-
-                # emit each row's verified tokens, stopping it at EOS / stop string / budget
-                for r, (row, (num_accepted, emitted), emitted_list) in enumerate(zip(rows, steps, emitted_lists)):
-                    row.metrics.verify_time_s += now - verify_start
-                    # a tree counts its depth as the positions drafted: per-position acceptance is per depth
-                    row.metrics.record_step(ks[r] if step_trees[r] is None else step_trees[r].depth,
-                                            num_accepted, len(emitted_list))
-                    if ks[r] > 0:
-                        row.rolling_tau.append(num_accepted + 1)
-                    first_step = row.metrics.ttft_s is None
-                    if first_step:
-                        row.metrics.ttft_s = now - start
-                    share = (now - step_start) / len(emitted_list)
-                    for position, token in enumerate(emitted_list):
-                        row.generated.append(token)
-                        row.token_list.append(token)
-                        row.metrics.generated_tokens += 1
-                        if first_step:
-                            row.metrics.ttft_tokens += 1
-                        row.metrics.token_latencies_s.append(share)
-                        yield row.index, token
-                        row.stop = stop_of(pair, row, token)
-                        if row.stop == "eos" and step_trees[r] is None and position < min(num_accepted, ks[r] - 1):
-                            # an accepted draft ended the generation before the step's last draft:
-                            # llama.cpp counts only the drafts before it (metrics.stop_draft_counts)
-                            row.metrics.stop_draft = (position, num_accepted)
-                        if row.stop:
-                            break
-                    if row.stop:
-                        row.metrics.stop_reason = row.stop
-                        row.metrics.total_time_s = time.perf_counter() - start
-                    else:
-                        row.tokens = torch.cat([row.tokens, emitted.view(1, -1)], dim=1)  # [1, length]
-                going = [r for r, row in enumerate(rows) if not row.stop]
-                if len(going) < len(rows):
-                    rows = [rows[r] for r in going]
-                    if rows:
-                        cache.select(going)
-                        if drafter is not None:
-                            drafter.select(going)
+                fall_back(rows, config, memory_probe)
+                step, verify_start = draft(drafter, rows, config, step_start, device)
+                logits, hidden, query_valid, width = verify(pair, cache, rows, step, hidden_state_ids, device)
+                accepted, kept = accept_rows(rows, logits, step, query_valid, width, rules)
+                roll_back(cache, drafter, rows, accepted, kept, hidden)
+                yield from emit(pair, rows, step, accepted, start, step_start, verify_start)
+                rows = leave(rows, cache, drafter)
     finally:
         for row in rows:
             row.metrics.total_time_s = time.perf_counter() - start

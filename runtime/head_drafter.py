@@ -9,7 +9,7 @@ back with the head's own output (recycled: as is for EAGLE-3, through shared_hea
 in place of the target's state. Those speculative entries are dropped at the next call, so
 accepted drafts are re-seeded from the target's states, as EAGLE and vLLM's MTP proposer do.
 
-A head provides: hidden_state_ids (what the decode loop asks the target for), config (its
+HeadDrafter is the RowDrafter (methods/base.py) of both methods. A head provides: hidden_state_ids (what the decode loop asks the target for), config (its
 cache's), position_shift (EAGLE-3 puts the entry of token x_j at position j, vLLM's MTP at
 j - 1), seed_input(states) (the target's states -> the head's input), recycle(output),
 draft_logits(output) and __call__(input_ids, hidden, cache, start_position, attention_mask=None,
@@ -131,7 +131,16 @@ class HeadDrafter:
         self.seeded, self.features = length - 1, None
         return output[:, -1:]
 
-    def propose(self, tokens, k: int):
+    def propose(self, request):
+        """A methods.base.DraftRequest -> Proposal: a tree's nodes (propose_tree) when the request
+        carries a tree, else a chain of request.k (propose_chain)."""
+        from specreg.runtime.methods.base import Proposal
+
+        if request.tree is not None:
+            return Proposal(*self.propose_tree(request.tokens, request.tree))
+        return Proposal(*self.propose_chain(request.tokens, request.k))
+
+    def propose_chain(self, tokens, k: int):
         """tokens # [1, n] the verified sequence -> (draft_token_ids # [<=k], draft_probs # [<=k, vocab]
         or None when greedy). Empty before the target has run once (no states yet)."""
         if self.features is None:

@@ -81,6 +81,13 @@ def load_model(path, device: str = "cpu", dtype="float32", expected=None):
     return model.to(resolve_device(device)).eval()
 
 
+def load_target(path, device: str = "cpu", dtype="float32", expected=None):
+    """A target directory -> (tokenizer, model), both checked against `expected` (the target's
+    registered ModelFingerprint) when given; the tokenizer first, which is quick to refuse."""
+    tokenizer = load_tokenizer(path, expected=expected)
+    return tokenizer, load_model(path, device, dtype, expected=expected)
+
+
 def read_verified(path: Path, digest: str | None, what: str) -> bytes:
     """The bytes of one file, read once, whose sha256 must be ``digest`` (None: not recorded)."""
     from specreg.core.fingerprint import sha256_hex

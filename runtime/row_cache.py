@@ -10,7 +10,7 @@ columns gathered to the right) when the holes outnumber what is kept.
 
 When every column is valid and the new tokens are a causal block (one row, or rows in step with
 no drafts rejected) the forward is the plain causal one, the very computation of decoding one
-prompt alone (pair.forward_logits with no mask).
+prompt alone (forward.forward_logits with no mask).
 
 This module imports torch at import time: import it lazily.
 """
@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from specreg.errors import RuntimeConfigError
-from specreg.runtime.pair import forward_logits
+from specreg.runtime.forward import forward_logits
 
 COMPACT_SLACK = 16  # columns of holes tolerated beyond the kept ones before compacting
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specreg.errors import RuntimeConfigError
-from specreg.runtime.pair import forward_logits
+from specreg.runtime.forward import forward_logits
 
 
 @dataclass(frozen=True)
@@ -163,12 +163,12 @@ def tree_forward(model, cache, pending_ids, node_token_ids, tree: CandidateTree,
 
     pending_ids     # [1, n]      tokens the cache lacks, the root (= node_token_ids[0]) last
     node_token_ids  # [nodes+1]   root first
-    hidden_state_ids: indices into transformers' hidden_states as in pair.forward_logits (0 = the
+    hidden_state_ids: indices into transformers' hidden_states as in forward.forward_logits (0 = the
     embeddings, num_hidden_layers = the decoder's final normed state, the default when none are
     given: what lm_head and Medusa heads read).
     Returns (logits # [nodes+1, vocab] at the root and each node, hidden # [n - 1 + nodes+1, A * H]:
     the requested states of every position fed, the pending tokens before the root first).
-    A step without a tree (the prefill, a target-only step) is pair.forward_logits' causal forward.
+    A step without a tree (the prefill, a target-only step) is forward.forward_logits' causal forward.
     """
     import torch
 
@@ -191,7 +191,7 @@ def tree_forward(model, cache, pending_ids, node_token_ids, tree: CandidateTree,
     input_ids = torch.cat([pending_ids[:, :-1], node_token_ids.view(1, -1)], dim=1)  # [1, queries]
     final = model.config.num_hidden_layers
     hidden_state_ids = tuple(hidden_state_ids or (final,))
-    # the decode loop's own forward (pair.forward_logits), with the tree's mask and positions
+    # the decode loop's own forward (forward.forward_logits), with the tree's mask and positions
     logits, hidden = forward_logits(model, input_ids, cache, size, hidden_state_ids,
                                     attention_mask=mask.view(1, 1, queries, -1), position_ids=position_ids)
     return logits[0], hidden[0]

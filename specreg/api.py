@@ -60,16 +60,17 @@ class Registry:
                  method: str = "draft_model", prompt_lookup_min: int | None = None,
                  prompt_lookup_max: int | None = None, max_batch_size_for_speculation: int | None = None,
                  notes: str | None = None, allow_pickle: bool = False, tree=None,
-                 allow_verifier_mismatch: bool = False) -> RegisterResult:
+                 allow_verifier_mismatch: bool = False, suffix: dict | None = None) -> RegisterResult:
         """Fingerprint both models and record version N+1 of ``name`` (or return the version that
         already binds the same fingerprints and config). method eagle3 / medusa: ``draft`` is the
         head directory, which must fit the target; mtp: the target's own layers; ``tree``: a
-        Medusa / EAGLE candidate tree."""
+        Medusa / EAGLE candidate tree; ``suffix``: vLLM's suffix_decoding_* settings of method suffix,
+        without the prefix."""
         return register.register(
             self, name, target=target, draft=draft, num_speculative_tokens=num_speculative_tokens, method=method,
             prompt_lookup_min=prompt_lookup_min, prompt_lookup_max=prompt_lookup_max,
             max_batch_size_for_speculation=max_batch_size_for_speculation, notes=notes, allow_pickle=allow_pickle,
-            tree=tree, allow_verifier_mismatch=allow_verifier_mismatch)
+            tree=tree, allow_verifier_mismatch=allow_verifier_mismatch, suffix=suffix)
 
     def get(self, ref: Ref, *, with_events: bool = False) -> PairVersion:
         """The version named by ``NAME``, ``NAME@VERSION`` or ``NAME@ENV``."""

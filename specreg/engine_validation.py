@@ -194,12 +194,10 @@ def runtime_pass(pair, prompts, version: PairVersion, progress: Progress | None 
     way. What validate recorded (reused_rows) makes this pass unnecessary."""
     from specreg.runtime.decode import generate_batch
     from specreg.runtime.metrics import stop_draft_counts
-    from specreg.validators.equivalence import SpeculativeSettings, decode_config
+    from specreg.runtime.decode import DecodeConfig
+    from specreg.validators.equivalence import decode_config
 
-    spec = version.config
-    settings = SpeculativeSettings(method=spec.method.value, k=spec.num_speculative_tokens,
-                                   prompt_lookup_min=spec.prompt_lookup_min or 1,
-                                   prompt_lookup_max=spec.prompt_lookup_max or 3, tree=spec.tree)
+    settings = DecodeConfig.from_spec(version.config)
     rows = []
     one_more = counting(progress, "our runtime (greedy, the engine's schedule)", len(prompts))
     for start in range(0, len(prompts), batch_size):
@@ -348,7 +346,7 @@ def _local_llamacpp(store: Store, version: PairVersion, golden, options: EngineO
     from specreg.registry.deploy.engine_client import complete
     from specreg.registry.deploy.engines import llamacpp_build
     from specreg.registry.deploy.engines.llamacpp import spec_type, start_server
-    from specreg.runtime.pair import load_pair
+    from specreg.runtime.methods import load_pair
     from specreg.validators import engine as checks_module
     from specreg.validators.suite import default_near_tie_tolerance
 

@@ -10,7 +10,7 @@ from transformers import DynamicCache
 from specreg.runtime import acceptance
 from specreg.runtime.decode import DecodeConfig, speculative_generate, target_only_generate
 from specreg.runtime.head_drafter import HeadDrafter
-from specreg.runtime.pair import forward_logits
+from specreg.runtime.forward import forward_logits
 
 
 def assert_drafts_equal_a_fresh_drafter(pair, method: str, prompt: list[int], k: int = 4,
@@ -37,7 +37,7 @@ def assert_drafts_equal_a_fresh_drafter(pair, method: str, prompt: list[int], k:
             _, hidden = forward_logits(pair.target, sequence[:, :-1], DynamicCache(config=pair.target.config), 1,
                                        fresh.hidden_state_ids)
             fresh.rollback(sequence.shape[1] - 1, hidden)
-            assert fresh.propose(sequence, len(drafts))[0].tolist() == drafts, f"step {index}"
+            assert fresh.propose_chain(sequence, len(drafts))[0].tolist() == drafts, f"step {index}"
         following = steps[index + 1][0] if index + 1 < len(steps) else None
         if following is not None and len(following) - len(verified) < k + 1:
             rejected_steps += 1

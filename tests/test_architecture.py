@@ -2,6 +2,7 @@
 lazy ones inside functions included:
 
     core <- runtime <- validators <- front door (cli, api, usecases, validation) -> registry -> core
+               runtime <- builders <- front door
 
 and inside the registry: store <- governance <- review, deploy. A new import that breaks a
 rule, or closes a cycle between these parts, fails here with the file and line.
@@ -21,6 +22,7 @@ FOLDERS = {
     "specreg.registry": ROOT / "registry",
     "specreg.validators": ROOT / "validators",
     "specreg.runtime": ROOT / "runtime",
+    "specreg.builders": ROOT / "builders",
     "specreg.migrations": ROOT / "migrations",
     "specreg.golden_prompts": ROOT / "golden_prompts",
     "specreg.templates": ROOT / "templates",
@@ -33,6 +35,9 @@ ALLOWED = {
     "specreg.golden_prompts": {"specreg.errors", "specreg.core"},
     "specreg.runtime": {"specreg.errors", "specreg.core"},
     "specreg.validators": {"specreg.errors", "specreg.core", "specreg.runtime", "specreg.golden_prompts"},
+    # the demo and real-model builders make models with the runtime's classes; nothing below the
+    # front door imports them
+    "specreg.builders": {"specreg.errors", "specreg.core", "specreg.runtime"},
     "specreg.registry.store": {"specreg.errors", "specreg.core", "specreg.settings"},
     "specreg.registry.governance": {"specreg.errors", "specreg.core", "specreg.golden_prompts",
                                     "specreg.registry.store"},
@@ -196,7 +201,7 @@ def test_engine_modules_do_not_import_the_common_export_code():
     assert problems == []
 
 
-@pytest.mark.parametrize("module", ["specreg.core.types", "specreg.core.fingerprint"])
+@pytest.mark.parametrize("module", ["specreg.core.types", "specreg.core.fingerprint", "specreg.core.methods"])
 def test_core_imports_nothing_heavy(module):
     import subprocess
     import sys
@@ -322,3 +327,109 @@ def test_checks_share_one_shape_and_stay_short():
                for name, lines in function_lengths(path).items()}
     assert [name for name in lengths if name.endswith(" run_suite")], "the walk found no run_suite"
     assert {name: lines for name, lines in lengths.items() if lines > 60} == {}
+def test_no_import_cycle_between_runtime_modules():
+    """Inside the runtime the modules import one way too (the pair, the forward, the tree, the
+    methods, the loop), lazy imports included: a cycle means two modules are one idea."""
+    modules = {name: path for name, path in module_files().items() if name.startswith("specreg.runtime")}
+    graph = {name: {imported for imported, _ in imports_of(path, name) if imported in modules and imported != name}
+             for name, path in modules.items()}
+    assert "specreg.runtime.tree" in graph["specreg.runtime.methods.medusa"], "the walk found no imports"
+    assert find_cycle(graph) is None
+
+
+# --- method names ---------------------------------------------------------------------------------
+# A drafting method is its runtime module (runtime/methods/<name>.py), one descriptor
+# (specreg/core/methods.py), per engine its translation (registry/deploy/engines/) and, where it
+# has them, its head format's reader (core/heads/<name>.py, torch-free for registration and the
+# gate) and its demo builder (the builders/ module its descriptor names). Anywhere else a method's
+# name must not decide anything: a fact about a method comes from its descriptor.
+def method_names() -> set[str]:
+    """Every registered method's name and every head format's (a new method is scanned for as soon
+    as its descriptor exists)."""
+    from specreg.core.methods import HEAD_FORMATS, METHODS
+
+    return set(METHODS) | set(HEAD_FORMATS)
+
+
+METHOD_NAMES = method_names()
+assert {"draft_model", "ngram", "eagle3", "eagle", "medusa", "mtp"} <= METHOD_NAMES
+METHOD_MEMBERS = {name.upper() for name in METHOD_NAMES}  # SpecMethod.<member>
+
+
+def method_places() -> tuple[str, ...]:
+    from specreg.core.methods import HEAD_FORMATS, METHODS
+
+    return ("runtime/methods/", "registry/deploy/engines/", "specreg/core/methods.py",
+            *(f"specreg/core/heads/{name}.py" for name in HEAD_FORMATS if (ROOT / f"specreg/core/heads/{name}.py").is_file()),
+            *(f"builders/{m.demo_builder}.py" for m in METHODS.values() if m.demo_builder))
+
+
+def names_a_method(node: ast.AST) -> bool:
+    """A method's name as a literal, SpecMethod.<member>, or a tuple/list/set holding one."""
+    if isinstance(node, ast.Constant):
+        return node.value in METHOD_NAMES
+    if isinstance(node, ast.Attribute):
+        return node.attr in METHOD_MEMBERS and isinstance(node.value, ast.Name) and node.value.id == "SpecMethod"
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return any(names_a_method(element) for element in node.elts)
+    return False
+
+
+def method_branches(source: str, filename: str) -> list[tuple[int, str]]:
+    """Where a method's name decides something: a comparison (==, !=, is, in ...) with it in an if,
+    elif, while, ternary, assert, comprehension or boolean expression; a match case on it; a dict
+    keyed by it (a dispatch table); a subscript or .get() by it."""
+    found = []
+    for node in ast.walk(ast.parse(source, filename)):
+        if isinstance(node, ast.Compare) and any(names_a_method(n) for n in (node.left, *node.comparators)):
+            found.append((node.lineno, "comparison"))
+        elif isinstance(node, ast.MatchValue) and names_a_method(node.value):
+            found.append((node.lineno, "match case"))
+        elif isinstance(node, ast.Dict) and any(key is not None and names_a_method(key) for key in node.keys):
+            found.append((node.lineno, "dict keyed by method"))
+        elif isinstance(node, ast.Subscript) and names_a_method(node.slice):
+            found.append((node.lineno, "lookup by method"))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+              and node.args and names_a_method(node.args[0])):
+            found.append((node.lineno, "lookup by method"))
+    return found
+
+
+def test_no_method_name_is_branched_on_outside_the_method_modules():
+    problems = []
+    places = method_places()
+    for path in sorted(module_files().values()):
+        where = path.relative_to(ROOT).as_posix()
+        if where.startswith(places):
+            continue
+        problems += [f"{where}:{line}: {kind} on a method's name (ask its descriptor, specreg/core/methods.py)"
+                     for line, kind in method_branches(path.read_text(encoding="utf-8"), where)]
+    assert problems == []
+
+
+@pytest.mark.parametrize("code", [
+    "if config.method == 'ngram':\n    pass\n",
+    "x = 1 if method in ('eagle3', 'medusa') else 0\n",
+    "if config.method is SpecMethod.MTP:\n    pass\n",
+    "match method:\n    case 'medusa':\n        pass\n",
+    "build = {'draft_model': a, 'ngram': b}[method]\n",
+    "reader = READERS.get('eagle')\n",
+])
+def test_the_method_scan_sees_each_form_of_branch(code):
+    assert method_branches(code, "example.py"), code
+
+
+def test_every_method_has_its_runtime_module():
+    """Adding a method is its descriptor and its module: each descriptor has runtime/methods/<name>.py
+    whose METHOD carries its name."""
+    from specreg.core.methods import METHODS
+    from specreg.runtime.methods import drafting_method
+
+    assert [drafting_method(name).name for name in METHODS] == list(METHODS)
+
+
+def test_the_method_scan_lets_names_be_values():
+    """Naming a method as a value (a default, a record, a choice list) decides nothing."""
+    code = ("def f(method='draft_model'):\n    return {'method': 'ngram', 'k': 4}\n"
+            "CHOICES = ['draft_model', 'ngram']\nm = SpecMethod.MTP\n")
+    assert method_branches(code, "example.py") == []

@@ -38,7 +38,7 @@ def build_tokenizer(directory: Path, vocab_size: int = 300, chat_template: str |
     from transformers import PreTrainedTokenizerFast
 
     if llama_layout:
-        from specreg.runtime.demo_pair import byte_fallback_bpe
+        from specreg.builders.demo_pair import byte_fallback_bpe
 
         fast = byte_fallback_bpe(CORPUS, vocab_size, SPECIAL_TOKENS + list(extra_special or []))
         fast.chat_template = chat_template

@@ -9,6 +9,7 @@ in order, and knows no check by name.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Callable
 
 from specreg.core.types import ERROR, FAIL, SKIP, CheckResult
@@ -16,7 +17,6 @@ from specreg.errors import (HeadMismatchError, ModelReferenceError, RuntimeConfi
                             UsageError)
 
 DECODING = "decoding golden prompts (target-only and speculative)"
-NO_DRAFT = "ngram drafting has no draft model to compare"
 
 
 @dataclass(frozen=True)
@@ -79,15 +79,13 @@ class CheckContext:
     def draft_dir(self) -> str | None:
         return self.pair_version.draft.path if self.pair_version.draft else None
 
-    @property
+    @cached_property
     def settings(self):
-        """The pair's speculative configuration as the runtime reads it (equivalence.SpeculativeSettings)."""
-        from specreg.validators.equivalence import SpeculativeSettings
+        """The pair's runtime DecodeConfig (DecodeConfig.from_spec): method, k, prompt lookup and the
+        candidate tree, parsed once for every check."""
+        from specreg.runtime.decode import DecodeConfig
 
-        config = self.config
-        return SpeculativeSettings(method=config.method.value, k=config.num_speculative_tokens,
-                                   prompt_lookup_min=config.prompt_lookup_min or 1,
-                                   prompt_lookup_max=config.prompt_lookup_max or 3, tree=config.tree)
+        return DecodeConfig.from_spec(self.config)
 
     def report(self, what: str, done: int, total: int, detail: str = "") -> None:
         self.totals[what] = total
@@ -114,7 +112,7 @@ class CheckContext:
         """The two tokenizers check ``name`` compares (keywords of its check function), or its
         result when there is nothing to compare (no draft model: skip) or they cannot be loaded."""
         if self.draft_dir is None:
-            return CheckResult(name, SKIP, NO_DRAFT)
+            return CheckResult(name, SKIP, f"{self.config.method.value} drafting has no draft model to compare")
         tokenizers = self.pair_tokenizers()
         return error_result(name, tokenizers) if isinstance(tokenizers, Exception) else tokenizers
 
@@ -135,7 +133,7 @@ class CheckContext:
     def decode(self) -> tuple[Any, Any]:
         from transformers.utils import logging as transformers_logging
 
-        from specreg.runtime.pair import load_pair
+        from specreg.runtime.methods import load_pair
         from specreg.validators.equivalence import decode_golden
 
         transformers_logging.disable_progress_bar()  # the suite reports its own progress

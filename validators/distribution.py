@@ -108,29 +108,27 @@ def drafter_proposal(pair, method: str, token_ids: list[int], record, tree=None)
     from transformers import DynamicCache
 
     from specreg.runtime.decode import DecodeConfig
-    from specreg.runtime.drafters import make_drafter
-    from specreg.runtime.pair import forward_logits
-    from specreg.runtime.tree import parse_tree
+    from specreg.runtime.forward import forward_logits
+    from specreg.runtime.methods import drafting_method
+    from specreg.runtime.methods.base import DraftRequest
 
     device = pair.device
-    first_depth = parse_tree(tree).pruned(1) if tree is not None else None
-    config = DecodeConfig(method=method, k=first_depth.depth if first_depth else 1,
-                          tree=first_depth.paths if first_depth else None, temperature=record.temperature,
-                          top_k=record.top_k, top_p=record.top_p)
-    drafter = make_drafter(pair, config, torch.Generator(device=device).manual_seed(0))
+    first_depth = tree.pruned(1) if tree is not None else None  # tree: a runtime.tree.CandidateTree
+    config = DecodeConfig(method=method, k=1, tree=first_depth, temperature=record.temperature, top_k=record.top_k,
+                          top_p=record.top_p)
+    drafter = drafting_method(method).drafter(pair, [config], [torch.Generator(device=device).manual_seed(0)])
     tokens = torch.tensor([token_ids], dtype=torch.long, device=device)  # [1, n]
     with torch.inference_mode():
-        if getattr(drafter, "hidden_state_ids", ()):
+        if drafter.hidden_state_ids:
             # a head drafts the token after x_n from the target's state that predicted x_n (position
             # n - 1) and x_n itself: in the loop x_n is the target's own token of the last step
             _, hidden = forward_logits(pair.target, tokens[:, :-1], DynamicCache(config=pair.target.config), 1,
                                        drafter.hidden_state_ids)  # hidden # [1, n - 1, A * H]
-            drafter.rollback(len(token_ids) - 1, hidden)
-        if first_depth is not None:
-            node_token_ids, draft_probs = drafter.propose_tree(tokens, first_depth)
-            return node_token_ids, draft_probs.float()
-        _, draft_probs = drafter.propose(tokens, 1)
-    return None, draft_probs[0].float()
+            drafter.rollback([len(token_ids) - 1], [hidden])
+        proposal = drafter.propose([DraftRequest(tokens, list(token_ids), 1, first_depth)])[0]
+    if first_depth is not None:
+        return proposal.draft_token_ids, proposal.draft_probs.float()
+    return None, proposal.draft_probs[0].float()
 
 
 def on_support(*laws):
@@ -270,14 +268,17 @@ def golden_prefixes(sampled: list) -> list[tuple]:
 
 def draft_law(pair, method: str, token_ids: list[int], record, tree, target_probs):
     """q at the prefix as the pair's drafter proposes it -> (node_token_ids # [nodes+1] or None for
-    a chain, draft_probs # [vocab] or [nodes+1, vocab]). ngram looks its proposals up,
-    deterministically: a point mass on the target's top token, as for a head before it has the
+    a chain, draft_probs # [vocab] or [nodes+1, vocab]). A model-free method looks its proposals
+    up, deterministically: a point mass on the target's top token, as for a head before it has the
     target's state before the last token."""
     import torch
 
-    if method == "draft_model" and pair.draft is not None:
+    from specreg.core.methods import method_descriptor
+
+    descriptor = method_descriptor(method)
+    if not descriptor.model_free and not descriptor.has_head and pair.draft is not None:
         return None, next_token_probs(pair.draft, token_ids, pair.vocab_size, record)
-    if method == "ngram" or pair.draft is None or len(token_ids) < 2:
+    if descriptor.model_free or pair.draft is None or len(token_ids) < 2:
         draft_probs = torch.zeros_like(target_probs)
         draft_probs[target_probs.argmax()] = 1.0
         return None, draft_probs
@@ -286,13 +287,16 @@ def draft_law(pair, method: str, token_ids: list[int], record, tree, target_prob
 
 def draft_law_description(pair, method: str, tree) -> str:
     """What q was, in words, for the evidence."""
-    if method == "draft_model" and pair.draft is not None:
+    from specreg.core.methods import method_descriptor
+
+    descriptor = method_descriptor(method)
+    if descriptor.model_free or pair.draft is None:
+        return f"a point mass on the target's top token ({descriptor.name if descriptor.model_free else 'ngram'})"
+    if not descriptor.has_head:
         return "the draft model's distribution"
-    if method == "ngram" or pair.draft is None:
-        return "a point mass on the target's top token (ngram)"
     if tree is not None:
         return "the tree's first-depth candidates (point masses), tree rule"
-    return f"the {method} head's distribution from the target's hidden states"
+    return f"the {descriptor.name} head's distribution from the target's hidden states"
 
 
 def test_prefix(node_token_ids, draft_probs, target_probs, samples: int, seed: int, rules: tuple) -> dict:

@@ -27,17 +27,6 @@ NEAR_TIE_TOLERANCE = {"float32": 1e-3, "float16": 5e-2, "bfloat16": 2.5e-1}
 MAX_EVIDENCE = 20
 
 
-@dataclass(frozen=True)
-class SpeculativeSettings:
-    """The pair's speculative configuration as the runtime needs it."""
-
-    method: str = "draft_model"
-    k: int = 4
-    prompt_lookup_min: int = 1
-    prompt_lookup_max: int = 3
-    tree: tuple[tuple[int, ...], ...] | None = None  # candidate tree paths (medusa); k is its depth
-
-
 @dataclass
 class PromptRun:
     """The decodes of one golden prompt. ``sampled`` is None for greedy prompts, whose
@@ -75,28 +64,27 @@ LATENCY_SHARE = 0.1
 DEFAULT_BATCH_SIZE = 8
 
 
-def decode_config(record, settings: SpeculativeSettings, *, greedy: bool, seed: int = 0):
-    """The DecodeConfig of one golden record, on the serving engines' schedule (the prefill emits
-    the first token alone and drafting starts from it, DecodeConfig.prefill_alone), so that the
-    engine comparison of `validate --engine` reads the very decodes validate counted."""
-    from specreg.runtime.decode import DecodeConfig
-
-    return DecodeConfig(
-        method=settings.method, k=settings.k, max_new_tokens=record.max_new_tokens,
+def decode_config(record, settings, *, greedy: bool, seed: int = 0):
+    """The DecodeConfig of one golden record: settings (the pair's DecodeConfig,
+    DecodeConfig.from_spec) with the record's budget, sampling and seed, on the serving engines'
+    schedule (the prefill emits the first token alone and drafting starts from it,
+    DecodeConfig.prefill_alone), so that the engine comparison of `validate --engine` reads the very
+    decodes validate counted. The parsed tree is shared, not parsed again."""
+    return dataclasses.replace(
+        settings, max_new_tokens=record.max_new_tokens,
         temperature=0.0 if greedy else float(record.temperature or 0.0),
         top_k=None if greedy else record.top_k, top_p=None if greedy else record.top_p,
-        seed=record.seed if record.seed is not None else seed,
-        prompt_lookup_min=settings.prompt_lookup_min, prompt_lookup_max=settings.prompt_lookup_max,
-        tree=settings.tree, prefill_alone=True,
+        seed=record.seed if record.seed is not None else seed, prefill_alone=True,
     )
 
 
-def decode_golden(pair, golden, settings: SpeculativeSettings, *, seed: int = 0,
+def decode_golden(pair, golden, settings, *, seed: int = 0,
                   progress: Callable[[str], None] | None = None, hooks: dict | None = None,
                   batch_size: int = DEFAULT_BATCH_SIZE) -> GoldenDecodes:
     """Decode every golden record on the runtime, batch_size prompts at once -> GoldenDecodes.
 
-    pair: a runtime ModelPair; golden: a GoldenSet; hooks: passed to the speculative decodes
+    pair: a runtime ModelPair; golden: a GoldenSet; settings: the pair's runtime DecodeConfig
+    (DecodeConfig.from_spec: method, k, prompt lookup, parsed tree); hooks: passed to the speculative decodes
     (acceptance_rule / greedy_rule: tests inject broken rules). Per prompt: target-only greedy,
     speculative greedy and, for sampled records, speculative sampling as the record asks (each row
     decodes as it would alone: runtime/decode.decode_rows). progress(record_id) is called for each
@@ -151,7 +139,7 @@ def decode_golden(pair, golden, settings: SpeculativeSettings, *, seed: int = 0,
     return decodes
 
 
-def warm_up(pair, encoded: list, settings: SpeculativeSettings, *, seed: int, batch_size: int, hooks: dict) -> None:
+def warm_up(pair, encoded: list, settings, *, seed: int, batch_size: int, hooks: dict) -> None:
     """A few steps of both decodes on the first record, untimed: first calls pay one-off
     allocation and kernel selection, which must stay out of the timings."""
     from specreg.runtime.decode import generate_batch

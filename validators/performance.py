@@ -60,7 +60,7 @@ def check_performance(pair, decodes, *, method: str = "draft_model", k: int = 4,
 
     pair: runtime ModelPair; decodes: GoldenDecodes; method, k: the pair's configuration;
     cost_ratio: draft/target step cost (measured here with measure_cost_ratio when None; 0 for
-    ngram, whose drafting has no forward pass); tree: the candidate tree's paths (tree methods):
+    ngram, whose drafting has no forward pass); tree: the parsed CandidateTree (tree methods):
     the recommendation is then the depth to cut the tree at, from the measured per-depth
     acceptance, the heads' cost per step and the measured cost of verifying the tree cut at each
     depth (choose_tree_depth). Returns a CheckResult "performance".
@@ -103,14 +103,17 @@ def check_performance(pair, decodes, *, method: str = "draft_model", k: int = 4,
 
 
 def measured_cost_ratio(pair, decodes, method: str, speculative: dict) -> float:
-    """c, the draft/target step cost: 0 for ngram (no draft forward); for a head, which drafts
-    from the target's hidden states and so has no standalone step to time, what the decode loop
-    measured (time per head forward / time per verification); for a draft model, timed here."""
+    """c, the draft/target step cost: 0 for a model-free method (no draft forward); for a head,
+    which drafts from the target's hidden states and so has no standalone step to time, what the
+    decode loop measured (time per head forward / time per verification); for a draft model, timed
+    here."""
+    from specreg.core.methods import method_descriptor
     from specreg.runtime.choose_k import measure_cost_ratio
 
-    if method == "ngram" or pair.draft is None:
+    descriptor = method_descriptor(method)
+    if descriptor.model_free or pair.draft is None:
         return 0.0
-    if method != "draft_model":
+    if descriptor.has_head:
         return in_loop_cost_ratio(speculative)
     return measure_cost_ratio(pair.target, pair.draft, decodes.runs[0].prompt_ids, steps=8)
 
@@ -121,9 +124,8 @@ def recommend_tree_depth(pair, decodes, tree, per_position: list[float], measure
     verification cost against a one-token step here -> (depth, expected speedup, tree figures)."""
     from specreg.runtime.choose_k import (choose_tree_depth, head_draft_step_cost, measure_step_time,
                                           measure_tree_step_time)
-    from specreg.runtime.tree import parse_tree
 
-    full = parse_tree(tree)
+    full = tree  # the parsed CandidateTree (DecodeConfig.from_spec)
     prompt = decodes.runs[0].prompt_ids
     one_step = measure_step_time(pair.target, prompt, steps=8)
     depths = range(1, max(1, min(full.depth, len(measured))) + 1)

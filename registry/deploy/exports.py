@@ -20,11 +20,12 @@ from typing import Any
 
 from specreg.errors import PolicyViolation, SpecregError, UsageError
 from specreg.core.baselines import drift_floor, in_engine_terms, legacy_tau_note
+from specreg.core.methods import METHODS
 from specreg.core.types import ModelRef
 from specreg.registry.deploy.engines import EngineModule, engine_modules, format_module, format_modules
 from specreg.registry.deploy.rendering import FILTERS, render_user_template
 from specreg.registry.deploy.engines.common import Export, served_reference
-from specreg.registry.store.entities import PairState, PairVersion, SpecMethod
+from specreg.registry.store.entities import PairState, PairVersion
 
 ENGINE_FORMATS = format_modules()  # format -> its engine module (engines/__init__.py FORMATS)
 FORMATS = tuple(ENGINE_FORMATS)
@@ -49,15 +50,6 @@ OPTION_DEFAULTS: dict[str, Any] = {**COMMON_OPTIONS,
 
 # The pair kinds the formats below are written for; each engine module's refusal says which
 # format cannot serve which pair, and why (tests/engines run the vLLM and SGLang outputs).
-EXPORTED_METHODS = (SpecMethod.DRAFT_MODEL, SpecMethod.NGRAM, SpecMethod.EAGLE3, SpecMethod.MTP)
-MEDUSA_REFUSAL = (
-    "no engine version specreg targets serves Medusa heads stored apart from their base model: vLLM 0.33 "
-    "has no medusa method (vllm/config/speculative.py:74-82 SpeculativeMethod), SGLang 0.5.23 has no Medusa "
-    "algorithm (sglang/srt/speculative/spec_info.py:39-47 SpeculativeAlgorithm), TensorRT-LLM 1.2's Medusa runs "
-    "only on its TensorRT engine flow (llm_args.py MedusaDecodingConfig.supports_backend refuses pytorch, "
-    "trtllm-serve's backend), and TGI 3.3 reads Medusa heads only from a combined model repository "
-    "(server/text_generation_server/models/__init__.py:522-551)")
-
 EXPORTABLE_STATES = (PairState.VALIDATED, PairState.APPROVED, PairState.PROMOTED)
 
 
@@ -290,21 +282,21 @@ def refuse_pair(engine: EngineModule, fmt: str, pair_version: PairVersion, opts:
             f"{engine_version} is not one of them (its keys or their meaning may differ), so it is refused"
         )
     config = pair_version.config
-    if config.method is SpecMethod.MEDUSA:
-        raise UsageError(f"{pair_version.label} is a medusa pair and cannot be exported: "
-                         f"{engine.MEDUSA_REFUSAL or MEDUSA_REFUSAL}")
-    if config.method not in EXPORTED_METHODS:
+    descriptor = config.method.descriptor
+    if not descriptor.exported:
+        if descriptor.export_refusal is not None:  # an engine module may say it its own way
+            reason = engine.METHOD_REFUSALS.get(descriptor.name, descriptor.export_refusal)
+            raise UsageError(f"{pair_version.label} is {descriptor.article} {descriptor.name} pair and cannot be "
+                             f"exported: {reason}")
         # Writing a draft_model or ngram config for a head pair would serve something else.
-        raise UsageError(
-            f"{pair_version.label} is a {config.method.value} pair: no export format writes {config.method.value} "
-            f"yet (exported methods: {', '.join(m.value for m in EXPORTED_METHODS)})"
-        )
+        exported = [m.name for m in METHODS.values() if m.exported]
+        raise UsageError(f"{pair_version.label} is {descriptor.article} {descriptor.name} pair: no export format "
+                         f"writes {descriptor.name} yet (exported methods: {', '.join(exported)})")
     refusal = engine.refusal(pair_version)
     if refusal:
-        article = "an" if config.method is SpecMethod.NGRAM else "a"
-        raise UsageError(f"{pair_version.label} is {article} {config.method.value} pair and cannot be exported to "
-                         f"{fmt}: {refusal}")
-    if config.method in (SpecMethod.DRAFT_MODEL, SpecMethod.EAGLE3) and pair_version.draft is None:
+        raise UsageError(f"{pair_version.label} is {descriptor.article} {config.method.value} pair and cannot be "
+                         f"exported to {fmt}: {refusal}")
+    if descriptor.takes_draft and pair_version.draft is None:
         raise SpecregError(f"{pair_version.label} is a {config.method.value} pair without its draft directory")
 
 
@@ -403,7 +395,8 @@ def header_lines(
     # only the settings the pair has: an unset one is left out, never written as Python's None
     settings = [("method", config.method.value), ("num_speculative_tokens", config.num_speculative_tokens),
                 ("prompt_lookup_min", config.prompt_lookup_min), ("prompt_lookup_max", config.prompt_lookup_max),
-                ("max_batch_size_for_speculation", config.max_batch_size_for_speculation)]
+                ("max_batch_size_for_speculation", config.max_batch_size_for_speculation),
+                *(config.suffix.vllm_keys().items() if config.suffix is not None else ())]
     lines.append("speculative config: " + " ".join(f"{key}={value}" for key, value in settings if value is not None))
     if not baselines:
         lines.append("baselines: none recorded")

@@ -80,11 +80,12 @@ max_validation_age_days = 30
 
 [required_checks_by_method]
 # no second tokenizer or chat template to compare: tokenizer is the head's fit to the target's
-# vocabulary for heads; an ngram pair has neither check
+# vocabulary for heads; an ngram or suffix pair has neither check
 ngram = ["integrity", "equivalence", "acceptance"]
 eagle3 = ["integrity", "tokenizer", "equivalence", "acceptance"]
 medusa = ["integrity", "tokenizer", "equivalence", "acceptance"]
 mtp = ["integrity", "tokenizer", "equivalence", "acceptance"]
+suffix = ["integrity", "equivalence", "acceptance"]
 
 [identity]
 allow_claimed_user = false   # PostgreSQL: the actor is the database role; SQLite: advisory

@@ -91,6 +91,7 @@ def validation_params(pair_version: PairVersion, validation: dict[str, Any]) -> 
         "k": settings.get("k") or config.num_speculative_tokens,
         "prompt_lookup_min": config.prompt_lookup_min,
         "prompt_lookup_max": config.prompt_lookup_max,
+        **(config.suffix.vllm_keys() if config.suffix is not None else {}),
     }
     for key, value in golden_set.items():  # name -> golden_set, sha256 -> golden_set_sha256 ...
         params["golden_set" if key == "name" else f"golden_set_{key}"] = value

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from specreg.core.methods import SpecConfig, SpecMethod  # noqa: F401 - a pair version's config, defined in core
 from specreg.core.types import CheckResult, ModelRef
 
 
@@ -18,50 +19,6 @@ class PairState(str, enum.Enum):
     APPROVED = "approved"
     PROMOTED = "promoted"
     RETIRED = "retired"
-
-
-class SpecMethod(str, enum.Enum):
-    DRAFT_MODEL = "draft_model"  # a separate small causal LM
-    NGRAM = "ngram"  # prompt lookup, no model
-    EAGLE3 = "eagle3"  # an EAGLE-3 head on the target's hidden states
-    MEDUSA = "medusa"  # Medusa heads on the target's last hidden state, verified as a tree
-    MTP = "mtp"  # multi-token-prediction layers shipped inside the target
-
-    @property
-    def has_head(self) -> bool:
-        """Drafts from the target's own hidden states (the --draft directory, if any, is a head)."""
-        return self in (SpecMethod.EAGLE3, SpecMethod.MEDUSA, SpecMethod.MTP)
-
-
-@dataclass(frozen=True)
-class SpecConfig:
-    """The speculative configuration bound into a pair version."""
-
-    method: SpecMethod
-    num_speculative_tokens: int
-    prompt_lookup_min: int | None = None
-    prompt_lookup_max: int | None = None
-    max_batch_size_for_speculation: int | None = None
-    # Candidate tree (Medusa / EAGLE top-k): paths of top-i choices per depth, e.g. ((0,), (1,), (0, 0)).
-    tree: tuple[tuple[int, ...], ...] | None = None
-    # What registration read of the head (specreg.core.heads.spec.HeadSpec.to_dict() + fit notes);
-    # for MTP the target tensors that form the module.
-    head: dict[str, Any] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        data = {
-            "method": self.method.value,
-            "num_speculative_tokens": self.num_speculative_tokens,
-            "prompt_lookup_min": self.prompt_lookup_min,
-            "prompt_lookup_max": self.prompt_lookup_max,
-            "max_batch_size_for_speculation": self.max_batch_size_for_speculation,
-        }
-        # only when set: a draft-model or ngram binding hashes exactly as before these existed
-        if self.tree is not None:
-            data["tree"] = [list(path) for path in self.tree]
-        if self.head is not None:
-            data["head"] = self.head
-        return data
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from sqlalchemy import (JSON, Boolean, DateTime, ForeignKey, Integer, String, Te
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from specreg.core.baselines import in_engine_terms
+from specreg.core.suffix import SuffixSettings
 from specreg.core.types import CheckResult, ModelFingerprint, ModelRef
 from specreg.registry.store.entities import (Approval, AuditEvent, EngineBaseline, EnrolledKey, EnvironmentPointer,
                                              PairState, PairVersion, PolicyDocument, SpecConfig, SpecMethod,
@@ -57,6 +58,7 @@ class PairVersionRow(Base):
     allow_pickle: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False)
     tree: Mapped[list | None] = mapped_column(JSON)  # SpecConfig.tree as lists
     head: Mapped[dict | None] = mapped_column(JSON)  # SpecConfig.head
+    suffix: Mapped[dict | None] = mapped_column(JSON)  # SpecConfig.suffix.to_dict()
     # Every file of each model directory at registration ({"target": [names], "draft": [names]}): an
     # export whose file set differs is refused, naming the files (engines read files the
     # fingerprint does not cover: hf_quant_config.json, params.json, a subfolder).
@@ -68,7 +70,7 @@ class PairVersionRow(Base):
     IMMUTABLE_COLUMNS = ("pair_id", "version", "binding_sha256", "method", "num_speculative_tokens",
                          "prompt_lookup_min", "prompt_lookup_max", "max_batch_size_for_speculation",
                          "target", "draft", "registered_by", "registered_at", "notes", "allow_pickle", "tree",
-                         "head", "model_files")
+                         "head", "suffix", "model_files")
 
     def to_entity(self, events: tuple[AuditEvent, ...] = ()) -> PairVersion:
         return PairVersion(
@@ -85,6 +87,7 @@ class PairVersionRow(Base):
                 max_batch_size_for_speculation=self.max_batch_size_for_speculation,
                 tree=tuple(tuple(path) for path in self.tree) if self.tree is not None else None,
                 head=self.head,
+                suffix=SuffixSettings.from_dict(self.suffix) if self.suffix is not None else None,
             ),
             binding_sha256=self.binding_sha256,
             state=PairState(self.state),

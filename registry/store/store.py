@@ -29,7 +29,7 @@ from specreg.registry.store.orm import (AuditEventRow, AuditHeadRow, Environment
                                         PairVersionRow)
 
 # The newest migration in migrations/versions; a test checks it equals alembic's head.
-SCHEMA_HEAD = "0007"
+SCHEMA_HEAD = "0008"
 
 
 def utcnow() -> datetime:
@@ -203,6 +203,7 @@ class Store:
                         max_batch_size_for_speculation=config.max_batch_size_for_speculation,
                         tree=[list(path) for path in config.tree] if config.tree is not None else None,
                         head=config.head,
+                        suffix=config.suffix.to_dict() if config.suffix is not None else None,
                         target=target.to_dict(), draft=draft.to_dict() if draft else None,
                         registered_by=actor, registered_at=now, notes=notes, allow_pickle=allow_pickle,
                         model_files=model_files,

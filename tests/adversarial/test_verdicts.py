@@ -219,12 +219,13 @@ def test_a_drop_at_the_same_k_still_fails(db_url, models, golden):
 
 def test_recommended_k_stays_within_the_measured_positions(models, golden):
     from specreg.golden_prompts.loader import load_golden_set
-    from specreg.runtime.pair import load_pair
+    from specreg.runtime.decode import DecodeConfig
+    from specreg.runtime.methods import load_pair
     from specreg.validators import equivalence
     from specreg.validators.performance import check_performance
 
     pair = load_pair(models["target"], models["self"], device="cpu")
-    settings = equivalence.SpeculativeSettings(method="draft_model", k=4, prompt_lookup_min=1, prompt_lookup_max=3)
+    settings = DecodeConfig(method="draft_model", k=4, prompt_lookup_min=1, prompt_lookup_max=3)
     decodes = equivalence.decode_golden(pair, load_golden_set(str(golden)), settings, seed=0)
     # every draft token accepted and drafting free: any deeper k looks better by extrapolation
     result = check_performance(pair, decodes, method="draft_model", k=4, k_max=12, cost_ratio=0.0)

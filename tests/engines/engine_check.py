@@ -90,6 +90,10 @@ def check_vllm(cases: list[dict]) -> list[dict]:
                     "revision": spec.revision,
                     "prompt_lookup_min": spec.prompt_lookup_min,
                     "prompt_lookup_max": spec.prompt_lookup_max,
+                    # what SpeculativeConfig kept of a suffix export (its _validate_suffix_decoding passed)
+                    **{name: getattr(spec, name) for name in (
+                        "suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests",
+                        "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob")},
                     "num_speculative_tokens_per_batch_size": (
                         [list(entry) for entry in spec.num_speculative_tokens_per_batch_size]
                         if spec.num_speculative_tokens_per_batch_size is not None else None),

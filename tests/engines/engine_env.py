@@ -103,6 +103,69 @@ def prepare_engine(engine: str, log=say) -> dict[str, object]:
     return {"code": unpacked, "deps": deps}
 
 
+ARCTIC_RELEASE = "0.3.0"  # the Arctic Inference vLLM 0.33.0's `method: suffix` runs (suffix_decoding.py)
+
+
+def prepare_arctic(log=say) -> Path:
+    """Arctic Inference's suffix decoding cache built from its source archive on this CPU: the
+    sdist (pip download, metadata read without build isolation, which would fetch torch), its
+    csrc/suffix_decoding compiled with cmake and nanobind (arctic-build-deps.txt), and the
+    package's suffix_decoding Python files beside the built _C -> the folder to put on
+    PYTHONPATH (it imports as arctic_inference). Cached under the engine cache root; built once.
+    EngineUnavailable without the package index, or without cmake or a C++ compiler."""
+    import shutil
+    import tarfile
+    import tempfile
+
+    root = cache_root()
+    built = root / f"arctic-inference-{ARCTIC_RELEASE}"
+    if (built / ".complete").exists():
+        return built
+    started = time.monotonic()
+    missing = [tool for tool in ("cmake", "c++") if shutil.which(tool) is None]
+    if missing:
+        raise EngineUnavailable(f"building Arctic Inference's suffix tree needs {' and '.join(missing)}")
+    requirements = ENGINES_DIR / "arctic-build-deps.txt"
+    tools = root / f"deps-arctic-build-{_digest(requirements)}"
+    if not (tools / ".complete").exists():
+        log(f"[engines] arctic-inference: pip install {requirements.name} into {tools}")
+        offline_as_unavailable(run_pip, ["install", "--no-deps", "--target", str(tools), "-r", str(requirements)],
+                               "pip install arctic build deps")
+        (tools / ".complete").write_text(requirements.read_text())
+    env = dict(os.environ, PYTHONPATH=str(tools))
+    wheels = root / "wheels"
+    sdist = wheels / f"arctic_inference-{ARCTIC_RELEASE}.tar.gz"
+    if not sdist.exists():
+        log(f"[engines] arctic-inference: pip download {ARCTIC_RELEASE} (source archive) into {wheels}")
+        offline_as_unavailable(run_pip, ["download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation",
+                                         f"arctic-inference=={ARCTIC_RELEASE}", "-d", str(wheels)],
+                               f"pip download arctic-inference=={ARCTIC_RELEASE}", env=env)
+    log(f"[engines] arctic-inference: building csrc/suffix_decoding into {built}")
+    with tempfile.TemporaryDirectory() as scratch:
+        with tarfile.open(sdist) as archive:
+            archive.extractall(scratch, filter="data")
+        source = Path(scratch) / f"arctic_inference-{ARCTIC_RELEASE}"
+        build = Path(scratch) / "build"
+        build.mkdir()
+        generator = ["-GNinja"] if shutil.which("ninja") else []
+        for command in (["cmake", str(source / "csrc" / "suffix_decoding"), *generator,
+                         f"-DPython_EXECUTABLE={sys.executable}", "-DCMAKE_BUILD_TYPE=Release"],
+                        ["cmake", "--build", ".", "-j", "2"]):
+            completed = subprocess.run(command, cwd=build, env=env, capture_output=True, text=True)
+            if completed.returncode != 0:
+                raise AssertionError(f"{' '.join(command[:2])} failed:\n{(completed.stdout + completed.stderr)[-3000:]}")
+        package = built / "arctic_inference"
+        shutil.rmtree(built, ignore_errors=True)
+        shutil.copytree(source / "arctic_inference" / "suffix_decoding", package / "suffix_decoding",
+                        ignore=shutil.ignore_patterns("simulator.py"))
+        (package / "__init__.py").write_text("")
+        for library in build.glob("_C*.so"):
+            shutil.copy2(library, package / "suffix_decoding" / library.name)
+    (built / ".complete").write_text(sdist.name)
+    log(f"[engines] arctic-inference: built in {time.monotonic() - started:.0f} s")
+    return built
+
+
 def _digest(path: Path) -> str:
     import hashlib
 
@@ -110,12 +173,15 @@ def _digest(path: Path) -> str:
 
 
 def run_engine(engine: str, cases: list[dict], workdir: Path, timeout: int = 900, script: Path = CHECK_SCRIPT,
-               log=say) -> dict:
+               log=say, arctic: bool = False) -> dict:
     """Run engine_check.py (or another ``script`` of this folder taking the same arguments) on the
-    cases with the engine first on the import path; returns engine_check's
+    cases with the engine first on the import path (and, with ``arctic``, Arctic Inference's
+    suffix cache, prepare_arctic); returns engine_check's
     {"results": [...], "schema": {...}, "stand_ins": [...], "seconds": N} or the script's output;
     the preparation's lines and the timings go to ``log``."""
     paths = prepare_engine(engine, log)
+    if arctic:
+        paths["deps"] = [offline_as_unavailable(prepare_arctic, log), *paths["deps"]]
     cases_path, out_path = workdir / f"{engine}-{script.stem}-cases.json", workdir / f"{engine}-{script.stem}-out.json"
     cases_path.write_text(json.dumps(cases))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([*map(str, paths["deps"]), str(paths["code"])]),

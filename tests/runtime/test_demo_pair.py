@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specreg.runtime import demo_pair
+from specreg.builders import demo_pair
 
 
 def test_corpus_covers_the_five_workloads_and_the_golden_prompts():
@@ -22,7 +22,7 @@ def test_build_then_reuse_the_cache(small_demo_dir, shrunk_demo):
     # once per session (small_demo_dir)
     target_dir, draft_dir = demo_pair.build_demo_pair(small_demo_dir)
     from specreg.runtime.decode import DecodeConfig, speculative_generate
-    from specreg.runtime.pair import load_pair
+    from specreg.runtime.methods import load_pair
 
     pair = load_pair(target_dir, draft_dir)
     assert pair.tokenizer.chat_template == demo_pair.CHAT_TEMPLATE

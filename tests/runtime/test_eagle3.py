@@ -10,7 +10,9 @@ import torch
 
 from specreg.errors import RuntimeConfigError, SpecregError
 from specreg.runtime.decode import DecodeConfig, speculative_generate, target_only_generate
-from specreg.runtime.pair import ModelPair, forward_logits, load_pair
+from specreg.runtime.forward import forward_logits
+from specreg.runtime.methods import load_pair
+from specreg.runtime.pair import ModelPair
 
 from headrollback import assert_drafts_equal_a_fresh_drafter  # tests/ is on sys.path (tests/conftest.py)
 
@@ -30,8 +32,8 @@ def heads(target, tokenizer):
     the demo head is where high acceptance is shown)."""
     from tinymodels import CORPUS
 
-    from specreg.runtime import demo_heads
-    from specreg.runtime.eagle3 import new_eagle3_head
+    from specreg.builders import demo_heads
+    from specreg.runtime.methods.eagle3 import new_eagle3_head
 
     stream = torch.tensor(tokenizer("".join(CORPUS * 3), add_special_tokens=False)["input_ids"])
     vocab = len(tokenizer)
@@ -98,7 +100,7 @@ def save_head(head, directory, **changes):
     """Save `head`, then apply `changes` to its config ('config.key') or weights ('weights.name')."""
     from safetensors.torch import load_file, save_file
 
-    from specreg.runtime.eagle3 import save_eagle3_head
+    from specreg.runtime.methods.eagle3 import save_eagle3_head
 
     save_eagle3_head(head, directory, "tiny-target", ["LlamaForCausalLM"])
     config = json.loads((directory / "config.json").read_text())
@@ -172,7 +174,7 @@ def test_original_eagle_layout_loads_the_same_head(tiny_dir, target, tokenizer, 
     ("target_width", "head is for hidden size 32 .* target hidden_size is 64"),
 ])
 def test_mismatched_heads_are_refused_before_any_forward(target, heads, tmp_path, change, reason):
-    from specreg.runtime.eagle3 import load_eagle3_head
+    from specreg.runtime.methods.eagle3 import load_eagle3_head
 
     head = heads["random"]
     d2t = head.d2t.clone()
@@ -203,7 +205,7 @@ def test_eagle3_method_needs_a_head(target, tokenizer, drafts, prompts):
 
 def test_demo_head_build_then_reuse_the_cache(tiny_dir, prompts, tmp_path, monkeypatch):
     # the real budget takes minutes; the same code path with two steps, on the tiny target
-    from specreg.runtime import demo_heads
+    from specreg.builders import demo_heads
 
     monkeypatch.setattr(demo_heads, "EAGLE3_TRAINING", (2, 2))
     head_dir = demo_heads.build_demo_head(tmp_path, "eagle3", target_dir=tiny_dir / "target")
@@ -290,7 +292,7 @@ def test_eagle3_tree_sampling_is_reproducible(target, tokenizer, heads, prompts)
 def test_absent_flags_read_as_vllm_reads_them_and_unknown_ones_are_refused(tiny_dir, heads, tmp_path):
     """vLLM 0.33 (speculators/algos.py update_eagle3) makes an absent norm_before_residual true for
     a speculators head; a head with fc_norm / norm_output (which this runtime does not run) is refused."""
-    from specreg.runtime.eagle3 import read_eagle3_config
+    from specreg.runtime.methods.eagle3 import read_eagle3_config
 
     directory = save_head(heads["trained"], tmp_path / "head")
     config = json.loads((directory / "config.json").read_text())

@@ -129,7 +129,7 @@ def test_half_precision_runs_the_same_code_path(tiny_dir, prompts, dtype):
     at one such tie on this machine; it had matched token for token on 2026-11-29.)"""
     import torch
 
-    from specreg.runtime.pair import load_pair
+    from specreg.runtime.methods import load_pair
     from specreg.validators.equivalence import NEAR_TIE_TOLERANCE
 
     def equal_or_near_tie(model, prompt_ids, got, reference):

@@ -10,7 +10,7 @@ def run_both(model, prompt_ids, blocks):
     import torch
     from transformers import DynamicCache
 
-    from specreg.runtime.pair import forward_logits
+    from specreg.runtime.forward import forward_logits
 
     ours, reference = [], []
     ours_cache, reference_cache = DynamicCache(config=model.config), DynamicCache(config=model.config)
@@ -29,7 +29,7 @@ def run_both(model, prompt_ids, blocks):
 
 @pytest.mark.parametrize("hooked", [False, True])
 def test_forward_logits_equals_model_call(target, hooked):
-    from specreg.runtime.pair import is_plain_llama
+    from specreg.runtime.forward import is_plain_llama
 
     handle = target.register_forward_hook(lambda *args: None) if hooked else None
     try:

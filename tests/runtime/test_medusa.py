@@ -9,7 +9,7 @@ import torch
 
 from specreg.errors import RuntimeConfigError
 from specreg.runtime.decode import DecodeConfig, speculative_generate, target_only_generate
-from specreg.runtime.medusa import build_medusa_heads, load_medusa_heads, new_medusa_heads
+from specreg.runtime.methods.medusa import build_medusa_heads, load_medusa_heads, new_medusa_heads
 from specreg.runtime.pair import ModelPair, make_pair
 
 from helpers import hf_greedy  # tests/ is on sys.path (tests/conftest.py)
@@ -121,7 +121,7 @@ def test_sampling_is_reproducible_with_a_seed(target, prompts, random_heads):
 
 def test_head_directory_round_trip(tmp_path, tiny_dir, target, random_heads):
     from specreg.core.heads import read_head
-    from specreg.runtime.medusa import save_medusa_heads
+    from specreg.runtime.methods.medusa import save_medusa_heads
 
     save_medusa_heads(random_heads, tmp_path / "heads", base_model_name_or_path=str(tiny_dir / "target"))
     spec = read_head(tmp_path / "heads", method="medusa")  # the registration reader accepts it

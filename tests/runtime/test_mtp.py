@@ -15,7 +15,8 @@ from transformers import DynamicCache
 
 from specreg.errors import ModelReferenceError, RuntimeConfigError
 from specreg.runtime.decode import DecodeConfig, speculative_generate, target_only_generate
-from specreg.runtime.pair import forward_logits, load_pair
+from specreg.runtime.forward import forward_logits
+from specreg.runtime.methods import load_pair
 
 from headrollback import assert_drafts_equal_a_fresh_drafter  # tests/ is on sys.path (tests/conftest.py)
 
@@ -29,9 +30,9 @@ def mtp_dirs(tiny_dir, target, tokenizer, tmp_path_factory):
     near-uniform, so acceptance stays modest: the demo is where high acceptance is shown)."""
     from tinymodels import CORPUS
 
-    from specreg.runtime.demo_medusa import target_states
-    from specreg.runtime.demo_mtp import train_mtp_head
-    from specreg.runtime.mtp import new_mtp_head, save_target_with_mtp
+    from specreg.builders.demo_medusa import target_states
+    from specreg.builders.demo_mtp import train_mtp_head
+    from specreg.runtime.methods.mtp import new_mtp_head, save_target_with_mtp
 
     root = tmp_path_factory.mktemp("mtp")
     stream = torch.tensor(tokenizer("".join(CORPUS * 3), add_special_tokens=False)["input_ids"])
@@ -120,7 +121,7 @@ def test_first_draft_follows_the_deepseek_formula_from_the_files_tensors(mtp_dir
         _, hidden = forward_logits(target, tokens[:, :-1], DynamicCache(config=target.config), 1,
                                    drafter.hidden_state_ids)
         drafter.rollback(tokens.shape[1] - 1, hidden)
-        assert drafter.propose(tokens, 1)[0].tolist() == expected.tolist()
+        assert drafter.propose_chain(tokens, 1)[0].tolist() == expected.tolist()
 
 
 def test_drafts_after_rollback_equal_a_drafter_seeded_from_scratch(mtp_pairs, prompts):

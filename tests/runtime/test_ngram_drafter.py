@@ -3,7 +3,7 @@ the engine's own proposer on these and many more sequences)."""
 
 from __future__ import annotations
 
-from specreg.runtime.drafters import NgramDrafter
+from specreg.runtime.methods.ngram import NgramDrafter
 
 
 def test_the_earliest_occurrence_of_the_longest_ngram_is_continued():

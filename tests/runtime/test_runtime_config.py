@@ -11,7 +11,8 @@ from specreg.runtime.choose_k import (choose_k, choose_tree_depth, expected_spee
                                       head_draft_step_cost, measure_cost_ratio)
 from specreg.runtime.decode import DecodeConfig, speculative_generate, stream_generate, target_only_generate
 from specreg.runtime.metrics import GenerationMetrics, aggregate
-from specreg.runtime.pair import load_pair, make_pair
+from specreg.runtime.methods import load_pair
+from specreg.runtime.pair import make_pair
 from steplog import StepLog  # tests/ is on sys.path (tests/conftest.py)
 
 

@@ -30,7 +30,7 @@ def sharded(tiny_dir, tmp_path_factory):
 def test_sharded_target_loads_against_its_fingerprint(sharded, tiny_dir):
     import torch
 
-    from specreg.runtime.pair import load_pair
+    from specreg.runtime.methods import load_pair
 
     expected = fingerprint_model(sharded)
     assert "model.safetensors.index.json" in expected.behaviour_files

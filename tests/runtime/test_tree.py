@@ -8,7 +8,7 @@ import torch
 from transformers import DynamicCache
 
 from specreg.errors import RuntimeConfigError
-from specreg.runtime.pair import forward_logits
+from specreg.runtime.forward import forward_logits
 from specreg.runtime.tree import chain_tree, compact_cache, parse_tree, tree_candidates, tree_forward
 
 MEDUSA_TREE = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]

@@ -11,12 +11,13 @@ import pytest
 def runtime(models, golden_path):
     """(pair, golden, decodes) of the tiny target + random draft, k = 3."""
     from specreg.golden_prompts.loader import load_golden_set
-    from specreg.runtime.pair import load_pair
-    from specreg.validators.equivalence import SpeculativeSettings, decode_golden
+    from specreg.runtime.methods import load_pair
+    from specreg.runtime.decode import DecodeConfig
+    from specreg.validators.equivalence import decode_golden
 
     pair = load_pair(models["target"], models["draft"], device="cpu")
     golden = load_golden_set(golden_path)
-    return pair, golden, decode_golden(pair, golden, SpeculativeSettings(k=3))
+    return pair, golden, decode_golden(pair, golden, DecodeConfig(k=3))
 
 
 def recover_from_target(draft_probs, target_probs, draft_token_ids, uniforms, generator=None):
@@ -76,14 +77,15 @@ def test_broken_rule_through_validate_fails_the_pair(registry, models, golden_pa
 def test_broken_greedy_rule_fails_equivalence_with_the_divergence(runtime):
     import torch
 
-    from specreg.validators.equivalence import SpeculativeSettings, check_equivalence, decode_golden
+    from specreg.runtime.decode import DecodeConfig
+    from specreg.validators.equivalence import check_equivalence, decode_golden
 
     def accept_all_drafts(draft_token_ids, target_token_ids):
         k = draft_token_ids.shape[0]
         return k, torch.cat([draft_token_ids, target_token_ids[k:]])
 
     pair, golden, _ = runtime
-    decodes = decode_golden(pair, golden, SpeculativeSettings(k=3), hooks={"greedy_rule": accept_all_drafts})
+    decodes = decode_golden(pair, golden, DecodeConfig(k=3), hooks={"greedy_rule": accept_all_drafts})
     result = check_equivalence(pair, decodes, tolerance=1e-3)
     assert result.status == "fail", result.summary
     divergence = result.evidence["divergences"][0]

@@ -220,7 +220,7 @@ def test_batched_validation_counts_what_one_prompt_at_a_time_counts(registry, mo
     assert rows[0]["token_ids"] == three.evidence["greedy_rows"][0]["token_ids"]
     # the very rows the engine comparison's own runtime pass decodes when there is no such run
     from specreg.engine_validation import runtime_pass
-    from specreg.runtime.pair import load_pair
+    from specreg.runtime.methods import load_pair
 
     pair = load_pair(models["target"], models["draft"], device="cpu")
     assert runtime_pass(pair, prompts, registry.get("batched@1"), batch_size=2) == rows

@@ -18,9 +18,9 @@ TREE = [[0], [1], [0, 0], [0, 1], [0, 0, 0]]
 def heads(models, tmp_path_factory):
     """An EAGLE-3 head (random, speculators layout) and Medusa heads (Medusa's initialisation,
     perturbed) for the tiny target."""
-    from specreg.runtime.eagle3 import new_eagle3_head, save_eagle3_head
+    from specreg.runtime.methods.eagle3 import new_eagle3_head, save_eagle3_head
     from specreg.runtime.loading import load_model
-    from specreg.runtime.medusa import new_medusa_heads, save_medusa_heads
+    from specreg.runtime.methods.medusa import new_medusa_heads, save_medusa_heads
 
     root = tmp_path_factory.mktemp("heads")
     target = load_model(models["target"])
@@ -109,7 +109,7 @@ def test_eagle3_pair_with_a_tree_validates_on_the_tree_runtime(registry, models,
 def mtp_target(models, tmp_path_factory):
     """The tiny target with one random MTP layer inside (DeepSeek names, num_nextn_predict_layers 1)."""
     from specreg.runtime.loading import load_model
-    from specreg.runtime.mtp import new_mtp_head, save_target_with_mtp
+    from specreg.runtime.methods.mtp import new_mtp_head, save_target_with_mtp
 
     target = load_model(models["target"])
     return save_target_with_mtp(new_mtp_head(target, seed=3), models["target"],

@@ -83,7 +83,7 @@ def test_tokens_after_the_targets_vocabulary_follow_the_larger_vocabulary_rule(p
     from tinymodels import build_llama
 
     from specreg.runtime.decode import DecodeConfig, speculative_generate, target_only_generate
-    from specreg.runtime.pair import load_pair
+    from specreg.runtime.methods import load_pair
 
     tokenizer = AutoTokenizer.from_pretrained(pair[1])
     tokenizer.add_tokens(["<|tool|>", "<|end_tool|>"], special_tokens=True)

@@ -43,7 +43,7 @@ class EngineModule(Protocol):
     SCHEMA: str | None  # its schema file in templates/engines/ (None: no engine of its own)
     FILES: tuple[str, ...]  # the files it writes
     OPTIONS: dict[str, Any]  # its own export options with their defaults
-    MEDUSA_REFUSAL: str | None  # why it serves no Medusa pair, where it says so itself (None: the common line)
+    METHOD_REFUSALS: dict[str, str]  # method -> why it serves no such pair, where it says so itself (else core.methods' line)
     WRITES_MODELS: bool  # whether the export makes the model files the engine loads (needs -o DIR)
 
     def check_options(self, opts: dict[str, Any]) -> None:

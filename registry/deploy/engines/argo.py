@@ -23,7 +23,7 @@ ENGINE = "argo-rollouts"
 VERSIONS = ("1.9",)
 SCHEMA = "argo-rollouts-1.9.json"
 FILES = ("argo-analysis.yaml",)
-MEDUSA_REFUSAL = None  # the common line (exports.MEDUSA_REFUSAL)
+METHOD_REFUSALS: dict[str, str] = {}  # none in its own words: each method's common line (core.methods)
 WRITES_MODELS = False
 # what it needs nothing of its own for: the shared defaults (engines.EngineModule)
 sources, head_layout, write_models = registered_sources, no_head_layout, no_model_files

@@ -20,7 +20,7 @@ VERSIONS = vllm.VERSIONS
 SCHEMA = vllm.SCHEMA
 # vllm-config.yaml is also the ConfigMap file the engine reads; the lock binds its sha256 (exported)
 FILES = ("k8s-vllm.yaml", "vllm-config.yaml")
-MEDUSA_REFUSAL = None  # the common line (exports.MEDUSA_REFUSAL)
+METHOD_REFUSALS: dict[str, str] = {}  # none in its own words: each method's common line (core.methods)
 WRITES_MODELS = False
 # what it needs nothing of its own for: the shared defaults (engines.EngineModule)
 head_layout, write_models = no_head_layout, no_model_files

@@ -82,6 +82,10 @@ def check_options(opts: dict[str, Any]) -> None:
 # llama.cpp source (llamacpp_build.source(): the llama-cpp-python 0.3.36 sdist) that decides it.
 MEDUSA_REFUSAL = ("llama-server has no Medusa drafting: its --spec-type values are none, draft-simple, draft-eagle3, "
                   "draft-mtp, draft-dflash, draft-dspark and ngram-* (common/speculative.cpp:33-45)")
+METHOD_REFUSALS = {"medusa": MEDUSA_REFUSAL}  # said in llama.cpp's own terms (exports.refuse_pair)
+SUFFIX_REFUSAL = ("llama-server has no suffix decoding: its --spec-type values are none, draft-simple, draft-eagle3, "
+                  "draft-mtp, draft-dflash, draft-dspark and ngram-* (common/speculative.cpp:33-45); its ngram-cache "
+                  "and ngram-map-* keep n-gram tables, not suffix trees with their counts")
 TREE_REFUSAL = ("the registered candidate tree cannot be served: llama.cpp's EAGLE-3 drafter proposes one chain, "
                 "the top candidate at each position (common/speculative.cpp:808 cur_p->data[0].id); register the "
                 "head without --tree")
@@ -99,6 +103,8 @@ def refusal(pair_version: PairVersion) -> str | None:
         return eagle3_refusal(pair_version)
     if method is SpecMethod.MEDUSA:
         return MEDUSA_REFUSAL
+    if method is SpecMethod.SUFFIX:
+        return SUFFIX_REFUSAL
     if method is SpecMethod.MTP:
         family = ((pair_version.config.head or {}).get("layout") or "").removeprefix("mtp:")
         if family not in MTP_FAMILIES:

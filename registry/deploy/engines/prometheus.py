@@ -18,7 +18,7 @@ ENGINE = "vllm/sglang"
 VERSIONS = (f"{vllm.VERSIONS[0]}/{sglang.VERSIONS[0]}",)
 SCHEMA = None
 FILES = ("prometheus-rules.yaml",)
-MEDUSA_REFUSAL = None  # the common line (exports.MEDUSA_REFUSAL)
+METHOD_REFUSALS: dict[str, str] = {}  # none in its own words: each method's common line (core.methods)
 WRITES_MODELS = False
 # what it needs nothing of its own for: the shared defaults (engines.EngineModule)
 sources, head_layout, write_models = registered_sources, no_head_layout, no_model_files

@@ -19,7 +19,7 @@ ENGINE = "sglang"
 VERSIONS = ("0.5.23",)
 SCHEMA = "sglang-0.5.23.json"
 FILES = ("sglang-launch.sh",)
-MEDUSA_REFUSAL = None  # the common line (exports.MEDUSA_REFUSAL)
+METHOD_REFUSALS: dict[str, str] = {}  # none in its own words: each method's common line (core.methods)
 WRITES_MODELS = False
 # what it needs nothing of its own for: the shared defaults (engines.EngineModule)
 check_options, check, sources, write_models = accept_options, no_check, registered_sources, no_model_files
@@ -39,10 +39,17 @@ TREE_REFUSAL = ("the registered candidate tree is static; SGLang 0.5.23's EAGLE 
                 "(--speculative-eagle-topk, sglang/srt/arg_groups/fields/spec.py:62) and has no static-tree flag")
 
 
+SUFFIX_REFUSAL = ("SGLang 0.5.23 has no suffix decoding: its built-in --speculative-algorithm values are DFLASH, "
+                  "UNO, DSPARK, EAGLE, EAGLE3, FROZEN_KV_MTP, STANDALONE, NGRAM and NONE "
+                  "(sglang/srt/speculative/spec_info.py:39-47 SpeculativeAlgorithm)")
+
+
 def refusal(pair_version: PairVersion) -> str | None:
     config = pair_version.config
     if config.method is SpecMethod.NGRAM:
         return NGRAM_REFUSAL
+    if config.method is SpecMethod.SUFFIX:
+        return SUFFIX_REFUSAL
     if config.tree is not None and config.method.has_head:
         return TREE_REFUSAL
     if config.method is SpecMethod.EAGLE3:
@@ -57,8 +64,8 @@ def refusal(pair_version: PairVersion) -> str | None:
 
 
 def context(export: Export) -> dict[str, Any]:
-    # ngram has no SGLang command (refusal above); the key stays, None, for user templates
-    if export.config.method is SpecMethod.NGRAM:
+    # ngram and suffix have no SGLang command (refusal above); the key stays, None, for user templates
+    if export.config.method in (SpecMethod.NGRAM, SpecMethod.SUFFIX):
         return {"sglang_command": None}
     draft: str | dict | None = export.draft_source
     if export.config.method is SpecMethod.EAGLE3:

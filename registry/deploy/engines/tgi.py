@@ -16,7 +16,7 @@ ENGINE = "tgi"
 VERSIONS = ("3.3",)
 SCHEMA = "tgi-3.3.json"
 FILES = ("tgi-launch.sh",)
-MEDUSA_REFUSAL = None  # the common line (exports.MEDUSA_REFUSAL)
+METHOD_REFUSALS: dict[str, str] = {}  # none in its own words: each method's common line (core.methods)
 WRITES_MODELS = False
 # what it needs nothing of its own for: the shared defaults (engines.EngineModule)
 check_options, check, sources, head_layout, write_models = accept_options, no_check, registered_sources, no_head_layout, no_model_files
@@ -32,7 +32,7 @@ NGRAM = ("server/text_generation_server/utils/tokens.py:209-229 create_n_gram_sp
 
 def refusal(pair_version: PairVersion) -> str | None:
     method = pair_version.config.method
-    if method in (SpecMethod.EAGLE3, SpecMethod.MTP):
+    if method in (SpecMethod.EAGLE3, SpecMethod.MTP, SpecMethod.SUFFIX):
         return f"TGI 3.3's --speculate does Medusa (from a combined repository) or n-gram only ({SPECULATE})"
     if method is SpecMethod.DRAFT_MODEL:
         return (f"TGI 3.3 has no separate-draft mode (--speculate does Medusa or n-gram only: {SPECULATE}); "

@@ -19,7 +19,7 @@ ENGINE = "trtllm"
 VERSIONS = ("1.2",)
 SCHEMA = "trtllm-1.2.json"
 FILES = ("trtllm-serve.sh", "trtllm-config.yaml")
-MEDUSA_REFUSAL = None  # the common line (exports.MEDUSA_REFUSAL)
+METHOD_REFUSALS: dict[str, str] = {}  # none in its own words: each method's common line (core.methods)
 WRITES_MODELS = False
 # what it needs nothing of its own for: the shared defaults (engines.EngineModule)
 check, sources, head_layout, write_models = no_check, registered_sources, no_head_layout, no_model_files
@@ -46,8 +46,15 @@ NGRAM_MATCH = ("tensorrt_llm/_torch/speculative/ngram.py NGramPoolManager.get_dr
                "from max_matching_ngram_size down to 1 (range(..., 0, -1)); there is no minimum")
 
 
+SUFFIX_REFUSAL = ("TensorRT-LLM 1.2 has no suffix decoding: its speculative_config decoding_type is one of MTP, "
+                  "Medusa, Eagle, Lookahead, NGram, DraftTarget, SaveState, UserProvided and AUTO "
+                  "(tensorrt_llm/llmapi/llm_args.py of the 1.2 line, as templates/engines/trtllm-1.2.json records it)")
+
+
 def refusal(pair_version: PairVersion) -> str | None:
     config = pair_version.config
+    if config.method is SpecMethod.SUFFIX:
+        return SUFFIX_REFUSAL
     if config.tree is not None and config.method.has_head:
         return f"the registered candidate tree is static and TensorRT-LLM 1.2's eagle_choices is not usable: {EAGLE_CHOICES}"
     reason = mtp_refusal(pair_version)

@@ -17,7 +17,7 @@ ENGINE = "vllm"
 VERSIONS = ("0.33",)
 SCHEMA = "vllm-0.33.json"
 FILES = ("vllm-serve.sh", "vllm-speculative-config.json")
-MEDUSA_REFUSAL = None  # the common line (exports.MEDUSA_REFUSAL)
+METHOD_REFUSALS: dict[str, str] = {}  # none in its own words: each method's common line (core.methods)
 WRITES_MODELS = False
 # what it needs nothing of its own for: the shared defaults (engines.EngineModule)
 check, sources, head_layout, write_models = no_check, registered_sources, no_head_layout, no_model_files
@@ -47,7 +47,16 @@ TREE_REFUSAL = ("the registered candidate tree is static; vLLM 0.33's eagle3 and
                 "(vllm/config/speculative.py:407 SpeculativeConfig has no token-tree field)")
 
 
+SUFFIX_CUTOFF_REFUSAL = (
+    "vLLM 0.33 runs suffix decoding on its V1 model runner only (vllm/config/vllm.py:3067-3068 lists it among "
+    "what V2 does not support), and V1 drops num_speculative_tokens_per_batch_size for it, falling back to "
+    "the static k at every batch size (config/vllm.py:1088-1108 _maybe_disable_dynamic_sd_for_v1): "
+    "speculation would not be off above the cutoff; register the pair without max_batch_size_for_speculation")
+
+
 def refusal(pair_version: PairVersion) -> str | None:
+    if pair_version.config.method is SpecMethod.SUFFIX and pair_version.config.max_batch_size_for_speculation:
+        return SUFFIX_CUTOFF_REFUSAL
     if pair_version.config.tree is not None and pair_version.config.method.has_head:
         return TREE_REFUSAL
     return mtp_refusal(pair_version)
@@ -80,6 +89,10 @@ def speculative_config(pair_version: PairVersion, draft_source: str | None, opts
         # vllm/config/speculative.py SpeculativeConfig.revision and __post_init__), so pin it too.
         if pair_version.target.revision:
             speculative["revision"] = pair_version.target.revision
+    elif config.method is SpecMethod.SUFFIX:
+        # every setting written, defaults too: the export serves what was validated, whatever a later
+        # vLLM defaults to (vllm/config/speculative.py:538-556 SpeculativeConfig.suffix_decoding_*)
+        speculative.update(config.suffix.vllm_keys())
     else:
         if config.prompt_lookup_min is not None:
             speculative["prompt_lookup_min"] = config.prompt_lookup_min

@@ -23,13 +23,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from specreg.core.fingerprint import read_json_file
-from specreg.core.heads.eagle3 import read_eagle_checkpoint, read_speculators
+from specreg.core.heads.eagle3 import eagle_architectures, read_eagle_checkpoint, read_speculators
 from specreg.core.heads.medusa import read_medusa
 from specreg.core.heads.mtp import read_mtp
 from specreg.core.heads.spec import HeadSpec
+from specreg.core.methods import HEAD_FORMATS
 from specreg.errors import ModelReferenceError, UsageError
 
-HEAD_METHODS = ("eagle3", "eagle", "medusa", "mtp")
+HEAD_METHODS = tuple(HEAD_FORMATS)
 
 
 def read_head(directory: str | Path, method: str | None = None) -> HeadSpec:
@@ -42,7 +43,7 @@ def read_head(directory: str | Path, method: str | None = None) -> HeadSpec:
     directory = Path(directory)
     if not directory.is_dir():
         raise ModelReferenceError(f"{directory}: no such head directory")
-    if method == "mtp":
+    if method is not None and HEAD_FORMATS[method].inside_target:
         return read_mtp(directory)
     config_path = directory / "config.json"
     if not config_path.is_file():
@@ -78,11 +79,12 @@ def head_in_place_of_a_model(directory: str | Path) -> tuple[str, str | None] | 
     architectures = config.get("architectures") if isinstance(config.get("architectures"), list) else []
     if "speculators_model_type" in config:
         kind = config["speculators_model_type"]
+        known = HEAD_FORMATS.get(kind)
         return (f"a speculators {kind!r} head (speculators_model_type; architectures {architectures})",
-                "eagle3" if kind == "eagle3" else None)
+                known.method if known is not None else None)
     if "medusa_num_heads" in config:
         return "Medusa heads (medusa_num_heads)", "medusa"
-    eagle = [str(name) for name in architectures if "eagle" in str(name).lower()]
+    eagle = eagle_architectures(architectures)
     if eagle and not any("3" in name for name in eagle):
         return f"an EAGLE (1/2) head (architectures {architectures})", None
     if eagle or ("draft_vocab_size" in config and config.get("num_hidden_layers") == 1):

@@ -60,6 +60,11 @@ FINGERPRINT_FIELDS = ("weights_sha256", "config_sha256", "tokenizer_sha256", "ch
 DEFAULT_AUX_LAYER_COUNT = 3
 
 
+def eagle_architectures(architectures) -> list[str]:
+    """The names in a config's `architectures` that say EAGLE (EAGLE-1/2 or EAGLE-3 checkpoints)."""
+    return [str(name) for name in architectures if "eagle" in str(name).lower()]
+
+
 def default_aux_layer_ids(num_layers: int) -> tuple[int, ...]:
     """The aux layers an EAGLE-3 head reads when it names none (vLLM and speculators default)."""
     return (2, num_layers // 2, num_layers - 3)

@@ -11,6 +11,7 @@ from typing import Any
 from specreg.core.heads.eagle3 import check_aux_layers
 from specreg.core.heads.spec import HeadSpec, TargetShape, read_target_shape
 from specreg.core.heads.vocabulary import TokenStrings, check_token_strings, check_vocab_map, read_vocab_map
+from specreg.core.methods import HEAD_FORMATS
 from specreg.errors import HeadMismatchError
 
 
@@ -103,7 +104,8 @@ def check_head_fits(head: HeadSpec, target_directory: str | Path, *, target_refe
     from the tokenizer.json files (the head's is indexed by target ids)."""
     target = read_target_shape(target_directory)
     notes = list(head.notes)
-    if head.method == "mtp":
+    head_format = HEAD_FORMATS[head.method]
+    if head_format.inside_target:
         if Path(head.path).resolve() != Path(target.path):
             raise HeadMismatchError(f"MTP layers: read from {head.path}, but the target is {target.path}; MTP "
                                     "layers belong to the target's own checkpoint")
@@ -116,19 +118,18 @@ def check_head_fits(head: HeadSpec, target_directory: str | Path, *, target_refe
         source = "target_hidden_size" if head.target_hidden_size != head.hidden_size else "hidden_size"
         raise HeadMismatchError(f"hidden size: the head reads {head.target_hidden_size}-wide target states "
                                 f"({source}) but the target's hidden_size is {target.hidden_size}")
-    if not head.has_own_embeddings and head.method in ("eagle3", "eagle") and head.hidden_size != target.hidden_size:
+    if not head.has_own_embeddings and head_format.shares_embeddings and head.hidden_size != target.hidden_size:
         raise HeadMismatchError(f"hidden size: the head has no embed_tokens of its own, so it shares the target's "
                                 f"{target.hidden_size}-wide embeddings, but its hidden_size is {head.hidden_size}")
 
     aux: tuple[int, ...] = ()
     warnings: list[str] = []
-    if head.method == "eagle3":
+    if head_format.aux_layers:
         aux, aux_notes, warnings = check_aux_layers(head, target)
         notes += aux_notes
 
     if head.target_vocab_size != target.vocab_size:
-        field_name = {"eagle3": "transformer_layer_config.vocab_size", "eagle": "vocab_size",
-                      "medusa": "rows of each head's output layer"}[head.method]
+        field_name = head_format.vocab_size_field
         raise HeadMismatchError(f"vocabulary size: the head maps into {head.target_vocab_size} ids ({field_name}) "
                                 f"but the target's vocab_size is {target.vocab_size}")
     vocab_map = read_vocab_map(head) if head.has_vocab_map else None

@@ -20,6 +20,7 @@ from pathlib import Path
 from specreg.core.fingerprint import read_json_file
 from specreg.core.heads.spec import HeadSpec, TargetShape, shown
 from specreg.core.heads.tensors import read_tensor_bytes
+from specreg.core.methods import HEAD_FORMATS
 from specreg.errors import HeadMismatchError, ModelReferenceError
 
 D2T_DTYPES = {"I64": "q", "I32": "i"}  # little-endian struct codes
@@ -71,7 +72,7 @@ def check_vocab_fit(head: HeadSpec, vocabulary: int) -> None:
 
 def check_vocab_map(head: HeadSpec, vocab_map: VocabMap | None, vocabulary: int) -> None:
     if vocab_map is None:
-        if head.method == "eagle3" and head.draft_vocab_size != vocabulary:
+        if HEAD_FORMATS[head.method].vocab_map_needed and head.draft_vocab_size != vocabulary:
             raise HeadMismatchError(f"vocabulary map: draft_vocab_size {head.draft_vocab_size} differs from the "
                                     f"target's vocab_size {vocabulary} but the head has no d2t tensor (an engine "
                                     "would then read draft id i as target id i)")

@@ -12,8 +12,8 @@ import json
 import time
 from pathlib import Path
 
-from specreg.runtime.demo_pair import (SEQUENCE_LENGTH, OneCycleAdamW, build_demo_pair, cache_key, demo_corpus,
-                                      golden_texts)
+from specreg.builders.demo_pair import (SEQUENCE_LENGTH, OneCycleAdamW, build_demo_pair, cache_key, demo_corpus,
+                                       golden_texts)
 
 
 # EAGLE-3 head: the draft vocabulary is the corpus' most frequent tokens (as EAGLE-3 selects it);
@@ -194,7 +194,7 @@ def build_demo_head(directory, method: str = "eagle3", *, target_dir=None, force
     key = head_cache_key(method, target_dir)
     if cached_build(head_dir, "demo-head.json", key, "model.safetensors", force):
         return head_dir  # found before torch and transformers are imported
-    from specreg.runtime.eagle3 import new_eagle3_head, save_eagle3_head
+    from specreg.runtime.methods.eagle3 import new_eagle3_head, save_eagle3_head
     started, cpu_started = time.perf_counter(), time.process_time()
     target, stream = frozen_target(target_dir)
     head = new_eagle3_head(target, frequent_tokens(stream, EAGLE3_DRAFT_VOCAB),
@@ -204,3 +204,8 @@ def build_demo_head(directory, method: str = "eagle3", *, target_dir=None, force
     save_eagle3_head(head, head_dir, str(Path(target_dir).resolve()), target.config.architectures or [])
     write_stamp(head_dir, "demo-head.json", key, started, cpu_started, method=method)
     return head_dir
+
+
+def build_demo(directory, target_dir, *, force: bool = False, progress=None) -> list[str]:
+    """The demo-pair command's EAGLE-3 step: the head for the demo target -> the lines it prints."""
+    return [f"eagle3: {build_demo_head(directory, 'eagle3', target_dir=target_dir, force=force, progress=progress)}"]

@@ -30,7 +30,7 @@ DEMO_TREE = ((0,), (1,), (0, 0), (0, 0, 0))
 
 def medusa_cache_key(target_dir) -> str:
     """This file and its settings (demo_heads.demo_cache_key)."""
-    from specreg.runtime.demo_heads import demo_cache_key
+    from specreg.builders.demo_heads import demo_cache_key
 
     return demo_cache_key([__file__], target_dir, dict(heads=MEDUSA_HEADS, layers=MEDUSA_LAYERS,
                                                        windows=MEDUSA_WINDOWS, training=MEDUSA_TRAINING, lr=MEDUSA_LR))
@@ -67,7 +67,7 @@ def train_medusa_heads(heads, hidden, probs, steps: int, batch: int, seed: int, 
     the heads in eval mode."""
     import torch
 
-    from specreg.runtime.demo_pair import OneCycleAdamW
+    from specreg.builders.demo_pair import OneCycleAdamW
 
     num_heads = heads.num_heads
     usable = hidden.shape[1] - num_heads  # positions t with t + num_heads inside the window
@@ -92,9 +92,9 @@ def train_medusa_heads(heads, hidden, probs, steps: int, batch: int, seed: int, 
 def build_demo_medusa(out_dir, target_dir, *, force: bool = False, progress=None) -> Path:
     """Build (or reuse the cached) Medusa heads for the demo target in `target_dir` -> out_dir,
     a Medusa head directory (config.json, medusa_lm_head.safetensors, demo-heads.json)."""
-    from specreg.runtime.demo_heads import cached_build, frozen_target, write_stamp
-    from specreg.runtime.demo_pair import SEQUENCE_LENGTH
-    from specreg.runtime.medusa import WEIGHTS_FILE, new_medusa_heads, save_medusa_heads
+    from specreg.builders.demo_heads import cached_build, frozen_target, write_stamp
+    from specreg.builders.demo_pair import SEQUENCE_LENGTH
+    from specreg.runtime.methods.medusa import WEIGHTS_FILE, new_medusa_heads, save_medusa_heads
 
     out_dir, target_dir = Path(out_dir), Path(target_dir)
     key = medusa_cache_key(target_dir)
@@ -108,3 +108,12 @@ def build_demo_medusa(out_dir, target_dir, *, force: bool = False, progress=None
     save_medusa_heads(heads, out_dir, str(target_dir.resolve()))
     write_stamp(out_dir, "demo-heads.json", key, started, cpu_started, tree=[list(path) for path in DEMO_TREE])
     return out_dir
+
+
+def build_demo(directory, target_dir, *, force: bool = False, progress=None) -> list[str]:
+    """The demo-pair command's Medusa step: the heads (DIRECTORY/medusa) and the tree to register
+    them with -> the lines it prints."""
+    import json
+
+    heads = build_demo_medusa(Path(directory) / "medusa", target_dir, force=force, progress=progress)
+    return [f"medusa: {heads}", f"tree:   {json.dumps([list(path) for path in DEMO_TREE], separators=(',', ':'))}"]

@@ -30,10 +30,13 @@ MTP_TTT_STEPS = 3
 def mtp_cache_key(target_dir) -> str:
     """This file, the MTP module's code (mtp.py), the target states' code (demo_medusa.py) and the
     settings (demo_heads.demo_cache_key)."""
-    from specreg.runtime.demo_heads import demo_cache_key
+    from importlib.util import find_spec
+
+    from specreg.builders.demo_heads import demo_cache_key
 
     here = Path(__file__).resolve().parent
-    return demo_cache_key([here / name for name in ("demo_mtp.py", "mtp.py", "demo_medusa.py")], target_dir,
+    code = [here / "demo_mtp.py", find_spec("specreg.runtime.methods.mtp").origin, here / "demo_medusa.py"]
+    return demo_cache_key(code, target_dir,
                           dict(windows=MTP_WINDOWS, training=MTP_TRAINING, lr=MTP_LR, ttt=MTP_TTT_STEPS))
 
 
@@ -46,7 +49,7 @@ def train_mtp_head(head, tokens, hidden, probs, steps: int, batch: int, seed: in
     import torch
     from transformers import DynamicCache
 
-    from specreg.runtime.demo_pair import OneCycleAdamW
+    from specreg.builders.demo_pair import OneCycleAdamW
 
     trainable = list(head.layers.parameters())
     for name, parameter in head.named_parameters():
@@ -88,15 +91,15 @@ def build_demo_mtp(out_dir, target_dir, *, force: bool = False, progress=None) -
     """Build (or reuse the cached) demo target with one trained MTP layer -> out_dir: the files of
     target_dir, config.json with num_nextn_predict_layers = 1, and model.safetensors with the MTP
     module under model.layers.{num_hidden_layers}.* (DeepSeek names; mtp.save_target_with_mtp)."""
-    from specreg.runtime.demo_heads import cached_build, frozen_target, write_stamp
+    from specreg.builders.demo_heads import cached_build, frozen_target, write_stamp
 
     out_dir, target_dir = Path(out_dir), Path(target_dir)
     key = mtp_cache_key(target_dir)
     if cached_build(out_dir, "demo-mtp.json", key, "model.safetensors", force):
         return out_dir  # found before torch and transformers are imported
-    from specreg.runtime.demo_medusa import target_states
-    from specreg.runtime.demo_pair import SEQUENCE_LENGTH
-    from specreg.runtime.mtp import new_mtp_head, save_target_with_mtp
+    from specreg.builders.demo_medusa import target_states
+    from specreg.builders.demo_pair import SEQUENCE_LENGTH
+    from specreg.runtime.methods.mtp import new_mtp_head, save_target_with_mtp
     started, cpu_started = time.perf_counter(), time.process_time()
     target, stream = frozen_target(target_dir)
     windows, hidden, probs = target_states(target, stream, MTP_WINDOWS, SEQUENCE_LENGTH, seed=6)  # [w, L], ...
@@ -105,3 +108,9 @@ def build_demo_mtp(out_dir, target_dir, *, force: bool = False, progress=None) -
     save_target_with_mtp(head, target_dir, out_dir)
     write_stamp(out_dir, "demo-mtp.json", key, started, cpu_started)
     return out_dir
+
+
+def build_demo(directory, target_dir, *, force: bool = False, progress=None) -> list[str]:
+    """The demo-pair command's MTP step: the demo target with its MTP layer (DIRECTORY/target-mtp)
+    -> the lines it prints."""
+    return [f"mtp: {build_demo_mtp(Path(directory) / 'target-mtp', target_dir, force=force, progress=progress)}"]

@@ -16,9 +16,9 @@ What we followed (read 2026-12-01):
   output layer at `{i}.{medusa_num_layers}.weight` (MedusaHeadV1; V2, the fallback, shares the
   base lm_head instead). specreg.core.heads reads exactly that layout (and a `medusa_head.` prefix).
 
-Use: load_pair(target, heads, method="medusa") loads MedusaHeads (load_medusa_heads) and
-decode.stream_generate with DecodeConfig(method="medusa", tree=...) drafts with MedusaDrafter and
-verifies each tree in one target forward.
+Use: METHOD.load (load_pair(target, heads, method="medusa")) loads MedusaHeads (load_medusa_heads)
+and decode.stream_generate with DecodeConfig(method="medusa", tree=...) drafts with MedusaDrafter
+(METHOD.drafter) and verifies each tree in one target forward.
 
 This module imports torch at import time (its classes are nn.Modules): import it lazily.
 """
@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from specreg.errors import ModelReferenceError, RuntimeConfigError
+from specreg.runtime.methods.base import Method, PerRowDrafter, Proposal
 from specreg.runtime.tree import CandidateTree, tree_candidates
 
 WEIGHTS_FILE = "medusa_lm_head.safetensors"
@@ -153,6 +154,10 @@ class MedusaDrafter:
         self.hidden = None  # [H] the state where the next root token was predicted
         self.forwards = 0
 
+    def propose(self, request) -> Proposal:
+        """A methods.base.DraftRequest (its tree) -> the tree's node tokens and draft law."""
+        return Proposal(*self.propose_tree(request.tokens, request.tree))
+
     def propose_tree(self, tokens, tree: CandidateTree):
         if self.hidden is None:
             return torch.empty(0, dtype=torch.long, device=tokens.device), None
@@ -170,3 +175,27 @@ class MedusaDrafter:
         one predicted the token emitted last, the next tree's root."""
         if hidden_states is not None and hidden_states.shape[1] > 0:
             self.hidden = hidden_states[0, -1]
+
+
+def load(target_path, draft_path, device, dtype, *, target_fingerprint=None, draft_fingerprint=None):
+    """The target and the Medusa heads in draft_path, checked against it -> ModelPair."""
+    from specreg.runtime.loading import load_target
+    from specreg.runtime.pair import ModelPair, output_vocab_size
+
+    tokenizer, target = load_target(target_path, device, dtype, target_fingerprint)
+    if draft_path is None:
+        raise RuntimeConfigError("method 'medusa' needs the Medusa heads' directory")
+    return ModelPair(target=target, tokenizer=tokenizer, draft=load_medusa_heads(draft_path, target),
+                     vocab_size=output_vocab_size(target))
+
+
+def drafter(pair, configs, generators):
+    """One MedusaDrafter per row, reading the target's final normed state."""
+    if not isinstance(pair.draft, MedusaHeads):
+        raise RuntimeConfigError("method 'medusa' needs Medusa heads (load_pair(..., method='medusa'))")
+    final_state_id = pair.target.config.num_hidden_layers
+    return PerRowDrafter([MedusaDrafter(pair.draft, c.tree, pair.vocab_size, final_state_id,
+                                        c.temperature > 0) for c in configs], (final_state_id,))
+
+
+METHOD = Method(name="medusa", load=load, drafter=drafter)

@@ -32,7 +32,8 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 
 from specreg.core.heads.eagle3 import default_aux_layer_ids  # vLLM's get_eagle3_aux_hidden_state_layers
 from specreg.errors import ModelReferenceError, RuntimeConfigError, RuntimeUnsupportedError
-from specreg.runtime.head_drafter import head_inputs
+from specreg.runtime.head_drafter import HeadDrafter, head_inputs
+from specreg.runtime.methods.base import Method, PerRowDrafter
 
 
 @dataclass
@@ -304,3 +305,28 @@ def save_eagle3_head(head: Eagle3Head, directory, verifier_name_or_path: str, ve
     }
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return directory
+
+
+def load(target_path, draft_path, device, dtype, *, target_fingerprint=None, draft_fingerprint=None):
+    """The target and the EAGLE-3 head in draft_path, checked against it before any forward
+    (check_head_fits) -> ModelPair. A head's weights are not re-checked against draft_fingerprint
+    here (registration binds them, specreg.core.heads)."""
+    from specreg.runtime.loading import load_target
+    from specreg.runtime.pair import ModelPair, output_vocab_size
+
+    tokenizer, target = load_target(target_path, device, dtype, target_fingerprint)
+    if draft_path is None:
+        raise RuntimeConfigError("method 'eagle3' needs the EAGLE-3 head's directory")
+    return ModelPair(target=target, tokenizer=tokenizer, draft=load_eagle3_head(draft_path, target),
+                     vocab_size=output_vocab_size(target))
+
+
+def drafter(pair, configs, generators):
+    """One HeadDrafter per row, each with its own head cache."""
+    if not isinstance(pair.draft, Eagle3Head):
+        raise RuntimeConfigError("method 'eagle3' needs an EAGLE-3 head (load_pair(..., method='eagle3'))")
+    return PerRowDrafter([HeadDrafter(pair.draft, pair.vocab_size, c.temperature, c.top_k, c.top_p, generator)
+                          for c, generator in zip(configs, generators)], pair.draft.hidden_state_ids)
+
+
+METHOD = Method(name="eagle3", load=load, drafter=drafter)

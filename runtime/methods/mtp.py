@@ -47,7 +47,8 @@ from transformers import DynamicCache
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from specreg.errors import RuntimeConfigError, RuntimeUnsupportedError
-from specreg.runtime.head_drafter import head_inputs
+from specreg.runtime.head_drafter import HeadDrafter, head_inputs
+from specreg.runtime.methods.base import Method, PerRowDrafter
 
 # the module's own names under model.layers.{N+i}. (deepseek_mtp.py _rewrite_spec_layer_name);
 # the rest belongs to the decoder block
@@ -270,3 +271,39 @@ def save_target_with_mtp(head: MtpHead, target_dir, out_dir) -> Path:
     state.update(mtp_state_dict(head))
     save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     return out_dir
+
+
+def load(target_path, draft_path, device, dtype, *, target_fingerprint=None, draft_fingerprint=None):
+    """The target and its own MTP layers (read_runnable_mtp, checked before the target loads; then
+    load_mtp_head, whose tensors are read from bytes checked against target_fingerprint when
+    given) -> ModelPair. draft_path must be None."""
+    from transformers.utils import logging as transformers_logging
+
+    from specreg.runtime.loading import load_model, load_tokenizer
+    from specreg.runtime.pair import ModelPair, output_vocab_size
+
+    if draft_path is not None:
+        raise RuntimeConfigError(f"method 'mtp' drafts with the target's own MTP layers: no draft directory "
+                                 f"({draft_path})")
+    spec = read_runnable_mtp(target_path)  # refuses a family it does not run before loading the target
+    tokenizer = load_tokenizer(target_path, expected=target_fingerprint)
+    # the plain model leaves the MTP tensors out by design: no "UNEXPECTED keys" report for them
+    verbosity = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_error()
+    try:
+        target = load_model(target_path, device, dtype, expected=target_fingerprint)
+    finally:
+        transformers_logging.set_verbosity(verbosity)
+    return ModelPair(target=target, tokenizer=tokenizer, vocab_size=output_vocab_size(target),
+                     draft=load_mtp_head(spec, target, expected=target_fingerprint))
+
+
+def drafter(pair, configs, generators):
+    """One HeadDrafter per row, each with its own head cache."""
+    if not isinstance(pair.draft, MtpHead):
+        raise RuntimeConfigError("method 'mtp' needs the target's MTP layers (load_pair(..., method='mtp'))")
+    return PerRowDrafter([HeadDrafter(pair.draft, pair.vocab_size, c.temperature, c.top_k, c.top_p, generator)
+                          for c, generator in zip(configs, generators)], pair.draft.hidden_state_ids)
+
+
+METHOD = Method(name="mtp", load=load, drafter=drafter)

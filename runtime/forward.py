@@ -1,0 +1,69 @@
+"""The one cached forward every part of the runtime runs: the decode loop's verification, the
+draft model's steps, tree verification and the heads' seeding read the target through it.
+
+Imports only torch and transformers, lazily: the drafting methods and the tree import it without
+importing the pair or each other.
+"""
+
+from __future__ import annotations
+
+
+def forward_logits(model, input_ids, cache, logits_to_keep: int = 1, hidden_state_ids: tuple[int, ...] = (),
+                   attention_mask=None, position_ids=None):
+    """One cached forward: input_ids # [1, n] -> logits # [1, logits_to_keep, vocab] of the last
+    positions, appending the n tokens' keys/values to `cache`.
+
+    hidden_state_ids: indices into transformers' `hidden_states` (0 = the embeddings, i = the
+    residual stream entering layer i, num_hidden_layers = the final normed output). When given,
+    returns (logits, hidden # [1, n, len(ids) * hidden_size]): those states of all n positions,
+    concatenated in the order given; this is what self-speculation heads read (EAGLE-3 aux
+    states, as vLLM's llama.py collects `hidden_states + residual` before layer idx).
+
+    A plain LlamaForCausalLM runs its decoder stack directly: on tiny models the wrappers of
+    model.forward (output recording, two ModelOutput dataclasses, a ModuleList sliced per call)
+    cost ~0.15 ms a call, a quarter of the demo draft's one-token step. Same modules, same ops,
+    bit-identical logits (tests/runtime compare with model()). Any other model, or one with
+    hooks on its top level (accelerate offloading), goes through model() as is.
+    """
+    import torch
+
+    if not is_plain_llama(model):
+        output = model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=logits_to_keep,
+                       output_hidden_states=bool(hidden_state_ids), attention_mask=attention_mask,
+                       position_ids=position_ids)
+        if not hidden_state_ids:
+            return output.logits
+        return output.logits, torch.cat([output.hidden_states[i] for i in hidden_state_ids], dim=-1)
+    from transformers.masking_utils import create_causal_mask
+
+    decoder = model.model
+    hidden = decoder.embed_tokens(input_ids)  # [1, n, hidden]
+    if position_ids is None:
+        past = cache.get_seq_length()
+        position_ids = torch.arange(past, past + input_ids.shape[1], device=input_ids.device).view(1, -1)  # [1, n]
+    # None for one query without padding (SDPA runs unmasked); a real mask for a block over a cache;
+    # a 4-D mask given is used as it is
+    mask = attention_mask if attention_mask is not None else create_causal_mask(
+        config=decoder.config, inputs_embeds=hidden, attention_mask=None, cache=cache, position_ids=position_ids)
+    position_embeddings = decoder.rotary_emb(hidden, position_ids=position_ids)
+    states = {}
+    for index, layer in enumerate(decoder.layers):
+        if index in hidden_state_ids:
+            states[index] = hidden
+        hidden = layer(hidden, attention_mask=mask, position_embeddings=position_embeddings,
+                       position_ids=position_ids, cache=cache, use_cache=True)
+    if not hidden_state_ids:
+        return model.lm_head(decoder.norm(hidden[:, -logits_to_keep:]))
+    normed = decoder.norm(hidden)
+    states[len(decoder.layers)] = normed
+    return model.lm_head(normed[:, -logits_to_keep:]), torch.cat([states[i] for i in hidden_state_ids], dim=-1)
+
+
+def is_plain_llama(model) -> bool:
+    """True for an unwrapped transformers LlamaForCausalLM whose decoder forward_logits may run."""
+    from transformers.models.llama.modeling_llama import LlamaForCausalLM
+
+    return (type(model) is LlamaForCausalLM and not model._forward_hooks and not model._forward_pre_hooks
+            and not model.model._forward_hooks and not model.model._forward_pre_hooks
+            and not hasattr(model, "_hf_hook") and not hasattr(model.model, "_hf_hook")
+            and len(model.model.layers) == model.config.num_hidden_layers)

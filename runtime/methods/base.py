@@ -1,0 +1,122 @@
+"""The one shape every drafting method has: what the decode loop asks of it and nothing else.
+
+A method is one module runtime/methods/<name>.py, named as the registry names the method
+(specreg.core.methods), that defines METHOD, a DraftingMethod:
+
+    name                                  the method's registry name
+    load(target_path, draft_path, device, dtype, *, target_fingerprint=None,
+         draft_fingerprint=None) -> ModelPair
+                                          loads the target and what drafts for it, checked
+                                          before any forward (RuntimeConfigError)
+    check(config) -> None                 the method's own rules on a DecodeConfig
+    drafter(pair, configs, generators) -> Drafter
+                                          the drafter of one batch: per row its DecodeConfig and
+                                          random generator (None when greedy)
+
+A Drafter drafts for the rows of one batch, in the order the loop lists them:
+
+    hidden_state_ids: tuple[int, ...]     the target states it reads (forward.forward_logits'
+                                          indices; () for none)
+    last_forwards: list[int]              per row, the drafter forwards the last propose took
+    propose(requests) -> list[Proposal]   one DraftRequest per row; k == 0: draft nothing
+    rollback(valid_lengths, hidden_states)
+                                          per row, the verified length kept, and (when
+                                          hidden_state_ids) the target states # [1, m, A*H] of
+                                          the m positions verified this step, else None
+    select(rows)                          keep only these rows (the others finished)
+
+A method that keeps one drafter per row (n-gram, heads) writes a RowDrafter (propose(request) ->
+Proposal, rollback(valid_length, hidden_states=None), forwards) and batches it with
+PerRowDrafter. A Proposal may hold fewer than k drafts (none: nothing to propose this step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
+
+
+@dataclass(frozen=True)
+class DraftRequest:
+    """What a row drafts from: the verified sequence, as a tensor and as ints, the drafts wanted
+    and, for a tree method, the candidate tree of this step (pruned near the budget)."""
+
+    tokens: Any  # [1, n] long
+    token_list: list[int]  # the same n tokens
+    k: int  # drafts wanted (0: none); a tree's depth
+    tree: Any = None  # runtime.tree.CandidateTree or None for a chain
+
+
+class Proposal(NamedTuple):
+    """A row's drafts: a chain draft_token_ids # [<=k], or a tree's node tokens # [nodes+1] root
+    first; draft_probs # [same, vocab] the draft law q, or None when greedy."""
+
+    draft_token_ids: Any
+    draft_probs: Any = None
+
+
+class Drafter(Protocol):
+    hidden_state_ids: tuple[int, ...]
+    last_forwards: list[int]
+
+    def propose(self, requests: list[DraftRequest]) -> list[Proposal]: ...
+
+    def rollback(self, valid_lengths: list[int], hidden_states: list | None = None) -> None: ...
+
+    def select(self, rows: list[int]) -> None: ...
+
+
+class RowDrafter(Protocol):
+    forwards: int  # forwards run so far (0 for a model-free method)
+
+    def propose(self, request: DraftRequest) -> Proposal: ...
+
+    def rollback(self, valid_length: int, hidden_states=None) -> None: ...
+
+
+class DraftingMethod(Protocol):
+    name: str
+
+    def load(self, target_path, draft_path, device, dtype, *, target_fingerprint=None,
+             draft_fingerprint=None): ...
+
+    def check(self, config) -> None: ...
+
+    def drafter(self, pair, configs: list, generators: list) -> Drafter: ...
+
+
+class PerRowDrafter:
+    """A Drafter over one RowDrafter per row, asked row by row: a head is a fraction of one target
+    layer and an n-gram lookup no model at all, so per-row steps cost little beside the batched
+    target forward."""
+
+    def __init__(self, drafters: list, hidden_state_ids: tuple[int, ...] = ()):
+        self.drafters = drafters
+        self.hidden_state_ids = tuple(hidden_state_ids)
+        self.last_forwards = [0] * len(drafters)
+
+    def propose(self, requests: list[DraftRequest]) -> list[Proposal]:
+        proposals = []
+        for r, (drafter, request) in enumerate(zip(self.drafters, requests)):
+            before = drafter.forwards
+            proposals.append(drafter.propose(request) if request.k > 0 else Proposal(None))
+            self.last_forwards[r] = drafter.forwards - before
+        return proposals
+
+    def rollback(self, valid_lengths: list[int], hidden_states: list | None = None) -> None:
+        for r, drafter in enumerate(self.drafters):
+            drafter.rollback(valid_lengths[r], hidden_states[r] if hidden_states is not None else None)
+
+    def select(self, rows: list[int]) -> None:
+        self.drafters = [self.drafters[r] for r in rows]
+        self.last_forwards = [self.last_forwards[r] for r in rows]
+
+
+@dataclass(frozen=True)
+class Method:
+    """A DraftingMethod from its three functions (a method module's METHOD)."""
+
+    name: str
+    load: Any  # (target_path, draft_path, device, dtype, *, target_fingerprint, draft_fingerprint) -> ModelPair
+    drafter: Any  # (pair, configs, generators) -> Drafter
+    check: Any = lambda config: None  # (DecodeConfig) -> None, RuntimeConfigError

@@ -1,0 +1,83 @@
+"""Run vLLM 0.33.0's own suffix decoding proposer, with Arctic Inference's suffix cache built from
+its source, on requests decoded step by step; one process for all cases.
+
+Usage: python suffix_check.py vllm CASES.json OUT.json
+
+Runs with the unpacked vLLM wheel, its dependencies and the built arctic_inference first on
+sys.path (engine_env.run_engine(..., arctic=True)); imports nothing from specreg. CASES.json is a
+list of {"id", "prompt", "steps" (the tokens each step sampled), "k", "max_model_len",
+"max_tree_depth", "max_cached_requests", "max_spec_factor", "min_token_prob"}; OUT.json gets
+{"results": [{"id", "drafts": [per step the draft token ids]}], "seconds"}.
+
+Each case is one request on a fresh proposer (a server with no earlier responses). The drafts
+come from SuffixDecodingProposer.propose (vllm/v1/spec_decode/suffix_decoding.py), the call the
+model runner makes for `method: suffix` (gpu_model_runner.py), with the request's tokens in the
+input batch's token_ids_cpu and its length in num_tokens_no_spec as the runner keeps them after a
+step. SuffixDecodingProposer.__init__ reads num_speculative_tokens, the four suffix_decoding_*
+settings and max_model_len out of a VllmConfig, which needs a model, so it is handed an object
+with just those; the input batch likewise carries the five fields propose reads. Everything it
+computes is the released code and Arctic Inference's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from types import SimpleNamespace
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+
+def proposer(case: dict):
+    """A SuffixDecodingProposer made by its own __init__ from the fields it reads."""
+    from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
+
+    speculative = SimpleNamespace(num_speculative_tokens=case["k"],
+                                  suffix_decoding_max_tree_depth=case["max_tree_depth"],
+                                  suffix_decoding_max_cached_requests=case["max_cached_requests"],
+                                  suffix_decoding_max_spec_factor=case["max_spec_factor"],
+                                  suffix_decoding_min_token_prob=case["min_token_prob"])
+    return SuffixDecodingProposer(SimpleNamespace(speculative_config=speculative,
+                                                  model_config=SimpleNamespace(max_model_len=case["max_model_len"])))
+
+
+def check_suffix(cases: list[dict]) -> list[dict]:
+    import numpy as np
+
+    results = []
+    for case in cases:
+        made = proposer(case)
+        request = str(case["id"])
+        token_ids_cpu = np.zeros((1, case["max_model_len"]), dtype=np.int32)
+        sequence = list(case["prompt"])
+        drafts = []
+        for sampled in case["steps"]:
+            sequence += sampled
+            token_ids_cpu[0, :len(sequence)] = sequence
+            batch = SimpleNamespace(req_ids=[request], req_id_to_index={request: 0},
+                                    num_tokens_no_spec=np.array([len(sequence)], dtype=np.int32),
+                                    num_prompt_tokens=np.array([len(case["prompt"])], dtype=np.int32),
+                                    token_ids_cpu=token_ids_cpu)
+            drafts.append([int(t) for t in made.propose(case["k"], batch, [list(sampled)])[0]])
+        results.append({"id": case["id"], "drafts": drafts})
+    return results
+
+
+def main() -> int:
+    engine, cases_path, out_path = sys.argv[1:4]
+    if engine != "vllm":
+        raise SystemExit(f"suffix_check runs vLLM only, not {engine}")
+    started = time.monotonic()
+    output = {"results": check_suffix(json.loads(open(cases_path).read()))}
+    output["seconds"] = round(time.monotonic() - started, 1)
+    with open(out_path, "w") as handle:
+        json.dump(output, handle, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
