@@ -274,14 +274,18 @@ def grants(role):
                                             "package index, dequantized, saved in 3 shards) and its Q4_0 "
                                             "re-quantization as the draft (runtime/real_pair.py).")
 @click.option("--force", is_flag=True, help="Rebuild even when a cached build matches.")
-def demo_pair(directory, method, real, force):
+@click.option("--cached", is_flag=True, help="With --real --method eagle3: use the head only if it is built "
+                                              "(exit 3 if not) instead of training it (up to an hour of CPU).")
+def demo_pair(directory, method, real, force, cached):
     """Build (or reuse) the tiny demo target/draft pair in DIRECTORY, or a head for its target.
 
     The pair takes 1-2 CPU-minutes. With --method eagle3 also an EAGLE-3 head for the demo target,
     with --method medusa Medusa heads and the tree to register them with, with --method mtp also
     the demo target with one trained MTP layer inside (register it with --method mtp, no
     --draft). Each build is cached under a key of its recipe: a second run reuses it in seconds.
-    With --real, the real SmolLM2 pair instead (draft_model only; about 1 CPU-minute)."""
+    With --real, the real SmolLM2 pair instead (about 1 CPU-minute); with --real --method eagle3 also
+    an EAGLE-3 head for SmolLM2 trained on text it generates (DIRECTORY/eagle3; up to an hour of
+    CPU once, then cached under the engine cache: runtime/real_head.py)."""
     from specreg.cli.progress import Progress
 
     progress = Progress()
@@ -289,11 +293,21 @@ def demo_pair(directory, method, real, force):
         from specreg.errors import UsageError
         from specreg.runtime.real_pair import build_real_pair
 
-        if method != "draft_model":
-            raise UsageError(f"--real builds a draft_model pair; --method {method} is for the tiny demo pair")
-        target_dir, draft_dir = build_real_pair(directory, force=force, log=progress.note)
+        if method not in ("draft_model", "eagle3"):
+            raise UsageError(f"--real builds a draft_model pair or an eagle3 head; --method {method} is for the "
+                             f"tiny demo pair")
+        target_dir, draft_dir = build_real_pair(directory, force=force and method == "draft_model",
+                                                log=progress.note)
         say(f"target: {target_dir}")
         say(f"draft:  {draft_dir}")
+        if method == "eagle3":
+            from specreg.runtime.real_head import build_real_head
+
+            head = build_real_head(directory, target_dir, force=force, cached_only=cached, log=progress.note)
+            if head is None:
+                say("eagle3: not built yet (run without --cached to train it)")
+                raise SystemExit(3)
+            say(f"eagle3: {head}")
         return
     from specreg.runtime.demo_pair import build_demo_pair
 
