@@ -34,7 +34,7 @@ from pathlib import Path
 
 AUX_LAYER_IDS = (1, 14, 27)  # low / middle / high of 30 layers, not vLLM's default (2, 15, 27)
 DRAFT_VOCAB = 8192
-PROMPTS = 256  # workload requests, beside the default golden set's
+PROMPTS = 224  # workload requests, beside the default golden set's
 NEW_TOKENS = 96
 TEMPERATURE = 0.7  # every second prompt sampled, the others greedy
 GENERATION_BATCH = 16
@@ -57,7 +57,7 @@ def settings() -> dict:
                 threads=THREADS, k=K, seed=SEED)
 
 
-def cache_key(target_fingerprint: str) -> str:
+def cache_key(target_fingerprint: str, prompt_records, eval_records) -> str:
     from importlib.metadata import version
 
     from specreg.runtime import demo_heads
@@ -68,18 +68,21 @@ def cache_key(target_fingerprint: str) -> str:
                      demo_heads.StoredFeatures, demo_heads.train_eagle3_head, demo_heads.frequent_tokens):
         digest.update(inspect.getsource(function).encode())
     digest.update(json.dumps({**settings(), "target": target_fingerprint,
+                              "prompts": [record.to_dict() for record in prompt_records],
+                              "measured_on": [record.to_dict() for record in eval_records],
                               "libraries": {name: version(name) for name in ("torch", "transformers")}},
-                             sort_keys=True).encode())
+                             sort_keys=True, default=str).encode())
     return digest.hexdigest()[:16]
 
 
-def training_prompts(tokenizer, count: int = PROMPTS, seed: int = SEED) -> list[list[int]]:
+def training_prompts(tokenizer, prompt_records, eval_records, count: int = PROMPTS,
+                     seed: int = SEED) -> list[list[int]]:
     """Token ids of the prompts the target continues: `count` demo workload requests (60 % as a
-    ChatML user turn, the rest raw text) and the default golden set's, none of the smoke set's."""
-    from specreg.golden_prompts.loader import load_golden_set
+    ChatML user turn, the rest raw text) and prompt_records' (golden records: the default set), none
+    of eval_records' (the smoke set, where acceptance is measured)."""
     from specreg.runtime.demo_pair import WORKLOADS, code
 
-    held_out = {record.render(tokenizer, True) for record in load_golden_set("smoke")}
+    held_out = {record.render(tokenizer, True) for record in eval_records}
     rng = random.Random(seed)
     prompts = []
     for index in range(count):
@@ -92,7 +95,7 @@ def training_prompts(tokenizer, count: int = PROMPTS, seed: int = SEED) -> list[
             text = request if workload is code else f"{request}\n"
         if text not in held_out:
             prompts.append(list(tokenizer.encode(text, add_special_tokens=False)))
-    for record in load_golden_set("default"):
+    for record in prompt_records:
         if record.render(tokenizer, True) not in held_out:
             prompts.append(record.encode(tokenizer))
     return prompts
@@ -146,16 +149,16 @@ def stored_features(target, sequences: list[list[int]], aux_layer_ids, window: i
     return StoredFeatures(tokens, aux, labels, window)
 
 
-def smoke_acceptance(target, tokenizer, head, k: int = K) -> dict:
-    """Greedy acceptance of the head on the smoke set, our runtime on the engines' schedule."""
-    from specreg.golden_prompts.loader import load_golden_set
+def smoke_acceptance(target, tokenizer, head, eval_records, k: int = K) -> dict:
+    """Greedy acceptance of the head on eval_records (golden records: the smoke set), our runtime on
+    the engines' schedule."""
     from specreg.runtime.decode import DecodeConfig, speculative_generate
     from specreg.runtime.pair import ModelPair
 
     pair = ModelPair(target=target, tokenizer=tokenizer, draft=head,
                      vocab_size=int(target.get_output_embeddings().weight.shape[0]))
     drafted = accepted = steps = 0
-    for record in load_golden_set("smoke"):
+    for record in eval_records:
         metrics = speculative_generate(pair, record.encode(tokenizer), DecodeConfig(
             method="eagle3", k=k, max_new_tokens=record.max_new_tokens, prefill_alone=True)).metrics
         drafted, accepted, steps = drafted + metrics.drafted, accepted + metrics.accepted, steps + metrics.draft_steps
@@ -163,13 +166,16 @@ def smoke_acceptance(target, tokenizer, head, k: int = K) -> dict:
             "tau": round(1 + accepted / steps, 3) if steps else None, "drafted": drafted}
 
 
-def build_real_head(directory, target_dir, *, force: bool = False, cached_only: bool = False, log=None,
+def build_real_head(directory, target_dir, prompt_records, eval_records, *, force: bool = False,
+                    cached_only: bool = False, log=None,
                     budget_cpu_min: float = BUDGET_CPU_MIN, checkpoints=CHECKPOINTS_CPU_MIN,
                     prompts: int = PROMPTS, new_tokens: int = NEW_TOKENS, cache=None) -> Path | None:
     """The real pair's EAGLE-3 head -> directory / "eagle3" (a speculators-format head), copied from
     the cache (default $SPECREG_ENGINE_CACHE/real-head) or built into it first (under an exclusive
     lock: two builds train once). cached_only: None when the cache does not hold it, instead of
-    building. The smaller budgets and prompt counts are for tests; they are part of the key."""
+    building. prompt_records / eval_records: golden records the target continues / acceptance is
+    measured on (the default and smoke sets; the front door loads them). The smaller budgets and
+    prompt counts are for tests; they are part of the key."""
     import fcntl
 
     from specreg.core.fingerprint import sha256_file
@@ -178,7 +184,7 @@ def build_real_head(directory, target_dir, *, force: bool = False, cached_only: 
     target_dir = Path(target_dir)
     weights = sorted(target_dir.glob("*.safetensors"))
     fingerprint = hashlib.sha256("".join(sha256_file(p) for p in weights).encode()).hexdigest()
-    key = cache_key(fingerprint)
+    key = cache_key(fingerprint, prompt_records, eval_records)
     if (budget_cpu_min, tuple(checkpoints), prompts, new_tokens) != (BUDGET_CPU_MIN, CHECKPOINTS_CPU_MIN,
                                                                      PROMPTS, NEW_TOKENS):
         key = hashlib.sha256(f"{key}{budget_cpu_min}{tuple(checkpoints)}{prompts}{new_tokens}".encode()).hexdigest()[:16]
@@ -192,7 +198,8 @@ def build_real_head(directory, target_dir, *, force: bool = False, cached_only: 
     with open(cached.parent / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if force or not _built(cached, key):
-            _train(cached, key, target_dir, log, budget_cpu_min, tuple(checkpoints), prompts, new_tokens)
+            _train(cached, key, target_dir, log, budget_cpu_min, tuple(checkpoints), prompts, new_tokens,
+                   list(prompt_records), list(eval_records))
     return _copy(cached, out)
 
 
@@ -210,7 +217,8 @@ def _copy(cached: Path, out: Path) -> Path:
     return out
 
 
-def _train(folder: Path, key: str, target_dir: Path, log, budget_cpu_min, checkpoints, prompt_count, new_tokens):
+def _train(folder: Path, key: str, target_dir: Path, log, budget_cpu_min, checkpoints, prompt_count, new_tokens,
+           prompt_records, eval_records):
     import torch
 
     from specreg.runtime.demo_heads import frequent_tokens, train_eagle3_head
@@ -226,7 +234,7 @@ def _train(folder: Path, key: str, target_dir: Path, log, budget_cpu_min, checkp
     target.eval()
     for parameter in target.parameters():
         parameter.requires_grad_(False)
-    prompts = training_prompts(tokenizer, prompt_count)
+    prompts = training_prompts(tokenizer, prompt_records, eval_records, prompt_count)
     sequences = generate_text(target, tokenizer, prompts, new_tokens=new_tokens, log=say)
     generation_cpu = time.process_time() - cpu_started
     say(f"generated {sum(map(len, sequences))} tokens in {len(sequences)} sequences ({generation_cpu:.0f} CPU-s)")
@@ -250,7 +258,7 @@ def _train(folder: Path, key: str, target_dir: Path, log, budget_cpu_min, checkp
         while marks and trained >= marks[0] * 60:
             marks.pop(0)
         measuring = time.process_time()
-        figures = smoke_acceptance(target, tokenizer, head.eval())
+        figures = smoke_acceptance(target, tokenizer, head.eval(), eval_records)
         head.train()
         eval_cpu += time.process_time() - measuring
         table.append({"train_cpu_s": round(trained, 1), "steps": step, **figures})
@@ -263,7 +271,7 @@ def _train(folder: Path, key: str, target_dir: Path, log, budget_cpu_min, checkp
                       checkpoint=checkpoint)
     if not table:  # a budget under the first checkpoint
         table.append({"train_cpu_s": round(time.process_time() - train_started - eval_cpu, 1), "steps": steps,
-                      **smoke_acceptance(target, tokenizer, head.eval())})
+                      **smoke_acceptance(target, tokenizer, head.eval(), eval_records)})
     save_eagle3_head(head.eval(), folder, str(target_dir.resolve()), target.config.architectures or [],
                      speculative_tokens=K)
     (folder / "real-head.json").write_text(json.dumps(

@@ -301,9 +301,11 @@ def demo_pair(directory, method, real, force, cached):
         say(f"target: {target_dir}")
         say(f"draft:  {draft_dir}")
         if method == "eagle3":
+            from specreg.golden_prompts.loader import load_golden_set
             from specreg.runtime.real_head import build_real_head
 
-            head = build_real_head(directory, target_dir, force=force, cached_only=cached, log=progress.note)
+            head = build_real_head(directory, target_dir, list(load_golden_set("default")), list(load_golden_set("smoke")),
+                                   force=force, cached_only=cached, log=progress.note)
             if head is None:
                 say("eagle3: not built yet (run without --cached to train it)")
                 raise SystemExit(3)

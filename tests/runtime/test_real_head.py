@@ -15,12 +15,14 @@ import pytest
 def built(tmp_path_factory):
     from tinymodels import build_llama, build_tokenizer
 
+    from specreg.golden_prompts.loader import load_golden_set
     from specreg.runtime import real_head
 
     root = tmp_path_factory.mktemp("real-head")
     build_tokenizer(root / "tokenizer", vocab_size=500, llama_layout=True)
     build_llama(root / "target", root / "tokenizer", num_layers=30, hidden_size=32, intermediate_size=64)
-    options = dict(budget_cpu_min=0.05, checkpoints=(0.05,), prompts=6, new_tokens=8, cache=root / "cache")
+    options = dict(budget_cpu_min=0.05, checkpoints=(0.05,), prompts=6, new_tokens=8, cache=root / "cache",
+                   prompt_records=list(load_golden_set("default"))[:8], eval_records=list(load_golden_set("smoke")))
     head = real_head.build_real_head(root / "demo", root / "target", **options)
     return root, head, options
 
