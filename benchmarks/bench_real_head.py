@@ -74,8 +74,10 @@ def main() -> None:
     }
     print(f"{figures['date']} on {figures['machine']} ({figures['cores']} cores, load {load_before:.1f} -> "
           f"{figures['load_1min_after']:.1f}), golden set {options.golden}, k 4")
-    print(f"alpha: ours {figures['alpha_ours']}, llama.cpp {figures['alpha_llamacpp']}; "
-          f"tau: ours {figures['tau_ours']}, llama.cpp {figures['tau_llamacpp']}")
+    shown = {key: "-" if figures[key] is None else f"{figures[key]:.3f}"
+             for key in ("alpha_ours", "alpha_llamacpp", "tau_ours", "tau_llamacpp")}
+    print(f"alpha: ours {shown['alpha_ours']}, llama.cpp {shown['alpha_llamacpp']}; "
+          f"tau: ours {shown['tau_ours']}, llama.cpp {shown['tau_llamacpp']}")
     print("concurrency | with head tok/s | without tok/s | speedup | alpha")
     for tier in figures["tiers"]:
         print(f"{tier['concurrency']:>11} | {tier['with_head_tokens_per_s']:>15.1f} | {tier['without_tokens_per_s']:>13.1f}"
