@@ -22,17 +22,23 @@ EAGLE3_DRAFT_VOCAB = 512
 EAGLE3_TRAINING = (150, 8)
 EAGLE3_LR = 3e-3
 EAGLE3_TTT_STEPS = 3
-# the aux ids shifted by these are taught to draft nothing (train_eagle3_head): served on layers
-# one off from the validated ones, the demo head's acceptance falls instead of barely moving
-EAGLE3_WRONG_LAYER_SHIFTS = (-1, 1)
+# the aux ids shifted by these are taught to draft nothing, above all not the target's token
+# (train_eagle3_head: uniform plus this weight of unlikelihood): served one layer later, the demo
+# head's acceptance falls instead of barely moving. One layer earlier needs no teaching: id 1 then
+# reads the embeddings, ~4x off layer 0's output, and acceptance collapses by itself (smoke set,
+# k 4: 0.647 right, 0.255 one earlier, 0.198 one later; taught both ways, one later fell less, to
+# 0.378 at weight 4, 0.51 at 1, and the right layers lost more: docs/benchmarks.md)
+EAGLE3_WRONG_LAYER_SHIFTS = (1,)
+EAGLE3_WRONG_UNLIKELIHOOD = 3.0
 
 
 def demo_aux_layer_ids(num_layers: int) -> tuple[int, ...] | None:
     """The target layers the demo head reads: layer 0's output, a middle and a late layer input,
     (1, 10, 18) on the 20-layer demo target. Not the default (2, N // 2, N - 3): an engine falling
-    back to the default must show. The demo target's grown layers change the residual stream by ~5 %
-    each, little for the head to tell layer i from i + 1; the embeddings and layer 0's output differ
-    ~4x, so reading one layer earlier collapses its acceptance whatever it learns of the others.
+    back to the default must show. The embeddings and layer 0's output differ ~4x, so reading one
+    layer earlier collapses its acceptance whatever it learns of the others; the demo target's grown
+    layers change the residual stream by 1.5-3.4 % each, so one layer later is taught
+    (EAGLE3_WRONG_LAYER_SHIFTS).
     Not the embeddings themselves (id 0): TensorRT-LLM captures decoder layer outputs only. None (the
     default) on targets too shallow for three distinct ids."""
     ids = (1, num_layers // 2, num_layers - 2)
@@ -48,8 +54,38 @@ def frequent_tokens(stream, count: int) -> list[int]:
     return sorted(order[:count])
 
 
+class StoredFeatures:
+    """Sequences whose target states were computed once, for a target too costly to run at every
+    training step: per sequence its token ids # [n], the aux states at the head's layers # [n, A*H]
+    (stored in half precision) and the target's greedy token after each position # [n - 1] (target
+    ids). train_eagle3_head draws random windows of ``window`` tokens from them."""
+
+    def __init__(self, tokens: list, aux: list, labels: list, window: int):
+        keep = [i for i, ids in enumerate(tokens) if len(ids) >= window]
+        if not keep:
+            raise ValueError(f"no stored sequence holds a window of {window} tokens")
+        self.tokens = [tokens[i] for i in keep]
+        self.aux = [aux[i] for i in keep]
+        self.labels = [labels[i] for i in keep]
+        self.window = window
+
+    def sample(self, batch_size: int, generator):
+        """-> (tokens # [batch, window], aux # [batch, window, A*H] float32, target labels # [batch, window - 1])."""
+        import torch
+
+        rows = torch.randint(0, len(self.tokens), (batch_size,), generator=generator).tolist()
+        picked = []
+        for row in rows:
+            start = int(torch.randint(0, len(self.tokens[row]) - self.window + 1, (1,), generator=generator))
+            end = start + self.window
+            picked.append((self.tokens[row][start:end], self.aux[row][start:end].float(),
+                           self.labels[row][start:end - 1]))
+        return tuple(torch.stack(parts) for parts in zip(*picked))
+
+
 def train_eagle3_head(head, target, stream, steps: int, batch_size: int, seed: int, max_lr: float,
-                      ttt_steps: int = EAGLE3_TTT_STEPS, progress=None, wrong_layer_shifts: tuple[int, ...] = ()):
+                      ttt_steps: int = EAGLE3_TTT_STEPS, progress=None, wrong_layer_shifts: tuple[int, ...] = (),
+                      wrong_unlikelihood: float = 0.0, checkpoint=None):
     """Distil the target into `head` on random windows of `stream` # [tokens], as speculators trains
     EAGLE-3 (eagle3/core.py, data.py): the entry for token x_{j+1} reads the target's aux state g_j
     at position j+1 and learns the target's greedy token there (cross-entropy to the target's argmax
@@ -57,13 +93,19 @@ def train_eagle3_head(head, target, stream, steps: int, batch_size: int, seed: i
     what greedy acceptance measures, which also works on a near-uniform random target); training-time test: step s >= 1 feeds the head's own previous output at the same
     index, attending to the step-0 entries up to it and to its own earlier steps' entries only.
     Inputs of later steps are the corpus tokens (speculators' use_off_policy_tokens).
+    `stream` may instead be StoredFeatures (windows whose target states were computed once; no
+    wrong-layer term then).
     ``wrong_layer_shifts`` (e.g. (-1, 1)): the aux ids shifted by each are also fed at step 0, and
-    the head is taught to answer them with a uniform distribution (cross-entropy to uniform):
-    a head that can predict from the token alone otherwise ignores which layers it reads (on a
-    formulaic corpus it does), and an engine reading other layers than the ones validated would
-    then go unnoticed. Such a head drafts nothing useful from the wrong layers, so acceptance in
-    an engine shows whether it reads the right ones.
-    progress(what, step, steps, "loss ...") after each step. Returns the head."""
+    the head is taught to answer them with a uniform distribution (cross-entropy to uniform) and,
+    with ``wrong_unlikelihood`` > 0, not to answer the target's token (that weight times
+    -log(1 - p)): a head that can predict from the token alone otherwise ignores which layers it
+    reads (on a formulaic corpus it does), and an engine reading other layers than the ones
+    validated would then go unnoticed. Such a head drafts nothing useful from the wrong layers, so
+    acceptance in an engine shows whether it reads the right ones. The uniform term alone leaves a
+    head whose neighbouring layers differ little (the demo target's grown layers) drafting the
+    target's token from them still; the unlikelihood term is what acceptance measures.
+    progress(what, step, steps, "loss ...") after each step; checkpoint(step) after each step, a
+    False answer stops training there. Returns the head."""
     import torch
     from transformers import DynamicCache
 
@@ -73,27 +115,33 @@ def train_eagle3_head(head, target, stream, steps: int, batch_size: int, seed: i
     optimizer = OneCycleAdamW(trainable, steps, max_lr)
     generator = torch.Generator().manual_seed(seed)
     draft_to_target = torch.arange(head.d2t.shape[0]) + head.d2t  # [V_draft]
-    length = SEQUENCE_LENGTH - 1
+    # the target's greedy token in draft ids, -100 (ignored) where the draft vocabulary lacks it
+    target_to_draft = torch.full((head.target_vocab_size,), -100, dtype=torch.long)
+    target_to_draft[draft_to_target] = torch.arange(draft_to_target.shape[0])
+    stored = isinstance(stream, StoredFeatures)
+    length = (stream.window if stored else SEQUENCE_LENGTH) - 1
     index = torch.arange(length)
     causal = index[None, :] <= index[:, None]  # [length, length] step 0 over step 0
     diagonal = torch.eye(length, dtype=torch.bool)  # step s over an earlier step's entries
     layers = target.config.num_hidden_layers
     wrong_layers = [tuple(i + shift for i in head.aux_layer_ids) for shift in wrong_layer_shifts]
-    wrong_layers = [ids for ids in wrong_layers if all(0 <= i < layers for i in ids)]
+    wrong_layers = [ids for ids in wrong_layers if all(0 <= i < layers for i in ids)] if not stored else []
     head.train()
     target.eval()
+    what = "real EAGLE-3 head: training" if stored else "demo EAGLE-3 head: training"
     if progress:
-        progress("demo EAGLE-3 head: training", 0, steps)  # the clock of the ETA starts here
+        progress(what, 0, steps)  # the clock of the ETA starts here
     for step in range(steps):
-        starts = torch.randint(0, stream.shape[0] - SEQUENCE_LENGTH - 1, (batch_size,), generator=generator)
-        batch = torch.stack([stream[s:s + SEQUENCE_LENGTH] for s in starts.tolist()])  # [batch, seq]
-        with torch.no_grad():
-            output = target(input_ids=batch, output_hidden_states=True)
-            aux = torch.cat([output.hidden_states[i] for i in head.aux_layer_ids], dim=-1)  # [batch, seq, A*H]
-            # the target's greedy token in draft ids, -100 (ignored) where the draft vocabulary lacks it
-            target_to_draft = torch.full((output.logits.shape[-1],), -100, dtype=torch.long)
-            target_to_draft[draft_to_target] = torch.arange(draft_to_target.shape[0])
-            labels = target_to_draft[output.logits[:, 1:].argmax(dim=-1)]  # [batch, length]
+        if stored:
+            batch, aux, labels = stream.sample(batch_size, generator)
+            labels = target_to_draft[labels]
+        else:
+            starts = torch.randint(0, stream.shape[0] - SEQUENCE_LENGTH - 1, (batch_size,), generator=generator)
+            batch = torch.stack([stream[s:s + SEQUENCE_LENGTH] for s in starts.tolist()])  # [batch, seq]
+            with torch.no_grad():
+                output = target(input_ids=batch, output_hidden_states=True)
+                aux = torch.cat([output.hidden_states[i] for i in head.aux_layer_ids], dim=-1)  # [batch, seq, A*H]
+                labels = target_to_draft[output.logits[:, 1:].argmax(dim=-1)]  # [batch, length]
         hidden = head.project(aux[:, :-1])  # g_0 .. g_{seq-2}
         cache = DynamicCache(config=head.config)
         loss = 0.0
@@ -110,9 +158,15 @@ def train_eagle3_head(head, target, stream, steps: int, batch_size: int, seed: i
             wrong = head(batch[:, 1:], wrong, DynamicCache(config=head.config), 1)  # [batch, length, H]
             log_probs = torch.log_softmax(head.lm_head(head.norm(wrong)).float(), dim=-1)  # [batch, length, Vd]
             loss = loss - log_probs.mean() / len(wrong_layers)
+            if wrong_unlikelihood:  # and above all not the target's token
+                known = labels >= 0
+                p_label = log_probs[known].gather(-1, labels[known][:, None]).exp().squeeze(-1)
+                loss = loss - wrong_unlikelihood * torch.log1p(-p_label.clamp(max=1 - 1e-6)).mean() / len(wrong_layers)
         optimizer.step(loss)
         if progress:
-            progress("demo EAGLE-3 head: training", step + 1, steps, f"loss {loss.item() / ttt_steps:.3f}")
+            progress(what, step + 1, steps, f"loss {loss.item() / ttt_steps:.3f}")
+        if checkpoint is not None and checkpoint(step + 1) is False:
+            break
     return head.eval()
 
 
@@ -169,6 +223,7 @@ def head_cache_key(method: str, target_dir) -> str:
     return demo_cache_key([__file__], target_dir, dict(method=method, vocab=EAGLE3_DRAFT_VOCAB,
                                                        training=EAGLE3_TRAINING, lr=EAGLE3_LR, ttt=EAGLE3_TTT_STEPS,
                                                        wrong_layer_shifts=EAGLE3_WRONG_LAYER_SHIFTS,
+                                                       wrong_unlikelihood=EAGLE3_WRONG_UNLIKELIHOOD,
                                                        aux="1, N // 2, N - 2"))
 
 
@@ -180,7 +235,7 @@ def build_demo_head(directory, method: str = "eagle3", *, target_dir=None, force
 
     eagle3: a speculators-format EAGLE-3 head (config.json + model.safetensors) distilled from the
     target's own hidden states over the demo corpus, reading the layer inputs demo_aux_layer_ids names and
-    taught to draft nothing from the ones one off (train_eagle3_head wrong_layer_shifts). See
+    taught to draft nothing from the ones one later (train_eagle3_head wrong_layer_shifts). See
     docs/benchmarks.md for its cost and acceptance.
     """
     from specreg.errors import RuntimeConfigError
@@ -200,7 +255,7 @@ def build_demo_head(directory, method: str = "eagle3", *, target_dir=None, force
     head = new_eagle3_head(target, frequent_tokens(stream, EAGLE3_DRAFT_VOCAB),
                            aux_layer_ids=demo_aux_layer_ids(target.config.num_hidden_layers), seed=3)
     train_eagle3_head(head, target, stream, *EAGLE3_TRAINING, seed=3, max_lr=EAGLE3_LR, progress=progress,
-                      wrong_layer_shifts=EAGLE3_WRONG_LAYER_SHIFTS)
+                      wrong_layer_shifts=EAGLE3_WRONG_LAYER_SHIFTS, wrong_unlikelihood=EAGLE3_WRONG_UNLIKELIHOOD)
     save_eagle3_head(head, head_dir, str(Path(target_dir).resolve()), target.config.architectures or [])
     write_stamp(head_dir, "demo-head.json", key, started, cpu_started, method=method)
     return head_dir

@@ -288,14 +288,18 @@ def grants(role):
                                             "package index, dequantized, saved in 3 shards) and its Q4_0 "
                                             "re-quantization as the draft (builders/real_pair.py).")
 @click.option("--force", is_flag=True, help="Rebuild even when a cached build matches.")
-def demo_pair(directory, method, real, force):
+@click.option("--cached", is_flag=True, help="With --real --method eagle3: use the head only if it is built "
+                                              "(exit 3 if not) instead of training it (up to an hour of CPU).")
+def demo_pair(directory, method, real, force, cached):
     """Build (or reuse) the tiny demo target/draft pair in DIRECTORY, or a head for its target.
 
     The pair takes 1-2 CPU-minutes. With --method eagle3 also an EAGLE-3 head for the demo target,
     with --method medusa Medusa heads and the tree to register them with, with --method mtp also
     the demo target with one trained MTP layer inside (register it with --method mtp, no
     --draft). Each build is cached under a key of its recipe: a second run reuses it in seconds.
-    With --real, the real SmolLM2 pair instead (draft_model only; about 1 CPU-minute)."""
+    With --real, the real SmolLM2 pair instead (about 1 CPU-minute); with --real --method eagle3 also
+    an EAGLE-3 head for SmolLM2 trained on text it generates (DIRECTORY/eagle3; up to an hour of
+    CPU once, then cached under the engine cache: builders/real_head.py)."""
     from specreg.cli.progress import Progress
 
     progress = Progress()
@@ -303,11 +307,26 @@ def demo_pair(directory, method, real, force):
         from specreg.errors import UsageError
         from specreg.builders.real_pair import build_real_pair
 
-        if METHODS[method].demo_builder:
-            raise UsageError(f"--real builds a draft_model pair; --method {method} is for the tiny demo pair")
-        target_dir, draft_dir = build_real_pair(directory, force=force, log=progress.note)
+        real_builder = METHODS[method].real_builder
+        if METHODS[method].demo_builder and real_builder is None:
+            raise UsageError(f"--real builds a draft_model pair or a head trained for it (--method "
+                             f"{' or '.join(m.name for m in METHODS.values() if m.real_builder)}); --method {method} "
+                             f"is for the tiny demo pair")
+        target_dir, draft_dir = build_real_pair(directory, force=force and real_builder is None, log=progress.note)
         say(f"target: {target_dir}")
         say(f"draft:  {draft_dir}")
+        if real_builder:
+            from importlib import import_module
+
+            from specreg.golden_prompts.loader import load_golden_set
+
+            head = import_module(f"specreg.builders.{real_builder}").build_real(
+                directory, target_dir, list(load_golden_set("default")), list(load_golden_set("smoke")),
+                force=force, cached_only=cached, log=progress.note)
+            if head is None:
+                say(f"{method}: not built yet (run without --cached to train it)")
+                raise SystemExit(3)
+            say(f"{method}: {head}")
         return
     from specreg.builders.demo_pair import build_demo_pair
 

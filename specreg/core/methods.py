@@ -30,6 +30,7 @@ class MethodDescriptor:
     suffix_settings: bool = False  # takes vLLM's suffix_decoding_* settings (specreg.core.suffix)
     depth_limited_by_heads: bool = False  # head i drafts depth i + 1: the depth needs as many heads
     demo_builder: str | None = None  # the builders/ module whose build_demo(...) makes a demo drafter
+    real_builder: str | None = None  # the builders/ module whose build_real(...) trains one for the real pair
     # exports: False when no export format writes the method; export_refusal says why no engine
     # specreg targets can serve it (None: not written yet); an engine module may say it its own
     # way in <NAME>_REFUSAL
@@ -72,7 +73,7 @@ METHODS: dict[str, MethodDescriptor] = {m.name: m for m in (
     MethodDescriptor("draft_model", "a separate small causal LM", "draft model"),
     MethodDescriptor("ngram", "prompt lookup, no model", "sequence", prompt_lookup=True, article="an"),
     MethodDescriptor("eagle3", "an EAGLE-3 head on the target's hidden states", "head", tree="optional",
-                     demo_builder="demo_heads"),
+                     demo_builder="demo_heads", real_builder="real_head"),
     MethodDescriptor("medusa", "Medusa heads on the target's last hidden state, verified as a tree", "head",
                      tree="required", depth_limited_by_heads=True, demo_builder="demo_medusa", exported=False,
                      export_refusal=MEDUSA_REFUSAL),

@@ -49,21 +49,50 @@ def test_baselines_pool_counts_per_category():
     assert pooled["per_category"]["mail"]["per_position_acceptance"] == [0, 0, 0, 0]
 
 
-def _figures(alpha, tau=2.0):
+def _figures(alpha, tau=2.0, drafted=100):
     return {"acceptance_rate": alpha, "mean_acceptance_length": tau, "per_position_acceptance": [alpha],
-            "drafted": 100}
+            "drafted": drafted}
 
 
-def test_parity_fails_beyond_the_tolerance_and_warns_for_a_category():
+def test_parity_fails_beyond_the_tolerance_overall():
     ours = {"overall": _figures(0.60), "per_category": {"code": _figures(0.70), "mail": _figures(0.50)}}
-    close = {"overall": _figures(0.625), "per_category": {"code": _figures(0.72), "mail": _figures(0.45)}}
-    result = engine.check_parity(ours, close, engine_name="llama.cpp", tolerance=0.03)
-    assert result.status == "warn" and "mail" in result.summary
-    assert result.figures["alpha_delta"] == pytest.approx(0.025)
     far = {"overall": _figures(0.64), "per_category": {}}
     assert engine.check_parity(ours, far, engine_name="llama.cpp", tolerance=0.03).status == "fail"
     same = {"overall": _figures(0.60), "per_category": {"code": _figures(0.70), "mail": _figures(0.50)}}
     assert engine.check_parity(ours, same, engine_name="llama.cpp").status == "pass"
+
+
+def test_a_category_beyond_the_tolerance_fails_in_one_line_naming_it_and_both_alphas():
+    # an EAGLE-3 pair at k 4: overall within the tolerance, the support category not
+    ours = {"k": 4, "overall": _figures(0.736, drafted=652),
+            "per_category": {"code": _figures(0.781, drafted=160), "support": _figures(0.712, drafted=236)}}
+    theirs = {"k": 4, "overall": _figures(0.722, drafted=648),
+              "per_category": {"code": _figures(0.775, drafted=160), "support": _figures(0.665, drafted=236)}}
+    result = engine.check_parity(ours, theirs, engine_name="llama.cpp", tolerance=0.03)
+    assert result.status == "fail" and "\n" not in result.summary
+    assert result.summary == ("category beyond the tolerance 0.03: support: alpha ours 0.712 vs llama.cpp 0.665 "
+                              "(|d| 0.047)")
+    assert result.figures["alpha_delta"] == pytest.approx(0.014)  # overall stays within
+    assert result.evidence["category_min_drafted"] == 134  # ceil(4 / 0.03)
+    # the baseline it records waits for an approver, saying which category and why
+    from specreg.engine_validation import EngineOptions, baseline_status
+
+    status, why = baseline_status([result], EngineOptions(engine="llamacpp"))
+    assert status == "unaccepted" and why == result.summary
+
+
+def test_a_category_with_too_few_drafted_tokens_to_judge_warns():
+    # one step's near-tie moves k tokens: under k / tolerance drafted that alone exceeds the tolerance
+    assert engine.category_min_drafted(4, 0.03) == 134 and engine.category_min_drafted(3, 0.03) == 100
+    ours = {"k": 4, "overall": _figures(0.736, drafted=652), "per_category": {"creative": _figures(0.700, drafted=40)}}
+    theirs = {"k": 4, "overall": _figures(0.730, drafted=652), "per_category": {"creative": _figures(0.600, drafted=40)}}
+    result = engine.check_parity(ours, theirs, engine_name="llama.cpp", tolerance=0.03)
+    assert result.status == "warn"
+    assert "fewer than 134 drafted tokens, too few to judge: creative (40 drafted)" in result.summary
+    # the same difference on 134 drafted tokens each side is judged
+    judged = {**theirs, "per_category": {"creative": _figures(0.600, drafted=134)}}
+    ours["per_category"]["creative"]["drafted"] = 134
+    assert engine.check_parity(ours, judged, engine_name="llama.cpp", tolerance=0.03).status == "fail"
 
 
 def _record(name, speculative, plain):
