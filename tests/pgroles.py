@@ -39,7 +39,13 @@ def ensure_role(name: str, dbname: str | None = None) -> None:
         from specreg.registry.store.grants import grants_sql
 
         with admin_connect(dbname) as connection:
-            connection.execute(grants_sql(name))
+            # GRANTs on the same tables from parallel processes (the racing-promote workers each
+            # take their role at start) fail with "tuple concurrently updated": one at a time
+            connection.execute("SELECT pg_advisory_lock(7031)")
+            try:
+                connection.execute(grants_sql(name))
+            finally:
+                connection.execute("SELECT pg_advisory_unlock(7031)")
 
 
 def as_user(db_url: str, name: str) -> str:
