@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import time
 
 
@@ -105,8 +106,11 @@ def measure_tree_step_time(model, prompt_ids, tree, steps: int = 16, repeats: in
     return sorted(timings)[len(timings) // 2]
 
 
-def measure_step_time(model, prompt_ids, steps: int = 16, repeats: int = 3, width: int = 1) -> float:
-    """Median seconds of one cached decode step of `model` after a prefill of prompt_ids.
+def step_timer(model, prompt_ids, width: int = 1):
+    """One prefill of prompt_ids into a cache of `model` -> time(steps): the mean seconds of `steps`
+    cached decode steps after that prefill, each call on a copy of the prefilled cache (any kind of
+    cache layer, sliding windows too), so every call times the same steps and none pays the
+    prefill again.
 
     width > 1 times a verification-shaped step instead: a forward over `width` tokens, then the
     cache cropped back to one new token (what a step that accepts nothing costs).
@@ -119,12 +123,13 @@ def measure_step_time(model, prompt_ids, steps: int = 16, repeats: int = 3, widt
 
     device = next(model.parameters()).device
     prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=device).view(1, -1)  # [1, n]
-    timings = []
+    prefilled = DynamicCache(config=model.config)
     with torch.inference_mode():
-        for _ in range(repeats):
-            cache = DynamicCache(config=model.config)
-            logits = forward_logits(model, prompt, cache)
-            token = logits[:, -1].argmax(dim=-1, keepdim=True)  # [1, 1]
+        first = forward_logits(model, prompt, prefilled)[:, -1].argmax(dim=-1, keepdim=True)  # [1, 1]
+
+    def time_steps(steps: int) -> float:
+        with torch.inference_mode():
+            cache, token = copy.deepcopy(prefilled), first
             synchronize(device)
             start = time.perf_counter()
             for _ in range(steps):
@@ -133,8 +138,17 @@ def measure_step_time(model, prompt_ids, steps: int = 16, repeats: int = 3, widt
                     cache.crop(-(width - 1))
                 token = logits[:, -1].argmax(dim=-1, keepdim=True)
             synchronize(device)
-            timings.append((time.perf_counter() - start) / steps)
-    return sorted(timings)[len(timings) // 2]
+            return (time.perf_counter() - start) / steps
+
+    return time_steps
+
+
+def measure_step_time(model, prompt_ids, steps: int = 16, repeats: int = 3, width: int = 1) -> float:
+    """Median seconds of one cached decode step of `model` after a prefill of prompt_ids, over
+    `repeats` timings of `steps` steps (step_timer: width > 1 times a verification-shaped step)."""
+    time_steps = step_timer(model, prompt_ids, width)
+    timings = sorted(time_steps(steps) for _ in range(repeats))
+    return timings[len(timings) // 2]
 
 
 def measure_cost_ratio(target, draft, prompt_ids, steps: int = 16, repeats: int = 5) -> float:
@@ -143,15 +157,31 @@ def measure_cost_ratio(target, draft, prompt_ids, steps: int = 16, repeats: int 
     Each repeat times the draft and the target back to back and the median of the per-repeat
     ratios is returned: a burst of load from another process then skews one ratio, not the
     result (timing all draft steps first and all target steps later gave c = 0.94 for a pair
-    whose true c is 0.1 on a busy machine).
+    whose true c is 0.1 on a busy machine). Three repeats that agree within 5% end it
+    (median_ratio). Each model's prompt is prefilled once (step_timer).
     """
-    measure_step_time(draft, prompt_ids, 2, 1)  # warm-up both
-    measure_step_time(target, prompt_ids, 2, 1)
-    return median_ratio(lambda: measure_step_time(draft, prompt_ids, steps, 1),
-                        lambda: measure_step_time(target, prompt_ids, steps, 1), repeats)
+    draft_steps, target_steps = step_timer(draft, prompt_ids), step_timer(target, prompt_ids)
+    draft_steps(2)  # warm-up both
+    target_steps(2)
+    return median_ratio(lambda: draft_steps(steps), lambda: target_steps(steps), repeats)
+
+
+# median_ratio stops after the first AGREEING_REPEATS ratios when they lie within AGREEING_SPREAD
+# of their median: more repeats cannot move the median outside them (an idle machine), and each
+# repeat costs `steps` forwards of both models
+AGREEING_REPEATS = 3
+AGREEING_SPREAD = 0.05
 
 
 def median_ratio(numerator, denominator, repeats: int) -> float:
-    """Median over `repeats` of numerator() / denominator(), each pair timed back to back."""
-    ratios = sorted(numerator() / denominator() for _ in range(repeats))
+    """Median of numerator() / denominator(), each pair timed back to back, over `repeats` pairs,
+    or over the first AGREEING_REPEATS when those already agree within AGREEING_SPREAD."""
+    ratios: list[float] = []
+    for _ in range(repeats):
+        ratios.append(numerator() / denominator())
+        if len(ratios) == AGREEING_REPEATS and repeats > AGREEING_REPEATS:
+            median = sorted(ratios)[len(ratios) // 2]
+            if median > 0 and (max(ratios) - min(ratios)) <= AGREEING_SPREAD * median:
+                break
+    ratios.sort()
     return ratios[len(ratios) // 2]

@@ -247,11 +247,38 @@ def _one_line(text: str, limit: int = 200) -> str:
 
 # --- tokenizer and chat template ----------------------------------------------------------
 
+# tokenizer.json parsed and checked, by the sha256 of its bytes: one validate reads each model's
+# file in both fingerprints of the integrity check and in the check of every tokenizer load
+# (metadata_changes), a few MB of JSON parsed and walked each time. The bytes are read and hashed
+# on every call, so a changed file is parsed and checked anew; a few entries at most are kept.
+PARSED_TOKENIZER_JSON: dict[str, dict[str, Any]] = {}
+PARSED_TOKENIZER_JSON_ENTRIES = 4
+
+
 def read_tokenizer_json(path: Path) -> dict[str, Any]:
     """tokenizer.json, with the fields the fingerprint reads checked for type: ``model`` an
     object whose ``merges`` are strings or string pairs and whose ``vocab`` maps tokens to
-    integer ids (or lists [token, score]), ``added_tokens`` objects with an integer ``id``."""
-    data = read_json_file(path)
+    integer ids (or lists [token, score]), ``added_tokens`` objects with an integer ``id``.
+
+    The object returned is shared by every call that reads the same bytes: read it, never
+    modify it."""
+    try:
+        raw = read_bounded(path, MAX_JSON_BYTES, "", ModelReferenceError)
+    except OSError as exc:
+        raise ModelReferenceError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    digest = sha256_hex(raw)
+    if digest in PARSED_TOKENIZER_JSON:
+        return PARSED_TOKENIZER_JSON[digest]
+    data = check_tokenizer_json(read_json_file(path, data=raw), path)
+    while len(PARSED_TOKENIZER_JSON) >= PARSED_TOKENIZER_JSON_ENTRIES:
+        del PARSED_TOKENIZER_JSON[next(iter(PARSED_TOKENIZER_JSON))]
+    PARSED_TOKENIZER_JSON[digest] = data
+    return data
+
+
+def check_tokenizer_json(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """read_tokenizer_json's checks of the parsed file -> the same object; ModelReferenceError
+    naming the file and field otherwise."""
     model = data.get("model")
     if model is not None and not isinstance(model, dict):
         raise ModelReferenceError(f"{path}: field 'model' must be an object, got {type(model).__name__}")

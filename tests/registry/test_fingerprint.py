@@ -11,7 +11,7 @@ import pytest
 
 from specreg.errors import ModelReferenceError
 from specreg.core.fingerprint import (compare_fingerprints, fingerprint_model, read_safetensors_header,
-                                      resolve_reference, sha256_file)
+                                      read_tokenizer_json, resolve_reference, sha256_file)
 
 from helpers import copy_model  # tests/ is on sys.path (tests/conftest.py)
 
@@ -66,6 +66,24 @@ def test_real_changes_change_the_hashes(tiny_models, tmp_path):
     assert after.config_sha256 == before.config_sha256
     assert compare_fingerprints(before, after) == [
         "weight file model.safetensors changed", "tokenizer changed", "chat template changed"]
+
+
+def test_tokenizer_json_is_parsed_once_per_content_and_checked_again_when_it_changes(tiny_models, tmp_path):
+    path = copy_model(tiny_models["draft"], tmp_path / "model") / "tokenizer.json"
+    first = read_tokenizer_json(path)
+    assert read_tokenizer_json(path) is first  # the same bytes: parsed and checked once
+    tokenizer = json.loads(path.read_text())
+    token = next(iter(tokenizer["model"]["vocab"]))
+    tokenizer["model"]["vocab"][token] = -1
+    path.write_text(json.dumps(tokenizer))  # other bytes at the same path, size and all
+    with pytest.raises(ModelReferenceError, match="field 'model.vocab'.* has id -1"):
+        read_tokenizer_json(path)
+    tokenizer["model"]["vocab"][token] = 5
+    path.write_text(json.dumps(tokenizer))
+    assert read_tokenizer_json(path)["model"]["vocab"][token] == 5
+    path.write_text("[" * 100 + "]" * 100)
+    with pytest.raises(ModelReferenceError, match="expected a JSON object"):
+        read_tokenizer_json(path)
 
 
 def test_pickle_only_weights_refused_unless_allowed(tiny_models, tmp_path):

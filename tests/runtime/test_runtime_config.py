@@ -8,7 +8,7 @@ import pytest
 
 from specreg.errors import RuntimeConfigError
 from specreg.runtime.choose_k import (choose_k, choose_tree_depth, expected_speedup, expected_tokens_per_step,
-                                      head_draft_step_cost, measure_cost_ratio)
+                                      head_draft_step_cost, measure_cost_ratio, median_ratio)
 from specreg.runtime.decode import DecodeConfig, speculative_generate, stream_generate, target_only_generate
 from specreg.runtime.metrics import GenerationMetrics, aggregate
 from specreg.runtime.methods import load_pair
@@ -277,6 +277,27 @@ def test_tree_depth_choice_and_head_drafting_cost():
     assert head_draft_step_cost(summary, 0.01) == pytest.approx(0.5)
     assert head_draft_step_cost({"target_forwards": 2, "generations": 2, "draft_steps": 0, "draft_time_s": 0.0},
                                 0.01) == 0.0
+
+
+def test_median_ratio_stops_early_only_when_three_repeats_agree():
+    def timed(values):
+        values = iter(values)
+        calls = []
+
+        def numerator():
+            calls.append(1)
+            return next(values)
+        return numerator, calls
+
+    # 1.00, 1.02, 1.04 agree within 5% of their median: two more repeats could not move it outside them
+    numerator, calls = timed([1.00, 1.04, 1.02, 9.0, 9.0])
+    assert median_ratio(numerator, lambda: 2.0, 5) == 0.51 and len(calls) == 3
+    # 1.0, 1.2, 1.1 do not: all five are timed and the burst (9.0) is outvoted
+    numerator, calls = timed([1.0, 1.2, 9.0, 1.1, 1.05])
+    assert median_ratio(numerator, lambda: 1.0, 5) == 1.1 and len(calls) == 5
+    # three asked for: three timed
+    numerator, calls = timed([3.0, 1.0, 2.0])
+    assert median_ratio(numerator, lambda: 1.0, 3) == 2.0 and len(calls) == 3
 
 
 def test_cost_ratio_is_measured(target, drafts, prompts):
