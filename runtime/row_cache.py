@@ -101,7 +101,8 @@ class RowCache:
         width = int(self.lengths.max())
         columns = self.valid.shape[1]
         # sort each row's columns invalid first, keeping order: the valid ones end up at the right
-        order = torch.argsort(self.valid.to(torch.int8) * columns + torch.arange(columns, device=self.valid.device),
+        # (the key is a long: valid * columns overflows a small integer type past 127 columns)
+        order = torch.argsort(self.valid.long() * columns + torch.arange(columns, device=self.valid.device),
                               dim=1)[:, columns - width:]  # [b, width]
         for layer in self.cache.layers:
             if layer.keys is None or layer.keys.numel() == 0:

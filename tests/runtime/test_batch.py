@@ -157,3 +157,25 @@ def test_compacted_cache_decodes_as_the_plain_one(pairs, prompts, monkeypatch):
     assert any(columns > 0 for _, columns in compactions)
     for generation, prompt, config in zip(batch, prompts, configs):
         assert generation.token_ids == target_only_generate(pair, prompt, config).token_ids
+
+
+def test_compaction_keeps_every_rows_valid_columns_past_127_columns(pairs, monkeypatch):
+    """A cache wider than a small integer type counts (the real pair's default set reached 135
+    columns at batch 8): compaction gathers each row's valid columns, keys unchanged, none lost."""
+    from specreg.runtime import row_cache
+
+    pair, _ = pairs["ngram"]  # the target alone is what the cache holds
+    generator = torch.Generator().manual_seed(3)
+    cache = row_cache.RowCache(pair.target.config, 2, pair.target.device)
+    monkeypatch.setattr(row_cache, "COMPACT_SLACK", 10**6)  # no compaction until asked below
+    for width, kept_last in ((30, (30, 30)), (110, (1, 2))):  # 30 kept, then 110 new with 1 and 2 kept at the end
+        input_ids = torch.randint(0, pair.vocab_size, (2, width), generator=generator)
+        valid = torch.ones(2, width, dtype=torch.bool)
+        cache.forward(pair.target, input_ids, valid, torch.arange(width).expand(2, -1).contiguous(), logits_to_keep=1)
+        cache.keep(torch.stack([torch.arange(width) >= width - n for n in kept_last]))
+    assert cache.valid.shape[1] == 140 and cache.lengths.tolist() == [31, 32]
+    before = [cache.cache.layers[0].keys[r][:, cache.valid[r]].clone() for r in range(2)]
+    cache.compact()
+    assert cache.valid.sum(dim=1).tolist() == [31, 32] and cache.valid.shape[1] == 32
+    for r in range(2):
+        assert torch.equal(cache.cache.layers[0].keys[r][:, cache.valid[r]], before[r])
