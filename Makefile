@@ -30,8 +30,8 @@ test: install
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
 # llama.cpp's llama-server, built once from the llama-cpp-python sdist (fetched from the package index)
-# into $SPECREG_ENGINE_CACHE (default /var/cache/specreg/engines); the first build took 55 min on 2 cores under
-# load ~11 (2026-12-01; idle not measured), later runs reuse it.
+# into $SPECREG_ENGINE_CACHE (default /var/cache/specreg/engines): minutes to an hour on 2 cores the first
+# time (docs/benchmarks.md), later runs reuse it.
 # The build records the binary's sha256 in the registry ($SPECREG_HOME): its schema is brought up to
 # this specreg's first (a registry an older specreg made is migrated, never rebuilt).
 llamacpp: install
