@@ -55,6 +55,19 @@ class Proposal(NamedTuple):
     draft_probs: Any = None
 
 
+def point_mass_proposal(token_ids: list[int], vocab_size: int, sampling: bool, device) -> Proposal:
+    """A model-free method's looked-up continuation -> its Proposal: draft_token_ids # [<=k] and,
+    when sampling, draft_probs # [<=k, vocab] point masses (q is 1 on the looked-up token)."""
+    import torch
+
+    draft_ids = torch.tensor(token_ids, dtype=torch.long, device=device)  # [<=k]
+    if not sampling:
+        return Proposal(draft_ids)
+    draft_probs = torch.zeros(len(token_ids), vocab_size, device=device)
+    draft_probs[torch.arange(len(token_ids)), draft_ids] = 1.0  # point mass q
+    return Proposal(draft_ids, draft_probs)
+
+
 class Drafter(Protocol):
     hidden_state_ids: tuple[int, ...]
     last_forwards: list[int]

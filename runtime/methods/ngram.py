@@ -3,7 +3,7 @@ of the longest earlier occurrence of the sequence's last tokens."""
 
 from __future__ import annotations
 
-from specreg.runtime.methods.base import DraftRequest, Method, PerRowDrafter, Proposal
+from specreg.runtime.methods.base import DraftRequest, Method, PerRowDrafter, Proposal, point_mass_proposal
 
 
 class NgramDrafter:
@@ -42,16 +42,7 @@ class NgramDrafter:
     def propose(self, request: DraftRequest) -> Proposal:
         """The lookup's continuation of request.token_list -> (draft_token_ids # [<=k], draft_probs
         # [<=k, vocab] point masses, or None when greedy)."""
-        import torch
-
-        proposal = self.lookup(request.token_list, request.k)
-        device = request.tokens.device
-        draft_ids = torch.tensor(proposal, dtype=torch.long, device=device)  # [<=k]
-        if not self.sampling:
-            return Proposal(draft_ids)
-        draft_probs = torch.zeros(len(proposal), self.vocab_size, device=device)
-        draft_probs[torch.arange(len(proposal)), draft_ids] = 1.0  # point mass q
-        return Proposal(draft_ids, draft_probs)
+        return point_mass_proposal(self.lookup(request.token_list, request.k), self.vocab_size, self.sampling, request.tokens.device)
 
     def rollback(self, valid_length: int, hidden_states=None) -> None:
         """Nothing cached: the lookup reads the verified sequence afresh each step."""

@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections import deque
 
 from specreg.core.suffix import SuffixSettings
-from specreg.runtime.methods.base import DraftRequest, Method, PerRowDrafter, Proposal
+from specreg.runtime.methods.base import DraftRequest, Method, PerRowDrafter, Proposal, point_mass_proposal
 from specreg.runtime.methods.ngram import load as ngram_load
 
 class _Node:
@@ -174,16 +174,7 @@ class SuffixDrafter:
     def propose(self, request: DraftRequest) -> Proposal:
         """The trees' draft continuing request.token_list -> (draft_token_ids # [<=k], draft_probs #
         [<=k, vocab] point masses, or None when greedy)."""
-        import torch
-
-        proposal = self.draft(request.token_list, request.k)
-        device = request.tokens.device
-        draft_ids = torch.tensor(proposal, dtype=torch.long, device=device)  # [<=k]
-        if not self.sampling:
-            return Proposal(draft_ids)
-        draft_probs = torch.zeros(len(proposal), self.vocab_size, device=device)
-        draft_probs[torch.arange(len(proposal)), draft_ids] = 1.0  # point mass q
-        return Proposal(draft_ids, draft_probs)
+        return point_mass_proposal(self.draft(request.token_list, request.k), self.vocab_size, self.sampling, request.tokens.device)
 
     def rollback(self, valid_length: int, hidden_states=None) -> None:
         """Nothing to drop (only verified tokens are fed); the first call fixes the prompt length."""
