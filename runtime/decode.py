@@ -159,6 +159,7 @@ class Row:
     metrics: GenerationMetrics
     speculating: bool
     cached_length: int = 0  # leading tokens whose keys/values the target cache holds
+    start: float = 0.0  # perf_counter when the row joined the batch: its latencies count from here
     generated: list[int] = field(default_factory=list)
     rolling_tau: deque = field(default_factory=deque)
     stop: str | None = None
@@ -401,7 +402,7 @@ def roll_back(cache, drafter, rows: list[Row], accepted: list[tuple], kept, hidd
         drafter.rollback([row.cached_length for row in rows], hiddens)
 
 
-def emit(pair: ModelPair, rows: list[Row], step: Step, accepted: list[tuple], start: float, step_start: float,
+def emit(pair: ModelPair, rows: list[Row], step: Step, accepted: list[tuple], step_start: float,
          verify_start: float) -> Iterator[tuple[int, int]]:
     """Yield each row's verified tokens (row index, token id), stopping a row at EOS, a stop string
     or its budget, and record the step in its metrics."""
@@ -418,7 +419,7 @@ def emit(pair: ModelPair, rows: list[Row], step: Step, accepted: list[tuple], st
             row.rolling_tau.append(num_accepted + 1)
         first_step = row.metrics.ttft_s is None
         if first_step:
-            row.metrics.ttft_s = now - start
+            row.metrics.ttft_s = now - row.start
         share = (now - step_start) / len(emitted_list)
         for position, token in enumerate(emitted_list):
             row.generated.append(token)
@@ -437,7 +438,7 @@ def emit(pair: ModelPair, rows: list[Row], step: Step, accepted: list[tuple], st
                 break
         if row.stop:
             row.metrics.stop_reason = row.stop
-            row.metrics.total_time_s = time.perf_counter() - start
+            row.metrics.total_time_s = time.perf_counter() - row.start
         else:
             row.tokens = torch.cat([row.tokens, emitted.view(1, -1)], dim=1)  # [1, length]
 
@@ -454,27 +455,78 @@ def leave(rows: list[Row], cache, drafter) -> list[Row]:
     return rows
 
 
+@dataclass
+class Batch:
+    """The rows decoding together, their target cache (row_cache.RowCache) and their drafter
+    (None: target-only)."""
+
+    rows: list[Row]
+    cache: object
+    drafter: object
+
+    def extend(self, other: "Batch") -> None:
+        """Take in other's rows, cache columns and drafter state after its first step (the drafter
+        fed their tokens first, in a forward of their own)."""
+        if other.drafter is not None:
+            other.drafter.prefill([DraftRequest(row.tokens, row.token_list, int(row.speculating))
+                                   for row in other.rows])
+        self.rows += other.rows
+        self.cache.extend(other.cache)
+        if self.drafter is not None:
+            self.drafter.extend(other.drafter)
+
+
+def step(pair: ModelPair, batch: Batch, config: DecodeConfig, memory_probe, rules: tuple, device,
+         finished: Callable[[int], None] | None = None) -> Iterator[tuple[int, int]]:
+    """One step of every row of the batch, yielding (row index, token) as emit does; the rows that
+    finished leave it (finished(row index) for each)."""
+    step_start = time.perf_counter()
+    fall_back(batch.rows, config, memory_probe)
+    drafts, verify_start = draft(batch.drafter, batch.rows, config, step_start, device)
+    hidden_state_ids = batch.drafter.hidden_state_ids if batch.drafter is not None else ()
+    logits, hidden, query_valid, width = verify(pair, batch.cache, batch.rows, drafts, hidden_state_ids, device)
+    accepted, kept = accept_rows(batch.rows, logits, drafts, query_valid, width, rules)
+    roll_back(batch.cache, batch.drafter, batch.rows, accepted, kept, hidden)
+    yield from emit(pair, batch.rows, drafts, accepted, step_start, verify_start)
+    for row in batch.rows:
+        if row.stop and finished is not None:
+            finished(row.index)
+    batch.rows = leave(batch.rows, batch.cache, batch.drafter)
+
+
+def admits(free: int, waiting: int, max_rows: int) -> bool:
+    """Whether rows waiting join now: when at least half the batch is free (or every row still
+    waiting fits). A join costs a step of its own (the newcomers' drafting from their prompts and
+    their prefill, which a batch in flight cannot share without computing padding as wide as a
+    prompt for each of its rows), so joining one row at a time would cost nearly a step per row."""
+    return waiting > 0 and free >= min(waiting, max(1, max_rows // 2))
+
+
 def decode_rows(pair: ModelPair, prompts: list, configs: list[DecodeConfig], *, speculate: bool = True,
                 metrics: list[GenerationMetrics] | None = None, batch_size: int | None = None,
+                max_rows: int | None = None, finished: Callable[[int], None] | None = None,
                 memory_probe: Callable[[], int] | None = None,
                 acceptance_rule: Callable = rejection_sample,
                 greedy_rule: Callable = greedy_accept,
                 tree_acceptance_rule: Callable = tree_rejection_sample,
                 tree_greedy_rule: Callable = tree_greedy_accept) -> Iterator[tuple[int, int]]:
-    """Decode many prompts at once; yield (row index, verified token id) as each is emitted
-    (never a draft that was not accepted).
+    """Decode many prompts, at most max_rows at once; yield (row index, verified token id) as each
+    is emitted (never a draft that was not accepted).
 
     prompts: per row a list[int] or a tensor # [1, n] / [n]; configs: per row a DecodeConfig (one
     method, k and tree for all: check_batch). Each row has its own acceptance, length, stops,
     random generator (seeded with its config.seed, drawn from in the order one row alone would)
-    and metrics (metrics[r], filled as it goes); rows leave the batch as they finish. Token for
+    and metrics (metrics[r], filled as it goes, its times counted from when it joined); rows leave
+    the batch as they finish and the rows waiting join it as it empties (admits): each joins
+    with a first step of its own, its prompt's prefill, then decodes in the batch. Token for
     token a row decodes as it would alone, up to rounding where padding changes the order of a
     reduction (the equivalence check's near-tie rule covers that, as for verification).
-    speculate=False decodes target-only through the same loop. batch_size: the concurrency served
-    (default the number of rows); above config.disable_above_batch_size speculation is off.
-    memory_probe() -> free accelerator bytes (default torch.cuda.mem_get_info on CUDA).
-    acceptance_rule / greedy_rule (chains) and tree_acceptance_rule / tree_greedy_rule (trees)
-    replace the rules of acceptance.py (tests inject broken rules to show the validators catch them).
+    speculate=False decodes target-only through the same loop. max_rows: default all the rows at
+    once. finished(row index) is called as each row ends. batch_size: the concurrency served (default min(max_rows, rows)); above
+    config.disable_above_batch_size speculation is off. memory_probe() -> free accelerator bytes
+    (default torch.cuda.mem_get_info on CUDA). acceptance_rule / greedy_rule (chains) and
+    tree_acceptance_rule / tree_greedy_rule (trees) replace the rules of acceptance.py (tests
+    inject broken rules to show the validators catch them).
     """
     import torch
 
@@ -484,38 +536,52 @@ def decode_rows(pair: ModelPair, prompts: list, configs: list[DecodeConfig], *, 
     config = configs[0]  # what the rows share
     device = pair.device
     metrics = metrics if metrics is not None else [GenerationMetrics() for _ in prompts]
-    batch_size = batch_size if batch_size is not None else len(prompts)
-    rows = [new_row(pair, index, prompt_ids, row_config, metrics[index], speculate)
-            for index, (prompt_ids, row_config) in enumerate(zip(prompts, configs))]
+    max_rows = max_rows if max_rows is not None else len(prompts)
+    if max_rows < 1:
+        raise RuntimeConfigError(f"max_rows = {max_rows}: at least one row decodes at a time")
+    batch_size = batch_size if batch_size is not None else min(max_rows, len(prompts))
+    waiting = deque(new_row(pair, index, prompt_ids, row_config, metrics[index], speculate)
+                    for index, (prompt_ids, row_config) in enumerate(zip(prompts, configs)))
     if memory_probe is None and config.min_free_memory_bytes is not None:
         memory_probe = default_memory_probe(device)
-    drafter = None
+    method = None
     if speculate:
         from specreg.runtime.methods import drafting_method
 
-        drafter = drafting_method(config.method).drafter(pair, configs, [row.generator for row in rows])
-        if config.disable_above_batch_size is not None and batch_size > config.disable_above_batch_size:
-            for row in rows:
+        method = drafting_method(config.method)
+    serves_drafts = config.disable_above_batch_size is None or batch_size <= config.disable_above_batch_size
+    rules = (acceptance_rule, greedy_rule, tree_acceptance_rule, tree_greedy_rule)
+
+    def admit(count: int) -> Batch:
+        rows = [waiting.popleft() for _ in range(count)]
+        now = time.perf_counter()
+        for row in rows:
+            row.start = now
+            if speculate and not serves_drafts:
                 row.metrics.record_fallback("batch_size", batch_size)
                 row.speculating = False
-    hidden_state_ids = drafter.hidden_state_ids if drafter is not None else ()
-    rules = (acceptance_rule, greedy_rule, tree_acceptance_rule, tree_greedy_rule)
-    cache = RowCache(pair.target.config, len(rows), device)
-    start = time.perf_counter()
+        drafter = method.drafter(pair, [row.config for row in rows], [row.generator for row in rows]) if method else None
+        return Batch(rows, RowCache(pair.target.config, len(rows), device), drafter)
+
+    batch = None
     try:
         with torch.inference_mode():
-            while rows:
-                step_start = time.perf_counter()
-                fall_back(rows, config, memory_probe)
-                step, verify_start = draft(drafter, rows, config, step_start, device)
-                logits, hidden, query_valid, width = verify(pair, cache, rows, step, hidden_state_ids, device)
-                accepted, kept = accept_rows(rows, logits, step, query_valid, width, rules)
-                roll_back(cache, drafter, rows, accepted, kept, hidden)
-                yield from emit(pair, rows, step, accepted, start, step_start, verify_start)
-                rows = leave(rows, cache, drafter)
+            while waiting or batch is not None:
+                free = max_rows - (len(batch.rows) if batch is not None else 0)
+                if admits(free, len(waiting), max_rows):
+                    newcomers = admit(min(free, len(waiting)))
+                    yield from step(pair, newcomers, config, memory_probe, rules, device, finished)
+                    if batch is None:
+                        batch = newcomers
+                    elif newcomers.rows:
+                        batch.extend(newcomers)
+                else:
+                    yield from step(pair, batch, config, memory_probe, rules, device, finished)
+                if batch is not None and not batch.rows:
+                    batch = None
     finally:
-        for row in rows:
-            row.metrics.total_time_s = time.perf_counter() - start
+        for row in batch.rows if batch is not None else ():
+            row.metrics.total_time_s = time.perf_counter() - row.start
 
 
 def stream_generate(pair: ModelPair, prompt_ids, config: DecodeConfig, *, speculate: bool = True,
@@ -532,9 +598,10 @@ def stream_generate(pair: ModelPair, prompt_ids, config: DecodeConfig, *, specul
 
 
 def generate_batch(pair: ModelPair, prompts: list, configs, *, speculate: bool = True, **hooks) -> list[Generation]:
-    """Decode many prompts at once -> one Generation per prompt, in order; each row's metrics
-    carry the batch's size and its share of the batch's wall time (metrics.batch_size,
-    metrics.batch_time_s), so pooled throughput is tokens / the batch's time.
+    """Decode many prompts, hooks["max_rows"] at once (default all) -> one Generation per prompt,
+    in order; each row's metrics carry the batch's size (the rows decoded at once) and its share
+    of the whole decode's wall time (metrics.batch_size, metrics.batch_time_s), so pooled
+    throughput is tokens / the wall time.
 
     configs: one DecodeConfig for all, or one per prompt (sharing method, k and tree). hooks: as
     decode_rows."""
@@ -549,7 +616,7 @@ def generate_batch(pair: ModelPair, prompts: list, configs, *, speculate: bool =
     wall = time.perf_counter() - start
     generations = []
     for ids, one in zip(token_ids, metrics):
-        one.batch_size, one.batch_time_s = len(prompts), wall / len(prompts)
+        one.batch_size, one.batch_time_s = min(hooks.get("max_rows") or len(prompts), len(prompts)), wall / len(prompts)
         text = pair.tokenizer.decode(ids) if pair.tokenizer is not None else None
         generations.append(Generation(token_ids=ids, text=text, metrics=one))
     return generations

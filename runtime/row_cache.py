@@ -86,6 +86,28 @@ class RowCache:
         self.valid, self.lengths = self.valid[index], self.lengths[index]
         self.trim()
 
+    def extend(self, other: "RowCache") -> None:
+        """Append other's rows after these (rows admitted while these decode). Keys hold their
+        rotary positions already, so a column's place does not matter: the narrower cache is
+        padded with invalid columns on the left to the other's width. A side that never ran a
+        forward (a drafter that has not drafted yet) joins as rows of invalid columns."""
+        columns = max(self.valid.shape[1], other.valid.shape[1])
+        counts = (self.valid.shape[0], other.valid.shape[0])
+        for layer, added in zip(self.cache.layers, other.cache.layers):
+            sides = (layer, added)
+            known = next((side for side in sides if side.is_initialized), None)
+            if known is None:
+                continue
+            if not layer.is_initialized:
+                layer.lazy_initialization(known.keys, known.values)
+            for name in ("keys", "values"):
+                parts = [left_pad(getattr(side, name) if side.is_initialized
+                                  else empty_like(getattr(known, name), rows), columns)
+                         for side, rows in zip(sides, counts)]
+                setattr(layer, name, torch.cat(parts, dim=0))
+        self.valid = torch.cat([left_pad(self.valid, columns, dim=1), left_pad(other.valid, columns, dim=1)], dim=0)
+        self.lengths = torch.cat([self.lengths, other.lengths])
+
     def trim(self) -> None:
         held = self.valid.any(dim=0)  # [columns]
         columns = held.shape[0]
@@ -111,3 +133,18 @@ class RowCache:
             layer.keys = layer.keys.gather(2, index)
             layer.values = layer.values.gather(2, index)
         self.valid = self.valid.gather(1, order)
+
+
+def left_pad(tensor, columns: int, dim: int = 2):
+    """tensor widened to `columns` along dim with zeros (False: invalid columns) on the left."""
+    missing = columns - tensor.shape[dim]
+    if missing == 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([torch.zeros(shape, dtype=tensor.dtype, device=tensor.device), tensor], dim=dim)
+
+
+def empty_like(tensor, rows: int):
+    """No columns of `rows` rows shaped like tensor # [b, heads, columns, dim] -> [rows, heads, 0, dim]."""
+    return tensor.new_zeros(rows, tensor.shape[1], 0, tensor.shape[3])

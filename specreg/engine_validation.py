@@ -186,7 +186,7 @@ def golden_prompts(golden, tokenizer) -> tuple[list[dict[str, Any]], list[dict[s
 
 def runtime_pass(pair, prompts, version: PairVersion, progress: Progress | None = None,
                  batch_size: int = 8) -> list[dict[str, Any]]:
-    """Our runtime's greedy speculative decode of every prompt, batch_size at once -> counts rows
+    """Our runtime's greedy speculative decode of every prompt, batch_size at a time -> counts rows
     (+ "token_ids"), on llama-server's schedule (DecodeConfig.prefill_alone: the prefill emits the
     first token alone, drafting starts from it) and with its count at a stop token (a matching
     end-of-generation draft ends acceptance: runtime.metrics.stop_draft_counts), so both loops
@@ -198,17 +198,12 @@ def runtime_pass(pair, prompts, version: PairVersion, progress: Progress | None 
     from specreg.validators.equivalence import decode_config
 
     settings = DecodeConfig.from_spec(version.config)
-    rows = []
     one_more = counting(progress, "our runtime (greedy, the engine's schedule)", len(prompts))
-    for start in range(0, len(prompts), batch_size):
-        chunk = prompts[start:start + batch_size]
-        generations = generate_batch(pair, [prompt["prompt_ids"] for prompt in chunk],
-                                     [decode_config(prompt["golden"], settings, greedy=True) for prompt in chunk])
-        for prompt, generation in zip(chunk, generations):
-            rows.append(engine_row(prompt["record"], prompt["category"], stop_draft_counts(generation.metrics),
-                                   generation.token_ids))
-            one_more(prompt["record"])
-    return rows
+    generations = generate_batch(pair, [prompt["prompt_ids"] for prompt in prompts],
+                                 [decode_config(prompt["golden"], settings, greedy=True) for prompt in prompts],
+                                 max_rows=batch_size, finished=lambda index: one_more(prompts[index]["record"]))
+    return [engine_row(prompt["record"], prompt["category"], stop_draft_counts(generation.metrics),
+                       generation.token_ids) for prompt, generation in zip(prompts, generations)]
 
 
 def engine_row(record: str, category: str, counts: dict[str, Any], token_ids) -> dict[str, Any]:

@@ -134,18 +134,17 @@ class CheckContext:
         from transformers.utils import logging as transformers_logging
 
         from specreg.runtime.methods import load_pair
-        from specreg.validators.equivalence import decode_golden
+        from specreg.validators.equivalence import decode_golden, decoded_rows
 
         transformers_logging.disable_progress_bar()  # the suite reports its own progress
-        version, total, done = self.pair_version, len(self.golden), [0]
+        version = self.pair_version
 
-        def advance(record_id: str) -> None:
-            done[0] += 1
-            self.report(DECODING, done[0], total, record_id)
+        def advance(done: int, total: int, record_id: str) -> None:
+            self.report(DECODING, done, total, record_id)
 
         # loaded from what is checked against the registered fingerprints while it is read:
         # files swapped since the integrity check are never validated as the registered ones
-        self.report(DECODING, 0, total, "loading the models")
+        self.report(DECODING, 0, decoded_rows(self.golden), "loading the models")
         pair = load_pair(self.target_dir, self.draft_dir, device=self.device, dtype=self.options.dtype,
                          target_fingerprint=version.target.fingerprint,
                          draft_fingerprint=version.draft.fingerprint if version.draft else None,

@@ -79,18 +79,20 @@ def decode_config(record, settings, *, greedy: bool, seed: int = 0):
 
 
 def decode_golden(pair, golden, settings, *, seed: int = 0,
-                  progress: Callable[[str], None] | None = None, hooks: dict | None = None,
+                  progress: Callable[[int, int, str], None] | None = None, hooks: dict | None = None,
                   batch_size: int = DEFAULT_BATCH_SIZE) -> GoldenDecodes:
-    """Decode every golden record on the runtime, batch_size prompts at once -> GoldenDecodes.
+    """Decode every golden record on the runtime, batch_size prompts at a time -> GoldenDecodes.
 
     pair: a runtime ModelPair; golden: a GoldenSet; settings: the pair's runtime DecodeConfig
     (DecodeConfig.from_spec: method, k, prompt lookup, parsed tree); hooks: passed to the speculative decodes
-    (acceptance_rule / greedy_rule: tests inject broken rules). Per prompt: target-only greedy,
-    speculative greedy and, for sampled records, speculative sampling as the record asks (each row
-    decodes as it would alone: runtime/decode.decode_rows). progress(record_id) is called for each
-    record as its batch ends. With batch_size > 1 the first prompts (a tenth of the set, 1 to
-    LATENCY_PROMPTS) are decoded again one at a time (GoldenDecodes.single). Records the target's tokenizer cannot encode (a
-    chat record and no chat template) are skipped and listed; the chat_template check reports why.
+    (acceptance_rule / greedy_rule: tests inject broken rules). Three passes over the set:
+    target-only greedy, speculative greedy and, for sampled records, speculative sampling as the
+    record asks; in each, a row that ends makes room for the next prompt (each row decodes as it
+    would alone: runtime/decode.decode_rows). progress(done, total, record_id) as each record's
+    pass ends (total: the rows of all passes). With batch_size > 1 the first prompts (a tenth of the
+    set, 1 to LATENCY_PROMPTS) are decoded again one at a time (GoldenDecodes.single). Records the
+    target's tokenizer cannot encode (a chat record and no chat template) are skipped and listed;
+    the chat_template check reports why.
     """
     import jinja2
 
@@ -104,39 +106,48 @@ def decode_golden(pair, golden, settings, *, seed: int = 0,
             encoded.append((record, record.encode(pair.tokenizer)))
         except (ModelReferenceError, jinja2.TemplateError) as exc:
             decodes.skipped.append({"record": record.id, "reason": " ".join(str(exc).split())[:200]})
-            if progress:
-                progress(record.id)
+    sampled = [item for item in encoded if not item[0].is_greedy]
+    total = decoded_rows(golden)
+    done = [total - 2 * len(encoded) - len(sampled)]  # a skipped record's passes count as done
+    if progress and decodes.skipped:
+        progress(done[0], total, decodes.skipped[-1]["record"])
     if not encoded:
         return decodes
-    batch_size = decodes.batch_size = min(batch_size, len(encoded))  # the largest batch decoded
+    batch_size = decodes.batch_size = min(batch_size, len(encoded))  # the most rows decoded at once
 
-    def decode(chunk, sampling: bool = True):
-        prompts = [list(ids) for _, ids in chunk]
-        greedy = [decode_config(record, settings, greedy=True, seed=seed) for record, _ in chunk]
-        target_only = generate_batch(pair, prompts, greedy, speculate=False)
-        speculative = generate_batch(pair, prompts, greedy, **hooks)
-        sampled_rows = [row for row, (record, _) in enumerate(chunk) if sampling and not record.is_greedy]
-        sampled = dict(zip(sampled_rows, generate_batch(
-            pair, [prompts[row] for row in sampled_rows],
-            [decode_config(chunk[row][0], settings, greedy=False, seed=seed) for row in sampled_rows],
-            **hooks))) if sampled_rows else {}
-        return [PromptRun(record.id, record.category, prompts[row], float(record.temperature or 0.0),
-                          speculative[row], target_only[row], sampled.get(row))
-                for row, (record, _) in enumerate(chunk)]
+    def decode(items, *, greedy: bool, speculate: bool = True, rows: int = batch_size):
+        def finished(index: int) -> None:
+            done[0] += 1
+            if progress:
+                progress(done[0], total, items[index][0].id)
+
+        return generate_batch(pair, [list(ids) for _, ids in items],
+                              [decode_config(record, settings, greedy=greedy, seed=seed) for record, _ in items],
+                              speculate=speculate, max_rows=rows, finished=finished if rows > 1 else None,
+                              **(hooks if speculate else {}))
 
     warm_up(pair, encoded, settings, seed=seed, batch_size=batch_size, hooks=hooks)
-    for start in range(0, len(encoded), batch_size):
-        chunk = encoded[start:start + batch_size]
-        decodes.runs.extend(decode(chunk))
-        if progress:
-            for record, _ in chunk:
-                progress(record.id)
+    target_only = decode(encoded, greedy=True, speculate=False)
+    speculative = decode(encoded, greedy=True)
+    by_record = dict(zip((record.id for record, _ in sampled), decode(sampled, greedy=False))) if sampled else {}
+    decodes.runs = [PromptRun(record.id, record.category, list(ids), float(record.temperature or 0.0),
+                              spec, plain, by_record.get(record.id))
+                    for (record, ids), spec, plain in zip(encoded, speculative, target_only)]
     if batch_size == 1:
         decodes.single = decodes.runs
     else:
         count = max(1, min(LATENCY_PROMPTS, round(len(encoded) * LATENCY_SHARE)))
-        decodes.single = [run for item in encoded[:count] for run in decode([item], sampling=False)]
+        for record, ids in encoded[:count]:
+            plain = decode([(record, ids)], greedy=True, speculate=False, rows=1)[0]
+            spec = decode([(record, ids)], greedy=True, rows=1)[0]
+            decodes.single.append(PromptRun(record.id, record.category, list(ids), float(record.temperature or 0.0),
+                                            spec, plain))
     return decodes
+
+
+def decoded_rows(golden) -> int:
+    """The rows decode_golden decodes over its passes: two per record, three per sampled one."""
+    return sum(2 if record.is_greedy else 3 for record in golden)
 
 
 def warm_up(pair, encoded: list, settings, *, seed: int, batch_size: int, hooks: dict) -> None:

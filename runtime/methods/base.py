@@ -24,6 +24,10 @@ A Drafter drafts for the rows of one batch, in the order the loop lists them:
                                           hidden_state_ids) the target states # [1, m, A*H] of
                                           the m positions verified this step, else None
     select(rows)                          keep only these rows (the others finished)
+    prefill(requests)                     make the rows' state ready to draft from their verified
+                                          tokens without drafting (rows about to join a batch)
+    extend(other)                         append the rows of another drafter of the same method
+                                          (rows admitted into the batch, after their first step)
 
 A method that keeps one drafter per row (n-gram, heads) writes a RowDrafter (propose(request) ->
 Proposal, rollback(valid_length, hidden_states=None), forwards) and batches it with
@@ -78,6 +82,10 @@ class Drafter(Protocol):
 
     def select(self, rows: list[int]) -> None: ...
 
+    def prefill(self, requests: list[DraftRequest]) -> None: ...
+
+    def extend(self, other: "Drafter") -> None: ...
+
 
 class RowDrafter(Protocol):
     forwards: int  # forwards run so far (0 for a model-free method)
@@ -123,6 +131,14 @@ class PerRowDrafter:
     def select(self, rows: list[int]) -> None:
         self.drafters = [self.drafters[r] for r in rows]
         self.last_forwards = [self.last_forwards[r] for r in rows]
+
+    def prefill(self, requests: list[DraftRequest]) -> None:
+        """Nothing: a row's own drafter reads its state as it goes (a head the target states
+        handed at rollback, a lookup the tokens), none is shared with other rows."""
+
+    def extend(self, other: "PerRowDrafter") -> None:
+        self.drafters += other.drafters
+        self.last_forwards += other.last_forwards
 
 
 @dataclass(frozen=True)

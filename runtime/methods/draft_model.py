@@ -51,15 +51,7 @@ class DraftModelDrafter:
         # tokens), right-aligned; then one token per row still drafting
         new = [row_tokens[0, self.cached_lengths[r]:] if ks[r] > 0 else row_tokens[0, :0]
                for r, row_tokens in enumerate(tokens)]
-        width = max(piece.shape[0] for piece in new)
-        input_ids = torch.zeros(len(new), width, dtype=torch.long, device=device)  # [b, width]
-        query_valid = torch.zeros(len(new), width, dtype=torch.bool, device=device)
-        offsets = torch.zeros(len(new), width, dtype=torch.long, device=device)
-        for r, piece in enumerate(new):
-            if piece.shape[0]:
-                input_ids[r, width - piece.shape[0]:] = piece
-                query_valid[r, width - piece.shape[0]:] = True
-                offsets[r, width - piece.shape[0]:] = torch.arange(piece.shape[0], device=device)
+        input_ids, query_valid, offsets = right_aligned(new, device)
         draft_ids = [[] for _ in new]
         draft_probs = [[] for _ in new]
         self.last_forwards = [0] * len(new)
@@ -87,6 +79,28 @@ class DraftModelDrafter:
                 torch.cat(draft_probs[r]) if draft_probs[r] else None))
         return proposals
 
+    def prefill(self, requests: list[DraftRequest]) -> None:
+        """Feed each speculating row's verified tokens but the last (which its next draft step
+        feeds) into the draft cache, in one forward of these rows: rows joining a batch on the
+        engines' schedule have drafted nothing yet, and their prompts fed inside the batch's next
+        draft step would pad every row of it to a prompt's width."""
+        from specreg.runtime.row_cache import RowCache
+
+        pieces = [request.tokens[0, self.cached_lengths[r]:-1] for r, request in enumerate(requests)]
+        # one or two tokens behind is every draft step's own catching up
+        pieces = [piece if request.k > 0 and piece.shape[0] > 1 else piece[:0]
+                  for piece, request in zip(pieces, requests)]
+        if max(piece.shape[0] for piece in pieces) == 0:
+            return
+        device = requests[0].tokens.device
+        if self.cache is None:
+            self.cache = RowCache(self.model.config, len(self.rows), device)
+        input_ids, query_valid, offsets = right_aligned(pieces, device)
+        self.cache.forward(self.model, input_ids, query_valid, offsets)
+        self.cache.keep(query_valid)
+        self.forwards += 1
+        self.cached_lengths = [cached + piece.shape[0] for cached, piece in zip(self.cached_lengths, pieces)]
+
     def rollback(self, valid_lengths: list[int], hidden_states=None) -> None:
         """Drop each row's cached positions past the first valid_lengths[r] tokens of its sequence."""
         if self.cache is None:
@@ -101,6 +115,36 @@ class DraftModelDrafter:
         self.last_forwards = [self.last_forwards[r] for r in rows]
         if self.cache is not None:
             self.cache.select(rows)
+
+    def extend(self, other: "DraftModelDrafter") -> None:
+        """Append other's rows (and their draft cache: a drafter that has not drafted yet has none)."""
+        if self.cache is not None or other.cache is not None:
+            from specreg.runtime.row_cache import RowCache
+
+            device = (self.cache or other.cache).valid.device
+            mine = self.cache or RowCache(self.model.config, len(self.rows), device)
+            mine.extend(other.cache or RowCache(self.model.config, len(other.rows), device))
+            self.cache = mine
+        self.rows += other.rows
+        self.cached_lengths += other.cached_lengths
+        self.last_forwards += other.last_forwards
+
+
+def right_aligned(pieces: list, device):
+    """Per row a token tensor # [n_r] -> (input_ids # [b, W], query_valid # [b, W] bool, offsets
+    # [b, W]) with each row's tokens at the right end, W the longest; offsets count from 0 per row."""
+    import torch
+
+    width = max(piece.shape[0] for piece in pieces)
+    input_ids = torch.zeros(len(pieces), width, dtype=torch.long, device=device)  # [b, width]
+    query_valid = torch.zeros(len(pieces), width, dtype=torch.bool, device=device)
+    offsets = torch.zeros(len(pieces), width, dtype=torch.long, device=device)
+    for r, piece in enumerate(pieces):
+        if piece.shape[0]:
+            input_ids[r, width - piece.shape[0]:] = piece
+            query_valid[r, width - piece.shape[0]:] = True
+            offsets[r, width - piece.shape[0]:] = torch.arange(piece.shape[0], device=device)
+    return input_ids, query_valid, offsets
 
 
 def load(target_path, draft_path, device, dtype, *, target_fingerprint=None, draft_fingerprint=None):

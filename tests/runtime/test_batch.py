@@ -35,15 +35,18 @@ def row_configs(base: DecodeConfig, sampled: bool) -> list[DecodeConfig]:
     return configs
 
 
-def assert_batch_equals_alone(pair, prompts, configs, speculate=True):
-    batch = generate_batch(pair, prompts, configs, speculate=speculate)
+def assert_batch_equals_alone(pair, prompts, configs, speculate=True, max_rows=None):
+    finished = []
+    batch = generate_batch(pair, prompts, configs, speculate=speculate, max_rows=max_rows, finished=finished.append)
     alone = [(speculative_generate if speculate else target_only_generate)(pair, prompt, config)
              for prompt, config in zip(prompts, configs)]
     for row, (ours, reference) in enumerate(zip(batch, alone)):
         assert ours.token_ids == reference.token_ids, f"row {row}"
         for name in COUNTS:
             assert getattr(ours.metrics, name) == getattr(reference.metrics, name), f"row {row}: {name}"
-        assert ours.metrics.batch_size == len(prompts) and reference.metrics.batch_size == 1
+        assert ours.metrics.batch_size == min(max_rows or len(prompts), len(prompts))
+        assert reference.metrics.batch_size == 1
+    assert sorted(finished) == list(range(len(prompts)))  # each row reported once, as it ended
     return batch
 
 
@@ -86,6 +89,35 @@ def test_batch_equals_each_prompt_alone(pairs, prompts, name, sampled):
         assert all(g.metrics.accepted == 0 < g.metrics.drafted for g in batch)
     if name == "draft_model aligned":
         assert max(g.metrics.accepted for g in batch) > 0
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("name", ["draft_model aligned", "draft_model random", "ngram", "suffix", "eagle3",
+                                  "eagle3 tree", "medusa tree", "mtp"])
+def test_rows_joining_as_others_finish_decode_as_alone(pairs, prompts, name, sampled):
+    """Eight prompts through a batch of three: rows join as rows end (each after its own first
+    step, its cache columns and drafter state then merged into the batch's), and every row still
+    decodes as it would alone."""
+    pair, base = pairs[name]
+    configs = row_configs(dataclasses.replace(base, eos_token_ids=()), sampled)
+    configs = configs + [dataclasses.replace(c, max_new_tokens=c.max_new_tokens // 2 + 3, seed=c.seed + 100)
+                         for c in configs]
+    batch = assert_batch_equals_alone(pair, list(prompts) + list(prompts[::-1]), configs, max_rows=3)
+    assert [len(generation.token_ids) for generation in batch] == [c.max_new_tokens for c in configs]
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("name", ["draft_model aligned", "eagle3", "mtp"])
+def test_rows_joining_on_the_engines_schedule_decode_as_alone(pairs, prompts, name, sampled):
+    """On the engines' schedule (validate's) a joining row drafts nothing in its first step: the
+    draft model is fed its prompt in a forward of its own before it joins, and every row still
+    decodes as it would alone."""
+    pair, base = pairs[name]
+    configs = [dataclasses.replace(c, prefill_alone=True)
+               for c in row_configs(dataclasses.replace(base, eos_token_ids=()), sampled)]
+    configs = configs + [dataclasses.replace(c, max_new_tokens=c.max_new_tokens // 2 + 3, seed=c.seed + 100)
+                         for c in configs]
+    assert_batch_equals_alone(pair, list(prompts) + list(prompts[::-1]), configs, max_rows=3)
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
