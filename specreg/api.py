@@ -15,7 +15,7 @@ from __future__ import annotations
 from specreg import settings
 from specreg.registry.store.entities import AuditEvent, PairState, PairVersion
 from specreg.registry.store.store import Store
-from specreg.usecases import (approve, engine_baselines, export, identity, mirror, observe, policy, promote, reading,
+from specreg.usecases import (acting_user, approve, engine_baselines, export, mirror, observe, policy, promote, reading,
                               register, validate, validate_engine)
 from specreg.usecases.inputs import PairRef, check_name
 from specreg.usecases.register import RegisterResult
@@ -46,13 +46,13 @@ class Registry:
 
     @property
     def user(self) -> str:
-        """Who acts (usecases/identity.py); resolved on first use: reading needs no identity."""
+        """Who acts (usecases/acting_user.py); resolved on first use: reading needs no identity."""
         if self._user is None:
             self._user = self.resolve_user()
         return self._user
 
     def resolve_user(self) -> str:
-        return identity.resolve_user(self, self._claimed_user)
+        return acting_user.resolve_user(self, self._claimed_user)
 
     # --- registration and reading -------------------------------------------------------
 

@@ -258,7 +258,7 @@ def validate_in_engine(store: Store, version: PairVersion, golden, options: Engi
     from specreg.registry.deploy.engines.common import measured_schedule
     from specreg.registry.store.engine_baselines import EngineBaselineStore
     from specreg.registry.store.validations import ValidationStore
-    from specreg.validation import interrupt_on_signals
+    from specreg.runtime_validation import interrupt_on_signals
 
     options = check_options(options)
     started = time.time()

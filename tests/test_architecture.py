@@ -1,7 +1,7 @@
 """The house's one-way dependencies, checked by walking every module's imports,
 lazy ones inside functions included:
 
-    core <- runtime <- validators <- front door (cli, api, usecases, validation) -> registry -> core
+    core <- runtime <- validators <- front door (cli, api, usecases, runtime_validation) -> registry -> core
                runtime <- builders <- front door
 
 and inside the registry: store <- governance <- review, deploy. A new import that breaks a
@@ -51,9 +51,10 @@ ALLOWED = {
 }
 # The schema's migration scripts are the store's own: env.py reads the ORM metadata, the store runs them.
 SAME_PART = {"specreg.migrations": "specreg.registry.store"}
-# The front door may import anything below it; inside it: cli -> api -> usecases -> validation, engine_validation.
-FRONT_DOOR = ("specreg.api", "specreg.usecases", "specreg.validation", "specreg.engine_validation", "specreg.cli",
-              "specreg")
+# The front door may import anything below it; inside it: cli -> api -> usecases -> runtime_validation,
+# engine_validation.
+FRONT_DOOR = ("specreg.api", "specreg.usecases", "specreg.runtime_validation", "specreg.engine_validation",
+              "specreg.cli", "specreg")
 HEAVY = ("torch", "transformers", "mlflow", "sqlalchemy", "alembic", "numpy")
 
 
@@ -327,6 +328,8 @@ def test_checks_share_one_shape_and_stay_short():
                for name, lines in function_lengths(path).items()}
     assert [name for name in lengths if name.endswith(" run_suite")], "the walk found no run_suite"
     assert {name: lines for name, lines in lengths.items() if lines > 60} == {}
+
+
 def test_no_import_cycle_between_runtime_modules():
     """Inside the runtime the modules import one way too (the pair, the forward, the tree, the
     methods, the loop), lazy imports included: a cycle means two modules are one idea."""
@@ -340,7 +343,7 @@ def test_no_import_cycle_between_runtime_modules():
 # --- method names ---------------------------------------------------------------------------------
 # A drafting method is its runtime module (runtime/methods/<name>.py), one descriptor
 # (specreg/core/methods.py), per engine its translation (registry/deploy/engines/) and, where it
-# has them, its head format's reader (core/heads/<name>.py, torch-free for registration and the
+# has them, its head format's reader (core/heads/<name>_checkpoint.py, torch-free for registration and the
 # gate) and its demo builder (the builders/ module its descriptor names). Anywhere else a method's
 # name must not decide anything: a fact about a method comes from its descriptor.
 def method_names() -> set[str]:
@@ -359,8 +362,9 @@ METHOD_MEMBERS = {name.upper() for name in METHOD_NAMES}  # SpecMethod.<member>
 def method_places() -> tuple[str, ...]:
     from specreg.core.methods import HEAD_FORMATS, METHODS
 
+    readers = [f"specreg/core/heads/{name}_checkpoint.py" for name in HEAD_FORMATS]
     return ("runtime/methods/", "registry/deploy/engines/", "specreg/core/methods.py",
-            *(f"specreg/core/heads/{name}.py" for name in HEAD_FORMATS if (ROOT / f"specreg/core/heads/{name}.py").is_file()),
+            *(reader for reader in readers if (ROOT / reader).is_file()),
             *(f"builders/{m.demo_builder}.py" for m in METHODS.values() if m.demo_builder))
 
 
@@ -433,3 +437,79 @@ def test_the_method_scan_lets_names_be_values():
     code = ("def f(method='draft_model'):\n    return {'method': 'ngram', 'k': 4}\n"
             "CHOICES = ['draft_model', 'ngram']\nm = SpecMethod.MTP\n")
     assert method_branches(code, "example.py") == []
+
+
+# --- module names ---------------------------------------------------------------------------------
+# A module's name says what it holds: two modules (outside __init__.py and tests) share a name only
+# where they are one command's layers (docs/design.md §1): its CLI module specreg/cli/NAME.py, which
+# defines the command, its use case specreg/usecases/NAME.py, and one registry/<part>/NAME.py that
+# the use case imports.
+def source_files(root: Path = ROOT) -> list[Path]:
+    """Every Python file of the repository outside tests/ (package modules, benchmarks, scripts)."""
+    def left_out(folder: str) -> bool:
+        return folder.startswith(".") or folder.endswith(".egg-info") or folder in ("tests", "build")
+
+    return sorted(path for path in root.rglob("*.py")
+                  if not any(left_out(folder) for folder in path.relative_to(root).parts[:-1]))
+
+
+def command_modules() -> dict[str, str]:
+    """Each top-level command or group of the CLI (its name with - as _) -> the module defining it."""
+    from specreg.cli import cli
+
+    return {name.replace("-", "_"): command.callback.__module__ for name, command in cli.commands.items()}
+
+
+def one_commands_layers(name: str, places: list[str], commands: dict[str, str], root: Path = ROOT) -> bool:
+    """Whether ``places`` (paths under ``root``, all called NAME.py) are command NAME's layers."""
+    cli_module, use_case = f"specreg/cli/{name}.py", f"specreg/usecases/{name}.py"
+    below = [place for place in places if place not in (cli_module, use_case)]
+    if name not in commands or use_case not in places or len(below) > 1:
+        return False
+    if cli_module in places and commands[name] != f"specreg.cli.{name}":
+        return False
+    imported = {module for module, _ in imports_of(root / use_case, f"specreg.usecases.{name}")}
+    return all(len(parts := place.split("/")) == 3 and parts[0] == "registry"
+               and f"specreg.registry.{parts[1]}.{name}" in imported for place in below)
+
+
+def shared_names(files: list[Path], commands: dict[str, str], root: Path = ROOT) -> list[str]:
+    """Each file name that two or more modules carry outside one command's layers, with its places."""
+    places: dict[str, list[str]] = {}
+    for path in files:
+        if path.name != "__init__.py":
+            places.setdefault(path.name, []).append(path.relative_to(root).as_posix())
+    return [f"{name}: {', '.join(where)}" for name, where in sorted(places.items())
+            if len(where) > 1 and not one_commands_layers(name.removesuffix(".py"), where, commands, root)]
+
+
+def test_no_two_modules_share_a_name():
+    files = source_files()
+    assert {"runtime/methods/eagle3.py", "benchmarks/bench_cli.py", "scripts/argo_schema.py"} <= {
+        path.relative_to(ROOT).as_posix() for path in files}, "the walk missed a folder: the checker is broken"
+    assert not any(path.relative_to(ROOT).parts[0] == "tests" for path in files)
+    assert shared_names(files, command_modules()) == []
+
+
+def test_the_name_check_allows_only_one_commands_layers(tmp_path):
+    """One command's layers pass; the same name in another place, a layer the use case does not
+    import, or a name that is no command is reported."""
+    def tree(files: dict[str, str]) -> list[Path]:
+        for where, text in files.items():
+            (tmp_path / where).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / where).write_text(text)
+        return [tmp_path / where for where in files]
+
+    commands = {"policy": "specreg.cli.policy"}
+    layers = {"specreg/cli/policy.py": "", "registry/governance/policy.py": "",
+              "specreg/usecases/policy.py": "def f():\n    from specreg.registry.governance.policy import load\n"}
+    assert shared_names(tree(layers), commands, tmp_path) == []
+    assert shared_names(tree({**layers, "runtime/policy.py": ""}), commands, tmp_path) == [
+        "policy.py: specreg/cli/policy.py, registry/governance/policy.py, specreg/usecases/policy.py, "
+        "runtime/policy.py"]
+    (tmp_path / "runtime/policy.py").unlink()
+    assert shared_names(tree({**layers, "specreg/usecases/policy.py": ""}), commands, tmp_path) == [
+        "policy.py: specreg/cli/policy.py, registry/governance/policy.py, specreg/usecases/policy.py"]
+    assert shared_names(tree(layers), {"policy": "specreg.cli.governance"}, tmp_path) != []
+    assert shared_names(tree({"specreg/core/suffix.py": "", "runtime/methods/suffix.py": ""}), {}, tmp_path) == [
+        "suffix.py: specreg/core/suffix.py, runtime/methods/suffix.py"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from specreg.core.identity import same_user
+from specreg.core.user_names import same_user
 from specreg.errors import PolicyViolation
 from specreg.registry.governance.keyring import keyring_entries, written_by_its_actor
 from specreg.registry.governance.policy import EnvironmentPolicy, Policy

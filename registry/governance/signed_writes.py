@@ -10,7 +10,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from specreg.core.identity import normalize_user
+from specreg.core.user_names import normalize_user
 from specreg.core.signing import load_signer, signer_key_id
 from specreg.errors import SpecregError
 from specreg.registry.governance.keyring import enrolled_entry, keyring_entries

@@ -12,7 +12,7 @@ from sqlalchemy import (JSON, Boolean, DateTime, ForeignKey, Integer, String, Te
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from specreg.core.baselines import in_engine_terms
-from specreg.core.suffix import SuffixSettings
+from specreg.core.suffix_settings import SuffixSettings
 from specreg.core.types import CheckResult, ModelFingerprint, ModelRef
 from specreg.registry.store.entities import (Approval, AuditEvent, EngineBaseline, EnrolledKey, EnvironmentPointer,
                                              PairState, PairVersion, PolicyDocument, SpecConfig, SpecMethod,

@@ -18,7 +18,7 @@ from sqlalchemy import inspect as inspect_object
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from specreg.core.identity import normalize_user
+from specreg.core.user_names import normalize_user
 from specreg.errors import ImmutableError, NotFoundError, SchemaOutOfDateError, StoreError
 from specreg.registry.store import audit
 from specreg.registry.store.database import create_db_engine, describe_db_error, safe_url

@@ -6,7 +6,7 @@ import textwrap
 
 import click
 
-from specreg.cli.common import (PREVIEW_ONLY, cli, db_option, echo_lines, json_option, open_registry,
+from specreg.cli.root import (PREVIEW_ONLY, cli, db_option, echo_lines, json_option, open_registry,
                                 output_width, policy_option, print_json, print_table, printable, say, user_option)
 from specreg.errors import SpecregError
 

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from specreg.cli.common import (cli, db_option, echo_lines, fmt_number, json_option, open_registry,
+from specreg.cli.root import (cli, db_option, echo_lines, fmt_number, json_option, open_registry,
                                 print_json, print_table, say, user_option)
 from specreg.core.methods import DEFAULT_METHOD, METHODS
 

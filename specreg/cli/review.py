@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from specreg.cli.common import cli, db_option, json_option, open_registry, print_json, say, user_option
+from specreg.cli.root import cli, db_option, json_option, open_registry, print_json, say, user_option
 from specreg.errors import SpecregError
 
 

@@ -1,5 +1,5 @@
 """Observe: scrape a serving engine's metrics twice, compare live acceptance with the version's
-baselines in that engine's terms and store the observation (registry/deploy/observe.py)."""
+baselines in that engine's terms and store the observation (registry/deploy/live_metrics.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def observe(registry, ref, metrics_url: str, *, engine: str = "vllm", interval: 
     Registry.observe)."""
     import time
 
-    from specreg.registry.deploy.observe import SCRAPE_DEADLINE_S, compare_with_baseline, observe as scrape
+    from specreg.registry.deploy.live_metrics import SCRAPE_DEADLINE_S, compare_with_baseline, observe as scrape
     from specreg.usecases.engine_baselines import in_engine_terms
     from specreg.usecases.validate import baselines as recorded
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from specreg.core.identity import same_user
+from specreg.core.user_names import same_user
 from specreg.errors import NotFoundError, PolicyViolation, UsageError
 from specreg.registry.store.engine_baselines import (FAILED, PASSED, UNACCEPTED, baseline_of, baselines_of,
                                                      content_sha256)
