@@ -13,7 +13,7 @@ reader goes from a CLI command to the use case and from there to the store or go
 from __future__ import annotations
 
 from specreg import settings
-from specreg.registry.store.entities import AuditEvent, PairState, PairVersion
+from specreg.registry.store.entities import AuditEvent, Observation, PairState, PairVersion
 from specreg.registry.store.store import Store
 from specreg.usecases import (acting_user, approve, engine_baselines, export, mirror, observe, policy, promote, reading,
                               register, validate, validate_engine)
@@ -219,7 +219,7 @@ class Registry:
         verdict and exit code. Options: usecases.observe.observe's keywords."""
         return observe.observe(self, ref, metrics_url, **options)
 
-    def observations(self, ref: Ref, limit: int = 5) -> list[dict]:
+    def observations(self, ref: Ref, limit: int = 5) -> list[Observation]:
         return observe.observations(self, ref, limit)
 
     # --- MLflow review surface and the database ------------------------------------------
