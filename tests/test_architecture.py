@@ -316,17 +316,22 @@ def test_every_engine_module_satisfies_the_engine_interface():
 
 
 def test_checks_share_one_shape_and_stay_short():
-    """Every check of the suite is a validators.context.Check over one CheckContext; run_suite is a
-    loop over those the options select, and no function in validators/ runs past 60 lines."""
+    """Every check of the suite is a validators.context.Check over one CheckContext, every check of an
+    engine validation one over one EngineCheckContext; run_suite and run_engine_checks are loops over
+    them, and no function in validators/ runs past 60 lines."""
     from specreg.validators.context import Check
+    from specreg.validators.engine import ENGINE_CHECKS
     from specreg.validators.suite import CHECK_NAMES, suite_checks
 
     checks = suite_checks()
     assert list(checks) == list(CHECK_NAMES)
     assert all(isinstance(check, Check) and check.name == name for name, check in checks.items())
+    assert len(ENGINE_CHECKS) == 5 and all(isinstance(check, Check) for check in ENGINE_CHECKS)
     lengths = {name: lines for path in sorted((ROOT / "validators").glob("*.py"))
                for name, lines in function_lengths(path).items()}
-    assert [name for name in lengths if name.endswith(" run_suite")], "the walk found no run_suite"
+    [run_suite] = [lines for name, lines in lengths.items() if name.endswith(" run_suite")]
+    [run_engine_checks] = [lines for name, lines in lengths.items() if name.endswith(" run_engine_checks")]
+    assert run_engine_checks <= run_suite
     assert {name: lines for name, lines in lengths.items() if lines > 60} == {}
 
 
