@@ -17,7 +17,7 @@ from specreg.registry.store.entities import AuditEvent, Observation, PairState, 
 from specreg.registry.store.store import Store
 from specreg.usecases import (acting_user, approve, engine_baselines, export, mirror, observe, policy, promote, reading,
                               register, validate, validate_engine)
-from specreg.usecases.inputs import PairRef, check_name
+from specreg.usecases.inputs import PairRef
 from specreg.usecases.register import RegisterResult
 
 Ref = str | PairRef
@@ -77,13 +77,13 @@ class Registry:
         return reading.find_version(self, ref, with_events=with_events)
 
     def list(self, name: str | None = None) -> list[PairVersion]:
-        return self.store.list_versions(check_name(name) if name else None)
+        return reading.versions(self, name)
 
     def list_summaries(self) -> list[dict]:
-        return self.store.list_summaries()
+        return reading.summaries(self)
 
     def history(self, name: str) -> list[AuditEvent]:
-        return self.store.history(check_name(name))
+        return reading.history(self, name)
 
     def diff(self, ref_a: Ref, ref_b: Ref) -> list[dict]:
         return reading.diff(self, ref_a, ref_b)
@@ -224,11 +224,16 @@ class Registry:
 
     # --- MLflow review surface and the database ------------------------------------------
 
+    @property
     def review(self):
-        """The MLflow mirror (registry.review.Review), or None when it is off or not installed."""
+        """The MLflow mirror (registry.review.Review), opened on first use; None when it is off or
+        not installed."""
         if self._review is None:
-            self._review = mirror.open_review(self)
+            self._review = self.open_review()
         return self._review
+
+    def open_review(self):
+        return mirror.open_review(self)
 
     def mirror(self, ref: Ref) -> None:
         mirror.mirror(self, ref)
@@ -237,7 +242,13 @@ class Registry:
         return mirror.sync(self, name)
 
     def verify_audit(self) -> tuple[int, str | None]:
-        return self.store.verify_audit()
+        """(events checked, the first broken link or None) of the whole audit chain."""
+        return reading.verify_audit(self)
+
+    def audit_anchor(self, expected_head: str | None) -> tuple[int | None, int, str | None, str]:
+        """Where an audit head recorded earlier sits in the verified chain now -> (its 1-based
+        position or None, events in the verified chain, the chain's problem or None, the head now)."""
+        return reading.audit_anchor(self, expected_head)
 
     def not_counted(self) -> list[str]:
         return reading.not_counted(self)

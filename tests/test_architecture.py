@@ -258,14 +258,137 @@ def function_lengths(path: Path, inside_class: str | None = None) -> dict[str, i
             for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
 
 
-def test_the_api_is_a_thin_facade_over_the_use_cases():
-    """api.py stays a facade: the work of each command is in its use case (specreg/usecases/), so a
-    reader goes from the CLI module to the use case to the store or governance."""
-    api = ROOT / "specreg" / "api.py"
-    assert len(api.read_text(encoding="utf-8").splitlines()) <= 250
-    methods = function_lengths(api, inside_class="Registry")
+# --- a command's path to the database (docs/design.md §1) -------------------------------------------
+# CLI command -> Registry method (api.py: one line naming one use case) -> use case -> the Registry's
+# store, or a registry function given it. Commands that open the database without a Registry, and why:
+WITHOUT_A_REGISTRY = {
+    "specreg/cli/registration.py upgrade": "migrates the schema, which a Registry refuses to open while it is "
+                                           "out of date",
+    "specreg/cli/deploy.py verify": "runs where an engine starts, on the base install: the lock, the files and "
+                                    "(--registry) the registry read-only, through registry/deploy/verify.py",
+}
+
+
+def facade_problems(source: str) -> list[str]:
+    """Each public Registry method (properties aside: who acts and the MLflow mirror, resolved once)
+    whose body, its docstring aside, is not one call of a function of one use case module
+    (imported from specreg.usecases) with the Registry first and no call inside its arguments."""
+    tree = ast.parse(source)
+    cases = {alias.asname or alias.name for node in tree.body
+             if isinstance(node, ast.ImportFrom) and node.module == "specreg.usecases" for alias in node.names}
+    [registry] = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Registry"]
+    problems = []
+    for method in registry.body:
+        if (not isinstance(method, ast.FunctionDef) or method.name.startswith("_")
+                or any(isinstance(d, ast.Name) and d.id == "property" for d in method.decorator_list)):
+            continue
+        body = method.body[1:] if ast.get_docstring(method) is not None else method.body
+        call = body[0].value if len(body) == 1 and isinstance(body[0], (ast.Return, ast.Expr)) else None
+        one_use_case = (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                        and isinstance(call.func.value, ast.Name) and call.func.value.id in cases
+                        and bool(call.args) and isinstance(call.args[0], ast.Name) and call.args[0].id == "self")
+        if not one_use_case or any(isinstance(node, ast.Call) for argument in (*call.args, *call.keywords)
+                                   for node in ast.walk(argument)):
+            problems.append(f"{method.lineno} {method.name}")
+    return problems
+
+
+def test_each_api_method_is_one_call_into_one_use_case():
+    """api.py is a table from Registry methods to use cases: the work of each is in its use case
+    (specreg/usecases/), so a reader looks the line up and goes on to the use case."""
+    source = (ROOT / "specreg" / "api.py").read_text(encoding="utf-8")
+    methods = function_lengths(ROOT / "specreg" / "api.py", inside_class="Registry")
     assert len(methods) > 40, "the walk found too few Registry methods: the checker is broken"
-    assert {name: lines for name, lines in methods.items() if lines > 25} == {}
+    assert facade_problems(source) == []
+
+
+def test_the_facade_check_sees_work_in_a_method():
+    source = ("from specreg.usecases import reading\n"
+              "class Registry:\n"
+              "    @property\n    def user(self):\n        return self._user\n"
+              "    def get(self, ref):\n        'One line.'\n        return reading.find_version(self, ref)\n"
+              "    def list(self, name):\n        return self.store.list_versions(name)\n"
+              "    def diff(self, a, b):\n        a = a.strip()\n        return reading.diff(self, a, b)\n"
+              "    def history(self, name):\n        return reading.history(self, check_name(name))\n"
+              "    def seen(self, ref):\n        return reading.find_version(ref, self)\n")
+    assert facade_problems(source) == ["9 list", "11 diff", "14 history", "16 seen"]
+
+
+def store_openers(modules: dict[str, Path]) -> set[str]:
+    """The modules below the front door that open a database of their own (construct a Store)."""
+    def constructs_a_store(path: Path) -> bool:
+        return any(isinstance(node, ast.Call) and "Store" in (getattr(node.func, "id", None),
+                                                              getattr(node.func, "attr", None))
+                   for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))))
+
+    return {name for name, path in modules.items() if part_of(name) not in FRONT_DOOR and constructs_a_store(path)}
+
+
+def database_paths(files: dict[str, Path], openers: set[str], allowed_cases: tuple[str, ...],
+                   root: Path = ROOT, exempt: dict[str, str] = WITHOUT_A_REGISTRY) -> list[str]:
+    """Where a module of ``files`` reaches the database other than through a Registry: a use case
+    called directly (other than ``allowed_cases``), the Registry's ``store``, a Store of its own, or
+    a module that opens one; by top-level function (a command), those ``exempt`` names aside."""
+    problems = []
+    for module, path in sorted(files.items()):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        spans = [(node.lineno, node.end_lineno, node.name) for node in tree.body
+                 if isinstance(node, (ast.FunctionDef, ast.ClassDef))]
+        found = [(line, f"imports {imported}") for imported, line in imports_of(path, module)
+                 if imported.startswith("specreg.usecases.") and not imported.startswith(allowed_cases)
+                 or imported in openers]
+        found += [(node.lineno, "reads the Registry's store") for node in ast.walk(tree)
+                  if isinstance(node, ast.Attribute) and node.attr == "store"]
+        found += [(node.lineno, "uses Store") for node in ast.walk(tree)
+                  if isinstance(node, ast.Name) and node.id == "Store"]
+        where = path.relative_to(root).as_posix()
+        for line, what in sorted(set(found)):
+            function = next((name for start, end, name in spans if start <= line <= end), "<module>")
+            if f"{where} {function}" not in exempt:
+                problems.append(f"{where}:{line} {function}: {what}")
+    return problems
+
+
+def test_a_command_reaches_the_database_only_through_the_registry():
+    """The CLI calls Registry methods; it imports no use case (usecases/inputs.py, which checks what
+    the user types, aside), never reads the Registry's store and opens no database of its own."""
+    modules = module_files()
+    openers = store_openers(modules)
+    assert "specreg.registry.deploy.verify" in openers, "the walk found no Store: the checker is broken"
+    cli_files = {name: path for name, path in modules.items() if name.startswith("specreg.cli")}
+    assert database_paths(cli_files, openers, ("specreg.usecases.inputs",)) == []
+    unexempted = database_paths(cli_files, openers, ("specreg.usecases.inputs",), exempt={})
+    commands = {f"{problem.split(':')[0]} {problem.split(' ')[1].rstrip(':')}" for problem in unexempted}
+    assert commands == set(WITHOUT_A_REGISTRY), "an exception no command needs any more: take it out"
+
+
+def test_a_use_case_opens_no_database_of_its_own():
+    """A use case reaches the database through the Registry's store (its methods, the repositories
+    of registry/store given it) or a registry function given it, never a Store of its own or a
+    module that opens one."""
+    modules = module_files()
+    cases = {name: path for name, path in modules.items() if name.startswith("specreg.usecases.")}
+    assert "specreg.usecases.observe" in cases
+    problems = [problem for problem in database_paths(cases, store_openers(modules), ("specreg.usecases.",))
+                if not problem.endswith("reads the Registry's store")]
+    assert problems == []
+
+
+def test_the_database_path_check_sees_each_way_round_the_registry(tmp_path):
+    fake = tmp_path / "specreg" / "cli" / "example.py"
+    fake.parent.mkdir(parents=True)
+    fake.write_text("def show(db):\n    from specreg.usecases.reading import history\n"
+                    "    from specreg.usecases.inputs import pair_ref\n"
+                    "    return open_registry(db).store.history('x')\n"
+                    "def upgrade(url):\n    from specreg.registry.deploy.verify import verify_lock\n"
+                    "    return Store(url)\n")
+    assert database_paths({"specreg.cli.example": fake}, {"specreg.registry.deploy.verify"},
+                          ("specreg.usecases.inputs",), root=tmp_path) == [
+        "specreg/cli/example.py:2 show: imports specreg.usecases.reading",
+        "specreg/cli/example.py:2 show: imports specreg.usecases.reading.history",
+        "specreg/cli/example.py:4 show: reads the Registry's store",
+        "specreg/cli/example.py:6 upgrade: imports specreg.registry.deploy.verify",
+        "specreg/cli/example.py:7 upgrade: uses Store"]
 
 
 def test_use_cases_sit_below_the_api_and_the_cli():
