@@ -44,6 +44,16 @@ class SignedWrite:
         return keyring
 
 
+def version_lock(store: Store, name: str, version: int) -> Callable[[Session], Any]:
+    """The lock step of a signed decision on one pair version: the pair's lock, then the version's
+    row, locked and returned (SignedWrite.locked)."""
+    def lock(session: Session):
+        store.lock_pair(session, name)
+        return store.pair_version(session, name, version, lock=True)
+
+    return lock
+
+
 @contextlib.contextmanager
 def signed_write(store: Store, *, actor: str, key: str, what: str,
                  lock: Callable[[Session], Any]) -> Iterator[SignedWrite]:
