@@ -10,5 +10,5 @@ Sub-packages by concern, dependencies pointing down this list only:
 
 Nothing here imports ``specreg.validators`` or ``specreg.runtime`` (tests/test_architecture.py
 enforces it): validation results reach the registry as ``specreg.core.types`` values, passed in
-by the front door's use cases (``specreg.usecases``) and ``specreg.validation``.
+by the front door's use cases (``specreg.usecases``) and ``specreg.runtime_validation``.
 """

@@ -25,9 +25,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from specreg.core.suffix import SuffixSettings
+from specreg.core.suffix_settings import SuffixSettings
 from specreg.errors import RuntimeConfigError
-from specreg.runtime.acceptance import greedy_accept, rejection_sample, tree_greedy_accept, tree_rejection_sample
+from specreg.runtime.acceptance_rule import greedy_accept, rejection_sample, tree_greedy_accept, tree_rejection_sample
 from specreg.runtime.metrics import GenerationMetrics
 from specreg.runtime.methods.base import DraftRequest, Proposal
 from specreg.runtime.pair import ModelPair

@@ -162,8 +162,8 @@ def stop_draft_counts(metrics: GenerationMetrics) -> dict:
     """The counts of one greedy decode as llama.cpp's server counts them (common/sampling.cpp
     common_sampler_sample_and_accept_n): an accepted draft that is a stop token, unless it is the
     step's last draft, ends acceptance there and is not counted; the drafts after it that the
-    target agreed with are not counted either (acceptance.greedy_accept_stopping_at is the rule
-    stated on its own). The tokens are the same either way -> {"drafted", "accepted",
+    target agreed with are not counted either (acceptance_rule.greedy_accept_stopping_at is the
+    rule stated on its own). The tokens are the same either way -> {"drafted", "accepted",
     "draft_steps", "accepted_per_position", "generated_tokens"}."""
     accepted, per_position = metrics.accepted, list(metrics.accepted_per_position)
     if metrics.stop_draft is not None:

@@ -11,7 +11,7 @@ One step of one row, as tree_forward and compact_cache run it (choose_k times a 
    nodes, under the causal mask over the cached prefix combined with the tree mask (a node sees
    the prefix and its own ancestors only) and with each node at position root + depth, so each
    node's logits are those of decoding its path sequentially.
-3. acceptance.tree_greedy_accept / tree_rejection_sample: the kept path and the emitted tokens.
+3. acceptance_rule.tree_greedy_accept / tree_rejection_sample: the kept path and the emitted tokens.
 4. compact_cache: keep the prefix and the kept path's nodes, in order, so the cache equals one
    built by decoding the accepted tokens one by one.
 The decode loop (runtime/decode.py) runs the same step for many rows at once: the same mask and

@@ -13,11 +13,11 @@ reader goes from a CLI command to the use case and from there to the store or go
 from __future__ import annotations
 
 from specreg import settings
-from specreg.registry.store.entities import AuditEvent, PairState, PairVersion
+from specreg.registry.store.entities import AuditEvent, Observation, PairState, PairVersion
 from specreg.registry.store.store import Store
-from specreg.usecases import (approve, engine_baselines, export, identity, mirror, observe, policy, promote, reading,
+from specreg.usecases import (acting_user, approve, engine_baselines, export, mirror, observe, policy, promote, reading,
                               register, validate, validate_engine)
-from specreg.usecases.inputs import PairRef, check_name
+from specreg.usecases.inputs import PairRef
 from specreg.usecases.register import RegisterResult
 
 Ref = str | PairRef
@@ -46,13 +46,13 @@ class Registry:
 
     @property
     def user(self) -> str:
-        """Who acts (usecases/identity.py); resolved on first use: reading needs no identity."""
+        """Who acts (usecases/acting_user.py); resolved on first use: reading needs no identity."""
         if self._user is None:
             self._user = self.resolve_user()
         return self._user
 
     def resolve_user(self) -> str:
-        return identity.resolve_user(self, self._claimed_user)
+        return acting_user.resolve_user(self, self._claimed_user)
 
     # --- registration and reading -------------------------------------------------------
 
@@ -77,13 +77,13 @@ class Registry:
         return reading.find_version(self, ref, with_events=with_events)
 
     def list(self, name: str | None = None) -> list[PairVersion]:
-        return self.store.list_versions(check_name(name) if name else None)
+        return reading.versions(self, name)
 
     def list_summaries(self) -> list[dict]:
-        return self.store.list_summaries()
+        return reading.summaries(self)
 
     def history(self, name: str) -> list[AuditEvent]:
-        return self.store.history(check_name(name))
+        return reading.history(self, name)
 
     def diff(self, ref_a: Ref, ref_b: Ref) -> list[dict]:
         return reading.diff(self, ref_a, ref_b)
@@ -219,16 +219,21 @@ class Registry:
         verdict and exit code. Options: usecases.observe.observe's keywords."""
         return observe.observe(self, ref, metrics_url, **options)
 
-    def observations(self, ref: Ref, limit: int = 5) -> list[dict]:
+    def observations(self, ref: Ref, limit: int = 5) -> list[Observation]:
         return observe.observations(self, ref, limit)
 
     # --- MLflow review surface and the database ------------------------------------------
 
+    @property
     def review(self):
-        """The MLflow mirror (registry.review.Review), or None when it is off or not installed."""
+        """The MLflow mirror (registry.review.Review), opened on first use; None when it is off or
+        not installed."""
         if self._review is None:
-            self._review = mirror.open_review(self)
+            self._review = self.open_review()
         return self._review
+
+    def open_review(self):
+        return mirror.open_review(self)
 
     def mirror(self, ref: Ref) -> None:
         mirror.mirror(self, ref)
@@ -237,7 +242,13 @@ class Registry:
         return mirror.sync(self, name)
 
     def verify_audit(self) -> tuple[int, str | None]:
-        return self.store.verify_audit()
+        """(events checked, the first broken link or None) of the whole audit chain."""
+        return reading.verify_audit(self)
+
+    def audit_anchor(self, expected_head: str | None) -> tuple[int | None, int, str | None, str]:
+        """Where an audit head recorded earlier sits in the verified chain now -> (its 1-based
+        position or None, events in the verified chain, the chain's problem or None, the head now)."""
+        return reading.audit_anchor(self, expected_head)
 
     def not_counted(self) -> list[str]:
         return reading.not_counted(self)

@@ -233,6 +233,34 @@ def reused_rows(run, golden, prompts, dtype: str) -> list[dict[str, Any]] | None
     return [engine_row(row["record"], row["category"], row["stop_counts"], row["token_ids"]) for row in recorded]
 
 
+def tier_figures(tiers: tuple[int, ...], spec: dict[int, EngineRun], plain: dict[int, EngineRun]) -> list[dict]:
+    """Each concurrency tier's tokens/s with the draft (``spec``) and without it (``plain``, where
+    run) and the engine's acceptance there (EngineCheckContext.tiers)."""
+    return [{"concurrency": tier, "with_draft_tokens_per_s": spec[tier].tokens_per_s,
+             "without_draft_tokens_per_s": plain[tier].tokens_per_s if tier in plain else None,
+             "acceptance_rate": tier_acceptance(spec[tier].rows)} for tier in tiers]
+
+
+def outputs_of(prompts: list[dict[str, Any]], spec: EngineRun, plain: EngineRun) -> list[dict[str, Any]]:
+    """The engine's token ids per prompt with and without the draft (EngineCheckContext.outputs)."""
+    return [{"record": p["record"], "category": p["category"], "prompt_ids": p["prompt_ids"],
+             "speculative": s.token_ids, "target_only": t.token_ids}
+            for p, s, t in zip(prompts, spec.completions, plain.completions)]
+
+
+def target_only_top(engine: str, base_url: str, model: str | None, deadline_s: float):
+    """(record, position) -> the top-2 log-probabilities there of the engine at ``base_url``
+    serving the target alone (the near-tie evidence where the outputs part), or None."""
+    from specreg.registry.deploy.engine_client import complete
+
+    def top_of(record, position):
+        again = complete(engine, base_url, record["prompt_ids"], position + 1, model=model, top_logprobs=2,
+                         timeout=deadline_s)
+        return again.top_logprobs[position] if again.top_logprobs and len(again.top_logprobs) > position else None
+
+    return top_of
+
+
 def runtime_margin(pair) -> Callable[[list[int], list[int]], dict]:
     """(prompt ids, generated prefix) -> our runtime's plain-decoding top-2 there."""
     from specreg.validators.equivalence import plain_next_token_logits
@@ -253,7 +281,7 @@ def validate_in_engine(store: Store, version: PairVersion, golden, options: Engi
     from specreg.registry.deploy.engines.common import measured_schedule
     from specreg.registry.store.engine_baselines import EngineBaselineStore
     from specreg.registry.store.validations import ValidationStore
-    from specreg.validation import interrupt_on_signals
+    from specreg.runtime_validation import interrupt_on_signals
 
     options = check_options(options)
     started = time.time()
@@ -341,11 +369,11 @@ def llamacpp_identity(server) -> dict[str, Any]:
 
 
 def _local_llamacpp(store: Store, version: PairVersion, golden, options: EngineOptions, progress, *, actor: str):
-    from specreg.registry.deploy.engine_client import complete
     from specreg.registry.deploy.engines import llamacpp_build
     from specreg.registry.deploy.engines.llamacpp import spec_type, start_server
     from specreg.runtime.methods import load_pair
-    from specreg.validators import engine as checks_module
+    from specreg.validators.context import EngineCheckContext
+    from specreg.validators.engine import baselines_of, run_engine_checks
     from specreg.validators.suite import default_near_tie_tolerance
 
     from specreg.registry.store.engine_artifacts import ArtifactRecords
@@ -369,6 +397,10 @@ def _local_llamacpp(store: Store, version: PairVersion, golden, options: EngineO
         ours_rows = runtime_pass(pair, prompts, version, progress=progress)
     top_tier = max(options.tiers)
     k = config.num_speculative_tokens
+    ours = {**baselines_of(ours_rows, k),
+            "source": ("our runtime, greedy, same token ids, llama-server's schedule (first token from the prefill "
+                       "alone) and count at a stop token (a matching end-of-generation draft ends acceptance)"
+                       + (f": the decodes of validation run {latest_run.id}" if reused else ": decoded here"))}
     spec, plain, commands = {}, {}, {}
     with start_server(ggufs["target"], ggufs["draft"], records=records, k=k, parallel=top_tier,
                       threads=options.threads, spec_type=spec_type(version)) as server:
@@ -385,32 +417,16 @@ def _local_llamacpp(store: Store, version: PairVersion, golden, options: EngineO
             plain[tier] = drive("llamacpp", server.url, prompts, concurrency=tier, model=None, counters=False,
                                 progress=progress, what=f"llama.cpp without the draft, concurrency {tier}",
                                 deadline_s=options.deadline_s)
-        tolerance = options.near_tie_tolerance if options.near_tie_tolerance is not None \
-            else default_near_tie_tolerance(options.dtype)
-
-        def top_of(record, position):  # the target-only engine's top-2 where the outputs part
-            again = complete("llamacpp", server.url, record["prompt_ids"], position + 1, top_logprobs=2,
-                             timeout=options.deadline_s)
-            return again.top_logprobs[position] if again.top_logprobs and len(again.top_logprobs) > position else None
-
-        records = [{"record": p["record"], "category": p["category"], "prompt_ids": p["prompt_ids"],
-                    "speculative": s.token_ids, "target_only": t.token_ids}
-                   for p, s, t in zip(prompts, spec[1].completions, plain[1].completions)]
-        equivalence = checks_module.check_engine_equivalence(records, engine_name="llama.cpp", tolerance=tolerance,
-                                                             top_of=top_of, our_margin=runtime_margin(pair))
-    ours = {**checks_module.baselines_of(ours_rows, k),
-            "source": ("our runtime, greedy, same token ids, llama-server's schedule (first token from the prefill "
-                       "alone) and count at a stop token (a matching end-of-generation draft ends acceptance)"
-                       + (f": the decodes of validation run {latest_run.id}" if reused else ": decoded here"))}
-    engine_baselines = checks_module.baselines_of(spec[1].rows, k)
-    counts = checks_module.check_counts(spec[1].rows, engine_name="llama.cpp")
-    parity = checks_module.check_parity(ours, engine_baselines, engine_name="llama.cpp",
-                                        tolerance=options.parity_tolerance)
-    tiers = [{"concurrency": tier, "with_draft_tokens_per_s": spec[tier].tokens_per_s,
-              "without_draft_tokens_per_s": plain[tier].tokens_per_s,
-              "acceptance_rate": tier_acceptance(spec[tier].rows)} for tier in options.tiers]
-    throughput = checks_module.check_throughput(tiers, engine_name="llama.cpp")
-    concurrency = checks_module.check_concurrency(tiers, engine_name="llama.cpp")
+        engine_baselines = baselines_of(spec[1].rows, k)
+        tiers = tier_figures(options.tiers, spec, plain)
+        # while the target-only server runs: the equivalence check asks it for its top-2
+        checks = run_engine_checks(EngineCheckContext(
+            "llama.cpp", spec[1].rows, engine_baselines, ours, tiers, options.parity_tolerance,
+            outputs=outputs_of(prompts, spec[1], plain[1]),
+            near_tie_tolerance=options.near_tie_tolerance if options.near_tie_tolerance is not None
+            else default_near_tie_tolerance(options.dtype),
+            top_of=target_only_top("llamacpp", server.url, None, options.deadline_s),
+            our_margin=runtime_margin(pair)))
     same_as_runtime = sum(1 for row, done in zip(ours_rows, spec[1].completions) if row["token_ids"] == done.token_ids)
     same_counts = sum(1 for row, theirs in zip(ours_rows, spec[1].rows)
                       if all(row[key] == theirs[key] for key in COUNTED))
@@ -422,7 +438,7 @@ def _local_llamacpp(store: Store, version: PairVersion, golden, options: EngineO
               "engine_matches_runtime_counts": same_counts, "throughput": tiers,
               "per_prompt_runtime": [{key: value for key, value in row.items() if key != "token_ids"}
                                      for row in ours_rows]}
-    return report, engine_baselines, [counts, parity, equivalence, throughput, concurrency], identity
+    return report, engine_baselines, checks, identity
 
 
 def _remote(store: Store, version: PairVersion, golden, options: EngineOptions, progress):
@@ -430,7 +446,8 @@ def _remote(store: Store, version: PairVersion, golden, options: EngineOptions, 
     from specreg.registry.deploy import engine_client
     from specreg.registry.store.validations import ValidationStore
     from specreg.runtime.loading import load_tokenizer
-    from specreg.validators import engine as checks_module
+    from specreg.validators.context import EngineCheckContext
+    from specreg.validators.engine import baselines_of, run_engine_checks
     from specreg.validators.suite import default_near_tie_tolerance
 
     engine, url = options.engine, engine_client.check_url(options.engine_url)
@@ -444,47 +461,26 @@ def _remote(store: Store, version: PairVersion, golden, options: EngineOptions, 
                         progress=progress, what=f"{engine} with speculation, concurrency {tier}",
                         deadline_s=options.deadline_s)
             for tier in options.tiers}
-    plain: dict[int, EngineRun] = {}
-    checks = []
-    k = version.config.num_speculative_tokens
-    engine_baselines = checks_module.baselines_of(spec[1].rows, k)
-    checks.append(checks_module.check_counts(spec[1].rows, engine_name=engine))
     run = ValidationStore(store).latest_passed(version.name, version.version)
     if run is None or not run.baselines:
         raise SpecregError(f"{version.label} has no passed validation on our runtime to compare {engine} with: "
                            f"run `specreg validate {version.label}` first")
     ours = {**run.baselines, "source": f"validation run {run.id} (our runtime; sampled records as their records ask)"}
-    checks.append(checks_module.check_parity(ours, engine_baselines, engine_name=engine,
-                                             tolerance=options.parity_tolerance))
-    if options.reference_url:
-        reference = engine_client.check_url(options.reference_url)
-        for tier in options.tiers:
-            plain[tier] = drive(engine, reference, prompts, concurrency=tier, model=model, counters=False,
-                                progress=progress, what=f"{engine} without speculation, concurrency {tier}",
-                                deadline_s=options.deadline_s)
-        tolerance = options.near_tie_tolerance if options.near_tie_tolerance is not None \
-            else default_near_tie_tolerance("bfloat16")
-
-        def top_of(record, position):  # the target-only server's top-2 where the outputs part
-            again = engine_client.complete(engine, reference, record["prompt_ids"], position + 1, model=model,
-                                           top_logprobs=2, timeout=options.deadline_s)
-            return again.top_logprobs[position] if again.top_logprobs and len(again.top_logprobs) > position else None
-
-        records = [{"record": p["record"], "category": p["category"], "prompt_ids": p["prompt_ids"],
-                    "speculative": s.token_ids, "target_only": t.token_ids}
-                   for p, s, t in zip(prompts, spec[1].completions, plain[1].completions)]
-        checks.append(checks_module.check_engine_equivalence(records, engine_name=engine, tolerance=tolerance,
-                                                             top_of=top_of))
-    else:
-        from specreg.core.types import SKIP, CheckResult
-
-        checks.append(CheckResult("engine_equivalence", SKIP, f"no --engine-reference-url: no {engine} without "
-                                  f"speculation to compare outputs with"))
-    tiers = [{"concurrency": tier, "with_draft_tokens_per_s": spec[tier].tokens_per_s,
-              "without_draft_tokens_per_s": plain[tier].tokens_per_s if tier in plain else None,
-              "acceptance_rate": tier_acceptance(spec[tier].rows)} for tier in options.tiers]
-    checks.append(checks_module.check_throughput(tiers, engine_name=engine))
-    checks.append(checks_module.check_concurrency(tiers, engine_name=engine))
+    plain: dict[int, EngineRun] = {}
+    reference = engine_client.check_url(options.reference_url) if options.reference_url else None
+    for tier in options.tiers if reference else ():
+        plain[tier] = drive(engine, reference, prompts, concurrency=tier, model=model, counters=False,
+                            progress=progress, what=f"{engine} without speculation, concurrency {tier}",
+                            deadline_s=options.deadline_s)
+    engine_baselines = baselines_of(spec[1].rows, version.config.num_speculative_tokens)
+    tiers = tier_figures(options.tiers, spec, plain)
+    checks = run_engine_checks(EngineCheckContext(
+        engine, spec[1].rows, engine_baselines, ours, tiers, options.parity_tolerance,
+        outputs=outputs_of(prompts, spec[1], plain[1]) if reference else None,
+        no_outputs=f"no --engine-reference-url: no {engine} without speculation to compare outputs with",
+        near_tie_tolerance=options.near_tie_tolerance if options.near_tie_tolerance is not None
+        else default_near_tie_tolerance("bfloat16"),
+        top_of=target_only_top(engine, reference, model, options.deadline_s) if reference else None))
     report = {"engine": engine, "identity": identity, "url": url, "options": options.to_dict(),
               "prompts": len(prompts), "skipped": skipped, "ours": ours, "per_prompt": spec[1].rows,
               "throughput": tiers}

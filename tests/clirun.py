@@ -33,7 +33,7 @@ def run_specreg(args, *, env: dict | None = None, cwd=None) -> subprocess.Comple
     opened are closed (their database connections released).
     """
     from specreg.cli import main
-    from specreg.cli.common import OPENED_REGISTRIES
+    from specreg.cli.root import OPENED_REGISTRIES
 
     argv = [str(a) for a in args]
     stdout, stderr = io.StringIO(), io.StringIO()

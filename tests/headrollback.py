@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from specreg.runtime import acceptance
+from specreg.runtime import acceptance_rule
 from specreg.runtime.decode import DecodeConfig, speculative_generate, target_only_generate
 from specreg.runtime.head_drafter import HeadDrafter
 from specreg.runtime.forward import forward_logits
@@ -19,7 +19,7 @@ def assert_drafts_equal_a_fresh_drafter(pair, method: str, prompt: list[int], k:
     generated = []
 
     def recording_rule(draft_token_ids, target_token_ids):
-        num_accepted, emitted = acceptance.greedy_accept(draft_token_ids, target_token_ids)
+        num_accepted, emitted = acceptance_rule.greedy_accept(draft_token_ids, target_token_ids)
         steps.append((list(prompt) + list(generated), draft_token_ids.tolist()))
         generated.extend(emitted.tolist())
         return num_accepted, emitted

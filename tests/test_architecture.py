@@ -1,7 +1,7 @@
 """The house's one-way dependencies, checked by walking every module's imports,
 lazy ones inside functions included:
 
-    core <- runtime <- validators <- front door (cli, api, usecases, validation) -> registry -> core
+    core <- runtime <- validators <- front door (cli, api, usecases, runtime_validation) -> registry -> core
                runtime <- builders <- front door
 
 and inside the registry: store <- governance <- review, deploy. A new import that breaks a
@@ -51,9 +51,10 @@ ALLOWED = {
 }
 # The schema's migration scripts are the store's own: env.py reads the ORM metadata, the store runs them.
 SAME_PART = {"specreg.migrations": "specreg.registry.store"}
-# The front door may import anything below it; inside it: cli -> api -> usecases -> validation, engine_validation.
-FRONT_DOOR = ("specreg.api", "specreg.usecases", "specreg.validation", "specreg.engine_validation", "specreg.cli",
-              "specreg")
+# The front door may import anything below it; inside it: cli -> api -> usecases -> runtime_validation,
+# engine_validation.
+FRONT_DOOR = ("specreg.api", "specreg.usecases", "specreg.runtime_validation", "specreg.engine_validation",
+              "specreg.cli", "specreg")
 HEAVY = ("torch", "transformers", "mlflow", "sqlalchemy", "alembic", "numpy")
 
 
@@ -257,14 +258,137 @@ def function_lengths(path: Path, inside_class: str | None = None) -> dict[str, i
             for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
 
 
-def test_the_api_is_a_thin_facade_over_the_use_cases():
-    """api.py stays a facade: the work of each command is in its use case (specreg/usecases/), so a
-    reader goes from the CLI module to the use case to the store or governance."""
-    api = ROOT / "specreg" / "api.py"
-    assert len(api.read_text(encoding="utf-8").splitlines()) <= 250
-    methods = function_lengths(api, inside_class="Registry")
+# --- a command's path to the database (docs/design.md §1) -------------------------------------------
+# CLI command -> Registry method (api.py: one line naming one use case) -> use case -> the Registry's
+# store, or a registry function given it. Commands that open the database without a Registry, and why:
+WITHOUT_A_REGISTRY = {
+    "specreg/cli/registration.py upgrade": "migrates the schema, which a Registry refuses to open while it is "
+                                           "out of date",
+    "specreg/cli/deploy.py verify": "runs where an engine starts, on the base install: the lock, the files and "
+                                    "(--registry) the registry read-only, through registry/deploy/verify.py",
+}
+
+
+def facade_problems(source: str) -> list[str]:
+    """Each public Registry method (properties aside: who acts and the MLflow mirror, resolved once)
+    whose body, its docstring aside, is not one call of a function of one use case module
+    (imported from specreg.usecases) with the Registry first and no call inside its arguments."""
+    tree = ast.parse(source)
+    cases = {alias.asname or alias.name for node in tree.body
+             if isinstance(node, ast.ImportFrom) and node.module == "specreg.usecases" for alias in node.names}
+    [registry] = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Registry"]
+    problems = []
+    for method in registry.body:
+        if (not isinstance(method, ast.FunctionDef) or method.name.startswith("_")
+                or any(isinstance(d, ast.Name) and d.id == "property" for d in method.decorator_list)):
+            continue
+        body = method.body[1:] if ast.get_docstring(method) is not None else method.body
+        call = body[0].value if len(body) == 1 and isinstance(body[0], (ast.Return, ast.Expr)) else None
+        one_use_case = (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                        and isinstance(call.func.value, ast.Name) and call.func.value.id in cases
+                        and bool(call.args) and isinstance(call.args[0], ast.Name) and call.args[0].id == "self")
+        if not one_use_case or any(isinstance(node, ast.Call) for argument in (*call.args, *call.keywords)
+                                   for node in ast.walk(argument)):
+            problems.append(f"{method.lineno} {method.name}")
+    return problems
+
+
+def test_each_api_method_is_one_call_into_one_use_case():
+    """api.py is a table from Registry methods to use cases: the work of each is in its use case
+    (specreg/usecases/), so a reader looks the line up and goes on to the use case."""
+    source = (ROOT / "specreg" / "api.py").read_text(encoding="utf-8")
+    methods = function_lengths(ROOT / "specreg" / "api.py", inside_class="Registry")
     assert len(methods) > 40, "the walk found too few Registry methods: the checker is broken"
-    assert {name: lines for name, lines in methods.items() if lines > 25} == {}
+    assert facade_problems(source) == []
+
+
+def test_the_facade_check_sees_work_in_a_method():
+    source = ("from specreg.usecases import reading\n"
+              "class Registry:\n"
+              "    @property\n    def user(self):\n        return self._user\n"
+              "    def get(self, ref):\n        'One line.'\n        return reading.find_version(self, ref)\n"
+              "    def list(self, name):\n        return self.store.list_versions(name)\n"
+              "    def diff(self, a, b):\n        a = a.strip()\n        return reading.diff(self, a, b)\n"
+              "    def history(self, name):\n        return reading.history(self, check_name(name))\n"
+              "    def seen(self, ref):\n        return reading.find_version(ref, self)\n")
+    assert facade_problems(source) == ["9 list", "11 diff", "14 history", "16 seen"]
+
+
+def store_openers(modules: dict[str, Path]) -> set[str]:
+    """The modules below the front door that open a database of their own (construct a Store)."""
+    def constructs_a_store(path: Path) -> bool:
+        return any(isinstance(node, ast.Call) and "Store" in (getattr(node.func, "id", None),
+                                                              getattr(node.func, "attr", None))
+                   for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))))
+
+    return {name for name, path in modules.items() if part_of(name) not in FRONT_DOOR and constructs_a_store(path)}
+
+
+def database_paths(files: dict[str, Path], openers: set[str], allowed_cases: tuple[str, ...],
+                   root: Path = ROOT, exempt: dict[str, str] = WITHOUT_A_REGISTRY) -> list[str]:
+    """Where a module of ``files`` reaches the database other than through a Registry: a use case
+    called directly (other than ``allowed_cases``), the Registry's ``store``, a Store of its own, or
+    a module that opens one; by top-level function (a command), those ``exempt`` names aside."""
+    problems = []
+    for module, path in sorted(files.items()):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        spans = [(node.lineno, node.end_lineno, node.name) for node in tree.body
+                 if isinstance(node, (ast.FunctionDef, ast.ClassDef))]
+        found = [(line, f"imports {imported}") for imported, line in imports_of(path, module)
+                 if imported.startswith("specreg.usecases.") and not imported.startswith(allowed_cases)
+                 or imported in openers]
+        found += [(node.lineno, "reads the Registry's store") for node in ast.walk(tree)
+                  if isinstance(node, ast.Attribute) and node.attr == "store"]
+        found += [(node.lineno, "uses Store") for node in ast.walk(tree)
+                  if isinstance(node, ast.Name) and node.id == "Store"]
+        where = path.relative_to(root).as_posix()
+        for line, what in sorted(set(found)):
+            function = next((name for start, end, name in spans if start <= line <= end), "<module>")
+            if f"{where} {function}" not in exempt:
+                problems.append(f"{where}:{line} {function}: {what}")
+    return problems
+
+
+def test_a_command_reaches_the_database_only_through_the_registry():
+    """The CLI calls Registry methods; it imports no use case (usecases/inputs.py, which checks what
+    the user types, aside), never reads the Registry's store and opens no database of its own."""
+    modules = module_files()
+    openers = store_openers(modules)
+    assert "specreg.registry.deploy.verify" in openers, "the walk found no Store: the checker is broken"
+    cli_files = {name: path for name, path in modules.items() if name.startswith("specreg.cli")}
+    assert database_paths(cli_files, openers, ("specreg.usecases.inputs",)) == []
+    unexempted = database_paths(cli_files, openers, ("specreg.usecases.inputs",), exempt={})
+    commands = {f"{problem.split(':')[0]} {problem.split(' ')[1].rstrip(':')}" for problem in unexempted}
+    assert commands == set(WITHOUT_A_REGISTRY), "an exception no command needs any more: take it out"
+
+
+def test_a_use_case_opens_no_database_of_its_own():
+    """A use case reaches the database through the Registry's store (its methods, the repositories
+    of registry/store given it) or a registry function given it, never a Store of its own or a
+    module that opens one."""
+    modules = module_files()
+    cases = {name: path for name, path in modules.items() if name.startswith("specreg.usecases.")}
+    assert "specreg.usecases.observe" in cases
+    problems = [problem for problem in database_paths(cases, store_openers(modules), ("specreg.usecases.",))
+                if not problem.endswith("reads the Registry's store")]
+    assert problems == []
+
+
+def test_the_database_path_check_sees_each_way_round_the_registry(tmp_path):
+    fake = tmp_path / "specreg" / "cli" / "example.py"
+    fake.parent.mkdir(parents=True)
+    fake.write_text("def show(db):\n    from specreg.usecases.reading import history\n"
+                    "    from specreg.usecases.inputs import pair_ref\n"
+                    "    return open_registry(db).store.history('x')\n"
+                    "def upgrade(url):\n    from specreg.registry.deploy.verify import verify_lock\n"
+                    "    return Store(url)\n")
+    assert database_paths({"specreg.cli.example": fake}, {"specreg.registry.deploy.verify"},
+                          ("specreg.usecases.inputs",), root=tmp_path) == [
+        "specreg/cli/example.py:2 show: imports specreg.usecases.reading",
+        "specreg/cli/example.py:2 show: imports specreg.usecases.reading.history",
+        "specreg/cli/example.py:4 show: reads the Registry's store",
+        "specreg/cli/example.py:6 upgrade: imports specreg.registry.deploy.verify",
+        "specreg/cli/example.py:7 upgrade: uses Store"]
 
 
 def test_use_cases_sit_below_the_api_and_the_cli():
@@ -315,18 +439,25 @@ def test_every_engine_module_satisfies_the_engine_interface():
 
 
 def test_checks_share_one_shape_and_stay_short():
-    """Every check of the suite is a validators.context.Check over one CheckContext; run_suite is a
-    loop over those the options select, and no function in validators/ runs past 60 lines."""
+    """Every check of the suite is a validators.context.Check over one CheckContext, every check of an
+    engine validation one over one EngineCheckContext; run_suite and run_engine_checks are loops over
+    them, and no function in validators/ runs past 60 lines."""
     from specreg.validators.context import Check
+    from specreg.validators.engine import ENGINE_CHECKS
     from specreg.validators.suite import CHECK_NAMES, suite_checks
 
     checks = suite_checks()
     assert list(checks) == list(CHECK_NAMES)
     assert all(isinstance(check, Check) and check.name == name for name, check in checks.items())
+    assert len(ENGINE_CHECKS) == 5 and all(isinstance(check, Check) for check in ENGINE_CHECKS)
     lengths = {name: lines for path in sorted((ROOT / "validators").glob("*.py"))
                for name, lines in function_lengths(path).items()}
-    assert [name for name in lengths if name.endswith(" run_suite")], "the walk found no run_suite"
+    [run_suite] = [lines for name, lines in lengths.items() if name.endswith(" run_suite")]
+    [run_engine_checks] = [lines for name, lines in lengths.items() if name.endswith(" run_engine_checks")]
+    assert run_engine_checks <= run_suite
     assert {name: lines for name, lines in lengths.items() if lines > 60} == {}
+
+
 def test_no_import_cycle_between_runtime_modules():
     """Inside the runtime the modules import one way too (the pair, the forward, the tree, the
     methods, the loop), lazy imports included: a cycle means two modules are one idea."""
@@ -340,7 +471,7 @@ def test_no_import_cycle_between_runtime_modules():
 # --- method names ---------------------------------------------------------------------------------
 # A drafting method is its runtime module (runtime/methods/<name>.py), one descriptor
 # (specreg/core/methods.py), per engine its translation (registry/deploy/engines/) and, where it
-# has them, its head format's reader (core/heads/<name>.py, torch-free for registration and the
+# has them, its head format's reader (core/heads/<name>_checkpoint.py, torch-free for registration and the
 # gate) and its demo builder (the builders/ module its descriptor names). Anywhere else a method's
 # name must not decide anything: a fact about a method comes from its descriptor.
 def method_names() -> set[str]:
@@ -359,8 +490,9 @@ METHOD_MEMBERS = {name.upper() for name in METHOD_NAMES}  # SpecMethod.<member>
 def method_places() -> tuple[str, ...]:
     from specreg.core.methods import HEAD_FORMATS, METHODS
 
+    readers = [f"specreg/core/heads/{name}_checkpoint.py" for name in HEAD_FORMATS]
     return ("runtime/methods/", "registry/deploy/engines/", "specreg/core/methods.py",
-            *(f"specreg/core/heads/{name}.py" for name in HEAD_FORMATS if (ROOT / f"specreg/core/heads/{name}.py").is_file()),
+            *(reader for reader in readers if (ROOT / reader).is_file()),
             *(f"builders/{m.demo_builder}.py" for m in METHODS.values() if m.demo_builder))
 
 
@@ -433,3 +565,79 @@ def test_the_method_scan_lets_names_be_values():
     code = ("def f(method='draft_model'):\n    return {'method': 'ngram', 'k': 4}\n"
             "CHOICES = ['draft_model', 'ngram']\nm = SpecMethod.MTP\n")
     assert method_branches(code, "example.py") == []
+
+
+# --- module names ---------------------------------------------------------------------------------
+# A module's name says what it holds: two modules (outside __init__.py and tests) share a name only
+# where they are one command's layers (docs/design.md §1): its CLI module specreg/cli/NAME.py, which
+# defines the command, its use case specreg/usecases/NAME.py, and one registry/<part>/NAME.py that
+# the use case imports.
+def source_files(root: Path = ROOT) -> list[Path]:
+    """Every Python file of the repository outside tests/ (package modules, benchmarks, scripts)."""
+    def left_out(folder: str) -> bool:
+        return folder.startswith(".") or folder.endswith(".egg-info") or folder in ("tests", "build")
+
+    return sorted(path for path in root.rglob("*.py")
+                  if not any(left_out(folder) for folder in path.relative_to(root).parts[:-1]))
+
+
+def command_modules() -> dict[str, str]:
+    """Each top-level command or group of the CLI (its name with - as _) -> the module defining it."""
+    from specreg.cli import cli
+
+    return {name.replace("-", "_"): command.callback.__module__ for name, command in cli.commands.items()}
+
+
+def one_commands_layers(name: str, places: list[str], commands: dict[str, str], root: Path = ROOT) -> bool:
+    """Whether ``places`` (paths under ``root``, all called NAME.py) are command NAME's layers."""
+    cli_module, use_case = f"specreg/cli/{name}.py", f"specreg/usecases/{name}.py"
+    below = [place for place in places if place not in (cli_module, use_case)]
+    if name not in commands or use_case not in places or len(below) > 1:
+        return False
+    if cli_module in places and commands[name] != f"specreg.cli.{name}":
+        return False
+    imported = {module for module, _ in imports_of(root / use_case, f"specreg.usecases.{name}")}
+    return all(len(parts := place.split("/")) == 3 and parts[0] == "registry"
+               and f"specreg.registry.{parts[1]}.{name}" in imported for place in below)
+
+
+def shared_names(files: list[Path], commands: dict[str, str], root: Path = ROOT) -> list[str]:
+    """Each file name that two or more modules carry outside one command's layers, with its places."""
+    places: dict[str, list[str]] = {}
+    for path in files:
+        if path.name != "__init__.py":
+            places.setdefault(path.name, []).append(path.relative_to(root).as_posix())
+    return [f"{name}: {', '.join(where)}" for name, where in sorted(places.items())
+            if len(where) > 1 and not one_commands_layers(name.removesuffix(".py"), where, commands, root)]
+
+
+def test_no_two_modules_share_a_name():
+    files = source_files()
+    assert {"runtime/methods/eagle3.py", "benchmarks/bench_cli.py", "scripts/argo_schema.py"} <= {
+        path.relative_to(ROOT).as_posix() for path in files}, "the walk missed a folder: the checker is broken"
+    assert not any(path.relative_to(ROOT).parts[0] == "tests" for path in files)
+    assert shared_names(files, command_modules()) == []
+
+
+def test_the_name_check_allows_only_one_commands_layers(tmp_path):
+    """One command's layers pass; the same name in another place, a layer the use case does not
+    import, or a name that is no command is reported."""
+    def tree(files: dict[str, str]) -> list[Path]:
+        for where, text in files.items():
+            (tmp_path / where).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / where).write_text(text)
+        return [tmp_path / where for where in files]
+
+    commands = {"policy": "specreg.cli.policy"}
+    layers = {"specreg/cli/policy.py": "", "registry/governance/policy.py": "",
+              "specreg/usecases/policy.py": "def f():\n    from specreg.registry.governance.policy import load\n"}
+    assert shared_names(tree(layers), commands, tmp_path) == []
+    assert shared_names(tree({**layers, "runtime/policy.py": ""}), commands, tmp_path) == [
+        "policy.py: specreg/cli/policy.py, registry/governance/policy.py, specreg/usecases/policy.py, "
+        "runtime/policy.py"]
+    (tmp_path / "runtime/policy.py").unlink()
+    assert shared_names(tree({**layers, "specreg/usecases/policy.py": ""}), commands, tmp_path) == [
+        "policy.py: specreg/cli/policy.py, registry/governance/policy.py, specreg/usecases/policy.py"]
+    assert shared_names(tree(layers), {"policy": "specreg.cli.governance"}, tmp_path) != []
+    assert shared_names(tree({"specreg/core/suffix.py": "", "runtime/methods/suffix.py": ""}), {}, tmp_path) == [
+        "suffix.py: specreg/core/suffix.py, runtime/methods/suffix.py"]

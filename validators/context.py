@@ -1,9 +1,14 @@
-"""The one shape of a validation's checks: a ``Check`` names itself and runs over one
-``CheckContext``, which holds what every check may read: the pair version, the golden set, the
-settings, the results of the checks before it, and what the steps before it loaded once for all
-the checks that need it (the pair's two tokenizers; the runtime pair and its golden decodes).
-Each validator module defines its ``CHECK``; validators/suite.py runs those the options select,
-in order, and knows no check by name.
+"""The one shape of a validation's checks: a ``Check`` names itself and runs over one context.
+
+``validate`` runs its checks over one ``CheckContext``, which holds what every check may read: the
+pair version, the golden set, the settings, the results of the checks before it, and what the
+steps before it loaded once for all the checks that need it (the pair's two tokenizers; the runtime
+pair and its golden decodes). Each validator module defines its ``CHECK``; validators/suite.py runs
+those the options select, in order, and knows no check by name.
+
+``validate --engine`` runs the checks of validators/engine.py over one ``EngineCheckContext``: what
+the engine and our runtime did with the same golden prompts, gathered before any check runs
+(specreg/engine_validation.py drives the engine).
 """
 
 from __future__ import annotations
@@ -21,13 +26,14 @@ DECODING = "decoding golden prompts (target-only and speculative)"
 
 @dataclass(frozen=True)
 class Check:
-    """One check of a validation. ``run(context) -> CheckResult``; ``announce``: it reports its
+    """One check of a validation. ``run(context) -> CheckResult``, over its validation's context
+    (CheckContext, or EngineCheckContext for an engine's checks); ``announce``: it reports its
     start (it takes long enough to be waited on); ``runtime``: it reads the runtime's golden
     decodes (CheckContext.runtime), so it is not run when the runtime cannot decode the pair;
     ``stops``: why the checks after it are not run when it fails or errors (None: they run)."""
 
     name: str
-    run: Callable[[CheckContext], CheckResult]
+    run: Callable[[Any], CheckResult]
     announce: bool = False
     runtime: bool = False
     stops: str | None = None
@@ -152,6 +158,31 @@ class CheckContext:
         decodes = decode_golden(pair, self.golden, self.settings, seed=self.options.seed, progress=advance,
                                 hooks=self.hooks, batch_size=self.options.runtime_batch_size)
         return pair, decodes
+
+
+@dataclass(frozen=True)
+class EngineCheckContext:
+    """What an engine validation's checks read. rows: the engine's counts per golden prompt at
+    concurrency 1 (validators.engine rows) and engine_baselines their figures (baselines_of);
+    ours: our runtime's baselines on the same prompts, with their "source"; tiers: each
+    concurrency tier's tokens/s with and without the draft and its acceptance_rate; outputs: the
+    engine's token ids with and without the draft per prompt ({"record", "category",
+    "prompt_ids", "speculative", "target_only"}), None when the engine was not run without it
+    (no_outputs says why), judged with near_tie_tolerance, top_of(record, position) (the engine's
+    target-only top log-probabilities there) and our_margin(prompt ids, prefix) (our runtime's
+    plain top-2, None when the runtime does not hold the model)."""
+
+    engine_name: str
+    rows: list[dict[str, Any]]
+    engine_baselines: dict[str, Any]
+    ours: dict[str, Any]
+    tiers: list[dict[str, Any]]
+    parity_tolerance: float
+    outputs: list[dict[str, Any]] | None = None
+    no_outputs: str = "the engine was not run without the draft"
+    near_tie_tolerance: float = 0.0
+    top_of: Callable[[dict[str, Any], int], list[tuple[int, float]] | None] | None = None
+    our_margin: Callable[[list[int], list[int]], dict] | None = None
 
 
 def runtime_stopped(exc: Exception) -> ChecksStopped:

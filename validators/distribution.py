@@ -156,11 +156,11 @@ def sample_one_step_tree(node_token_ids, draft_probs, target_probs, samples: int
     node_token_ids  # [nodes+1] root first
     draft_probs     # [nodes+1, vocab] each child's point mass (row 0 unused)
     target_probs    # [vocab] p at the prefix
-    tree_acceptance_rule: default acceptance.tree_rejection_sample (tests inject a broken one).
+    tree_acceptance_rule: default acceptance_rule.tree_rejection_sample (tests inject a broken one).
     """
     import torch
 
-    from specreg.runtime.acceptance import tree_rejection_sample
+    from specreg.runtime.acceptance_rule import tree_rejection_sample
 
     rule = tree_acceptance_rule or tree_rejection_sample
     generator = torch.Generator(device=target_probs.device).manual_seed(seed)
@@ -221,11 +221,11 @@ def check_distribution(pair, golden, decodes, *, method: str = "draft_model", sa
     pair: runtime ModelPair; golden: the GoldenSet; decodes: GoldenDecodes of decode_golden
     (their greedy continuations give the fixed prefixes); method and tree: the pair's (q comes from
     its own drafter, drafter_proposal; ngram: one-hot on the target's top token);
-    acceptance_rule / tree_acceptance_rule: the runtime's rules (defaults in runtime/acceptance.py;
-    tests inject broken ones); progress(done, total) after each prefix. Returns a CheckResult
+    acceptance_rule / tree_acceptance_rule: the runtime's rules (defaults in
+    runtime/acceptance_rule.py; tests inject broken ones); progress(done, total) after each prefix. Returns a CheckResult
     "distribution"; skip when no prompt samples.
     """
-    from specreg.runtime.acceptance import rejection_sample
+    from specreg.runtime.acceptance_rule import rejection_sample
 
     rules = (acceptance_rule or rejection_sample, tree_acceptance_rule)
     records = {record.id: record for record in golden}

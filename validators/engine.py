@@ -20,7 +20,9 @@ engine did with the golden prompts, beside what our runtime did with the same to
   baseline fails.
 
 Rows are plain dicts, one per prompt: {"record", "category", "generated_tokens", "drafted",
-"accepted", "draft_steps", "accepted_per_position"} (counts; None where unknown).
+"accepted", "draft_steps", "accepted_per_position"} (counts; None where unknown). Each check is a
+context.Check over one context.EngineCheckContext (``ENGINE_CHECKS``, run by ``run_engine_checks``),
+with a ``check_*`` function over plain values under it.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import math
 from typing import Any, Callable
 
 from specreg.core.types import FAIL, PASS, SKIP, WARN, CheckResult
+from specreg.validators.context import Check, EngineCheckContext
 
 PARITY_TOLERANCE = 0.03  # |alpha_engine - alpha_ours| overall and per category, greedy
 MAX_DIFFERENCES = 50
@@ -300,3 +303,28 @@ def check_concurrency(tiers: list[dict[str, Any]], *, engine_name: str,
                            f"with more requests at once, so speculation there is not what was validated", evidence,
                            figures_out)
     return CheckResult("engine_concurrency", PASS, f"acceptance per concurrency: {text}", evidence, figures_out)
+
+
+def _equivalence(context: EngineCheckContext) -> CheckResult:
+    if context.outputs is None:
+        return CheckResult("engine_equivalence", SKIP, context.no_outputs)
+    return check_engine_equivalence(context.outputs, engine_name=context.engine_name,
+                                    tolerance=context.near_tie_tolerance, top_of=context.top_of,
+                                    our_margin=context.our_margin)
+
+
+# validate --engine's checks, in the order it runs and reports them
+ENGINE_CHECKS = (
+    Check("engine_counts", lambda context: check_counts(context.rows, engine_name=context.engine_name)),
+    Check("engine_parity", lambda context: check_parity(context.ours, context.engine_baselines,
+                                                        engine_name=context.engine_name,
+                                                        tolerance=context.parity_tolerance)),
+    Check("engine_equivalence", _equivalence),
+    Check("engine_throughput", lambda context: check_throughput(context.tiers, engine_name=context.engine_name)),
+    Check("engine_concurrency", lambda context: check_concurrency(context.tiers, engine_name=context.engine_name)),
+)
+
+
+def run_engine_checks(context: EngineCheckContext) -> list[CheckResult]:
+    """Every engine check over ``context``, in order -> their results."""
+    return [check.run(context) for check in ENGINE_CHECKS]

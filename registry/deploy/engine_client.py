@@ -77,19 +77,19 @@ class Counters:
 
 
 def check_url(url: str) -> str:
-    from specreg.registry.deploy.observe import check_http_url
+    from specreg.registry.deploy.live_metrics import check_http_url
 
     return check_http_url(url, "engine URL").rstrip("/")
 
 
 def http_json(url: str, body: dict | None = None, timeout: float = DEADLINE_S) -> Any:
     """GET (body None) or POST JSON -> the decoded JSON answer (a JSON object). ``timeout``: the
-    whole exchange, connect to last byte (observe.Deadline: a server trickling a byte a second
+    whole exchange, connect to last byte (live_metrics.Deadline: a server trickling a byte a second
     never lets a per-read timeout expire); redirects only on the same host. Errors ->
     SpecregError naming the URL and, for an HTTP error, the engine's own message."""
     import http.client
 
-    from specreg.registry.deploy.observe import Deadline
+    from specreg.registry.deploy.live_metrics import Deadline
 
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
@@ -188,7 +188,7 @@ def _shown(value: Any) -> str:
 
 
 def http_text(url: str, timeout: float = 30.0) -> str:
-    from specreg.registry.deploy.observe import scrape
+    from specreg.registry.deploy.live_metrics import scrape
 
     return scrape(url, timeout)
 
@@ -348,7 +348,7 @@ def read_counters(engine: str, base_url: str, model_name: str | None = None) -> 
     """The speculative-decoding counters of the engine's /metrics -> Counters; None for SGLang
     (its /metrics holds gauges over a window: its per-request meta_info is read instead)."""
     from specreg.registry.deploy.engines.vllm import read_metrics
-    from specreg.registry.deploy.observe import parse_samples
+    from specreg.registry.deploy.live_metrics import parse_samples
 
     if engine == "sglang":
         return None

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from specreg.core.identity import same_user
+from specreg.core.user_names import same_user
 from specreg.errors import PolicyViolation
 from specreg.registry.governance.keyring import keyring_entries, written_by_its_actor
 from specreg.registry.governance.policy import EnvironmentPolicy, Policy
 from specreg.registry.governance.queries import Condition, finished_runs
 from specreg.registry.governance.signatures import (ANY_SCOPE, APPROVED, REJECTED, KeyringEntry, SignedDecision,
                                                     Tally, approval_predicate, check_decision, sign_decision, tally)
-from specreg.registry.governance.signed_writes import signed_write
+from specreg.registry.governance.signed_writes import signed_write, version_lock
 from specreg.registry.store import approval_records
 from specreg.registry.store.entities import Approval, AuditEvent, PairState, PairVersion
 from specreg.registry.store.store import Session, Store, utcnow, verified_chain
@@ -184,11 +184,8 @@ def decide(store: Store, policy: Policy, name: str, version: int, *, actor: str,
         raise ValueError(f"decision must be {APPROVED} or {REJECTED}, not {decision!r}")
     label = f"{name}@{version}"
 
-    def lock(session: Session) -> PairVersion:
-        store.lock_pair(session, name)
-        return store.pair_version(session, name, version, lock=True)
-
-    with signed_write(store, actor=actor, key=key, what=f"record a decision on {label}", lock=lock) as write:
+    with signed_write(store, actor=actor, key=key, what=f"record a decision on {label}",
+                      lock=version_lock(store, name, version)) as write:
         session, actor, row, kid = write.session, write.actor, write.locked, write.key_id
         write.enrolled(policy)
         state = row.state

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from specreg.core.baselines import drift_floor, schedule_note
-from specreg.core.identity import same_user
+from specreg.core.user_names import same_user
 from specreg.registry.governance.approvals import approval_condition
 from specreg.registry.governance.engine_gate import engine_baseline_conditions
 from specreg.registry.governance.floors import floor_conditions

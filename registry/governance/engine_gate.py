@@ -2,14 +2,14 @@
 named engine must have measured it (``specreg validate NAME@V --engine ENGINE``) on the
 environment's golden set, on the version's binding, with every check passing (or, where only its
 acceptance differs from our runtime's, accepted by an approver), recorded on the audit chain
-(registry/governance/engine_acceptance.py), and (when the policy has ``max_validation_age_days``)
-recently enough."""
+(registry/governance/engine_baseline_standing.py), and (when the policy has
+``max_validation_age_days``) recently enough."""
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from specreg.registry.governance.engine_acceptance import counted_rows
+from specreg.registry.governance.engine_baseline_standing import counted_rows
 from specreg.registry.governance.policy import EnvironmentPolicy
 from specreg.registry.governance.queries import Condition
 from specreg.registry.store.entities import PairVersion

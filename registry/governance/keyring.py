@@ -12,7 +12,7 @@ the revocation so that `specreg verify --keyring` refuses it at pod start too.
 
 from __future__ import annotations
 
-from specreg.core.identity import normalize_user, same_user
+from specreg.core.user_names import normalize_user, same_user
 from specreg.core.signing import key_id, public_key_pem
 from specreg.errors import PolicyViolation, SpecregError
 from specreg.registry.governance.policy import Policy

@@ -63,7 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from specreg.core.documents import depth_problem, yaml_problem
-from specreg.core.identity import normalize_user
+from specreg.core.user_names import normalize_user
 from specreg.errors import IdentityError, NotFoundError, UsageError
 
 MAX_POLICY_BYTES = 1024 * 1024  # a policy is a few environments: a megabyte is plenty

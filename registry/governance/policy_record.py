@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import Any
 
 from specreg.core.fingerprint import sha256_hex
-from specreg.core.identity import normalize_user, same_user
+from specreg.core.user_names import normalize_user, same_user
 from specreg.errors import NotFoundError, PolicyViolation, SpecregError, UsageError
 from specreg.registry.governance.keyring import keyring_entries, written_by_its_actor
 from specreg.registry.governance.policy import (EnvironmentPolicy, Policy, builtin_policy, parse_policy_text,

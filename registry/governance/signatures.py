@@ -22,7 +22,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable
 
-from specreg.core.identity import normalize_user, same_user
+from specreg.core.user_names import normalize_user, same_user
 from specreg.core.signing import bundle_key_id, key_id, public_key_pem, sign_statement, verified_statement
 from specreg.errors import IdentityError, SpecregError
 

@@ -10,7 +10,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from specreg.core.identity import normalize_user
+from specreg.core.user_names import normalize_user
 from specreg.core.signing import load_signer, signer_key_id
 from specreg.errors import SpecregError
 from specreg.registry.governance.keyring import enrolled_entry, keyring_entries
@@ -42,6 +42,16 @@ class SignedWrite:
         keyring = self.keyring(policy)
         enrolled_entry(keyring, self.key_id, self.key_path, self.actor)
         return keyring
+
+
+def version_lock(store: Store, name: str, version: int) -> Callable[[Session], Any]:
+    """The lock step of a signed decision on one pair version: the pair's lock, then the version's
+    row, locked and returned (SignedWrite.locked)."""
+    def lock(session: Session):
+        store.lock_pair(session, name)
+        return store.pair_version(session, name, version, lock=True)
+
+    return lock
 
 
 @contextlib.contextmanager

@@ -10,7 +10,7 @@ import json
 from datetime import datetime, timezone
 from typing import Any
 
-from specreg.core.identity import normalize_user
+from specreg.core.user_names import normalize_user
 from specreg.errors import IdentityError, UsageError
 from specreg.registry.store.entities import PairVersion
 

@@ -121,7 +121,7 @@ class Review:
     def approval_request(self, version: PairVersion) -> str | None:
         """The line for a tag set in the MLflow UI that no signature answers yet (None: no
         such tag, or it is answered): ``waiting for bob's signature``."""
-        from specreg.core.identity import same_user
+        from specreg.core.user_names import same_user
 
         in_mlflow = self.mlflow.read_approval(version)
         if in_mlflow is None:

@@ -3,7 +3,7 @@ measured them on a golden set (``specreg validate --engine``), stamped with the 
 version and build, and kept beside our runtime's baseline (the validation run they were compared
 with). Recording one appends an ``engine_validate`` audit event carrying the row's content hash;
 it never moves the pair's state. Which baselines count (passed or accepted, on the chain) is
-registry/governance/engine_acceptance.py's to say.
+registry/governance/engine_baseline_standing.py's to say.
 """
 
 from __future__ import annotations

@@ -226,6 +226,32 @@ class EnvironmentPointer:
 
 
 @dataclass(frozen=True)
+class Observation:
+    """One live reading of a pair version served by an engine (`specreg observe`): its figures
+    between two scrapes of the engine's metrics, compared with the version's baselines."""
+
+    id: int
+    pair: str
+    version: int
+    environment: str | None  # the environment observed through (NAME@ENV), else None
+    engine: str
+    url: str  # the metrics endpoint scraped
+    observed_at: datetime
+    figures: dict[str, Any]  # the live figures with the comparison (checks, reasons, floors)
+    verdict: str  # ok | drift | no-data
+
+    @property
+    def label(self) -> str:
+        return f"{self.pair}@{self.version}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """As `observe --json` and `show --json` print it, under the version it belongs to."""
+        return {"id": self.id, "environment": self.environment, "engine": self.engine, "url": self.url,
+                "observed_at": self.observed_at.isoformat(timespec="seconds"), "verdict": self.verdict,
+                "figures": self.figures}
+
+
+@dataclass(frozen=True)
 class EngineBaseline:
     """One engine validation of a pair version.
 

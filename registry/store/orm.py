@@ -12,11 +12,11 @@ from sqlalchemy import (JSON, Boolean, DateTime, ForeignKey, Integer, String, Te
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from specreg.core.baselines import in_engine_terms
-from specreg.core.suffix import SuffixSettings
+from specreg.core.suffix_settings import SuffixSettings
 from specreg.core.types import CheckResult, ModelFingerprint, ModelRef
 from specreg.registry.store.entities import (Approval, AuditEvent, EngineBaseline, EnrolledKey, EnvironmentPointer,
-                                             PairState, PairVersion, PolicyDocument, SpecConfig, SpecMethod,
-                                             ValidationRun)
+                                             Observation, PairState, PairVersion, PolicyDocument, SpecConfig,
+                                             SpecMethod, ValidationRun)
 
 
 class Base(DeclarativeBase):
@@ -309,6 +309,10 @@ class ObservationRow(Base):
     observed_at: Mapped[datetime] = mapped_column(DateTime, nullable=False)
     figures: Mapped[dict] = mapped_column(JSON, nullable=False)
     verdict: Mapped[str] = mapped_column(String(16), nullable=False)  # ok|drift|no-data
+
+    def to_entity(self, pair_name: str, version: int) -> Observation:
+        return Observation(self.id, pair_name, version, self.environment, self.engine, self.url, self.observed_at,
+                           self.figures, self.verdict)
 
 
 class EngineBaselineRow(Base):

@@ -18,12 +18,12 @@ from sqlalchemy import inspect as inspect_object
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from specreg.core.identity import normalize_user
+from specreg.core.user_names import normalize_user
 from specreg.errors import ImmutableError, NotFoundError, SchemaOutOfDateError, StoreError
 from specreg.registry.store import audit
 from specreg.registry.store.database import create_db_engine, describe_db_error, safe_url
 from specreg.core.types import ModelRef
-from specreg.registry.store.entities import AuditEvent, PairState, PairVersion, SpecConfig
+from specreg.registry.store.entities import AuditEvent, Observation, PairState, PairVersion, SpecConfig
 from specreg.registry.store.lifecycle import check_transition
 from specreg.registry.store.orm import (AuditEventRow, AuditHeadRow, EnvironmentPointerRow, ObservationRow, PairRow,
                                         PairVersionRow)
@@ -392,23 +392,23 @@ class Store:
     # --- observations -------------------------------------------------------------------
 
     def add_observation(self, name: str, version: int, *, environment: str | None, engine: str, url: str,
-                        figures: dict[str, Any], verdict: str) -> dict[str, Any]:
-        """Store one live observation of a version served by an engine."""
+                        figures: dict[str, Any], verdict: str) -> Observation:
+        """Store one live observation of a version served by an engine -> it as recorded."""
         with self.session(write=True) as session:
             row = self.version_row(session, name, version)
             observation = ObservationRow(pair_version_id=row.id, environment=environment, engine=engine, url=url,
                                          observed_at=utcnow(), figures=figures, verdict=verdict)
             session.add(observation)
             session.flush()
-            return observation_dict(observation)
+            return observation.to_entity(name, row.version)
 
-    def observations(self, name: str, version: int, limit: int = 5) -> list[dict[str, Any]]:
+    def observations(self, name: str, version: int, limit: int = 5) -> list[Observation]:
         """The newest observations of a version, newest first."""
         with self.session() as session:
             row = self.version_row(session, name, version)
             rows = session.scalars(select(ObservationRow).where(ObservationRow.pair_version_id == row.id)
                                    .order_by(ObservationRow.id.desc()).limit(limit))
-            return [observation_dict(o) for o in rows]
+            return [o.to_entity(name, row.version) for o in rows]
 
 
 def verified_chain(session: Session) -> tuple[list[AuditEvent], str | None]:
@@ -424,12 +424,6 @@ def verified_chain(session: Session) -> tuple[list[AuditEvent], str | None]:
         return [row.to_entity() for row in rows], (f"the newest event(s) after event {rows[-1].id if rows else 0} "
                                                    f"were deleted (audit head does not match)")
     return [row.to_entity() for row in rows], None
-
-
-def observation_dict(row: ObservationRow) -> dict[str, Any]:
-    return {"id": row.id, "environment": row.environment, "engine": row.engine, "url": row.url,
-            "observed_at": row.observed_at.isoformat(timespec="seconds"), "verdict": row.verdict,
-            "figures": row.figures}
 
 
 def Base_tables() -> set[str]:

@@ -3,9 +3,9 @@
 A run is written as ``running`` (with the validating process's pid) before the first check,
 each check as it finishes, and the end (passed/failed + the pair's state move + its audit event)
 in one transaction. A run interrupted by Ctrl-C or SIGTERM is marked ``aborted`` by the process
-itself (specreg/validation.py); a run whose process was killed outright (SIGKILL, power loss) stays ``running`` until
-``reap_dead_runs`` finds its pid gone and marks it ``aborted``. Aborted and errored runs never
-move the pair's state.
+itself (specreg/runtime_validation.py); a run whose process was killed outright (SIGKILL, power
+loss) stays ``running`` until ``reap_dead_runs`` finds its pid gone and marks it ``aborted``.
+Aborted and errored runs never move the pair's state.
 """
 
 from __future__ import annotations

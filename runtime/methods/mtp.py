@@ -143,7 +143,7 @@ def read_runnable_mtp(target_path):
     """The target's MTP layers as specreg.core.heads.mtp.read_mtp lists them -> HeadSpec, refused
     (RuntimeConfigError, one line naming the field) when this runtime does not run their family.
     Reads config.json and the safetensors headers only: call it before loading the target."""
-    from specreg.core.heads.mtp import read_mtp
+    from specreg.core.heads.mtp_checkpoint import read_mtp
 
     spec = read_mtp(target_path)  # ModelReferenceError: no count field, or no tensors under the prefix
     family = spec.layout.split(":", 1)[1]
@@ -160,7 +160,7 @@ def read_runnable_mtp(target_path):
 def layer_prefix(num_hidden_layers: int, index: int, names) -> str:
     """The prefix MTP layer `index` is stored under among tensor `names` (read_mtp's DeepSeek naming:
     model.layers.{num_hidden_layers + index}. or one of its variants)."""
-    from specreg.core.heads.mtp import MTP_LAYOUTS
+    from specreg.core.heads.mtp_checkpoint import MTP_LAYOUTS
 
     layout = next(lay for lay in MTP_LAYOUTS if lay.family == RUN_FAMILY)
     prefixes = layout.layer_prefixes(num_hidden_layers, index)

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from specreg.core.suffix import SuffixSettings
+from specreg.core.suffix_settings import SuffixSettings
 from specreg.runtime.methods.base import DraftRequest, Method, PerRowDrafter, Proposal, point_mass_proposal
 from specreg.runtime.methods.ngram import load as ngram_load
 

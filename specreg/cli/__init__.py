@@ -13,7 +13,7 @@ import click
 
 from specreg.cli import (deploy, engine_baselines, governance, pipeline, registration, review,  # noqa: F401
                          validation)
-from specreg.cli.common import cli, echo_err, printable, print_warnings
+from specreg.cli.root import cli, echo_err, printable, print_warnings
 from specreg.errors import PathTooLongError, SpecregError
 
 # the packages of the `validate` extra (pyproject.toml): a base or [gate] install lacks them, and

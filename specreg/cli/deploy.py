@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from specreg.cli.common import (cli, db_option, fmt_number, json_option, open_registry, print_json,
+from specreg.cli.root import (cli, db_option, fmt_number, json_option, open_registry, print_json,
                                 print_table, say, user_option)
 from specreg.registry.deploy.engines import FORMATS
 
@@ -206,7 +206,7 @@ KEY_USES = {
 def keys_create(out_dir, use):
     """Create an ECDSA P-256 key pair: DIR/specreg-signing.key (private, mode 0600) and
     DIR/specreg-signing.pub. Never overwrites a key."""
-    from specreg.cli.common import echo_lines
+    from specreg.cli.root import echo_lines
     from specreg.core.signing import create_key_pair
 
     private_path, public_path = create_key_pair(out_dir)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from specreg.cli.common import cli, db_option, json_option, open_registry, print_json, print_table, user_option
+from specreg.cli.root import cli, db_option, json_option, open_registry, print_json, print_table, user_option
 
 
 @cli.group(name="engine-baselines")

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from specreg.cli.common import echo_lines, print_json, print_table, say
+from specreg.cli.root import echo_lines, print_json, print_table, say
 
 
 def _num(value, digits: int = 3) -> str:
@@ -22,7 +22,7 @@ def run_engine_validation(registry, ref: str, *, engine: str, golden: str, engin
                           tiers, parity_tolerance, near_tie_tolerance, dtype, threads=None, deadline_s: float = 600.0,
                           as_json: bool = False) -> None:
     from specreg.errors import PolicyViolation
-    from specreg.validation import ValidationInterrupted
+    from specreg.runtime_validation import ValidationInterrupted
 
     from specreg.cli.progress import Progress
 

@@ -6,7 +6,7 @@ import textwrap
 
 import click
 
-from specreg.cli.common import (PREVIEW_ONLY, cli, db_option, echo_lines, json_option, open_registry,
+from specreg.cli.root import (PREVIEW_ONLY, cli, db_option, echo_lines, json_option, open_registry,
                                 output_width, policy_option, print_json, print_table, printable, say, user_option)
 from specreg.errors import SpecregError
 
@@ -231,8 +231,7 @@ def audit_verify(expected_head, db_url, as_json):
     from specreg.errors import PolicyViolation
 
     registry = open_registry(db_url)
-    position, checked, problem = registry.store.anchor_position(expected_head or "")
-    head = registry.store.audit_head()
+    position, checked, problem, head = registry.audit_anchor(expected_head)
     anchored = None if expected_head is None else position is not None
     not_counted = registry.not_counted()
     if as_json:

@@ -7,7 +7,7 @@ import json
 
 import click
 
-from specreg.cli.common import cli
+from specreg.cli.root import cli
 
 
 @cli.command(name="ci-outputs")
@@ -27,7 +27,7 @@ def ci_outputs(gate_json, style, lock_path, output_path, markdown_path, summary_
     """Turn `specreg gate --json` output into a runner's step outputs: verdict, pair, version,
     environment, binding, lock_digest, audit_head, reasons."""
     from specreg.errors import UsageError
-    from specreg.pipeline import dotenv, gate_outputs, github_output, step_summary
+    from specreg.ci_formats import dotenv, gate_outputs, github_output, step_summary
 
     if (markdown_path is None) != (summary_path is None):
         raise UsageError("--markdown and --summary go together: the report to append, and where")

@@ -28,7 +28,7 @@ class Known:
 
 def known_values(registry, label: str, environment: str, policy) -> Known:
     """Gather ``Known`` for ``label`` refused for ``environment`` under ``policy``."""
-    from specreg.core.identity import same_user
+    from specreg.core.user_names import same_user
 
     version = registry.get(label)
     env = policy.environment(environment)

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from specreg.cli.common import (cli, db_option, echo_lines, fmt_number, json_option, open_registry,
+from specreg.cli.root import (cli, db_option, echo_lines, fmt_number, json_option, open_registry,
                                 print_json, print_table, say, user_option)
 from specreg.core.methods import DEFAULT_METHOD, METHODS
 
@@ -150,7 +150,7 @@ def show(ref, db_url, as_json):
     validations = registry.validation_runs(version.label)  # also marks runs of dead processes aborted
     if as_json:
         holds = [e["environment"] for e in registry.environments(version.name) if e["version"] == version.version]
-        print_json({**version.to_dict(), "holds": holds, "observations": observations,
+        print_json({**version.to_dict(), "holds": holds, "observations": [o.to_dict() for o in observations],
                     "validations": [{key: value for key, value in run.to_dict().items() if key != "checks"}
                                     | {"checks": {c.name: c.status for c in run.checks}} for run in validations]})
         return
@@ -183,10 +183,9 @@ def show(ref, db_url, as_json):
     if observations:
         lines.append("observations (newest first):")
         for o in observations:
-            figures = o["figures"]
-            lines.append(f"  {o['observed_at']}  {o['engine']:<7} {o['verdict']:<8} acceptance rate "
-                         f"{fmt_number(figures.get('acceptance_rate'))}  mean acceptance length "
-                         f"{fmt_number(figures.get('mean_acceptance_length'))}  {o['url']}")
+            lines.append(f"  {o.observed_at.isoformat(timespec='seconds')}  {o.engine:<7} {o.verdict:<8} acceptance "
+                         f"rate {fmt_number(o.figures.get('acceptance_rate'))}  mean acceptance length "
+                         f"{fmt_number(o.figures.get('mean_acceptance_length'))}  {o.url}")
     holds = [e for e in registry.environments(version.name) if e["version"] == version.version]
     lines.append("holds: " + (", ".join(e["environment"] for e in holds) or "no environment"))
     lines.append("events:")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from specreg.cli.common import cli, db_option, json_option, open_registry, print_json, say, user_option
+from specreg.cli.root import cli, db_option, json_option, open_registry, print_json, say, user_option
 from specreg.errors import SpecregError
 
 
@@ -24,7 +24,7 @@ def sync(name, db_url, user, as_json):
         aliases = ", ".join(f"{env}->v{mv}" for env, mv in item["aliases"].items() if mv) or "-"
         say(f"{item['pair']}: {len(item['runs'])} validation run(s), model version "
                    f"{item['model_version'] or '-'}, approval {item['approval'] or '-'}, aliases {aliases}")
-    say(f"MLflow at {registry.review().tracking_uri} is up to date")
+    say(f"MLflow at {registry.review.tracking_uri} is up to date")
 
 
 @cli.command()

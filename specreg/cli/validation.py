@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from specreg.cli.common import (cli, db_option, json_option, open_registry, print_json, print_table,
+from specreg.cli.root import (cli, db_option, json_option, open_registry, print_json, print_table,
                                 printable, say, user_option)
 
 
@@ -50,7 +50,7 @@ def validate(ref, golden, device, dtype, checks, gpu_memory, acceptance_toleranc
     from specreg.errors import PolicyViolation, SpecregError, UsageError
     from specreg.registry.store.validations import ERROR
     from specreg.registry.review import reports
-    from specreg.validation import ValidationInterrupted
+    from specreg.runtime_validation import ValidationInterrupted
 
     registry = open_registry(db_url, user)
     # the policy in effect decides what the run is judged on, unless told otherwise (said at the end)

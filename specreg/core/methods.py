@@ -13,7 +13,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from specreg.core.suffix import SuffixSettings
+from specreg.core.suffix_settings import SuffixSettings
 from specreg.errors import UsageError
 
 
@@ -27,7 +27,7 @@ class MethodDescriptor:
     drafts_with: str
     tree: str = "never"  # a candidate tree: "never", "optional" (chain or tree) or "required"
     prompt_lookup: bool = False  # takes prompt_lookup_min / prompt_lookup_max
-    suffix_settings: bool = False  # takes vLLM's suffix_decoding_* settings (specreg.core.suffix)
+    suffix_settings: bool = False  # takes vLLM's suffix_decoding_* settings (core/suffix_settings.py)
     depth_limited_by_heads: bool = False  # head i drafts depth i + 1: the depth needs as many heads
     demo_builder: str | None = None  # the builders/ module whose build_demo(...) makes a demo drafter
     real_builder: str | None = None  # the builders/ module whose build_real(...) trains one for the real pair

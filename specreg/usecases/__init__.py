@@ -1,7 +1,7 @@
 """The registry's use cases, one module each: what ``specreg.Registry`` (api.py) delegates to, in
 one line a method. A use case reads its inputs (usecases/inputs.py), calls the store, governance,
-review or deploy parts of the registry (and the runtime's validators through validation.py), and
-returns what the CLI prints; it never parses arguments or prints. Each takes the Registry as its
+review or deploy parts of the registry (and the runtime's validators through
+runtime_validation.py), and returns what the CLI prints; it never parses arguments or prints. Each takes the Registry as its
 first argument for what every use case shares: the store, who acts (``user``), the policy of
 record, the MLflow mirror and the warnings the CLI prints at exit.
 
@@ -16,5 +16,5 @@ record, the MLflow mirror and the warnings the CLI prints at exit.
     observe          live acceptance against the baselines
     mirror           the MLflow review surface
     reading          versions, environments, comparisons, the audit log's coverage
-    identity         who acts
+    acting_user      who acts
 """

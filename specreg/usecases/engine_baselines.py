@@ -1,7 +1,7 @@
 """Engine baselines: which one counts (passed, or accepted by an approver, on the version's current
-binding and on the audit chain: registry/governance/engine_acceptance.py), an approver's signed
-acceptance of one, and a version's baselines in one engine's terms, what exports, alert rules and
-observe for that engine compare with."""
+binding and on the audit chain: registry/governance/engine_baseline_standing.py), an approver's
+signed acceptance of one, and a version's baselines in one engine's terms, what exports, alert
+rules and observe for that engine compare with."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ def engine_baselines(registry, ref, engine: str | None = None) -> list:
 
 def standings(registry, ref) -> list:
     """Every engine baseline of a version, oldest first, with whether it counts and why
-    (registry.governance.engine_acceptance.Standing)."""
-    from specreg.registry.governance.engine_acceptance import standings as standings_of
+    (registry.governance.engine_baseline_standing.Standing)."""
+    from specreg.registry.governance.engine_baseline_standing import standings as standings_of
 
     version = registry.get(ref)
     return standings_of(registry.store, registry.policy(), version.name, version.version)
@@ -29,7 +29,7 @@ def standings(registry, ref) -> list:
 def accept(registry, ref, baseline_id: int, *, key: str | None = None, note: str | None = None) -> dict:
     """Sign and record this user's acceptance of an unaccepted engine baseline (see
     Registry.accept_engine_baseline) -> the baseline's standing as a dict."""
-    from specreg.registry.governance.engine_acceptance import accept as accept_baseline
+    from specreg.registry.governance.engine_baseline_standing import accept as accept_baseline
 
     check_text("note", note)
     actor = registry.user  # who acts comes first, then the reference, then the key
@@ -43,7 +43,7 @@ def accept(registry, ref, baseline_id: int, *, key: str | None = None, note: str
 def counted(registry, version: PairVersion, engine: str):
     """The newest baseline of ``engine`` for ``version`` that counts, or None (also for an engine
     that records no baselines)."""
-    from specreg.registry.governance.engine_acceptance import newest_counted
+    from specreg.registry.governance.engine_baseline_standing import newest_counted
     from specreg.registry.store.engine_baselines import ENGINES
 
     if engine not in ENGINES:

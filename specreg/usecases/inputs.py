@@ -175,7 +175,7 @@ def build_spec_config(method: str, num_speculative_tokens: int | None, prompt_lo
                          f"{' and '.join(m.name for m in METHODS.values() if m.suffix_settings)}")
     settings = None
     if descriptor.suffix_settings:
-        from specreg.core.suffix import SuffixSettings
+        from specreg.core.suffix_settings import SuffixSettings
 
         settings = SuffixSettings(**suffix)
         if settings.problem():

@@ -31,7 +31,7 @@ def mirror(registry, ref) -> None:
     from specreg.errors import MlflowUnavailable
     from specreg.registry.review.replay import behind_warning
 
-    review = registry.review()
+    review = registry.review
     if review is None:
         return
     ref = pair_ref(ref)
@@ -48,7 +48,7 @@ def mirror(registry, ref) -> None:
 def sync(registry, name: str | None = None) -> list[dict]:
     """Replay the registry (one pair or all) into MLflow and read approvals back. Idempotent.
     Raises MlflowUnavailable when MLflow cannot be reached."""
-    review = registry.review()
+    review = registry.review
     if review is None:
         raise UsageError("MLflow is turned off (SPECREG_MLFLOW=off): nothing to sync")
     review.mlflow.ping()

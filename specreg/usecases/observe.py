@@ -1,8 +1,9 @@
 """Observe: scrape a serving engine's metrics twice, compare live acceptance with the version's
-baselines in that engine's terms and store the observation (registry/deploy/observe.py)."""
+baselines in that engine's terms and store the observation (registry/deploy/live_metrics.py)."""
 
 from __future__ import annotations
 
+from specreg.registry.store.entities import Observation
 from specreg.usecases.inputs import pair_ref
 
 DEFAULT_TOLERANCE = 0.1  # without an environment whose policy says otherwise
@@ -15,7 +16,7 @@ def observe(registry, ref, metrics_url: str, *, engine: str = "vllm", interval: 
     Registry.observe)."""
     import time
 
-    from specreg.registry.deploy.observe import SCRAPE_DEADLINE_S, compare_with_baseline, observe as scrape
+    from specreg.registry.deploy.live_metrics import SCRAPE_DEADLINE_S, compare_with_baseline, observe as scrape
     from specreg.usecases.engine_baselines import in_engine_terms
     from specreg.usecases.validate import baselines as recorded
 
@@ -31,9 +32,10 @@ def observe(registry, ref, metrics_url: str, *, engine: str = "vllm", interval: 
     stored = registry.store.add_observation(version.name, version.version, environment=ref.environment,
                                             engine=engine, url=metrics_url, figures={**live, **verdict},
                                             verdict=verdict["verdict"])
-    return {"pair": version.label, **stored, **verdict, "live": live}
+    return {"pair": version.label, **stored.to_dict(), **verdict, "live": live}
 
 
-def observations(registry, ref, limit: int = 5) -> list[dict]:
+def observations(registry, ref, limit: int = 5) -> list[Observation]:
+    """The newest ``limit`` observations of a version, newest first."""
     version = registry.get(ref)
     return registry.store.observations(version.name, version.version, limit)

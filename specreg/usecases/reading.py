@@ -1,6 +1,6 @@
-"""Reading the registry: a version by reference (NAME, NAME@VERSION, NAME@ENV), two versions side
-by side, which version holds each environment and held it when, and the rows the audit chain does
-not vouch for."""
+"""Reading the registry: versions, a version by reference (NAME, NAME@VERSION, NAME@ENV), a pair's
+history, two versions side by side, which version holds each environment and held it when, the
+audit chain's state and the rows it does not vouch for."""
 
 from __future__ import annotations
 
@@ -21,6 +21,21 @@ def find_version(registry, ref: str | PairRef, *, with_events: bool = False) -> 
     if version is None:
         raise NotFoundError(f"{ref}: no version of {ref.name} holds environment {ref.environment}")
     return registry.store.get_version(ref.name, version, with_events=with_events)
+
+
+def versions(registry, name: str | None = None) -> list[PairVersion]:
+    """Every version (of ``name`` when given), by pair and version."""
+    return registry.store.list_versions(check_name(name) if name else None)
+
+
+def summaries(registry) -> list[dict]:
+    """Light rows for `specreg list`: every version with its state and the environments it holds."""
+    return registry.store.list_summaries()
+
+
+def history(registry, name: str) -> list:
+    """The audit events of every version of ``name``, oldest first (store.entities.AuditEvent)."""
+    return registry.store.history(check_name(name))
 
 
 def diff(registry, ref_a, ref_b) -> list[dict]:
@@ -50,6 +65,18 @@ def environment_history(registry, name: str, environment: str, *, at: str | None
         return tenures
     found = holder_at(tenures, when)
     return [found] if found is not None and found.version is not None else []
+
+
+def verify_audit(registry) -> tuple[int, str | None]:
+    """(events checked, the first broken link or None) of the whole audit chain."""
+    return registry.store.verify_audit()
+
+
+def audit_anchor(registry, expected_head: str | None) -> tuple[int | None, int, str | None, str]:
+    """(the 1-based position of ``expected_head`` in the verified chain or None, events in that
+    chain, the chain's problem or None, the head now)."""
+    position, checked, problem = registry.store.anchor_position(expected_head or "")
+    return position, checked, problem, registry.store.audit_head()
 
 
 def not_counted(registry) -> list[str]:

@@ -1,6 +1,6 @@
 """Validate: run the checks on our runtime over a golden set, record the run with its per-check
-results and acceptance baselines, and move the version to validated or failed (specreg.validation
-does the run; this reads the settings and the policy around it)."""
+results and acceptance baselines, and move the version to validated or failed
+(specreg.runtime_validation does the run; this reads the settings and the policy around it)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def validate(registry, ref, *, golden: str | None = None, device: str = "auto", 
     """Validate a pair version and record the run (see Registry.validate) ->
     registry.validations.ValidationOutcome."""
     from specreg.golden_prompts.loader import load_golden_set
-    from specreg.validation import validate_version
+    from specreg.runtime_validation import validate_version
 
     chosen = validation_settings(registry, golden, acceptance_tolerance)
     options = validation_options(chosen["acceptance_tolerance"], device=device, dtype=dtype, checks=checks,

@@ -92,29 +92,8 @@ def test_rehashing_the_whole_chain_is_caught_by_the_anchor(db_url, tiny_models, 
     exported = run("export", "rehash@1", "--format", "vllm", "--db", db_url).stdout
     anchored = next(line.split()[2] for line in exported.splitlines() if line.startswith("# audit_head: "))
 
-    # Rewrite history: the approval's note changes, and every hash after it is recomputed.
-    engine = create_engine(db_url)
-    with engine.begin() as connection:
-        # on PostgreSQL the server stamps the rewriter's own role on each row: that is what they hash
-        role = connection.execute(text("SELECT session_user")).scalar() if engine.dialect.name == "postgresql" else None
-        rows = connection.execute(text("SELECT * FROM audit_events ORDER BY id")).mappings().all()
-        prev = audit.GENESIS_HASH
-        for row in rows:
-            reason = "approved after a thorough review" if row["action"] == "approve" else row["reason"]
-            details = row["details"] if isinstance(row["details"], dict) else json.loads(row["details"])
-            created_at = row["created_at"]
-            created_at = created_at if isinstance(created_at, datetime) else datetime.fromisoformat(created_at)
-            digest = audit.event_hash(prev, pair_name=row["pair_name"], version=row["version"], action=row["action"],
-                                      from_state=row["from_state"], to_state=row["to_state"], actor=row["actor"],
-                                      reason=reason, details=details, created_at=created_at, session_role=role)
-            connection.execute(text("UPDATE audit_events SET reason = :reason, prev_hash = :prev, event_hash = :digest "
-                                    "WHERE id = :id"), {"reason": reason, "prev": prev, "digest": digest, "id": row["id"]})
-            if row["action"] in ("approve", "reject"):
-                connection.execute(text("UPDATE approvals SET note = :reason, event_hash = :digest WHERE id = :id"),
-                                   {"reason": reason, "digest": digest, "id": details["approval"]})
-            prev = digest
-        connection.execute(text("UPDATE audit_head SET last_hash = :prev"), {"prev": prev})
-    engine.dispose()
+    # Rewrite history: the approval's note changes (in its row too), and every hash after it is recomputed.
+    rehash_plain(db_url, "approve", "approved after a thorough review", approval_rows=True)
     assert run("audit", "verify", "--db", db_url).returncode == 0
     assert [e.reason for e in registry.history("rehash") if e.action == "approve"] == ["approved after a thorough review"]
     caught = run("audit", "verify", "--expect-head", anchored, "--db", db_url, "--json")
@@ -209,9 +188,11 @@ def test_a_database_from_before_the_link_upgrades_with_its_approvals_linked(db_u
     assert Registry(db_url).gate("upgrade@1", "production").passed
 
 
-def rehash_plain(db_url: str, edit_action: str, new_reason: str, drop_key_event: bool = False) -> None:
+def rehash_plain(db_url: str, edit_action: str, new_reason: str, drop_key_event: bool = False,
+                 approval_rows: bool = False) -> None:
     """What someone without the key can do: edit one event and recompute every sha256 after it
-    (on PostgreSQL the server stamps their own role on every row they rewrite: they hash that)."""
+    (on PostgreSQL the server stamps their own role on every row they rewrite: they hash that);
+    ``approval_rows``: also the approvals' rows, the note and the hash of the event each points at."""
     engine = create_engine(db_url)
     with engine.begin() as connection:
         role = connection.execute(text("SELECT session_user")).scalar() if engine.dialect.name == "postgresql" else None
@@ -228,6 +209,9 @@ def rehash_plain(db_url: str, edit_action: str, new_reason: str, drop_key_event:
                                       reason=reason, details=details, created_at=created_at, session_role=role)
             connection.execute(text("UPDATE audit_events SET reason = :reason, prev_hash = :prev, event_hash = :digest "
                                     "WHERE id = :id"), {"reason": reason, "prev": prev, "digest": digest, "id": row["id"]})
+            if approval_rows and row["action"] in ("approve", "reject"):
+                connection.execute(text("UPDATE approvals SET note = :reason, event_hash = :digest WHERE id = :id"),
+                                   {"reason": reason, "digest": digest, "id": details["approval"]})
             prev = digest
         connection.execute(text("UPDATE audit_head SET last_hash = :prev"), {"prev": prev})
     engine.dispose()

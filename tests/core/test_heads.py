@@ -17,9 +17,9 @@ import pytest
 from safetensors.numpy import save_file
 
 from specreg.core.heads import read_head
-from specreg.core.heads.eagle3 import default_aux_layer_ids
+from specreg.core.heads.eagle3_checkpoint import default_aux_layer_ids
 from specreg.core.heads.fit import check_head_fits
-from specreg.core.heads.mtp import read_mtp
+from specreg.core.heads.mtp_checkpoint import read_mtp
 from specreg.core.heads.spec import HeadSpec
 from specreg.core.heads.vocabulary import read_vocab_map, tokenizer_token_strings
 from specreg.errors import HeadMismatchError, ModelReferenceError, UsageError

@@ -116,6 +116,11 @@ def test_observe_compares_live_acceptance_with_baseline(approved_pair, accepted_
     assert data["live"]["acceptance_rate"] == pytest.approx(sum(accepted_per_pos) / 400)
     shown = json.loads(run("show", "deploy@1", "--db", approved_pair, "--json").stdout)
     assert [(o["verdict"], o["engine"], o["url"]) for o in shown["observations"]] == [(verdict, "vllm", server.url)]
+    [observed] = shown["observations"]
+    assert {key: data[key] for key in observed} == observed  # observe printed the observation show lists
+    [entity] = Registry(approved_pair).observations("deploy@1")
+    assert (entity.label, entity.id, entity.verdict, entity.figures) == ("deploy@1", observed["id"], verdict,
+                                                                          observed["figures"])
     human = run("show", "deploy@1", "--db", approved_pair).stdout
     assert "observations (newest first):" in human and verdict in human
 

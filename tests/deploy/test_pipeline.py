@@ -23,7 +23,7 @@ import pytest
 
 from cirunner import ACTION, gitlab_job, parse_dotenv, parse_github_output, run_action_step  # tests/ is on sys.path
 from specreg.api import Registry
-from specreg.pipeline import STEP_SUMMARY_LIMIT, SUMMARY_CUT_NOTE, dotenv, gate_outputs, github_output, step_summary
+from specreg.ci_formats import STEP_SUMMARY_LIMIT, SUMMARY_CUT_NOTE, dotenv, gate_outputs, github_output, step_summary
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "transformers", "mlflow")

@@ -18,17 +18,10 @@ target and draft ModelConfig and the aux layers an EAGLE-3 target captures (chec
 
 from __future__ import annotations
 
-import json
-import os
 import sys
-import time
 import traceback
 
-# The CPU platform is selected by vLLM's own switch (vllm.platforms.cpu_platform_plugin reads
-# VLLM_TARGET_DEVICE): no GPU module is replaced. Nothing may reach a model hub.
-os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-os.environ["HF_HUB_OFFLINE"] = "1"
-os.environ["TRANSFORMERS_OFFLINE"] = "1"
+from engine_script import run_cases  # first: the CPU and offline settings, before any engine import
 
 # Import-only stand-ins for GPU-only modules that fail to import on a CPU machine. Each name is
 # printed to stderr when used; the tests assert the list stays as small as written here.
@@ -309,23 +302,10 @@ def schema_sglang() -> dict:
     }
 
 
-def main() -> int:
-    engine, cases_path, out_path = sys.argv[1:4]
-    started = time.monotonic()
-    cases = json.loads(open(cases_path).read())
-    # One import of the engine per run: the cases and the schema file's content together.
-    if engine == "vllm":
-        output = {"results": check_vllm(cases), "schema": schema_vllm()}
-    elif engine == "sglang":
-        output = {"results": check_sglang(cases), "schema": schema_sglang()}
-    else:
-        raise SystemExit(f"unknown engine {engine}")
-    output["stand_ins"] = list(STAND_INS)
-    output["seconds"] = round(time.monotonic() - started, 1)
-    with open(out_path, "w") as handle:
-        json.dump(output, handle, indent=1, default=str)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    # one import of the engine per run: the cases and the schema file's content together
+    sys.exit(run_cases({
+        "vllm": lambda cases: {"results": check_vllm(cases), "schema": schema_vllm(), "stand_ins": list(STAND_INS)},
+        "sglang": lambda cases: {"results": check_sglang(cases), "schema": schema_sglang(),
+                                 "stand_ins": list(STAND_INS)},
+    }))

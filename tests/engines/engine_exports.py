@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 from exportcase import BASELINES, fingerprint, record_argv
 
-from specreg.core.suffix import SuffixSettings
+from specreg.core.suffix_settings import SuffixSettings
 from specreg.core.types import ModelRef
 from specreg.registry.store.entities import PairState, PairVersion, SpecConfig, SpecMethod
 from specreg.registry.deploy.exports import render_export
@@ -91,7 +91,7 @@ def tiny_pair(models: dict[str, Path], method: SpecMethod, max_batch: int | None
     default = {SpecMethod.MTP: mtp_target, SpecMethod.EAGLE3: eagle3_target}.get(method, lambda m: m["target"])
     target = target_ref(target or default(models))
     if method == SpecMethod.MTP:
-        # what registration reads of the target's MTP layers (specreg.core.heads.mtp.read_mtp)
+        # what registration reads of the target's MTP layers (core.heads.mtp_checkpoint.read_mtp)
         layers = json.loads((Path(target.reference) / "config.json").read_text()).get("num_nextn_predict_layers")
         config = SpecConfig(method, K, max_batch_size_for_speculation=max_batch,
                             head={"layout": "mtp:deepseek", "num_heads": layers})

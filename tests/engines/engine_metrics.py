@@ -20,15 +20,10 @@ templates/engines/sglang-0.5.23.json records from the wheel.
 
 from __future__ import annotations
 
-import json
-import os
 import sys
-import time
 import types
 
-os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-os.environ["HF_HUB_OFFLINE"] = "1"
-os.environ["TRANSFORMERS_OFFLINE"] = "1"
+from engine_script import run_cases  # first: the CPU and offline settings, before any engine import
 
 
 def vllm_exposition(case: dict) -> dict:
@@ -71,17 +66,5 @@ def vllm_exposition(case: dict) -> dict:
                          "acceptance_rate_percent": float(logged[6])} if logged else None}
 
 
-def main() -> int:
-    engine, cases_path, out_path = sys.argv[1:4]
-    started = time.monotonic()
-    cases = json.loads(open(cases_path).read())
-    make = {"vllm": vllm_exposition}[engine]
-    output = {"results": [make(case) for case in cases], "stand_ins": [],
-              "seconds": round(time.monotonic() - started, 1)}
-    with open(out_path, "w") as handle:
-        json.dump(output, handle)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cases({"vllm": lambda cases: {"results": [vllm_exposition(case) for case in cases], "stand_ins": []}}))

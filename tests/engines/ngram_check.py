@@ -17,14 +17,9 @@ Everything it computes is the released code.
 
 from __future__ import annotations
 
-import json
-import os
 import sys
-import time
 
-os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-os.environ["HF_HUB_OFFLINE"] = "1"
-os.environ["TRANSFORMERS_OFFLINE"] = "1"
+from engine_script import run_cases, runner_tokens
 
 
 def proposer(min_n: int, max_n: int, k: int, max_model_len: int, max_num_seqs: int):
@@ -43,19 +38,13 @@ def proposer(min_n: int, max_n: int, k: int, max_model_len: int, max_num_seqs: i
 
 def check_ngram(cases: list[dict]) -> list[dict]:
     """Cases grouped by (min, max, k, max_model_len), each group one batch, as the runner batches requests."""
-    import numpy as np
-
     groups: dict[tuple, list[dict]] = {}
     for case in cases:
         groups.setdefault((case["min"], case["max"], case["k"], case["max_model_len"]), []).append(case)
     results = []
     for (min_n, max_n, k, max_model_len), batch in groups.items():
         made = proposer(min_n, max_n, k, max_model_len, len(batch))
-        token_ids_cpu = np.zeros((len(batch), max_model_len), dtype=np.int32)
-        num_tokens_no_spec = np.zeros(len(batch), dtype=np.int32)
-        for row, case in enumerate(batch):
-            token_ids_cpu[row, :len(case["tokens"])] = case["tokens"]
-            num_tokens_no_spec[row] = len(case["tokens"])
+        token_ids_cpu, num_tokens_no_spec = runner_tokens([case["tokens"] for case in batch], max_model_len)
         # every request sampled a token this step (an empty list would skip it)
         sampled = [case["tokens"][-1:] or [0] for case in batch]
         proposals = made.propose(k, sampled, num_tokens_no_spec, token_ids_cpu)
@@ -63,17 +52,5 @@ def check_ngram(cases: list[dict]) -> list[dict]:
     return results
 
 
-def main() -> int:
-    engine, cases_path, out_path = sys.argv[1:4]
-    if engine != "vllm":
-        raise SystemExit(f"ngram_check runs vLLM only, not {engine}")
-    started = time.monotonic()
-    output = {"results": check_ngram(json.loads(open(cases_path).read()))}
-    output["seconds"] = round(time.monotonic() - started, 1)
-    with open(out_path, "w") as handle:
-        json.dump(output, handle, indent=1)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cases({"vllm": lambda cases: {"results": check_ngram(cases)}}))

@@ -21,15 +21,10 @@ computes is the released code and Arctic Inference's.
 
 from __future__ import annotations
 
-import json
-import os
 import sys
-import time
 from types import SimpleNamespace
 
-os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-os.environ["HF_HUB_OFFLINE"] = "1"
-os.environ["TRANSFORMERS_OFFLINE"] = "1"
+from engine_script import run_cases, runner_tokens
 
 
 def proposer(case: dict):
@@ -52,14 +47,13 @@ def check_suffix(cases: list[dict]) -> list[dict]:
     for case in cases:
         made = proposer(case)
         request = str(case["id"])
-        token_ids_cpu = np.zeros((1, case["max_model_len"]), dtype=np.int32)
         sequence = list(case["prompt"])
         drafts = []
         for sampled in case["steps"]:
             sequence += sampled
-            token_ids_cpu[0, :len(sequence)] = sequence
+            token_ids_cpu, num_tokens_no_spec = runner_tokens([sequence], case["max_model_len"])
             batch = SimpleNamespace(req_ids=[request], req_id_to_index={request: 0},
-                                    num_tokens_no_spec=np.array([len(sequence)], dtype=np.int32),
+                                    num_tokens_no_spec=num_tokens_no_spec,
                                     num_prompt_tokens=np.array([len(case["prompt"])], dtype=np.int32),
                                     token_ids_cpu=token_ids_cpu)
             drafts.append([int(t) for t in made.propose(case["k"], batch, [list(sampled)])[0]])
@@ -67,17 +61,5 @@ def check_suffix(cases: list[dict]) -> list[dict]:
     return results
 
 
-def main() -> int:
-    engine, cases_path, out_path = sys.argv[1:4]
-    if engine != "vllm":
-        raise SystemExit(f"suffix_check runs vLLM only, not {engine}")
-    started = time.monotonic()
-    output = {"results": check_suffix(json.loads(open(cases_path).read()))}
-    output["seconds"] = round(time.monotonic() - started, 1)
-    with open(out_path, "w") as handle:
-        json.dump(output, handle, indent=1)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cases({"vllm": lambda cases: {"results": check_suffix(cases)}}))

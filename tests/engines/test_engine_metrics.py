@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from specreg.registry.deploy.observe import live_figures, read_engine
+from specreg.registry.deploy.live_metrics import live_figures, read_engine
 from specreg.runtime.metrics import GenerationMetrics
 from steplog import StepLog  # tests/ is on sys.path (tests/conftest.py)
 

@@ -158,3 +158,26 @@ def test_tier_acceptance_pools_the_prompts_of_a_tier():
 
     assert tier_acceptance([{"drafted": 8, "accepted": 6}, {"drafted": 4, "accepted": 0}]) == 0.5
     assert tier_acceptance([{"drafted": None, "accepted": None}]) is None
+
+
+def test_the_engine_checks_run_in_order_over_one_context():
+    """validate --engine's checks are context.Checks over one EngineCheckContext: each reads its part
+    of it; without an engine run without the draft, equivalence skips with the context's reason."""
+    from specreg.validators.context import EngineCheckContext
+
+    rows = [{"record": "a", "category": "code", "generated_tokens": 10, "drafted": 8, "accepted": 6, "draft_steps": 2,
+             "accepted_per_position": [2, 2, 1, 1]}]
+    baselines = engine.baselines_of(rows, k=4)
+    tiers = [{"concurrency": 1, "with_draft_tokens_per_s": 30.0, "without_draft_tokens_per_s": None,
+              "acceptance_rate": 0.75}]
+    context = EngineCheckContext("vLLM", rows, baselines, {**baselines, "source": "ours"}, tiers, 0.03,
+                                 no_outputs="no --engine-reference-url")
+    results = engine.run_engine_checks(context)
+    assert [result.name for result in results] == [check.name for check in engine.ENGINE_CHECKS] == [
+        "engine_counts", "engine_parity", "engine_equivalence", "engine_throughput", "engine_concurrency"]
+    assert [result.status for result in results] == ["pass", "pass", "skip", "pass", "skip"]
+    assert results[2].summary == "no --engine-reference-url"
+    outputs = [_record("a", [5, 6], [5, 7])]
+    differs = engine.run_engine_checks(EngineCheckContext("vLLM", rows, baselines, baselines, tiers, 0.03,
+                                                          outputs=outputs, near_tie_tolerance=1e-3))
+    assert differs[2].status == "fail" and differs[2].figures["fail"] == 1

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from specreg.errors import SpecregError
-from specreg.registry.deploy.observe import compare_with_baseline, observe, scrape
+from specreg.registry.deploy.live_metrics import compare_with_baseline, observe, scrape
 
 
 class TrickleServer:

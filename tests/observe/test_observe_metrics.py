@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from specreg.errors import SpecregError, UsageError
-from specreg.registry.deploy.observe import compare_with_baseline, observe
+from specreg.registry.deploy.live_metrics import compare_with_baseline, observe
 from metrics_server import FakeVllm, MetricsServer
 
 BASELINES = {"golden_set": "default", "golden_sha256": "9" * 64, "validated_at": "2025-01-02T03:04:05+00:00",

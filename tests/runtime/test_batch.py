@@ -150,7 +150,7 @@ def test_stop_draft_counts_are_llamacpps_count_at_a_stop_token(target, tokenizer
     """One decode gives both counts: stop_draft_counts of a greedy decode equals the counts of the
     decode under llama.cpp's rule (greedy_accept_stopping_at) when an accepted draft before the
     step's last one is the stop token, and the tokens are the same."""
-    from specreg.runtime.acceptance import greedy_accept_stopping_at
+    from specreg.runtime.acceptance_rule import greedy_accept_stopping_at
     from specreg.runtime.metrics import stop_draft_counts
 
     pair = make_pair(target, tokenizer, drafts["self"], tokenizer)  # every draft accepted

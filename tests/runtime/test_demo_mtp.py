@@ -11,7 +11,7 @@ from specreg.builders import demo_mtp
 def test_build_then_reuse_then_rebuild_on_a_new_setting(tmp_path, tiny_dir, monkeypatch, prompts):
     from transformers import AutoModelForCausalLM
 
-    from specreg.core.heads.mtp import read_mtp
+    from specreg.core.heads.mtp_checkpoint import read_mtp
     from specreg.runtime.methods import load_pair
 
     monkeypatch.setattr(demo_mtp, "MTP_WINDOWS", 8)

@@ -79,13 +79,13 @@ def test_eos_inside_a_draft_block_stops_there(target, tokenizer, drafts, prompts
 
 
 def test_stream_never_yields_a_rejected_draft(target, tokenizer, drafts, prompts):
-    from specreg.runtime import acceptance
+    from specreg.runtime import acceptance_rule
 
     pair = make_pair(target, tokenizer, drafts["random"], tokenizer)
     proposed, rejected = [], []
 
     def recording_rule(draft_token_ids, target_token_ids):
-        num_accepted, emitted = acceptance.greedy_accept(draft_token_ids, target_token_ids)
+        num_accepted, emitted = acceptance_rule.greedy_accept(draft_token_ids, target_token_ids)
         proposed.append(draft_token_ids.tolist())
         rejected.append(draft_token_ids[num_accepted:].tolist())
         return num_accepted, emitted

@@ -196,7 +196,8 @@ def test_targets_the_runtime_cannot_run_are_refused_in_one_line(mtp_dirs, tmp_pa
         load_pair(bare, method="mtp")
     assert f"no tensor under model.layers.{layers}." in one_line_message(exc)
 
-    # its projection missing: refused where the layers are read (specreg.core.heads.mtp, as at registration)
+    # its projection missing: refused where the layers are read (specreg.core.heads.mtp_checkpoint,
+    # as at registration)
     no_projection = shutil.copytree(mtp_dirs["trained"], tmp_path / "no-projection")
     save_file({n: v for n, v in weights.items() if not n.endswith("eh_proj.weight")},
               str(no_projection / "model.safetensors"), metadata={"format": "pt"})

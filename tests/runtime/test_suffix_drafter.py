@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from specreg.core.suffix import SuffixSettings
+from specreg.core.suffix_settings import SuffixSettings
 from specreg.runtime.methods.suffix import SuffixDrafter, SuffixTree
 
 

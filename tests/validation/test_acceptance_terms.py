@@ -43,7 +43,7 @@ def test_a_baseline_counted_on_the_earlier_schedule_is_compared_and_flagged():
     """Baselines recorded before validate decoded on the engines' schedule carry no "schedule":
     they are read as before (alpha-hat and tau compared) and every verdict says what counted them."""
     from specreg.core.baselines import ENGINE_SCHEDULE, LEGACY_SCHEDULE, schedule_note, schedule_of
-    from specreg.registry.deploy.observe import compare_with_baseline
+    from specreg.registry.deploy.live_metrics import compare_with_baseline
 
     old, new = baselines(3.0), {**baselines(3.0), "schedule": ENGINE_SCHEDULE}
     assert schedule_of(old) == LEGACY_SCHEDULE and schedule_of(new) == ENGINE_SCHEDULE

@@ -75,7 +75,7 @@ def test_eagle3_pair_distribution_draws_from_the_heads_own_law(registry, models,
 def test_a_broken_tree_rule_fails_the_distribution_check(registry, models, heads, golden_path):
     """Accepting a tree's first candidate whenever it has positive target probability (p/q ignored)
     over-emits the candidates: the chi-square tests see it; equivalence (greedy) cannot."""
-    from specreg.runtime.acceptance import tree_rejection_sample
+    from specreg.runtime.acceptance_rule import tree_rejection_sample
 
     def accept_first_candidate(draft_probs, target_probs, node_token_ids, parent_ids, uniforms, generator=None):
         first = int((parent_ids == 0).nonzero()[0])

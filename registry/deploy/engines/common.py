@@ -83,8 +83,9 @@ def mtp_refusal(pair_version: PairVersion) -> str | None:
 
 
 def mtp_family(pair_version: PairVersion) -> str | None:
-    """The MTP family (specreg.core.heads.mtp.served_mtp_family) of the pair's target, or None."""
-    from specreg.core.heads.mtp import served_mtp_family
+    """The MTP family (specreg.core.heads.mtp_checkpoint.served_mtp_family) of the pair's target,
+    or None."""
+    from specreg.core.heads.mtp_checkpoint import served_mtp_family
 
     target = pair_version.target.fingerprint
     return served_mtp_family(target.model_type, [target.architecture] if target.architecture else [])

@@ -89,7 +89,7 @@ SUFFIX_REFUSAL = ("llama-server has no suffix decoding: its --spec-type values a
 TREE_REFUSAL = ("the registered candidate tree cannot be served: llama.cpp's EAGLE-3 drafter proposes one chain, "
                 "the top candidate at each position (common/speculative.cpp:808 cur_p->data[0].id); register the "
                 "head without --tree")
-# our MTP families (specreg.core.heads.mtp) whose layers llama.cpp builds a graph for
+# our MTP families (specreg.core.heads.mtp_checkpoint) whose layers llama.cpp builds a graph for
 # (src/models/deepseek2.cpp, glm4-moe.cpp, mimo2.cpp, qwen3next.cpp, qwen35.cpp read n_layer_nextn)
 MTP_FAMILIES = ("deepseek", "mimo", "qwen3_next", "qwen3_5")
 

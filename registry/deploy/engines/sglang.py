@@ -213,7 +213,7 @@ def alert_expressions(selector: str, window: str) -> dict[str, str]:
 
 def read_metrics(samples, model_name: str | None, source: str) -> dict[str, Any]:
     """Gauge values of one SGLang scrape, averaged over the remaining series (e.g. DP ranks)."""
-    from specreg.registry.deploy.observe import select
+    from specreg.registry.deploy.live_metrics import select
 
     figures = {}
     for key, name in (("mean_acceptance_length", ACCEPT_LENGTH), ("acceptance_rate", ACCEPT_RATE)):

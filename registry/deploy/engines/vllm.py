@@ -136,7 +136,7 @@ def command(target_source: str, revision: str | None, speculative: dict[str, Any
 
 
 # ---------------------------------------------------------------------------------------------
-# Metrics: counters, so live figures come from deltas between scrapes (observe.live_figures).
+# Metrics: counters, so live figures come from deltas between scrapes (live_metrics.live_figures).
 
 
 def alert_expressions(selector: str, window: str,
@@ -156,7 +156,7 @@ def alert_expressions(selector: str, window: str,
 
 def read_metrics(samples, model_name: str | None, source: str) -> dict[str, Any]:
     """Counter totals of one vLLM scrape, summed over the remaining series (engines, ranks)."""
-    from specreg.registry.deploy.observe import select
+    from specreg.registry.deploy.live_metrics import select
 
     totals = {
         "drafts": sum(value for _, value in select(samples, DRAFTS, model_name, source)),

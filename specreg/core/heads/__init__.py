@@ -10,10 +10,10 @@ configs are JSON, shapes come from the safetensors headers, d2t/t2d are read as 
 One module per concern; each names the engine and format sources it follows:
 - spec.py: HeadSpec, HeadTensor, TargetShape and the config-field readers every format uses;
 - tensors.py: weight files and tensors from safetensors headers (and one tensor's raw bytes);
-- eagle3.py: EAGLE-3 heads (speculators format and original EAGLE checkpoints) and EAGLE(-1/2),
-  the aux layer ids;
-- medusa.py: Medusa heads (FasterDecoding/Medusa, TGI);
-- mtp.py: the MTP layers inside a target (vLLM's MTP families);
+- eagle3_checkpoint.py: EAGLE-3 heads (speculators format and original EAGLE checkpoints) and
+  EAGLE(-1/2), the aux layer ids;
+- medusa_checkpoint.py: Medusa heads (FasterDecoding/Medusa, TGI);
+- mtp_checkpoint.py: the MTP layers inside a target (vLLM's MTP families);
 - vocabulary.py: the d2t/t2d vocabulary map and the draft token strings against the target's;
 - fit.py: the declared verifier and check_head_fits, which binds a head to a target.
 """
@@ -23,9 +23,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from specreg.core.fingerprint import read_json_file
-from specreg.core.heads.eagle3 import eagle_architectures, read_eagle_checkpoint, read_speculators
-from specreg.core.heads.medusa import read_medusa
-from specreg.core.heads.mtp import read_mtp
+from specreg.core.heads.eagle3_checkpoint import eagle_architectures, read_eagle_checkpoint, read_speculators
+from specreg.core.heads.medusa_checkpoint import read_medusa
+from specreg.core.heads.mtp_checkpoint import read_mtp
 from specreg.core.heads.spec import HeadSpec
 from specreg.core.methods import HEAD_FORMATS
 from specreg.errors import ModelReferenceError, UsageError

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specreg.core.heads.eagle3 import check_aux_layers
+from specreg.core.heads.eagle3_checkpoint import check_aux_layers
 from specreg.core.heads.spec import HeadSpec, TargetShape, read_target_shape
 from specreg.core.heads.vocabulary import TokenStrings, check_token_strings, check_vocab_map, read_vocab_map
 from specreg.core.methods import HEAD_FORMATS

@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 
 from specreg import settings
-from specreg.core.identity import normalize_user, same_user
+from specreg.core.user_names import normalize_user, same_user
 from specreg.errors import PolicyViolation
 
 
 def resolve_user(registry, claimed: str | None) -> str:
-    """Who acts, normalised (specreg.core.identity). SQLite: ``claimed`` (``--user``),
+    """Who acts, normalised (specreg.core.user_names). SQLite: ``claimed`` (``--user``),
     ``$SPECREG_USER`` or the OS user (advisory). PostgreSQL: the authenticated role
     (``session_user``); a claim naming someone else is refused (PolicyViolation) unless the policy
     of record says ``[identity] allow_claimed_user = true``, and is then recorded as claimed beside

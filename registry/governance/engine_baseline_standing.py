@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from specreg.core.identity import same_user
+from specreg.core.user_names import same_user
 from specreg.errors import NotFoundError, PolicyViolation, UsageError
 from specreg.registry.store.engine_baselines import (FAILED, PASSED, UNACCEPTED, baseline_of, baselines_of,
                                                      content_sha256)
@@ -171,16 +171,13 @@ def accept(store, policy, name: str, version: int, baseline_id: int, *, actor: s
     the engine validation, a baseline not on the chain, not on the current binding, failed, or
     one that counts already."""
     from specreg.core.signing import sign_statement
-    from specreg.registry.governance.signed_writes import signed_write
+    from specreg.registry.governance.signed_writes import signed_write, version_lock
     from specreg.registry.store.store import utcnow
 
     label = f"{name}@{version}"
 
-    def lock(session: Session) -> PairVersion:
-        store.lock_pair(session, name)
-        return store.pair_version(session, name, version, lock=True)
-
-    with signed_write(store, actor=actor, key=key, what=f"accept an engine baseline of {label}", lock=lock) as write:
+    with signed_write(store, actor=actor, key=key, what=f"accept an engine baseline of {label}",
+                      lock=version_lock(store, name, version)) as write:
         session, actor, version_row, kid = write.session, write.actor, write.locked, write.key_id
         keyring = write.enrolled(policy)
         row = baseline_of(session, version_row, baseline_id)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specreg.runtime.acceptance import greedy_accept, greedy_accept_stopping_at, rejection_sample
+from specreg.runtime.acceptance_rule import greedy_accept, greedy_accept_stopping_at, rejection_sample
 from specreg.runtime.sampling import logits_to_probs
 
 VOCAB = 6
@@ -130,9 +130,9 @@ def test_greedy_branch():
     assert num_accepted == 0 and emitted.tolist() == [5]
 
 
-# ---- tree rules (acceptance.tree_*), trees from runtime/tree.py -------------------------------
+# ---- tree rules (acceptance_rule.tree_*), trees from runtime/tree.py -------------------------------
 
-from specreg.runtime.acceptance import tree_greedy_accept, tree_rejection_sample  # noqa: E402
+from specreg.runtime.acceptance_rule import tree_greedy_accept, tree_rejection_sample  # noqa: E402
 from specreg.runtime.tree import parse_tree  # noqa: E402
 
 TREE_N = 8_000
