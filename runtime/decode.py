@@ -1,7 +1,7 @@
 """The decode loop: draft k tokens, verify them in one target forward, accept, roll both KV
 caches back to the accepted length, emit, repeat. decode_rows runs one step as its parts, in order:
 fall_back (rows that stop speculating), draft (the method's Drafter, runtime/methods/), verify
-(one target forward), accept_rows (acceptance.py's rules), roll_back (the target cache and the
+(one target forward), accept_rows (acceptance_rule.py's rules), roll_back (the target cache and the
 drafter), emit (tokens, stops, metrics), leave (finished rows). No part knows which method drafts. The first step's target forward is the prefill: it runs
 over the prompt and the first k drafts at once, so no forward is spent on the prompt alone.
 Target-only decoding is the same loop with no drafts (k = 0: the prefill, then one-token
@@ -525,7 +525,7 @@ def decode_rows(pair: ModelPair, prompts: list, configs: list[DecodeConfig], *, 
     once. finished(row index) is called as each row ends. batch_size: the concurrency served (default min(max_rows, rows)); above
     config.disable_above_batch_size speculation is off. memory_probe() -> free accelerator bytes
     (default torch.cuda.mem_get_info on CUDA). acceptance_rule / greedy_rule (chains) and
-    tree_acceptance_rule / tree_greedy_rule (trees) replace the rules of acceptance.py (tests
+    tree_acceptance_rule / tree_greedy_rule (trees) replace the rules of acceptance_rule.py (tests
     inject broken rules to show the validators catch them).
     """
     import torch

@@ -6,8 +6,7 @@
                                num_speculative_tokens=4)
     registry.get("chat-pair@1")
 
-Each method is one line naming its use case in specreg/usecases/, where the work is done: a
-reader goes from a CLI command to the use case and from there to the store or governance.
+Each method is one line naming its use case in specreg/usecases/, where the work is done.
 """
 
 from __future__ import annotations
@@ -123,8 +122,7 @@ class Registry:
         return policy.document(self, version)
 
     def approve(self, ref: Ref, note: str | None = None, *, key: str | None = None, environment: str | None = None):
-        """Sign and record this user's approval with private key ``key`` (else
-        ``$SPECREG_APPROVAL_KEY``), for ``environment`` only when given -> approvals.Approval."""
+        """Sign and record this user's approval (``key`` or $SPECREG_APPROVAL_KEY; for ``environment`` only)."""
         return approve.decide(self, ref, "approved", note, key, environment)
 
     def reject(self, ref: Ref, note: str | None = None, *, key: str | None = None, environment: str | None = None):
@@ -168,8 +166,7 @@ class Registry:
         return validate.validate(self, ref, **options)
 
     def validate_engine(self, ref: Ref, *, engine: str, **options):
-        """Validate a version in a serving engine and record its engine baseline ->
-        EngineOutcome. Options: usecases.validate_engine.validate_engine's keywords."""
+        """Validate a version in a serving engine, record its engine baseline -> EngineOutcome."""
         return validate_engine.validate_engine(self, ref, engine=engine, **options)
 
     def build_llama_server(self, log=None, progress=None):
@@ -215,8 +212,7 @@ class Registry:
                                signing_key=signing_key)
 
     def observe(self, ref: Ref, metrics_url: str, **options) -> dict:
-        """Scrape the engine's metrics, compare with the baselines, store the observation ->
-        verdict and exit code. Options: usecases.observe.observe's keywords."""
+        """Scrape the engine's metrics, compare them with the baselines, store the observation."""
         return observe.observe(self, ref, metrics_url, **options)
 
     def observations(self, ref: Ref, limit: int = 5) -> list[Observation]:
@@ -226,8 +222,7 @@ class Registry:
 
     @property
     def review(self):
-        """The MLflow mirror (registry.review.Review), opened on first use; None when it is off or
-        not installed."""
+        """The MLflow mirror (registry.review.Review), opened on first use; None when off."""
         if self._review is None:
             self._review = self.open_review()
         return self._review

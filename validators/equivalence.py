@@ -83,17 +83,13 @@ def decode_golden(pair, golden, settings, *, seed: int = 0,
                   batch_size: int = DEFAULT_BATCH_SIZE) -> GoldenDecodes:
     """Decode every golden record on the runtime, batch_size prompts at a time -> GoldenDecodes.
 
-    pair: a runtime ModelPair; golden: a GoldenSet; settings: the pair's runtime DecodeConfig
-    (DecodeConfig.from_spec: method, k, prompt lookup, parsed tree); hooks: passed to the speculative decodes
-    (acceptance_rule / greedy_rule: tests inject broken rules). Three passes over the set:
-    target-only greedy, speculative greedy and, for sampled records, speculative sampling as the
-    record asks; in each, a row that ends makes room for the next prompt (each row decodes as it
-    would alone: runtime/decode.decode_rows). progress(done, total, record_id) as each record's
-    pass ends (total: the rows of all passes). With batch_size > 1 the first prompts (a tenth of the
-    set, 1 to LATENCY_PROMPTS) are decoded again one at a time (GoldenDecodes.single). Records the
-    target's tokenizer cannot encode (a chat record and no chat template) are skipped and listed;
-    the chat_template check reports why.
-    """
+    settings: the pair's DecodeConfig (DecodeConfig.from_spec); hooks: for the speculative decodes
+    (tests inject broken rules). Three passes: target-only greedy, speculative greedy, speculative
+    sampling of the sampled records; in each a row that ends makes room for the next prompt, each
+    decoding as it would alone (runtime/decode.decode_rows). progress(done, total, record_id) as
+    a record's pass ends. With batch_size > 1 the first prompts (a tenth, 1 to LATENCY_PROMPTS)
+    are decoded again one at a time (GoldenDecodes.single). Records the target's tokenizer cannot
+    encode are skipped and listed (the chat_template check says why)."""
     import jinja2
 
     from specreg.runtime.decode import generate_batch
@@ -106,8 +102,7 @@ def decode_golden(pair, golden, settings, *, seed: int = 0,
             encoded.append((record, record.encode(pair.tokenizer)))
         except (ModelReferenceError, jinja2.TemplateError) as exc:
             decodes.skipped.append({"record": record.id, "reason": " ".join(str(exc).split())[:200]})
-    sampled = [item for item in encoded if not item[0].is_greedy]
-    total = decoded_rows(golden)
+    sampled, total = [item for item in encoded if not item[0].is_greedy], decoded_rows(golden)
     done = [total - 2 * len(encoded) - len(sampled)]  # a skipped record's passes count as done
     if progress and decodes.skipped:
         progress(done[0], total, decodes.skipped[-1]["record"])

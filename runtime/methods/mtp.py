@@ -28,7 +28,7 @@ What we followed (the released vLLM 0.33.0 wheel, read 2026-12-01):
 transformers' DeepSeek-V3 ignores the MTP layer on load (_keys_to_ignore_on_load_unexpected), as
 its LlamaForCausalLM ignores model.layers.{N}.*: the directory still loads as the plain target.
 
-The runtime runs the DeepSeek naming (specreg.core.heads.mtp.read_mtp's "deepseek" family) on Llama
+The runtime runs the DeepSeek naming (specreg.core.heads.mtp_checkpoint.read_mtp's "deepseek" family) on Llama
 targets, whose MTP block is a LlamaDecoderLayer with the target's config. Other families (the
 DeepSeek MLA/MoE block, MiMo, Qwen3-Next's and Qwen3.5's gated attention) are refused by name.
 
@@ -140,7 +140,7 @@ class MtpHead(torch.nn.Module):
 # --- reading a target's MTP layers ---------------------------------------------------------------
 
 def read_runnable_mtp(target_path):
-    """The target's MTP layers as specreg.core.heads.mtp.read_mtp lists them -> HeadSpec, refused
+    """The target's MTP layers as specreg.core.heads.mtp_checkpoint.read_mtp lists them -> HeadSpec, refused
     (RuntimeConfigError, one line naming the field) when this runtime does not run their family.
     Reads config.json and the safetensors headers only: call it before loading the target."""
     from specreg.core.heads.mtp_checkpoint import read_mtp
