@@ -214,20 +214,18 @@ def engine_env_or_skip(engine: str, log=say, **extra) -> dict[str, str]:
 
 @contextlib.contextmanager
 def loopback_servers(script: Path, plans: dict, env: dict[str, str]):
-    """Start ``script`` once per plan ({name: argv}) together (the engine's import is the slow
-    part; they overlap), each printing its port as its first line -> {name: "http://127.0.0.1:PORT"}.
-    All are stopped on leaving the block."""
-    processes = {name: subprocess.Popen([sys.executable, str(script), *argv], env=env, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, text=True)
-                 for name, argv in plans.items()}
+    """Start ``script`` with every plan ({name: argv}): one process imports the engine (the slow
+    part) and forks a server per plan (scripted_target.serve_plans), each printing its port ->
+    {name: "http://127.0.0.1:PORT"}. All are stopped on leaving the block."""
+    process = subprocess.Popen([sys.executable, str(script), "--plans", json.dumps(list(plans.values()))], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         urls = {}
-        for name, process in processes.items():
+        for name in plans:
             line = process.stdout.readline()
             assert line.strip().isdigit(), f"{script.name} {name}: {process.stderr.read()[-3000:]}"
             urls[name] = f"http://127.0.0.1:{line.strip()}"
         yield urls
     finally:
-        for process in processes.values():
-            process.terminate()
-            process.wait(timeout=20)
+        process.terminate()
+        process.wait(timeout=20)
