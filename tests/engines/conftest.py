@@ -1,5 +1,6 @@
 """Fixtures that run the released engines (vLLM 0.33.0, SGLang 0.5.23) on the exports; the
-machinery is in engine_env.py (downloads, cache, one subprocess per engine)."""
+machinery is in engine_env.py (downloads, cache, the check scripts forked from one engine_host.py
+process per engine)."""
 
 from __future__ import annotations
 

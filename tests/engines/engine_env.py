@@ -15,19 +15,23 @@ shows the lines on the terminal of `make test` while they happen).
 
 Without network the tests skip, unless CI=true, where a missing engine is a failure.
 
-Each engine's code runs in one subprocess for all export cases (tests/engines/engine_check.py):
-the engine is imported once. The CPU platform is chosen by vLLM's own VLLM_TARGET_DEVICE=cpu
-switch; the list of import-only stand-ins for GPU-only modules is engine_check.STAND_INS
-(empty today) and is printed with the fixture's timings.
+Each engine's code runs in one subprocess for all export cases (tests/engines/engine_check.py),
+forked from an engine_host.py process that imported the engine once for the pytest worker. The
+CPU platform is chosen by vLLM's own VLLM_TARGET_DEVICE=cpu switch; the list of import-only
+stand-ins for GPU-only modules is engine_check.STAND_INS (empty today) and is printed with the
+fixture's timings.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
+import select
 import subprocess
 import sys
+import tempfile
 import time
 import zipfile
 from pathlib import Path
@@ -172,25 +176,95 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
 
 
+# The modules engine_host.py imports before it forks a check script's process: what the scripts of
+# this folder import from the engine (a module missing here is imported by the script itself).
+HOST_IMPORTS = {
+    "vllm": ("vllm", "vllm.config", "vllm.engine.arg_utils", "vllm.entrypoints.cli.serve", "vllm.usage.usage_lib",
+             "vllm.utils.argparse_utils", "vllm.v1.core.sched.scheduler", "vllm.v1.metrics.loggers",
+             "vllm.v1.metrics.stats", "vllm.v1.spec_decode.metrics", "vllm.v1.spec_decode.ngram_proposer",
+             "vllm.v1.spec_decode.suffix_decoding", "vllm.v1.spec_decode.dynamic.utils",
+             "vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils", "prometheus_client"),
+    "sglang": ("sglang", "sglang.srt.server_args", "sglang.srt.configs.model_config", "sglang.srt.models.registry"),
+}
+HOSTS: dict[str, tuple[list[str], subprocess.Popen, Path]] = {}  # engine -> (import path, engine_host process, its log)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """A host and the script it may be running (its own process group)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, 9)
+    process.wait()
+
+
+def _stop_hosts() -> None:
+    for _, process, log in HOSTS.values():
+        _stop(process)
+        log.unlink(missing_ok=True)
+    HOSTS.clear()
+
+
+atexit.register(_stop_hosts)
+
+
+def engine_host(engine: str, path: list[str]) -> subprocess.Popen:
+    """This process's engine_host.py for ``engine`` whose import path holds ``path`` (its folders,
+    first first), started on first use and kept until this process exits. A host with more folders
+    serves a job that needs fewer (Arctic Inference's folder on the path changes nothing for a
+    script that does not import it); a job needing a folder the host lacks gets a new host."""
+    held = HOSTS.get(engine)
+    if held is not None and set(path) <= set(held[0]) and held[1].poll() is None:
+        return held[1]
+    if held is not None:
+        _stop(held[1])
+        held[2].unlink(missing_ok=True)
+    path = [*path, *(folder for folder in (held[0] if held else []) if folder not in path)]
+    log = Path(tempfile.mkstemp(prefix=f"{engine}-host-", suffix=".log")[1])
+    with open(log, "w") as stderr:
+        process = subprocess.Popen([sys.executable, str(ENGINES_DIR / "engine_host.py"), *HOST_IMPORTS[engine]],
+                                   env=engine_process_env(path), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   stderr=stderr, text=True, start_new_session=True)
+    HOSTS[engine] = (path, process, log)
+    return process
+
+
+def engine_process_env(path: list[str]) -> dict[str, str]:
+    """The environment of an engine's process: this one's, the engine's folders first on the import
+    path, no model hub, vLLM on its CPU platform."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(path), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+                VLLM_TARGET_DEVICE="cpu")
+
+
 def run_engine(engine: str, cases: list[dict], workdir: Path, timeout: int = 900, script: Path = CHECK_SCRIPT,
                log=say, arctic: bool = False) -> dict:
     """Run engine_check.py (or another ``script`` of this folder taking the same arguments) on the
     cases with the engine first on the import path (and, with ``arctic``, Arctic Inference's
     suffix cache, prepare_arctic); returns engine_check's
     {"results": [...], "schema": {...}, "stand_ins": [...], "seconds": N} or the script's output;
-    the preparation's lines and the timings go to ``log``."""
+    the preparation's lines and the timings go to ``log``. The script runs as its own process,
+    forked from this process's engine_host (the engine imported once per pytest worker)."""
     paths = prepare_engine(engine, log)
     if arctic:
         paths["deps"] = [offline_as_unavailable(prepare_arctic, log), *paths["deps"]]
     cases_path, out_path = workdir / f"{engine}-{script.stem}-cases.json", workdir / f"{engine}-{script.stem}-out.json"
+    script_log = workdir / f"{engine}-{script.stem}.log"
     cases_path.write_text(json.dumps(cases))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([*map(str, paths["deps"]), str(paths["code"])]),
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_TARGET_DEVICE="cpu")
+    path = [*map(str, paths["deps"]), str(paths["code"])]
+    host = engine_host(engine, path)
     started = time.monotonic()
-    completed = subprocess.run([sys.executable, str(script), engine, str(cases_path), str(out_path)],
-                               env=env, capture_output=True, text=True, timeout=timeout)
+    host.stdin.write(json.dumps({"script": str(script), "argv": [engine, str(cases_path), str(out_path)],
+                                 "log": str(script_log), "env": engine_process_env(HOSTS[engine][0])}) + "\n")
+    host.stdin.flush()
+    ready, _, _ = select.select([host.stdout], [], [], timeout)
+    answer = host.stdout.readline() if ready else ""
     TIMINGS[f"{engine} run"] = round(time.monotonic() - started, 1)
-    assert completed.returncode == 0, f"{engine} check crashed:\n{completed.stderr[-4000:]}"
+    if not answer:  # the host died or the script ran past the timeout: neither is kept
+        _, _, host_log = HOSTS.pop(engine)
+        _stop(host)
+        script_tail = script_log.read_text()[-2000:] if script_log.exists() else ""
+        raise AssertionError(f"{engine} check {'timed out' if not ready else 'host died'}:\n"
+                             f"{host_log.read_text()[-2000:]}\n{script_tail}")
+    code = json.loads(answer)["code"]
+    assert code == 0, f"{engine} check crashed:\n{script_log.read_text()[-4000:]}"
     output = json.loads(out_path.read_text())
     log(f"[engines] {engine} check: {len(cases)} cases, stand-ins {output.get('stand_ins', [])}, timings (s) {TIMINGS}")
     return output
@@ -214,20 +288,18 @@ def engine_env_or_skip(engine: str, log=say, **extra) -> dict[str, str]:
 
 @contextlib.contextmanager
 def loopback_servers(script: Path, plans: dict, env: dict[str, str]):
-    """Start ``script`` once per plan ({name: argv}) together (the engine's import is the slow
-    part; they overlap), each printing its port as its first line -> {name: "http://127.0.0.1:PORT"}.
-    All are stopped on leaving the block."""
-    processes = {name: subprocess.Popen([sys.executable, str(script), *argv], env=env, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, text=True)
-                 for name, argv in plans.items()}
+    """Start ``script`` with every plan ({name: argv}): one process imports the engine (the slow
+    part) and forks a server per plan (scripted_target.serve_plans), each printing its port ->
+    {name: "http://127.0.0.1:PORT"}. All are stopped on leaving the block."""
+    process = subprocess.Popen([sys.executable, str(script), "--plans", json.dumps(list(plans.values()))], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         urls = {}
-        for name, process in processes.items():
+        for name in plans:
             line = process.stdout.readline()
             assert line.strip().isdigit(), f"{script.name} {name}: {process.stderr.read()[-3000:]}"
             urls[name] = f"http://127.0.0.1:{line.strip()}"
         yield urls
     finally:
-        for process in processes.values():
-            process.terminate()
-            process.wait(timeout=20)
+        process.terminate()
+        process.wait(timeout=20)

@@ -5,8 +5,12 @@ servers hand these numbers to the engines' own code, which builds every figure s
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import signal
 import sys
+import traceback
 
 
 def schedule(prompt_ids: list[int], max_tokens: int, k: int) -> tuple[list[int], list[int]]:
@@ -88,3 +92,51 @@ def serve(get, post_path: str, prompt_field: str, post) -> int:
     print(server.server_address[1], flush=True)
     server.serve_forever(0.05)
     return 0
+
+
+def serve_plans(main) -> int:
+    """Run ``main`` once per plan of ``--plans JSON`` (a list of argument lists: what each server's
+    command line would be), each in a process of its own forked after the engine's import, the
+    slow part (20-30 CPU-seconds for vLLM or SGLang, paid once instead of once per server).
+    After the fork the servers share nothing: each has its own counters, state and port. Prints
+    each plan's port in plan order, one a line; SIGTERM stops every server. A server that dies
+    before its port stops the others and exits 1 (its traceback on stderr)."""
+    plans = json.loads(sys.argv[sys.argv.index("--plans") + 1])
+    children: list[int] = []
+
+    def stop(code: int) -> None:
+        for pid in children:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for pid in children:
+            os.waitpid(pid, 0)
+        os._exit(code)
+
+    signal.signal(signal.SIGTERM, lambda *_: stop(0))
+    for plan in plans:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.close(read)
+            os.dup2(write, 1)  # its port line to this process, which prints the ports in plan order
+            os.close(write)
+            sys.argv = [sys.argv[0], *plan]
+            code = 1
+            try:
+                code = main()
+            except BaseException:  # noqa: BLE001 - printed as the server process would die of it
+                traceback.print_exc()
+            os._exit(code)
+        children.append(pid)
+        os.close(write)
+        with os.fdopen(read) as lines:
+            port = lines.readline().strip()
+        if not port.isdigit():
+            print(f"{sys.argv[0]}: the server of plan {plan} exited before serving", file=sys.stderr, flush=True)
+            stop(1)
+        print(port, flush=True)
+    while True:
+        signal.pause()

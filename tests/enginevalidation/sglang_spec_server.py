@@ -12,8 +12,9 @@ batch_result_processor.py does (``spec_verify_ct``, ``spec_num_correct_drafts``,
 spec_num_proposed_drafts, histogram via ``_calculate_spec_decoding_metrics``; output_top_logprobs
 via ``convert_logprob_style``). ``--margin`` / ``--swap-at`` as in vllm_spec_server.py.
 
-    python sglang_spec_server.py K [--margin M] [--swap-at P] -- SGLANG LAUNCH ARGUMENTS
-    (prints the port, then serves; K 0: a target-only reference server, launched without a draft)
+    python sglang_spec_server.py --plans '[[K, (--margin M), (--swap-at P), --, SGLANG LAUNCH ARGUMENTS], ...]'
+    (one server per plan, forked after SGLang's import: scripted_target.serve_plans; prints each
+    port, then serves; K 0: a target-only reference server, launched without a draft)
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from sglang.srt.managers.tokenizer_manager import ReqState, TokenizerManager
 from sglang.srt.observability.req_time_stats import APIServerReqTimeStats
 from sglang.srt.server_args import prepare_server_args
 
-from scripted_target import generation, option, serve, target_top
+from scripted_target import generation, option, serve, serve_plans, target_top
 
 
 def tokenizer_manager() -> TokenizerManager:
@@ -112,4 +113,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(serve_plans(main))

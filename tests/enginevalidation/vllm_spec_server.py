@@ -18,8 +18,9 @@ target (scripted_target.py) puts each emitted token first, a rival ``--margin`` 
 and a third token 3 below that; ``--swap-at P`` makes this server emit the rival at generated position P of
 every prompt (a speculative server that parts from the target-only one there).
 
-    python vllm_spec_server.py K MODEL_NAME [--per-request] [--margin M] [--swap-at P]
-    (prints the port, then serves; K 0: no speculation, a target-only reference server)
+    python vllm_spec_server.py --plans '[[K, MODEL_NAME, (--per-request), (--margin M), (--swap-at P)], ...]'
+    (one server per plan, forked after vLLM's import: scripted_target.serve_plans; prints each
+    port, then serves; K 0: no speculation, a target-only reference server)
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
 from vllm.v1.outputs import LogprobsLists
 from vllm.v1.spec_decode.metrics import SpecDecodingProm, SpecDecodingStats
 
-from scripted_target import generation, option, serve, target_top
+from scripted_target import generation, option, serve, serve_plans, target_top
 
 
 def sampler_rows(emitted: list[int], targets: list[int], margin: float, num_logprobs: int) -> LogprobsLists:
@@ -113,4 +114,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(serve_plans(main))

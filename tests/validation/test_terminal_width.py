@@ -1,6 +1,8 @@
 """The CLI in a real pseudo-terminal 100 columns wide: every command's human output fits, errors,
 refusals, progress and help included, along a whole chain (register -> validate -> refused and
-allowed promotes with an exception -> keys -> export -> verify -> gate -> inspection)."""
+allowed promotes with an exception -> keys -> export -> verify -> gate -> inspection). The chain
+and the helps run in one interpreter on the pty (terminal.cli_chain_in_terminal); the top-level
+help runs as its own `python -m specreg.cli` process."""
 
 from __future__ import annotations
 
@@ -9,8 +11,7 @@ import shlex
 
 import pytest
 
-from clirun import SPECREG
-from terminal import in_terminal
+from terminal import cli_chain_in_terminal, in_terminal
 
 COLUMNS = 100
 
@@ -42,7 +43,7 @@ def test_every_command_fits_a_100_column_terminal(tiny_models, tmp_path):
     target, draft = shlex.quote(str(tiny_models["target"])), shlex.quote(str(tiny_models["draft"]))
     reason = ("the product team accepts a slower pair for this launch because latency is not the goal and "
               "the draft is kept for its acceptance figures")
-    # one shell in the terminal runs the chain; `|| true` where a command is meant to refuse or fail
+    # the chain on the terminal; `|| true` where a command is meant to refuse or fail
     steps = f"""
     specreg register wide --target {target} --draft {draft} -k 3
     specreg register wide --target {target} --draft {draft} -k 2
@@ -85,13 +86,11 @@ def test_every_command_fits_a_100_column_terminal(tiny_models, tmp_path):
     specreg audit verify --expect-head {"0" * 64} || true
     specreg show nope@1 || true
     specreg promote wide@2 --to nowhere || true
-    echo CHAIN-DONE
     """
     work = tmp_path / "work"
     work.mkdir()
-    script = "set -e; cd " + shlex.quote(str(work)) + "; specreg() { " + " ".join(SPECREG) + ' "$@"; }\n' + steps
-    code, lines = in_terminal([], env, program=["bash", "-c", script])
-    assert code == 0 and "CHAIN-DONE" in lines, lines[-20:]
+    code, lines = cli_chain_in_terminal(steps, env, work)
+    assert code == 0 and lines[-1] == "CHAIN-DONE", lines[-20:]
     assert_fits(lines)
     text = "\n".join(lines)
     assert "decoding golden prompts" in text and "check integrity" in text  # progress on the terminal
@@ -121,8 +120,7 @@ def test_every_command_help_fits(tmp_path):
     names = []
     for name, command in cli.commands.items():
         names += [f"{name} {sub}" for sub in getattr(command, "commands", {})] or [name]
-    script = "".join(f"{' '.join(SPECREG)} {name} --help\n" for name in names)
-    code, lines = in_terminal([], env, program=["bash", "-c", "set -e\n" + script])
-    assert code == 0, lines[-5:]
+    code, lines = cli_chain_in_terminal("".join(f"specreg {name} --help\n" for name in names), env, tmp_path)
+    assert code == 0 and lines[-1] == "CHAIN-DONE", lines[-5:]
     assert_fits(lines)
     assert sum(line.startswith("Usage: ") for line in lines) == len(names)
