@@ -32,6 +32,28 @@ from pgroles import ensure_role  # noqa: E402
 PG_ADMIN_URL = os.environ.get("SPECREG_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
 
+def pytest_configure(config):
+    # pytest-xdist sorts the files of `--dist loadfile` by their number of tests, which leaves the
+    # few-test files for last: the engine and real-model files, a minute or more each, the last of
+    # which could run alone on one worker. The order of pytest_collection_modifyitems stands instead.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items):
+    """Files holding `slow` tests first, then the others by their number of tests (many first),
+    each file's tests in their own order: with `make test`'s two workers (a file stays on one
+    worker) the files of minutes start early and the quick ones fill in at the end."""
+    files: dict[str, list] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::")[0], []).append(item)
+
+    def weight(tests: list) -> tuple[bool, int]:
+        return not any(test.get_closest_marker("slow") for test in tests), -len(tests)
+
+    items[:] = [item for tests in sorted(files.values(), key=weight) for item in tests]
+
+
 @pytest.fixture(autouse=True)
 def isolated_home(tmp_path, monkeypatch):
     """No test touches ~/.specreg, a real MLflow store or the caller's environment."""
