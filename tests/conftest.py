@@ -11,7 +11,6 @@ import contextlib
 import os
 import shutil
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
@@ -26,28 +25,36 @@ TESTS_DIR = Path(__file__).parent
 sys.path.insert(0, str(TESTS_DIR))  # tinymodels and other shared test helpers
 
 from mlflow_server import mlflow_server  # noqa: E402,F401  (session fixture: a real MLflow server)
-from helpers import in_ci  # noqa: E402
-from pgroles import ensure_role  # noqa: E402
+from helpers import in_ci, isolate_environment  # noqa: E402
+from pgroles import PG_ADMIN_URL, admin_connect, fresh_database  # noqa: E402
 
-PG_ADMIN_URL = os.environ.get("SPECREG_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+
+def pytest_configure(config):
+    # pytest-xdist sorts the files of `--dist loadfile` by their number of tests, which leaves the
+    # few-test files for last: the engine and real-model files, a minute or more each, the last of
+    # which could run alone on one worker. The order of pytest_collection_modifyitems stands instead.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items):
+    """Files holding `slow` tests first, then the others by their number of tests (many first),
+    each file's tests in their own order: with `make test`'s two workers (a file stays on one
+    worker) the files of minutes start early and the quick ones fill in at the end."""
+    files: dict[str, list] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::")[0], []).append(item)
+
+    def weight(tests: list) -> tuple[bool, int]:
+        return not any(test.get_closest_marker("slow") for test in tests), -len(tests)
+
+    items[:] = [item for tests in sorted(files.values(), key=weight) for item in tests]
 
 
 @pytest.fixture(autouse=True)
 def isolated_home(tmp_path, monkeypatch):
     """No test touches ~/.specreg, a real MLflow store or the caller's environment."""
-    monkeypatch.setenv("SPECREG_HOME", str(tmp_path / "specreg-home"))
-    monkeypatch.delenv("SPECREG_DB", raising=False)
-    monkeypatch.delenv("SPECREG_POLICY", raising=False)
-    monkeypatch.delenv("SPECREG_AUDIT_KEY", raising=False)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    # pytest-xdist's workers set COLUMNS=80, and tables for people wrap at $COLUMNS: the CLI runs
-    # here as in a pipe or a CI log (tests/validation/test_terminal_width.py runs it in a pty).
-    monkeypatch.delenv("COLUMNS", raising=False)
-    monkeypatch.setenv("SPECREG_USER", "tester")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    # The MLflow mirror is exercised by tests/mlflow against a real server; elsewhere it is off
-    # so that each registry test does not also initialise an MLflow store.
-    monkeypatch.setenv("SPECREG_MLFLOW", "off")
+    isolate_environment(monkeypatch, tmp_path / "specreg-home")
 
 
 @pytest.fixture(scope="session")
@@ -64,17 +71,10 @@ def terminal_line(pytestconfig):
     return line
 
 
-def _pg_connect(dbname: str | None = None):
-    import psycopg
-
-    conninfo = psycopg.conninfo.make_conninfo(PG_ADMIN_URL, **({"dbname": dbname} if dbname else {}))
-    return psycopg.connect(conninfo, autocommit=True, connect_timeout=5)
-
-
 @pytest.fixture(scope="session")
 def postgres_available() -> bool:
     try:
-        with _pg_connect() as connection:
+        with admin_connect() as connection:
             connection.execute("SELECT 1")
         return True
     except Exception as exc:  # noqa: BLE001 - any failure means: not reachable
@@ -90,23 +90,8 @@ def postgres_url(postgres_available):
     dropped afterwards. ``pgroles.as_user(url, NAME)`` connects as another role."""
     if not postgres_available:
         pytest.skip(f"PostgreSQL at {PG_ADMIN_URL} is not reachable (set CI=true to make this a failure)")
-    import psycopg
-
-    name = f"specreg_test_{uuid.uuid4().hex[:12]}"
-    user = "tester"
-    ensure_role(user)
-    with _pg_connect() as connection:
-        connection.execute(f'CREATE DATABASE "{name}" OWNER "{user}"')
-    info = psycopg.conninfo.conninfo_to_dict(PG_ADMIN_URL)
-    host = info.get("host", "127.0.0.1")
-    port = info.get("port", 5432)
-    yield f"postgresql+psycopg://{user}@{host}:{port}/{name}"
-    with _pg_connect() as connection:
-        connection.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
-            (name,),
-        )
-        connection.execute(f'DROP DATABASE IF EXISTS "{name}"')
+    with fresh_database() as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

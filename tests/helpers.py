@@ -1,6 +1,7 @@
 """Helpers several test packages share that are not fixtures: whether the suite runs in CI (where
-a missing engine or model fails instead of skipping), a model folder copied to change it, and
-transformers' own greedy decoding, the reference our runtime's greedy decodes are held to."""
+a missing engine or model fails instead of skipping), the environment every test runs in, a model
+folder copied to change it, and transformers' own greedy decoding, the reference our runtime's
+greedy decodes are held to."""
 
 from __future__ import annotations
 
@@ -11,6 +12,24 @@ from pathlib import Path
 
 def in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def isolate_environment(monkeypatch, home: Path) -> None:
+    """The environment every test runs in (tests/conftest.py's isolated_home), set through
+    ``monkeypatch``: ``home`` as $SPECREG_HOME, no ~/.specreg, real MLflow store or caller's setting."""
+    monkeypatch.setenv("SPECREG_HOME", str(home))
+    monkeypatch.delenv("SPECREG_DB", raising=False)
+    monkeypatch.delenv("SPECREG_POLICY", raising=False)
+    monkeypatch.delenv("SPECREG_AUDIT_KEY", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    # pytest-xdist's workers set COLUMNS=80, and tables for people wrap at $COLUMNS: the CLI runs
+    # here as in a pipe or a CI log (tests/validation/test_terminal_width.py runs it in a pty).
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.setenv("SPECREG_USER", "tester")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # The MLflow mirror is exercised by tests/mlflow against a real server; elsewhere it is off
+    # so that each registry test does not also initialise an MLflow store.
+    monkeypatch.setenv("SPECREG_MLFLOW", "off")
 
 
 def copy_model(source: Path | str, destination: Path | str) -> Path:

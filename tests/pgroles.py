@@ -7,7 +7,9 @@ what specreg updates, delete nothing) on that database; a SQLite URL comes back 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import uuid
 
 from sqlalchemy.engine import make_url
 
@@ -19,6 +21,26 @@ def admin_connect(dbname: str | None = None):
 
     conninfo = psycopg.conninfo.make_conninfo(PG_ADMIN_URL, **({"dbname": dbname} if dbname else {}))
     return psycopg.connect(conninfo, autocommit=True, connect_timeout=5)
+
+
+@contextlib.contextmanager
+def fresh_database(owner: str = "tester"):
+    """A fresh, empty database owned by and connected as role ``owner`` -> its SQLAlchemy URL;
+    dropped on leaving the block (its connections ended first)."""
+    import psycopg
+
+    name = f"specreg_test_{uuid.uuid4().hex[:12]}"
+    ensure_role(owner)
+    with admin_connect() as connection:
+        connection.execute(f'CREATE DATABASE "{name}" OWNER "{owner}"')
+    info = psycopg.conninfo.conninfo_to_dict(PG_ADMIN_URL)
+    try:
+        yield f"postgresql+psycopg://{owner}@{info.get('host', '127.0.0.1')}:{info.get('port', 5432)}/{name}"
+    finally:
+        with admin_connect() as connection:
+            connection.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                               "WHERE datname = %s AND pid <> pg_backend_pid()", (name,))
+            connection.execute(f'DROP DATABASE IF EXISTS "{name}"')
 
 
 def ensure_role(name: str, dbname: str | None = None) -> None:

@@ -54,7 +54,8 @@ class FakeEngine:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        # polled every 50 ms: close() waits for the loop's next poll (0.5 s by default, after every test)
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
 
     def metrics(self) -> str:
         if self.metrics_text is not None:

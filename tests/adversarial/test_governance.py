@@ -262,6 +262,7 @@ def test_a_ui_tag_naming_another_user_is_a_request_until_they_sign(db_url, tiny_
     assert len([e for e in registry.history(pair) if e.action == "approve"]) == 1
 
 
+@pytest.mark.slow
 def test_a_ui_tag_is_a_request_even_where_the_auth_app_lets_that_user_edit(tmp_path, tiny_models, policy_file,
                                                                           monkeypatch):
     """A real `mlflow server --app-name basic-auth` where carol holds EDIT on the model: a tag

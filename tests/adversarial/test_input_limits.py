@@ -2,7 +2,7 @@
 past the database's integers, a time that leaves the calendar once converted to UTC, a key file
 position held by a dangling symlink, a path component over the file system's 255 bytes. Each is
 one line on stderr, exit 1 or 2, no traceback, nothing written; the store cases run on SQLite
-and PostgreSQL (conftest's db_url).
+and PostgreSQL (conftest's db_url; the refusals of a reference on one registry per store).
 """
 
 from __future__ import annotations
@@ -14,16 +14,41 @@ from pathlib import Path
 import pytest
 
 from clirun import one_line, run_specreg  # tests/ is on sys.path (tests/conftest.py)
+from helpers import isolate_environment
+from pgroles import fresh_database
 
 LONG = "a" * 300  # one path component; Linux file systems hold 255 bytes
 
 
-@pytest.fixture
-def registered(db_url, tiny_models) -> str:
+def register_p(db_url: str, tiny_models) -> str:
     result = run_specreg(["register", "p", "--target", tiny_models["target"], "--draft", tiny_models["draft"],
                           "-k", "3", "--db", db_url])
     assert result.returncode == 0, result.stderr
     return db_url
+
+
+@pytest.fixture
+def registered(db_url, tiny_models) -> str:
+    """A registry of this test's own with p@1: for the tests that check what a refusal left behind."""
+    return register_p(db_url, tiny_models)
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def registered_once(request, tmp_path_factory, tiny_models, postgres_available) -> str:
+    """A registry per store with p@1, shared by the refusal tests of this file: each is refused
+    before it reads a version or writes a row, so one registration serves them all (a registration
+    per test was most of this file's time)."""
+    root = tmp_path_factory.mktemp("input-limits")
+    if request.param == "sqlite":
+        with pytest.MonkeyPatch.context() as patch:
+            isolate_environment(patch, root / "specreg-home")
+            yield register_p(f"sqlite:///{root / 'registry.db'}", tiny_models)
+        return
+    if not postgres_available:
+        pytest.skip("PostgreSQL is not reachable (set CI=true to make this a failure)")
+    with fresh_database() as url, pytest.MonkeyPatch.context() as patch:
+        isolate_environment(patch, root / "specreg-home")
+        yield register_p(url, tiny_models)
 
 
 # --- MED-6: NAME@VERSION past 64 bits (was: OverflowError from SQLite, NumericValueOutOfRange from
@@ -33,33 +58,33 @@ def registered(db_url, tiny_models) -> str:
 @pytest.mark.parametrize("command", [["show"], ["approve"], ["reject"], ["retire"], ["diff", "p@1"],
                                      ["export", "--format", "vllm", "--force"], ["gate", "--env", "staging"],
                                      ["promote", "--to", "staging"], ["validate", "--golden", "smoke"]])
-def test_a_version_past_the_database_integers_is_one_line(registered, command, version):
-    result = run_specreg([command[0], f"p@{version}", *command[1:], "--db", registered])
+def test_a_version_past_the_database_integers_is_one_line(registered_once, command, version):
+    result = run_specreg([command[0], f"p@{version}", *command[1:], "--db", registered_once])
     one_line(result, 2, "invalid version in 'p@", "past the largest version number, 2147483647")
 
 
 @pytest.mark.parametrize("selector", ["²", "٣", "v²"])
-def test_a_version_in_other_digits_is_not_a_version(registered, selector):
+def test_a_version_in_other_digits_is_not_a_version(registered_once, selector):
     # str.isdigit() said yes to these; int('²') raised and int('٣') quietly read version 3
-    result = run_specreg(["show", f"p@{selector}", "--db", registered])
+    result = run_specreg(["show", f"p@{selector}", "--db", registered_once])
     one_line(result, 2, "invalid reference 'p@", "expected NAME, NAME@VERSION or NAME@ENVIRONMENT")
 
 
-def test_an_expected_holder_past_the_database_integers_is_one_line(registered):
-    result = run_specreg(["promote", "p@1", "--to", "staging", "--expect", str(2**64), "--db", registered])
+def test_an_expected_holder_past_the_database_integers_is_one_line(registered_once):
+    result = run_specreg(["promote", "p@1", "--to", "staging", "--expect", str(2**64), "--db", registered_once])
     one_line(result, 2, f"invalid version in --expect '{2**64}': past the largest version number")
 
 
-def test_the_largest_version_is_still_asked_for(registered):
-    result = run_specreg(["show", f"p@{2**31 - 1}", "--db", registered])
+def test_the_largest_version_is_still_asked_for(registered_once):
+    result = run_specreg(["show", f"p@{2**31 - 1}", "--db", registered_once])
     one_line(result, 1, f"p@{2**31 - 1}")  # not found: the database was asked, and said no
 
 
 # --- MED-8: a time that leaves years 1..9999 in UTC (was: OverflowError: date value out of range) --
 
 @pytest.mark.parametrize("at", ["0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-14:00"])
-def test_env_history_at_a_time_outside_the_calendar_in_utc(registered, at):
-    result = run_specreg(["env", "history", "p", "--env", "staging", "--at", at, "--db", registered])
+def test_env_history_at_a_time_outside_the_calendar_in_utc(registered_once, at):
+    result = run_specreg(["env", "history", "p", "--env", "staging", "--at", at, "--db", registered_once])
     one_line(result, 2, f"invalid time '{at}': outside the years 1 to 9999 once converted to UTC")
 
 

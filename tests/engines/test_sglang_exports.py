@@ -16,6 +16,8 @@ from engine_exports import K, SGLANG_CASES, TRAINED_AUX, eagle3_head, export_cas
 
 from specreg.registry.deploy.exports import templates_dir
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="session")
 def sglang_run(tiny_models, tmp_path_factory, engine_runner):

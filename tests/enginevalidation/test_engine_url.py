@@ -42,6 +42,7 @@ def vllm_servers(terminal_line):
         yield urls
 
 
+@pytest.mark.slow
 def test_engine_url_reads_vllm_counters_and_per_request_metrics(db_url, tiny_models, vllm_servers):
     from clirun import run_specreg
 
@@ -119,6 +120,7 @@ def target_token(prompt_ids, position):
     return (prompt_ids[-1] + position) % 97 + 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("margin,status", [(0.1, "warn"), (2.0, "fail")])
 def test_engine_url_judges_each_difference_by_the_reference_servers_logprobs(db_url, tiny_models, vllm_servers,
                                                                              margin, status):

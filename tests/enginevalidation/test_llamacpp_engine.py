@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 
 def llama_servers() -> list[int]:
     """Pids of running llama-server processes started for this test: a server inherits the

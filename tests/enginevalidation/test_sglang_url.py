@@ -45,6 +45,7 @@ def sglang_servers(tiny_models, terminal_line):
         yield urls
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("margin,status", [(0.1, "warn"), (2.0, "fail")])
 def test_sglang_meta_info_counts_and_near_ties(db_url, tiny_models, sglang_servers, margin, status):
     """Acceptance from SGLang's meta_info (tau = 1 + correct / verify steps, per position from its

@@ -15,6 +15,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
 from cirunner import ACTION, GITLAB_TEMPLATE, ROOT, gitlab_job, parse_dotenv, parse_github_output, run_action_step
 from govstate import POLICY_TOML, record_validation, register_versions
@@ -81,6 +82,7 @@ def test_rollout_snippet_fills_in_the_exported_argument():
     assert analysis["templates"][0]["templateName"].endswith("-acceptance")
 
 
+@pytest.mark.slow
 def test_documented_gate_steps_run(tmp_path, tiny_models, approval_key):
     """The workflow's gate step (action.yml's, with the documented inputs) and the GitLab job (the
     template's script with the documented variables) pass on a real registry and deployed lock."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 
+import pytest
 from govstate import record_validation, register_versions
 
 from pgroles import as_user
@@ -40,6 +41,7 @@ def contender(db_url: str, policy_path: str, version: int, barrier, results) -> 
         results.put((round_index, version, outcome))
 
 
+@pytest.mark.slow
 def test_racing_promotes_exactly_one_wins_each_round(db_url, tiny_models, policy_file):
     registry = Registry(as_user(db_url, "alice"), user="alice")
     refs = register_versions(registry, tiny_models, "race", PROCESSES)

@@ -65,6 +65,7 @@ class _VisibleText(html.parser.HTMLParser):
         return " ".join(" ".join(parser.parts).split())
 
 
+@pytest.mark.slow
 def test_model_version_page_shows_gate_summary_and_alias(
     mlflow_server, pair_name, make_pair_version, make_validation, tmp_path
 ):

@@ -16,6 +16,7 @@ from specreg.registry.review.mlflow_sync import MlflowSync
 from specreg.settings import specreg_home
 
 
+@pytest.mark.slow
 def test_embedded_store_keeps_artifacts_in_specreg_home_and_ui_serves_it(
     tmp_path, monkeypatch, pair_name, make_pair_version, make_validation
 ):

@@ -15,6 +15,7 @@ def _count_model_versions(server: MlflowServer, name: str) -> int:
     return len(server.get("model-versions/search", filter=f"name='{name}'").get("model_versions", []))
 
 
+@pytest.mark.slow
 def test_killed_server_fails_fast_and_resync_completes(
     mlflow_server, pair_name, make_pair_version, make_validation
 ):

@@ -10,11 +10,13 @@ import time
 import urllib.request
 
 import psutil
+import pytest
 
 from clirun import SPECREG
 from mlflow_server import free_port
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_every_process_specreg_ui_started(tmp_path):
     port = free_port()
     env = {**os.environ, "SPECREG_HOME": str(tmp_path / "home")}

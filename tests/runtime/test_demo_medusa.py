@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from specreg.builders import demo_medusa
 
 
+@pytest.mark.slow
 def test_build_then_reuse_then_rebuild_on_a_new_setting(tmp_path, tiny_dir, monkeypatch):
     from specreg.core.heads import read_head
     from specreg.runtime.loading import load_model
@@ -30,6 +33,7 @@ def test_build_then_reuse_then_rebuild_on_a_new_setting(tmp_path, tiny_dir, monk
     assert weights.stat().st_mtime_ns != built_at  # a new setting is a new build
 
 
+@pytest.mark.slow
 def test_demo_pair_cli_builds_medusa_heads_and_prints_a_registrable_tree(tmp_path, small_demo_dir, shrunk_demo,
                                                                          monkeypatch):
     from click.testing import CliRunner

@@ -3,11 +3,13 @@ that read_mtp, the runtime and transformers accept, and reuses it while its key 
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from specreg.builders import demo_mtp
 
 
+@pytest.mark.slow
 def test_build_then_reuse_then_rebuild_on_a_new_setting(tmp_path, tiny_dir, monkeypatch, prompts):
     from transformers import AutoModelForCausalLM
 

@@ -62,6 +62,7 @@ def test_the_head_drafts_for_its_target_and_greedy_output_is_the_targets(built):
     assert speculative.metrics.drafted > 0
 
 
+@pytest.mark.slow
 def test_llama_cpp_converts_the_head_against_its_target(built, tmp_path):
     from specreg.registry.deploy.engines import llamacpp_build
 

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from specreg.registry.store.entities import PairState
 from specreg.registry.store.validations import ValidationStore
 
@@ -25,6 +27,7 @@ def wait_for_running_run(registry, ref, process, timeout=90.0):
     raise AssertionError("the validating process never started its run")
 
 
+@pytest.mark.slow
 def test_killed_validation_leaves_state_and_marks_run_aborted(registry, models, tmp_path):
     registry.register("term", target=str(models["target"]), draft=str(models["draft"]), num_speculative_tokens=3)
     registry.register("kill", target=str(models["target"]), draft=str(models["draft"]), num_speculative_tokens=3)
