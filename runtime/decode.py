@@ -488,7 +488,11 @@ def step(pair: ModelPair, batch: Batch, config: DecodeConfig, memory_probe, rule
     accepted, kept = accept_rows(batch.rows, logits, drafts, query_valid, width, rules)
     roll_back(batch.cache, batch.drafter, batch.rows, accepted, kept, hidden)
     yield from emit(pair, batch.rows, drafts, accepted, step_start, verify_start)
+    # the step's wall time in equal shares: the time of any set of rows is the sum of theirs, so
+    # rows of different kinds decoded together (greedy and sampled) each get a throughput
+    share = (time.perf_counter() - step_start) / len(batch.rows)
     for row in batch.rows:
+        row.metrics.batch_time_s = (row.metrics.batch_time_s or 0.0) + share
         if row.stop and finished is not None:
             finished(row.index)
     batch.rows = leave(batch.rows, batch.cache, batch.drafter)
@@ -600,8 +604,8 @@ def stream_generate(pair: ModelPair, prompt_ids, config: DecodeConfig, *, specul
 def generate_batch(pair: ModelPair, prompts: list, configs, *, speculate: bool = True, **hooks) -> list[Generation]:
     """Decode many prompts, hooks["max_rows"] at once (default all) -> one Generation per prompt,
     in order; each row's metrics carry the batch's size (the rows decoded at once) and its share
-    of the whole decode's wall time (metrics.batch_size, metrics.batch_time_s), so pooled
-    throughput is tokens / the wall time.
+    of the batch's wall time (metrics.batch_size, metrics.batch_time_s: each step's time split
+    equally among the rows in it), so pooled throughput is tokens / the wall time.
 
     configs: one DecodeConfig for all, or one per prompt (sharing method, k and tree). hooks: as
     decode_rows."""
@@ -609,14 +613,12 @@ def generate_batch(pair: ModelPair, prompts: list, configs, *, speculate: bool =
         configs = [configs] * len(prompts)
     metrics = [GenerationMetrics() for _ in prompts]
     token_ids = [[] for _ in prompts]
-    start = time.perf_counter()
     for index, token in decode_rows(pair, list(prompts), list(configs), speculate=speculate, metrics=metrics,
                                     **hooks):
         token_ids[index].append(token)
-    wall = time.perf_counter() - start
     generations = []
     for ids, one in zip(token_ids, metrics):
-        one.batch_size, one.batch_time_s = min(hooks.get("max_rows") or len(prompts), len(prompts)), wall / len(prompts)
+        one.batch_size = min(hooks.get("max_rows") or len(prompts), len(prompts))
         text = pair.tokenizer.decode(ids) if pair.tokenizer is not None else None
         generations.append(Generation(token_ids=ids, text=text, metrics=one))
     return generations

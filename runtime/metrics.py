@@ -69,7 +69,7 @@ class GenerationMetrics:
     # last draft: what llama.cpp counts differently (stop_draft_counts)
     stop_draft: tuple[int, int] | None = None
     batch_size: int = 1  # rows decoded together: the throughput figures are at this batch size
-    batch_time_s: float | None = None  # this row's share of its batch's wall time (None: total_time_s)
+    batch_time_s: float | None = None  # this row's share of its batch's steps' wall time (None: total_time_s)
 
     def record_step(self, num_drafted: int, num_accepted: int, num_emitted: int) -> None:
         """One verification forward: num_drafted proposals, num_accepted kept, num_emitted out."""

@@ -50,15 +50,21 @@ class PromptRun:
 class GoldenDecodes:
     runs: list[PromptRun] = field(default_factory=list)
     skipped: list[dict] = field(default_factory=list)  # records that could not be encoded
-    batch_size: int = 1  # prompts decoded at once in `runs`
-    # the first prompts decoded again one at a time (greedy, target-only and speculative): the
-    # latency one request sees alone; `runs` itself when batch_size is 1
+    batch_size: int = 1  # the most prompts decoded at once in `runs`
+    # the first prompts, decoded one at a time (greedy, target-only and speculative): the latency
+    # one request sees alone; their runs are the first of `runs` (all of `runs` at batch size 1)
     single: list[PromptRun] = field(default_factory=list)
 
+    @property
+    def batched(self) -> list[PromptRun]:
+        """The runs decoded in batches of batch_size, whose times make the throughput figures
+        (every run at batch size 1)."""
+        alone = {id(run) for run in self.single} if self.batch_size > 1 else set()
+        return [run for run in self.runs if id(run) not in alone]
 
-# prompts decoded again at batch 1 for the latency figures when the golden set is decoded batched:
-# a tenth of the set, at least one and at most LATENCY_PROMPTS (on a 7-prompt set, four of them
-# decoded again took as long as batching saved)
+
+# prompts decoded alone for the latency figures when the golden set is decoded batched: a tenth
+# of the set, at least one and at most LATENCY_PROMPTS; their decodes count as the others do
 LATENCY_PROMPTS = 4
 LATENCY_SHARE = 0.1
 DEFAULT_BATCH_SIZE = 8
@@ -78,18 +84,29 @@ def decode_config(record, settings, *, greedy: bool, seed: int = 0):
     )
 
 
+def latency_prompts(encoded: int, batch_size: int) -> int:
+    """How many of the first prompts decode alone for the latency figures (all at batch size 1)."""
+    if batch_size == 1:
+        return encoded
+    return max(1, min(LATENCY_PROMPTS, round(encoded * LATENCY_SHARE)))
+
+
 def decode_golden(pair, golden, settings, *, seed: int = 0,
                   progress: Callable[[int, int, str], None] | None = None, hooks: dict | None = None,
                   batch_size: int = DEFAULT_BATCH_SIZE) -> GoldenDecodes:
-    """Decode every golden record on the runtime, batch_size prompts at a time -> GoldenDecodes.
+    """Decode every golden record on the runtime -> GoldenDecodes.
 
     settings: the pair's DecodeConfig (DecodeConfig.from_spec); hooks: for the speculative decodes
-    (tests inject broken rules). Three passes: target-only greedy, speculative greedy, speculative
-    sampling of the sampled records; in each a row that ends makes room for the next prompt, each
-    decoding as it would alone (runtime/decode.decode_rows). progress(done, total, record_id) as
-    a record's pass ends. With batch_size > 1 the first prompts (a tenth, 1 to LATENCY_PROMPTS)
-    are decoded again one at a time (GoldenDecodes.single). Records the target's tokenizer cannot
-    encode are skipped and listed (the chat_template check says why)."""
+    (tests inject broken rules). Each record is decoded target-only greedy and speculative greedy,
+    a sampled record also speculative with its own sampling. The first prompts (a tenth, 1 to
+    LATENCY_PROMPTS; all of them at batch_size 1) are decoded greedy one at a time, target-only
+    then speculative (GoldenDecodes.single: the latency one request sees); the others in two
+    batched passes of at most batch_size rows, target-only then speculative, the sampled records'
+    rows in the speculative pass too (each row keeps its own settings and random stream). In a
+    batched pass a row that ends makes room for the next prompt, each decoding as it would alone
+    (runtime/decode.decode_rows). progress(done, total, record_id) as a record's decode ends.
+    Records the target's tokenizer cannot encode are skipped and listed (the chat_template check
+    says why)."""
     import jinja2
 
     from specreg.runtime.decode import generate_batch
@@ -103,59 +120,57 @@ def decode_golden(pair, golden, settings, *, seed: int = 0,
         except (ModelReferenceError, jinja2.TemplateError) as exc:
             decodes.skipped.append({"record": record.id, "reason": " ".join(str(exc).split())[:200]})
     sampled, total = [item for item in encoded if not item[0].is_greedy], decoded_rows(golden)
-    done = [total - 2 * len(encoded) - len(sampled)]  # a skipped record's passes count as done
+    done = [total - 2 * len(encoded) - len(sampled)]  # a skipped record's decodes count as done
     if progress and decodes.skipped:
         progress(done[0], total, decodes.skipped[-1]["record"])
     if not encoded:
         return decodes
     batch_size = decodes.batch_size = min(batch_size, len(encoded))  # the most rows decoded at once
 
-    def decode(items, *, greedy: bool, speculate: bool = True, rows: int = batch_size):
+    def decode(items, *, greedy: list[bool], speculate: bool = True, rows: int = batch_size):
         def finished(index: int) -> None:
             done[0] += 1
             if progress:
                 progress(done[0], total, items[index][0].id)
 
-        return generate_batch(pair, [list(ids) for _, ids in items],
-                              [decode_config(record, settings, greedy=greedy, seed=seed) for record, _ in items],
-                              speculate=speculate, max_rows=rows, finished=finished if rows > 1 else None,
-                              **(hooks if speculate else {}))
+        configs = [decode_config(record, settings, greedy=row_greedy, seed=seed)
+                   for (record, _), row_greedy in zip(items, greedy)]
+        return generate_batch(pair, [list(ids) for _, ids in items], configs, speculate=speculate, max_rows=rows,
+                              finished=finished, **(hooks if speculate else {}))
 
-    warm_up(pair, encoded, settings, seed=seed, batch_size=batch_size, hooks=hooks)
-    target_only = decode(encoded, greedy=True, speculate=False)
-    speculative = decode(encoded, greedy=True)
-    by_record = dict(zip((record.id for record, _ in sampled), decode(sampled, greedy=False))) if sampled else {}
+    warm_up(pair, encoded[0], settings, seed=seed, hooks=hooks)
+    count = latency_prompts(len(encoded), batch_size)
+    alone = [(decode([item], greedy=[True], speculate=False, rows=1)[0], decode([item], greedy=[True], rows=1)[0])
+             for item in encoded[:count]]
+    rest = encoded[count:]
+    target_only = [plain for plain, _ in alone] + (decode(rest, greedy=[True] * len(rest), speculate=False)
+                                                   if rest else [])
+    together = rest + sampled
+    speculative = decode(together, greedy=[True] * len(rest) + [False] * len(sampled)) if together else []
+    by_record = dict(zip((record.id for record, _ in sampled), speculative[len(rest):]))
+    speculative = [spec for _, spec in alone] + speculative[:len(rest)]
     decodes.runs = [PromptRun(record.id, record.category, list(ids), float(record.temperature or 0.0),
                               spec, plain, by_record.get(record.id))
                     for (record, ids), spec, plain in zip(encoded, speculative, target_only)]
-    if batch_size == 1:
-        decodes.single = decodes.runs
-    else:
-        count = max(1, min(LATENCY_PROMPTS, round(len(encoded) * LATENCY_SHARE)))
-        for record, ids in encoded[:count]:
-            plain = decode([(record, ids)], greedy=True, speculate=False, rows=1)[0]
-            spec = decode([(record, ids)], greedy=True, rows=1)[0]
-            decodes.single.append(PromptRun(record.id, record.category, list(ids), float(record.temperature or 0.0),
-                                            spec, plain))
+    decodes.single = decodes.runs[:count]
     return decodes
 
 
 def decoded_rows(golden) -> int:
-    """The rows decode_golden decodes over its passes: two per record, three per sampled one."""
+    """The rows decode_golden decodes: two per record, three per sampled one."""
     return sum(2 if record.is_greedy else 3 for record in golden)
 
 
-def warm_up(pair, encoded: list, settings, *, seed: int, batch_size: int, hooks: dict) -> None:
-    """A few steps of both decodes on the first record, untimed: first calls pay one-off
-    allocation and kernel selection, which must stay out of the timings."""
+def warm_up(pair, item: tuple, settings, *, seed: int, hooks: dict) -> None:
+    """A few tokens of both decodes of one record (one drafting step), untimed: first calls pay
+    one-off allocation and kernel selection, which must stay out of the timings."""
     from specreg.runtime.decode import generate_batch
 
-    record, ids = encoded[0]
+    record, ids = item
     short = dataclasses.replace(decode_config(record, settings, greedy=True, seed=seed),
                                 max_new_tokens=min(4, record.max_new_tokens))
-    warm = [list(ids)] * min(batch_size, len(encoded))
-    generate_batch(pair, warm, short, speculate=False)
-    generate_batch(pair, warm, short, **hooks)
+    generate_batch(pair, [list(ids)], short, speculate=False)
+    generate_batch(pair, [list(ids)], short, **hooks)
 
 
 def plain_next_token_logits(pair, token_ids: list[int]):

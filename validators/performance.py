@@ -1,10 +1,11 @@
 """Performance: what speculation buys on this device, and the k the measurements recommend.
 
-Speedup = speculative tokens/s / target-only tokens/s over the greedy decodes of every golden
-prompt (same prompts, same tokens: equivalence holds them equal), end to end, at the batch size the
-prompts were decoded at (figures["batch_size"]: throughput, tokens over the batches' wall time).
-Latency (per-token p50/p95/p99, TTFT) and a batch-1 speedup come from the first prompts decoded
-again one at a time (equivalence.GoldenDecodes.single): what one request alone sees. The decode
+Speedup = speculative tokens/s / target-only tokens/s over the greedy decodes of the golden
+prompts decoded in batches (same prompts, same tokens: equivalence holds them equal), end to end,
+at the batch size they were decoded at (figures["batch_size"]: throughput, tokens over their share
+of the batches' wall time). Latency (per-token p50/p95/p99, TTFT) and a batch-1 speedup come from
+the first prompts, decoded one at a time (equivalence.GoldenDecodes.single): what one request
+alone sees. The decode
 speedup leaves out each generation's first step (prefill, TTFT) on both sides: the part that
 docs/design.md §2's formula models, which short golden outputs would otherwise dilute. The longest run
 of fully rejected steps comes from the speculative decodes. The
@@ -71,9 +72,11 @@ def check_performance(pair, decodes, *, method: str = "draft_model", k: int = 4,
     if not decodes.runs:
         return CheckResult(CHECK_NAME, SKIP, "no golden prompt was decoded", {}, {})
     speculative = aggregate([run.speculative.metrics for run in decodes.runs])
-    target_only = aggregate([run.target_only.metrics for run in decodes.runs])
-    # latency as one request alone sees it: the prompts decoded again at batch 1 (all of them at batch 1)
-    single = getattr(decodes, "single", None) or decodes.runs
+    # throughput over the rows decoded in batches; latency as one request alone sees it: the first
+    # prompts, decoded one at a time (all of them at batch 1)
+    batched_speculative = aggregate([run.speculative.metrics for run in decodes.batched])
+    batched_target_only = aggregate([run.target_only.metrics for run in decodes.batched])
+    single = decodes.single or decodes.runs
     if cost_ratio is None:
         cost_ratio = measured_cost_ratio(pair, decodes, method, speculative)
     measured = speculative["per_position_acceptance_conditional"] or []  # the factors choose_k multiplies
@@ -87,14 +90,16 @@ def check_performance(pair, decodes, *, method: str = "draft_model", k: int = 4,
         # recommend within what was measured, and name a deeper optimum as an extrapolation.
         best_k, expected = choose_k(per_position, cost_ratio, k_max=max(1, min(max(k_max, k), len(measured))))
         extrapolated_k, extrapolated = choose_k(per_position, cost_ratio, k_max=max(k_max, k))
-    figures = {**speed_figures(speculative, target_only, single, getattr(decodes, "batch_size", 1)),
+    figures = {**speed_figures(batched_speculative, batched_target_only, single, decodes.batch_size),
+               "longest_rejection_run": speculative["longest_rejection_run"],
                "cost_ratio": cost_ratio, "k": k, "recommended_k": best_k, "expected_speedup_at_recommended_k": expected,
                "measured_positions": len(measured), "extrapolated_k": extrapolated_k,
                "expected_speedup_at_extrapolated_k": extrapolated, **tree_figures}
     latencies = [s for run in single for s in run.speculative.metrics.token_latencies_s]
     evidence = {"latency_histogram": latency_histogram(latencies),
-                "speculative_time_s": batch_seconds(speculative), "target_only_time_s": batch_seconds(target_only),
-                "generated_tokens": speculative["generated_tokens"], "fallbacks": speculative["fallbacks"],
+                "speculative_time_s": batch_seconds(batched_speculative),
+                "target_only_time_s": batch_seconds(batched_target_only),
+                "generated_tokens": batched_speculative["generated_tokens"], "fallbacks": speculative["fallbacks"],
                 "device": str(pair.device)}
     summary = headline(figures, tree_figures)
     if figures["speedup"] < 1.0:
@@ -167,7 +172,6 @@ def speed_figures(speculative: dict, target_only: dict, single: list, batch_size
         "latency_p95_ms": single_speculative["latency_p95_s"] * 1000,
         "latency_p99_ms": single_speculative["latency_p99_s"] * 1000,
         "baseline_latency_p50_ms": single_target_only["latency_p50_s"] * 1000,
-        "longest_rejection_run": speculative["longest_rejection_run"],
     }
 
 

@@ -20,6 +20,23 @@ def runtime(models, golden_path):
     return pair, golden, decode_golden(pair, golden, DecodeConfig(k=3))
 
 
+def test_decode_golden_decodes_each_record_once_per_kind(runtime):
+    """The latency prompts decode alone and count as any other run: each record is decoded once
+    target-only and once speculative (a sampled one once more), never again for the latency."""
+    from specreg.validators.equivalence import LATENCY_SHARE, decoded_rows
+
+    pair, golden, decodes = runtime
+    runs = decodes.runs
+    assert [run.record_id for run in runs] == [record.id for record in golden]
+    assert decodes.single == runs[:len(decodes.single)] and decodes.batched == runs[len(decodes.single):]
+    assert len(decodes.single) == max(1, round(len(runs) * LATENCY_SHARE)) and decodes.batch_size > 1
+    assert all(run.speculative.metrics.batch_size == 1 == run.target_only.metrics.batch_size for run in decodes.single)
+    assert all(run.speculative.metrics.batch_size == decodes.batch_size for run in decodes.batched)
+    sampled = [run for run in runs if run.sampled is not None]
+    assert sampled and all(run.sampled.metrics.batch_size == decodes.batch_size for run in sampled)
+    assert 2 * len(runs) + len(sampled) == decoded_rows(golden)
+
+
 def recover_from_target(draft_probs, target_probs, draft_token_ids, uniforms, generator=None):
     """A classic bug: on rejection resample from p instead of norm(max(0, p - q)). Emits
     min(p, q) + (1 - alpha) p, not p."""
