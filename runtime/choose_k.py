@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import time
 
 
@@ -151,18 +152,26 @@ def measure_step_time(model, prompt_ids, steps: int = 16, repeats: int = 3, widt
     return timings[len(timings) // 2]
 
 
-def measure_cost_ratio(target, draft, prompt_ids, steps: int = 16, repeats: int = 5) -> float:
+# each timing of measure_cost_ratio covers at least this long of target steps (up to MAX_TIMED_STEPS):
+# a few steps of a real model, dozens of a tiny one whose steps take a millisecond
+TIMING_WINDOW_S = 0.1
+MAX_TIMED_STEPS = 64
+
+
+def measure_cost_ratio(target, draft, prompt_ids, steps: int = 4, repeats: int = 5) -> float:
     """c = draft step time / target step time, measured on this machine.
 
     Each repeat times the draft and the target back to back and the median of the per-repeat
     ratios is returned: a burst of load from another process then skews one ratio, not the
     result (timing all draft steps first and all target steps later gave c = 0.94 for a pair
     whose true c is 0.1 on a busy machine). Three repeats that agree within 5% end it
-    (median_ratio). Each model's prompt is prefilled once (step_timer).
+    (median_ratio). Each model's prompt is prefilled once (step_timer). steps: the fewest steps
+    a timing runs; more when the target's steps are quick (TIMING_WINDOW_S).
     """
     draft_steps, target_steps = step_timer(draft, prompt_ids), step_timer(target, prompt_ids)
     draft_steps(2)  # warm-up both
-    target_steps(2)
+    target_step = target_steps(2)
+    steps = max(steps, min(MAX_TIMED_STEPS, math.ceil(TIMING_WINDOW_S / max(target_step, 1e-6))))
     return median_ratio(lambda: draft_steps(steps), lambda: target_steps(steps), repeats)
 
 

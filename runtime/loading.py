@@ -89,14 +89,18 @@ def load_target(path, device: str = "cpu", dtype="float32", expected=None):
 
 
 def read_verified(path: Path, digest: str | None, what: str) -> bytes:
-    """The bytes of one file, read once, whose sha256 must be ``digest`` (None: not recorded)."""
-    from specreg.core.fingerprint import sha256_hex
+    """The bytes of one file, read once, whose sha256 must be ``digest`` (None: not recorded); a
+    file this process hashed before and that has not changed since is not hashed again
+    (fingerprint.read_digested)."""
+    from specreg.core.fingerprint import read_digested
 
     try:
-        data = path.read_bytes()
+        if digest is None:
+            return path.read_bytes()
+        data, actual = read_digested(path)
     except OSError as exc:
         raise ModelReferenceError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    if digest is not None and sha256_hex(data) != digest:
+    if actual != digest:
         raise ModelReferenceError(f"{path}: {what} changed since the model was fingerprinted; not loading it")
     return data
 

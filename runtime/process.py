@@ -4,7 +4,8 @@ that decides it) and silence for the progress bars of the libraries it calls.
 Every command that runs models (`specreg demo-pair`, `validate`, `gate --rerun`, the
 benchmarks) goes through ``limit_threads`` (the CLI through ``prepare_process`` at start). The rule: ``$SPECREG_THREADS`` when set, else an
 explicit ``$OMP_NUM_THREADS``, else the cores this process may run on that the 1-minute load
-average leaves free (rounded), at least 1 and never more than those cores. Spinning OpenMP threads on
+average leaves free (rounded), at least 1 and never more than those cores; threads beyond the free
+cores wait passively. Spinning OpenMP threads on
 cores other work holds cost far more than they bring: on the 2-core machine with load 5-18,
 torch's default (one thread a core) made the demo pair's build take 52 minutes and > 10
 CPU-minutes for 55 CPU-seconds of work, and tests/runtime ran 6x slower (82 s against 13 s).
@@ -36,19 +37,25 @@ def explicit_threads() -> int | None:
     return None
 
 
-def decide_threads(cores: int | None = None, load: float | None = None) -> int:
-    """Threads for torch in this process: explicit_threads() capped at the cores, else the free
-    cores (cores minus the 1-minute load average, rounded), in [1, cores]."""
+def free_cores(cores: int | None = None, load: float | None = None) -> int:
+    """The cores the 1-minute load average leaves free (rounded), in [1, cores]."""
     cores = usable_cores() if cores is None else cores
-    explicit = explicit_threads()
-    if explicit is not None:
-        return min(explicit, cores)
     if load is None:
         try:
             load = os.getloadavg()[0]
         except (AttributeError, OSError):
             load = float(cores)  # unknown load: assume busy, one thread
     return max(1, min(cores, int(cores - load + 0.5)))
+
+
+def decide_threads(cores: int | None = None, load: float | None = None) -> int:
+    """Threads for torch in this process: explicit_threads() capped at the cores, else the free
+    cores (free_cores)."""
+    cores = usable_cores() if cores is None else cores
+    explicit = explicit_threads()
+    if explicit is not None:
+        return min(explicit, cores)
+    return free_cores(cores, load)
 
 
 def limit_threads() -> int:
@@ -59,10 +66,14 @@ def limit_threads() -> int:
     threads = decide_threads()
     for variable in POOL_VARIABLES:
         os.environ[variable] = str(threads)
-    # OpenMP threads that wait for work sleep instead of spinning: spinning threads on cores other
-    # work holds made training 5-6x slower (2 threads at load 9: 2.08 s a draft step, passive
-    # 0.42 s, one thread 0.29 s; 2026-12-01)
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if threads > free_cores():
+        # more threads than free cores (an explicit setting on a busy machine): OpenMP threads
+        # that wait for work sleep instead of spinning, since spinning threads on cores other work
+        # holds made training 5-6x slower (docs/benchmarks.md). On free cores they keep OpenMP's
+        # default (spin a little, then sleep): a forward of a small model is thousands of short
+        # parallel regions, and waking sleeping threads for each made validate's decoding of the
+        # demo pair 4x slower with 2 threads than with 1.
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     torch = sys.modules.get("torch")
     if torch is not None and torch.get_num_threads() != threads:
         torch.set_num_threads(threads)

@@ -120,7 +120,7 @@ def measured_cost_ratio(pair, decodes, method: str, speculative: dict) -> float:
         return 0.0
     if descriptor.has_head:
         return in_loop_cost_ratio(speculative)
-    return measure_cost_ratio(pair.target, pair.draft, decodes.runs[0].prompt_ids, steps=8)
+    return measure_cost_ratio(pair.target, pair.draft, decodes.runs[0].prompt_ids)
 
 
 def recommend_tree_depth(pair, decodes, tree, per_position: list[float], measured: list[float],

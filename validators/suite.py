@@ -13,6 +13,7 @@ from typing import Any, Callable
 from specreg.errors import UsageError
 from specreg.core.types import ERROR, FAIL, SKIP, CheckResult, combine_statuses
 from specreg.validators.context import Check, CheckContext, ChecksStopped, guarded
+from specreg.validators.equivalence import DEFAULT_BATCH_SIZE
 from specreg.validators.equivalence import default_near_tie_tolerance  # noqa: F401 - the name engine validation reads
 
 STATIC_CHECKS = ("integrity", "tokenizer", "chat_template", "memory")
@@ -30,7 +31,7 @@ class ValidationOptions:
     gpu_memory: str | None = None
     max_context_tokens: int | None = None
     batch_size: int = 1  # sequences held at once (the memory check's KV cache)
-    runtime_batch_size: int = 8  # golden prompts the runtime decodes at once (equivalence.decode_golden)
+    runtime_batch_size: int = DEFAULT_BATCH_SIZE  # golden prompts the runtime decodes at once (equivalence.decode_golden)
     acceptance_tolerance: float = 0.10
     near_tie_tolerance: float | None = None
     distribution_samples: int = 4000

@@ -8,6 +8,7 @@ import click
 
 from specreg.cli.root import (cli, db_option, json_option, open_registry, print_json, print_table,
                                 printable, say, user_option)
+from specreg.validators.equivalence import DEFAULT_BATCH_SIZE
 
 
 @cli.command()
@@ -22,7 +23,7 @@ from specreg.cli.root import (cli, db_option, json_option, open_registry, print_
               help="Relative acceptance drop vs the previous validated version that fails (default: the policy's).")
 @click.option("--near-tie-tolerance", type=float, default=None, help="Logit margin below which a greedy divergence is a near-tie (default by dtype).")
 @click.option("--distribution-samples", type=int, default=4000, show_default=True, help="Draws per prefix for the distribution check.")
-@click.option("--runtime-batch", type=int, default=8, show_default=True, metavar="N", help="Golden prompts our runtime decodes at once (speed figures say the batch size; latency is measured at batch 1 too).")
+@click.option("--runtime-batch", type=int, default=DEFAULT_BATCH_SIZE, show_default=True, metavar="N", help="Golden prompts our runtime decodes at once (speed figures say the batch size; latency is measured at batch 1 too).")
 @click.option("--report", "report_path", default=None, metavar="FILE", help="Write the HTML report.")
 @click.option("--markdown", "markdown_path", default=None, metavar="FILE", help="Write a Markdown summary (e.g. $GITHUB_STEP_SUMMARY).")
 @click.option("--junit", "junit_path", default=None, metavar="FILE", help="Write JUnit XML: one testcase per check.")

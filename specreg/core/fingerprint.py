@@ -69,9 +69,52 @@ def canonical_json(value: Any) -> bytes:
 def sha256_file(path: Path, chunk_size: int = 1 << 20) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
+        before = os.fstat(handle.fileno())
         while chunk := handle.read(chunk_size):
             digest.update(chunk)
+        after = os.fstat(handle.fileno())
+    remember_digest(before, after, digest.hexdigest())
     return digest.hexdigest()
+
+
+# Digests this process computed, by the identity of the file hashed (device, inode, size, mtime and
+# ctime to the nanosecond): the weight files a validation fingerprints (integrity check) are read
+# again to build the models, and a file whose identity has not changed since is not hashed twice
+# (1 GB of weights costs about 0.6 s a pass; a 16 GB model 10 s). Any write, rename or copy over
+# it changes the inode, size, mtime or ctime (ctime cannot be set back by a user). As git does
+# with "racily clean" entries, a file changed less than RACY_NS before it was hashed is never
+# remembered: a write in the same timestamp tick would keep its identity.
+_DIGESTS: dict[tuple[int, ...], str] = {}
+RACY_NS = 2_000_000_000
+
+
+def file_identity(stat: os.stat_result) -> tuple[int, ...]:
+    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns
+
+
+def remember_digest(before: os.stat_result, after: os.stat_result, digest: str) -> None:
+    """Keep the digest of a file whose identity was the same before and after it was read."""
+    import time
+
+    identity = file_identity(after)
+    settled = time.time_ns() - max(after.st_mtime_ns, after.st_ctime_ns) > RACY_NS
+    if file_identity(before) == identity and settled:
+        _DIGESTS[identity] = digest
+
+
+def read_digested(path: Path) -> tuple[bytes, str]:
+    """A file's bytes, read once, and their sha256: remembered from this process's earlier read
+    when the file's identity is unchanged, else computed from the bytes read."""
+    with open(path, "rb") as handle:
+        before = os.fstat(handle.fileno())
+        data = handle.read()
+        after = os.fstat(handle.fileno())
+    known = _DIGESTS.get(file_identity(after)) if file_identity(before) == file_identity(after) else None
+    if known is not None:
+        return data, known
+    digest = sha256_hex(data)
+    remember_digest(before, after, digest)
+    return data, digest
 
 
 def read_json_file(path: Path, data: bytes | None = None) -> dict[str, Any]:

@@ -124,3 +124,40 @@ def test_hub_reference_resolves_only_from_local_cache(tiny_models, tmp_path, mon
         resolve_reference("acme/other")
     with pytest.raises(ModelReferenceError, match="no such directory"):
         resolve_reference(str(tmp_path / "missing"))
+
+
+def test_a_settled_file_is_hashed_once_until_its_identity_changes(tmp_path, monkeypatch):
+    """The load after the integrity check does not hash the weights again while each file's
+    device, inode, size, mtime and ctime are unchanged; an edit in place or a file moved over it
+    is hashed again. A file changed within fingerprint.RACY_NS before it was hashed is never
+    remembered: a write in the same timestamp tick would keep its identity."""
+    import hashlib
+    import os
+    import time
+
+    from specreg.core import fingerprint
+
+    monkeypatch.setattr(fingerprint, "_DIGESTS", {})
+    hashed = []
+    real_hex = fingerprint.sha256_hex
+    monkeypatch.setattr(fingerprint, "sha256_hex", lambda data: hashed.append(len(data)) or real_hex(data))
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(b"a" * 4096)
+    # just written: hashed on every read
+    assert fingerprint.sha256_file(path) == hashlib.sha256(b"a" * 4096).hexdigest()
+    assert fingerprint.read_digested(path)[1] == hashlib.sha256(b"a" * 4096).hexdigest() and hashed == [4096]
+    # seen from later on (the file settled): remembered by the integrity pass, not hashed by the load
+    later = time.time_ns
+    monkeypatch.setattr(time, "time_ns", lambda: later() + 10 * fingerprint.RACY_NS)
+    digest = fingerprint.sha256_file(path)
+    hashed.clear()
+    assert fingerprint.read_digested(path) == (b"a" * 4096, digest) and hashed == []
+    time.sleep(0.05)  # past the filesystem's timestamp tick
+    with open(path, "r+b") as handle:  # same size, same inode, new bytes
+        handle.write(b"b")
+    data, new_digest = fingerprint.read_digested(path)
+    assert new_digest == hashlib.sha256(data).hexdigest() != digest and hashed == [4096]
+    other = tmp_path / "other"
+    other.write_bytes(b"a" * 4096)
+    os.replace(other, path)  # the old bytes back, under a new inode
+    assert fingerprint.read_digested(path)[1] == digest and hashed == [4096, 4096]

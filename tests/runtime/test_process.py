@@ -44,10 +44,26 @@ def test_a_process_started_by_the_cli_gets_the_decision_before_torch_loads(no_th
     code = ("import os, sys; sys.argv = ['specreg', '--version']\n"
             "from specreg.runtime.process import prepare_process\n"
             "n = prepare_process(); import torch\n"
-            "print(n, torch.get_num_threads(), os.environ['OMP_WAIT_POLICY'], os.environ['HF_HUB_DISABLE_PROGRESS_BARS'])")
+            "print(n, torch.get_num_threads(), os.environ.get('OMP_WAIT_POLICY', 'default'),\n"
+            "      os.environ['HF_HUB_DISABLE_PROGRESS_BARS'])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PATH": "/usr/bin:/bin", "SPECREG_THREADS": "1"})
-    assert out.stdout.split() == ["1", "1", "PASSIVE", "1"]
+    assert out.stdout.split() == ["1", "1", "default", "1"]
+
+
+@pytest.mark.parametrize("load, policy", [(0.1, None), (1.6, "PASSIVE")])
+def test_threads_beyond_the_free_cores_wait_passively(no_thread_settings, monkeypatch, load, policy):
+    """Two threads asked for on two cores: OpenMP's default waiting when both are free, passive
+    waiting when the load holds one."""
+    monkeypatch.setenv("SPECREG_THREADS", "2")
+    monkeypatch.setattr(process, "usable_cores", lambda: 2)
+    monkeypatch.setattr(process.os, "getloadavg", lambda: (load, load, load))
+    monkeypatch.setitem(sys.modules, "torch", None)  # this process's torch keeps its threads
+    for variable in (*process.POOL_VARIABLES, "OMP_WAIT_POLICY"):
+        monkeypatch.setenv(variable, "")  # so that what limit_threads sets is undone after the test
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    assert process.limit_threads() == 2
+    assert process.os.environ.get("OMP_WAIT_POLICY") == policy
 
 
 def test_plain_progress_lines_name_the_step_with_elapsed_and_time_left():
