@@ -6,10 +6,15 @@ docs/benchmarks.md with the date and machine):
 
 Each case registers the pair in a fresh registry ($SPECREG_HOME in a temporary folder: SQLite and
 the local MLflow store, mirror on as a user has it) and times `specreg validate NAME@1 --golden SET
---device cpu` as a new process: wall seconds and the CPU seconds of the process and its children.
+--device cpu` as a new process: wall seconds and the CPU seconds of the process and its children,
+and the torch threads validate ran on (it takes the cores the load average leaves free). Before
+each case it waits (up to --settle seconds) for the 1-minute load average to fall below 0.3: the
+previous case's own load would otherwise leave validate one thread on an idle machine. The
+machine's speed drifts (the same forward took 37 and 42 ms an hour apart on the 2-core VM): a
+calibration figure, one float32 matrix product timed before and after, goes with the results.
 The pairs are the ones `make demo` builds (``--demo-dir``, default .demo: pair/ and real/).
 
-    python benchmarks/bench_validate.py [--demo-dir .demo] [--runtime-batch 8] [--json FILE]
+    python benchmarks/bench_validate.py [--demo-dir .demo] [--runtime-batch N] [--settle 120] [--json FILE]
 """
 
 from __future__ import annotations
@@ -39,7 +44,25 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def validate(pair_dir: Path, golden: str, batch: int) -> dict:
+def calibration_ms() -> float:
+    """Milliseconds of one 1024x1024 float32 matrix product on one thread (median of 9): how fast
+    this machine is right now."""
+    code = ("import time, torch; torch.set_num_threads(1); a = torch.randn(1024, 1024); a @ a\n"
+            "t = []\nfor _ in range(9):\n s = time.perf_counter(); a @ a; t.append(time.perf_counter() - s)\n"
+            "print(sorted(t)[4] * 1000)")
+    return round(float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                      check=True).stdout), 2)
+
+
+def settle(limit_s: float) -> float:
+    """Wait until the 1-minute load average is below 0.3 (at most limit_s) -> the load then."""
+    deadline = time.monotonic() + limit_s
+    while os.getloadavg()[0] >= 0.3 and time.monotonic() < deadline:
+        time.sleep(5)
+    return os.getloadavg()[0]
+
+
+def validate(pair_dir: Path, golden: str, batch: int | None) -> dict:
     """Register the pair in a fresh registry and time one validate; returns its figures."""
     with tempfile.TemporaryDirectory(prefix="bench-validate-") as home:
         env = {**os.environ, "SPECREG_HOME": home, "SPECREG_USER": "bench"}
@@ -47,15 +70,19 @@ def validate(pair_dir: Path, golden: str, batch: int) -> dict:
         subprocess.run([SPECREG, "register", "bench", "--target", str(pair_dir / "target"),
                         "--draft", str(pair_dir / "draft"), "--num-speculative-tokens", "4"],
                        env=env, check=True, stdout=subprocess.DEVNULL)
+        batch_flag = ["--runtime-batch", str(batch)] if batch is not None else []
         cpu, start = children_cpu(), time.perf_counter()
-        done = subprocess.run([SPECREG, "validate", "bench@1", "--golden", golden, "--device", "cpu",
-                               "--runtime-batch", str(batch), "--json"], env=env, capture_output=True, text=True)
+        done = subprocess.run([SPECREG, "validate", "bench@1", "--golden", golden, "--device", "cpu", *batch_flag,
+                               "--json"], env=env, capture_output=True, text=True)
         wall, cpu = time.perf_counter() - start, children_cpu() - cpu
     if done.returncode not in (0, 100):
         raise SystemExit(f"validate failed ({done.returncode}): {done.stderr.strip().splitlines()[-1:]}")
-    summary = json.loads(done.stdout).get("summary") or {}
+    record = json.loads(done.stdout)
+    summary = record.get("summary") or {}
     acceptance, performance = summary.get("acceptance") or {}, summary.get("performance") or {}
     return {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "verdict": summary.get("verdict"),
+            "threads": (record.get("environment") or {}).get("threads"),
+            "runtime_batch": (record.get("options") or {}).get("runtime_batch_size"),
             "alpha": acceptance.get("acceptance_rate"), "tau": acceptance.get("mean_acceptance_length"),
             "speedup": performance.get("speedup"), "batch1_speedup": performance.get("batch1_speedup")}
 
@@ -64,24 +91,31 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--demo-dir", default=".demo", type=Path)
     parser.add_argument("--cases", default=",".join(CASES))
-    parser.add_argument("--runtime-batch", type=int, default=8)
+    parser.add_argument("--runtime-batch", type=int, default=None, help="default: validate's own")
+    parser.add_argument("--settle", type=float, default=120.0, metavar="SECONDS",
+                        help="wait up to this long before each case for the load to fall below 0.3")
     parser.add_argument("--json", default=None, metavar="FILE")
     args = parser.parse_args()
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    print(f"# {stamp}, {platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f} at start, "
-          f"--runtime-batch {args.runtime_batch}")
+    calibration = [calibration_ms()]
+    print(f"# {stamp}, {platform.machine()}, {os.cpu_count()} cores, calibration {calibration[0]} ms "
+          f"(1024^3 float32 matmul, 1 thread)")
     rows = []
     for case in args.cases.split(","):
         folder, golden, target = CASES[case]
+        load = settle(args.settle)
         figures = validate(args.demo_dir / folder, golden, args.runtime_batch)
-        rows.append({"case": case, "target_s": target, "met": figures["wall_s"] <= target, **figures})
+        rows.append({"case": case, "target_s": target, "met": figures["wall_s"] <= target, "load": round(load, 2),
+                     **figures})
         print(f"{case:14} {figures['wall_s']:7.1f} s wall {figures['cpu_s']:7.1f} CPU-s  target <= {target:.0f} s  "
-              f"{'met' if figures['wall_s'] <= target else 'NOT met'}  {figures['verdict']} alpha {figures['alpha']} "
-              f"tau {figures['tau']} speedup {figures['speedup']} (batch 1: {figures['batch1_speedup']})",
+              f"{'met' if figures['wall_s'] <= target else 'NOT met'}  (load {load:.2f}, {figures['threads']} threads, "
+              f"batch {figures['runtime_batch']})  {figures['verdict']} alpha {figures['alpha']:.4f} "
+              f"tau {figures['tau']:.3f} speedup {figures['speedup']:.3f} (batch 1: {figures['batch1_speedup']:.3f})",
               flush=True)
-    print(f"# load {os.getloadavg()[0]:.2f} at the end")
+    calibration.append(calibration_ms())
+    print(f"# calibration {calibration[1]} ms at the end")
     if args.json:
-        Path(args.json).write_text(json.dumps({"when": stamp, "rows": rows}, indent=2))
+        Path(args.json).write_text(json.dumps({"when": stamp, "calibration_ms": calibration, "rows": rows}, indent=2))
 
 
 if __name__ == "__main__":

@@ -103,8 +103,11 @@ def environment(device: str, dtype: str) -> dict[str, Any]:
         specreg_version = version("specreg")
     except PackageNotFoundError:
         specreg_version = None
+    # the CPU threads torch ran on (runtime/process.py decides them from the free cores): CPU
+    # speed figures depend on them
     env = {"torch": torch.__version__, "transformers": transformers.__version__, "specreg": specreg_version,
-           "python": platform.python_version(), "platform": platform.platform(), "device": device, "dtype": dtype}
+           "python": platform.python_version(), "platform": platform.platform(), "device": device, "dtype": dtype,
+           "threads": torch.get_num_threads()}
     if device.startswith("cuda"):
         env["device_name"] = torch.cuda.get_device_name(torch.device(device))
     return env
