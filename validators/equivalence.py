@@ -108,18 +108,11 @@ def decode_golden(pair, golden, settings, *, seed: int = 0,
     (runtime/decode.decode_rows). progress(done, total, record_id) as a record's decode ends.
     Records the target's tokenizer cannot encode are skipped and listed (the chat_template check
     says why)."""
-    import jinja2
-
     from specreg.runtime.decode import generate_batch
 
     hooks = hooks or {}
     decodes = GoldenDecodes(batch_size=batch_size)
-    encoded = []
-    for record in golden:
-        try:
-            encoded.append((record, record.encode(pair.tokenizer)))
-        except (ModelReferenceError, jinja2.TemplateError) as exc:
-            decodes.skipped.append({"record": record.id, "reason": " ".join(str(exc).split())[:200]})
+    encoded = encode_records(golden, pair.tokenizer, decodes.skipped)
     sampled, total = [item for item in encoded if not item[0].is_greedy], decoded_rows(golden)
     done = [total - 2 * len(encoded) - len(sampled)]  # a skipped record's decodes count as done
     if progress and decodes.skipped:
@@ -155,6 +148,20 @@ def decode_golden(pair, golden, settings, *, seed: int = 0,
                     for (record, ids), spec, plain in zip(encoded, speculative, target_only)]
     decodes.single = decodes.runs[:count]
     return decodes
+
+
+def encode_records(golden, tokenizer, skipped: list[dict]) -> list[tuple]:
+    """[(record, prompt ids)] of the records the tokenizer can encode; the others are appended to
+    skipped with the reason."""
+    import jinja2
+
+    encoded = []
+    for record in golden:
+        try:
+            encoded.append((record, record.encode(tokenizer)))
+        except (ModelReferenceError, jinja2.TemplateError) as exc:
+            skipped.append({"record": record.id, "reason": " ".join(str(exc).split())[:200]})
+    return encoded
 
 
 def decoded_rows(golden) -> int:
