@@ -5,10 +5,9 @@ prompts decoded in batches (same prompts, same tokens: equivalence holds them eq
 at the batch size they were decoded at (figures["batch_size"]: throughput, tokens over their share
 of the batches' wall time). Latency (per-token p50/p95/p99, TTFT) and a batch-1 speedup come from
 the first prompts, decoded one at a time (equivalence.GoldenDecodes.single): what one request
-alone sees. The decode
-speedup leaves out each generation's first step (prefill, TTFT) on both sides: the part that
-docs/design.md §2's formula models, which short golden outputs would otherwise dilute. The longest run
-of fully rejected steps comes from the speculative decodes. The
+alone sees. The decode speedup leaves out each generation's first step (prefill, TTFT) on both
+sides: the part that docs/design.md §2's formula models, which short golden outputs would
+otherwise dilute. The longest run of fully rejected steps comes from every speculative decode. The
 recommended k is the runtime's choose_k over the measured per-position acceptance and the
 measured draft/target step-cost ratio, searched only up to the deepest measured position; a
 better k beyond it is reported as extrapolated, never as the recommendation. For a candidate tree
