@@ -22,6 +22,7 @@ from specreg.core.types import FAIL
 from specreg.errors import SpecregError, UsageError
 from specreg.registry.store.entities import PairVersion
 from specreg.registry.store.store import Store
+from specreg.validators.equivalence import DEFAULT_BATCH_SIZE
 
 DEFAULT_TIERS = (1, 4)
 MAX_CONCURRENCY = 64
@@ -185,7 +186,7 @@ def golden_prompts(golden, tokenizer) -> tuple[list[dict[str, Any]], list[dict[s
 
 
 def runtime_pass(pair, prompts, version: PairVersion, progress: Progress | None = None,
-                 batch_size: int | None = None) -> list[dict[str, Any]]:
+                 batch_size: int = DEFAULT_BATCH_SIZE) -> list[dict[str, Any]]:
     """Our runtime's greedy speculative decode of every prompt, batch_size at a time -> counts rows
     (+ "token_ids"), on llama-server's schedule (DecodeConfig.prefill_alone: the prefill emits the
     first token alone, drafting starts from it) and with its count at a stop token (a matching
@@ -195,9 +196,8 @@ def runtime_pass(pair, prompts, version: PairVersion, progress: Progress | None 
     from specreg.runtime.decode import generate_batch
     from specreg.runtime.metrics import stop_draft_counts
     from specreg.runtime.decode import DecodeConfig
-    from specreg.validators.equivalence import DEFAULT_BATCH_SIZE, decode_config
+    from specreg.validators.equivalence import decode_config
 
-    batch_size = DEFAULT_BATCH_SIZE if batch_size is None else batch_size
     settings = DecodeConfig.from_spec(version.config)
     one_more = counting(progress, "our runtime (greedy, the engine's schedule)", len(prompts))
     generations = generate_batch(pair, [prompt["prompt_ids"] for prompt in prompts],

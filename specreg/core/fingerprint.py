@@ -73,8 +73,9 @@ def sha256_file(path: Path, chunk_size: int = 1 << 20) -> str:
         while chunk := handle.read(chunk_size):
             digest.update(chunk)
         after = os.fstat(handle.fileno())
-    remember_digest(before, after, digest.hexdigest())
-    return digest.hexdigest()
+    hexdigest = digest.hexdigest()
+    remember_digest(before, after, hexdigest)
+    return hexdigest
 
 
 # Digests this process computed, by the identity of the file hashed (device, inode, size, mtime and

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from specreg.errors import SpecregError, UsageError
 from specreg.usecases.inputs import check_range
+from specreg.validators.equivalence import DEFAULT_BATCH_SIZE
 
 MAX_DISTRIBUTION_SAMPLES = 1_000_000
 MAX_RUNTIME_BATCH = 256
@@ -30,15 +31,12 @@ def validation_settings(registry, golden: str | None = None, acceptance_toleranc
 def validate(registry, ref, *, golden: str | None = None, device: str = "auto", dtype: str = "float32",
              checks: str | list[str] | None = None, gpu_memory: str | None = None,
              acceptance_tolerance: float | None = None, near_tie_tolerance: float | None = None,
-             distribution_samples: int = 4000, seed: int = 0, runtime_batch: int | None = None, progress=None,
+             distribution_samples: int = 4000, seed: int = 0, runtime_batch: int = DEFAULT_BATCH_SIZE, progress=None,
              hooks: dict | None = None):
     """Validate a pair version and record the run (see Registry.validate) ->
     registry.validations.ValidationOutcome."""
     from specreg.golden_prompts.loader import load_golden_set
     from specreg.runtime_validation import validate_version
-    from specreg.validators.equivalence import DEFAULT_BATCH_SIZE
-
-    runtime_batch = DEFAULT_BATCH_SIZE if runtime_batch is None else runtime_batch
 
     chosen = validation_settings(registry, golden, acceptance_tolerance)
     options = validation_options(chosen["acceptance_tolerance"], device=device, dtype=dtype, checks=checks,
