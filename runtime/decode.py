@@ -488,14 +488,19 @@ def step(pair: ModelPair, batch: Batch, config: DecodeConfig, memory_probe, rule
     accepted, kept = accept_rows(batch.rows, logits, drafts, query_valid, width, rules)
     roll_back(batch.cache, batch.drafter, batch.rows, accepted, kept, hidden)
     yield from emit(pair, batch.rows, drafts, accepted, step_start, verify_start)
-    # the step's wall time in equal shares: the time of any set of rows is the sum of theirs, so
-    # rows of different kinds decoded together (greedy and sampled) each get a throughput
-    share = (time.perf_counter() - step_start) / len(batch.rows)
+    charge(batch.rows, time.perf_counter() - step_start)
     for row in batch.rows:
-        row.metrics.batch_time_s = (row.metrics.batch_time_s or 0.0) + share
         if row.stop and finished is not None:
             finished(row.index)
     batch.rows = leave(batch.rows, batch.cache, batch.drafter)
+
+
+def charge(rows: list[Row], seconds: float) -> None:
+    """Share the wall time of work done for these rows equally among them (metrics.batch_time_s):
+    the time of any set of rows is the sum of theirs, so rows of different kinds decoded together
+    (greedy and sampled) each get a throughput, and every second of a decode is counted once."""
+    for row in rows:
+        row.metrics.batch_time_s = (row.metrics.batch_time_s or 0.0) + seconds / len(rows)
 
 
 def admits(free: int, waiting: int, max_rows: int) -> bool:
@@ -573,12 +578,16 @@ def decode_rows(pair: ModelPair, prompts: list, configs: list[DecodeConfig], *, 
             while waiting or batch is not None:
                 free = max_rows - (len(batch.rows) if batch is not None else 0)
                 if admits(free, len(waiting), max_rows):
+                    joining = time.perf_counter()
                     newcomers = admit(min(free, len(waiting)))
+                    charge(newcomers.rows, time.perf_counter() - joining)
                     yield from step(pair, newcomers, config, memory_probe, rules, device, finished)
                     if batch is None:
                         batch = newcomers
                     elif newcomers.rows:
+                        joining = time.perf_counter()  # their caches merged, a draft model fed their prompts
                         batch.extend(newcomers)
+                        charge(newcomers.rows, time.perf_counter() - joining)
                 else:
                     yield from step(pair, batch, config, memory_probe, rules, device, finished)
                 if batch is not None and not batch.rows:

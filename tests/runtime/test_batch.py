@@ -146,11 +146,14 @@ def test_batch_prefill_alone_schedule(pairs, prompts):
     assert all(g.metrics.ttft_tokens == 1 for g in batch)
 
 
-def test_greedy_and_sampled_rows_in_one_batch_decode_as_alone(pairs, prompts):
+def test_greedy_and_sampled_rows_in_one_batch_decode_as_alone(pairs, prompts, monkeypatch):
     """validate's speculative pass holds greedy and sampled rows together (engines' schedule, rows
-    joining): each still decodes as alone; each step's wall time is shared among its rows, so the
-    rows' shares add up to the decode's wall time and each kind of row gets its own throughput."""
+    joining): each still decodes as alone; the wall time of each step, and of each join (the draft
+    model fed the newcomers' prompts), is shared among its rows, so the rows' shares add up to the
+    decode's wall time and each kind of row gets its own throughput."""
     import time
+
+    from specreg.runtime.methods.draft_model import DraftModelDrafter
 
     pair, base = pairs["draft_model aligned"]
     greedy = [dataclasses.replace(c, prefill_alone=True)
@@ -158,12 +161,22 @@ def test_greedy_and_sampled_rows_in_one_batch_decode_as_alone(pairs, prompts):
     sampled = [dataclasses.replace(c, prefill_alone=True, seed=c.seed + 50)
                for c in row_configs(dataclasses.replace(base, eos_token_ids=()), True)]
     assert_batch_equals_alone(pair, list(prompts) * 2, greedy + sampled, max_rows=3)
+    joins, prefill = [], DraftModelDrafter.prefill
+
+    def slow_prefill(self, requests):  # a join that costs a known time
+        joins.append(len(requests))
+        time.sleep(0.05)
+        return prefill(self, requests)
+
+    monkeypatch.setattr(DraftModelDrafter, "prefill", slow_prefill)
     start = time.perf_counter()
     batch = generate_batch(pair, list(prompts) * 2, greedy + sampled, max_rows=3)
     wall = time.perf_counter() - start
     shares = [generation.metrics.batch_time_s for generation in batch]
-    # the steps are disjoint parts of the decode: their shares never add up to more than its wall time
-    assert all(share > 0 for share in shares) and 0.5 * wall < sum(shares) <= wall
+    # steps and joins are disjoint parts of the decode: their shares never add up to more than its
+    # wall time, and the joins' time is in them
+    assert joins and all(share > 0 for share in shares)
+    assert max(0.5 * wall, 0.05 * len(joins)) < sum(shares) <= wall
 
 
 def test_stop_draft_counts_are_llamacpps_count_at_a_stop_token(target, tokenizer, drafts, prompts):
