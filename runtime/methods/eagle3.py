@@ -33,7 +33,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 from specreg.core.heads.eagle3_checkpoint import default_aux_layer_ids  # vLLM's get_eagle3_aux_hidden_state_layers
 from specreg.errors import ModelReferenceError, RuntimeConfigError, RuntimeUnsupportedError
 from specreg.runtime.head_drafter import HeadDrafter, head_inputs
-from specreg.runtime.methods.base import Method, PerRowDrafter
+from specreg.runtime.methods.base import Method
 
 
 @dataclass
@@ -322,11 +322,11 @@ def load(target_path, draft_path, device, dtype, *, target_fingerprint=None, dra
 
 
 def drafter(pair, configs, generators):
-    """One HeadDrafter per row, each with its own head cache."""
+    """One HeadDrafter for the batch: each head forward serves every row."""
     if not isinstance(pair.draft, Eagle3Head):
         raise RuntimeConfigError("method 'eagle3' needs an EAGLE-3 head (load_pair(..., method='eagle3'))")
-    return PerRowDrafter([HeadDrafter(pair.draft, pair.vocab_size, c.temperature, c.top_k, c.top_p, generator)
-                          for c, generator in zip(configs, generators)], pair.draft.hidden_state_ids)
+    return HeadDrafter(pair.draft, pair.vocab_size, [(c.temperature, c.top_k, c.top_p, generator)
+                                                     for c, generator in zip(configs, generators)])
 
 
 METHOD = Method(name="eagle3", load=load, drafter=drafter)

@@ -31,8 +31,8 @@ from pathlib import Path
 import torch
 
 from specreg.errors import ModelReferenceError, RuntimeConfigError
-from specreg.runtime.methods.base import Method, PerRowDrafter, Proposal
-from specreg.runtime.tree import CandidateTree, tree_candidates
+from specreg.runtime.methods.base import Method, Proposal
+from specreg.runtime.tree import tree_candidates
 
 WEIGHTS_FILE = "medusa_lm_head.safetensors"
 
@@ -135,46 +135,61 @@ def load_medusa_heads(path, target) -> MedusaHeads:
 
 
 class MedusaDrafter:
-    """Proposes a candidate tree from the target's final normed state at the last verified position.
+    """Proposes each row's candidate tree from the target's final normed state at its last verified
+    position: one pass of the heads over every drafting row's state per step.
 
-    propose_tree(tokens, tree) -> (node_token_ids # [nodes+1] root first, draft_probs # [nodes+1, vocab] or
-    None when greedy); empty before the target has run once (no hidden state yet). Candidates are
-    each head's top-`tree.width` tokens, deterministic, so in sampling mode each node's draft law is
-    a point mass on its token (the tree rule is then EAGLE's: exact for any target law).
-    rollback(valid_length, hidden_states # [1, m, H]) keeps the last kept position's state.
+    Candidates are each head's top-`tree.width` tokens, deterministic, so in sampling mode each
+    node's draft law is a point mass on its token (the tree rule is then EAGLE's: exact for any
+    target law). rollback(valid_lengths, hidden_states) keeps each row's last kept position's state.
     """
 
-    def __init__(self, heads: MedusaHeads, tree: CandidateTree, vocab_size: int, final_state_id: int,
-                 sampling: bool = False):
-        if tree.depth > heads.num_heads:
-            raise RuntimeConfigError(f"tree depth {tree.depth} exceeds the {heads.num_heads} Medusa heads "
-                                     f"(head i proposes depth i + 1)")
-        self.heads, self.vocab_size, self.sampling = heads, vocab_size, sampling
+    def __init__(self, heads: MedusaHeads, vocab_size: int, final_state_id: int, sampling: list[bool]):
+        self.heads, self.vocab_size = heads, vocab_size
+        self.sampling = list(sampling)  # per row
         self.hidden_state_ids = (final_state_id,)  # the decoder's final normed state (forward_logits' index)
-        self.hidden = None  # [H] the state where the next root token was predicted
-        self.forwards = 0
+        self.hidden = [None] * len(self.sampling)  # per row [H]: the state where its next root token was predicted
+        self.last_forwards = [0] * len(self.sampling)
 
-    def propose(self, request) -> Proposal:
-        """A methods.base.DraftRequest (its tree) -> the tree's node tokens and draft law."""
-        return Proposal(*self.propose_tree(request.tokens, request.tree))
+    def propose(self, requests) -> list[Proposal]:
+        """Per row a methods.base.DraftRequest (its tree) -> the tree's node tokens # [nodes+1] root
+        first and draft law # [nodes+1, vocab] (None when greedy); none for a row asked for none or
+        before the target has run once (no hidden state yet)."""
+        device = requests[0].tokens.device
+        rows = [r for r, request in enumerate(requests) if request.k > 0 and self.hidden[r] is not None]
+        self.last_forwards = [int(r in rows) for r in range(len(requests))]
+        proposals = [Proposal(torch.empty(0, dtype=torch.long, device=device))] * len(requests)
+        if not rows:
+            return proposals
+        depth = max(requests[r].tree.depth for r in rows)
+        logits = self.heads(torch.stack([self.hidden[r] for r in rows]))[:depth, :, : self.vocab_size]  # [depth, rows, vocab]
+        for index, r in enumerate(rows):
+            tree = requests[r].tree
+            ranked = torch.topk(logits[: tree.depth, index], tree.width, dim=-1).indices  # [depth, width]
+            node_token_ids = tree_candidates(requests[r].tokens[0, -1:], ranked, tree)  # [nodes+1]
+            draft_probs = (torch.nn.functional.one_hot(node_token_ids, self.vocab_size).to(logits.dtype)
+                           if self.sampling[r] else None)  # [nodes+1, vocab]
+            proposals[r] = Proposal(node_token_ids, draft_probs)
+        return proposals
 
-    def propose_tree(self, tokens, tree: CandidateTree):
-        if self.hidden is None:
-            return torch.empty(0, dtype=torch.long, device=tokens.device), None
-        logits = self.heads(self.hidden)[: tree.depth, : self.vocab_size]  # [depth, vocab]
-        self.forwards += 1
-        proposals = torch.topk(logits, tree.width, dim=-1).indices  # [depth, width]
-        node_token_ids = tree_candidates(tokens[0, -1:], proposals, tree)  # [nodes+1]
-        if not self.sampling:
-            return node_token_ids, None
-        draft_probs = torch.nn.functional.one_hot(node_token_ids, self.vocab_size).to(logits.dtype)  # [nodes+1, vocab]
-        return node_token_ids, draft_probs
+    def rollback(self, valid_lengths: list[int], hidden_states: list | None = None) -> None:
+        """hidden_states[r] # [1, m, H]: the target's states at the positions row r kept this step;
+        the last one predicted the token emitted last, the next tree's root."""
+        for r, states in enumerate(hidden_states or []):
+            if states is not None and states.shape[1] > 0:
+                self.hidden[r] = states[0, -1]
 
-    def rollback(self, valid_length: int, hidden_states=None) -> None:
-        """hidden_states # [1, m, H]: the target's states at the positions kept this step; the last
-        one predicted the token emitted last, the next tree's root."""
-        if hidden_states is not None and hidden_states.shape[1] > 0:
-            self.hidden = hidden_states[0, -1]
+    def select(self, rows: list[int]) -> None:
+        self.sampling = [self.sampling[r] for r in rows]
+        self.hidden = [self.hidden[r] for r in rows]
+        self.last_forwards = [self.last_forwards[r] for r in rows]
+
+    def prefill(self, requests) -> None:
+        """Nothing: a row's state comes with its first rollback."""
+
+    def extend(self, other: "MedusaDrafter") -> None:
+        self.sampling += other.sampling
+        self.hidden += other.hidden
+        self.last_forwards += other.last_forwards
 
 
 def load(target_path, draft_path, device, dtype, *, target_fingerprint=None, draft_fingerprint=None):
@@ -190,12 +205,14 @@ def load(target_path, draft_path, device, dtype, *, target_fingerprint=None, dra
 
 
 def drafter(pair, configs, generators):
-    """One MedusaDrafter per row, reading the target's final normed state."""
+    """One MedusaDrafter for the batch, reading the target's final normed state."""
     if not isinstance(pair.draft, MedusaHeads):
         raise RuntimeConfigError("method 'medusa' needs Medusa heads (load_pair(..., method='medusa'))")
-    final_state_id = pair.target.config.num_hidden_layers
-    return PerRowDrafter([MedusaDrafter(pair.draft, c.tree, pair.vocab_size, final_state_id,
-                                        c.temperature > 0) for c in configs], (final_state_id,))
-
+    for c in configs:
+        if c.tree.depth > pair.draft.num_heads:
+            raise RuntimeConfigError(f"tree depth {c.tree.depth} exceeds the {pair.draft.num_heads} Medusa heads "
+                                     f"(head i proposes depth i + 1)")
+    return MedusaDrafter(pair.draft, pair.vocab_size, pair.target.config.num_hidden_layers,
+                         [c.temperature > 0 for c in configs])
 
 METHOD = Method(name="medusa", load=load, drafter=drafter)

@@ -43,12 +43,11 @@ import shutil
 from pathlib import Path
 
 import torch
-from transformers import DynamicCache
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from specreg.errors import RuntimeConfigError, RuntimeUnsupportedError
 from specreg.runtime.head_drafter import HeadDrafter, head_inputs
-from specreg.runtime.methods.base import Method, PerRowDrafter
+from specreg.runtime.methods.base import Method
 
 # the module's own names under model.layers.{N+i}. (deepseek_mtp.py _rewrite_spec_layer_name);
 # the rest belongs to the decoder block
@@ -299,11 +298,11 @@ def load(target_path, draft_path, device, dtype, *, target_fingerprint=None, dra
 
 
 def drafter(pair, configs, generators):
-    """One HeadDrafter per row, each with its own head cache."""
+    """One HeadDrafter for the batch: each head forward serves every row."""
     if not isinstance(pair.draft, MtpHead):
         raise RuntimeConfigError("method 'mtp' needs the target's MTP layers (load_pair(..., method='mtp'))")
-    return PerRowDrafter([HeadDrafter(pair.draft, pair.vocab_size, c.temperature, c.top_k, c.top_p, generator)
-                          for c, generator in zip(configs, generators)], pair.draft.hidden_state_ids)
+    return HeadDrafter(pair.draft, pair.vocab_size, [(c.temperature, c.top_k, c.top_p, generator)
+                                                     for c, generator in zip(configs, generators)])
 
 
 METHOD = Method(name="mtp", load=load, drafter=drafter)

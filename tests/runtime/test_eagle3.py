@@ -253,30 +253,33 @@ def test_tree_drafts_equal_sequential_drafting_along_each_path(target, tokenizer
     from transformers import DynamicCache
 
     from specreg.runtime.head_drafter import HeadDrafter
+    from specreg.runtime.methods.base import DraftRequest
     from specreg.runtime.tree import parse_tree
 
     head = heads["trained"]
     tree = parse_tree(EAGLE_TREES["eagle"])
     sequence = torch.tensor([prompts[2]])
 
+    request = DraftRequest(sequence, sequence[0].tolist(), tree.depth, tree)
+
     def seeded():
-        drafter = HeadDrafter(head, int(target.config.vocab_size))
+        drafter = HeadDrafter(head, int(target.config.vocab_size), [(0.0, None, None, None)])
         _, hidden = forward_logits(target, sequence[:, :-1], DynamicCache(config=target.config), 1, head.aux_layer_ids)
-        drafter.rollback(sequence.shape[1] - 1, hidden)
+        drafter.rollback([sequence.shape[1] - 1], [hidden])
         return drafter
 
     with torch.inference_mode():
-        node_tokens, probs = seeded().propose_tree(sequence, tree)
+        node_tokens, probs = seeded().propose([request])[0]
         assert probs is None and node_tokens[0] == sequence[0, -1]
         for node, path in enumerate(tree.paths, start=1):
             drafter = seeded()
-            hidden = drafter.seed(sequence)
+            hidden = drafter.seed([request])  # [1, 1, H]
             expected = None
             for depth, rank in enumerate(path):
                 logits = head.draft_logits(hidden[0])[:, : drafter.vocab_size]  # [1, vocab]
                 expected = torch.topk(logits, tree.width, dim=-1).indices[0, rank]
                 if depth < len(path) - 1:
-                    hidden = head(expected.view(1, 1), hidden, drafter.cache, sequence.shape[1] + depth)
+                    hidden = head(expected.view(1, 1), hidden, drafter.cache.cache, sequence.shape[1] + depth)
             assert int(node_tokens[node]) == int(expected), f"node {node} {path}"
 
 

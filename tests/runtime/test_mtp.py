@@ -89,6 +89,7 @@ def test_first_draft_follows_the_deepseek_formula_from_the_files_tensors(mtp_dir
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
     from specreg.runtime.head_drafter import HeadDrafter
+    from specreg.runtime.methods.base import DraftRequest
 
     layers = target.config.num_hidden_layers
     stored = {name[len(f"model.layers.{layers}."):]: value
@@ -117,11 +118,12 @@ def test_first_draft_follows_the_deepseek_formula_from_the_files_tensors(mtp_dir
                     position_embeddings=LlamaRotaryEmbedding(target.config)(projected, positions))
         expected = target.lm_head(rms(out[:, -1], stored["shared_head.norm.weight"])).argmax(-1)  # [1]
 
-        drafter = HeadDrafter(mtp_pairs["trained"].draft, mtp_pairs["trained"].vocab_size)
+        drafter = HeadDrafter(mtp_pairs["trained"].draft, mtp_pairs["trained"].vocab_size, [(0.0, None, None, None)])
         _, hidden = forward_logits(target, tokens[:, :-1], DynamicCache(config=target.config), 1,
                                    drafter.hidden_state_ids)
-        drafter.rollback(tokens.shape[1] - 1, hidden)
-        assert drafter.propose_chain(tokens, 1)[0].tolist() == expected.tolist()
+        drafter.rollback([tokens.shape[1] - 1], [hidden])
+        request = DraftRequest(tokens, tokens[0].tolist(), 1)
+        assert drafter.propose([request])[0].draft_token_ids.tolist() == expected.tolist()
 
 
 def test_drafts_after_rollback_equal_a_drafter_seeded_from_scratch(mtp_pairs, prompts):
