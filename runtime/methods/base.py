@@ -32,7 +32,8 @@ A Drafter drafts for the rows of one batch, in the order the loop lists them:
 A model-free method (n-gram, suffix: a lookup per row, no forward to share) writes a RowDrafter
 (propose(request) -> Proposal, rollback(valid_length, hidden_states=None), forwards) and batches
 it with PerRowDrafter; a method with a model batches its rows itself, one forward serving them
-all (draft_model.DraftModelDrafter, head_drafter.HeadDrafter, medusa.MedusaDrafter). A Proposal may hold fewer than k drafts (none: nothing to propose this step).
+all (draft_model.DraftModelDrafter, head_drafter.HeadDrafter, medusa.MedusaDrafter). A
+Proposal may hold fewer than k drafts (none: nothing to propose this step).
 """
 
 from __future__ import annotations
