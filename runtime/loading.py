@@ -114,7 +114,6 @@ def load_verified_model(path: Path, expected, torch_dtype):
     registered with pickle weights (no safetensors): pytorch_model.bin, else the shards
     pytorch_model.bin.index.json names, each read with weights_only=True.
     """
-    from safetensors.torch import load as load_safetensors
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
@@ -148,7 +147,7 @@ def load_verified_model(path: Path, expected, torch_dtype):
             raise ModelReferenceError(f"{path}: weight file {name!r} is not one the fingerprint covers; not loading it")
         # a pickle file is in the fingerprint only when it was registered with --allow-pickle
         data = read_verified(path / name, expected.weight_files[name], f"weight file {name}")
-        state_dict.update(load_safetensors(data) if name.endswith(".safetensors")
+        state_dict.update(safetensors_tensors(data, path / name) if name.endswith(".safetensors")
                           else load_pickle_weights(data, path / name))
         del data
     model_type = config_dict.get("model_type")
@@ -159,6 +158,35 @@ def load_verified_model(path: Path, expected, torch_dtype):
     if model_class is None:
         raise ModelReferenceError(f"{config_path}: model_type {model_type!r} has no causal LM in transformers")
     return model_class.from_pretrained(None, config=config, state_dict=state_dict, dtype=torch_dtype)
+
+
+def safetensors_tensors(data: bytearray, path: Path) -> dict:
+    """A safetensors file's bytes, read and verified -> {name: tensor}, each a view of those bytes
+    (no copy: from_pretrained keeps the tensors it is given, so a model's weights are the buffer
+    read once). The header is checked as strictly as the safetensors library checks it
+    (fingerprint.read_safetensors_header); ModelReferenceError naming the file for a dtype torch
+    has no type for."""
+    import torch
+
+    from specreg.core.fingerprint import SAFETENSORS_DTYPE_NAMES, read_safetensors_header
+
+    header = read_safetensors_header(path, data=data)
+    base = 8 + int.from_bytes(data[:8], "little")
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = getattr(torch, SAFETENSORS_DTYPE_NAMES.get(info["dtype"], ""), None)
+        if not isinstance(dtype, torch.dtype):
+            raise ModelReferenceError(f"{path}: tensor {name}: dtype {info['dtype']} has no torch type to load it as")
+        start, end = info["data_offsets"]
+        if start == end:
+            tensors[name] = torch.empty(info["shape"], dtype=dtype)
+            continue
+        tensor = torch.frombuffer(data, dtype=dtype, count=(end - start) // dtype.itemsize, offset=base + start)
+        # a tensor after one of an odd size may start off its type's alignment: a copy is aligned
+        tensors[name] = (tensor if (base + start) % dtype.itemsize == 0 else tensor.clone()).view(info["shape"])
+    return tensors
 
 
 def load_pickle_weights(source: bytes | Path, where: Path) -> dict:
@@ -172,7 +200,7 @@ def load_pickle_weights(source: bytes | Path, where: Path) -> dict:
     import torch
 
     try:
-        if isinstance(source, bytes):
+        if isinstance(source, (bytes, bytearray)):
             state = torch.load(io.BytesIO(source), map_location="cpu", weights_only=True)
         else:
             state = torch.load(source, map_location="cpu", weights_only=True, mmap=True)

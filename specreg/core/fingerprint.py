@@ -103,12 +103,19 @@ def remember_digest(before: os.stat_result, after: os.stat_result, digest: str) 
         _DIGESTS[identity] = digest
 
 
-def read_digested(path: Path) -> tuple[bytes, str]:
-    """A file's bytes, read once, and their sha256: remembered from this process's earlier read
-    when the file's identity is unchanged, else computed from the bytes read."""
+def read_digested(path: Path) -> tuple[bytearray, str]:
+    """A file's bytes, read once into a buffer of their own (tensors can be built over it without
+    a copy: runtime/loading.safetensors_tensors), and their sha256: remembered from this process's
+    earlier read when the file's identity is unchanged, else computed from the bytes read."""
     with open(path, "rb") as handle:
         before = os.fstat(handle.fileno())
-        data = handle.read()
+        data = bytearray(before.st_size)
+        filled = 0
+        while filled < len(data) and (count := handle.readinto(memoryview(data)[filled:])):
+            filled += count
+        if filled < len(data):  # the file shrank while read: its identity below says it changed
+            del data[filled:]
+        data += handle.read()  # or grew
         after = os.fstat(handle.fileno())
     known = _DIGESTS.get(file_identity(after)) if file_identity(before) == file_identity(after) else None
     if known is not None:
@@ -184,8 +191,9 @@ def resolve_reference(reference: str) -> tuple[Path, str | None]:
 
 # --- safetensors headers ------------------------------------------------------------------
 
-def read_safetensors_header(path: Path) -> dict[str, Any]:
-    """Parse and check a safetensors header: {tensor name: {dtype, shape, data_offsets}}.
+def read_safetensors_header(path: Path, data: bytes | bytearray | None = None) -> dict[str, Any]:
+    """Parse and check a safetensors header: {tensor name: {dtype, shape, data_offsets}}; data:
+    the file's bytes when already read (nothing is read again; messages still name path).
 
     As strict as the safetensors library's reader (safetensors/src/tensor.rs ``read_metadata``
     and ``Metadata::validate``), without loading a tensor: header length <= 100,000,000 and
@@ -195,17 +203,15 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
     bytes (no overflow past 64 bits); and the last one ends where the file ends.
     """
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as handle:
-            prefix = handle.read(8)
-            if len(prefix) < 8:
-                raise ValueError("file shorter than the 8-byte header length")
-            (header_len,) = struct.unpack("<Q", prefix)
-            if header_len > size - 8:
-                raise ValueError(f"header length {header_len} exceeds the file")
-            if header_len > MAX_HEADER_BYTES:
-                raise ValueError(f"header length {header_len} is over the library's limit of {MAX_HEADER_BYTES}")
-            raw = handle.read(header_len)
+        if data is None:
+            size = path.stat().st_size
+            with open(path, "rb") as handle:
+                header_len = safetensors_header_length(handle.read(8), size)
+                raw = handle.read(header_len)
+        else:
+            size = len(data)
+            header_len = safetensors_header_length(bytes(data[:8]), size)
+            raw = bytes(data[8:8 + header_len])
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
@@ -268,6 +274,19 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
     except ValueError as exc:
         raise ModelReferenceError(f"{path}: corrupt safetensors header ({_one_line(str(exc))})") from None
     return header
+
+
+def safetensors_header_length(prefix: bytes, size: int) -> int:
+    """A safetensors file's first 8 bytes and its size -> the header's length (ValueError when it
+    cannot be one)."""
+    if len(prefix) < 8:
+        raise ValueError("file shorter than the 8-byte header length")
+    (header_len,) = struct.unpack("<Q", prefix)
+    if header_len > size - 8:
+        raise ValueError(f"header length {header_len} exceeds the file")
+    if header_len > MAX_HEADER_BYTES:
+        raise ValueError(f"header length {header_len} is over the library's limit of {MAX_HEADER_BYTES}")
+    return header_len
 
 
 def _is_u64(value: Any) -> bool:
