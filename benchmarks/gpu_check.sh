@@ -7,7 +7,8 @@
 # pair (.demo/pair, built here by `specreg demo-pair .demo/pair --method eagle3|medusa|mtp`) so
 # nothing is trained there; it is built when absent. gpu_check.py decodes the golden set batched
 # (validate's default batch), then bench_batch.py measures tokens/s per batch size against batch 1
-# on the demo pair (BATCH_SIZES, default 1,2,4,8,16,32) and checks each batch token for token.
+# on the demo pair and the demo target's heads (BATCH_SIZES, default 1,2,4,8,16,32) and checks
+# each batch token for token.
 #
 #   bash benchmarks/gpu_check.sh [OUT_DIR]     # writes gpu_check.log, bench_runtime.log, bench_batch.log/.json
 set -euo pipefail
@@ -21,7 +22,7 @@ status=0
 python3 benchmarks/gpu_check.py --device cuda --dtype bfloat16 2>&1 | tee "$out/gpu_check.log" || status=1
 python3 benchmarks/bench_runtime.py --device cuda --dtype bfloat16 --repeats 2 --threads 0 2>&1 \
   | tee "$out/bench_runtime.log" || status=1
-python3 benchmarks/bench_batch.py --pairs demo --device cuda --dtype bfloat16 --threads 0 \
+python3 benchmarks/bench_batch.py --pairs demo,demo-eagle3,demo-eagle3-tree,demo-mtp,demo-medusa --device cuda --dtype bfloat16 --threads 0 \
   --batch-sizes "${BATCH_SIZES:-1,2,4,8,16,32}" --prompts 32 --max-new-tokens 64 --json "$out/bench_batch.json" 2>&1 \
   | tee "$out/bench_batch.log" || status=1
 exit $status

@@ -171,9 +171,8 @@ def read_mtp_tensors(spec, expected=None) -> dict:
     ModelFingerprint): each file holding them is read once, checked against its recorded digest
     and parsed from those bytes (a file swapped since registration is never used)."""
     from safetensors import safe_open
-    from safetensors.torch import load as load_safetensors
 
-    from specreg.runtime.loading import read_verified
+    from specreg.runtime.loading import read_verified, safetensors_tensors
 
     directory = Path(spec.path)
     tensors = {}
@@ -181,8 +180,10 @@ def read_mtp_tensors(spec, expected=None) -> dict:
         names = [t.name for t in spec.tensors if t.file == file]
         if expected is not None:
             digest = (expected.weight_files or {}).get(file)
-            loaded = load_safetensors(read_verified(directory / file, digest, f"weight file {file}"))
-            tensors.update({name: loaded[name] for name in names})
+            path = directory / file
+            loaded = safetensors_tensors(read_verified(path, digest, f"weight file {file}"), path)
+            # copies: views would keep the whole file's buffer (the target's weights too) alive
+            tensors.update({name: loaded[name].clone() for name in names})
         else:
             with safe_open(directory / file, framework="pt") as handle:
                 tensors.update({name: handle.get_tensor(name) for name in names})
