@@ -12,10 +12,11 @@ accepted drafts are re-seeded from the target's states, as EAGLE and vLLM's MTP 
 
 HeadDrafter is the Drafter (methods/base.py) of both methods: one head forward per draft
 position or tree depth serves every row of the batch. A head provides: hidden_state_ids (what
-the decode loop asks the target for), config (its cache's), position_shift (EAGLE-3 puts the entry of token x_j at position j, vLLM's MTP at
-j - 1), seed_input(states) (the target's states -> the head's input), recycle(output),
-draft_logits(output) and __call__(input_ids, hidden, cache, start_position, attention_mask=None,
-position_ids=None) -> its pre-norm outputs, for rows # [b, n] at positions # [b, n].
+the decode loop asks the target for), config (its cache's), position_shift (EAGLE-3 puts the
+entry of token x_j at position j, vLLM's MTP at j - 1), seed_input(states) (the target's states
+-> the head's input), recycle(output), draft_logits(output) and __call__(input_ids, hidden,
+cache, start_position, attention_mask=None, position_ids=None) -> its pre-norm outputs, for
+rows # [b, n] at positions # [b, n].
 
 This module imports torch at import time: import it lazily.
 """
@@ -192,17 +193,18 @@ class HeadDrafter:
                     draft_ids[r].append(token)
                     if probs is not None:
                         draft_probs[r].append(probs)
-            query_valid = torch.tensor([[index + 1 < k] for k in ks], dtype=torch.bool, device=device)  # [b, 1]
-            if not bool(query_valid.any()):
+            going = [index + 1 < k for k in ks]  # the rows that feed this draft back for the next
+            if not any(going):
                 break
-            input_ids = torch.stack([draft_ids[r][-1] if query_valid[r, 0] else torch.zeros(1, dtype=torch.long, device=device)
+            query_valid = torch.tensor(going, dtype=torch.bool, device=device).view(-1, 1)  # [b, 1]
+            input_ids = torch.stack([draft_ids[r][-1] if going[r] else torch.zeros(1, dtype=torch.long, device=device)
                                      for r in range(len(ks))])  # [b, 1]
             mask, position_ids = self.cache.attention(query_valid, torch.zeros_like(input_ids), dtype=output.dtype)
             output = self.head(input_ids, self.head.recycle(output), self.cache.cache, 0, attention_mask=mask,
                                position_ids=self.positions(position_ids))  # [b, 1, H]
             self.cache.keep(query_valid)
             for r in draft_ids:
-                self.last_forwards[r] += int(query_valid[r, 0])
+                self.last_forwards[r] += int(going[r])
         return {r: (torch.cat(ids), torch.cat(draft_probs[r]) if draft_probs[r] else None)
                 for r, ids in draft_ids.items()}
 
@@ -302,13 +304,9 @@ class HeadDrafter:
 
     def extend(self, other: "HeadDrafter") -> None:
         """Append other's rows (and their head cache: a drafter that has not drafted yet has none)."""
-        if self.cache is not None or other.cache is not None:
-            from specreg.runtime.row_cache import RowCache
+        from specreg.runtime.row_cache import joined
 
-            device = (self.cache or other.cache).valid.device
-            mine = self.cache or RowCache(self.head.config, len(self.rows), device)
-            mine.extend(other.cache or RowCache(self.head.config, len(other.rows), device))
-            self.cache = mine
+        self.cache = joined(self.cache, other.cache, self.head.config, len(self.rows), len(other.rows))
         self.rows += other.rows
         self.seeded += other.seeded
         self.features += other.features

@@ -145,6 +145,18 @@ class RowCache:
         self.valid = self.valid.gather(1, order)
 
 
+def joined(first: "RowCache | None", second: "RowCache | None", config, first_rows: int,
+           second_rows: int) -> "RowCache | None":
+    """Two drafters' caches as one, second's rows after first's (RowCache.extend); a side that never
+    ran a forward has none and joins as rows of no columns; None when neither has one."""
+    if first is None and second is None:
+        return None
+    device = (first or second).valid.device
+    first = first or RowCache(config, first_rows, device)
+    first.extend(second or RowCache(config, second_rows, device))
+    return first
+
+
 def left_pad(tensor, columns: int, dim: int = 2):
     """tensor widened to `columns` along dim with zeros (False: invalid columns) on the left."""
     missing = columns - tensor.shape[dim]

@@ -118,13 +118,9 @@ class DraftModelDrafter:
 
     def extend(self, other: "DraftModelDrafter") -> None:
         """Append other's rows (and their draft cache: a drafter that has not drafted yet has none)."""
-        if self.cache is not None or other.cache is not None:
-            from specreg.runtime.row_cache import RowCache
+        from specreg.runtime.row_cache import joined
 
-            device = (self.cache or other.cache).valid.device
-            mine = self.cache or RowCache(self.model.config, len(self.rows), device)
-            mine.extend(other.cache or RowCache(self.model.config, len(other.rows), device))
-            self.cache = mine
+        self.cache = joined(self.cache, other.cache, self.model.config, len(self.rows), len(other.rows))
         self.rows += other.rows
         self.cached_lengths += other.cached_lengths
         self.last_forwards += other.last_forwards
