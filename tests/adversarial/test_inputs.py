@@ -147,14 +147,20 @@ def test_index_naming_a_file_outside_the_folder_is_refused(tiny_models, tmp_path
 
 
 def test_transformers_follows_the_index_outside_the_folder(tiny_models, tmp_path):
-    """Why item 1 matters: transformers loads what the index names, even ../ outside the folder."""
-    from transformers.utils.hub import get_checkpoint_shard_files
+    """Why item 1 matters: the transformers releasing before its own shard-name check
+    (transformers.utils.hub._check_shard_filenames_stay_in_model_dir) load what the index names,
+    even ../ outside the folder; the releases with it refuse, as the registry does for all."""
+    from transformers.utils import hub
 
     path = sharded_model(tiny_models, tmp_path)
     edit_json(path / "model.safetensors.index.json",
               lambda d: d["weight_map"].update({k: "../elsewhere/x.safetensors" for k in list(d["weight_map"])[:1]}))
-    files, _ = get_checkpoint_shard_files(str(path), str(path / "model.safetensors.index.json"))
-    assert os.path.join(str(path), "../elsewhere/x.safetensors") in files
+    if hasattr(hub, "_check_shard_filenames_stay_in_model_dir"):
+        with pytest.raises(ValueError, match="points outside the model directory: ../elsewhere/x.safetensors"):
+            hub.get_checkpoint_shard_files(str(path), str(path / "model.safetensors.index.json"))
+    else:
+        files, _ = hub.get_checkpoint_shard_files(str(path), str(path / "model.safetensors.index.json"))
+        assert os.path.join(str(path), "../elsewhere/x.safetensors") in files
 
 
 def test_index_naming_a_symlink_out_is_refused(tiny_models, tmp_path):
