@@ -106,17 +106,38 @@ def read_verified(path: Path, digest: str | None, what: str) -> bytes:
 
 
 def load_verified_model(path: Path, expected, torch_dtype):
-    """Build the model from config and safetensors bytes checked against ``expected``.
-
-    The files read are those transformers' from_pretrained would read
-    (modeling_utils._get_resolved_checkpoint_files): config.json's ``transformers_weights``,
-    else model.safetensors, else the shards model.safetensors.index.json names; for a model
-    registered with pickle weights (no safetensors): pytorch_model.bin, else the shards
-    pytorch_model.bin.index.json names, each read with weights_only=True.
-    """
+    """Build the model from config and safetensors bytes checked against ``expected``, reading the
+    weight files weight_names gives."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
+    config_path = path / "config.json"
+    config_dict, names = weight_names(path, expected)
+    state_dict = {}
+    for name in names:
+        # a pickle file is in the fingerprint only when it was registered with --allow-pickle
+        data = read_verified(path / name, expected.weight_files[name], f"weight file {name}")
+        state_dict.update(safetensors_tensors(data, path / name) if name.endswith(".safetensors")
+                          else load_pickle_weights(data, path / name))
+        del data
+    model_type = config_dict.get("model_type")
+    if model_type not in CONFIG_MAPPING:
+        raise ModelReferenceError(f"{config_path}: unknown model_type {model_type!r}")
+    config = CONFIG_MAPPING[model_type].from_dict(config_dict)
+    model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
+    if model_class is None:
+        raise ModelReferenceError(f"{config_path}: model_type {model_type!r} has no causal LM in transformers")
+    return model_class.from_pretrained(None, config=config, state_dict=state_dict, dtype=torch_dtype)
+
+
+def weight_names(path: Path, expected) -> tuple[dict, list[str]]:
+    """A model directory's config.json, checked against its fingerprint ``expected``, and the weight
+    files to build it from: those transformers' from_pretrained would read
+    (modeling_utils._get_resolved_checkpoint_files): config.json's ``transformers_weights``,
+    else model.safetensors, else the shards model.safetensors.index.json names; for a model
+    registered with pickle weights (no safetensors): pytorch_model.bin, else the shards
+    pytorch_model.bin.index.json names. ModelReferenceError for a changed config or index, or a
+    file the fingerprint does not cover."""
     from specreg.core.fingerprint import config_sha256, read_json_file
 
     config_path = path / "config.json"
@@ -141,29 +162,16 @@ def load_verified_model(path: Path, expected, torch_dtype):
             raise ModelReferenceError(f"{path / index_name}: {index_name} changed since the model was fingerprinted; "
                                       "not loading it")
         names = list(dict.fromkeys((index.get("weight_map") or {}).values()))
-    state_dict = {}
     for name in names:
         if not isinstance(name, str) or name not in expected.weight_files:
             raise ModelReferenceError(f"{path}: weight file {name!r} is not one the fingerprint covers; not loading it")
-        # a pickle file is in the fingerprint only when it was registered with --allow-pickle
-        data = read_verified(path / name, expected.weight_files[name], f"weight file {name}")
-        state_dict.update(safetensors_tensors(data, path / name) if name.endswith(".safetensors")
-                          else load_pickle_weights(data, path / name))
-        del data
-    model_type = config_dict.get("model_type")
-    if model_type not in CONFIG_MAPPING:
-        raise ModelReferenceError(f"{config_path}: unknown model_type {model_type!r}")
-    config = CONFIG_MAPPING[model_type].from_dict(config_dict)
-    model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
-    if model_class is None:
-        raise ModelReferenceError(f"{config_path}: model_type {model_type!r} has no causal LM in transformers")
-    return model_class.from_pretrained(None, config=config, state_dict=state_dict, dtype=torch_dtype)
+    return config_dict, names
 
 
-def safetensors_tensors(data: bytearray, path: Path) -> dict:
-    """A safetensors file's bytes, read and verified -> {name: tensor}, each a view of those bytes
-    (no copy: from_pretrained keeps the tensors it is given, so a model's weights are the buffer
-    read once). The header is checked as strictly as the safetensors library checks it
+def safetensors_tensors(data, path: Path) -> dict:
+    """A safetensors file's bytes (a writable buffer), read and verified -> {name: tensor}, each a
+    view of those bytes (no copy: from_pretrained keeps the tensors it is given, so a model's
+    weights are the buffer read once). The header is checked as strictly as the safetensors library checks it
     (fingerprint.read_safetensors_header); ModelReferenceError naming the file for a dtype torch
     has no type for."""
     import torch
@@ -189,7 +197,7 @@ def safetensors_tensors(data: bytearray, path: Path) -> dict:
     return tensors
 
 
-def load_pickle_weights(source: bytes | Path, where: Path) -> dict:
+def load_pickle_weights(source, where: Path) -> dict:
     """A PyTorch pickle weight file -> {name: tensor}, read with torch.load(weights_only=True):
     torch's restricted unpickler rebuilds tensors and plain containers and refuses anything else
     (no code runs). source: the file's bytes (read and verified by the caller), or its path,
@@ -200,10 +208,10 @@ def load_pickle_weights(source: bytes | Path, where: Path) -> dict:
     import torch
 
     try:
-        if isinstance(source, (bytes, bytearray)):
-            state = torch.load(io.BytesIO(source), map_location="cpu", weights_only=True)
-        else:
+        if isinstance(source, Path):
             state = torch.load(source, map_location="cpu", weights_only=True, mmap=True)
+        else:
+            state = torch.load(io.BytesIO(source), map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - UnpicklingError, RuntimeError, EOFError ... for a bad file
         reason = " ".join(str(exc).split())[:200] or type(exc).__name__
         raise ModelReferenceError(f"{where}: cannot load with torch.load(weights_only=True): {reason}") from None

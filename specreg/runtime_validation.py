@@ -69,6 +69,18 @@ def validate_version(store: Store, version: PairVersion, golden, options, *, act
     SIGTERM the run is marked aborted and ValidationInterrupted propagates; on any other error
     it is marked error and the error propagates; the pair's state is unchanged in both cases.
     """
+    from specreg.core.fingerprint import read_ahead
+    from specreg.validators.suite import runtime_weight_files
+
+    # the weights are read and hashed on a thread of their own while torch and transformers import
+    # and the first checks run (they hold the GIL and one core; reading and hashing release it)
+    with read_ahead(runtime_weight_files(version, options)):
+        return run_validation(store, version, golden, options, actor=actor, progress=progress, hooks=hooks)
+
+
+def run_validation(store: Store, version: PairVersion, golden, options, *, actor: str,
+                   progress=None, hooks: dict | None = None) -> ValidationOutcome:
+    """validate_version's run, its weights being read ahead."""
     from specreg.golden_prompts.loader import check_vocabulary
     from specreg.runtime.loading import resolve_device
     from specreg.validators.suite import environment, run_suite

@@ -159,6 +159,15 @@ def run_suite(pair_version, golden, options: ValidationOptions, *, device: str,
     return result
 
 
+def runtime_weight_files(pair_version, options: ValidationOptions) -> list:
+    """The weight files the selected checks will load (context.weight_files), none when no runtime
+    check is selected: what a validation reads ahead (fingerprint.read_ahead)."""
+    from specreg.validators.context import weight_files
+
+    checks = suite_checks()
+    return weight_files(pair_version) if any(checks[name].runtime for name in options.selected) else []
+
+
 def run_check(check: Check, context: CheckContext) -> CheckResult:
     """One check's result: not run when the runtime cannot decode the pair (a runtime check),
     else its own, an exception inside it turned into its result (guarded)."""

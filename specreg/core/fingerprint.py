@@ -11,19 +11,25 @@ directory is ever run (the equivalent of ``trust_remote_code=False``).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import mmap
 import os
 import struct
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specreg.errors import ModelReferenceError
 from specreg.core.documents import depth_problem
 from specreg.core.files import read_bounded, read_text_bounded
 from specreg.core.types import ModelFingerprint, ModelRef
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 # A directory holds a tokenizer when it has one of these (tokenizer_config.json alone is not one).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spm.model")
@@ -67,6 +73,8 @@ def canonical_json(value: Any) -> bytes:
 
 
 def sha256_file(path: Path, chunk_size: int = 1 << 20) -> str:
+    if (known := read_ahead_digest(path)) is not None:
+        return known
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         before = os.fstat(handle.fileno())
@@ -103,26 +111,88 @@ def remember_digest(before: os.stat_result, after: os.stat_result, digest: str) 
         _DIGESTS[identity] = digest
 
 
-def read_digested(path: Path) -> tuple[bytearray, str]:
+def read_digested(path: Path) -> tuple[bytearray | mmap.mmap, str]:
     """A file's bytes, read once into a buffer of their own (tensors can be built over it without
     a copy: runtime/loading.safetensors_tensors), and their sha256: remembered from this process's
-    earlier read when the file's identity is unchanged, else computed from the bytes read."""
+    earlier read when the file's identity is unchanged, else computed from the bytes read. A file
+    read ahead (read_ahead) whose identity has not changed since is taken from there."""
+    ahead = _READ_AHEAD.pop(str(path), None)
+    if ahead is not None:
+        with contextlib.suppress(Exception):  # a read that failed or was cancelled: read it now
+            data, digest, identity = ahead.result()
+            with contextlib.suppress(OSError):
+                if file_identity(os.stat(path)) == identity:
+                    return data, digest
+    data, digest, _ = read_now(path)
+    return data, digest
+
+
+def read_now(path: Path) -> tuple[bytearray | mmap.mmap, str, tuple[int, ...]]:
+    """read_digested's read -> (bytes, sha256, the file's identity after the read). The buffer is an
+    anonymous mapping: a zero-filled bytearray would touch every page once more, holding the GIL
+    (0.4 s for 540 MB), where reading into fresh pages faults them in with the GIL released."""
     with open(path, "rb") as handle:
         before = os.fstat(handle.fileno())
-        data = bytearray(before.st_size)
-        filled = 0
-        while filled < len(data) and (count := handle.readinto(memoryview(data)[filled:])):
-            filled += count
-        if filled < len(data):  # the file shrank while read: its identity below says it changed
-            del data[filled:]
-        data += handle.read()  # or grew
+        data = mmap.mmap(-1, max(before.st_size, 1))
+        view, filled = memoryview(data), 0
+        try:
+            while filled < before.st_size and (count := handle.readinto(view[filled:before.st_size])):
+                filled += count
+        finally:
+            view.release()
+        rest = handle.read()
         after = os.fstat(handle.fileno())
+    if filled < before.st_size or rest or not before.st_size:  # shrank, grew or empty: its identity says so
+        data = bytearray(data[:filled]) + rest
     known = _DIGESTS.get(file_identity(after)) if file_identity(before) == file_identity(after) else None
-    if known is not None:
-        return data, known
-    digest = sha256_hex(data)
-    remember_digest(before, after, digest)
-    return data, digest
+    if known is None:
+        known = sha256_hex(data)
+        remember_digest(before, after, known)
+    return data, known, file_identity(after)
+
+
+# Files read ahead (read_ahead): path -> the future of read_now's result, taken by read_digested.
+_READ_AHEAD: dict[str, Future] = {}
+
+
+@contextlib.contextmanager
+def read_ahead(paths: Iterable[Path]) -> Iterator[None]:
+    """Read and hash ``paths`` on a thread of their own, in order, while the caller goes on: a
+    validation imports torch and transformers and checks tokenizers (work that holds one core and
+    the GIL) before it fingerprints and loads the weights, and reading and hashing release the GIL.
+    The integrity check's sha256_file then waits for the file's read instead of hashing it again,
+    and read_digested takes its bytes while the file's identity is unchanged. What was not taken is
+    dropped on leaving."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    names = [str(path) for path in dict.fromkeys(paths) if str(path) not in _READ_AHEAD]
+    if not names:
+        yield
+        return
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specreg-read-ahead")
+    try:
+        for name in names:
+            _READ_AHEAD[name] = executor.submit(read_now, Path(name))
+        yield
+    finally:
+        for name in names:
+            if (future := _READ_AHEAD.pop(name, None)) is not None:
+                future.cancel()
+        executor.shutdown(wait=True, cancel_futures=True)
+
+
+def read_ahead_digest(path: Path) -> str | None:
+    """The sha256 of a file being read ahead, once read, when it is remembered for the file's
+    identity now (remember_digest's rules); None when the file is not read ahead."""
+    ahead = _READ_AHEAD.get(str(path))
+    if ahead is None:
+        return None
+    with contextlib.suppress(Exception):
+        ahead.result()
+    try:
+        return _DIGESTS.get(file_identity(os.stat(path)))
+    except OSError:
+        return None
 
 
 def read_json_file(path: Path, data: bytes | None = None) -> dict[str, Any]:

@@ -151,7 +151,8 @@ def test_a_settled_file_is_hashed_once_until_its_identity_changes(tmp_path, monk
     monkeypatch.setattr(time, "time_ns", lambda: later() + 10 * fingerprint.RACY_NS)
     digest = fingerprint.sha256_file(path)
     hashed.clear()
-    assert fingerprint.read_digested(path) == (b"a" * 4096, digest) and hashed == []
+    data, known = fingerprint.read_digested(path)
+    assert (bytes(data), known) == (b"a" * 4096, digest) and hashed == []
     time.sleep(0.05)  # past the filesystem's timestamp tick
     with open(path, "r+b") as handle:  # same size, same inode, new bytes
         handle.write(b"b")
@@ -161,3 +162,51 @@ def test_a_settled_file_is_hashed_once_until_its_identity_changes(tmp_path, monk
     other.write_bytes(b"a" * 4096)
     os.replace(other, path)  # the old bytes back, under a new inode
     assert fingerprint.read_digested(path)[1] == digest and hashed == [4096, 4096]
+
+
+def test_files_read_ahead_are_hashed_and_read_once(tmp_path, monkeypatch):
+    """A validation reads its weights ahead on a thread (fingerprint.read_ahead): the integrity
+    check's hash waits for that read instead of hashing again, the load takes its bytes, and a
+    file replaced since is read anew; what was not taken is dropped on leaving."""
+    import hashlib
+    import os
+    import threading
+    import time
+
+    from specreg.core import fingerprint
+
+    monkeypatch.setattr(fingerprint, "_DIGESTS", {})
+    hashed, threads = [], []
+    real_hex = fingerprint.sha256_hex
+
+    def counting(data):
+        hashed.append(len(data))
+        threads.append(threading.current_thread().name)
+        return real_hex(data)
+
+    monkeypatch.setattr(fingerprint, "sha256_hex", counting)
+    first, second, missing, unused = (tmp_path / name for name in ("a.safetensors", "b.safetensors", "gone", "c"))
+    first.write_bytes(b"a" * 5000)
+    second.write_bytes(b"b" * 3000)
+    unused.write_bytes(b"c" * 10)
+    later = time.time_ns
+    monkeypatch.setattr(time, "time_ns", lambda: later() + 10 * fingerprint.RACY_NS)  # settled files
+    with fingerprint.read_ahead([first, second, missing, unused]):
+        assert fingerprint.sha256_file(first) == hashlib.sha256(b"a" * 5000).hexdigest()
+        data, digest = fingerprint.read_digested(first)
+        assert bytes(data) == b"a" * 5000 and digest == hashlib.sha256(b"a" * 5000).hexdigest()
+        replacement = tmp_path / "new"
+        replacement.write_bytes(b"B" * 3000)
+        fingerprint.sha256_file(unused)  # waits for the read ahead of all four (one thread, in order)
+        os.replace(replacement, second)
+        data, digest = fingerprint.read_digested(second)
+        assert bytes(data) == b"B" * 3000 and digest == hashlib.sha256(b"B" * 3000).hexdigest()
+        with pytest.raises(FileNotFoundError):
+            fingerprint.read_digested(missing)
+    # a, b and c hashed once each on the read-ahead thread; the replaced b once more, here
+    assert hashed == [5000, 3000, 10, 3000]
+    assert threads[:3] == ["specreg-read-ahead_0"] * 3 and threads[3] == threading.current_thread().name
+    assert fingerprint._READ_AHEAD == {}
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    assert fingerprint.read_digested(empty) == (bytearray(), hashlib.sha256(b"").hexdigest())
