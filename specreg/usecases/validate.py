@@ -5,6 +5,7 @@ results and acceptance baselines, and move the version to validated or failed
 from __future__ import annotations
 
 from specreg.errors import SpecregError, UsageError
+from specreg.usecases import mirror
 from specreg.usecases.inputs import check_range
 from specreg.validators.equivalence import DEFAULT_BATCH_SIZE
 
@@ -44,10 +45,16 @@ def validate(registry, ref, *, golden: str | None = None, device: str = "auto", 
                                  distribution_samples=distribution_samples, seed=seed, runtime_batch=runtime_batch)
     version = registry.get(ref)
     golden_set = load_golden_set(chosen["golden_set"])
-    outcome = validate_version(registry.store, version, golden_set, options, actor=registry.user,
-                               progress=progress, hooks=hooks)
+    helper = mirror.start_helper(registry)  # opens MLflow while the checks run
+    try:
+        outcome = validate_version(registry.store, version, golden_set, options, actor=registry.user,
+                                   progress=progress, hooks=hooks)
+    except BaseException:
+        if helper is not None:
+            helper.cancel()
+        raise
     registry.warnings += low_baseline_warnings(registry, outcome.run)
-    registry.mirror(version.label)
+    mirror.mirror(registry, version.label, helper)
     return outcome
 
 
