@@ -153,12 +153,12 @@ def measure_step_time(model, prompt_ids, steps: int = 16, repeats: int = 3, widt
 
 
 # each timing of measure_cost_ratio covers at least this long of target steps (up to MAX_TIMED_STEPS):
-# a few steps of a real model, dozens of a tiny one whose steps take a millisecond
+# one or two steps of a real model, dozens of a tiny one whose steps take a millisecond
 TIMING_WINDOW_S = 0.1
 MAX_TIMED_STEPS = 64
 
 
-def measure_cost_ratio(target, draft, prompt_ids, steps: int = 4, repeats: int = 5) -> float:
+def measure_cost_ratio(target, draft, prompt_ids, steps: int = 1, repeats: int = 5) -> float:
     """c = draft step time / target step time, measured on this machine.
 
     Each repeat times the draft and the target back to back and the median of the per-repeat
@@ -166,11 +166,12 @@ def measure_cost_ratio(target, draft, prompt_ids, steps: int = 4, repeats: int =
     result (timing all draft steps first and all target steps later gave c = 0.94 for a pair
     whose true c is 0.1 on a busy machine). Three repeats that agree within 5% end it
     (median_ratio). Each model's prompt is prefilled once (step_timer). steps: the fewest steps
-    a timing runs; more when the target's steps are quick (TIMING_WINDOW_S).
+    a timing runs; more when the target's steps are quick (TIMING_WINDOW_S). The models have
+    decoded before (validate times them after the golden set): one step of each warms them up.
     """
     draft_steps, target_steps = step_timer(draft, prompt_ids), step_timer(target, prompt_ids)
-    draft_steps(2)  # warm-up both
-    target_step = target_steps(2)
+    draft_steps(1)  # warm-up both
+    target_step = target_steps(1)
     steps = max(steps, min(MAX_TIMED_STEPS, math.ceil(TIMING_WINDOW_S / max(target_step, 1e-6))))
     return median_ratio(lambda: draft_steps(steps), lambda: target_steps(steps), repeats)
 

@@ -176,11 +176,13 @@ def warm_up(pair, item: tuple, settings, *, seed: int, hooks: dict) -> None:
     from specreg.runtime.decode import generate_batch
 
     record, ids = item
-    short = dataclasses.replace(decode_config(record, settings, greedy=True, seed=seed),
-                                max_new_tokens=min(4, record.max_new_tokens))
+    config = decode_config(record, settings, greedy=True, seed=seed)
     start = list(ids)[:WARM_UP_PROMPT_TOKENS]
-    generate_batch(pair, [start], short, speculate=False)
-    generate_batch(pair, [start], short, **hooks)
+    # target-only: the prefill and one cached step, every shape its decode runs; speculative: the
+    # prefill, then one drafting step and its verification
+    generate_batch(pair, [start], dataclasses.replace(config, max_new_tokens=min(2, record.max_new_tokens)),
+                   speculate=False)
+    generate_batch(pair, [start], dataclasses.replace(config, max_new_tokens=min(4, record.max_new_tokens)), **hooks)
 
 
 def plain_next_token_logits(pair, token_ids: list[int]):
