@@ -1,5 +1,5 @@
 """`python -m specreg.cli`: the same as the `specreg` command."""
 
-from specreg.cli import main
+from specreg.cli import run
 
-main()
+run()

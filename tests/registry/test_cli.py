@@ -107,3 +107,18 @@ def test_light_commands_import_no_heavy_library(args, tmp_path, tiny_models):
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "HEAVY []" in result.stdout
+
+
+def test_the_process_entry_exits_with_the_collector_frozen(tmp_path):
+    """`specreg` (specreg.cli.run) ends with gc.freeze, so the interpreter's exit does not walk
+    torch's and transformers' objects; the exit code and the atexit handlers stay as they were."""
+    probe = (
+        "import atexit, gc, sys\n"
+        "atexit.register(lambda: print('FROZEN', gc.get_freeze_count() > 0, flush=True))\n"
+        "from specreg.cli import run\n"
+        f"sys.argv = ['specreg', 'show', 'nope@1', '--db', 'sqlite:///{tmp_path / 'r.db'}']\n"
+        "run()\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "FROZEN True" in result.stdout, (result.returncode, result.stderr)
+    assert result.stderr.startswith("specreg: error:") and "Traceback" not in result.stderr
