@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from pathlib import Path
 from typing import Any, Callable
 
 from specreg.core.types import ERROR, FAIL, SKIP, CheckResult
@@ -184,26 +183,6 @@ class EngineCheckContext:
     near_tie_tolerance: float = 0.0
     top_of: Callable[[dict[str, Any], int], list[tuple[int, float]] | None] | None = None
     our_margin: Callable[[list[int], list[int]], dict] | None = None
-
-
-def weight_files(pair_version) -> list[Path]:
-    """The weight files the runtime loads for a pair version, in the order it loads them: the
-    target's, then a draft model's (a head's are small and read by the head's own loader); none of
-    a model whose files cannot be listed (loading will say why)."""
-    from specreg.core.methods import method_descriptor
-    from specreg.errors import SpecregError
-    from specreg.runtime.loading import weight_names
-
-    models = [pair_version.target]
-    if pair_version.draft is not None and not method_descriptor(pair_version.config.method.value).has_head:
-        models.append(pair_version.draft)
-    files = []
-    for model in models:
-        try:
-            files += [Path(model.path) / name for name in weight_names(Path(model.path), model.fingerprint)[1]]
-        except (SpecregError, OSError):
-            continue
-    return files
 
 
 def runtime_stopped(exc: Exception) -> ChecksStopped:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import platform
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from specreg.errors import UsageError
@@ -159,13 +160,28 @@ def run_suite(pair_version, golden, options: ValidationOptions, *, device: str,
     return result
 
 
-def runtime_weight_files(pair_version, options: ValidationOptions) -> list:
-    """The weight files the selected checks will load (context.weight_files), none when no runtime
-    check is selected: what a validation reads ahead (fingerprint.read_ahead)."""
-    from specreg.validators.context import weight_files
+def runtime_weight_files(pair_version, options: ValidationOptions) -> list[Path]:
+    """The weight files the selected checks will load, in the order the runtime loads them: the
+    target's, then a draft model's (a head's are small and read by the head's own loader); none
+    when no runtime check is selected, nor of a model whose files cannot be listed (loading will
+    say why). What a validation reads ahead (fingerprint.read_ahead)."""
+    from specreg.core.methods import method_descriptor
+    from specreg.errors import SpecregError
+    from specreg.runtime.loading import weight_names
 
     checks = suite_checks()
-    return weight_files(pair_version) if any(checks[name].runtime for name in options.selected) else []
+    if not any(checks[name].runtime for name in options.selected):
+        return []
+    models = [pair_version.target]
+    if pair_version.draft is not None and not method_descriptor(pair_version.config.method.value).has_head:
+        models.append(pair_version.draft)
+    files = []
+    for model in models:
+        try:
+            files += [Path(model.path) / name for name in weight_names(Path(model.path), model.fingerprint)[1]]
+        except (SpecregError, OSError):
+            continue
+    return files
 
 
 def run_check(check: Check, context: CheckContext) -> CheckResult:
