@@ -171,9 +171,9 @@ def weight_names(path: Path, expected) -> tuple[dict, list[str]]:
 def safetensors_tensors(data, path: Path) -> dict:
     """A safetensors file's bytes (a writable buffer), read and verified -> {name: tensor}, each a
     view of those bytes (no copy: from_pretrained keeps the tensors it is given, so a model's
-    weights are the buffer read once). The header is checked as strictly as the safetensors library checks it
-    (fingerprint.read_safetensors_header); ModelReferenceError naming the file for a dtype torch
-    has no type for."""
+    weights are the buffer read once). The header is checked as strictly as the safetensors
+    library checks it (fingerprint.read_safetensors_header); ModelReferenceError naming the file
+    for a dtype torch has no type for."""
     import torch
 
     from specreg.core.fingerprint import SAFETENSORS_DTYPE_NAMES, read_safetensors_header

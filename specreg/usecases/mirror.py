@@ -112,4 +112,3 @@ def start_helper(registry, command: list[str] | None = None) -> MirrorHelper | N
         return MirrorHelper(command or [sys.executable, "-m", "specreg.cli.mirror_helper", registry.mlflow_uri or ""])
     except OSError:
         return None
-
