@@ -13,33 +13,48 @@ from specreg.runtime.sampling import sample
 
 
 def rejection_sample(draft_probs, target_probs, draft_token_ids, uniforms, generator=None):
-    """Sampling branch.
+    """Sampling branch, for one decoding step or for n independent steps at once.
 
-    draft_probs      # [k, vocab]    q_i, after temperature/top-k/top-p
-    target_probs     # [k+1, vocab]  p_i, same processing; row k is the bonus distribution
-    draft_token_ids  # [k]           x_i, drawn from q_i
-    uniforms         # [k]           u_i ~ U[0, 1), one per draft token
-    Returns (num_accepted, emitted # [num_accepted + 1]): the accepted drafts then the
-    recovered or bonus token.
+    draft_probs      # [k, vocab] or [n, k, vocab]      q_i, after temperature/top-k/top-p
+    target_probs     # [k+1, vocab] or [n, k+1, vocab]  p_i, same processing; row k is the bonus distribution
+    draft_token_ids  # [k] or [n, k]                    x_i, drawn from q_i
+    uniforms         # [k] or [n, k]                    u_i ~ U[0, 1), one per draft token
+    One step returns (num_accepted, emitted # [num_accepted + 1]): the accepted drafts then the
+    recovered or bonus token. n steps (their laws given once for all, or one set per step) return
+    (num_accepted # [n], emitted # [n, k+1], -1 after each step's num_accepted + 1 tokens), each
+    step's recovered or bonus token drawn from ``generator`` in step order: the same tokens as n
+    one-step calls in a row. One step is n = 1, so the decode loop and the distribution check,
+    which draws thousands of steps at a prefix, run the same code.
     """
     import torch
 
-    k = draft_token_ids.shape[0]
-    positions = torch.arange(k, device=draft_token_ids.device)
-    p = target_probs[positions, draft_token_ids]  # [k]
-    q = draft_probs[positions, draft_token_ids]  # [k]
+    if draft_token_ids.dim() == 1:
+        counts, emitted = rejection_sample(draft_probs, target_probs, draft_token_ids.view(1, -1),
+                                           uniforms.view(1, -1), generator)
+        num_accepted = int(counts[0])
+        return num_accepted, emitted[0, :num_accepted + 1]
+    n, k = draft_token_ids.shape
+    q_all = draft_probs.expand(n, *draft_probs.shape[-2:])  # [n, k, vocab]
+    p_all = target_probs.expand(n, *target_probs.shape[-2:])  # [n, k+1, vocab]
+    ids = draft_token_ids.unsqueeze(-1)  # [n, k, 1]
+    p = p_all[:, :k].gather(-1, ids).squeeze(-1)  # [n, k]
+    q = q_all.gather(-1, ids).squeeze(-1)  # [n, k]
     # u < p/q written without division; q == 0 means the draft could not have proposed x: reject
     accepted = (q > 0) & (uniforms * q < p)
-    num_accepted = int(accepted.to(torch.int64).cumprod(0).sum())
-    if num_accepted < k:
-        residual = (target_probs[num_accepted] - draft_probs[num_accepted]).clamp_min(0)
-        total = residual.sum()
+    num_accepted = accepted.to(torch.int64).cumprod(-1).sum(-1)  # [n]
+    steps = torch.arange(n, device=draft_token_ids.device)
+    law = p_all[steps, num_accepted]  # [n, vocab]: p at the first rejection, or the bonus law
+    if k > 0:
+        residual = (law - q_all[steps, num_accepted.clamp_max(k - 1)]).clamp_min(0)  # [n, vocab]
+        total = residual.sum(-1, keepdim=True)  # [n, 1]
         # residual == 0 only if p <= q everywhere, i.e. p == q: then p itself is the right law
-        distribution = residual / total if total > 0 else target_probs[num_accepted]
-    else:
-        distribution = target_probs[k]
-    next_token = sample(distribution.view(1, -1), generator)  # [1]
-    return num_accepted, torch.cat([draft_token_ids[:num_accepted], next_token])
+        recover = (num_accepted < k).view(-1, 1) & (total > 0)
+        law = torch.where(recover, residual / total.where(recover, 1), law)
+    next_token = sample(law, generator)  # [n]
+    kept = torch.arange(k, device=steps.device) < num_accepted.view(-1, 1)  # [n, k]
+    emitted = torch.cat([draft_token_ids.where(kept, -1), torch.full_like(num_accepted, -1).view(-1, 1)], dim=-1)
+    emitted[steps, num_accepted] = next_token
+    return num_accepted, emitted
 
 
 def greedy_accept(draft_token_ids, target_token_ids):

@@ -13,7 +13,9 @@ every expected count is large enough for the chi-square approximation. A p-value
 ``alpha`` / number of tests fails, as does any emitted token whose target probability is 0.
 
 One step per draw (not whole generations) keeps this cheap enough for a CPU while each draw
-still exercises the full rule: acceptance test, recovery from norm(max(0, p - q)).
+still exercises the full rule: acceptance test, recovery from norm(max(0, p - q)). The draws go
+through the rule many at a time (its n-step form, the same code the decode loop runs on one step,
+drawing the same tokens as one call per draw would).
 
 q is the pair's own drafter at the prefix: the draft model's distribution; for a head (EAGLE-3,
 MTP) the head's distribution drafted from the target's hidden states of a prefill over the
@@ -37,6 +39,8 @@ PREFIX_OFFSETS = (0, 4, 8)  # tokens of the greedy continuation appended to the 
 MAX_RECORDS = 4
 MIN_TWO_SAMPLE_BIN = 10  # pooled count a+b per kept bin (expected 5 per side)
 MIN_EXPECTED = 5.0
+# draws per call of the acceptance rule x the laws' support: its float64 running sums stay near 32 MB
+DRAW_ELEMENTS = 1 << 22
 
 
 def chi2_sf(statistic: float, dof: int) -> float:
@@ -191,6 +195,8 @@ def sample_one_step(draft_probs, target_probs, samples: int, seed: int, acceptan
 
     draft_probs   # [vocab] q at the prefix
     target_probs  # [vocab] p at the prefix
+    acceptance_rule: called on many draws at once (rejection_sample's n-step form, in chunks of
+    at most DRAW_ELEMENTS laws' entries), in draw order, as the decode loop calls it on one step.
     Returns (speculative_tokens # [samples], target_only_tokens # [samples]).
     """
     import torch
@@ -199,13 +205,16 @@ def sample_one_step(draft_probs, target_probs, samples: int, seed: int, acceptan
     support_ids, (q, p) = on_support(draft_probs, target_probs)  # [s], [s], [s]
     draft_ids = torch.multinomial(q, samples, replacement=True, generator=generator)  # [samples] on the support
     uniforms = torch.rand(samples, generator=generator, device=target_probs.device)  # [samples]
-    q = q.view(1, -1)  # [k=1, s]
+    q = q.view(1, 1, -1)  # [1, k=1, s]: the same law for every draw
     # row 1 (the bonus distribution) only matters after the first token; any law will do there
-    p = torch.stack([p, p])  # [k+1=2, s]
+    p = torch.stack([p, p]).unsqueeze(0)  # [1, k+1=2, s]
+    chunk = max(1, DRAW_ELEMENTS // support_ids.shape[0])
     speculative = torch.empty(samples, dtype=torch.long)
-    for index in range(samples):
-        _, emitted = acceptance_rule(q, p, draft_ids[index:index + 1], uniforms[index:index + 1], generator)
-        speculative[index] = support_ids[emitted[0]]
+    for start in range(0, samples, chunk):
+        end = min(samples, start + chunk)
+        _, emitted = acceptance_rule(q, p, draft_ids[start:end].view(-1, 1), uniforms[start:end].view(-1, 1),
+                                     generator)  # emitted # [draws, 2]
+        speculative[start:end] = support_ids[emitted[:, 0]].cpu()
     target_generator = torch.Generator(device=target_probs.device).manual_seed(seed + 1)
     target_only = torch.multinomial(target_probs, samples, replacement=True, generator=target_generator)
     return speculative, target_only.cpu()

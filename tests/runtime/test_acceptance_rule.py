@@ -121,6 +121,37 @@ def test_seeded_runs_repeat_exactly():
     assert run_rule(draft_probs, target_probs, 300, seed=4) != run_rule(draft_probs, target_probs, 300, seed=5)
 
 
+@pytest.mark.parametrize("k", [0, 1, 3])
+@pytest.mark.parametrize("shared_laws", [True, False])
+def test_n_steps_at_once_emit_what_one_call_per_step_emits(k, shared_laws):
+    """The n-step form (the distribution check's) is n one-step calls (the decode loop's) in a
+    row: same counts, same tokens (recovered and bonus ones drawn in step order), -1 after each
+    step's tokens; with one set of laws for every step or one per step, p == q and disjoint
+    supports among them."""
+    n = 64
+    generator = torch.Generator().manual_seed(11)
+    draft_probs = torch.stack([random_distributions(k, seed=step) for step in range(n)])  # [n, k, vocab]
+    target_probs = torch.stack([random_distributions(k + 1, seed=100 + step) for step in range(n)])  # [n, k+1, vocab]
+    target_probs[::5, :k] = draft_probs[::5]  # p == q: everything accepted
+    draft_probs[1::7, :, :3], draft_probs[1::7, :, 3:] = 1.0 / 3, 0.0  # disjoint supports: nothing accepted
+    target_probs[1::7, :, :3] = 0.0
+    target_probs[1::7] /= target_probs[1::7].sum(-1, keepdim=True)
+    if shared_laws:  # one step's laws, neither equal nor disjoint
+        draft_probs, target_probs = draft_probs[2:3], target_probs[2:3]
+    laws = lambda step: (draft_probs[0 if shared_laws else step], target_probs[0 if shared_laws else step])
+    draft_ids = torch.stack([torch.multinomial(laws(step)[0], 1, generator=generator).squeeze(-1) if k else
+                             torch.empty(0, dtype=torch.long) for step in range(n)])  # [n, k]
+    uniforms = torch.rand(n, k, generator=generator)
+    stepwise_generator, batched_generator = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    one_by_one = [rejection_sample(*laws(step), draft_ids[step], uniforms[step], stepwise_generator)
+                  for step in range(n)]
+    counts, emitted = rejection_sample(draft_probs, target_probs, draft_ids, uniforms, batched_generator)
+    assert counts.tolist() == [count for count, _ in one_by_one]
+    assert emitted.tolist() == [tokens.tolist() + [-1] * (k - count) for count, tokens in one_by_one]
+    if k:  # rejections and full acceptances both ran
+        assert {0, k} <= set(counts.tolist()) if not shared_laws else len(set(counts.tolist())) > 1
+
+
 def test_greedy_branch():
     target_ids = torch.tensor([5, 7, 9, 11])  # [k+1]
     assert [x if not torch.is_tensor(x) else x.tolist() for x in greedy_accept(torch.tensor([5, 7, 9]), target_ids)] == [3, [5, 7, 9, 11]]

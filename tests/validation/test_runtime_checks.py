@@ -37,6 +37,26 @@ def test_decode_golden_decodes_each_record_once_per_kind(runtime):
     assert 2 * len(runs) + len(sampled) == decoded_rows(golden)
 
 
+def each_step(rule):
+    """A one-step rule (the form the decode loop calls) that also takes the acceptance rule's
+    n-step form, as the distribution check calls it: the steps one after another, -1 padded."""
+    def both(draft_probs, target_probs, draft_token_ids, uniforms, generator=None):
+        import torch
+
+        if draft_token_ids.dim() == 1:
+            return rule(draft_probs, target_probs, draft_token_ids, uniforms, generator)
+        n, k = draft_token_ids.shape
+        q_all, p_all = draft_probs.expand(n, k, -1), target_probs.expand(n, k + 1, -1)
+        counts, emitted = torch.zeros(n, dtype=torch.long), torch.full((n, k + 1), -1, dtype=torch.long)
+        for step in range(n):
+            count, tokens = rule(q_all[step], p_all[step], draft_token_ids[step], uniforms[step], generator)
+            counts[step], emitted[step, :count + 1] = count, tokens
+        return counts, emitted
+
+    return both
+
+
+@each_step
 def recover_from_target(draft_probs, target_probs, draft_token_ids, uniforms, generator=None):
     """A classic bug: on rejection resample from p instead of norm(max(0, p - q)). Emits
     min(p, q) + (1 - alpha) p, not p."""
@@ -50,12 +70,33 @@ def recover_from_target(draft_probs, target_probs, draft_token_ids, uniforms, ge
     return num_accepted, torch.cat([draft_token_ids[:num_accepted], next_token])
 
 
+@each_step
 def accept_every_draft(draft_probs, target_probs, draft_token_ids, uniforms, generator=None):
     """Another bug: no acceptance test at all (emits q, including tokens top-p removed from p)."""
     import torch
 
     bonus = torch.multinomial(target_probs[-1], 1, generator=generator)
     return draft_token_ids.shape[0], torch.cat([draft_token_ids, bonus])
+
+
+def test_the_draws_go_through_the_rule_as_one_call_per_draw_would(monkeypatch):
+    """The check hands the rule thousands of draws at once (in chunks): the tokens are exactly
+    those of one one-step call per draw, chunk boundaries included."""
+    import torch
+
+    from specreg.runtime.acceptance_rule import rejection_sample
+    from specreg.runtime.sampling import logits_to_probs
+    from specreg.validators import distribution
+
+    logits = torch.randn(2, 300, generator=torch.Generator().manual_seed(5)) * 2
+    draft_probs, target_probs = logits_to_probs(logits, 0.9, None, 0.95)  # [vocab] each
+    one_call_per_draw = each_step(lambda *args: rejection_sample(*args))
+    for elements in (1 << 22, 997):  # every draw in one call; chunks that do not divide the draws
+        monkeypatch.setattr(distribution, "DRAW_ELEMENTS", elements)
+        batched, target_only = distribution.sample_one_step(draft_probs, target_probs, 1500, 3, rejection_sample)
+        stepwise, same_target = distribution.sample_one_step(draft_probs, target_probs, 1500, 3, one_call_per_draw)
+        assert torch.equal(batched, stepwise) and torch.equal(target_only, same_target)
+    assert (target_probs[batched] > 0).all() and batched.unique().numel() > 5
 
 
 def test_correct_rule_passes_distribution(runtime):
