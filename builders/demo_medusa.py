@@ -24,7 +24,7 @@ MEDUSA_LR = 3e-3
 # the 5-node ((0,),(1,),(0,0),(0,1),(0,0,0)) costs 1.27x a one-token step and this one 1.17x, and
 # the (0,1) node it drops does not pay for that: Medusa 2.35x vs 2.24x target-only, the EAGLE-3
 # head's tree 2.25x vs 2.14x; the 8-node tree 2.20x / 2.06x (benchmarks/bench_trees.py
-# --ignore-eos, 2026-12-01 10:52 UTC)
+# --ignore-eos)
 DEMO_TREE = ((0,), (1,), (0, 0), (0, 0, 0))
 
 

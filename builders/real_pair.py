@@ -76,7 +76,7 @@ def dequantized_target(gguf_path: Path):
     # file three times (tokenizer, config, weights: gguf-py's reader walks the 49152-token
     # vocabulary field by field, 8-17 s each) and builds gguf-py's tensor-name table once per
     # module of the model (397 times, 23 s): the same read-only reader and table serve every call
-    # here (measured 2026-12-01: this function 107 s -> see the README's benchmark rows).
+    # here (this function took 107 s before; see the README's benchmark rows).
     with mock.patch.object(modeling_gguf_pytorch_utils, "tqdm", lambda iterable, **_: iterable), \
             mock.patch.object(gguf, "GGUFReader", functools.lru_cache(maxsize=1)(gguf.GGUFReader)), \
             mock.patch.object(gguf, "get_tensor_name_map", functools.lru_cache(maxsize=None)(gguf.get_tensor_name_map)):

@@ -6,7 +6,7 @@ without a mask. A verification block (k+1 queries over the cache, under a causal
 through repeat_kv instead, which copies every cached key and value once per layer per forward.
 On CPU, torch's SDPA takes the mask and the grouped heads together (enable_gqa): the same
 attention without the copies, bit for bit. On the demo target a k+1 = 5 token verification
-went from 1.29x to 1.18-1.22x the cost of a one-token step (A/B, 1 thread, 2026-11-29).
+went from 1.29x to 1.18-1.22x the cost of a one-token step (A/B, 1 thread).
 Elsewhere (one query, no mask, no GQA, or CUDA, whose masked kernels lack GQA and would fall
 back to the math kernel) this is transformers' sdpa as is.
 """

@@ -32,8 +32,8 @@ def sample(probs, generator=None):
     sum (float64; float32 on MPS): one uniform u per row, the first token whose running sum exceeds u x total.
     A token of probability 0 has an empty interval and is never drawn. (torch.multinomial draws
     one exponential per vocabulary entry per call on the CPU: over SmolLM2's 49152 tokens 2.2-2.8 ms
-    a draw against 0.7 ms here, measured 2026-12-01 on this project's 2-core machine while it built
-    llama.cpp (load 3.5); sampling is called for every drafted and every emitted token.)"""
+    a draw against 0.7 ms here on this project's 2-core machine under load; sampling is called for
+    every drafted and every emitted token.)"""
     import torch
 
     # float64 where the device has it (MPS has none: float32 there)

@@ -208,10 +208,10 @@ def compact_cache(cache, keep_length: int, accepted_nodes) -> None:
 
     # the accepted nodes' entries (gathered first) move down to keep_length.. in path order, then
     # the tail is cut: only m rows are copied, not the whole prefix (1.35x -> 1.25x a one-token
-    # step for an 8-node tree on the demo target, 2026-12-01). Leading nodes already in their
+    # step for an 8-node tree on the demo target). Leading nodes already in their
     # place (node i at keep_length - 1 + i: node 1, and node 2 after it when the tree starts as a
     # chain) are not copied: a step that keeps only the top-1 child, the most common one, moves
-    # nothing (0.21 -> 0.04 ms a step on the demo target's 20 layers, 2026-12-01)
+    # nothing (0.21 -> 0.04 ms a step on the demo target's 20 layers)
     count = accepted_nodes.shape[0]
     nodes = accepted_nodes.tolist()  # a handful of ints; the decode loop syncs on each step anyway
     in_place = 0

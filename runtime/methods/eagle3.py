@@ -1,6 +1,6 @@
 """EAGLE-3: a one-layer draft head reading the target's own hidden states.
 
-What we followed (read 2026-12-01):
+What we followed:
 - vllm-project/speculators src/speculators/models/eagle3/{core,model_definitions,config}.py:
   the head's modules and saved names (fc, layers.0.* with q/k/v over 2H inputs and hidden_norm,
   norm, lm_head, d2t, t2d; embed_tokens optional), the first layer's forward (split

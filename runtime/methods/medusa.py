@@ -2,7 +2,7 @@
 token i + 2 places ahead; their top-k candidates are laid into a tree and verified in one target
 forward (tree.py).
 
-What we followed (read 2026-12-01):
+What we followed:
 - FasterDecoding/Medusa medusa/model/medusa_model.py: MedusaConfig (medusa_num_heads,
   medusa_num_layers, base_model_name_or_path); head i = medusa_num_layers ResBlocks, each
   x + SiLU(Linear(x)) with a bias, then Linear(hidden, vocab, bias=False); at initialisation the

@@ -3,7 +3,7 @@ drafting on the decode loop the way the EAGLE-3 head does (eagle3.py): the verif
 hands the drafter the target's hidden states of the kept positions, and the drafter keeps its own
 one-layer KV cache, re-seeded from those states after every verification.
 
-What we followed (the released vLLM 0.33.0 wheel, read 2026-12-01):
+What we followed (the released vLLM 0.33.0 wheel):
 - model_executor/models/deepseek_mtp.py DeepSeekMultiTokenPredictorLayer.forward: the token's
   embedding is zeroed at position 0, then x = eh_proj(cat([enorm(embed), hnorm(previous_hidden)]))
   (eh_proj: 2H -> H, no bias; enorm, hnorm: RMSNorm), then mtp_block (the target's own decoder

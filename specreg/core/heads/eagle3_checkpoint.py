@@ -1,7 +1,7 @@
 """EAGLE-3 heads, in the speculators format or as an original EAGLE checkpoint, and EAGLE(-1/2)
 heads; and the target layers an EAGLE-3 head reads (its aux hidden-state layer ids).
 
-What we followed (read 2026-12-01; vLLM is the released 0.33.0 wheel, speculators is
+What we followed (vLLM is the released 0.33.0 wheel, speculators is
 vllm-project/speculators main at c05b95b, the others their GitHub sources):
 - speculators format: config.json `speculators_model_type` ("eagle3"), `transformer_layer_config`
   (the head's own decoder layer: hidden_size, vocab_size = the verifier's vocabulary),

@@ -5,7 +5,7 @@ TGI reads medusa_lm_head.safetensors with head i = ResBlocks `{i}.{j}.linear.{we
 server/text_generation_server/layers/medusa.py, models/__init__.py); Medusa's training saves
 exactly `medusa_head.state_dict()` there, and a whole-model save holds the same names under
 `medusa_head.` (MedusaModel.medusa_head, medusa_model.py). vLLM 0.33 has no Medusa.
-(Read 2026-12-01 from their GitHub sources.)
+(Read from their GitHub sources.)
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The MTP layers a target ships inside its own checkpoint, per vLLM 0.33 (the released wheel, read
-2026-12-01) config/speculative.py hf_config_override (711-1005) and each MTP model's load_weights:
+"""The MTP layers a target ships inside its own checkpoint, per vLLM 0.33 (the released wheel)
+config/speculative.py hf_config_override (711-1005) and each MTP model's load_weights:
 DeepSeek-V3/V3.2, GLM-5 (glm_moe_dsa) and GLM-4.5 (Glm4MoeForCausalLM) count
 `num_nextn_predict_layers` and store layer i as `model.layers.{num_hidden_layers + i}.*`
 (model_executor/models/utils.py:575-600); MiMo stores `model.mtp_layers.{i}.*` (mimo_mtp.py:183,
