@@ -1,0 +1,85 @@
+"""The matrix products of the runtime's models on a CPU: oneDNN's, not MKL's.
+
+A float32 ``nn.Linear`` on the CPU runs torch's MKL sgemm. A decode step multiplies one to a few
+dozen rows by every weight matrix of the model, and there MKL's products were measured at a
+fraction of what the machine reads: on this project's 2-core AMD EPYC machine they read the
+weights at about 11 GB/s on one thread and no faster on two, where a plain sum over a tensor reads
+28 GB/s on one thread and 51-57 on two. oneDNN's matmul, the kernel torch.compile's CPU backend
+calls for linear layers (``torch.ops.mkldnn._linear_pointwise``, on the weight as it is, no packed
+copy), ran a SmolLM2-135M decode step's products 1.6-2.1x faster on two threads
+(docs/benchmarks.md). Same products, same float32 inputs and weights; the sums are accumulated in
+another order, so logits differ from MKL's in the last bits, as they differ between any two
+engines' kernels. Every forward of a loaded pair (target-only and speculative, any batch) runs on
+the same kernel, which is what the equivalence check compares.
+
+Small models (the demo's tiny ones, whose weights stay in the caches), training (autograd), other
+devices and dtypes, and a torch without oneDNN keep nn.Linear's own forward.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+# A model whose linear weights stay in the CPU's caches gains nothing from oneDNN and pays its
+# dearer call (about 20 us against MKL's 5 on a 96-wide layer): oneDNN only for models whose
+# weights are streamed from memory each step, well past any last-level cache.
+STREAMED_BYTES = 64 << 20
+
+
+@cache
+def onednn_linear_class():
+    """nn.Linear whose inference forward on CPU float32 runs oneDNN's matmul, or None when this
+    torch has no working oneDNN linear (then the models keep MKL's)."""
+    import torch
+
+    if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        return None
+    linear = torch.ops.mkldnn._linear_pointwise
+
+    class OneDNNLinear(torch.nn.Linear):
+        """A linear layer run by oneDNN on CPU float32 inference (runtime/cpu_linear.py)."""
+
+        def forward(self, input):  # noqa: A002 - nn.Linear's own argument name
+            weight = self.weight
+            if (input.device.type != "cpu" or input.dtype != torch.float32 or weight.dtype != torch.float32
+                    or torch.is_grad_enabled() or input.numel() == 0):
+                return super().forward(input)
+            rows = input.reshape(-1, input.shape[-1]).contiguous()  # [n, in]
+            out = linear(rows, weight, self.bias, "none", [], "")  # [n, out]
+            return out.view(*input.shape[:-1], out.shape[-1])
+
+    OneDNNLinear.__qualname__ = OneDNNLinear.__name__  # as the models print it
+    try:
+        with torch.inference_mode():
+            probe = OneDNNLinear(8, 4)
+            rows = torch.randn(3, 8)
+            if not torch.allclose(probe(rows), torch.nn.functional.linear(rows, probe.weight, probe.bias), atol=1e-5):
+                return None
+    except RuntimeError:  # a build whose oneDNN cannot run this op
+        return None
+    return OneDNNLinear
+
+
+def use_onednn_linears(*models, min_bytes: int | None = None) -> int:
+    """Run the plain nn.Linear layers of ``models`` (None and non-modules skipped) on oneDNN when
+    they are on the CPU in float32 and their weights add up to at least ``min_bytes`` (default
+    STREAMED_BYTES) in that model -> how many layers now do. The layers keep their parameters
+    (nothing is copied); other layers, devices, dtypes and smaller models are left as they are."""
+    import torch
+
+    kind = onednn_linear_class()
+    if kind is None:
+        return 0
+    swapped = 0
+    for model in models:
+        if not isinstance(model, torch.nn.Module):
+            continue
+        layers = [module for module in model.modules() if type(module) is torch.nn.Linear
+                  and module.weight.device.type == "cpu" and module.weight.dtype == torch.float32]
+        weights = {module.weight.data_ptr(): module.weight.numel() * 4 for module in layers}  # tied ones once
+        if sum(weights.values()) < (STREAMED_BYTES if min_bytes is None else min_bytes):
+            continue
+        for module in layers:
+            module.__class__ = kind
+        swapped += len(layers)
+    return swapped
