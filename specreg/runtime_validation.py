@@ -70,11 +70,13 @@ def validate_version(store: Store, version: PairVersion, golden, options, *, act
     it is marked error and the error propagates; the pair's state is unchanged in both cases.
     """
     from specreg.core.fingerprint import read_ahead
+    from specreg.runtime.loading import shared_tokenizers
     from specreg.validators.suite import runtime_weight_files
 
     # the weights are read and hashed on a thread of their own while torch and transformers import
-    # and the first checks run (they hold the GIL and one core; reading and hashing release it)
-    with read_ahead(runtime_weight_files(version, options)):
+    # and the first checks run (they hold the GIL and one core; reading and hashing release it);
+    # the tokenizers the checks load serve the runtime too
+    with read_ahead(runtime_weight_files(version, options)), shared_tokenizers():
         return run_validation(store, version, golden, options, actor=actor, progress=progress, hooks=hooks)
 
 

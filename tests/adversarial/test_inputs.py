@@ -401,6 +401,32 @@ def test_files_swapped_after_the_integrity_check_are_not_validated(tiny_models, 
     assert equivalence.status == "fail"  # nothing was decoded on the swapped files
 
 
+def test_a_tokenizer_changed_after_the_tokenizer_check_is_not_handed_to_the_runtime(tiny_models, tmp_path):
+    """Inside a validation the runtime reuses the tokenizer the checks built only for the same
+    bytes, read and checked again (loading.shared_tokenizers): a file changed in between fails."""
+    from specreg import Registry
+    from specreg.golden_prompts.loader import load_golden_set
+    from specreg.runtime.loading import shared_tokenizers
+    from specreg.validators.suite import ValidationOptions, run_suite
+
+    draft = copy_model(tiny_models["draft"], tmp_path / "draft")
+    registry = Registry(f"sqlite:///{tmp_path / 'r.db'}")
+    version = registry.register("p", target=str(tiny_models["target"]), draft=str(draft),
+                                num_speculative_tokens=2).version
+
+    def swap_after(check):
+        if check.name == "tokenizer":
+            edit_json(draft / "tokenizer.json", lambda d: d["model"]["vocab"].update({"hello": 7, "world": 5}))
+
+    options = ValidationOptions(device="cpu", checks=("tokenizer", "equivalence"))
+    with shared_tokenizers():
+        result = run_suite(version, load_golden_set("smoke"), options, device="cpu", on_check=swap_after)
+    tokenizer, equivalence = result.checks
+    assert tokenizer.status == "pass"
+    assert equivalence.status == "fail" and f"{draft}" in equivalence.summary
+    assert "changed since the model was fingerprinted" in equivalence.summary
+
+
 def test_verified_load_gives_the_same_model_as_transformers(tiny_models):
     import torch
 

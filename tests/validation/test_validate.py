@@ -71,6 +71,28 @@ def test_weights_are_read_once_ahead_of_the_checks(registry, models, golden_path
     assert reads == []
 
 
+def test_each_tokenizer_is_built_once_per_validation(registry, models, golden_path, monkeypatch):
+    """The tokenizers the checks load (checked against the fingerprints) serve the runtime too
+    (loading.shared_tokenizers): the target's, the draft's read as the target's class, and the
+    draft's own for the loader comparison are built once each; a second validation builds again."""
+    from specreg.runtime import loading
+
+    built = []
+    real_build = loading._load_tokenizer_from
+    monkeypatch.setattr(loading, "_load_tokenizer_from", lambda directory, path, tokenizer_class=None: built.append(
+        (Path(path).name, tokenizer_class is not None)) or real_build(directory, path, tokenizer_class))
+    registry.register("shared", target=str(models["target"]), draft=str(models["draft"]), num_speculative_tokens=3)
+    checks = "tokenizer,chat_template,equivalence"
+    outcome = registry.validate("shared@1", golden=str(golden_path), device="cpu", checks=checks)
+    assert statuses(outcome) == {"tokenizer": "pass", "chat_template": "pass", "equivalence": "pass"}
+    target, draft = Path(models["target"]).name, Path(models["draft"]).name
+    assert sorted(built) == sorted([(target, False), (draft, True), (draft, False)])
+    assert loading._SHARED_TOKENIZERS is None
+    built.clear()
+    registry.validate("shared@1", golden=str(golden_path), device="cpu", checks="equivalence")
+    assert sorted(built) == sorted([(target, False), (draft, True)])
+
+
 def test_self_draft_accepts_everything_then_random_draft_drops_against_its_baseline(registry, models, golden_path):
     registry.register("drop", target=str(models["target"]), draft=str(models["self"]), num_speculative_tokens=3)
     first = registry.validate("drop@1", golden=str(golden_path), device="cpu", checks="equivalence,acceptance")
