@@ -286,11 +286,10 @@ _SHARED_TOKENIZERS: dict | None = None
 def shared_tokenizers() -> Iterator[None]:
     """Within: a checked load (``load_tokenizer`` with ``expected``) of the same directory, with
     the same class, whose files read the same bytes as an earlier one, returns that load's
-    tokenizer instead of building another (0.2-0.9 s per build of SmolLM2's tokenizer on a
-    2-core machine). A validation loads the pair's tokenizers for its checks and again in the runtime;
-    the files are still read and checked against the fingerprint each time, so a file changed
-    in between is caught as before. Tokenizers are read, never changed, by the checks and the
-    runtime."""
+    tokenizer instead of building another (0.2-0.9 s per build of SmolLM2's tokenizer on a 2-core
+    machine). A validation loads the pair's tokenizers for its checks and again in the runtime;
+    the files are still read and checked against the fingerprint each time, so a file changed in
+    between is caught as before. The checks and the runtime read tokenizers, never change them."""
     global _SHARED_TOKENIZERS
     if _SHARED_TOKENIZERS is not None:  # already inside one
         yield

@@ -34,12 +34,13 @@ def load_pair(target_path, draft_path=None, device: str = "cpu", dtype="float32"
     draft_path: the draft model (draft_model), the head directory (eagle3, medusa), None for
     methods that draft without one (ngram; mtp reads the target's own layers). *_fingerprint: the
     ModelFingerprint each model was registered with; when given, what is loaded is checked against
-    it as it is read (loading.load_model / load_tokenizer). On a CPU in float32 the models' linear
-    layers run oneDNN's products (cpu_linear.use_onednn_linears)."""
+    it as it is read (loading.load_model / load_tokenizer). On a CPU in float32, the linear layers
+    of a model with 64 MB of linear weights or more run oneDNN's products
+    (cpu_linear.use_onednn_linears)."""
     from specreg.runtime.cpu_linear import use_onednn_linears
     from specreg.runtime.loading import resolve_device
 
     pair = drafting_method(method).load(target_path, draft_path, resolve_device(device), dtype,
                                         target_fingerprint=target_fingerprint, draft_fingerprint=draft_fingerprint)
-    use_onednn_linears(pair.target, pair.draft)  # the CPU's faster float32 products (runtime/cpu_linear.py)
+    use_onednn_linears(pair.target, pair.draft)
     return pair
