@@ -7,6 +7,8 @@ importing the pair or each other.
 
 from __future__ import annotations
 
+import functools
+
 
 def forward_logits(model, input_ids, cache, logits_to_keep: int = 1, hidden_state_ids: tuple[int, ...] = (),
                    attention_mask=None, position_ids=None):
@@ -27,8 +29,9 @@ def forward_logits(model, input_ids, cache, logits_to_keep: int = 1, hidden_stat
     """
     import torch
 
+    cached = {cache_keyword(): cache}
     if not is_plain_llama(model):
-        output = model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=logits_to_keep,
+        output = model(input_ids=input_ids, **cached, use_cache=True, logits_to_keep=logits_to_keep,
                        output_hidden_states=bool(hidden_state_ids), attention_mask=attention_mask,
                        position_ids=position_ids)
         if not hidden_state_ids:
@@ -44,19 +47,32 @@ def forward_logits(model, input_ids, cache, logits_to_keep: int = 1, hidden_stat
     # None for one query without padding (SDPA runs unmasked); a real mask for a block over a cache;
     # a 4-D mask given is used as it is
     mask = attention_mask if attention_mask is not None else create_causal_mask(
-        config=decoder.config, inputs_embeds=hidden, attention_mask=None, cache=cache, position_ids=position_ids)
+        config=decoder.config, inputs_embeds=hidden, attention_mask=None, **cached, position_ids=position_ids)
     position_embeddings = decoder.rotary_emb(hidden, position_ids=position_ids)
     states = {}
     for index, layer in enumerate(decoder.layers):
         if index in hidden_state_ids:
             states[index] = hidden
         hidden = layer(hidden, attention_mask=mask, position_embeddings=position_embeddings,
-                       position_ids=position_ids, cache=cache, use_cache=True)
+                       position_ids=position_ids, **cached, use_cache=True)
     if not hidden_state_ids:
         return model.lm_head(decoder.norm(hidden[:, -logits_to_keep:]))
     normed = decoder.norm(hidden)
     states[len(decoder.layers)] = normed
     return model.lm_head(normed[:, -logits_to_keep:]), torch.cat([states[i] for i in hidden_state_ids], dim=-1)
+
+
+@functools.cache
+def cache_keyword() -> str:
+    """The name under which the installed transformers takes a cache in its models, decoder layers,
+    attention modules and create_causal_mask: `cache` from 5.24, `past_key_values` before. A cache
+    passed under the other name is not refused: it falls into **kwargs and is silently not used
+    (the model keeps a cache of its own, the attention attends to the new tokens alone)."""
+    import inspect
+
+    from transformers.masking_utils import create_causal_mask
+
+    return "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
 
 
 def is_plain_llama(model) -> bool:

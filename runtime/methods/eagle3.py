@@ -32,6 +32,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 
 from specreg.core.heads.eagle3_checkpoint import default_aux_layer_ids  # vLLM's get_eagle3_aux_hidden_state_layers
 from specreg.errors import ModelReferenceError, RuntimeConfigError, RuntimeUnsupportedError
+from specreg.runtime.forward import cache_keyword
 from specreg.runtime.head_drafter import HeadDrafter, head_inputs
 from specreg.runtime.methods.base import Method
 
@@ -97,7 +98,7 @@ class Eagle3FirstLayer(LlamaDecoderLayer):
             residual = hidden
         attention_input = torch.cat([self.input_layernorm(embeds), hidden], dim=-1)  # [1, n, 2H]
         attended, _ = self.self_attn(hidden_states=attention_input, position_embeddings=position_embeddings,
-                                     attention_mask=attention_mask, cache=cache)
+                                     attention_mask=attention_mask, **{cache_keyword(): cache})
         hidden = residual + attended
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 

@@ -46,6 +46,7 @@ import torch
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from specreg.errors import RuntimeConfigError, RuntimeUnsupportedError
+from specreg.runtime.forward import cache_keyword
 from specreg.runtime.head_drafter import HeadDrafter, head_inputs
 from specreg.runtime.methods.base import Method
 
@@ -83,7 +84,7 @@ class MtpLayer(torch.nn.Module):
         embeds = torch.where(position_ids.unsqueeze(-1) == 0, torch.zeros_like(embeds), embeds)
         projected = self.eh_proj(torch.cat([self.enorm(embeds), self.hnorm(hidden)], dim=-1))  # [b, n, H]
         return self.mtp_block(projected, attention_mask=attention_mask, position_embeddings=position_embeddings,
-                              cache=cache)
+                              **{cache_keyword(): cache})
 
 
 class MtpHead(torch.nn.Module):

@@ -10,7 +10,7 @@ def run_both(model, prompt_ids, blocks):
     import torch
     from transformers import DynamicCache
 
-    from specreg.runtime.forward import forward_logits
+    from specreg.runtime.forward import cache_keyword, forward_logits
 
     ours, reference = [], []
     ours_cache, reference_cache = DynamicCache(config=model.config), DynamicCache(config=model.config)
@@ -22,7 +22,7 @@ def run_both(model, prompt_ids, blocks):
                 reference_cache.crop(-crop)
             keep = min(3, ids.shape[1])
             ours.append(forward_logits(model, ids, ours_cache, keep))
-            reference.append(model(input_ids=ids, cache=reference_cache, use_cache=True,
+            reference.append(model(input_ids=ids, **{cache_keyword(): reference_cache}, use_cache=True,
                                    logits_to_keep=keep).logits)
     return ours, reference
 

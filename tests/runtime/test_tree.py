@@ -8,7 +8,7 @@ import torch
 from transformers import DynamicCache
 
 from specreg.errors import RuntimeConfigError
-from specreg.runtime.forward import forward_logits
+from specreg.runtime.forward import cache_keyword, forward_logits
 from specreg.runtime.tree import chain_tree, compact_cache, parse_tree, tree_candidates, tree_forward
 
 MEDUSA_TREE = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]
@@ -19,7 +19,7 @@ def sequential_logits(model, token_ids):
     cache = DynamicCache(config=model.config)
     with torch.inference_mode():
         for token in token_ids:
-            logits = model(input_ids=torch.tensor([[token]]), cache=cache, use_cache=True).logits[0, -1]
+            logits = model(input_ids=torch.tensor([[token]]), **{cache_keyword(): cache}, use_cache=True).logits[0, -1]
     return logits, cache
 
 
@@ -37,7 +37,7 @@ def test_each_node_gets_the_logits_of_its_path(target, prompts, paths, cached):
     cache = DynamicCache(config=target.config)
     with torch.inference_mode():
         if cached:
-            target(input_ids=torch.tensor([prompt[:cached]]), cache=cache, use_cache=True)
+            target(input_ids=torch.tensor([prompt[:cached]]), **{cache_keyword(): cache}, use_cache=True)
         node_tokens = tree_tokens(tree, prompt[-1])
         logits, hidden = tree_forward(target, cache, torch.tensor([prompt[cached:]]), node_tokens, tree)
     assert logits.shape == (tree.num_nodes + 1, target.config.vocab_size)
@@ -67,7 +67,7 @@ def test_compacted_cache_continues_like_a_sequential_one(target, prompts, paths,
     prompt = prompts[2]
     cache = DynamicCache(config=target.config)
     with torch.inference_mode():
-        target(input_ids=torch.tensor([prompt[:-1]]), cache=cache, use_cache=True)
+        target(input_ids=torch.tensor([prompt[:-1]]), **{cache_keyword(): cache}, use_cache=True)
         node_tokens = tree_tokens(tree, prompt[-1])
         tree_forward(target, cache, torch.tensor([prompt[-1:]]), node_tokens, tree)
         compact_cache(cache, len(prompt), torch.tensor(accepted, dtype=torch.long))
