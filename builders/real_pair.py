@@ -82,6 +82,14 @@ def dequantized_target(gguf_path: Path):
             mock.patch.object(gguf, "get_tensor_name_map", functools.lru_cache(maxsize=None)(gguf.get_tensor_name_map)):
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
         loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+        # the file's own special tokens, as llama.cpp reads them: transformers 5.17 hands back
+        # bos <|im_start|> as eos for this file and no pad (5.25 reads eos <|im_end|> and pad)
+        fields = gguf.GGUFReader(str(gguf_path)).fields
+        for role, attribute in (("bos", "bos_token"), ("eos", "eos_token"), ("unknown", "unk_token"),
+                                ("padding", "pad_token")):
+            field = fields.get(f"tokenizer.ggml.{role}_token_id")
+            if field is not None:
+                setattr(tokenizer, attribute, tokenizer.convert_ids_to_tokens(int(field.parts[field.data[0]][0])))
     settings = loaded.config.to_dict()
     for key in ("quantization_config", "_name_or_path", "transformers_version"):
         settings.pop(key, None)
