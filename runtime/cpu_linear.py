@@ -1,4 +1,4 @@
-"""The matrix products of the runtime's models on a CPU: oneDNN's, not MKL's.
+"""The matrix products of the runtime's models on a CPU: oneDNN's where MKL's are slow.
 
 A float32 ``nn.Linear`` on the CPU runs torch's MKL sgemm. A decode step multiplies one to a few
 dozen rows by every weight matrix of the model, and there MKL's products were measured at a
@@ -12,8 +12,11 @@ another order, so logits differ from MKL's in the last bits, as they differ betw
 engines' kernels. Every forward of a loaded pair (target-only and speculative, any batch) runs on
 the same kernel, which is what the equivalence check compares.
 
-Small models (the demo's tiny ones, whose weights stay in the caches), training (autograd), other
-devices and dtypes, and a torch without oneDNN keep nn.Linear's own forward.
+On an Intel CPU MKL runs its own tuned code and the models keep it: on a 2-core Intel Xeon VM
+(AVX-512) a whole real-pair `validate` of the smoke set took 16.1-19.6 s on MKL against
+18.9-22.0 s on oneDNN, three alternating pairs (docs/benchmarks.md). Small models (the demo's tiny
+ones, whose weights stay in the caches), training (autograd), other devices and dtypes, and a
+torch without oneDNN keep nn.Linear's own forward too.
 """
 
 from __future__ import annotations
@@ -24,6 +27,20 @@ from functools import cache
 # dearer call (about 20 us against MKL's 5 on a 96-wide layer): oneDNN only for models whose
 # weights are streamed from memory each step, well past any last-level cache.
 STREAMED_BYTES = 64 << 20
+
+
+@cache
+def mkl_is_native(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """True on an Intel CPU (``vendor_id: GenuineIntel``), where MKL's products are the faster
+    ones; False elsewhere and where the vendor cannot be read (oneDNN then, as measured on AMD)."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as lines:
+            for line in lines:
+                if line.startswith("vendor_id"):
+                    return line.partition(":")[2].strip() == "GenuineIntel"
+    except OSError:
+        pass
+    return False
 
 
 @cache
@@ -62,11 +79,16 @@ def onednn_linear_class():
 
 def use_onednn_linears(*models, min_bytes: int | None = None) -> int:
     """Run the plain nn.Linear layers of ``models`` (None and non-modules skipped) on oneDNN when
-    they are on the CPU in float32 and their weights add up to at least ``min_bytes`` (default
-    STREAMED_BYTES) in that model -> how many layers now do. The layers keep their parameters
-    (nothing is copied); other layers, devices, dtypes and smaller models are left as they are."""
+    they are on the CPU in float32 and their weights add up to at least ``min_bytes`` in that model
+    -> how many layers now do. min_bytes None: STREAMED_BYTES, and none on an Intel CPU
+    (mkl_is_native). The layers keep their parameters (nothing is copied); other layers, devices,
+    dtypes and smaller models are left as they are."""
     import torch
 
+    if min_bytes is None:
+        if mkl_is_native():
+            return 0
+        min_bytes = STREAMED_BYTES
     kind = onednn_linear_class()
     if kind is None:
         return 0
@@ -77,7 +99,7 @@ def use_onednn_linears(*models, min_bytes: int | None = None) -> int:
         layers = [module for module in model.modules() if type(module) is torch.nn.Linear
                   and module.weight.device.type == "cpu" and module.weight.dtype == torch.float32]
         weights = {module.weight.data_ptr(): module.weight.numel() * 4 for module in layers}  # tied ones once
-        if sum(weights.values()) < (STREAMED_BYTES if min_bytes is None else min_bytes):
+        if sum(weights.values()) < min_bytes:
             continue
         for module in layers:
             module.__class__ = kind

@@ -35,8 +35,8 @@ def load_pair(target_path, draft_path=None, device: str = "cpu", dtype="float32"
     methods that draft without one (ngram; mtp reads the target's own layers). *_fingerprint: the
     ModelFingerprint each model was registered with; when given, what is loaded is checked against
     it as it is read (loading.load_model / load_tokenizer). On a CPU in float32, the linear layers
-    of a model with 64 MB of linear weights or more run oneDNN's products
-    (cpu_linear.use_onednn_linears)."""
+    of a model with 64 MB of linear weights or more run oneDNN's products, except on an Intel CPU,
+    where MKL's are faster (cpu_linear.use_onednn_linears)."""
     from specreg.runtime.cpu_linear import use_onednn_linears
     from specreg.runtime.loading import resolve_device
 

@@ -1,4 +1,5 @@
-"""A loaded pair's linear layers run oneDNN's products on a CPU in float32 (runtime/cpu_linear.py)."""
+"""A loaded pair's linear layers run oneDNN's products on a CPU in float32 where MKL's are slow
+(runtime/cpu_linear.py)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,11 @@ def test_a_loaded_pair_runs_every_linear_layer_on_onednn(tiny_dir, monkeypatch):
     assert len(linears) == 3 * 7 + 1 + 7 + 1
     assert all(type(module) is torch.nn.Linear for module in linears)  # tiny models: MKL's products
     monkeypatch.setattr("specreg.runtime.cpu_linear.STREAMED_BYTES", 0)  # as for a model streamed from memory
+    monkeypatch.setattr("specreg.runtime.cpu_linear.mkl_is_native", lambda: True)  # an Intel CPU: MKL's
+    pair = load_pair(tiny_dir / "target", tiny_dir / "draft_random")
+    assert all(type(module) is torch.nn.Linear for model in (pair.target, pair.draft) for module in model.modules()
+               if isinstance(module, torch.nn.Linear))
+    monkeypatch.setattr("specreg.runtime.cpu_linear.mkl_is_native", lambda: False)  # any other CPU
     pair = load_pair(tiny_dir / "target", tiny_dir / "draft_random")
     linears = [module for model in (pair.target, pair.draft) for module in model.modules()
                if isinstance(module, torch.nn.Linear)]
@@ -44,6 +50,17 @@ def test_a_loaded_pair_runs_every_linear_layer_on_onednn(tiny_dir, monkeypatch):
     # autograd (the builders train heads) keeps nn.Linear's forward
     with pytest.raises(AssertionError, match="MKL"):
         layer(rows)
+
+
+@pytest.mark.parametrize("vendor, native", [("GenuineIntel", True), ("AuthenticAMD", False), (None, False)])
+def test_mkl_counts_as_native_on_an_intel_cpu_alone(tmp_path, vendor, native):
+    from specreg.runtime.cpu_linear import mkl_is_native
+
+    cpuinfo = tmp_path / "cpuinfo"
+    lines = ["processor\t: 0", f"vendor_id\t: {vendor}" if vendor else "model name\t: unknown", "cpu family\t: 6"]
+    cpuinfo.write_text("\n".join(lines * 2) + "\n")
+    assert mkl_is_native(str(cpuinfo)) is native
+    assert mkl_is_native(str(tmp_path / "absent")) is False
 
 
 def test_only_plain_float32_cpu_layers_are_switched_and_nothing_is_copied():
