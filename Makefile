@@ -39,9 +39,8 @@ FLOOR_PACKAGES := transformers==5.17.0 huggingface-hub==1.33.0 httpx==0.29.0 htt
 FLOOR_TESTS := tests/runtime tests/validators
 test-floor: install
 	$(PYTHON) -m venv $(FLOOR_VENV)
-	$(FLOOR_VENV)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" > $(FLOOR_VENV)/.purelib
 	$(PY) -c "import sysconfig; print('import site; site.addsitedir(%r)' % sysconfig.get_paths()['purelib'])" \
-		> "$$(cat $(FLOOR_VENV)/.purelib)/specreg-main-venv.pth"
+		> "$$($(FLOOR_VENV)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/specreg-main-venv.pth"
 	$(FLOOR_VENV)/bin/python -m pip install --disable-pip-version-check -q --no-deps $(FLOOR_PACKAGES)
 	$(FLOOR_VENV)/bin/python -c "import transformers; assert transformers.__version__ == '5.17.0', transformers.__file__"
 	$(FLOOR_VENV)/bin/python -m pytest -q -n 2 --dist loadfile -p no:cacheprovider $(FLOOR_TESTS)

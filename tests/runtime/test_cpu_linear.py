@@ -23,6 +23,8 @@ def test_a_loaded_pair_runs_every_linear_layer_on_onednn(tiny_dir, monkeypatch):
         assert kind is not None, "torch's x86 builds ship oneDNN"
     if kind is None:
         pytest.skip("this torch build has no oneDNN linear")
+    # a CPU where oneDNN would be taken, so that the size rule alone keeps the tiny models on MKL
+    monkeypatch.setattr("specreg.runtime.cpu_linear.mkl_is_native", lambda: False)
     pair = load_pair(tiny_dir / "target", tiny_dir / "draft_random")
     linears = [module for model in (pair.target, pair.draft) for module in model.modules()
                if isinstance(module, torch.nn.Linear)]
@@ -63,7 +65,7 @@ def test_mkl_counts_as_native_on_an_intel_cpu_alone(tmp_path, vendor, native):
     assert mkl_is_native(str(tmp_path / "absent")) is False
 
 
-def test_only_plain_float32_cpu_layers_are_switched_and_nothing_is_copied():
+def test_only_plain_float32_cpu_layers_are_switched_and_nothing_is_copied(monkeypatch):
     import torch
 
     from specreg.runtime.cpu_linear import onednn_linear_class, use_onednn_linears
@@ -77,6 +79,7 @@ def test_only_plain_float32_cpu_layers_are_switched_and_nothing_is_copied():
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), OwnLinear(3, 3), torch.nn.Linear(3, 2).double())
     weight = model[0].weight.data_ptr()
+    monkeypatch.setattr("specreg.runtime.cpu_linear.mkl_is_native", lambda: False)  # the size rule decides
     assert use_onednn_linears(model) == 0  # 48 bytes of float32 weights: left to MKL
     assert use_onednn_linears(model, None, "not a module", min_bytes=48) == 1
     assert [type(layer) for layer in model] == [kind, OwnLinear, torch.nn.Linear]
