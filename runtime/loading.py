@@ -268,12 +268,18 @@ def load_tokenizer(path, expected=None, tokenizer_class=None):
             raise ModelReferenceError(str(exc).replace(str(copy), str(path))) from None
         if changes:
             raise ModelReferenceError(f"{path}: {changes[0]} since the model was fingerprinted; not loading it")
-        key = (str(path.resolve()), tokenizer_class, read.hexdigest())
+        directory, digest = str(path.resolve()), read.hexdigest()
+        key = (directory, tokenizer_class, digest)
         if _SHARED_TOKENIZERS is not None and key in _SHARED_TOKENIZERS:
             return _SHARED_TOKENIZERS[key]
         tokenizer = _load_tokenizer_from(copy, path, tokenizer_class)
         if _SHARED_TOKENIZERS is not None:
             _SHARED_TOKENIZERS[key] = tokenizer
+            if tokenizer_class is None:
+                # AutoTokenizer ends in the class it picked, called as load_tokenizer calls it
+                # (from_pretrained on the folder, local files only): a later load of the same files
+                # with that class is this build
+                _SHARED_TOKENIZERS.setdefault((directory, type(tokenizer), digest), tokenizer)
         return tokenizer
 
 
@@ -285,11 +291,12 @@ _SHARED_TOKENIZERS: dict | None = None
 @contextlib.contextmanager
 def shared_tokenizers() -> Iterator[None]:
     """Within: a checked load (``load_tokenizer`` with ``expected``) of the same directory, with
-    the same class, whose files read the same bytes as an earlier one, returns that load's
-    tokenizer instead of building another (0.2-0.9 s per build of SmolLM2's tokenizer on a 2-core
-    machine). A validation loads the pair's tokenizers for its checks and again in the runtime;
-    the files are still read and checked against the fingerprint each time, so a file changed in
-    between is caught as before. The checks and the runtime read tokenizers, never change them."""
+    the same class (or with the class AutoTokenizer picked in an earlier load without one), whose
+    files read the same bytes as an earlier one, returns that load's tokenizer instead of building
+    another (0.2-0.9 s per build of SmolLM2's tokenizer on a 2-core machine). A validation loads
+    the pair's tokenizers for its checks and again in the runtime; the files are still read and
+    checked against the fingerprint each time, so a file changed in between is caught as before.
+    The checks and the runtime read tokenizers, never change them."""
     global _SHARED_TOKENIZERS
     if _SHARED_TOKENIZERS is not None:  # already inside one
         yield

@@ -180,7 +180,9 @@ def run(context: CheckContext) -> CheckResult:
     tokenizers = context.compared_tokenizers(CHECK_NAME)
     if isinstance(tokenizers, CheckResult):
         return tokenizers
-    return check_chat_template_alignment(context.draft_dir, context.target_dir, context.golden, **tokenizers)
+    return check_chat_template_alignment(context.draft_dir, context.target_dir, context.golden,
+                                         draft_tokenizer=tokenizers["draft_tokenizer"],
+                                         target_tokenizer=tokenizers["target_tokenizer"])
 
 
 CHECK = Check(CHECK_NAME, run)

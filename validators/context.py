@@ -115,7 +115,7 @@ class CheckContext:
         return self.loaded_tokenizers
 
     def compared_tokenizers(self, name: str) -> dict | CheckResult:
-        """The two tokenizers check ``name`` compares (keywords of its check function), or its
+        """The tokenizers check ``name`` compares (tokenizer.load_pair_tokenizers' dict), or its
         result when there is nothing to compare (no draft model: skip) or they cannot be loaded."""
         if self.draft_dir is None:
             return CheckResult(name, SKIP, f"{self.config.method.value} drafting has no draft model to compare")

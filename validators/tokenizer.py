@@ -42,19 +42,22 @@ MAX_EXAMPLES = 10
 
 
 def check_tokenizer_alignment(draft_dir: str | Path, target_dir: str | Path, golden=None, *,
-                              draft_tokenizer=None, target_tokenizer=None) -> CheckResult:
+                              draft_tokenizer=None, target_tokenizer=None,
+                              draft_own_tokenizer=None) -> CheckResult:
     """Compare the tokenizers of two model directories.
 
     draft_dir, target_dir: local model folders (tokenizer files, config.json).
     golden: an optional GoldenSet whose every record is encoded by both sides.
-    draft_tokenizer, target_tokenizer: already loaded tokenizers (loaded from the dirs if None).
+    draft_tokenizer, target_tokenizer: already loaded tokenizers (loaded from the dirs if None);
+    draft_own_tokenizer: the draft's as AutoTokenizer builds it alone (load_pair_tokenizers; loaded
+    from draft_dir if None), compared with draft_tokenizer for the loader warning.
     Returns a CheckResult "tokenizer": fail on any difference in meaning, warn on padded
     embeddings or differing encoding settings whose effect the golden prompts did not show.
     """
     draft_dir, target_dir = Path(draft_dir), Path(target_dir)
     target = target_tokenizer if target_tokenizer is not None else load_tokenizer(target_dir)
     draft = draft_tokenizer if draft_tokenizer is not None else load_tokenizer(draft_dir, tokenizer_class=type(target))
-    findings, notes, relation = _compare_definitions(draft_dir, target_dir, draft, target)
+    findings, notes, relation = _compare_definitions(draft_dir, target_dir, draft, target, draft_own_tokenizer)
     figures: dict[str, float] = {
         "draft_tokenizer_length": len(draft),
         "target_tokenizer_length": len(target),
@@ -85,12 +88,13 @@ def check_tokenizer_alignment(draft_dir: str | Path, target_dir: str | Path, gol
     return CheckResult(CHECK_NAME, status, summary, evidence, figures)
 
 
-def _compare_definitions(draft_dir: Path, target_dir: Path, draft, target) -> tuple[list[dict], list[str], str | None]:
+def _compare_definitions(draft_dir: Path, target_dir: Path, draft, target,
+                         draft_own=None) -> tuple[list[dict], list[str], str | None]:
     """What the two tokenizers are (loaders, vocabulary, tokenizer.json, special tokens, encoding
     settings) -> (findings, notes on what could not be compared, the vocabulary relation)."""
     findings: list[dict] = []
     notes: list[str] = []
-    findings += _compare_loaders(draft_dir, draft)
+    findings += _compare_loaders(draft_dir, draft, draft_own)
 
     draft_vocab, target_vocab = draft.get_vocab(), target.get_vocab()
     relation = vocabulary_relation(draft_vocab, target_vocab)
@@ -115,22 +119,34 @@ def load_pair_tokenizers(draft_dir: str | Path, target_dir: str | Path, *, draft
                          target_expected=None) -> dict[str, Any]:
     """Both tokenizers as an engine uses them: the target's, and the draft's files read with
     the target's tokenizer class -> {"draft_tokenizer", "target_tokenizer"} (the keyword
-    arguments of the tokenizer and chat-template checks). *_expected: the registered
-    fingerprints, checked while the files are read (runtime.loading.load_tokenizer)."""
+    arguments of the tokenizer and chat-template checks), with "draft_own_tokenizer", the draft's
+    as AutoTokenizer builds it alone (the tokenizer check's loader comparison), when it builds.
+    *_expected: the registered fingerprints, checked while the files are read
+    (runtime.loading.load_tokenizer).
+
+    Where AutoTokenizer picks the target's class for the draft too (the usual case), the draft's
+    own build is the engine's: AutoTokenizer ends in that class's from_pretrained on the same
+    files, so the files are read and built once instead of twice."""
     target = load_tokenizer(target_dir, expected=target_expected)
-    return {"draft_tokenizer": load_tokenizer(draft_dir, expected=draft_expected, tokenizer_class=type(target)),
-            "target_tokenizer": target}
+    try:
+        own = load_tokenizer(draft_dir, expected=draft_expected)
+    except ModelReferenceError:  # the loader comparison says why; the engine's class may still read the files
+        return {"draft_tokenizer": load_tokenizer(draft_dir, expected=draft_expected, tokenizer_class=type(target)),
+                "target_tokenizer": target}
+    draft = own if type(own) is type(target) else load_tokenizer(draft_dir, expected=draft_expected,
+                                                                   tokenizer_class=type(target))
+    return {"draft_tokenizer": draft, "target_tokenizer": target, "draft_own_tokenizer": own}
 
 
 # --- the comparisons ------------------------------------------------------------------
 
 
-def _compare_loaders(draft_dir: Path, draft) -> list[dict]:
+def _compare_loaders(draft_dir: Path, draft, own=None) -> list[dict]:
     """A warning when AutoTokenizer, left to itself, builds the draft's tokenizer differently
-    from its files read as the engine reads them (``draft``): another class, extra tokens,
-    other special tokens."""
+    (``own``; built here when None) from its files read as the engine reads them (``draft``):
+    another class, extra tokens, other special tokens."""
     try:
-        own = load_tokenizer(draft_dir)
+        own = own if own is not None else load_tokenizer(draft_dir)
     except ModelReferenceError as exc:
         return [{"aspect": "loader", "status": WARN,
                  "message": f"transformers cannot load the draft's tokenizer on its own ({exc}); engines use the "

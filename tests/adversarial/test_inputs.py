@@ -427,6 +427,23 @@ def test_a_tokenizer_changed_after_the_tokenizer_check_is_not_handed_to_the_runt
     assert "changed since the model was fingerprinted" in equivalence.summary
 
 
+def test_a_shared_autotokenizer_build_serves_a_later_load_with_the_class_it_picked(tiny_models):
+    """Inside shared_tokenizers a load without a class (AutoTokenizer) is also the load of the
+    same files with the class it picked; another class, or files that changed, build again."""
+    from transformers import Qwen2Tokenizer
+
+    from specreg.runtime.loading import load_tokenizer, shared_tokenizers
+
+    expected = fingerprint_model(tiny_models["draft"])
+    with shared_tokenizers():
+        picked = load_tokenizer(tiny_models["draft"], expected=expected)
+        assert load_tokenizer(tiny_models["draft"], expected=expected, tokenizer_class=type(picked)) is picked
+        assert type(picked) is not Qwen2Tokenizer
+        other = load_tokenizer(tiny_models["draft"], expected=expected, tokenizer_class=Qwen2Tokenizer)
+        assert type(other) is Qwen2Tokenizer and other is not picked
+    assert load_tokenizer(tiny_models["draft"], expected=expected, tokenizer_class=type(picked)) is not picked
+
+
 def test_verified_load_gives_the_same_model_as_transformers(tiny_models):
     import torch
 

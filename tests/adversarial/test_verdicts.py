@@ -137,6 +137,22 @@ def test_qwen2_draft_with_identical_tokenizer_files_warns_not_fails(models, gold
     assert all(f["status"] == "warn" for f in result.evidence["findings"])
 
 
+def test_qwen2_draft_is_read_twice_where_autotokenizer_picks_another_class(models, golden):
+    """load_pair_tokenizers hands the draft's own build to the engine's role only when it is of the
+    target's class; here it is not, so the engine's reading is its own, and the check the same."""
+    from specreg.golden_prompts.loader import load_golden_set
+    from specreg.validators.tokenizer import check_tokenizer_alignment, load_pair_tokenizers
+
+    loaded = load_pair_tokenizers(models["plain_qwen2"], models["plain"])
+    own, draft, target = loaded["draft_own_tokenizer"], loaded["draft_tokenizer"], loaded["target_tokenizer"]
+    assert type(own).__name__ == "Qwen2Tokenizer" and type(draft) is type(target) is not type(own)
+    assert len(own) == len(draft) + 1 and draft.get_vocab() == target.get_vocab()
+    golden_set = load_golden_set(str(golden))
+    shared = check_tokenizer_alignment(models["plain_qwen2"], models["plain"], golden_set, **loaded)
+    alone = check_tokenizer_alignment(models["plain_qwen2"], models["plain"], golden_set)
+    assert (shared.status, shared.summary, shared.evidence) == (alone.status, alone.summary, alone.evidence)
+
+
 def test_qwen2_draft_with_different_tokenizer_files_still_fails(models):
     from specreg.validators.tokenizer import check_tokenizer_alignment
 

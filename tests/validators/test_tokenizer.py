@@ -34,6 +34,27 @@ def test_identical_tokenizers_pass_and_every_golden_prompt_is_compared(pair, smo
     assert result.evidence["golden"]["content_sha256"] == load_golden_set("default").content_sha256
 
 
+def test_a_draft_autotokenizer_reads_as_the_target_class_is_built_once(pair, smoke, monkeypatch):
+    """Where AutoTokenizer picks the target's class for the draft, its build serves both the
+    engine's role and the loader comparison: two builds for the pair, not three, same result."""
+    from specreg.runtime import loading
+    from specreg.validators.tokenizer import load_pair_tokenizers
+
+    built = []
+    real_build = loading._load_tokenizer_from
+    monkeypatch.setattr(loading, "_load_tokenizer_from", lambda directory, path, tokenizer_class=None: built.append(
+        tokenizer_class) or real_build(directory, path, tokenizer_class))
+    loaded = load_pair_tokenizers(*pair)
+    assert built == [None, None]
+    assert loaded["draft_tokenizer"] is loaded["draft_own_tokenizer"]
+    assert type(loaded["draft_tokenizer"]) is type(loaded["target_tokenizer"])
+    monkeypatch.setattr(loading, "_load_tokenizer_from", real_build)
+    shared = check_tokenizer_alignment(*pair, smoke, **loaded)
+    alone = check_tokenizer_alignment(*pair, smoke)
+    assert shared.status == alone.status == "pass"
+    assert (shared.summary, shared.evidence) == (alone.summary, alone.evidence)
+
+
 def test_a_swapped_token_id_fails_naming_the_token(pair, draft_copy, smoke):
     tokenizer = load_tokenizer(pair[0])
     # Two ordinary (learned) tokens that the smoke mail prompt uses.
