@@ -126,7 +126,8 @@ def tree_greedy_accept(node_token_ids, target_token_ids, retrieve_indices):
 
 def tree_rejection_sample(draft_probs, target_probs, node_token_ids, parent_ids, uniforms, generator=None):
     """Sampling branch over a tree: recursive rejection sampling over siblings (SpecInfer's
-    multi-step speculative sampling; EAGLE's tree sampling is the point-mass case).
+    multi-step speculative sampling; EAGLE's tree sampling is the point-mass case), for one
+    decoding step or for n independent draws at once.
 
     At a node, with p its target distribution, try its children in order: accept child x with
     probability min(1, p(x) / q(x)) (q(x) = 0 -> reject) and continue from that child with its own
@@ -137,37 +138,89 @@ def tree_rejection_sample(draft_probs, target_probs, node_token_ids, parent_ids,
     from q, q renormalised without the earlier siblings' tokens when drawn without replacement,
     a point mass for a deterministic top-k.
 
-    draft_probs     # [nodes+1, vocab]  q of each node's token, given its parent and earlier siblings (row 0 unused)
-    target_probs    # [nodes+1, vocab]  p at each node: the target's next-token law there
-    node_token_ids  # [nodes+1]         x at each node (row 0 the root)
+    draft_probs     # [nodes+1, vocab] or [n, nodes+1, vocab]  q of each node's token, given its parent and earlier siblings (row 0 unused)
+    target_probs    # [nodes+1, vocab] or [n, nodes+1, vocab]  p at each node: the target's next-token law there
+    node_token_ids  # [nodes+1] or [n, nodes+1]                x at each node (row 0 the root)
     parent_ids      # [nodes+1]         each node's parent (-1 for the root); siblings tried in node order
-    uniforms        # [nodes+1]         u ~ U[0, 1), one per node (row 0 unused)
-    Returns (accepted_nodes # [num_accepted], emitted # [num_accepted + 1]) as tree_greedy_accept.
+    uniforms        # [nodes+1] or [n, nodes+1]  u ~ U[0, 1), one per node (row 0 unused)
+    One step returns (accepted_nodes # [num_accepted], emitted # [num_accepted + 1]) as
+    tree_greedy_accept. n draws (laws and tokens given once for all, or one set per draw) return
+    (num_accepted # [n], accepted_nodes # [n, depth], emitted # [n, depth + 1], both -1 padded),
+    each draw's last token drawn from ``generator`` in draw order: the same tokens as n one-step
+    calls in a row. One step is n = 1, so the decode loop and the distribution check, which draws
+    thousands of first tokens at a prefix, run the same code.
     """
     import torch
 
-    tokens = node_token_ids.tolist()
-    children = [[] for _ in tokens]
-    for node, parent in enumerate(parent_ids.tolist()):
+    if uniforms.dim() == 1:
+        counts, accepted, emitted = tree_rejection_sample(draft_probs, target_probs, node_token_ids, parent_ids,
+                                                          uniforms.view(1, -1), generator)
+        num_accepted = int(counts[0])
+        return accepted[0, :num_accepted], emitted[0, :num_accepted + 1]
+    n, device = uniforms.shape[0], uniforms.device
+    children, depth = _children_table(parent_ids.tolist(), device)  # [nodes+1, widest], -1 padded
+    q_all = draft_probs.expand(n, *draft_probs.shape[-2:])  # [n, nodes+1, vocab]
+    p_all = target_probs.expand(n, *target_probs.shape[-2:])  # [n, nodes+1, vocab]
+    tokens = node_token_ids.expand(n, node_token_ids.shape[-1])  # [n, nodes+1]
+    draws = torch.arange(n, device=device)
+    node = torch.zeros(n, dtype=torch.long, device=device)  # where each draw stands
+    law = p_all[:, 0]  # [n, vocab] the law its next token must follow
+    accepted = torch.full((n, depth), -1, dtype=torch.long, device=device)
+    num_accepted = torch.zeros(n, dtype=torch.long, device=device)
+    going = torch.ones(n, dtype=torch.bool, device=device)  # still descending
+    for _ in range(depth):
+        moved = torch.zeros(n, dtype=torch.bool, device=device)
+        for rank in range(children.shape[1]):
+            child = children[node, rank]  # [n] the rank-th child of each draw's node, -1: none
+            # a draw tries its node's children in order until one is accepted: one with no child
+            # at this rank has none at a later rank either
+            trying = going & ~moved & (child >= 0)
+            if not bool(trying.any()):
+                break
+            child = child.clamp_min(0)
+            # a draw not trying reads any valid token (the root's may be a placeholder)
+            token = tokens[draws, child].where(trying, 0)  # [n]
+            p, q = law.gather(-1, token.view(-1, 1)).squeeze(-1), q_all[draws, child, token]  # [n]
+            # u < p/q without division, as rejection_sample
+            accept = trying & (q > 0) & (uniforms[draws, child] * q < p)
+            rejected = trying & ~accept
+            # the whole-vocabulary updates only where a draw needs them (one step: most children
+            # are accepted or never tried)
+            if bool(rejected.any()):
+                residual = (law - q_all[draws, child]).clamp_min_(0)  # [n, vocab]
+                total = residual.sum(-1, keepdim=True)  # [n, 1]
+                # total == 0 only when p == q, where rejection has probability 0: keep p
+                recover = rejected.view(-1, 1) & (total > 0)
+                law = torch.where(recover, residual.div_(total.where(recover, 1)), law)
+            if not bool(accept.any()):
+                continue
+            law = torch.where(accept.view(-1, 1), p_all[draws, child], law)
+            slot = num_accepted.clamp_max(depth - 1)
+            accepted[draws, slot] = torch.where(accept, child, accepted[draws, slot])
+            num_accepted = num_accepted + accept.to(torch.long)
+            node = torch.where(accept, child, node)
+            moved |= accept
+        going = moved
+        if not bool(going.any()):
+            break
+    next_token = sample(law, generator)  # [n]
+    emitted = torch.cat([tokens.gather(-1, accepted.clamp_min(0)).where(accepted >= 0, -1),
+                         torch.full((n, 1), -1, dtype=torch.long, device=device)], dim=-1)  # [n, depth+1]
+    emitted[draws, num_accepted] = next_token
+    return num_accepted, accepted, emitted
+
+
+def _children_table(parents: list[int], device):
+    """parents (one per node, -1 for the root) -> (children # [nodes+1, widest] each node's
+    children in node order, -1 padded; the tree's depth)."""
+    import torch
+
+    children: list[list[int]] = [[] for _ in parents]
+    depths = [0] * len(parents)
+    for node, parent in enumerate(parents):
         if parent >= 0:
             children[parent].append(node)
-    accepted, node = [], 0
-    distribution = target_probs[0]  # [vocab] the law the next token must follow
-    while True:
-        for child in children[node]:
-            token = tokens[child]
-            p, q = distribution[token], draft_probs[child, token]
-            # u < p/q without division, as rejection_sample
-            if q > 0 and uniforms[child] * q < p:
-                accepted.append(child)
-                node, distribution = child, target_probs[child]
-                break
-            residual = (distribution - draft_probs[child]).clamp_min(0)
-            total = residual.sum()
-            # total == 0 only when p == q, where rejection has probability 0: keep p
-            distribution = residual / total if total > 0 else distribution
-        else:
-            break
-    next_token = sample(distribution.view(1, -1), generator)  # [1]
-    accepted_nodes = torch.tensor(accepted, dtype=torch.long, device=node_token_ids.device)
-    return accepted_nodes, torch.cat([node_token_ids[accepted_nodes], next_token])
+            depths[node] = depths[parent] + 1
+    widest = max(1, max(len(kids) for kids in children))
+    table = torch.tensor([kids + [-1] * (widest - len(kids)) for kids in children], dtype=torch.long, device=device)
+    return table, max(depths)

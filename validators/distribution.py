@@ -14,8 +14,8 @@ every expected count is large enough for the chi-square approximation. A p-value
 
 One step per draw (not whole generations) keeps this cheap enough for a CPU while each draw
 still exercises the full rule: acceptance test, recovery from norm(max(0, p - q)). The draws go
-through the rule many at a time (its n-step form, the same code the decode loop runs on one step,
-drawing the same tokens as one call per draw would).
+through the rule many at a time (its n-step form, or the tree rule's n-draw form: the same code
+the decode loop runs on one step, drawing the same tokens as one call per draw would).
 
 q is the pair's own drafter at the prefix: the draft model's distribution; for a head (EAGLE-3,
 MTP) the head's distribution drafted from the target's hidden states of a prefill over the
@@ -155,7 +155,8 @@ def on_support(*laws):
 
 def sample_one_step_tree(node_token_ids, draft_probs, target_probs, samples: int, seed: int,
                          tree_acceptance_rule: Callable | None = None):
-    """As sample_one_step for a depth-1 tree: the root's children tried in order with the tree rule.
+    """As sample_one_step for a depth-1 tree: the root's children tried in order with the tree rule,
+    called on many draws at once (its n-draw form, in chunks as sample_one_step's).
 
     node_token_ids  # [nodes+1] root first
     draft_probs     # [nodes+1, vocab] each child's point mass (row 0 unused)
@@ -181,10 +182,12 @@ def sample_one_step_tree(node_token_ids, draft_probs, target_probs, samples: int
     # rows past the root are the laws after an accepted child: they only matter after the first token
     p = p.view(1, -1).expand(nodes, -1)  # [nodes+1, s]
     uniforms = torch.rand(samples, nodes, generator=generator, device=target_probs.device)  # [samples, nodes+1]
+    chunk = max(1, DRAW_ELEMENTS // support_ids.shape[0])
     speculative = torch.empty(samples, dtype=torch.long)
-    for index in range(samples):
-        _, emitted = rule(q, p, cut_nodes, parent_ids, uniforms[index], generator)
-        speculative[index] = support_ids[emitted[0]]
+    for start in range(0, samples, chunk):
+        end = min(samples, start + chunk)
+        _, _, emitted = rule(q, p, cut_nodes, parent_ids, uniforms[start:end], generator)  # emitted # [draws, 2]
+        speculative[start:end] = support_ids[emitted[:, 0]].cpu()
     target_generator = torch.Generator(device=target_probs.device).manual_seed(seed + 1)
     target_only = torch.multinomial(target_probs, samples, replacement=True, generator=target_generator)
     return speculative, target_only.cpu()

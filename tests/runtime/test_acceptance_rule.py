@@ -164,6 +164,7 @@ def test_greedy_branch():
 # ---- tree rules (acceptance_rule.tree_*), trees from runtime/tree.py -------------------------------
 
 from specreg.runtime.acceptance_rule import tree_greedy_accept, tree_rejection_sample  # noqa: E402
+from specreg.runtime.sampling import sample  # noqa: E402
 from specreg.runtime.tree import parse_tree  # noqa: E402
 
 TREE_N = 8_000
@@ -269,6 +270,67 @@ def test_tree_rule_runs_repeat_exactly_with_a_seed():
     tree = parse_tree(TREES["medusa"])
     runs = [run_tree_rule(tree, "iid", seed=seed, trials=200)[2] for seed in (4, 4, 5)]
     assert runs[0] == runs[1] and runs[0] != runs[2]
+
+
+def walk_tree(draft_probs, target_probs, node_token_ids, parent_ids, uniforms, generator):
+    """The tree rule as its docstring states it, one node at a time (the reference for its tensor
+    form): children in node order, accept on u * q < p, else p <- norm(max(0, p - q))."""
+    tokens, parents = node_token_ids.tolist(), parent_ids.tolist()
+    accepted, node, law = [], 0, target_probs[0]
+    while True:
+        for child in [c for c, parent in enumerate(parents) if parent == node]:
+            p, q = law[tokens[child]], draft_probs[child, tokens[child]]
+            if q > 0 and uniforms[child] * q < p:
+                accepted.append(child)
+                node, law = child, target_probs[child]
+                break
+            residual = (law - draft_probs[child]).clamp_min(0)
+            law = residual / residual.sum() if residual.sum() > 0 else law
+        else:
+            return accepted, [tokens[n] for n in accepted] + sample(law.view(1, -1), generator).tolist()
+
+
+@pytest.mark.parametrize("tree_name", sorted(TREES))
+def test_tree_rule_draws_exactly_as_a_walk_of_the_tree(tree_name):
+    """One step, and n draws at once (laws shared, or one set per draw): every draw's accepted nodes
+    and tokens those of the node-by-node walk, the last token drawn in draw order, -1 padding after."""
+    tree = parse_tree(TREES[tree_name])
+    parent_ids, nodes = torch.tensor(tree.parents), tree.num_nodes + 1
+    generator = torch.Generator().manual_seed(3)
+    per_draw = []
+    for draw in range(300):
+        draft = random_distributions(nodes, seed=100 + draw)
+        if draw % 3 == 0:  # point masses, as a deterministic top-k drafts
+            draft = torch.nn.functional.one_hot(draft.argmax(-1), VOCAB).float()
+        target = draft.clone() if draw % 7 == 0 else random_distributions(nodes, seed=1000 + draw)
+        target[:, draw % VOCAB] = 0  # a token the target never emits
+        target = target / target.sum(-1, keepdim=True)
+        per_draw.append((draft, target, torch.multinomial(draft, 1, generator=generator).squeeze(-1),
+                         torch.rand(nodes, generator=generator)))
+    drafts, targets, tokens, uniforms = (torch.stack(column) for column in zip(*per_draw))
+    expected = [walk_tree(draft, target, node_tokens, parent_ids, u, torch.Generator().manual_seed(draw))
+                for draw, (draft, target, node_tokens, u) in enumerate(per_draw)]
+    for draw, (draft, target, node_tokens, u) in enumerate(per_draw):  # one step, as the decode loop calls it
+        accepted, emitted = tree_rejection_sample(draft, target, node_tokens, parent_ids, u,
+                                                  torch.Generator().manual_seed(draw))
+        assert (accepted.tolist(), emitted.tolist()) == expected[draw]
+    # n draws at once, each with its own laws and tokens, against the walk drawing in the same order
+    in_order, walked = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
+    counts, accepted, emitted = tree_rejection_sample(drafts, targets, tokens, parent_ids, uniforms, in_order)
+    assert accepted.shape == (300, tree.depth) and emitted.shape == (300, tree.depth + 1)
+    for draw, (draft, target, node_tokens, u) in enumerate(per_draw):
+        nodes_taken, tokens_out = walk_tree(draft, target, node_tokens, parent_ids, u, walked)
+        assert int(counts[draw]) == len(nodes_taken)
+        assert accepted[draw].tolist() == nodes_taken + [-1] * (tree.depth - len(nodes_taken))
+        assert emitted[draw].tolist() == tokens_out + [-1] * (tree.depth + 1 - len(tokens_out))
+    assert 0 < int(counts.sum()) and int((counts == 0).sum()) > 0  # both accepting and rejecting draws
+    # laws and tokens given once for all the draws
+    draft, target, node_tokens, _ = per_draw[1]
+    shared = tree_rejection_sample(draft, target, node_tokens, parent_ids, uniforms, torch.Generator().manual_seed(4))
+    walked = torch.Generator().manual_seed(4)
+    for draw in range(300):
+        nodes_taken, tokens_out = walk_tree(draft, target, node_tokens, parent_ids, uniforms[draw], walked)
+        assert shared[2][draw, :len(tokens_out)].tolist() == tokens_out and int(shared[0][draw]) == len(nodes_taken)
 
 
 def test_tree_greedy_branch_takes_the_longest_matching_path():

@@ -99,6 +99,38 @@ def test_the_draws_go_through_the_rule_as_one_call_per_draw_would(monkeypatch):
     assert (target_probs[batched] > 0).all() and batched.unique().numel() > 5
 
 
+def test_the_tree_draws_go_through_the_rule_as_one_call_per_draw_would(monkeypatch):
+    """For a tree's first depth the check also hands the tree rule its draws at once (in chunks):
+    the tokens are exactly those of one one-step call per draw, chunk boundaries included."""
+    import torch
+
+    from specreg.runtime.acceptance_rule import tree_rejection_sample
+    from specreg.runtime.sampling import logits_to_probs
+    from specreg.validators import distribution
+
+    logits = torch.randn(300, generator=torch.Generator().manual_seed(6)) * 2
+    target_probs = logits_to_probs(logits.view(1, -1), 0.9, None, 0.95)[0]  # [vocab]
+    node_token_ids = torch.cat([torch.tensor([7]), target_probs.topk(4).indices.flip(0)])  # root, 4 candidates
+    draft_probs = torch.nn.functional.one_hot(node_token_ids, 300).float()  # point masses, as the heads'
+
+    def one_call_per_draw(q, p, nodes, parents, uniforms, generator=None):
+        emitted = torch.full((uniforms.shape[0], 2), -1)
+        for draw in range(uniforms.shape[0]):
+            _, tokens = tree_rejection_sample(q, p, nodes, parents, uniforms[draw], generator)
+            emitted[draw, :len(tokens)] = tokens
+        return None, None, emitted
+
+    for elements in (1 << 22, 997):  # every draw in one call; chunks that do not divide the draws
+        monkeypatch.setattr(distribution, "DRAW_ELEMENTS", elements)
+        batched, target_only = distribution.sample_one_step_tree(node_token_ids, draft_probs, target_probs, 1500, 3)
+        stepwise, same_target = distribution.sample_one_step_tree(node_token_ids, draft_probs, target_probs, 1500, 3,
+                                                                  one_call_per_draw)
+        assert torch.equal(batched, stepwise) and torch.equal(target_only, same_target)
+    assert (target_probs[batched] > 0).all() and batched.unique().numel() > 5
+    # the candidates are emitted as accepted drafts, and other tokens as recovered ones
+    assert set(node_token_ids[1:].tolist()) <= set(batched.tolist()) < set(target_probs.nonzero().view(-1).tolist())
+
+
 def test_correct_rule_passes_distribution(runtime):
     from specreg.validators.distribution import check_distribution
 
