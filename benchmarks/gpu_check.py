@@ -5,15 +5,23 @@ as a chain (k=4) and as a tree, the demo Medusa heads with the demo tree, the de
 MTP layer (k=3) — decodes the golden set
 greedily through our runtime on DEVICE in DTYPE, speculative and target-only through the same loop,
 and judges them with the validator's own equivalence rule (validators/equivalence.py: exact, or a
-first divergence at a near tie of the target within the dtype's tolerance). Prints one line per
-method with alpha-hat and tau; exit 1 when any method fails.
+first divergence at a near tie of the target within the dtype's tolerance); then the distribution
+check (validators/distribution.py: thousands of sampled first tokens per prefix through the
+acceptance rule on DEVICE, chi-square against the target's own law), which is where the sampling
+branch, the rules' n-draw forms and their generators run on the device. It runs on the sampled
+records of --distribution-golden (default: the default set's, whose prefixes leave the demo target
+more than one likely token; the smoke set's one sampled prompt leaves it a single one, where the
+chi-square has nothing to compare), decoded as validate decodes them. Prints one line per method
+with alpha-hat, tau and both verdicts; exit 1 when any method fails either.
 
     python benchmarks/gpu_check.py [--dir .demo/pair] [--device cuda] [--dtype bfloat16] [--golden smoke]
+        [--distribution-golden default]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 
@@ -24,6 +32,7 @@ def main() -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--golden", default="smoke")
+    parser.add_argument("--distribution-golden", default="default")
     args = parser.parse_args()
 
     import torch
@@ -37,6 +46,7 @@ def main() -> int:
     from specreg.runtime.metrics import aggregate
     from specreg.runtime.methods import load_pair
     from specreg.runtime.decode import DecodeConfig
+    from specreg.validators.distribution import check_distribution
     from specreg.validators.equivalence import check_equivalence, decode_golden
     from specreg.validators.suite import default_near_tie_tolerance
 
@@ -47,6 +57,9 @@ def main() -> int:
     tree = tuple(tuple(path) for path in DEMO_TREE)
     depth = max(len(path) for path in tree)
     golden = load_golden_set(args.golden)
+    sampled = load_golden_set(args.distribution_golden)
+    sampled = dataclasses.replace(sampled, name=f"{sampled.name} (sampled records)",
+                                  records=tuple(record for record in sampled if not record.is_greedy))
     tolerance = default_near_tie_tolerance(args.dtype)
     cases = [  # (name, target, drafter, settings)
         ("draft_model k=4", target_dir, draft_dir, DecodeConfig(method="draft_model", k=4)),
@@ -66,9 +79,12 @@ def main() -> int:
         decodes = decode_golden(pair, golden, settings)
         result = check_equivalence(pair, decodes, tolerance=tolerance)
         summary = aggregate([run.speculative.metrics for run in decodes.runs])
-        failed |= result.status == "fail"
+        distribution = check_distribution(pair, sampled, decode_golden(pair, sampled, settings),
+                                          method=settings.method, tree=settings.tree)
+        failed |= result.status == "fail" or distribution.status == "fail"
         print(f"{name:<24} {result.status:<5} alpha-hat {summary['acceptance_rate']:.3f} tau "
-              f"{summary['mean_acceptance_length']:.2f} ({time.perf_counter() - start:.1f} s): {result.summary}")
+              f"{summary['mean_acceptance_length']:.2f} ({time.perf_counter() - start:.1f} s): {result.summary}; "
+              f"distribution {distribution.status}: {distribution.summary}")
     return 1 if failed else 0
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The accelerator check (<= 5 min on one GPU): equivalence of every speculative
-# method (draft model, EAGLE-3 chain and tree, Medusa tree, MTP) on CUDA in bf16, then the runtime
+# The accelerator check (<= 5 min on one GPU): equivalence and the distribution check of every
+# speculative method (draft model, EAGLE-3 chain and tree, Medusa tree, MTP) on CUDA in bf16, then the runtime
 # benchmark there. For a machine whose python3 already has torch, transformers, safetensors,
 # tokenizers, click, jinja2 and pyyaml, and jsonschema on PYTHONPATH where it is missing (the device
 # image lacks it: carry its wheels and their needs, referencing, jsonschema-specifications,
