@@ -1,28 +1,33 @@
 #!/usr/bin/env bash
-# The accelerator check (<= 5 min on one GPU): equivalence and the distribution check of every
-# speculative method (draft model, EAGLE-3 chain and tree, Medusa tree, MTP) on CUDA in bf16, then the runtime
-# benchmark there. For a machine whose python3 already has torch, transformers, safetensors,
-# tokenizers, click, jinja2 and pyyaml, and jsonschema on PYTHONPATH where it is missing (the device
-# image lacks it: carry its wheels and their needs, referencing, jsonschema-specifications,
-# rpds-py); specreg itself is put on the path without its other dependencies (registry, MLflow: not
-# needed here). The demo pair (.demo/pair) is built there, or reused when carried and built with
-# the same torch, transformers and tokenizers (its build key names them; the device image's differ
-# from ours, so it is rebuilt there, the pair in 16 s). gpu_check.py decodes the golden set batched
-# (validate's default batch), then bench_batch.py measures tokens/s per batch size against batch 1
-# on the demo pair and the demo target's heads (BATCH_SIZES, default 1,2,4,8,16,32) and checks
-# each batch token for token. BATCH_SIZES, PROMPTS (32) and MAX_NEW_TOKENS (64) size that last part.
+# The accelerator check (<= 6 min on one GPU): equivalence and the distribution check of every
+# speculative method (draft model, EAGLE-3 chain and tree, Medusa tree, MTP) on CUDA in bf16
+# (gpu_check.py); the whole `specreg validate` on the demo pair and the demo Medusa tree
+# (gpu_validate.sh: a fresh SQLite registry, every check on the device); then the runtime
+# benchmarks: bench_batch.py measures tokens/s per batch size against batch 1 on the demo pair and
+# the demo target's heads (BATCH_SIZES, default 1,2,4,8,16,32) and checks each batch token for
+# token. BATCH_SIZES, PROMPTS (32) and MAX_NEW_TOKENS (64) size that last part.
 #
-#   bash benchmarks/gpu_check.sh [OUT_DIR]     # writes gpu_check.log, bench_runtime.log, bench_batch.log/.json
+# For a machine whose python3 already has torch, transformers, safetensors, tokenizers, click,
+# jinja2 and pyyaml, with the rest on PYTHONPATH where it is missing (the device image lacks
+# jsonschema, SQLAlchemy and alembic: carry the wheels of jsonschema, referencing,
+# jsonschema-specifications, rpds-py, sqlalchemy, alembic and mako). specreg itself is put on the
+# path without its other dependencies (MLflow and the signing libraries: validate runs without
+# them, with no MLflow mirror). The demo pair (.demo/pair) is built there, or reused when carried
+# and built with the same torch, transformers and tokenizers (its build key names them; the device
+# image's differ from ours, so it is rebuilt there, the pair in 16 s).
+#
+#   bash benchmarks/gpu_check.sh [OUT_DIR]   # gpu_check.log, validate.log, bench_runtime.log, bench_batch.log/.json
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-.}}
 mkdir -p "$out"
 python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/specreg-site . >/dev/null
-# a PYTHONPATH already set (wheels carried for packages the image lacks, jsonschema) stays behind ours
+# a PYTHONPATH already set (wheels carried for packages the image lacks) stays behind ours
 export PYTHONPATH=/tmp/specreg-site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 python3 -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name(0))"
 status=0
 python3 benchmarks/gpu_check.py --device cuda --dtype bfloat16 2>&1 | tee "$out/gpu_check.log" || status=1
+bash benchmarks/gpu_validate.sh cuda bfloat16 2>&1 | tee "$out/validate.log" || status=1
 python3 benchmarks/bench_runtime.py --device cuda --dtype bfloat16 --repeats 2 --threads 0 2>&1 \
   | tee "$out/bench_runtime.log" || status=1
 python3 benchmarks/bench_batch.py --pairs demo,demo-eagle3,demo-eagle3-tree,demo-mtp,demo-medusa --device cuda --dtype bfloat16 --threads 0 \
