@@ -429,7 +429,8 @@ def test_a_tokenizer_changed_after_the_tokenizer_check_is_not_handed_to_the_runt
 
 def test_a_shared_autotokenizer_build_serves_a_later_load_with_the_class_it_picked(tiny_models):
     """Inside shared_tokenizers a load without a class (AutoTokenizer) is also the load of the
-    same files with the class it picked; another class, or files that changed, build again."""
+    same files with the class it picked; another class builds again, and outside it nothing is
+    shared."""
     from transformers import Qwen2Tokenizer
 
     from specreg.runtime.loading import load_tokenizer, shared_tokenizers

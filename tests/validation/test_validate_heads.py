@@ -85,7 +85,7 @@ def test_a_broken_tree_rule_fails_the_distribution_check(registry, models, heads
 
     def accept_first_candidate(draft_probs, target_probs, node_token_ids, parent_ids, uniforms, generator=None):
         """One step as the decode loop calls it; n draws (the distribution check) one after another,
-        in the rule's n-draw form (-1 padded to the tree's depth)."""
+        returned in the rule's n-draw form (-1 padded)."""
         if uniforms.dim() == 1:
             return accept_first_candidate_once(draft_probs, target_probs, node_token_ids, parent_ids, uniforms,
                                                generator)
