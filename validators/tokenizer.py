@@ -122,20 +122,17 @@ def load_pair_tokenizers(draft_dir: str | Path, target_dir: str | Path, *, draft
     arguments of the tokenizer and chat-template checks), with "draft_own_tokenizer", the draft's
     as AutoTokenizer builds it alone (the tokenizer check's loader comparison), when it builds.
     *_expected: the registered fingerprints, checked while the files are read
-    (runtime.loading.load_tokenizer).
-
-    Where AutoTokenizer picks the target's class for the draft too (the usual case), the draft's
-    own build is the engine's: AutoTokenizer ends in that class's from_pretrained on the same
-    files, so the files are read and built once instead of twice."""
+    (runtime.loading.load_tokenizer). Inside loading.shared_tokenizers (a validation), where
+    AutoTokenizer picks the target's class for the draft too (the usual case), the draft's own build
+    is also its reading with that class: two builds, not three."""
     target = load_tokenizer(target_dir, expected=target_expected)
+    loaded = {"target_tokenizer": target}
     try:
-        own = load_tokenizer(draft_dir, expected=draft_expected)
+        loaded["draft_own_tokenizer"] = load_tokenizer(draft_dir, expected=draft_expected)
     except ModelReferenceError:  # the loader comparison says why; the engine's class may still read the files
-        return {"draft_tokenizer": load_tokenizer(draft_dir, expected=draft_expected, tokenizer_class=type(target)),
-                "target_tokenizer": target}
-    draft = own if type(own) is type(target) else load_tokenizer(draft_dir, expected=draft_expected,
-                                                                   tokenizer_class=type(target))
-    return {"draft_tokenizer": draft, "target_tokenizer": target, "draft_own_tokenizer": own}
+        pass
+    loaded["draft_tokenizer"] = load_tokenizer(draft_dir, expected=draft_expected, tokenizer_class=type(target))
+    return loaded
 
 
 # --- the comparisons ------------------------------------------------------------------

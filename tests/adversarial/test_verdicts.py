@@ -138,12 +138,18 @@ def test_qwen2_draft_with_identical_tokenizer_files_warns_not_fails(models, gold
 
 
 def test_qwen2_draft_is_read_twice_where_autotokenizer_picks_another_class(models, golden):
-    """load_pair_tokenizers hands the draft's own build to the engine's role only when it is of the
-    target's class; here it is not, so the engine's reading is its own, and the check the same."""
+    """Inside a validation the draft's own build serves as its reading with the target's class only
+    when AutoTokenizer picked that class; here it picks Qwen2Tokenizer, so the engine's reading is
+    a build of its own, and the check's findings are those of the check loading them itself."""
+    from specreg.core.fingerprint import fingerprint_model
     from specreg.golden_prompts.loader import load_golden_set
+    from specreg.runtime.loading import shared_tokenizers
     from specreg.validators.tokenizer import check_tokenizer_alignment, load_pair_tokenizers
 
-    loaded = load_pair_tokenizers(models["plain_qwen2"], models["plain"])
+    with shared_tokenizers():
+        loaded = load_pair_tokenizers(models["plain_qwen2"], models["plain"],
+                                      draft_expected=fingerprint_model(models["plain_qwen2"]),
+                                      target_expected=fingerprint_model(models["plain"]))
     own, draft, target = loaded["draft_own_tokenizer"], loaded["draft_tokenizer"], loaded["target_tokenizer"]
     assert type(own).__name__ == "Qwen2Tokenizer" and type(draft) is type(target) is not type(own)
     assert len(own) == len(draft) + 1 and draft.get_vocab() == target.get_vocab()

@@ -35,19 +35,27 @@ def test_identical_tokenizers_pass_and_every_golden_prompt_is_compared(pair, smo
 
 
 def test_a_draft_autotokenizer_reads_as_the_target_class_is_built_once(pair, smoke, monkeypatch):
-    """Where AutoTokenizer picks the target's class for the draft, its build serves both the
-    engine's role and the loader comparison: two builds for the pair, not three, same result."""
+    """As a validation loads them (checked against the fingerprints, inside shared_tokenizers):
+    where AutoTokenizer picks the target's class for the draft, its build serves both the engine's
+    role and the loader comparison: two builds for the pair, not three, and the same result."""
+    from specreg.core.fingerprint import fingerprint_model
     from specreg.runtime import loading
     from specreg.validators.tokenizer import load_pair_tokenizers
 
+    expected = {"draft_expected": fingerprint_model(pair[0]), "target_expected": fingerprint_model(pair[1])}
     built = []
     real_build = loading._load_tokenizer_from
     monkeypatch.setattr(loading, "_load_tokenizer_from", lambda directory, path, tokenizer_class=None: built.append(
         tokenizer_class) or real_build(directory, path, tokenizer_class))
-    loaded = load_pair_tokenizers(*pair)
+    with loading.shared_tokenizers():
+        loaded = load_pair_tokenizers(*pair, **expected)
     assert built == [None, None]
     assert loaded["draft_tokenizer"] is loaded["draft_own_tokenizer"]
     assert type(loaded["draft_tokenizer"]) is type(loaded["target_tokenizer"])
+    built.clear()
+    unshared = load_pair_tokenizers(*pair, **expected)  # outside a validation each load builds
+    assert built == [None, None, type(unshared["target_tokenizer"])]
+    assert unshared["draft_tokenizer"] is not unshared["draft_own_tokenizer"]
     monkeypatch.setattr(loading, "_load_tokenizer_from", real_build)
     shared = check_tokenizer_alignment(*pair, smoke, **loaded)
     alone = check_tokenizer_alignment(*pair, smoke)
