@@ -1,7 +1,7 @@
 """Helpers several test packages share that are not fixtures: whether the suite runs in CI (where
 a missing engine or model fails instead of skipping), the environment every test runs in, a model
-folder copied to change it, and transformers' own greedy decoding, the reference our runtime's
-greedy decodes are held to."""
+folder copied to change it, transformers' own greedy decoding, the reference our runtime's
+greedy decodes are held to, and a one-step tree rule lifted to the rule's n-draw form."""
 
 from __future__ import annotations
 
@@ -45,3 +45,27 @@ def hf_greedy(target, prompt_ids: list[int], max_new_tokens: int, eos_token_id: 
         output = target.generate(torch.tensor([prompt_ids]), do_sample=False, max_new_tokens=max_new_tokens,
                                  eos_token_id=eos_token_id, pad_token_id=0)
     return output[0, len(prompt_ids):].tolist()
+
+
+def each_draw(tree_rule):
+    """A one-step tree rule (the form the decode loop calls) that also takes the tree rule's n-draw
+    form (uniforms # [n, nodes+1], laws and tokens given once for all), as the distribution check
+    calls it: the draws one call after another -> (num_accepted # [n], accepted_nodes # [n, depth],
+    emitted # [n, depth+1], -1 padded), as acceptance_rule.tree_rejection_sample returns them."""
+    import torch
+
+    def both(draft_probs, target_probs, node_token_ids, parent_ids, uniforms, generator=None):
+        if uniforms.dim() == 1:
+            return tree_rule(draft_probs, target_probs, node_token_ids, parent_ids, uniforms, generator)
+        parents, depths = parent_ids.tolist(), [0] * parent_ids.shape[0]
+        for node, parent in enumerate(parents):
+            depths[node] = depths[parent] + 1 if parent >= 0 else 0
+        n, depth = uniforms.shape[0], max(depths)
+        counts = torch.zeros(n, dtype=torch.long)
+        accepted, emitted = torch.full((n, depth), -1), torch.full((n, depth + 1), -1)
+        for draw in range(n):
+            nodes, tokens = tree_rule(draft_probs, target_probs, node_token_ids, parent_ids, uniforms[draw], generator)
+            counts[draw], accepted[draw, :len(nodes)], emitted[draw, :len(tokens)] = len(nodes), nodes, tokens
+        return counts, accepted, emitted
+
+    return both

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from helpers import each_draw  # tests/ is on sys.path (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def runtime(models, golden_path):
@@ -113,13 +115,7 @@ def test_the_tree_draws_go_through_the_rule_as_one_call_per_draw_would(monkeypat
     node_token_ids = torch.cat([torch.tensor([7]), target_probs.topk(4).indices.flip(0)])  # root, 4 candidates
     draft_probs = torch.nn.functional.one_hot(node_token_ids, 300).float()  # point masses, as the heads'
 
-    def one_call_per_draw(q, p, nodes, parents, uniforms, generator=None):
-        emitted = torch.full((uniforms.shape[0], 2), -1)
-        for draw in range(uniforms.shape[0]):
-            _, tokens = tree_rejection_sample(q, p, nodes, parents, uniforms[draw], generator)
-            emitted[draw, :len(tokens)] = tokens
-        return None, None, emitted
-
+    one_call_per_draw = each_draw(lambda *args: tree_rejection_sample(*args))
     for elements in (1 << 22, 997):  # every draw in one call; chunks that do not divide the draws
         monkeypatch.setattr(distribution, "DRAW_ELEMENTS", elements)
         batched, target_only = distribution.sample_one_step_tree(node_token_ids, draft_probs, target_probs, 1500, 3)

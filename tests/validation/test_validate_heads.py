@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helpers import each_draw  # tests/ is on sys.path (tests/conftest.py)
 from specreg.registry.store.entities import PairState
 
 CHECKS = ["integrity", "tokenizer", "chat_template", "memory", "equivalence", "distribution", "acceptance",
@@ -77,26 +78,12 @@ def test_a_broken_tree_rule_fails_the_distribution_check(registry, models, heads
     over-emits the candidates: the chi-square tests see it; equivalence (greedy) cannot."""
     from specreg.runtime.acceptance_rule import tree_rejection_sample
 
-    def accept_first_candidate_once(draft_probs, target_probs, node_token_ids, parent_ids, uniforms, generator=None):
+    @each_draw
+    def accept_first_candidate(draft_probs, target_probs, node_token_ids, parent_ids, uniforms, generator=None):
         first = int((parent_ids == 0).nonzero()[0])
         if target_probs[0, node_token_ids[first]] > 0:
             return torch.tensor([first]), torch.stack([node_token_ids[first], node_token_ids[first]])
         return tree_rejection_sample(draft_probs, target_probs, node_token_ids, parent_ids, uniforms, generator)
-
-    def accept_first_candidate(draft_probs, target_probs, node_token_ids, parent_ids, uniforms, generator=None):
-        """One step as the decode loop calls it; n draws (the distribution check) one after another,
-        returned in the rule's n-draw form (-1 padded)."""
-        if uniforms.dim() == 1:
-            return accept_first_candidate_once(draft_probs, target_probs, node_token_ids, parent_ids, uniforms,
-                                               generator)
-        n, depth = uniforms.shape[0], int((parent_ids >= 0).sum())  # no path is longer than the nodes
-        counts = torch.zeros(n, dtype=torch.long)
-        accepted, emitted = torch.full((n, depth), -1), torch.full((n, depth + 1), -1)
-        for draw in range(n):
-            nodes, tokens = accept_first_candidate_once(draft_probs, target_probs, node_token_ids, parent_ids,
-                                                        uniforms[draw], generator)
-            counts[draw], accepted[draw, :len(nodes)], emitted[draw, :len(tokens)] = len(nodes), nodes, tokens
-        return counts, accepted, emitted
 
     registry.register("med", target=str(models["target"]), draft=str(heads["medusa"]), method="medusa", tree=TREE)
     outcome = registry.validate("med@1", golden=str(golden_path), device="cpu", distribution_samples=2000,
