@@ -17,6 +17,10 @@
 # image's differ from ours, so it is rebuilt there, the pair in 16 s).
 #
 #   bash benchmarks/gpu_check.sh [OUT_DIR]   # gpu_check.log, validate.log, bench_runtime.log, bench_batch.log/.json
+#
+# DEVICE=cpu runs the same on a CPU, DEMO_DIR (default .demo/pair) says where the demo pair and
+# heads are built: a rehearsal under the GPU image's own torch and transformers (PyPI's torch
+# 2.11.0 runs on a CPU too) in a venv of its own, without overwriting the checkout's demo pair.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-.}}
@@ -24,13 +28,18 @@ mkdir -p "$out"
 python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/specreg-site . >/dev/null
 # a PYTHONPATH already set (wheels carried for packages the image lacks) stays behind ours
 export PYTHONPATH=/tmp/specreg-site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-python3 -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name(0))"
+device=${DEVICE:-cuda} demo=${DEMO_DIR:-.demo/pair}
+if [[ $device == cuda* ]]; then
+  python3 -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name(0))"
+fi
+python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 status=0
-python3 benchmarks/gpu_check.py --device cuda --dtype bfloat16 2>&1 | tee "$out/gpu_check.log" || status=1
-bash benchmarks/gpu_validate.sh cuda bfloat16 2>&1 | tee "$out/validate.log" || status=1
-python3 benchmarks/bench_runtime.py --device cuda --dtype bfloat16 --repeats 2 --threads 0 2>&1 \
+python3 benchmarks/gpu_check.py --dir "$demo" --device "$device" --dtype bfloat16 2>&1 | tee "$out/gpu_check.log" || status=1
+bash benchmarks/gpu_validate.sh "$device" bfloat16 "$demo" 2>&1 | tee "$out/validate.log" || status=1
+python3 benchmarks/bench_runtime.py --dir "$demo" --device "$device" --dtype bfloat16 --repeats 2 --threads 0 2>&1 \
   | tee "$out/bench_runtime.log" || status=1
-python3 benchmarks/bench_batch.py --pairs demo,demo-eagle3,demo-eagle3-tree,demo-mtp,demo-medusa --device cuda --dtype bfloat16 --threads 0 \
+python3 benchmarks/bench_batch.py --pairs demo,demo-eagle3,demo-eagle3-tree,demo-mtp,demo-medusa --demo-dir "$demo" \
+  --device "$device" --dtype bfloat16 --threads 0 \
   --batch-sizes "${BATCH_SIZES:-1,2,4,8,16,32}" --prompts "${PROMPTS:-32}" --max-new-tokens "${MAX_NEW_TOKENS:-64}" --json "$out/bench_batch.json" 2>&1 \
   | tee "$out/bench_batch.log" || status=1
 exit $status
