@@ -112,3 +112,50 @@ def test_a_cancelled_helper_opens_the_store_and_mirrors_nothing(tmp_path, tiny_m
     assert helper.process.returncode == 0
     assert (tmp_path / "specreg-home" / "mlflow" / "mlflow.db").is_file()
     assert mlflow_runs(registry.review.tracking_uri, "hp") == []
+
+
+def test_a_helper_that_fails_exits_non_zero_and_one_that_serves_exits_at_once(tmp_path):
+    """The helper ends without the interpreter's teardown of MLflow's modules (the command waits
+    for its exit), but keeps its exit status: 1 for a request it cannot read, 0 for an empty one."""
+    env = {**os.environ, "SPECREG_HOME": str(tmp_path), "SPECREG_MLFLOW": "on"}
+    failed = subprocess.run([*HELPER, ""], input="not json\n", capture_output=True, text=True, env=env)
+    assert failed.returncode == 1 and "JSONDecodeError" in failed.stderr and failed.stdout == ""
+    ended = subprocess.run([*HELPER, ""], input="", capture_output=True, text=True, env=env)
+    assert ended.returncode == 0 and ended.stdout == ""
+
+
+def autogroup_nice(pid: int | str) -> int:
+    """The nice value of the scheduling autogroup of a process (/proc/PID/autogroup: "/autogroup-N nice V")."""
+    return int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])
+
+
+@pytest.mark.skipif(not Path("/proc/sys/kernel/sched_autogroup_enabled").is_file()
+                    or Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() != "1",
+                    reason="this kernel schedules no autogroups")
+def test_the_helper_yields_to_the_command_in_its_own_autogroup(tmp_path, monkeypatch):
+    """The helper runs in a session of its own, which Linux makes an autogroup of its own, and a
+    process's nice counts only inside its autogroup: the helper lowers its group, and the
+    command's own group keeps its nice."""
+    import time
+
+    monkeypatch.setenv("SPECREG_HOME", str(tmp_path))
+    ours = autogroup_nice("self")
+    helper = MirrorHelper([*HELPER, ""])
+    try:
+        deadline = time.monotonic() + 60
+        while autogroup_nice(helper.process.pid) != 10 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert autogroup_nice(helper.process.pid) == 10
+        assert int(Path(f"/proc/{helper.process.pid}/stat").read_text().rsplit(")", 1)[1].split()[16]) == 10
+        assert autogroup_nice("self") == ours
+    finally:
+        helper.cancel()
+    assert helper.process.returncode == 0
+
+
+def test_without_autogroups_the_helper_lowers_its_own_priority(tmp_path):
+    code = ("import os; from specreg.cli.mirror_helper import lower_priority\n"
+            f"lower_priority({str(tmp_path / 'no' / 'autogroup')!r}); print(os.nice(0))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["10"]
