@@ -9,6 +9,7 @@ import atexit
 import json
 import os
 import sys
+import time
 
 
 def lower_priority(autogroup: str = "/proc/self/autogroup") -> None:
@@ -20,11 +21,15 @@ def lower_priority(autogroup: str = "/proc/self/autogroup") -> None:
     if not hasattr(os, "nice"):
         return
     os.nice(10)
-    try:
-        with open(autogroup, "w") as handle:
-            handle.write("10")
-    except OSError:
-        pass  # no autogroups (another system, or turned off): the process's nice is the one that counts
+    for _ in range(2):
+        try:
+            with open(autogroup, "w") as handle:
+                handle.write("10")
+            return
+        except BlockingIOError:
+            time.sleep(0.1)  # Linux takes one such write a tenth of a second from unprivileged users
+        except OSError:
+            return  # no autogroups (another system, or turned off): the process's nice is the one that counts
 
 
 def serve(mlflow_uri: str | None) -> int:
