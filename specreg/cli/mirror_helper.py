@@ -21,6 +21,8 @@ def lower_priority(autogroup: str = "/proc/self/autogroup") -> None:
     if not hasattr(os, "nice"):
         return
     os.nice(10)
+    if os.getsid(0) != os.getpid():
+        return  # not its own session (run by hand or by a test): the autogroup is its caller's too
     for _ in range(2):
         try:
             with open(autogroup, "w") as handle:

@@ -114,14 +114,23 @@ def test_a_cancelled_helper_opens_the_store_and_mirrors_nothing(tmp_path, tiny_m
     assert mlflow_runs(registry.review.tracking_uri, "hp") == []
 
 
-def test_a_helper_that_fails_exits_non_zero_and_one_that_serves_exits_at_once(tmp_path):
+def test_a_helper_ended_without_the_interpreters_teardown_keeps_its_exit_status(tmp_path):
     """The helper ends without the interpreter's teardown of MLflow's modules (the command waits
     for its exit), but keeps its exit status: 1 for a request it cannot read, 0 for an empty one."""
     env = {**os.environ, "SPECREG_HOME": str(tmp_path), "SPECREG_MLFLOW": "on"}
+    ours = own_autogroup()
     failed = subprocess.run([*HELPER, ""], input="not json\n", capture_output=True, text=True, env=env)
     assert failed.returncode == 1 and "JSONDecodeError" in failed.stderr and failed.stdout == ""
     ended = subprocess.run([*HELPER, ""], input="", capture_output=True, text=True, env=env)
     assert ended.returncode == 0 and ended.stdout == ""
+    # run in this process's session, the helper lowers itself, never the autogroup it shares with us
+    assert own_autogroup() == ours
+
+
+def own_autogroup() -> str | None:
+    """This process's /proc/self/autogroup ("/autogroup-N nice V"), None where there is none."""
+    path = Path("/proc/self/autogroup")
+    return path.read_text() if path.is_file() else None
 
 
 def autogroup_nice(pid: int | str) -> int:
@@ -157,6 +166,7 @@ def test_the_helper_yields_to_the_command_in_its_own_autogroup(tmp_path, monkeyp
 def test_without_autogroups_the_helper_lowers_its_own_priority(tmp_path):
     code = ("import os; from specreg.cli.mirror_helper import lower_priority\n"
             f"lower_priority({str(tmp_path / 'no' / 'autogroup')!r}); print(os.nice(0))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                          start_new_session=True)  # a session of its own, as MirrorHelper starts it
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [str(min(19, os.nice(0) + 10))]
