@@ -118,7 +118,10 @@ real_pair_steps() {
 # A real EAGLE-3 head for SmolLM2, trained here on text SmolLM2 writes (builders/real_head.py), costs
 # up to an hour of CPU once: a demo never waits for it. When the engine cache holds it, the demo
 # registers it and shows its parity in llama.cpp; otherwise it starts its training once, detached
-# (under nice, 2 torch threads; it outlives the demo), and the next `make demo` shows it.
+# (under nice, 2 torch threads; it outlives the demo), and the next `make demo` shows it. setsid
+# makes it a session, and so on Linux a scheduling autogroup, of its own, inside which alone its
+# nice would count: the group's nice is set too, or it takes a core's share from whatever the user
+# runs next as if it were not niced.
 real_head_steps() {
   if specreg demo-pair "$DEMO_DIR/real" --real --method eagle3 --cached > /dev/null; then
     step "a real EAGLE-3 head for SmolLM2 (trained here on text SmolLM2 wrote; cached): our runtime, then llama.cpp"
@@ -131,8 +134,8 @@ real_head_steps() {
     step "the real EAGLE-3 head is still training in the background ($DEMO_DIR/build-real-head.log)"
   else
     step "the real EAGLE-3 head is not built: training it once in the background ($DEMO_DIR/build-real-head.log); a later make demo shows it"
-    SPECREG_THREADS=2 nohup setsid nice specreg demo-pair "$DEMO_DIR/real" --real --method eagle3 \
-      > "$DEMO_DIR/build-real-head.log" 2>&1 < /dev/null &
+    SPECREG_THREADS=2 nohup setsid sh -c '{ echo 10 > /proc/self/autogroup; } 2>/dev/null; exec nice "$@"' sh \
+      specreg demo-pair "$DEMO_DIR/real" --real --method eagle3 > "$DEMO_DIR/build-real-head.log" 2>&1 < /dev/null &
     echo $! > "$REAL_HEAD_PID"
   fi
 }
