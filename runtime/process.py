@@ -3,9 +3,12 @@ that decides it) and silence for the progress bars of the libraries it calls.
 
 Every command that runs models (`specreg demo-pair`, `validate`, `gate --rerun`, the
 benchmarks) goes through ``limit_threads`` (the CLI through ``prepare_process`` at start). The rule: ``$SPECREG_THREADS`` when set, else an
-explicit ``$OMP_NUM_THREADS``, else the cores this process may run on that the 1-minute load
-average leaves free (rounded), at least 1 and never more than those cores; threads beyond the free
-cores wait passively. Spinning OpenMP threads on
+explicit ``$OMP_NUM_THREADS``, else the cores this process may run on that other work leaves free
+(rounded), at least 1 and never more than those cores; threads beyond the free cores wait
+passively. Other work is the 1-minute load average, checked against a quarter second of the CPUs'
+own counters when the average says some cores are taken: the average still counts, for a minute,
+a command that has just ended, and a second `validate` started then would run on one thread.
+Spinning OpenMP threads on
 cores other work holds cost far more than they bring: on the 2-core machine with load 5-18,
 torch's default (one thread a core) made the demo pair's build take 52 minutes and > 10
 CPU-minutes for 55 CPU-seconds of work, and tests/runtime ran 6x slower (82 s against 13 s).
@@ -37,14 +40,64 @@ def explicit_threads() -> int | None:
     return None
 
 
+def cpu_counters(cpus: set[int], path: str = "/proc/stat") -> tuple[int, int] | None:
+    """(busy, busy + idle) clock ticks summed over ``cpus`` since boot, None where unreadable.
+    Busy is user, nice, system, irq and softirq time; steal (the hypervisor's) counts as neither."""
+    busy = total = 0
+    try:
+        with open(path) as handle:
+            for line in handle:
+                name, *fields = line.split()
+                if not name.startswith("cpu"):
+                    break  # the CPUs' lines come first ("cpu" for all, then "cpuN"), then "intr" ...
+                if name[3:].isdigit() and int(name[3:]) in cpus:
+                    user, nice, system, idle, iowait, irq, softirq = (int(value) for value in fields[:7])
+                    busy += user + nice + system + irq + softirq
+                    total += user + nice + system + irq + softirq + idle + iowait
+    except (OSError, ValueError):
+        return None
+    return (busy, total) if total else None
+
+
+def busy_now(cores: int, window: float = 0.25) -> float | None:
+    """The cores other work keeps busy over the next ``window`` seconds (this process sleeps
+    meanwhile), from the CPUs' counters; None where the system does not expose them."""
+    import time
+
+    try:
+        cpus = set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = set(range(cores))
+    before = cpu_counters(cpus)
+    if before is None:
+        return None
+    time.sleep(window)
+    after = cpu_counters(cpus)
+    if after is None or after[1] <= before[1]:
+        return None
+    return cores * (after[0] - before[0]) / (after[1] - before[1])
+
+
 def free_cores(cores: int | None = None, load: float | None = None) -> int:
-    """The cores the 1-minute load average leaves free (rounded), in [1, cores]."""
+    """The cores other work leaves free (rounded), in [1, cores]. ``load`` is how many cores other
+    work holds; by default the 1-minute load average, and where that says some cores are taken,
+    what the CPUs' counters show now (busy_now), since the average decays over a minute after a
+    command ends."""
     cores = usable_cores() if cores is None else cores
     if load is None:
         try:
             load = os.getloadavg()[0]
         except (AttributeError, OSError):
             load = float(cores)  # unknown load: assume busy, one thread
+        if rounded_free(cores, load) < cores:
+            now = busy_now(cores)
+            if now is not None:
+                load = now
+    return rounded_free(cores, load)
+
+
+def rounded_free(cores: int, load: float) -> int:
+    """The cores ``load`` leaves free, rounded, in [1, cores]."""
     return max(1, min(cores, int(cores - load + 0.5)))
 
 
@@ -63,10 +116,12 @@ def limit_threads() -> int:
 
     Sets the thread pools' variables (read when torch, MKL or tokenizers start, and inherited
     by engine subprocesses) and, when torch is already imported, torch.set_num_threads."""
-    threads = decide_threads()
+    cores = usable_cores()
+    free = free_cores(cores)  # measured once: the counters take a quarter second to read
+    threads = decide_threads(cores, load=cores - free)
     for variable in POOL_VARIABLES:
         os.environ[variable] = str(threads)
-    if threads > free_cores():
+    if threads > free:
         # more threads than free cores (an explicit setting on a busy machine): OpenMP threads
         # that wait for work sleep instead of spinning, since spinning threads on cores other work
         # holds made training 5-6x slower (docs/benchmarks.md). On free cores they keep OpenMP's

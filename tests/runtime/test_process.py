@@ -58,12 +58,75 @@ def test_threads_beyond_the_free_cores_wait_passively(no_thread_settings, monkey
     monkeypatch.setenv("SPECREG_THREADS", "2")
     monkeypatch.setattr(process, "usable_cores", lambda: 2)
     monkeypatch.setattr(process.os, "getloadavg", lambda: (load, load, load))
+    monkeypatch.setattr(process, "busy_now", lambda cores: load)  # the CPUs' counters agree
     monkeypatch.setitem(sys.modules, "torch", None)  # this process's torch keeps its threads
     for variable in (*process.POOL_VARIABLES, "OMP_WAIT_POLICY"):
         monkeypatch.setenv(variable, "")  # so that what limit_threads sets is undone after the test
     monkeypatch.delenv("OMP_WAIT_POLICY")
     assert process.limit_threads() == 2
     assert process.os.environ.get("OMP_WAIT_POLICY") == policy
+
+
+STAT = """cpu  {all}
+cpu0 {a} 0 {b} {c} 5 1 2 7 0 0
+cpu1 {d} 3 {e} {f} 0 0 0 0 0 0
+cpu3 100 0 100 100 0 0 0 0 0 0
+intr 244010 0 0
+ctxt 769344
+"""
+
+
+def test_the_cpu_counters_sum_the_usable_cpus_busy_and_idle_ticks(tmp_path):
+    stat = tmp_path / "stat"
+    stat.write_text(STAT.format(all="1 2 3", a=10, b=20, c=30, d=40, e=50, f=60))
+    # busy = user + nice + system + irq + softirq; total adds idle and iowait; steal is neither
+    assert process.cpu_counters({0, 1}, str(stat)) == (10 + 20 + 1 + 2 + 40 + 3 + 50, 33 + 30 + 5 + 93 + 60)
+    assert process.cpu_counters({1}, str(stat)) == (93, 153)  # cpu3 is not ours, cpu0 left out
+    assert process.cpu_counters({7}, str(stat)) is None  # none of ours listed
+    assert process.cpu_counters({0}, str(tmp_path / "missing")) is None
+
+
+@pytest.mark.parametrize("average, now, threads, sampled", [
+    (0.1, 1.0, 2, False),  # the average says idle: no quarter second spent on the counters
+    (1.7, 0.05, 2, True),  # a command that has just ended still weighs on the average: free now
+    (1.7, 0.9, 1, True),   # one core busy now
+    (3.0, 2.0, 1, True),   # both busy: one thread, never none
+    (1.7, None, 1, True),  # no counters to read: the average decides
+])
+def test_the_cores_free_now_overrule_the_minute_average(monkeypatch, average, now, threads, sampled):
+    asked = []
+    monkeypatch.setattr(process.os, "getloadavg", lambda: (average, average, average))
+    monkeypatch.setattr(process, "busy_now", lambda cores: asked.append(cores) or now)
+    assert process.free_cores(cores=2) == threads
+    assert asked == ([2] if sampled else [])
+
+
+def test_busy_now_reads_the_counters_a_window_apart(monkeypatch):
+    """Ticks on two CPUs over the window: (busy, total) 100/400 before, 250/600 after is 150 busy
+    ticks of 200, i.e. 1.5 of 2 cores."""
+    samples = iter([(100, 400), (250, 600)])
+    monkeypatch.setattr(process, "cpu_counters", lambda cpus: next(samples))
+    assert process.busy_now(2, window=0.0) == pytest.approx(1.5)
+    samples = iter([(100, 400), None])
+    assert process.busy_now(2, window=0.0) is None
+
+
+def test_busy_now_sees_a_process_spinning_on_this_machine():
+    """A real spinning process is one core's work (two cores at least, so the counters can tell);
+    measured against an idle reading of the same machine."""
+    if process.usable_cores() < 2:
+        pytest.skip("one usable core")
+    idle = process.busy_now(process.usable_cores(), window=0.5)
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        import time
+
+        time.sleep(0.3)
+        busy = process.busy_now(process.usable_cores(), window=0.5)
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert busy - idle == pytest.approx(1.0, abs=0.3)
 
 
 def test_plain_progress_lines_name_the_step_with_elapsed_and_time_left():
