@@ -101,6 +101,28 @@ def test_the_cores_free_now_overrule_the_minute_average(monkeypatch, average, no
     assert asked == ([2] if sampled else [])
 
 
+@pytest.mark.parametrize("explicit, sampled, threads, policy", [
+    ("1", False, 1, None),       # one thread asked for: never beyond the free cores, nothing measured
+    ("2", True, 2, "PASSIVE"),   # two on a machine whose counters show one core busy
+    (None, True, 1, None),
+])
+def test_the_counters_are_read_only_where_the_decision_needs_them(no_thread_settings, monkeypatch, explicit,
+                                                                   sampled, threads, policy):
+    asked = []
+    if explicit is not None:
+        monkeypatch.setenv("SPECREG_THREADS", explicit)
+    monkeypatch.setattr(process, "usable_cores", lambda: 2)
+    monkeypatch.setattr(process.os, "getloadavg", lambda: (1.8, 1.8, 1.8))
+    monkeypatch.setattr(process, "busy_now", lambda cores: asked.append(cores) or 1.0)
+    monkeypatch.setitem(sys.modules, "torch", None)
+    for variable in (*process.POOL_VARIABLES, "OMP_WAIT_POLICY"):
+        monkeypatch.setenv(variable, "")  # so that what limit_threads sets is undone after the test
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    assert process.limit_threads() == threads
+    assert asked == ([2] if sampled else [])
+    assert process.os.environ.get("OMP_WAIT_POLICY") == policy
+
+
 def test_busy_now_reads_the_counters_a_window_apart(monkeypatch):
     """Ticks on two CPUs over the window: (busy, total) 100/400 before, 250/600 after is 150 busy
     ticks of 200, i.e. 1.5 of 2 cores."""
