@@ -56,14 +56,13 @@ def calibration_ms() -> float:
 
 def settle(limit_s: float) -> float:
     """Wait until other work holds less than 0.3 of a core (at most limit_s) -> the busy cores then."""
-    from specreg.runtime.process import busy_now, usable_cores
+    from specreg.runtime.process import busy_now
 
     deadline = time.monotonic() + limit_s
     while True:
-        busy = busy_now(usable_cores(), window=1.0)
+        busy = busy_now(window=1.0)
         if busy is None or busy < 0.3 or time.monotonic() >= deadline:
             return busy if busy is not None else os.getloadavg()[0]
-
 
 
 def validate(pair_dir: Path, golden: str, batch: int | None) -> dict:

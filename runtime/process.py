@@ -23,12 +23,18 @@ import sys
 POOL_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS")
 
 
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity, else the machine's)."""
+def usable_cpus() -> set[int]:
+    """The CPUs this process may run on (its CPU affinity, else all the machine's)."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cpus = set(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
+        cpus = set()
+    return cpus or set(range(os.cpu_count() or 1))
+
+
+def usable_cores() -> int:
+    """How many CPUs this process may run on."""
+    return len(usable_cpus())
 
 
 def explicit_threads() -> int | None:
@@ -59,15 +65,12 @@ def cpu_counters(cpus: set[int], path: str = "/proc/stat") -> tuple[int, int] | 
     return (busy, total) if total else None
 
 
-def busy_now(cores: int, window: float = 0.25) -> float | None:
-    """The cores other work keeps busy over the next ``window`` seconds (this process sleeps
-    meanwhile), from the CPUs' counters; None where the system does not expose them."""
+def busy_now(window: float = 0.25) -> float | None:
+    """How many of the usable CPUs other work keeps busy over the next ``window`` seconds (this
+    process sleeps meanwhile), from the CPUs' counters; None where the system does not expose them."""
     import time
 
-    try:
-        cpus = set(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = set(range(cores))
+    cpus = usable_cpus()
     before = cpu_counters(cpus)
     if before is None:
         return None
@@ -75,7 +78,7 @@ def busy_now(cores: int, window: float = 0.25) -> float | None:
     after = cpu_counters(cpus)
     if after is None or after[1] <= before[1]:
         return None
-    return cores * (after[0] - before[0]) / (after[1] - before[1])
+    return len(cpus) * (after[0] - before[0]) / (after[1] - before[1])
 
 
 def free_cores(cores: int | None = None, load: float | None = None) -> int:
@@ -90,7 +93,7 @@ def free_cores(cores: int | None = None, load: float | None = None) -> int:
         except (AttributeError, OSError):
             load = float(cores)  # unknown load: assume busy, one thread
         if rounded_free(cores, load) < cores:
-            now = busy_now(cores)
+            now = busy_now()
             if now is not None:
                 load = now
     return rounded_free(cores, load)
