@@ -5,14 +5,13 @@ Every command that runs models (`specreg demo-pair`, `validate`, `gate --rerun`,
 benchmarks) goes through ``limit_threads`` (the CLI through ``prepare_process`` at start). The rule: ``$SPECREG_THREADS`` when set, else an
 explicit ``$OMP_NUM_THREADS``, else the cores this process may run on that other work leaves free
 (rounded), at least 1 and never more than those cores; threads beyond the free cores wait
-passively. Other work is the 1-minute load average, checked against a quarter second of the CPUs'
-own counters when the average says some cores are taken: the average still counts, for a minute,
-a command that has just ended, and a second `validate` started then would run on one thread.
-Spinning OpenMP threads on
-cores other work holds cost far more than they bring: on the 2-core machine with load 5-18,
-torch's default (one thread a core) made the demo pair's build take 52 minutes and > 10
-CPU-minutes for 55 CPU-seconds of work, and tests/runtime ran 6x slower (82 s against 13 s).
-"""
+passively. Other work is the 1-minute load average, checked against a tenth of a second of the
+CPUs' own counters when the average says some cores are taken: the average still counts, for a
+minute, a command that has just ended, and a second `validate` started then would run on one
+thread. Spinning OpenMP threads on cores other work holds cost far more than they bring: on the
+2-core machine with load 5-18, torch's default (one thread a core) made the demo pair's build
+take 52 minutes and > 10 CPU-minutes for 55 CPU-seconds of work, and tests/runtime ran 6x slower
+(82 s against 13 s)."""
 
 from __future__ import annotations
 
@@ -65,7 +64,7 @@ def cpu_counters(cpus: set[int], path: str = "/proc/stat") -> tuple[int, int] | 
     return (busy, total) if total else None
 
 
-def busy_now(window: float = 0.25) -> float | None:
+def busy_now(window: float = 0.1) -> float | None:
     """How many of the usable CPUs other work keeps busy over the next ``window`` seconds (this
     process sleeps meanwhile), from the CPUs' counters; None where the system does not expose them."""
     import time
@@ -124,7 +123,7 @@ def limit_threads() -> int:
     if explicit is not None and min(explicit, cores) == 1:
         free = 1  # one thread is never beyond the free cores: nothing to measure (the tests' case)
     else:
-        free = free_cores(cores)  # measured once: the counters take a quarter second to read
+        free = free_cores(cores)  # measured once: the counters take a tenth of a second to read
     threads = decide_threads(cores, load=cores - free)
     for variable in POOL_VARIABLES:
         os.environ[variable] = str(threads)

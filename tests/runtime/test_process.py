@@ -87,7 +87,7 @@ def test_the_cpu_counters_sum_the_usable_cpus_busy_and_idle_ticks(tmp_path):
 
 
 @pytest.mark.parametrize("average, now, threads, sampled", [
-    (0.1, 1.0, 2, False),  # the average says idle: no quarter second spent on the counters
+    (0.1, 1.0, 2, False),  # the average says idle: no time spent on the counters
     (1.7, 0.05, 2, True),  # a command that has just ended still weighs on the average: free now
     (1.7, 0.9, 1, True),   # one core busy now
     (3.0, 2.0, 1, True),   # both busy: one thread, never none
