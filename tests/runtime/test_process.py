@@ -19,6 +19,17 @@ def no_thread_settings(monkeypatch):
         monkeypatch.delenv(variable, raising=False)
 
 
+@pytest.fixture
+def two_core_process(no_thread_settings, monkeypatch):
+    """limit_threads() on two usable cores, undone after the test: the thread pools' variables it
+    sets are restored, and this process's torch keeps its threads."""
+    monkeypatch.setattr(process, "usable_cores", lambda: 2)
+    monkeypatch.setitem(sys.modules, "torch", None)
+    for variable in (*process.POOL_VARIABLES, "OMP_WAIT_POLICY"):
+        monkeypatch.setenv(variable, "")
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+
+
 @pytest.mark.parametrize("cores, load, threads", [
     (2, 0.1, 2),   # idle: one thread a core
     (2, 0.9, 1),   # one core busy
@@ -52,17 +63,12 @@ def test_a_process_started_by_the_cli_gets_the_decision_before_torch_loads(no_th
 
 
 @pytest.mark.parametrize("load, policy", [(0.1, None), (1.6, "PASSIVE")])
-def test_threads_beyond_the_free_cores_wait_passively(no_thread_settings, monkeypatch, load, policy):
+def test_threads_beyond_the_free_cores_wait_passively(two_core_process, monkeypatch, load, policy):
     """Two threads asked for on two cores: OpenMP's default waiting when both are free, passive
     waiting when the load holds one."""
     monkeypatch.setenv("SPECREG_THREADS", "2")
-    monkeypatch.setattr(process, "usable_cores", lambda: 2)
     monkeypatch.setattr(process.os, "getloadavg", lambda: (load, load, load))
     monkeypatch.setattr(process, "busy_now", lambda: load)  # the CPUs' counters agree
-    monkeypatch.setitem(sys.modules, "torch", None)  # this process's torch keeps its threads
-    for variable in (*process.POOL_VARIABLES, "OMP_WAIT_POLICY"):
-        monkeypatch.setenv(variable, "")  # so that what limit_threads sets is undone after the test
-    monkeypatch.delenv("OMP_WAIT_POLICY")
     assert process.limit_threads() == 2
     assert process.os.environ.get("OMP_WAIT_POLICY") == policy
 
@@ -106,18 +112,13 @@ def test_the_cores_free_now_overrule_the_minute_average(monkeypatch, average, no
     ("2", True, 2, "PASSIVE"),   # two on a machine whose counters show one core busy
     (None, True, 1, None),
 ])
-def test_the_counters_are_read_only_where_the_decision_needs_them(no_thread_settings, monkeypatch, explicit,
+def test_the_counters_are_read_only_where_the_decision_needs_them(two_core_process, monkeypatch, explicit,
                                                                    sampled, threads, policy):
     asked = []
     if explicit is not None:
         monkeypatch.setenv("SPECREG_THREADS", explicit)
-    monkeypatch.setattr(process, "usable_cores", lambda: 2)
     monkeypatch.setattr(process.os, "getloadavg", lambda: (1.8, 1.8, 1.8))
     monkeypatch.setattr(process, "busy_now", lambda: asked.append("read") or 1.0)
-    monkeypatch.setitem(sys.modules, "torch", None)
-    for variable in (*process.POOL_VARIABLES, "OMP_WAIT_POLICY"):
-        monkeypatch.setenv(variable, "")  # so that what limit_threads sets is undone after the test
-    monkeypatch.delenv("OMP_WAIT_POLICY")
     assert process.limit_threads() == threads
     assert asked == (["read"] if sampled else [])
     assert process.os.environ.get("OMP_WAIT_POLICY") == policy
