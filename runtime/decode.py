@@ -15,7 +15,8 @@ The loop decodes many prompts at once (decode_rows): the rows share one KV cache
 are valid or not per row (row_cache.RowCache: left-aligned padding, rejected drafts and tree nodes
 off the accepted path are masked, each row at its own positions), each row with its own budget,
 stops, random generator and metrics; a row leaves the batch when it ends. One prompt is the batch
-of one (stream_generate, speculative_generate, target_only_generate).
+of one (stream_generate, speculative_generate, target_only_generate). Passes whose speeds are
+compared run side by side, taking turns (generate_interleaved), each timed on its own clock.
 """
 
 from __future__ import annotations
@@ -145,6 +146,25 @@ def synchronize(device) -> None:
         torch.mps.synchronize()
 
 
+class PassClock:
+    """A decode pass's own time: perf_counter less the time its caller held the pass between two
+    tokens. Every time in a pass's metrics reads it, so what the caller does between tokens (a
+    stream's reader; the other pass generate_interleaved runs beside this one) counts in none."""
+
+    def __init__(self):
+        self.held = 0.0
+
+    def now(self) -> float:
+        return time.perf_counter() - self.held
+
+    def hand_over(self, tokens: Iterator[tuple[int, int]]) -> Iterator[tuple[int, int]]:
+        """Yield ``tokens`` to the caller, counting the time it keeps each as held."""
+        for item in tokens:
+            handed = time.perf_counter()
+            yield item
+            self.held += time.perf_counter() - handed
+
+
 @dataclass
 class Row:
     """One prompt's decoding inside a batch: its verified tokens, budget, random stream and metrics."""
@@ -159,7 +179,7 @@ class Row:
     metrics: GenerationMetrics
     speculating: bool
     cached_length: int = 0  # leading tokens whose keys/values the target cache holds
-    start: float = 0.0  # perf_counter when the row joined the batch: its latencies count from here
+    start: float = 0.0  # the pass's clock (PassClock) when the row joined the batch: its latencies count from here
     generated: list[int] = field(default_factory=list)
     rolling_tau: deque = field(default_factory=deque)
     stop: str | None = None
@@ -326,7 +346,8 @@ def fall_back(rows: list[Row], config: DecodeConfig, memory_probe) -> None:
             row.speculating = False
 
 
-def draft(drafter, rows: list[Row], config: DecodeConfig, step_start: float, device) -> tuple[Step, float]:
+def draft(drafter, rows: list[Row], config: DecodeConfig, step_start: float, device,
+          clock: PassClock) -> tuple[Step, float]:
     """Ask the drafter for every speculating row's drafts: at most what its budget can still take
     after the bonus token, none on the engines' schedule's prefill -> (Step, the time drafting
     ended). A row given none (n-gram without a match, a head before the target's first states)
@@ -345,7 +366,7 @@ def draft(drafter, rows: list[Row], config: DecodeConfig, step_start: float, dev
         proposals = drafter.propose([DraftRequest(row.tokens, row.token_list, k, row_tree)
                                      for row, k, row_tree in zip(rows, ks, trees)])
         synchronize(device)
-    drafted = time.perf_counter()
+    drafted = clock.now()
     for r, row in enumerate(rows):
         if not drafting[r]:
             continue
@@ -403,13 +424,13 @@ def roll_back(cache, drafter, rows: list[Row], accepted: list[tuple], kept, hidd
 
 
 def emit(pair: ModelPair, rows: list[Row], step: Step, accepted: list[tuple], step_start: float,
-         verify_start: float) -> Iterator[tuple[int, int]]:
+         verify_start: float, clock: PassClock) -> Iterator[tuple[int, int]]:
     """Yield each row's verified tokens (row index, token id), stopping a row at EOS, a stop string
     or its budget, and record the step in its metrics."""
     import torch
 
     emitted_lists = [emitted.tolist() for _, emitted in accepted]  # syncs, so the verify time is honest
-    now = time.perf_counter()
+    now = clock.now()
     for r, (row, (num_accepted, emitted), emitted_list) in enumerate(zip(rows, accepted, emitted_lists)):
         k, step_tree = step.ks[r], step.trees[r]
         row.metrics.verify_time_s += now - verify_start
@@ -438,7 +459,7 @@ def emit(pair: ModelPair, rows: list[Row], step: Step, accepted: list[tuple], st
                 break
         if row.stop:
             row.metrics.stop_reason = row.stop
-            row.metrics.total_time_s = time.perf_counter() - row.start
+            row.metrics.total_time_s = clock.now() - row.start
         else:
             row.tokens = torch.cat([row.tokens, emitted.view(1, -1)], dim=1)  # [1, length]
 
@@ -477,18 +498,18 @@ class Batch:
 
 
 def step(pair: ModelPair, batch: Batch, config: DecodeConfig, memory_probe, rules: tuple, device,
-         finished: Callable[[int], None] | None = None) -> Iterator[tuple[int, int]]:
+         clock: PassClock, finished: Callable[[int], None] | None = None) -> Iterator[tuple[int, int]]:
     """One step of every row of the batch, yielding (row index, token) as emit does; the rows that
     finished leave it (finished(row index) for each)."""
-    step_start = time.perf_counter()
+    step_start = clock.now()
     fall_back(batch.rows, config, memory_probe)
-    drafts, verify_start = draft(batch.drafter, batch.rows, config, step_start, device)
+    drafts, verify_start = draft(batch.drafter, batch.rows, config, step_start, device, clock)
     hidden_state_ids = batch.drafter.hidden_state_ids if batch.drafter is not None else ()
     logits, hidden, query_valid, width = verify(pair, batch.cache, batch.rows, drafts, hidden_state_ids, device)
     accepted, kept = accept_rows(batch.rows, logits, drafts, query_valid, width, rules)
     roll_back(batch.cache, batch.drafter, batch.rows, accepted, kept, hidden)
-    yield from emit(pair, batch.rows, drafts, accepted, step_start, verify_start)
-    charge(batch.rows, time.perf_counter() - step_start)
+    yield from emit(pair, batch.rows, drafts, accepted, step_start, verify_start, clock)
+    charge(batch.rows, clock.now() - step_start)
     for row in batch.rows:
         if row.stop and finished is not None:
             finished(row.index)
@@ -561,9 +582,11 @@ def decode_rows(pair: ModelPair, prompts: list, configs: list[DecodeConfig], *, 
     serves_drafts = config.disable_above_batch_size is None or batch_size <= config.disable_above_batch_size
     rules = (acceptance_rule, greedy_rule, tree_acceptance_rule, tree_greedy_rule)
 
+    clock = PassClock()
+
     def admit(count: int) -> Batch:
         rows = [waiting.popleft() for _ in range(count)]
-        now = time.perf_counter()
+        now = clock.now()
         for row in rows:
             row.start = now
             if speculate and not serves_drafts:
@@ -578,23 +601,24 @@ def decode_rows(pair: ModelPair, prompts: list, configs: list[DecodeConfig], *, 
             while waiting or batch is not None:
                 free = max_rows - (len(batch.rows) if batch is not None else 0)
                 if admits(free, len(waiting), max_rows):
-                    joining = time.perf_counter()
+                    joining = clock.now()
                     newcomers = admit(min(free, len(waiting)))
-                    charge(newcomers.rows, time.perf_counter() - joining)
-                    yield from step(pair, newcomers, config, memory_probe, rules, device, finished)
+                    charge(newcomers.rows, clock.now() - joining)
+                    yield from clock.hand_over(step(pair, newcomers, config, memory_probe, rules, device, clock,
+                                                    finished))
                     if batch is None:
                         batch = newcomers
                     elif newcomers.rows:
-                        joining = time.perf_counter()  # their caches merged, a draft model fed their prompts
+                        joining = clock.now()  # their caches merged, a draft model fed their prompts
                         batch.extend(newcomers)
-                        charge(newcomers.rows, time.perf_counter() - joining)
+                        charge(newcomers.rows, clock.now() - joining)
                 else:
-                    yield from step(pair, batch, config, memory_probe, rules, device, finished)
+                    yield from clock.hand_over(step(pair, batch, config, memory_probe, rules, device, clock, finished))
                 if batch is not None and not batch.rows:
                     batch = None
     finally:
         for row in batch.rows if batch is not None else ():
-            row.metrics.total_time_s = time.perf_counter() - row.start
+            row.metrics.total_time_s = clock.now() - row.start
 
 
 def stream_generate(pair: ModelPair, prompt_ids, config: DecodeConfig, *, speculate: bool = True,
@@ -613,24 +637,83 @@ def stream_generate(pair: ModelPair, prompt_ids, config: DecodeConfig, *, specul
 def generate_batch(pair: ModelPair, prompts: list, configs, *, speculate: bool = True, **hooks) -> list[Generation]:
     """Decode many prompts, hooks["max_rows"] at once (default all) -> one Generation per prompt,
     in order; each row's metrics carry the batch's size (the rows decoded at once) and its share
-    of the batch's wall time (metrics.batch_size, metrics.batch_time_s: each step's time split
-    equally among the rows in it), so pooled throughput is tokens / the wall time.
+    of the batch's wall time (metrics.batch_time_s: each step's time split equally among the rows
+    in it), so pooled throughput is tokens / the wall time.
 
     configs: one DecodeConfig for all, or one per prompt (sharing method, k and tree). hooks: as
     decode_rows."""
-    if isinstance(configs, DecodeConfig):
-        configs = [configs] * len(prompts)
-    metrics = [GenerationMetrics() for _ in prompts]
-    token_ids = [[] for _ in prompts]
-    for index, token in decode_rows(pair, list(prompts), list(configs), speculate=speculate, metrics=metrics,
-                                    **hooks):
-        token_ids[index].append(token)
-    generations = []
-    for ids, one in zip(token_ids, metrics):
-        one.batch_size = min(hooks.get("max_rows") or len(prompts), len(prompts))
-        text = pair.tokenizer.decode(ids) if pair.tokenizer is not None else None
-        generations.append(Generation(token_ids=ids, text=text, metrics=one))
-    return generations
+    return generate_interleaved(pair, [Pass(prompts, configs, speculate, hooks)])[0]
+
+
+@dataclass
+class Pass:
+    """One decode pass for generate_interleaved: what generate_batch takes."""
+
+    prompts: list
+    configs: object  # one DecodeConfig for all, or one per prompt
+    speculate: bool = True
+    hooks: dict = field(default_factory=dict)  # as decode_rows: max_rows, finished, the rules ...
+
+
+def generate_interleaved(pair: ModelPair, passes: list[Pass]) -> list[list[Generation]]:
+    """Decode several passes side by side -> per pass one Generation per prompt, as generate_batch.
+
+    Each pass keeps its own rows, caches, drafter and clock (PassClock: a pass's times count only
+    its own work); they take turns a token at a time, the next turn going to the pass with the
+    least of its token budget emitted, so passes of different lengths end about together. A
+    ratio of two passes' throughputs (validate's speedup) is then measured over the same stretch
+    of time: timed one after the other, a load that started or ended between them (other work on
+    a shared machine) slowed one pass alone and the ratio with it. Every pass's caches are held at
+    once."""
+    import torch
+
+    runs = []
+    try:
+        for one in passes:
+            configs = [one.configs] * len(one.prompts) if isinstance(one.configs, DecodeConfig) else list(one.configs)
+            metrics = [GenerationMetrics() for _ in one.prompts]
+            tokens = decode_rows(pair, list(one.prompts), configs, speculate=one.speculate, metrics=metrics,
+                                 **one.hooks)
+            runs.append(PassRun(tokens, metrics, [[] for _ in one.prompts],
+                                budget=max(1, sum(config.max_new_tokens for config in configs))))
+        # each pass enters and leaves inference mode in its own generator; entered here first, the
+        # mode stays on while the passes' enters and exits interleave
+        with torch.inference_mode():
+            live = list(runs)
+            while live:
+                run = min(live, key=lambda run: run.emitted / run.budget)
+                try:
+                    index, token = next(run.tokens)
+                except StopIteration:
+                    live.remove(run)
+                    continue
+                run.token_ids[index].append(token)
+                run.emitted += 1
+    finally:
+        for run in runs:
+            run.tokens.close()
+    results = []
+    for one, run in zip(passes, runs):
+        generations = []
+        for ids, metrics in zip(run.token_ids, run.metrics):
+            metrics.batch_size = min(one.hooks.get("max_rows") or len(one.prompts), len(one.prompts))
+            text = pair.tokenizer.decode(ids) if pair.tokenizer is not None else None
+            generations.append(Generation(token_ids=ids, text=text, metrics=metrics))
+        results.append(generations)
+    return results
+
+
+@dataclass(eq=False)
+class PassRun:
+    """A pass of generate_interleaved under way: its token stream (decode_rows), each row's
+    metrics and tokens so far, and how many of its budget's tokens (the rows' max_new_tokens) it
+    has emitted."""
+
+    tokens: Iterator[tuple[int, int]]
+    metrics: list[GenerationMetrics]
+    token_ids: list[list[int]]
+    budget: int
+    emitted: int = 0
 
 
 def _generate(pair, prompt_ids, config, speculate, **hooks) -> Generation:

@@ -102,13 +102,14 @@ def decode_golden(pair, golden, settings, *, seed: int = 0,
     a sampled record also speculative with its own sampling. The first prompts (a tenth, 1 to
     LATENCY_PROMPTS; all of them at batch_size 1) are decoded greedy one at a time, target-only
     then speculative (GoldenDecodes.single: the latency one request sees); the others in two
-    batched passes of at most batch_size rows, target-only then speculative, the sampled records'
-    rows in the speculative pass too (each row keeps its own settings and random stream). In a
+    batched passes of at most batch_size rows, target-only and speculative, run side by side
+    (runtime/decode.generate_interleaved: their throughputs make the speedup), the sampled
+    records' rows in the speculative pass too (each row keeps its own settings and random stream). In a
     batched pass a row that ends makes room for the next prompt, each decoding as it would alone
     (runtime/decode.decode_rows). progress(done, total, record_id) as a record's decode ends.
     Records the target's tokenizer cannot encode are skipped and listed (the chat_template check
     says why)."""
-    from specreg.runtime.decode import generate_batch
+    from specreg.runtime.decode import Pass, generate_interleaved
 
     hooks = hooks or {}
     decodes = GoldenDecodes(batch_size=batch_size)
@@ -121,7 +122,7 @@ def decode_golden(pair, golden, settings, *, seed: int = 0,
         return decodes
     batch_size = decodes.batch_size = min(batch_size, len(encoded))  # the most rows decoded at once
 
-    def decode(items, *, greedy: list[bool], speculate: bool = True, rows: int = batch_size):
+    def decoding(items, *, greedy: list[bool], speculate: bool = True, rows: int = batch_size) -> Pass:
         def finished(index: int) -> None:
             done[0] += 1
             if progress:
@@ -129,20 +130,22 @@ def decode_golden(pair, golden, settings, *, seed: int = 0,
 
         configs = [decode_config(record, settings, greedy=row_greedy, seed=seed)
                    for (record, _), row_greedy in zip(items, greedy)]
-        return generate_batch(pair, [list(ids) for _, ids in items], configs, speculate=speculate, max_rows=rows,
-                              finished=finished, **(hooks if speculate else {}))
+        return Pass([list(ids) for _, ids in items], configs, speculate,
+                    {"max_rows": rows, "finished": finished, **(hooks if speculate else {})})
 
     warm_up(pair, encoded[0], settings, seed=seed, hooks=hooks)
     count = latency_prompts(len(encoded), batch_size)
-    alone = [(decode([item], greedy=[True], speculate=False, rows=1)[0], decode([item], greedy=[True], rows=1)[0])
-             for item in encoded[:count]]
-    rest = encoded[count:]
-    target_only = [plain for plain, _ in alone] + (decode(rest, greedy=[True] * len(rest), speculate=False)
-                                                   if rest else [])
-    together = rest + sampled
-    speculative = decode(together, greedy=[True] * len(rest) + [False] * len(sampled)) if together else []
+    single = [tuple(generate_interleaved(pair, [decoding([item], greedy=[True], speculate=speculate, rows=1)])[0][0]
+                    for speculate in (False, True)) for item in encoded[:count]]  # (target-only, speculative)
+    rest, together = encoded[count:], encoded[count:] + sampled
+    # the batched passes side by side, so that a change of load during them slows both alike
+    passes = ([decoding(rest, greedy=[True] * len(rest), speculate=False)] if rest else []) + \
+        ([decoding(together, greedy=[True] * len(rest) + [False] * len(sampled))] if together else [])
+    batched = generate_interleaved(pair, passes)
+    target_only = [plain for plain, _ in single] + (batched[0] if rest else [])
+    speculative = batched[-1] if together else []
     by_record = dict(zip((record.id for record, _ in sampled), speculative[len(rest):]))
-    speculative = [spec for _, spec in alone] + speculative[:len(rest)]
+    speculative = [spec for _, spec in single] + speculative[:len(rest)]
     decodes.runs = [PromptRun(record.id, record.category, list(ids), float(record.temperature or 0.0),
                               spec, plain, by_record.get(record.id))
                     for (record, ids), spec, plain in zip(encoded, speculative, target_only)]

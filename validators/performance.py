@@ -3,7 +3,8 @@
 Speedup = speculative tokens/s / target-only tokens/s over the greedy decodes of the golden
 prompts decoded in batches (same prompts, same tokens: equivalence holds them equal), end to end,
 at the batch size they were decoded at (figures["batch_size"]: throughput, tokens over their share
-of the batches' wall time). Latency (per-token p50/p95/p99, TTFT) and a batch-1 speedup come from
+of the batches' wall time); the two passes decode side by side (equivalence.decode_golden), so a
+load that comes or goes during validation slows both alike. Latency (per-token p50/p95/p99, TTFT) and a batch-1 speedup come from
 the first prompts, decoded one at a time (equivalence.GoldenDecodes.single): what one request
 alone sees. The decode speedup leaves out each generation's first step (prefill, TTFT) on both
 sides: the part that docs/design.md §2's formula models, which short golden outputs would

@@ -81,6 +81,29 @@ def accept_every_draft(draft_probs, target_probs, draft_token_ids, uniforms, gen
     return draft_token_ids.shape[0], torch.cat([draft_token_ids, bonus])
 
 
+def test_the_batched_passes_decode_side_by_side(runtime, monkeypatch):
+    """The target-only and speculative batched passes go to one generate_interleaved (which
+    tests/runtime/test_interleave.py shows takes turns between them), so a load that comes or goes
+    during validation slows both; the warm-up and the latency prompts decode alone."""
+    from specreg.runtime import decode
+    from specreg.validators.equivalence import decode_golden
+
+    pair, golden, decodes = runtime
+    calls, real = [], decode.generate_interleaved
+
+    def spy(pair, passes):
+        calls.append([(len(one.prompts), one.speculate) for one in passes])
+        return real(pair, passes)
+
+    monkeypatch.setattr(decode, "generate_interleaved", spy)
+    again = decode_golden(pair, golden, decode.DecodeConfig(k=3))
+    batched = len(decodes.batched)
+    sampled = sum(1 for record in golden if not record.is_greedy)
+    assert calls == [[(1, False)], [(1, True)]] * (1 + len(decodes.single)) + [[(batched, False),
+                                                                              (batched + sampled, True)]]
+    assert [run.speculative.token_ids for run in again.runs] == [run.speculative.token_ids for run in decodes.runs]
+
+
 def test_the_draws_go_through_the_rule_as_one_call_per_draw_would(monkeypatch):
     """The check hands the rule thousands of draws at once (in chunks): the tokens are exactly
     those of one one-step call per draw, chunk boundaries included."""
