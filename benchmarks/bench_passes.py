@@ -74,7 +74,8 @@ def main() -> None:
           f"({len(prompts)} prompts batched), 1 thread, {args.rounds} rounds per load")
     generate_interleaved(pair, passes())  # first calls' allocations, untimed
     for load in args.loads.split(","):
-        spinners = [subprocess.Popen([sys.executable, "-c", SPINNERS[load]]) for _ in range(2)] if load != "none" else []
+        spinners = ([subprocess.Popen([sys.executable, "-c", SPINNERS[load]]) for _ in range(2)]
+                    if load != "none" else [])
         apart, together = [], []
         try:
             for _ in range(args.rounds):

@@ -4,11 +4,11 @@ Speedup = speculative tokens/s / target-only tokens/s over the greedy decodes of
 prompts decoded in batches (same prompts, same tokens: equivalence holds them equal), end to end,
 at the batch size they were decoded at (figures["batch_size"]: throughput, tokens over their share
 of the batches' wall time); the two passes decode side by side (equivalence.decode_golden), so a
-load that comes or goes during validation slows both alike. Latency (per-token p50/p95/p99, TTFT) and a batch-1 speedup come from
-the first prompts, decoded one at a time (equivalence.GoldenDecodes.single): what one request
-alone sees. The decode speedup leaves out each generation's first step (prefill, TTFT) on both
-sides: the part that docs/design.md §2's formula models, which short golden outputs would
-otherwise dilute. The longest run of fully rejected steps comes from every speculative decode. The
+load that comes or goes during validation slows both alike. Latency (per-token p50/p95/p99, TTFT)
+and a batch-1 speedup come from the first prompts, decoded one at a time
+(equivalence.GoldenDecodes.single): what one request alone sees. The decode speedup leaves out
+each generation's first step (prefill, TTFT) on both sides: the part that docs/design.md §2's
+formula models, which short golden outputs would otherwise dilute. The longest run of fully rejected steps comes from every speculative decode. The
 recommended k is the runtime's choose_k over the measured per-position acceptance and the
 measured draft/target step-cost ratio, searched only up to the deepest measured position; a
 better k beyond it is reported as extrapolated, never as the recommendation. For a candidate tree
