@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import os
 import sys
+import time
+from dataclasses import dataclass
 
 # the thread pools of the libraries a model run uses: OpenMP / MKL (torch), rayon (tokenizers)
 POOL_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS")
@@ -64,20 +66,43 @@ def cpu_counters(cpus: set[int], path: str = "/proc/stat") -> tuple[int, int] | 
     return (busy, total) if total else None
 
 
+@dataclass(frozen=True)
+class CpuReading:
+    """The usable CPUs' counters (cpu_counters), this process's CPU time and the clock at one
+    moment: other_work_since(reading) tells how busy other work kept the CPUs from then on."""
+
+    cpus: frozenset[int]
+    counters: tuple[int, int] | None
+    own_cpu_s: float
+    at: float
+
+
+def read_cpus() -> CpuReading:
+    cpus = frozenset(usable_cpus())
+    return CpuReading(cpus, cpu_counters(set(cpus)), time.process_time(), time.perf_counter())
+
+
+def other_work_since(reading: CpuReading) -> float | None:
+    """How many of the usable CPUs other work kept busy since ``reading``: their busy share less
+    this process's own CPU time (every thread of it) over the same span; None where the system
+    does not expose the counters."""
+    after = cpu_counters(set(reading.cpus))
+    if reading.counters is None or after is None or after[1] <= reading.counters[1]:
+        return None
+    busy = len(reading.cpus) * (after[0] - reading.counters[0]) / (after[1] - reading.counters[1])
+    wall = time.perf_counter() - reading.at
+    own = (time.process_time() - reading.own_cpu_s) / wall if wall > 0 else 0.0
+    return max(0.0, busy - own)
+
+
 def busy_now(window: float = 0.1) -> float | None:
     """How many of the usable CPUs other work keeps busy over the next ``window`` seconds (this
     process sleeps meanwhile), from the CPUs' counters; None where the system does not expose them."""
-    import time
-
-    cpus = usable_cpus()
-    before = cpu_counters(cpus)
-    if before is None:
+    reading = read_cpus()
+    if reading.counters is None:
         return None
     time.sleep(window)
-    after = cpu_counters(cpus)
-    if after is None or after[1] <= before[1]:
-        return None
-    return len(cpus) * (after[0] - before[0]) / (after[1] - before[1])
+    return other_work_since(reading)
 
 
 def free_cores(cores: int | None = None, load: float | None = None) -> int:

@@ -54,6 +54,9 @@ class GoldenDecodes:
     # the first prompts, decoded one at a time (greedy, target-only and speculative): the latency
     # one request sees alone; their runs are the first of `runs` (all of `runs` at batch size 1)
     single: list[PromptRun] = field(default_factory=list)
+    # the cores other work kept busy while the batched passes decoded (runtime/process.
+    # other_work_since; None: not read), which their throughputs share the machine with
+    other_work_cores: float | None = None
 
     @property
     def batched(self) -> list[PromptRun]:
@@ -99,17 +102,16 @@ def decode_golden(pair, golden, settings, *, seed: int = 0,
 
     settings: the pair's DecodeConfig (DecodeConfig.from_spec); hooks: for the speculative decodes
     (tests inject broken rules). Each record is decoded target-only greedy and speculative greedy,
-    a sampled record also speculative with its own sampling. The first prompts (a tenth, 1 to
-    LATENCY_PROMPTS; all of them at batch_size 1) are decoded greedy one at a time, target-only
-    then speculative (GoldenDecodes.single: the latency one request sees); the others in two
-    batched passes of at most batch_size rows, target-only and speculative, run side by side
-    (runtime/decode.generate_interleaved: their throughputs make the speedup), the sampled
-    records' rows in the speculative pass too (each row keeps its own settings and random stream). In a
-    batched pass a row that ends makes room for the next prompt, each decoding as it would alone
-    (runtime/decode.decode_rows). progress(done, total, record_id) as a record's decode ends.
-    Records the target's tokenizer cannot encode are skipped and listed (the chat_template check
-    says why)."""
+    a sampled one also speculative with its own sampling. The first prompts (a tenth, 1 to
+    LATENCY_PROMPTS; all at batch_size 1) decode greedy one at a time, target-only then
+    speculative (GoldenDecodes.single: the latency one request sees); the others in two batched
+    passes of at most batch_size rows side by side (runtime/decode.generate_interleaved: their
+    throughputs make the speedup), target-only and speculative, the sampled records' rows in the
+    speculative one too, each row decoding as it would alone (runtime/decode.decode_rows).
+    progress(done, total, record_id) as a record's decode ends. Records the target's tokenizer
+    cannot encode are skipped and listed (the chat_template check says why)."""
     from specreg.runtime.decode import Pass, generate_interleaved
+    from specreg.runtime.process import other_work_since, read_cpus
 
     hooks = hooks or {}
     decodes = GoldenDecodes(batch_size=batch_size)
@@ -141,7 +143,9 @@ def decode_golden(pair, golden, settings, *, seed: int = 0,
     # the batched passes side by side, so that a change of load during them slows both alike
     passes = ([decoding(rest, greedy=[True] * len(rest), speculate=False)] if rest else []) + \
         ([decoding(together, greedy=[True] * len(rest) + [False] * len(sampled))] if together else [])
+    reading = read_cpus()
     batched = generate_interleaved(pair, passes)
+    decodes.other_work_cores = other_work_since(reading)
     target_only = [plain for plain, _ in single] + (batched[0] if rest else [])
     speculative = batched[-1] if together else []
     by_record = dict(zip((record.id for record, _ in sampled), speculative[len(rest):]))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -124,15 +125,43 @@ def test_the_counters_are_read_only_where_the_decision_needs_them(two_core_proce
     assert process.os.environ.get("OMP_WAIT_POLICY") == policy
 
 
-def test_busy_now_reads_the_counters_a_window_apart(monkeypatch):
-    """Ticks on two CPUs over the window: (busy, total) 100/400 before, 250/600 after is 150 busy
-    ticks of 200, i.e. 1.5 of 2 cores."""
+def test_other_work_is_the_cpus_busy_share_less_this_processs_own(monkeypatch):
+    """Ticks on two CPUs: (busy, total) 100/400, then 250/600: 150 busy ticks of 200, 1.5 of 2
+    cores; this process used 0.25 CPU-s over the 1 s between: other work held 1.25."""
     samples = iter([(100, 400), (250, 600)])
+    clock = SimpleNamespace(perf_counter=iter([10.0, 11.0]).__next__, process_time=iter([3.0, 3.25]).__next__,
+                            sleep=lambda seconds: None)
     monkeypatch.setattr(process, "usable_cpus", lambda: {0, 1})
     monkeypatch.setattr(process, "cpu_counters", lambda cpus: next(samples))
-    assert process.busy_now(window=0.0) == pytest.approx(1.5)
+    monkeypatch.setattr(process, "time", clock)
+    assert process.busy_now(window=0.0) == pytest.approx(1.25)
+    samples = iter([(100, 400), (150, 600)])  # 0.5 busy, all of it this process's own and more
+    clock.perf_counter, clock.process_time = iter([0.0, 1.0]).__next__, iter([0.0, 0.7]).__next__
+    assert process.busy_now(window=0.0) == 0.0
     samples = iter([(100, 400), None])
+    clock.perf_counter, clock.process_time = iter([0.0, 1.0]).__next__, iter([0.0, 0.0]).__next__
     assert process.busy_now(window=0.0) is None
+
+
+def test_other_work_leaves_out_this_processs_own_threads():
+    """This process multiplying matrices on every usable core: the CPUs are busy, and nearly all
+    of it is its own (a parallel test worker may take a share: at most what it leaves us)."""
+    import time
+
+    import torch
+
+    cores, threads = process.usable_cores(), torch.get_num_threads()
+    torch.set_num_threads(cores)
+    try:
+        a = torch.randn(512, 512)
+        reading = process.read_cpus()
+        end = time.perf_counter() + 0.6
+        while time.perf_counter() < end:
+            a @ a
+        other = process.other_work_since(reading)
+    finally:
+        torch.set_num_threads(threads)
+    assert other is not None and 0.0 <= other <= cores - 0.6
 
 
 def test_busy_now_sees_a_process_spinning_on_this_machine():

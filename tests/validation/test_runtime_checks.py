@@ -104,6 +104,23 @@ def test_the_batched_passes_decode_side_by_side(runtime, monkeypatch):
     assert [run.speculative.token_ids for run in again.runs] == [run.speculative.token_ids for run in decodes.runs]
 
 
+def test_the_performance_check_says_when_other_work_shared_the_machine(runtime):
+    """The batched passes' throughputs came from a machine where other work kept cores busy: the
+    figure goes with them, and from half a core on the summary says so."""
+    import dataclasses
+
+    from specreg.validators.performance import check_performance
+
+    pair, golden, decodes = runtime
+    assert decodes.other_work_cores is not None and decodes.other_work_cores >= 0.0
+    busy = check_performance(pair, dataclasses.replace(decodes, other_work_cores=1.3), k=3, cost_ratio=0.1)
+    quiet = check_performance(pair, dataclasses.replace(decodes, other_work_cores=0.2), k=3, cost_ratio=0.1)
+    assert busy.figures["other_work_cores"] == 1.3 and quiet.figures["other_work_cores"] == 0.2
+    assert "measured beside other work that kept 1.3 cores busy" in busy.summary
+    assert "other work" not in quiet.summary
+    assert busy.figures["speedup"] == quiet.figures["speedup"]
+
+
 def test_the_draws_go_through_the_rule_as_one_call_per_draw_would(monkeypatch):
     """The check hands the rule thousands of draws at once (in chunks): the tokens are exactly
     those of one one-step call per draw, chunk boundaries included."""

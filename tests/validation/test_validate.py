@@ -44,6 +44,9 @@ def test_good_pair_passes_every_check_and_is_validated(registry, models, golden_
     assert performance["latency_p50_ms"] <= performance["latency_p95_ms"] <= performance["latency_p99_ms"]
     assert 1 <= performance["recommended_k"] <= 8
     assert performance["decode_speedup"] > 0 and performance["speedup"] > 0
+    # the cores other work kept busy during the batched passes, read from the CPUs' counters
+    assert performance["other_work_cores"] >= 0.0
+    assert run.summary["performance"]["other_work_cores"] == performance["other_work_cores"]
     event = registry.history("good")[-1]
     assert event.action == "validate" and event.to_state == "validated"
     assert event.details["validation_run_id"] == run.id
