@@ -81,6 +81,21 @@ def change_rule(policy: Policy) -> EnvironmentPolicy:
     return replace(env, approval_required=True)
 
 
+def unchangeable(policy: Policy) -> str | None:
+    """Why no change of ``policy`` could ever be approved once it governs (naming the field), or
+    None. Such a policy would govern for good: refused when proposed and when approved."""
+    if not policy.enrollers:
+        return ("keyring.enrollers = []: nobody could enrol an approver's key, so no signature would count "
+                "and no later policy change could be approved")
+    rule = change_rule(policy)
+    people = set(rule.approvers)  # normalised when parsed: one spelling per person
+    if people and len(people) < rule.approvals_required:
+        return (f"environments.{rule.name} names {len(people)} approver(s) but approvals_required = "
+                f"{rule.approvals_required}: no later policy change (signed as a {rule.name} promotion) could "
+                f"ever be approved")
+    return None
+
+
 def rule_text(policy: Policy) -> str:
     rule = change_rule(policy)
     who = f" from {', '.join(rule.approvers)}" if rule.approvers else ""
@@ -186,6 +201,8 @@ def propose(store: Store, path: str, *, actor: str, note: str | None = None) -> 
     actor = normalize_user(actor, what="proposer")
     text, policy_format = read_policy_file(path)
     policy = parse_policy_text(text, policy_format, str(path))  # a malformed file is refused here
+    if (problem := unchangeable(policy)) is not None:
+        raise UsageError(f"policy file {path}: {problem}")
     with store.session(write=True) as session:
         chain, problem = verified_chain(session)
         if problem is not None:
@@ -222,6 +239,9 @@ def approve(store: Store, version: int, *, actor: str, key: str, note: str | Non
             raise PolicyViolation(f"policy v{version} is not pending: {record.policy.source} governs now")
         if same_user(actor, row.proposed_by):
             raise PolicyViolation(f"four-eyes: {actor} proposed policy v{version} and cannot approve it")
+        if (problem := unchangeable(parsed(row))) is not None:
+            raise PolicyViolation(f"policy v{version} could never be changed again once in effect: {problem}; "
+                                  f"propose another")
         rule = change_rule(record.policy)
         if rule.approvers and not any(same_user(actor, a) for a in rule.approvers):
             raise PolicyViolation(f"{actor} may not approve policy changes: {record.policy.source} asks for "
