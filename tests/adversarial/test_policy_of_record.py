@@ -292,3 +292,27 @@ def test_a_policy_that_could_never_be_changed_again_is_refused(db_url, policy_fi
                    "--user", "bob")
     one_line(approved, 100, f"policy v{version} could never be changed again once in effect: {field}")
     assert alice.policy().version == 1 and alice.policy_history()[-1]["approved_by"] == []
+
+
+@pytest.mark.parametrize("number", [18446744073709551616, 2**31, 0, -1, pytest.param(10**5000, id="5001-digits")])
+def test_a_number_no_row_can_have_is_one_line(db_url, tiny_models, policy_file, approval_key, number):
+    """Integer arguments that reach the database: past 32 bits (past 64 the SQLite driver
+    overflows) or below 1, exit 2 with one line naming the argument, from the CLI and the API."""
+    from specreg.errors import UsageError
+
+    alice = validated_pair(db_url, tiny_models, "num")
+    bob_db, key = as_user(db_url, "bob"), approval_key(db_url, "bob")
+    shown = number if abs(number) <= 2**64 else "a number that long"
+    if number < 10**4000:  # click itself refuses to read more digits than Python converts
+        one_line(run("policy", "approve", "--key", key, "--db", bob_db, "--user", "bob", "--", number), 2,
+                 f"invalid policy version {shown}: use 1 to 2147483647")
+        one_line(run("engine-baselines", "accept", "num@1", "--key", key, "--db", bob_db, "--user", "bob", "--",
+                     number), 2, f"invalid engine baseline id {shown}")
+    bob = Registry(bob_db, user="bob")
+    for call, what in ((lambda: bob.approve_policy(number, key=key), "policy version"),
+                       (lambda: bob.policy_document(number), "policy version"),
+                       (lambda: bob.accept_engine_baseline("num@1", number, key=key), "engine baseline id"),
+                       (lambda: bob.observations("num@1", limit=number), "limit")):
+        with pytest.raises(UsageError, match=f"invalid {what} {shown}"):
+            call()
+    assert alice.policy().version == 1
