@@ -241,6 +241,74 @@ def test_a_failed_baseline_cannot_be_accepted(validated, engine_server, approval
              "engine_counts failed): only an unaccepted one")
 
 
+ENROLLING_POLICY = POLICY_TOML + '\n[keyring]\nenrollers = ["admin", "tester"]\n'
+
+
+def accept_anyway(registry, ref: str, baseline_id: int, key: str) -> None:
+    """What `specreg engine-baselines accept` records, written by a modified client that skips
+    its checks: the signed acceptance in its engine_accept audit event."""
+    from specreg.core.signing import load_signer, sign_statement
+    from specreg.registry.governance.engine_baseline_standing import ACCEPT_ACTION, ACCEPT_PREDICATE
+    from specreg.registry.store.engine_baselines import baseline_of, content_sha256
+    from specreg.registry.store.store import utcnow
+
+    store, actor = registry.store, registry.user
+    name, version = ref.split("@")
+    with store.session(write=True) as session:
+        row = store.pair_version(session, name, int(version))
+        baseline = baseline_of(session, row, baseline_id)
+        predicate = {"pair": name, "version": version, "binding_sha256": row.binding_sha256,
+                     "engine_baseline_id": str(baseline_id), "content_sha256": content_sha256(baseline),
+                     "approver": actor, "signed_at": utcnow().isoformat(timespec="microseconds"), "note": None}
+        bundle = sign_statement(load_signer(key), subject_name=ref, subject_sha256=row.binding_sha256,
+                                predicate_type=ACCEPT_PREDICATE, predicate=predicate)
+        store.append_event(session, pair_name=name, version=int(version), action=ACCEPT_ACTION,
+                           from_state=row.state.value, to_state=row.state.value, actor=actor, reason=None,
+                           details={"engine_baseline_id": baseline_id, "content_sha256": content_sha256(baseline),
+                                    "signature": bundle})
+
+
+@pytest.mark.parametrize("registrant", ["tester", "alice"])
+def test_an_enroller_cannot_accept_her_own_baseline_with_a_key_she_enrolled(db_url, tiny_models, tmp_path,
+                                                                           registrant):
+    """tester, an enroller, ran the engine validation (and registered the pair, or alice did). A
+    key tester enrols for an invented mallory accepts nothing: `engine-baselines accept` refuses
+    it, and an acceptance a modified client records anyway does not count."""
+    from policyrecord import record_policy
+    from specreg.api import Registry
+    from specreg.core.signing import PRIVATE_KEY_FILE, PUBLIC_KEY_FILE, create_key_pair
+    from specreg.golden_prompts.loader import load_golden_set
+    from specreg.registry.store.engine_baselines import EngineBaselineStore
+
+    policy = tmp_path / "policy.toml"
+    policy.write_text(ENROLLING_POLICY)
+    record_policy(db_url, policy, tmp_path)
+    owner = Registry(as_user(db_url, registrant), user=registrant)
+    ref = owner.register("pair", target=str(tiny_models["target"]), draft=str(tiny_models["draft"]),
+                         num_speculative_tokens=K).version.label
+    record_validation(owner, ref)
+    tester = Registry(db_url, user="tester")
+    baseline = EngineBaselineStore(tester.store).record(
+        tester.get(ref), engine="vllm", engine_version="0.33.0", engine_build="vllm 0.33.0", source="http://x",
+        golden_set="smoke", golden_sha256=load_golden_set("smoke").content_sha256, validation_run_id=None,
+        report={"acceptance_reason": "alpha 0.5000 in the engine vs 0.8000 on our runtime"}, actor="tester",
+        status="unaccepted", baselines={"k": K, "overall": {"acceptance_rate": 0.5, "mean_acceptance_length": 2.5}})
+    create_key_pair(tmp_path / "mallory")
+    enrolled = run("keys", "enrol", "mallory", "--public-key", tmp_path / "mallory" / PUBLIC_KEY_FILE,
+                   "--db", db_url, "--user", "tester")
+    assert enrolled.returncode == 0, enrolled.stderr
+    key = str(tmp_path / "mallory" / PRIVATE_KEY_FILE)
+    did = f"registered {ref}" if registrant == "tester" else f"ran engine validation {baseline.id}"
+    one_line(run("engine-baselines", "accept", ref, str(baseline.id), "--key", key, "--db",
+                 as_user(db_url, "mallory"), env={"SPECREG_USER": "mallory"}), 100,
+             f"four-eyes: mallory's key was enrolled by tester, who {did}")
+    accept_anyway(Registry(as_user(db_url, "mallory"), user="mallory"), ref, baseline.id, key)
+    assert tester.engine_baseline(tester.get(ref), "vllm") is None
+    listed = json.loads(run("engine-baselines", "list", ref, "--db", db_url, "--json").stdout)
+    assert [(b["counts"], b["accepted_by"]) for b in listed] == [(False, None)]
+    assert f"mallory's key was enrolled by tester, who {did}" in listed[0]["why"], listed[0]["why"]
+
+
 def test_a_baseline_row_written_outside_specreg_counts_for_nothing(validated):
     """With the printed db grants a person may insert engine_baselines rows; one with no matching
     engine_validate event (or edited after it) is no baseline for exports or the gate."""

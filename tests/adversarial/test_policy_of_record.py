@@ -21,7 +21,7 @@ from specreg.registry.store.entities import PairState
 sys.path.insert(0, str(Path(__file__).parent.parent / "governance"))
 from govstate import POLICY_TOML, record_validation, recorded_policy_file, validated_pair  # noqa: E402
 
-from clirun import run  # noqa: E402
+from clirun import one_line, run  # noqa: E402
 from policyrecord import record_policy  # noqa: E402
 
 LOOSE_TOML = """\
@@ -248,3 +248,71 @@ def test_a_forged_activation_or_an_edited_document_governs_nothing(db_url, tiny_
     assert record.version == 0 and any("policy v1" in p for p in record.problems)
     shown = run("policy", "show", "--db", db_url)
     assert shown.returncode == 0 and "NOT COUNTED" in shown.stdout and "built-in default" in shown.stdout
+
+
+def propose_anyway(registry: Registry, text: str) -> int:
+    """What `specreg policy propose` records for ``text``, written by a modified client that
+    skips its checks -> the proposed version."""
+    from specreg.core.fingerprint import sha256_hex
+    from specreg.registry.governance.policy import parse_policy_text
+    from specreg.registry.store import policy_versions
+    from specreg.registry.store.store import utcnow
+
+    store, sha256 = registry.store, parse_policy_text(text, "toml", "stuck.toml").sha256
+    with store.session(write=True) as session:
+        row = policy_versions.add_policy_document(session, document=text, format="toml", sha256=sha256,
+                                                  proposed_by=registry.user, proposed_at=utcnow(), note=None)
+        store.append_event(session, pair_name="-", version=None, action="policy-propose", from_state=None,
+                           to_state=None, actor=registry.user, reason=None,
+                           details={"policy_version": row.version, "sha256": sha256,
+                                    "document_sha256": sha256_hex(text.encode("utf-8")), "file": "stuck.toml",
+                                    "replaces": 1})
+        policy_versions.mark_recorded(session, row.id, store.head_hash(session))
+        return row.version
+
+
+@pytest.mark.parametrize("text, field", [
+    (POLICY_TOML + "\n[keyring]\nenrollers = []\n", "keyring.enrollers = []: nobody could enrol"),
+    (POLICY_TOML.replace("approvers = []", 'approvers = ["bob"]\napprovals_required = 2'),
+     "environments.production names 1 approver(s) but approvals_required = 2"),
+])
+def test_a_policy_that_could_never_be_changed_again_is_refused(db_url, policy_file, tmp_path, approval_key,
+                                                                 text, field):
+    """Once in effect, a policy with no enrollers (no key would count) or fewer approvers than
+    its change needs could never be changed again: refused when proposed, one line naming the
+    field, nothing written; one proposed anyway is refused when approved."""
+    stuck = tmp_path / "stuck.toml"
+    stuck.write_text(text)
+    alice = Registry(as_user(db_url, "alice"), user="alice")
+    proposed = run("policy", "propose", stuck, "--db", as_user(db_url, "alice"), "--user", "alice")
+    one_line(proposed, 2, f"policy file {stuck}: {field}")
+    assert [p["version"] for p in alice.policy_history()] == [1]
+    version = propose_anyway(alice, text)
+    approved = run("policy", "approve", version, "--key", approval_key(db_url, "bob"), "--db", as_user(db_url, "bob"),
+                   "--user", "bob")
+    one_line(approved, 100, f"policy v{version} could never be changed again once in effect: {field}")
+    assert alice.policy().version == 1 and alice.policy_history()[-1]["approved_by"] == []
+
+
+@pytest.mark.parametrize("number", [18446744073709551616, 2**31, 0, -1, pytest.param(10**5000, id="5001-digits")])
+def test_a_number_no_row_can_have_is_one_line(db_url, tiny_models, policy_file, approval_key, number):
+    """Integer arguments that reach the database: past 32 bits (past 64 the SQLite driver
+    overflows) or below 1, exit 2 with one line naming the argument, from the CLI and the API."""
+    from specreg.errors import UsageError
+
+    alice = validated_pair(db_url, tiny_models, "num")
+    bob_db, key = as_user(db_url, "bob"), approval_key(db_url, "bob")
+    shown = number if abs(number) <= 2**64 else "a number that long"
+    if number < 10**4000:  # click itself refuses to read more digits than Python converts
+        one_line(run("policy", "approve", "--key", key, "--db", bob_db, "--user", "bob", "--", number), 2,
+                 f"invalid policy version {shown}: use 1 to 2147483647")
+        one_line(run("engine-baselines", "accept", "num@1", "--key", key, "--db", bob_db, "--user", "bob", "--",
+                     number), 2, f"invalid engine baseline id {shown}")
+    bob = Registry(bob_db, user="bob")
+    for call, what in ((lambda: bob.approve_policy(number, key=key), "policy version"),
+                       (lambda: bob.policy_document(number), "policy version"),
+                       (lambda: bob.accept_engine_baseline("num@1", number, key=key), "engine baseline id"),
+                       (lambda: bob.observations("num@1", limit=number), "limit")):
+        with pytest.raises(UsageError, match=f"invalid {what} {shown}"):
+            call()
+    assert alice.policy().version == 1
