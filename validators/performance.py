@@ -101,6 +101,9 @@ def check_performance(pair, decodes, *, method: str = "draft_model", k: int = 4,
                "measured_positions": len(measured), "extrapolated_k": extrapolated_k,
                "expected_speedup_at_extrapolated_k": extrapolated, "other_work_cores": decodes.other_work_cores,
                **tree_figures}
+    # a figure nobody could read (no batched pass ran: other work unread; no decode step) is left
+    # out rather than recorded as a number it is not
+    figures = {key: value for key, value in figures.items() if value is not None}
     latencies = [s for run in single for s in run.speculative.metrics.token_latencies_s]
     evidence = {"latency_histogram": latency_histogram(latencies),
                 "speculative_time_s": batch_seconds(batched_speculative),
