@@ -233,7 +233,7 @@ def diff(ref_a, ref_b, show_all, db_url, as_json):
         return
     print_table(["", "SECTION", "FIELD", ref_a.upper(), ref_b.upper()],
                 [["=" if r["same"] else "≠", r["section"], r["field"], short_value(r["a"]), short_value(r["b"])]
-                 for r in shown])
+                 for r in shown], wrap=(3, 4))  # the two versions' values side by side, each in its column
 
 
 def short_value(value) -> str:
