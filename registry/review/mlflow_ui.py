@@ -45,11 +45,53 @@ def ui_command(tracking_uri: str, host: str = "127.0.0.1", port: int = 5000) -> 
     ]
 
 
-def serve_ui(argv: list[str], log: Path, stop_after_s: float = 10.0) -> int | None:
-    """Run the UI server ``argv`` until it exits or this process gets SIGINT / SIGTERM, its
-    output appended to ``log``; then stop every process it started -> its exit code (None:
-    stopped by a signal here).
+def port_taken(host: str, port: int) -> bool:
+    """Whether something listens on ``host:port`` already (a probe binds it as the server would:
+    with SO_REUSEADDR, so a closed connection's TIME_WAIT does not count as taken)."""
+    import socket
 
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        raise UsageError(f"--host {host!r}: cannot be resolved ({exc.strerror})") from None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError:
+            return True
+    return False
+
+
+def health_url(host: str, port: int) -> str:
+    """Where the server started here answers when it is up (a wildcard host is reached on loopback)."""
+    reach = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    return f"http://{'[' + reach + ']' if ':' in reach else reach}:{port}/health"
+
+
+def answers(url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+# the signals that end `specreg ui` and, with it, the server it started: Ctrl-C, a kill, and the
+# terminal closing (SIGHUP), which would otherwise leave the server running behind a closed terminal
+STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
+
+
+def serve_ui(argv: list[str], log: Path, stop_after_s: float = 10.0, *, health: str | None = None,
+             on_ready=None) -> tuple[int | None, bool]:
+    """Run the UI server ``argv`` until it exits or this process gets SIGINT / SIGTERM / SIGHUP, its
+    output appended to ``log``; then stop every process it started -> (its exit code, None: stopped
+    by a signal here; whether it answered at ``health``).
+
+    ``on_ready()`` is called once, when ``health`` answers while the server started here is still
+    running: the port was free before it started (port_taken), so what answers is this server.
     The server runs in a session of its own, so that the whole process group (uvicorn and any
     helper MLflow forks) can be signalled at once: SIGTERM, then SIGKILL after
     ``stop_after_s``. Library warnings go to the log, never to the terminal."""
@@ -63,17 +105,25 @@ def serve_ui(argv: list[str], log: Path, stop_after_s: float = 10.0) -> int | No
     # which specreg never submits) and no telemetry, unless the caller asks for them
     env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true", **os.environ,
            "PYTHONWARNINGS": "ignore"}
-    stopped = []
+    stopped, ready = [], False
 
     def stop(signum, _frame):
         stopped.append(signum)
         raise KeyboardInterrupt
 
-    previous = {number: signal.signal(number, stop) for number in (signal.SIGINT, signal.SIGTERM)}
+    previous = {number: signal.signal(number, stop)
+                for number in (getattr(signal, name) for name in STOP_SIGNALS if hasattr(signal, name))}
     with open(log, "ab") as out:
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                                    start_new_session=True)
         try:
+            while health is not None and process.poll() is None and not ready:
+                if answers(health) and process.poll() is None:
+                    ready = True
+                    if on_ready is not None:
+                        on_ready()
+                else:
+                    time.sleep(0.5)
             code = process.wait()
         except KeyboardInterrupt:
             code = None
@@ -81,7 +131,16 @@ def serve_ui(argv: list[str], log: Path, stop_after_s: float = 10.0) -> int | No
             for number, handler in previous.items():
                 signal.signal(number, handler)
             stop_group(process, stop_after_s, time)
-    return None if stopped else code
+    return (None if stopped else code), ready
+
+
+def last_line(log: Path) -> str:
+    """The log's last non-empty line (what a server that died said last), or ""."""
+    try:
+        lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:300] if lines else ""
 
 
 def stop_group(process, stop_after_s: float, time) -> None:
