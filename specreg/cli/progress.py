@@ -4,12 +4,12 @@ line every few seconds and at each step's end when it is not (CI logs), nothing 
 the runtime and the validators know no printing; the CLI hands them a ``Progress``.
 
 In a log a command that reports nothing for a while (loading models, one long prompt, the time
-between two steps, a promote mirroring to MLflow) still prints a line every ``interval`` seconds,
-from a heartbeat thread that runs from the Progress's creation to its close: a CI log that says
-nothing for a minute looks like a hung job. On a terminal the same thread keeps a bar's elapsed
-time moving while its step is silent, and a command with a ``title`` says so at once. Time left is
-the rate since a step's first item ended times what is left: the time before it (imports, loading
-the models) says nothing about the items' pace.
+between two steps, a promote mirroring to MLflow) still prints a line every ``interval``
+seconds, from a heartbeat thread that runs from the first report (a titled command: from its
+start) to the close: a CI log that says nothing for a minute looks like a hung job. On a
+terminal the same thread keeps a bar's elapsed time moving while its step is silent, and a
+titled command says what it does at once. Time left is the rate since a step's first item ended
+times what is left: the time before it (imports, loading the models) says nothing of the pace.
 """
 
 from __future__ import annotations
@@ -55,19 +55,23 @@ class Progress:
         self.lock = threading.RLock()  # the heartbeat thread prints too
         self.stopped = threading.Event()
         self.heartbeat: threading.Thread | None = None
-        if not enabled:
-            return
-        if title and self.use_bar:
-            self.print_line(f"{title} ...")
-        if interval > 0:
-            self.heartbeat = threading.Thread(target=self.beat, name="specreg-progress", daemon=True)
-            self.heartbeat.start()
+        if enabled and title:  # a command that says what it does: from its start
+            if self.use_bar:
+                self.print_line(f"{title} ...")
+            self.start_heartbeat()
 
     def __call__(self, what: str, done: int, total: int, detail: str = "") -> None:
         if not self.enabled:
             return
         with self.lock:
             self.report(what, done, total, detail)
+        self.start_heartbeat()
+
+    def start_heartbeat(self) -> None:
+        """The heartbeat thread, once (none with interval 0), until close()."""
+        if self.heartbeat is None and self.interval > 0 and not self.stopped.is_set():
+            self.heartbeat = threading.Thread(target=self.beat, name="specreg-progress", daemon=True)
+            self.heartbeat.start()
 
     def print_line(self, line: str) -> None:
         print(line, file=self.stream, flush=True)
