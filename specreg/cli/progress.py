@@ -109,15 +109,18 @@ class Progress:
             if self.use_bar:
                 from tqdm import tqdm
 
+                # time left is ours (time_left): tqdm's would count the step's start (loading) as pace
                 self.bar = tqdm(total=total, desc=what, file=self.stream, dynamic_ncols=True, leave=True,
-                                bar_format="{desc}: {n_fmt}/{total_fmt} |{bar}| {elapsed}<{remaining}{postfix}")
+                                bar_format="{desc}: {n_fmt}/{total_fmt} |{bar}| {elapsed}{postfix}")
         self.done, self.total, self.detail = done, total, detail
         if done > 0 and self.first_done is None:
             self.first_done = (now, done)
         if self.bar is not None:
             self.bar.total = total
             self.bar.n = done
-            self.bar.set_postfix_str(detail, refresh=False)
+            left = self.time_left(now, done, total)
+            self.bar.set_postfix_str(", ".join(part for part in (
+                f"about {clock(left)} left" if left is not None else "", detail) if part), refresh=False)
             self.bar.refresh()
             self.printed = now
             if done >= total:

@@ -295,3 +295,22 @@ def test_a_command_says_something_at_once_and_between_its_steps():
     with Progress(stream=quiet, bar=False, interval=1.0, title="approve chat@1"):
         time.sleep(2.5)  # nothing reported at all: still a line every interval
     assert quiet.getvalue().splitlines()[0].startswith("approve chat@1: 0:0")
+
+
+def test_a_bar_shows_the_same_time_left(monkeypatch):
+    """On a terminal the bar's time left is the pace after the first item too, not tqdm's, which
+    counts the loading before it: 60 s of loading, then 2 s an item, 3 of 6 done -> 0:06 left."""
+    from specreg.cli import progress as progress_module
+
+    now = [100.0]
+    monkeypatch.setattr(progress_module.time, "monotonic", lambda: now[0])
+    stream = io.StringIO()
+    progress = Progress(stream=stream, bar=True, interval=0.0)
+    progress("decoding golden prompts", 0, 6, "loading the models")
+    for done, step in ((1, 60), (2, 2), (3, 2)):
+        now[0] += step
+        progress("decoding golden prompts", done, 6, "a")
+    drawn = stream.getvalue().split("\r")
+    assert "1/6" in drawn[-3] and "left" not in drawn[-3]
+    assert "3/6" in drawn[-1] and drawn[-1].rstrip().endswith(", about 0:06 left, a"), drawn[-1]
+    progress.close()
