@@ -69,6 +69,10 @@ def health_url(host: str, port: int) -> str:
     return f"http://{'[' + reach + ']' if ':' in reach else reach}:{port}/health"
 
 
+def port_of(url: str) -> int:
+    return int(urlparse(url).port or 80)
+
+
 def answers(url: str) -> bool:
     import urllib.request
 
@@ -77,6 +81,36 @@ def answers(url: str) -> bool:
             return response.status == 200
     except OSError:
         return False
+
+
+def listens_in_group(group: int, port: int) -> bool | None:
+    """Whether a process of process group ``group`` holds the listening TCP socket on ``port``
+    (Linux: /proc/net/tcp{,6} and each process's file descriptors); None where /proc cannot tell."""
+    import os
+
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii") as handle:
+                rows = handle.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{fields[9]}]")
+    if not inodes:
+        return None if not os.path.exists("/proc/net/tcp") else False
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+                if int(handle.read().rsplit(")", 1)[1].split()[2]) != group:
+                    continue
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in os.listdir(f"/proc/{pid}/fd")):
+                return True
+        except (OSError, ValueError, IndexError):
+            continue
+    return False
 
 
 # the signals that end `specreg ui` and, with it, the server it started: Ctrl-C, a kill, and the
@@ -91,7 +125,9 @@ def serve_ui(argv: list[str], log: Path, stop_after_s: float = 10.0, *, health: 
     by a signal here; whether it answered at ``health``).
 
     ``on_ready()`` is called once, when ``health`` answers while the server started here is still
-    running: the port was free before it started (port_taken), so what answers is this server.
+    running and (where /proc tells) one of its processes holds the listening socket: the port was
+    free before it started (port_taken), and what answers is this server, not one that took the
+    port in between.
     The server runs in a session of its own, so that the whole process group (uvicorn and any
     helper MLflow forks) can be signalled at once: SIGTERM, then SIGKILL after
     ``stop_after_s``. Library warnings go to the log, never to the terminal."""
@@ -118,7 +154,8 @@ def serve_ui(argv: list[str], log: Path, stop_after_s: float = 10.0, *, health: 
                                    start_new_session=True)
         try:
             while health is not None and process.poll() is None and not ready:
-                if answers(health) and process.poll() is None:
+                # what answers must be this server: a process of its group holds the port
+                if answers(health) and process.poll() is None and listens_in_group(process.pid, port_of(health)) is not False:
                     ready = True
                     if on_ready is not None:
                         on_ready()

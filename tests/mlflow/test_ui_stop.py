@@ -25,22 +25,26 @@ def test_ctrl_c_stops_every_process_specreg_ui_started(tmp_path):
                           stderr=subprocess.PIPE, text=True)
     started: set[int] = set()
     try:
-        deadline = time.monotonic() + 240  # the MLflow server's first start migrates its store
-        while time.monotonic() < deadline:
-            started |= {child.pid for child in psutil.Process(ui.pid).children(recursive=True)}
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.5)
-            assert ui.poll() is None, ui.communicate()
-        else:
-            raise AssertionError("the MLflow UI did not answer within 240 s")
+        # the URL is printed once the server started here answers (the MLflow server's first start
+        # migrates its store: minutes on a busy machine); a line is read as it comes, and a server
+        # that never answers is killed after 240 s (the read then ends)
+        import threading
+
+        watchdog = threading.Timer(240, ui.kill)
+        watchdog.start()
+        try:
+            first = ui.stdout.readline()
+            url = ui.stdout.readline()
+        finally:
+            watchdog.cancel()
+        assert url.startswith("MLflow UI: "), (first, url, ui.poll())
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
+            assert response.status == 200
         started |= {child.pid for child in psutil.Process(ui.pid).children(recursive=True)}
         assert started
         ui.send_signal(signal.SIGINT)
-        out, err = ui.communicate(timeout=60)
+        rest, err = ui.communicate(timeout=60)
+        out = first + url + rest
     finally:
         if ui.poll() is None:
             ui.kill()
@@ -103,3 +107,24 @@ def test_closing_the_terminal_stops_the_server_too(tmp_path, signal_name):
              and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
     assert alive == [], [psutil.Process(pid).cmdline() for pid in alive]
     assert out.rstrip().endswith("MLflow UI stopped, with every process it started"), (out, err)
+
+
+def test_the_server_that_answers_is_told_from_another_by_its_listening_socket():
+    """What answers on the port counts as the UI only when a process of the server's own group
+    holds the listening socket (/proc): a server another process started there does not."""
+    import socket
+
+    from specreg.registry.review.mlflow_ui import listens_in_group
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as ours:
+        ours.bind(("127.0.0.1", 0))
+        ours.listen()
+        port = ours.getsockname()[1]
+        assert listens_in_group(os.getpgrp(), port) is True
+        other = subprocess.Popen(["sleep", "30"], start_new_session=True)
+        try:
+            assert listens_in_group(other.pid, port) is False  # a group that holds no socket on it
+        finally:
+            other.kill()
+            other.wait()
+    assert listens_in_group(os.getpgrp(), port) is False  # closed: nobody listens
