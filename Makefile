@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_DIR ?= $(CURDIR)/.demo
 
-.PHONY: demo test test-floor install bench clean llamacpp
+.PHONY: demo test test-floor install bench clean llamacpp real-head
 
 install: $(VENV)/.installed
 
@@ -56,6 +56,13 @@ llamacpp: install
 
 demo: install llamacpp
 	DEMO_DIR="$(DEMO_DIR)" PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/demo.sh
+
+# The real pair's EAGLE-3 head, only when asked: builders/real_head.py generates text with SmolLM2,
+# stores its features and trains the head (up to 60 CPU-minutes, once; later runs reuse the cache).
+# `make demo` never starts it (it would share the cores with whatever runs next, `make test`
+# among them); once it is built, `make demo` validates it in our runtime and in llama.cpp.
+real-head: install
+	$(VENV)/bin/specreg demo-pair "$(DEMO_DIR)/real" --real --method eagle3
 
 bench: install
 	$(PY) benchmarks/bench_cli.py

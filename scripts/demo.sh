@@ -116,12 +116,9 @@ real_pair_steps() {
   real_head_steps
 }
 # A real EAGLE-3 head for SmolLM2, trained here on text SmolLM2 writes (builders/real_head.py), costs
-# up to an hour of CPU once: a demo never waits for it. When the engine cache holds it, the demo
-# registers it and shows its parity in llama.cpp; otherwise it starts its training once, detached
-# (under nice, 2 torch threads; it outlives the demo), and the next `make demo` shows it. setsid
-# makes it a session, and so on Linux a scheduling autogroup, of its own, inside which alone its
-# nice would count: the group's nice is set too, or it takes a core's share from whatever the user
-# runs next as if it were not niced.
+# up to an hour of CPU once: the demo never starts it (it would share the cores with whatever the user
+# runs next, `make test` among them). `make real-head` trains it when asked; once the engine cache holds
+# it, the demo registers it and shows its parity in llama.cpp.
 real_head_steps() {
   if specreg demo-pair "$DEMO_DIR/real" --real --method eagle3 --cached > /dev/null; then
     step "a real EAGLE-3 head for SmolLM2 (trained here on text SmolLM2 wrote; cached): our runtime, then llama.cpp"
@@ -130,16 +127,10 @@ real_head_steps() {
     specreg validate smollm2-eagle3@1 --golden smoke --device cpu --gpu-memory 2GiB \
       --checks integrity,tokenizer,equivalence,distribution,acceptance
     specreg validate smollm2-eagle3@1 --engine llamacpp --golden smoke --concurrency 1 --engine-threads 1
-  elif [ -s "$REAL_HEAD_PID" ] && kill -0 "$(cat "$REAL_HEAD_PID")" 2>/dev/null; then
-    step "the real EAGLE-3 head is still training in the background ($DEMO_DIR/build-real-head.log)"
   else
-    step "the real EAGLE-3 head is not built: training it once in the background ($DEMO_DIR/build-real-head.log); a later make demo shows it"
-    SPECREG_THREADS=2 nohup setsid sh -c '{ echo 10 > /proc/self/autogroup; } 2>/dev/null; exec nice "$@"' sh \
-      specreg demo-pair "$DEMO_DIR/real" --real --method eagle3 > "$DEMO_DIR/build-real-head.log" 2>&1 < /dev/null &
-    echo $! > "$REAL_HEAD_PID"
+    step "the real EAGLE-3 head is not built (not started: up to an hour of CPU): \`make real-head\` trains it once, and a later make demo validates it"
   fi
 }
-REAL_HEAD_PID="$DEMO_DIR/build-real-head.pid"
 real_pair_steps > "$DEMO_DIR/real-pair.log" 2>&1 &
 builds[real]=$!
 
@@ -289,7 +280,7 @@ cat "$DEMO_DIR/sync-smollm2.log"
 step "done"
 cat <<TEXT
 Outputs in $DEMO_DIR: validation.html, validation.md, validation-eagle3.html, validation-mtp.html, exports/,
-build-eagle3.log and build-mtp.log (the head builds), build-real-head.log (the real head's training, once),
+build-eagle3.log and build-mtp.log (the head builds),
 gate.xml, gate.md.
 Review in the MLflow UI: SPECREG_HOME=$SPECREG_HOME .venv/bin/specreg ui demo-chat
 TEXT

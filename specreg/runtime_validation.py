@@ -97,6 +97,9 @@ def run_validation(store: Store, version: PairVersion, golden, options, *, actor
     previous = runs.previous_baselines(version.name, version.version)
     run = runs.start(version, golden_set=golden.name, golden_sha256=golden.content_sha256,
                      environment=env, options=options.to_dict(), actor=actor)
+    if progress:  # a first line at once: what follows (imports, hashing, tokenizers) says nothing for seconds
+        progress(f"validation run {run.id} of {version.label}", 0, 0,
+                 f"golden set {golden.name}, {len(golden)} prompt(s), on {device}")
     try:
         with interrupt_on_signals():
             result = run_suite(version, golden, options, device=device, previous_baselines=previous,

@@ -70,6 +70,22 @@ def test_the_readme_stays_short_and_keeps_its_set_up_commands():
     assert "\ndemo:" in makefile and "\ntest:" in makefile
 
 
+def test_the_demo_never_trains_the_real_head_unasked():
+    """The real EAGLE-3 head's training (up to an hour of CPU) ran detached from `make demo` and
+    took the cores from the `make test` after it (13:53 instead of about 7 minutes). The demo only
+    asks the cache for it (`--cached`) and starts nothing in the background; `make real-head`
+    trains it, as Make itself reads the target."""
+    script = (ROOT / "scripts" / "demo.sh").read_text()
+    head_runs = re.findall(r"^\s*(?:if\s+)?specreg demo-pair .*--real --method eagle3.*$", script, re.M)
+    assert head_runs and all("--cached" in run for run in head_runs), head_runs
+    assert "nohup" not in script and "setsid" not in script
+    assert "make real-head" in script
+    planned = subprocess.run(["make", "-n", "real-head"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "MAKEFLAGS": ""})
+    assert planned.returncode == 0, planned.stderr
+    assert re.search(r"specreg demo-pair \S*/real\"? --real --method eagle3$", planned.stdout, re.M), planned.stdout
+
+
 def github_anchor(heading: str) -> str:
     """The anchor GitHub gives a Markdown heading."""
     text = re.sub(r"[^\w\- ]", "", heading.strip().lower())

@@ -101,6 +101,9 @@ def check_performance(pair, decodes, *, method: str = "draft_model", k: int = 4,
                "measured_positions": len(measured), "extrapolated_k": extrapolated_k,
                "expected_speedup_at_extrapolated_k": extrapolated, "other_work_cores": decodes.other_work_cores,
                **tree_figures}
+    # a figure nobody could read (no batched pass ran: other work unread; no decode step) is left
+    # out rather than recorded as a number it is not
+    figures = {key: value for key, value in figures.items() if value is not None}
     latencies = [s for run in single for s in run.speculative.metrics.token_latencies_s]
     evidence = {"latency_histogram": latency_histogram(latencies),
                 "speculative_time_s": batch_seconds(batched_speculative),
@@ -192,7 +195,12 @@ def headline(figures: dict[str, Any], tree_figures: dict[str, Any]) -> str:
                (f"recommended tree depth {best_k} ({tree_figures['recommended_tree_nodes']} of "
                 f"{tree_figures['tree_nodes']} nodes; verifying the tree costs "
                 f"{tree_figures['verify_cost_ratio']:.2f} one-token steps)" if tree_figures else
-                f"recommended k={best_k} (cost ratio {cost_ratio:.2f})"))
+                f"recommended k={best_k} (expected about {figures['expected_speedup_at_recommended_k']:.2f}x; "
+                f"cost ratio {cost_ratio:.2f})"))
+    if not tree_figures and figures["expected_speedup_at_recommended_k"] < 1.0:
+        # no k helps: trying another one costs a validation and tells nothing new
+        summary += (f"; no k is expected to beat the target alone here (a draft step costs {cost_ratio:.2f} of a "
+                    f"target step): a cheaper draft or a head would")
     if (figures.get("other_work_cores") or 0.0) >= OTHER_WORK_NOTED:
         summary += (f"; measured beside other work that kept {figures['other_work_cores']:.1f} cores busy: "
                     f"speeds from an idle machine may differ")

@@ -233,6 +233,7 @@ def build_summary(result: SuiteResult, golden, options: ValidationOptions, devic
             "latency_ms": {"p50": figures["latency_p50_ms"], "p95": figures["latency_p95_ms"],
                            "p99": figures["latency_p99_ms"]},
             "recommended_k": figures["recommended_k"], "cost_ratio": figures["cost_ratio"],
+            "expected_speedup_at_recommended_k": figures.get("expected_speedup_at_recommended_k"),
             "other_work_cores": figures.get("other_work_cores"),
         }
     if "equivalence" in by_name and by_name["equivalence"].figures:

@@ -106,10 +106,11 @@ def audit_condition(row: PairVersion, chain: list[AuditEvent], problem: str | No
 
 
 def evaluate(session: Session, row: PairVersion, env: EnvironmentPolicy, policy: Policy, *, golden_sha256: str,
-             changes: list[str], holder: PairVersion | None, now: datetime) -> tuple[list[Condition], ValidationRun | None]:
+             changes: list[str] | None, holder: PairVersion | None, now: datetime) -> tuple[list[Condition], ValidationRun | None]:
     """Every condition for ``row`` to hold environment ``env``, read inside ``session``.
 
-    ``golden_sha256``: the policy's golden set hash now; ``changes``: fingerprint_changes();
+    ``golden_sha256``: the policy's golden set hash now; ``changes``: fingerprint_changes() (None:
+    the files were not re-hashed, for a summary that must not read every weight file again);
     ``holder``: the version holding the environment now (its baseline is a reference).
     Returns (conditions, the validation run they are based on)."""
     label = row.label
@@ -155,6 +156,9 @@ def evaluate(session: Session, row: PairVersion, env: EnvironmentPolicy, policy:
     elif run is not None and run.binding_sha256 != row.binding_sha256:
         conditions.append(Condition("fingerprints", False, f"run {run.id} validated another binding "
                                     f"({run.binding_sha256[:12]}, version binds {row.binding_sha256[:12]})"))
+    elif changes is None:
+        conditions.append(Condition("fingerprints", True, "model files not re-hashed for this summary (gate and "
+                                    "promote re-hash them)", {"rehashed": False}))
     else:
         conditions.append(Condition("fingerprints", True, "weights, tokenizer, chat template and config unchanged"))
 
@@ -261,10 +265,12 @@ def audit_check(store: Store, version: PairVersion) -> Condition:
         return audit_condition(row, chain, problem)
 
 
-def gate(store: Store, policy: Policy, version: PairVersion, environment: str) -> GateResult:
-    """Evaluate every condition for ``version`` to hold ``environment`` (read only)."""
+def gate(store: Store, policy: Policy, version: PairVersion, environment: str, *, rehash: bool = True) -> GateResult:
+    """Evaluate every condition for ``version`` to hold ``environment`` (read only). ``rehash``
+    False: the model files are not fingerprinted again (the MLflow mirror's summary, written on
+    every change, says so in its fingerprints condition); the gate and promote always re-hash."""
     env = policy.environment(environment)
-    changes = fingerprint_changes(version)
+    changes = fingerprint_changes(version) if rehash else None
     golden_sha256 = golden_set_sha256(env.golden_set)
     with store.session() as session:
         row = store.pair_version(session, version.name, version.version)

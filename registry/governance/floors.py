@@ -28,6 +28,27 @@ def measured_speedup(run) -> tuple[float | None, int | None]:
     return float(speedup), (run.baselines or {}).get("k")
 
 
+def best_k_outlook(run) -> dict[str, float] | None:
+    """What the run's performance check expects of the best k it measured: {"k", "expected_speedup",
+    "cost_ratio"} (docs/design.md §2's formula over the measured per-position acceptance and the
+    measured draft/target step cost c), or None for a run that did not record it."""
+    performance = ((run.summary or {}).get("performance") or {}) if run is not None else {}
+    k, expected = performance.get("recommended_k"), performance.get("expected_speedup_at_recommended_k")
+    cost_ratio = performance.get("cost_ratio")
+    if not isinstance(k, int) or not all(isinstance(value, (int, float)) and not isinstance(value, bool)
+                                         for value in (expected, cost_ratio)):
+        return None
+    return {"k": k, "expected_speedup": float(expected), "cost_ratio": float(cost_ratio)}
+
+
+def no_k_reaches(outlook: dict[str, float], floor: float) -> str:
+    """Why no k helps a pair whose best k is expected below ``floor``, in words."""
+    cost = outlook["cost_ratio"]
+    why = ("the draft costs as much as the target" if cost >= 0.9 else f"a draft step costs {cost:.2f} of a target step")
+    return (f"no k reaches {floor:g}x: the best, k={outlook['k']}, is expected at about "
+            f"{outlook['expected_speedup']:.2f}x ({why}: c ≈ {cost:.2f})")
+
+
 def recorded_exception(events, environment: str, run_id: int | None) -> dict[str, Any] | None:
     """The newest speedup exception among a version's verified audit ``events`` for this
     environment and validation run -> its details with actor and time, or None."""
@@ -75,9 +96,12 @@ def floor_conditions(run, env, figures: dict[str, float] | None, events) -> list
                     f"{exception['at']}: {exception.get('reason')}", {"speedup": speedup, "floor": floor,
                                                                      "exception": exception}))
             else:
+                outlook = best_k_outlook(run)
+                hopeless = outlook is not None and outlook["expected_speedup"] < floor
                 conditions.append(Condition(
-                    "speedup", False, f"{speedup:.2f}x{at} < {floor:g}x (min_speedup): slower than the target alone",
-                    {"speedup": speedup, "floor": floor}))
+                    "speedup", False, f"{speedup:.2f}x{at} < {floor:g}x (min_speedup): slower than the target alone"
+                    + (f"; {no_k_reaches(outlook, floor)}" if hopeless else ""),
+                    {"speedup": speedup, "floor": floor, **({"best_k": outlook} if outlook else {})}))
     return conditions
 
 

@@ -141,3 +141,60 @@ def stage_artifacts(
                 shutil.copyfile(content, target)
         else:
             target.write_text(str(content), encoding="utf-8")
+
+
+# the model-version tags the gate summary owns: written from each sync's gate results, and removed
+# when they no longer hold (an exception of an earlier validation run)
+GATE_TAG_PREFIXES = ("specreg.gate.", "specreg.exception.")
+MAX_TAG_VALUE = 5000  # MLflow's limit on a model-version tag value
+
+
+def _tag_key(environment: str) -> str:
+    return _METRIC_NAME_UNSAFE.sub("_", environment)
+
+
+def exception_line(result) -> str | None:
+    """The speedup exception a gate result honours, in one line (who, when, the measured speedup
+    against the floor, why), or None."""
+    for condition in result.conditions:
+        exception = (condition.details or {}).get("exception")
+        if exception:
+            speedup, floor = condition.details.get("speedup"), condition.details.get("floor")
+            measured = f"{speedup:.2f}x < {floor:g}x min_speedup" if _is_number(speedup) and _is_number(floor) else ""
+            return (f"--allow-slower by {exception.get('actor')} at {exception.get('at')}"
+                    + (f" ({measured})" if measured else "") + f": {exception.get('reason')}")
+    return None
+
+
+def gate_description(results: list) -> str:
+    """The model version's description head: per environment of the policy of record its verdict,
+    any exception with its reason, who gave it and the measured speedup, then every condition."""
+    from specreg.registry.governance.gate_report import escape_cell, markdown_summary
+
+    if not results:
+        return ""
+    lines = [f"# Gate summary (policy `{results[0].policy_source}`)", "",
+             "| environment | verdict | exception |", "|---|---|---|"]
+    for result in results:
+        exception = exception_line(result)
+        verdict = ("✅ pass" + (" by exception" if exception else "")) if result.passed else "❌ refused"
+        lines.append(f"| {escape_cell(result.environment)} | {verdict} | {escape_cell(exception or '-')} |")
+    for result in results:
+        exception = exception_line(result)
+        lines += ["", markdown_summary(result).rstrip()]
+        if exception:
+            lines += ["", f"**Exception in {escape_cell(result.environment)}:** {escape_cell(exception)}"]
+    return "\n".join(lines) + "\n"
+
+
+def gate_tags(results: list) -> dict[str, str]:
+    """Machine-readable gate state: ``specreg.gate.<env>`` pass | refused and, where an exception
+    lets the version pass, ``specreg.exception.<env>`` (exception_line)."""
+    tags = {}
+    for result in results:
+        key = _tag_key(result.environment)
+        tags[f"specreg.gate.{key}"] = "pass" if result.passed else "refused"
+        exception = exception_line(result)
+        if exception:
+            tags[f"specreg.exception.{key}"] = exception[:MAX_TAG_VALUE]
+    return tags

@@ -34,8 +34,8 @@ from typing import Any, Iterator
 from specreg.errors import MlflowUnavailable, NotFoundError, UsageError
 from specreg.registry.review.mlflow_approvals import ApprovalTags
 from specreg.registry.review.mlflow_ui import local_artifact_root
-from specreg.registry.review.mlflow_records import (_check_statuses, stage_artifacts, validation_metrics,
-                                                   validation_params)
+from specreg.registry.review.mlflow_records import (GATE_TAG_PREFIXES, _check_statuses, stage_artifacts,
+                                                   validation_metrics, validation_params)
 from specreg.registry.store.entities import PairVersion
 from specreg.settings import default_mlflow_uri
 
@@ -346,6 +346,9 @@ class MlflowSync(ApprovalTags):
             for key, value in all_tags.items():
                 if current.get(key) != value:
                     self.client.set_model_version_tag(name, existing.version, key, value)
+            for key in current.keys() - all_tags.keys():  # gate state that no longer holds
+                if key.startswith(GATE_TAG_PREFIXES):
+                    self.client.delete_model_version_tag(name, existing.version, key)
             return int(existing.version)
 
     def _ensure_registered_model(self, name: str, pair_name: str) -> None:

@@ -45,11 +45,89 @@ def ui_command(tracking_uri: str, host: str = "127.0.0.1", port: int = 5000) -> 
     ]
 
 
-def serve_ui(argv: list[str], log: Path, stop_after_s: float = 10.0) -> int | None:
-    """Run the UI server ``argv`` until it exits or this process gets SIGINT / SIGTERM, its
-    output appended to ``log``; then stop every process it started -> its exit code (None:
-    stopped by a signal here).
+def port_taken(host: str, port: int) -> bool:
+    """Whether something listens on ``host:port`` already (a probe binds it as the server would:
+    with SO_REUSEADDR, so a closed connection's TIME_WAIT does not count as taken)."""
+    import socket
 
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        raise UsageError(f"--host {host!r}: cannot be resolved ({exc.strerror})") from None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError:
+            return True
+    return False
+
+
+def health_url(host: str, port: int) -> str:
+    """Where the server started here answers when it is up (a wildcard host is reached on loopback)."""
+    reach = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    return f"http://{'[' + reach + ']' if ':' in reach else reach}:{port}/health"
+
+
+def port_of(url: str) -> int:
+    return int(urlparse(url).port or 80)
+
+
+def answers(url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def listens_in_group(group: int, port: int) -> bool | None:
+    """Whether a process of process group ``group`` holds the listening TCP socket on ``port``
+    (Linux: /proc/net/tcp{,6} and each process's file descriptors); None where /proc cannot tell."""
+    import os
+
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii") as handle:
+                rows = handle.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{fields[9]}]")
+    if not inodes:
+        return None if not os.path.exists("/proc/net/tcp") else False
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+                if int(handle.read().rsplit(")", 1)[1].split()[2]) != group:
+                    continue
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in os.listdir(f"/proc/{pid}/fd")):
+                return True
+        except (OSError, ValueError, IndexError):
+            continue
+    return False
+
+
+# the signals that end `specreg ui` and, with it, the server it started: Ctrl-C, a kill, and the
+# terminal closing (SIGHUP), which would otherwise leave the server running behind a closed terminal
+STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
+
+
+def serve_ui(argv: list[str], log: Path, stop_after_s: float = 10.0, *, health: str | None = None,
+             on_ready=None) -> tuple[int | None, bool]:
+    """Run the UI server ``argv`` until it exits or this process gets SIGINT / SIGTERM / SIGHUP, its
+    output appended to ``log``; then stop every process it started -> (its exit code, None: stopped
+    by a signal here; whether it answered at ``health``).
+
+    ``on_ready()`` is called once, when ``health`` answers while the server started here is still
+    running and (where /proc tells) one of its processes holds the listening socket: the port was
+    free before it started (port_taken), and what answers is this server, not one that took the
+    port in between.
     The server runs in a session of its own, so that the whole process group (uvicorn and any
     helper MLflow forks) can be signalled at once: SIGTERM, then SIGKILL after
     ``stop_after_s``. Library warnings go to the log, never to the terminal."""
@@ -63,17 +141,26 @@ def serve_ui(argv: list[str], log: Path, stop_after_s: float = 10.0) -> int | No
     # which specreg never submits) and no telemetry, unless the caller asks for them
     env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true", **os.environ,
            "PYTHONWARNINGS": "ignore"}
-    stopped = []
+    stopped, ready = [], False
 
     def stop(signum, _frame):
         stopped.append(signum)
         raise KeyboardInterrupt
 
-    previous = {number: signal.signal(number, stop) for number in (signal.SIGINT, signal.SIGTERM)}
+    previous = {number: signal.signal(number, stop)
+                for number in (getattr(signal, name) for name in STOP_SIGNALS if hasattr(signal, name))}
     with open(log, "ab") as out:
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                                    start_new_session=True)
         try:
+            while health is not None and process.poll() is None and not ready:
+                # what answers must be this server: a process of its group holds the port
+                if answers(health) and process.poll() is None and listens_in_group(process.pid, port_of(health)) is not False:
+                    ready = True
+                    if on_ready is not None:
+                        on_ready()
+                else:
+                    time.sleep(0.5)
             code = process.wait()
         except KeyboardInterrupt:
             code = None
@@ -81,7 +168,16 @@ def serve_ui(argv: list[str], log: Path, stop_after_s: float = 10.0) -> int | No
             for number, handler in previous.items():
                 signal.signal(number, handler)
             stop_group(process, stop_after_s, time)
-    return None if stopped else code
+    return (None if stopped else code), ready
+
+
+def last_line(log: Path) -> str:
+    """The log's last non-empty line (what a server that died said last), or ""."""
+    try:
+        lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:300] if lines else ""
 
 
 def stop_group(process, stop_after_s: float, time) -> None:

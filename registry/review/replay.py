@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import os
 
-from specreg.errors import MlflowUnavailable
+from specreg.errors import MlflowUnavailable, SpecregError
+from specreg.registry.review.mlflow_records import gate_description, gate_tags
 from specreg.registry.store.entities import PairVersion
 from specreg.registry.store.store import Store
 
@@ -75,7 +76,8 @@ class Review:
         if runs:
             latest, latest_run_id = runs[-1], done["runs"][-1]
             baselines = latest_passed[0].baselines if latest_passed else None
-            summary = render_markdown(latest, version)
+            gates = self.gates(version)
+            summary = gate_description(gates) + "\n## Latest validation\n\n" + render_markdown(latest, version)
             request = self.approval_request(version) if self.mlflow.find_model_version(version) else None
             if request is not None:  # shown in the UI where the reviewer set the tag
                 summary += f"\n\n**Approval:** {request}\n"
@@ -83,11 +85,26 @@ class Review:
                 version, latest_run_id, summary,
                 tags={"specreg.validation": validation_key(latest),
                       # the registry's audit head, anchored outside its database
-                      "specreg.audit_head": self.store.audit_head()}, baselines=baselines)
+                      "specreg.audit_head": self.store.audit_head(), **gate_tags(gates)}, baselines=baselines)
             self.mlflow.mirror_state(version)
             done["approval"] = self.sync_approval(version)
         done["aliases"] = self.sync_aliases(version.name)
         return done
+
+    def gates(self, version: PairVersion) -> list:
+        """The gate of ``version`` for each environment of the policy of record, as the model
+        version's description and tags show it (the model files are not re-hashed on each sync)."""
+        from specreg.registry.governance.decisions import gate
+        from specreg.registry.governance.policy_record import policy_of_record
+
+        policy = policy_of_record(self.store).policy
+        results = []
+        for environment in policy.environments:
+            try:
+                results.append(gate(self.store, policy, version, environment, rehash=False))
+            except SpecregError:  # e.g. a golden set this machine lacks: `specreg gate` says why
+                continue
+        return results
 
     def sync_approval(self, version: PairVersion) -> str | None:
         """Registry decisions go to MLflow (tag ``<status>:<approver>``); returns the newest

@@ -106,7 +106,7 @@ class PairVersion:
 class ValidationRun:
     """One `specreg validate` of a pair version: what ran, where, and what each check found.
 
-    status: running | passed | failed | aborted | error. baselines (acceptance overall and per
+    status: running | passed | failed | aborted | abandoned | error. baselines (acceptance overall and per
     category) are set only on passed runs; they are what later versions and `observe` compare with.
     """
 

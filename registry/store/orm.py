@@ -157,7 +157,7 @@ class ValidationRunRow(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     pair_version_id: Mapped[int] = mapped_column(ForeignKey("pair_versions.id", ondelete="RESTRICT"), nullable=False, index=True)
-    status: Mapped[str] = mapped_column(String(16), nullable=False)  # running|passed|failed|aborted|error
+    status: Mapped[str] = mapped_column(String(16), nullable=False)  # running|passed|failed|aborted|abandoned|error
     golden_set: Mapped[str] = mapped_column(String(255), nullable=False)
     golden_sha256: Mapped[str] = mapped_column(String(64), nullable=False)
     binding_sha256: Mapped[str] = mapped_column(String(64), nullable=False)  # the version's binding when run

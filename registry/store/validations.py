@@ -1,11 +1,14 @@
 """Persistence of validation runs and their check results, over the Store's one session scope.
 
-A run is written as ``running`` (with the validating process's pid) before the first check,
-each check as it finishes, and the end (passed/failed + the pair's state move + its audit event)
-in one transaction. A run interrupted by Ctrl-C or SIGTERM is marked ``aborted`` by the process
-itself (specreg/runtime_validation.py); a run whose process was killed outright (SIGKILL, power
-loss) stays ``running`` until ``reap_dead_runs`` finds its pid gone and marks it ``aborted``.
-Aborted and errored runs never move the pair's state.
+A run is written as ``running`` (with the validating process's host, pid and start time) before
+the first check, each check as it finishes, and the end (passed/failed + the pair's state move +
+its audit event) in one transaction. A run interrupted by Ctrl-C or SIGTERM is marked ``aborted``
+by the process itself (specreg/runtime_validation.py). A run whose process was killed outright
+(SIGKILL, power loss) cannot say so: every later read of runs (``show``, ``validate``, the gate's
+reasons) first has ``reap_dead_runs`` mark a ``running`` run of this host whose process is gone (or
+whose pid another process took since) ``abandoned``, naming that process. A run of another host
+(a shared PostgreSQL) is left to that host, and ``show`` names its host and pid. Aborted,
+abandoned and errored runs never move the pair's state.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from specreg.registry.store.entities import AuditEvent, PairState, PairVersion, 
 from specreg.registry.store.orm import CheckResultRow, PairRow, PairVersionRow, ValidationRunRow
 from specreg.registry.store.store import Store, utcnow, verified_chain
 
-RUNNING, PASSED, FAILED, ABORTED, ERROR = "running", "passed", "failed", "aborted", "error"
+RUNNING, PASSED, FAILED, ABORTED, ABANDONED, ERROR = "running", "passed", "failed", "aborted", "abandoned", "error"
 FINISHED = (PASSED, FAILED)
 
 
@@ -199,19 +202,20 @@ class ValidationStore:
             row.finished_at = utcnow()
 
     def reap_dead_runs(self) -> int:
-        """Mark ``running`` runs of this host whose process is gone as ``aborted`` -> how many.
+        """Mark ``running`` runs of this host whose process is gone as ``abandoned`` -> how many.
 
         Runs started on another host (a shared PostgreSQL) are left to that host."""
         hostname = socket.gethostname()
         with self.store.session() as session:
             running = session.execute(
-                select(ValidationRunRow.id, ValidationRunRow.pid, ValidationRunRow.environment)
-                .where(ValidationRunRow.status == RUNNING)).all()
-        dead = [run_id for run_id, pid, environment in running
+                select(ValidationRunRow.id, ValidationRunRow.pid, ValidationRunRow.environment,
+                       ValidationRunRow.started_at).where(ValidationRunRow.status == RUNNING)).all()
+        dead = [(run_id, pid, started_at) for run_id, pid, environment, started_at in running
                 if (environment or {}).get("hostname") == hostname and pid is not None
                 and not process_alive(pid, (environment or {}).get("pid_start_ticks"))]
-        for run_id in dead:
-            self.abort(run_id, ABORTED, "the validating process died (killed) before finishing")
+        for run_id, pid, started_at in dead:
+            self.abort(run_id, ABANDONED, f"its process (pid {pid} on {hostname}, started "
+                       f"{started_at.isoformat(timespec='seconds')} UTC) is gone: killed before it could finish")
         return len(dead)
 
     def _runs_query(self):

@@ -47,8 +47,11 @@ def export(ref, fmt, out_dir, template, option_pairs, force, overwrite, signing_
                              "give it on one line")
         # A version stays text: 1.20 is not 1.2.
         options[key] = value if key == "engine_version" else yaml_scalar(value)
-    files = open_registry(db_url).export(ref, fmt, out_dir=out_dir, force=force, overwrite=overwrite,
-                                         template=template, options=options or None, signing_key=signing_key)
+    from specreg.cli.progress import Progress
+
+    with Progress(enabled=not as_json, title=f"export {ref} as {fmt}"):  # hashing, signing and mirroring take seconds
+        files = open_registry(db_url).export(ref, fmt, out_dir=out_dir, force=force, overwrite=overwrite,
+                                             template=template, options=options or None, signing_key=signing_key)
     from specreg.registry.deploy.export_files import Link
 
     if as_json:  # a Link entry (a head file the layout links to) has "link" instead of "text"

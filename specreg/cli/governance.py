@@ -22,7 +22,10 @@ from specreg.errors import SpecregError
 @json_option
 def approve(ref, note, key, environment, db_url, user, as_json):
     """Approve a validated version (four-eyes: never by its registrant)."""
-    approval = open_registry(db_url, user).approve(ref, note=note, key=key, environment=environment)
+    from specreg.cli.progress import Progress
+
+    with Progress(enabled=not as_json, title=f"approve {ref}"):  # signing and mirroring take seconds
+        approval = open_registry(db_url, user).approve(ref, note=note, key=key, environment=environment)
     if as_json:
         print_json(approval.to_dict())
     else:
@@ -80,10 +83,13 @@ def promote(ref, environment, reason, expected, allow_slower, policy_path, db_ur
 
     if policy_path is not None:
         raise UsageError(PREVIEW_ONLY.format(what="a promotion"))
+    from specreg.cli.progress import Progress
+
     registry = open_registry(db_url, user)
     try:
-        move = registry.promote(ref, environment, reason=reason,
-                                expected_holder=parse_expected_holder(expected), allow_slower=allow_slower)
+        with Progress(enabled=not as_json, title=f"promote {ref} to {environment}"):  # judging and mirroring take seconds
+            move = registry.promote(ref, environment, reason=reason,
+                                    expected_holder=parse_expected_holder(expected), allow_slower=allow_slower)
     except PolicyViolation as exc:
         if not exc.reasons:
             raise

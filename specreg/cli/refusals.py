@@ -23,6 +23,7 @@ class Known:
     register: list[str]  # the `specreg register` argv that records the same models and config
     k: int  # the version's k
     recommended_k: int | None = None  # what its validation's performance check recommends
+    expected_at_recommended: float | None = None  # the speedup that check expects at recommended_k
     approvers: tuple[str, ...] = ()  # people other than the registrant who may approve (policy or keyring)
 
 
@@ -37,11 +38,12 @@ def known_values(registry, label: str, environment: str, policy) -> Known:
         register += ["--draft", version.draft.reference]
     if version.config.method.value != DEFAULT_METHOD:
         register += ["--method", version.config.method.value]
-    recommended = None
+    recommended = expected = None
     for run in reversed(registry.validation_runs(version.label)):
         performance = (run.summary or {}).get("performance") or {}
         if run.golden_set == env.golden_set and isinstance(performance.get("recommended_k"), int):
             recommended = performance["recommended_k"]
+            expected = performance.get("expected_speedup_at_recommended_k")
             break
     people = list(env.approvers)
     if not people:
@@ -51,7 +53,8 @@ def known_values(registry, label: str, environment: str, policy) -> Known:
             people = []
     approvers = tuple(dict.fromkeys(p for p in people if not same_user(p, version.registered_by)))
     return Known(version.label, environment, env.golden_set, policy.source, register,
-                 version.config.num_speculative_tokens, recommended, approvers)
+                 version.config.num_speculative_tokens, recommended, approvers=approvers,
+                 expected_at_recommended=expected if isinstance(expected, (int, float)) else None)
 
 
 def fix_for(condition: str, known: Known, reason: str = "") -> tuple[str, str] | None:
@@ -64,13 +67,19 @@ def fix_for(condition: str, known: Known, reason: str = "") -> tuple[str, str] |
             or (condition == "speedup" and "measured no speedup" in reason):
         return validate, ""
     if condition == "speedup":
+        allow = f"specreg promote {ref} --to {env} --allow-slower REASON"
+        if "no k reaches" in reason:  # another k would cost another validation and be refused again
+            draft = shlex.join(known.register[:5] + ["--draft", "SMALLER_DRAFT"])
+            return (allow, f"an exception recorded in the audit log; or what can reach the floor: a smaller draft "
+                           f"(`{draft}`) or a head trained on the target (`--method eagle3 --draft HEAD`)")
         better = known.recommended_k if known.recommended_k not in (None, known.k) else None
         if better is not None:
+            expected = (f", expected about {known.expected_at_recommended:.2f}x"
+                        if known.expected_at_recommended is not None else "")
             return (shlex.join(known.register + ["--num-speculative-tokens", str(better)]),
-                    f"the k its validation recommends; or promote --allow-slower REASON, an exception recorded "
-                    f"in the audit log")
-        return (f"specreg promote {ref} --to {env} --allow-slower REASON",
-                "an exception recorded in the audit log")
+                    f"the k its validation recommends{expected}; or promote --allow-slower REASON, an exception "
+                    f"recorded in the audit log")
+        return allow, "an exception recorded in the audit log"
     if condition == "approval":
         person = known.approvers[0] if known.approvers else None
         if person is None:

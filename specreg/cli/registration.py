@@ -147,7 +147,7 @@ def show(ref, db_url, as_json):
     registry = open_registry(db_url)
     version = registry.get(ref, with_events=True)
     observations = registry.observations(version.label)
-    validations = registry.validation_runs(version.label)  # also marks runs of dead processes aborted
+    validations = registry.validation_runs(version.label)  # also marks runs of dead processes abandoned
     if as_json:
         holds = [e["environment"] for e in registry.environments(version.name) if e["version"] == version.version]
         print_json({**version.to_dict(), "holds": holds, "observations": [o.to_dict() for o in observations],
@@ -179,7 +179,10 @@ def show(ref, db_url, as_json):
             failed = f"  failed: {', '.join(run.failed_checks)}" if run.failed_checks else ""
             lines.append(f"  run {run.id}  {run.started_at.isoformat(timespec='seconds')}  {run.status:<8} golden "
                          f"{run.golden_set}  {run.environment.get('device')}/{run.environment.get('dtype')}{failed}"
-                         + (f"  ({run.error})" if run.error else ""))
+                         + (f"  ({run.error})" if run.error else "")
+                         # still running here, or on another host, which alone can tell whether it is
+                         + (f"  (pid {run.pid} on {run.environment.get('hostname')})" if run.status == "running"
+                            else ""))
     if observations:
         lines.append("observations (newest first):")
         for o in observations:
@@ -233,7 +236,7 @@ def diff(ref_a, ref_b, show_all, db_url, as_json):
         return
     print_table(["", "SECTION", "FIELD", ref_a.upper(), ref_b.upper()],
                 [["=" if r["same"] else "≠", r["section"], r["field"], short_value(r["a"]), short_value(r["b"])]
-                 for r in shown])
+                 for r in shown], wrap=(3, 4))  # the two versions' values side by side, each in its column
 
 
 def short_value(value) -> str:

@@ -34,17 +34,29 @@ def sync(name, db_url, user, as_json):
 def ui(name, port, host):
     """Serve the MLflow UI on the embedded store and print the URL of pair NAME's model; Ctrl-C
     stops it and every process it started. The server's own output goes to a log file."""
-    from specreg.registry.review.mlflow_ui import local_artifact_root, registered_model_url, serve_ui, ui_command
+    from specreg.registry.review.mlflow_ui import (health_url, last_line, local_artifact_root, port_taken,
+                                                   registered_model_url, serve_ui, ui_command)
     from specreg.registry.review.mlflow_sync import MlflowSync
 
     mlflow = MlflowSync(click.get_current_context().find_root().params.get("mlflow_uri"))
     argv = ui_command(mlflow.tracking_uri, host=host, port=port)
     base = f"http://{host}:{port}"
     log = local_artifact_root(mlflow.tracking_uri).parent / "ui.log"  # beside the store it serves
-    say(f"MLflow UI: {registered_model_url(base, mlflow.registered_model_name(name)) if name else base}")
-    say(f"one MLflow server process (log: {log}); Ctrl-C stops it")
-    code = serve_ui(argv, log)
+    # a URL printed while another process holds the port would show that process's pages (on a
+    # shared host, someone else's MLflow): refuse before starting, and print the URL only once
+    # the server started here answers
+    if port_taken(host, port):
+        raise SpecregError(f"port {port} on {host} is taken by another process: choose a free one with --port")
+    say(f"starting one MLflow server process (log: {log}); Ctrl-C stops it")
+
+    def ready() -> None:
+        say(f"MLflow UI: {registered_model_url(base, mlflow.registered_model_name(name)) if name else base}")
+
+    code, answered = serve_ui(argv, log, health=health_url(host, port), on_ready=ready)
     if code is None:
         say("MLflow UI stopped, with every process it started")
-    elif code != 0:
-        raise SpecregError(f"the MLflow server exited with code {code}: see {log}")
+    elif code != 0 or not answered:
+        said = last_line(log)
+        raise SpecregError(f"the MLflow server exited with code {code}"
+                           + ("" if answered else " before it served the UI") + f": see {log}"
+                           + (f" (last line: {said})" if said else ""))

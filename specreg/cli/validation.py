@@ -80,7 +80,7 @@ def validate(ref, golden, device, dtype, checks, gpu_memory, acceptance_toleranc
             reports.check_writable(path, option)
     from specreg.cli.progress import Progress
 
-    progress = Progress(enabled=not as_json)
+    progress = Progress(enabled=not as_json, title=f"validate {ref}")
     try:
         outcome = registry.validate(ref, golden=golden, device=device, dtype=dtype, checks=checks,
                                     gpu_memory=gpu_memory, acceptance_tolerance=acceptance_tolerance,

@@ -16,6 +16,7 @@ import hashlib
 import json
 import mmap
 import os
+import re
 import struct
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -61,6 +62,13 @@ SHARD_INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.js
 # config.json fields read as sizes (by the memory check, the runtime, engines): positive integers
 CONFIG_SIZE_KEYS = ("vocab_size", "max_position_embeddings", "hidden_size", "num_hidden_layers",
                     "num_attention_heads", "num_key_value_heads", "intermediate_size", "head_dim")
+# above these no released model goes (late 2026: at most ~200 layers, hidden 32k, vocabularies
+# ~1M, contexts 10M): a config beyond one describes no weights that could be validated, and the
+# memory check and the runtime would spend minutes on its sizes before judging nothing
+CONFIG_SIZE_LIMITS = {"num_hidden_layers": 4096, "hidden_size": 1 << 18, "vocab_size": 1 << 24,
+                      "intermediate_size": 1 << 20, "num_attention_heads": 1 << 14, "num_key_value_heads": 1 << 14,
+                      "head_dim": 1 << 14, "max_position_embeddings": 1 << 27}
+LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
 def sha256_hex(data: bytes) -> str:
@@ -534,6 +542,29 @@ def check_config(config: dict[str, Any], path: Path) -> None:
             value = section.get(key)
             if value is not None and not (type(value) is int and 0 < value < 1 << 63):
                 raise ModelReferenceError(f"{path}: field '{prefix}{key}' must be a positive integer, got {value!r:.60}")
+            if value is not None and value > CONFIG_SIZE_LIMITS[key]:
+                raise ModelReferenceError(f"{path}: field '{prefix}{key}' is {value}, above any real model's "
+                                          f"({CONFIG_SIZE_LIMITS[key]} at most): it describes no weights to validate")
+
+
+def check_config_against_weights(config: dict[str, Any], path: Path, headers: dict[str, Any]) -> None:
+    """Refuse a config.json that claims more than its weights hold, read from the safetensors
+    ``headers`` (tensor name -> info): more layers than the highest ``layers.N`` of any tensor, a
+    hidden size or vocabulary wider or longer than the token embedding (``*embed_tokens.weight``).
+    Only "more than" is refused: weights may hold more (an MTP layer past num_hidden_layers)."""
+    layers = [int(found.group(1)) for name in headers if (found := LAYER_INDEX.search(name))]
+    embeddings = [info["shape"] for name, info in headers.items()
+                  if name.endswith("embed_tokens.weight") and len(info.get("shape") or ()) == 2]
+    for prefix, section in (("", config), ("text_config.", config.get("text_config") or {})):
+        claimed = section.get("num_hidden_layers")
+        if layers and claimed is not None and claimed > max(layers) + 1:
+            raise ModelReferenceError(f"{path}: field '{prefix}num_hidden_layers' is {claimed}, but the weights hold "
+                                      f"{max(layers) + 1} layer(s) (layers.0 to layers.{max(layers)})")
+        for key, axis, what in (("vocab_size", 0, "rows"), ("hidden_size", 1, "columns")):
+            claimed = section.get(key)
+            if embeddings and claimed is not None and claimed > max(shape[axis] for shape in embeddings):
+                raise ModelReferenceError(f"{path}: field '{prefix}{key}' is {claimed}, but the token embedding has "
+                                          f"{max(shape[axis] for shape in embeddings)} {what}")
 
 
 def _inside_model(directory: Path, path: Path) -> bool:
@@ -655,12 +686,14 @@ def fingerprint_model(directory: Path, allow_pickle: bool = False, require_token
     if weight_format == "safetensors":
         parameter_count = 0
         dtype_elements: Counter[str] = Counter()
+        tensors: dict[str, Any] = {}
         for path in weight_files:
             if path.suffix != ".safetensors":
                 continue
             for name, info in read_safetensors_header(path).items():
                 if name == "__metadata__":
                     continue
+                tensors[name] = info
                 elements = 1
                 for dim in info["shape"]:
                     elements *= int(dim)
@@ -669,6 +702,7 @@ def fingerprint_model(directory: Path, allow_pickle: bool = False, require_token
         if dtype_elements:
             dominant = dtype_elements.most_common(1)[0][0]
             dtype = SAFETENSORS_DTYPE_NAMES.get(dominant, dominant.lower())
+        check_config_against_weights(config, config_path, tensors)
 
     file_digests = {path.name: sha256_file(path) for path in weight_files}
     tokenizer_form = canonical_tokenizer(directory)

@@ -92,8 +92,8 @@ def low_baseline_warnings(registry, run) -> list[str]:
 
 
 def validation_runs(registry, ref) -> list:
-    """Validation runs (registry.entities.ValidationRun) of a version, oldest first; runs whose
-    process died are marked aborted first."""
+    """Validation runs (registry.entities.ValidationRun) of a version, oldest first; runs of this
+    host whose process is gone are marked abandoned first."""
     from specreg.registry.store.validations import ValidationStore
 
     version = registry.get(ref)

@@ -293,6 +293,22 @@ MALFORMED_MODELS = {
     "num_hidden_layers a float": (json_edit("config.json", lambda d: d.update(num_hidden_layers=2.5)), "field 'num_hidden_layers'"),
     "max_position_embeddings huge": (json_edit("config.json", lambda d: d.update(max_position_embeddings=10 ** 30)),
                                      "field 'max_position_embeddings'"),
+    # sizes no weights could have, or more than these weights hold: refused from the config and the
+    # safetensors headers, before a validation spends minutes on them
+    "num_hidden_layers 10^9": (json_edit("config.json", lambda d: d.update(num_hidden_layers=10 ** 9)),
+                               "config.json: field 'num_hidden_layers' is 1000000000, above any real model's (4096 "
+                               "at most)"),
+    "num_hidden_layers past the weights": (json_edit("config.json", lambda d: d.update(num_hidden_layers=3)),
+                                           "config.json: field 'num_hidden_layers' is 3, but the weights hold 2 "
+                                           "layer(s) (layers.0 to layers.1)"),
+    "hidden_size wider than the embedding": (json_edit("config.json", lambda d: d.update(hidden_size=128)),
+                                             "config.json: field 'hidden_size' is 128, but the token embedding has "
+                                             "64 columns"),
+    "vocab_size longer than the embedding": (json_edit("config.json", lambda d: d.update(vocab_size=400)),
+                                             "config.json: field 'vocab_size' is 400, but the token embedding has "
+                                             "300 rows"),
+    "text_config hidden_size 10^9": (json_edit("config.json", lambda d: d.update(text_config={"hidden_size": 10 ** 9})),
+                                     "field 'text_config.hidden_size' is 1000000000, above any real model's"),
     "architectures a string": (json_edit("config.json", lambda d: d.update(architectures="LlamaForCausalLM")),
                                "field 'architectures'"),
     "text_config a string": (json_edit("config.json", lambda d: d.update(text_config="x")), "field 'text_config'"),

@@ -44,10 +44,12 @@ def record_validation(registry: Registry, ref: str, *, status: str = "passed", g
                       mean_acceptance_length: float = 3.0, checks: dict[str, str] | None = None,
                       finished_at: datetime | None = None, binding_sha256: str | None = None,
                       tau_definition: str | None = "engines", speedup: float | None = None,
-                      recommended_k: int | None = None) -> int:
+                      recommended_k: int | None = None, expected_speedup: float | None = None,
+                      cost_ratio: float | None = None) -> int:
     """Insert a finished validation run of ``ref`` and move its state; returns the run id.
     ``tau_definition=None`` stores baselines as runs before the engines' tau did; ``speedup``:
-    what its performance check measured (None: the check did not run), with ``recommended_k``."""
+    what its performance check measured (None: the check did not run), with ``recommended_k``, the
+    speedup it expects there (``expected_speedup``) and the draft/target step cost (``cost_ratio``)."""
     version = registry.get(ref)
     finished_at = finished_at or utcnow()
     def figures(rate: float) -> dict:
@@ -72,7 +74,9 @@ def record_validation(registry: Registry, ref: str, *, status: str = "passed", g
             options={}, baselines=baselines,
             summary={"verdict": "pass" if status == "passed" else "fail",
                      **({"performance": {"speedup": speedup, "tokens_per_s": 100.0 * speedup,
-                                         "baseline_tokens_per_s": 100.0, "recommended_k": recommended_k}}
+                                         "baseline_tokens_per_s": 100.0, "recommended_k": recommended_k,
+                                         "expected_speedup_at_recommended_k": expected_speedup,
+                                         "cost_ratio": cost_ratio}}
                         if speedup is not None else {})},
             actor="validator", pid=None, started_at=finished_at - timedelta(seconds=5), finished_at=finished_at,
         )

@@ -207,3 +207,36 @@ def test_a_run_on_another_golden_set_is_the_root_cause_and_nothing_it_met_is_lis
                                f"slow --target {tiny_models['target']} --draft {tiny_models['draft']} "
                                "--num-speculative-tokens 3` (the k its validation recommends;")
     assert "    fix: specreg approve slow@1 --user bob --key KEY (run by bob with their enrolled private key)" in lines
+
+
+def test_a_slow_pair_whose_best_k_cannot_reach_the_floor_is_told_so(tmp_path, tiny_models, monkeypatch):
+    """The real pair's case: 0.41x at k=4, the best k (1) expected at about 0.83x because the draft
+    costs as much as the target (c 1.04). No k reaches the 1x floor, so the refusal says so and
+    names the ways out instead of sending the user to validate k=1 (which is refused again); where
+    the recommended k is expected to reach the floor, that k is the fix, with its expectation."""
+    monkeypatch.delenv("SPECREG_POLICY", raising=False)  # the built-in policy: production needs 1x
+    db_url = f"sqlite:///{tmp_path / 'registry.db'}"
+    alice = Registry(db_url, user="alice")
+    checks = {name: "pass" for name in ("integrity", "tokenizer", "chat_template", "equivalence", "acceptance")}
+    hopeless, hopeful = register_versions(alice, tiny_models, "same", 1)[0], register_versions(alice, tiny_models,
+                                                                                                "deep", 1)[0]
+    record_validation(alice, hopeless, golden="default", speedup=0.41, recommended_k=1, expected_speedup=0.83,
+                      cost_ratio=1.04, checks=checks)
+    record_validation(alice, hopeful, golden="default", speedup=0.7, recommended_k=3, expected_speedup=1.6,
+                      cost_ratio=0.1, checks=checks)
+    reasons = {c.name: c.reason for c in alice.gate(hopeless, "production").conditions if not c.passed}
+    assert reasons["speedup"] == ("0.41x at k=1 < 1x (min_speedup): slower than the target alone; no k reaches 1x: "
+                                  "the best, k=1, is expected at about 0.83x (the draft costs as much as the "
+                                  "target: c ≈ 1.04)")
+    first = run("promote", hopeless, "--to", "production", "--db", db_url).stderr.splitlines()[0]
+    assert first.endswith(
+        "`specreg promote same@1 --to production --allow-slower REASON` (an exception recorded in the audit log; "
+        "or what can reach the floor: a smaller draft (`specreg register same --target "
+        f"{tiny_models['target']} --draft SMALLER_DRAFT`) or a head trained on the target "
+        "(`--method eagle3 --draft HEAD`))"), first
+    assert "--num-speculative-tokens" not in first
+    first = run("promote", hopeful, "--to", "production", "--db", db_url).stderr.splitlines()[0]
+    assert "no k reaches" not in first
+    assert first.endswith(f"--draft {tiny_models['draft']} --num-speculative-tokens 3` (the k its validation "
+                          "recommends, expected about 1.60x; or promote --allow-slower REASON, an exception "
+                          "recorded in the audit log)"), first

@@ -142,3 +142,52 @@ def test_real_validation_lands_in_mlflow(tmp_path, tiny_models, mlflow_server, m
     params = {p["key"]: p["value"] for p in run["data"]["params"]}
     assert params["golden_set"] == "smoke"
     assert {t["key"]: t["value"] for t in run["data"]["tags"]}["specreg.verdict"] in ("pass", "warn")
+
+
+def test_a_production_exception_shows_in_the_model_version(tmp_path, tiny_models, mlflow_server, monkeypatch,
+                                                           approval_key):
+    """The version holding production at 0.41x by `--allow-slower`: its model version's
+    description is the gate summary per environment (verdict, every condition) with the exception,
+    its reason, who gave it and the measured speedup; the tags carry the same; a later validation
+    the exception does not cover takes the exception tag away."""
+    from policyrecord import record_policy
+
+    monkeypatch.setenv("SPECREG_MLFLOW", "on")
+    db_url = f"sqlite:///{tmp_path / 'registry.db'}"
+    policy = tmp_path / "specreg.toml"
+    policy.write_text(POLICY_TOML + "min_speedup = 1.0\n")  # into [environments.production], the last table
+    record_policy(db_url, policy, tmp_path)
+    pair = f"slow-{uuid.uuid4().hex[:8]}"
+    alice = Registry(db_url, user="alice", mlflow_uri=mlflow_server.url)
+    alice.register(pair, target=str(tiny_models["target"]), draft=str(tiny_models["draft"]), num_speculative_tokens=3)
+    record_validation(alice, f"{pair}@1", speedup=0.41, recommended_k=1)
+    bob = Registry(db_url, user="bob", mlflow_uri=mlflow_server.url)
+    bob.approve(f"{pair}@1", key=approval_key(db_url, "bob"))
+    reason = "the launch needs the pair's acceptance figures | latency is not the goal"
+    promoted = cli("--mlflow-uri", mlflow_server.url, "promote", f"{pair}@1", "--to", "production",
+                   "--allow-slower", reason, "--db", db_url, "--user", "alice")
+    assert promoted.returncode == 0, promoted.stderr
+
+    [version] = model_versions(mlflow_server, pair)
+    description, tags = version["description"], {t["key"]: t["value"] for t in version["tags"]}
+    assert description.startswith("# Gate summary (policy ")
+    rows = [line for line in description.splitlines() if line.startswith("| production |")]
+    assert len(rows) == 1 and "✅ pass by exception" in rows[0] and "--allow-slower by alice at " in rows[0]
+    assert "(0.41x < 1x min_speedup): the launch needs the pair's acceptance figures \\| latency" in rows[0]
+    assert f"## specreg gate {pair}@1 → production: PASS" in description
+    assert f"## specreg gate {pair}@1 → staging: PASS" in description
+    assert "| ✅ | `speedup` | EXCEPTION: 0.41x at k=3 < 1x, allowed by alice at " in description
+    assert "**Exception in production:** --allow-slower by alice at " in description
+    assert "## Latest validation" in description  # the validation summary follows the gate's
+    assert tags["specreg.gate.production"] == "pass" and tags["specreg.gate.staging"] == "pass"
+    assert tags["specreg.exception.production"].startswith("--allow-slower by alice at ")
+    assert tags["specreg.exception.production"].endswith(f"(0.41x < 1x min_speedup): {reason}")
+    assert "specreg.exception.staging" not in tags
+
+    # a newer run measures 0.5x: the exception was for the earlier run; production is refused now
+    record_validation(alice, f"{pair}@1", speedup=0.5, recommended_k=1)
+    assert cli("--mlflow-uri", mlflow_server.url, "sync", pair, "--db", db_url).returncode == 0
+    [version] = model_versions(mlflow_server, pair)
+    tags = {t["key"]: t["value"] for t in version["tags"]}
+    assert tags["specreg.gate.production"] == "refused" and "specreg.exception.production" not in tags
+    assert "| production | ❌ refused | - |" in version["description"]

@@ -122,3 +122,29 @@ def test_the_process_entry_exits_with_the_collector_frozen(tmp_path):
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert result.returncode == 1 and "FROZEN True" in result.stdout, (result.returncode, result.stderr)
     assert result.stderr.startswith("specreg: error:") and "Traceback" not in result.stderr
+
+
+def test_diff_keeps_both_versions_side_by_side_in_100_columns(tmp_path, tiny_models):
+    """Long values (model paths) on both sides: each version's value wraps within its own column,
+    and each row's second value starts on the row's own line, never alone on the lines below."""
+    db_url = f"sqlite:///{tmp_path / 'registry.db'}"
+    deep = tmp_path / "a-rather-long-folder-name-for-the-models" / "and-another-level-below-it"
+    target, draft = (shutil.copytree(tiny_models[name], deep / name) for name in ("target", "draft"))
+    run("register", "wide", "--target", target, "--draft", draft, "-k", "3", "--db", db_url)
+    run("register", "wide", "--target", target, "--draft", target, "-k", "2", "--db", db_url)
+    shown = run("diff", "wide@1", "wide@2", "--db", db_url, env={"COLUMNS": "100"})
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 100, lines
+    a_column, b_column = lines[0].index("WIDE@1"), lines[0].index("WIDE@2")
+    rows = [index for index, line in enumerate(lines) if line.startswith(("=", "≠"))]
+    assert [lines[index].split()[1:3] for index in rows] == [
+        ["version", "binding_sha256"], ["draft", "reference"], ["draft", "weights_sha256"],
+        ["draft", "config_sha256"], ["draft", "parameter_count"], ["config", "num_speculative_tokens"]]
+    for index in rows:  # the second version's value begins on its row's own line
+        assert lines[index][b_column:].strip(), lines
+    # the reference row continues on the lines below it, each value in its own column
+    reference = rows[1]
+    continued = lines[reference:rows[2]]
+    assert "".join(line[a_column:b_column].strip() for line in continued) == str(draft)
+    assert "".join(line[b_column:].strip() for line in continued) == str(target)

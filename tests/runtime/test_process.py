@@ -184,12 +184,14 @@ def test_plain_progress_lines_name_the_step_with_elapsed_and_time_left():
     stream = io.StringIO()
     progress = Progress(stream=stream, bar=False, interval=0.0)
     progress("training the draft", 0, 4)
+    progress("training the draft", 1, 4, "loss 0.7")
     progress("training the draft", 2, 4, "loss 0.5")
     progress("training the draft", 4, 4, "loss 0.3")
     lines = stream.getvalue().splitlines()
     assert lines[0] == "training the draft: 0/4, 0:00 elapsed"
-    assert lines[1].startswith("training the draft: 2/4, 0:00 elapsed, about 0:00 left (loss 0.5")
-    assert lines[2] == "training the draft: 4/4, 0:00 elapsed (loss 0.3)"
+    assert lines[1] == "training the draft: 1/4, 0:00 elapsed (loss 0.7)"  # no pace yet: no time left
+    assert lines[2].startswith("training the draft: 2/4, 0:00 elapsed, about 0:00 left (loss 0.5")
+    assert lines[3] == "training the draft: 4/4, 0:00 elapsed (loss 0.3)"
 
 
 def test_plain_progress_is_throttled_and_json_gets_none():
@@ -240,3 +242,75 @@ def test_in_a_log_a_silent_step_still_prints_a_line_every_interval():
     assert lines[0] == "decoding golden prompts: 0/43, 0:00 elapsed (loading the models)"
     assert 2 <= len(lines) - 1 <= 4 and all(line.startswith("decoding golden prompts: 0/43, 0:0")
                                             and line.endswith("(still loading the models)") for line in lines[1:])
+
+
+def test_time_left_is_the_pace_after_the_first_item_not_the_start_of_the_step(monkeypatch):
+    """Loading took 60 s before the first of 6 items ended, then each took 2 s: the first line
+    names no time left (one item's time holds the loading), the next ones 2 s an item left."""
+    from specreg.cli import progress as progress_module
+
+    now = [100.0]
+    monkeypatch.setattr(progress_module.time, "monotonic", lambda: now[0])
+    stream = io.StringIO()
+    progress = Progress(stream=stream, bar=False, interval=0.0)
+    progress("decoding golden prompts", 0, 6, "loading the models")
+    now[0] += 60
+    progress("decoding golden prompts", 1, 6, "a")
+    now[0] += 2
+    progress("decoding golden prompts", 2, 6, "b")
+    now[0] += 2
+    progress("decoding golden prompts", 3, 6, "c")
+    lines = stream.getvalue().splitlines()
+    assert lines[1] == "decoding golden prompts: 1/6, 1:00 elapsed (a)"
+    assert lines[2] == "decoding golden prompts: 2/6, 1:02 elapsed, about 0:08 left (b)"
+    assert lines[3] == "decoding golden prompts: 3/6, 1:04 elapsed, about 0:06 left (c)"
+
+
+def test_a_command_says_something_at_once_and_between_its_steps():
+    """On a terminal a command with a title says so at once; between steps (a check that reports
+    nothing, a promote mirroring to MLflow) the heartbeat still prints a line every interval, in
+    a log as on a terminal, and nothing after close."""
+    import time
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    terminal = Terminal()
+    with Progress(stream=terminal, title="promote chat@1 to production", interval=3600):
+        assert terminal.getvalue() == "promote chat@1 to production ...\n"
+    stream = io.StringIO()
+    progress = Progress(stream=stream, bar=False, interval=1.0, title="promote chat@1 to production")
+    progress("check integrity", 1, 1, "pass")
+    time.sleep(2.6)
+    progress.close()
+    printed = stream.getvalue()
+    time.sleep(1.5)
+    assert stream.getvalue() == printed
+    lines = printed.splitlines()
+    assert lines[0] == "check integrity: 1/1, 0:00 elapsed (pass)"
+    assert 1 <= len(lines) - 1 <= 3 and all(line.startswith("promote chat@1 to production: 0:0") and
+                                            line.endswith("elapsed (after check integrity)") for line in lines[1:])
+    quiet = io.StringIO()
+    with Progress(stream=quiet, bar=False, interval=1.0, title="approve chat@1"):
+        time.sleep(2.5)  # nothing reported at all: still a line every interval
+    assert quiet.getvalue().splitlines()[0].startswith("approve chat@1: 0:0")
+
+
+def test_a_bar_shows_the_same_time_left(monkeypatch):
+    """On a terminal the bar's time left is the pace after the first item too, not tqdm's, which
+    counts the loading before it: 60 s of loading, then 2 s an item, 3 of 6 done -> 0:06 left."""
+    from specreg.cli import progress as progress_module
+
+    now = [100.0]
+    monkeypatch.setattr(progress_module.time, "monotonic", lambda: now[0])
+    stream = io.StringIO()
+    progress = Progress(stream=stream, bar=True, interval=0.0)
+    progress("decoding golden prompts", 0, 6, "loading the models")
+    for done, step in ((1, 60), (2, 2), (3, 2)):
+        now[0] += step
+        progress("decoding golden prompts", done, 6, "a")
+    drawn = stream.getvalue().split("\r")
+    assert "1/6" in drawn[-3] and "left" not in drawn[-3]
+    assert "3/6" in drawn[-1] and drawn[-1].rstrip().endswith(", about 0:06 left, a"), drawn[-1]
+    progress.close()

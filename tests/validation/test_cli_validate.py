@@ -19,6 +19,8 @@ def test_exit_codes_table_and_reports(registry, models, golden_path, tmp_path):
     out = result.stdout
     assert result.returncode == 0, out
     assert "CHECK" in out and "equivalence" in out and "cli@1: validation run 1 passed on golden set tiny; state validated" in out
+    # in a log the first line comes as the run starts, before the imports, hashing and tokenizers
+    assert result.stderr.splitlines()[0] == "validation run 1 of cli@1: golden set tiny, 3 prompt(s), on cpu"
     html = report.read_text()
     assert html.count("<svg") == 2 and "per-position acceptance" in html and "latency histogram" in html
     assert "<script" not in html and "src=" not in html and "href=" not in html and "https://" not in html

@@ -1,6 +1,6 @@
 """A real `specreg validate` process killed mid-way: SIGTERM -> the process marks its run
 aborted and exits 143; SIGKILL -> the run stays "running" until the next validate/show finds
-its process gone and marks it aborted. The pair's state never moves."""
+its process gone and marks it abandoned. The pair's state never moves."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import sys
 import time
 
 import pytest
+
+import clirun  # tests/ is on sys.path (tests/conftest.py)
 
 from specreg.registry.store.entities import PairState
 from specreg.registry.store.validations import ValidationStore
@@ -58,8 +60,11 @@ def test_killed_validation_leaves_state_and_marks_run_aborted(registry, models, 
     assert runs.get(term_run.id).status == "aborted" and "SIGTERM" in runs.get(term_run.id).error
     assert kill.returncode == -signal.SIGKILL
     assert runs.get(kill_run.id).status == "running"  # nobody could mark it
+    shown = clirun.run("show", "kill@1", "--db", registry.db_url)  # a later command sees it abandoned
+    line = next(line for line in shown.stdout.splitlines() if line.startswith(f"  run {kill_run.id} "))
+    assert " abandoned " in line and f"(its process (pid {kill.pid} on " in line, line
     reaped = registry.validation_runs("kill@1")  # what `show` and the next validate call
-    assert [run.status for run in reaped] == ["aborted"]
+    assert [run.status for run in reaped] == ["abandoned"]
     for name in ("term", "kill"):
         assert registry.get(f"{name}@1").state is PairState.REGISTERED
         assert [event.action for event in registry.history(name)] == ["register"]

@@ -4,6 +4,7 @@ baselines of the previous validated version."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 
@@ -92,7 +93,8 @@ def test_abort_and_reap_leave_state_unchanged(store_registry):
     aborted = start(runs, v1)
     runs.abort(aborted.id, "aborted", "interrupted by SIGTERM")
     assert runs.get(aborted.id).status == "aborted"
-    # a run whose process is gone (a child that has exited and been reaped) is found and aborted
+    # a run whose process is gone (a child that has exited and been reaped) is found and abandoned,
+    # the process named
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
     orphan = start(runs, v1)
@@ -102,10 +104,31 @@ def test_abort_and_reap_leave_state_unchanged(store_registry):
         session.get(ValidationRunRow, orphan.id).pid = child.pid
     alive = start(runs, v1)  # this process: alive
     assert runs.reap_dead_runs() == 1
-    assert runs.get(orphan.id).status == "aborted" and "died" in runs.get(orphan.id).error
+    assert runs.get(orphan.id).status == "abandoned"
+    assert runs.get(orphan.id).error.startswith(f"its process (pid {child.pid} on {socket.gethostname()}, started ")
+    assert runs.get(orphan.id).error.endswith(" UTC) is gone: killed before it could finish")
     assert runs.get(alive.id).status == "running"
     assert store_registry.get("p@1").state is PairState.REGISTERED
     assert [e.action for e in store_registry.history("p")] == ["register", "register"]
+
+
+def test_a_run_of_another_host_is_left_running_and_shown_with_its_host_and_pid(store_registry):
+    """On a shared database a run validating on another host cannot be judged from here: it stays
+    running, and `show` says where it runs so that someone can look there."""
+    from clirun import run as cli
+    from specreg.registry.store.orm import ValidationRunRow
+    from specreg.registry.store.validations import ValidationStore
+
+    runs = ValidationStore(store_registry.store)
+    elsewhere = start(runs, store_registry.get("p@1"))
+    with store_registry.store.session(write=True) as session:
+        row = session.get(ValidationRunRow, elsewhere.id)
+        row.environment = {**row.environment, "hostname": "gpu-node-7"}
+        row.pid = 999_999_999  # no such process here: only that host could tell
+    assert runs.reap_dead_runs() == 0 and runs.get(elsewhere.id).status == "running"
+    shown = cli("show", "p@1", "--db", store_registry.db_url).stdout
+    line = next(line for line in shown.splitlines() if line.startswith(f"  run {elsewhere.id} "))
+    assert " running " in line and line.endswith("(pid 999999999 on gpu-node-7)"), line
 
 
 def test_validate_on_this_database(store_registry, golden_path):

@@ -237,3 +237,41 @@ def test_divergence_to_the_runner_up_is_a_near_tie_only_below_the_tolerance(runt
     assert check_equivalence(pair, one, tolerance=margin * 2 + 1e-6).status == "warn"
     strict = check_equivalence(pair, one, tolerance=margin / 2)
     assert strict.status == "fail" and strict.evidence["divergences"][0]["position"] == position
+
+
+def test_a_golden_set_of_one_record_is_judged_without_a_batched_pass(models, tmp_path):
+    """One record decodes alone (batch 1): no batched pass ran, so no other-work figure was read;
+    the performance check judges the speed all the same and leaves that figure out."""
+    from specreg.golden_prompts.loader import load_golden_set
+    from specreg.runtime.decode import DecodeConfig
+    from specreg.runtime.methods import load_pair
+    from specreg.validators.equivalence import decode_golden
+    from specreg.validators.performance import check_performance
+
+    path = tmp_path / "one.yaml"
+    path.write_text("name: one\nversion: 1\nrecords:\n  - id: raw-1\n    category: code\n"
+                    "    prompt: \"def add(a, b):\\n\"\n    max_new_tokens: 6\n")
+    pair = load_pair(models["target"], models["draft"], device="cpu")
+    decodes = decode_golden(pair, load_golden_set(path), DecodeConfig(k=3))
+    assert decodes.batch_size == 1 and len(decodes.runs) == 1 and decodes.other_work_cores is None
+    result = check_performance(pair, decodes, k=3, cost_ratio=0.1)
+    assert result.status in ("pass", "warn") and result.figures["speedup"] > 0
+    assert "other_work_cores" not in result.figures and "other work" not in result.summary
+
+
+def test_the_summary_says_when_no_k_is_expected_to_beat_the_target(runtime):
+    """The random draft of the tiny pair accepts almost nothing: with a draft step as costly as a
+    target step no k pays, and the summary says so with the expectation at the recommended k;
+    with a free draft it names the expectation only."""
+    from specreg.validators.performance import check_performance
+
+    pair, golden, decodes = runtime
+    costly = check_performance(pair, decodes, k=3, cost_ratio=1.04)
+    expected = costly.figures["expected_speedup_at_recommended_k"]
+    assert expected < 1.0
+    assert f"recommended k={costly.figures['recommended_k']} (expected about {expected:.2f}x; cost ratio 1.04)" \
+        in costly.summary
+    assert ("no k is expected to beat the target alone here (a draft step costs 1.04 of a target step): a cheaper "
+            "draft or a head would") in costly.summary
+    free = check_performance(pair, decodes, k=3, cost_ratio=0.0)
+    assert free.figures["expected_speedup_at_recommended_k"] >= 1.0 and "no k is expected" not in free.summary

@@ -47,6 +47,9 @@ def test_good_pair_passes_every_check_and_is_validated(registry, models, golden_
     # the cores other work kept busy during the batched passes, read from the CPUs' counters
     assert performance["other_work_cores"] >= 0.0
     assert run.summary["performance"]["other_work_cores"] == performance["other_work_cores"]
+    # what the best k is expected to give goes with the run, for a refused promote to say whether any k helps
+    assert run.summary["performance"]["expected_speedup_at_recommended_k"] == \
+        performance["expected_speedup_at_recommended_k"] > 0
     event = registry.history("good")[-1]
     assert event.action == "validate" and event.to_state == "validated"
     assert event.details["validation_run_id"] == run.id
