@@ -1,4 +1,5 @@
-"""CLI speed targets (run by hand; figures go in docs/benchmarks.md with the date and machine):
+"""CLI speed targets (run by hand; figures go in docs/benchmarks-log.md with the date and machine,
+the latest in docs/benchmarks.md):
 - `specreg --help` under 0.3 s;
 - `specreg list` with 10,000 registered versions in SQLite under 0.5 s.
 Each figure is the median wall time of repeated runs of the real command in a new process.

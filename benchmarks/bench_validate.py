@@ -1,5 +1,5 @@
 """Whole-command `specreg validate` targets (run by hand on an idle machine; figures go in
-docs/benchmarks.md with the date and machine):
+docs/benchmarks-log.md with the date and machine, the latest in docs/benchmarks.md):
 - the real SmolLM2 pair on the default golden set: <= 2 minutes;
 - the real pair on the smoke set: <= 20 s;
 - the demo pair on the default golden set: <= 20 s.

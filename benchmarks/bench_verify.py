@@ -4,7 +4,8 @@ Run by hand with the interpreter of the environment to measure, e.g. the slim ve
 of the README: `/tmp/slim/bin/python benchmarks/bench_verify.py`. Builds a signed lock over a
 2-file model (config.json + a small model.safetensors, an ngram pair: no draft), then times the
 real command in a new process, repeatedly; the two files are hashed in-process to subtract
-their share. Figures go in docs/benchmarks.md with the date, machine and load.
+their share. Figures go in docs/benchmarks-log.md with the date, machine and load, the latest in
+docs/benchmarks.md.
 """
 
 from __future__ import annotations

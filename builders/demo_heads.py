@@ -27,7 +27,7 @@ EAGLE3_TTT_STEPS = 3
 # head's acceptance falls instead of barely moving. One layer earlier needs no teaching: id 1 then
 # reads the embeddings, ~4x off layer 0's output, and acceptance collapses by itself (smoke set,
 # k 4: 0.647 right, 0.255 one earlier, 0.198 one later; taught both ways, one later fell less, to
-# 0.378 at weight 4, 0.51 at 1, and the right layers lost more: docs/benchmarks.md)
+# 0.378 at weight 4, 0.51 at 1, and the right layers lost more: docs/benchmarks-log.md)
 EAGLE3_WRONG_LAYER_SHIFTS = (1,)
 EAGLE3_WRONG_UNLIKELIHOOD = 3.0
 
@@ -236,7 +236,7 @@ def build_demo_head(directory, method: str = "eagle3", *, target_dir=None, force
     eagle3: a speculators-format EAGLE-3 head (config.json + model.safetensors) distilled from the
     target's own hidden states over the demo corpus, reading the layer inputs demo_aux_layer_ids names and
     taught to draft nothing from the ones one later (train_eagle3_head wrong_layer_shifts). See
-    docs/benchmarks.md for its cost and acceptance.
+    docs/benchmarks-log.md for its cost and acceptance.
     """
     from specreg.errors import RuntimeConfigError
 

@@ -31,7 +31,7 @@ DRAFT_SHAPE = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=1, 
                    num_key_value_heads=2)
 # (steps, batch of SEQUENCE_LENGTH windows) and peak learning rates; the target is grown from the
 # trained draft, then trained further: fewer steps than acceptance alone would ask for, because
-# every first `make demo` pays them (their cost and the acceptance they reach: docs/benchmarks.md).
+# every first `make demo` pays them (their cost and the acceptance they reach: docs/benchmarks-log.md).
 DRAFT_TRAINING = (160, 16)
 DRAFT_LR = 3e-3
 TARGET_TRAINING = (30, 8)

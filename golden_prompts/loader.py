@@ -4,26 +4,23 @@
 loads a user's ``.yaml``/``.yml``/``.json``/``.jsonl`` file. Every problem is a one-line
 ``GoldenSetError`` naming the file, the record (index and id) and the field.
 
-Only pyyaml and jsonschema are imported here: no torch, no transformers. ``GoldenRecord.render``
-and ``GoldenRecord.encode`` take an already loaded tokenizer.
+Only pyyaml and jsonschema are imported here: no torch, no transformers. The loaded set and its
+records are records.py's (``GoldenRecord.render`` and ``.encode`` take an already loaded
+tokenizer); a chat template renders in template_sandbox.py.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import signal
-import threading
-from contextlib import contextmanager
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-from specreg.core.documents import MAX_DOCUMENT_BYTES, depth_problem, safe_loader, yaml_problem
+from specreg.core.documents import MAX_DOCUMENT_BYTES, depth_problem, one_line, safe_loader, yaml_problem
 from specreg.core.files import read_text_bounded
-from specreg.errors import GoldenSetError, ModelReferenceError
+from specreg.errors import GoldenSetError
+from specreg.golden_prompts.records import GoldenRecord, GoldenSet, Message, content_sha256
 
 SHIPPED_DIR = Path(__file__).parent
 SCHEMA_PATH = SHIPPED_DIR / "schema.json"
@@ -31,207 +28,6 @@ SUFFIXES = (".yaml", ".yml", ".json", ".jsonl")
 # a validation decodes every record twice or more: ten thousand is hours on a CPU already, and the
 # schema check of a record costs ~0.3 ms, so a file of a million tiny records is refused, not checked
 MAX_RECORDS = 10_000
-
-
-# A chat template is code from the model folder: its render is bounded in time and size.
-RENDER_SECONDS = 5.0
-RENDER_MAX_CHARS = 1_000_000
-
-
-class RenderTimeout(Exception):
-    """A chat template ran past RENDER_SECONDS."""
-
-
-@contextmanager
-def time_limit(seconds: float):
-    """Raise RenderTimeout in the block after ``seconds`` (SIGALRM: main thread only; elsewhere
-    the block runs unbounded, as before)."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
-        yield
-        return
-
-    def expire(_signum, _frame):
-        raise RenderTimeout()
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
-def bound_output(template: str) -> None:
-    """Make the render of ``template`` stop past RENDER_MAX_CHARS characters instead of building
-    the whole output first: transformers compiles each chat template once (cached) in its own
-    sandboxed environment, whose ``concat`` joins the rendered pieces; a bounded join replaces it.
-    (One expression that builds a huge string at once, "x" * 10**10, is still Python's allocation.)"""
-    if not isinstance(template, str):
-        return
-    from transformers.utils.chat_template_utils import _compile_jinja_template
-
-    environment = _compile_jinja_template(template).environment
-    if getattr(environment, "concat", None) is not bounded_concat:
-        environment.concat = bounded_concat
-
-
-def bounded_concat(pieces) -> str:
-    import jinja2
-
-    parts, total = [], 0
-    for piece in pieces:
-        total += len(piece)
-        if total > RENDER_MAX_CHARS:
-            raise jinja2.TemplateRuntimeError(f"rendered more than {RENDER_MAX_CHARS} characters")
-        parts.append(piece)
-    return "".join(parts)
-
-
-@dataclass(frozen=True)
-class Message:
-    role: str
-    content: str
-
-
-@dataclass(frozen=True)
-class GoldenRecord:
-    """One golden prompt: chat ``messages`` or a raw ``prompt`` (exactly one is set)."""
-
-    id: str
-    category: str
-    max_new_tokens: int
-    messages: tuple[Message, ...] | None = None
-    prompt: str | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
-    tags: tuple[str, ...] = ()
-
-    @property
-    def is_chat(self) -> bool:
-        return self.messages is not None
-
-    @property
-    def is_greedy(self) -> bool:
-        """True when the record decodes greedily (no temperature, or temperature 0)."""
-        return not self.temperature
-
-    def message_dicts(self) -> list[dict[str, str]]:
-        """The messages as the list of {role, content} dicts chat templates expect."""
-        return [{"role": m.role, "content": m.content} for m in self.messages or ()]
-
-    def render(self, tokenizer, add_generation_prompt: bool = True) -> str:
-        """Text the model sees: the raw prompt, or the messages through the chat template.
-
-        tokenizer: a loaded Hugging Face tokenizer. Raises ModelReferenceError when the record
-        has messages and the tokenizer has no chat template.
-        """
-        if not self.is_chat:
-            return self.prompt
-        if not tokenizer.chat_template:
-            raise ModelReferenceError(
-                f"tokenizer {tokenizer.name_or_path!r} has no chat template; golden record "
-                f"'{self.id}' uses messages"
-            )
-        import jinja2
-
-        name = getattr(tokenizer, "name_or_path", "")
-        try:
-            bound_output(tokenizer.chat_template)
-            with time_limit(RENDER_SECONDS):
-                text = tokenizer.apply_chat_template(
-                    self.message_dicts(), tokenize=False, add_generation_prompt=add_generation_prompt
-                )
-        except jinja2.TemplateError:
-            raise
-        except RenderTimeout:
-            raise jinja2.TemplateRuntimeError(
-                f"chat template of {name} did not render record '{self.id}' within {RENDER_SECONDS:g} s") from None
-        except Exception as exc:  # a template is user code: 1/0, range(10**9), a TypeError are its failures
-            raise jinja2.TemplateRuntimeError(
-                f"chat template of {name} raised {type(exc).__name__} on record '{self.id}': "
-                f"{_one_line(str(exc), 160)}") from None
-        if not isinstance(text, str) or len(text) > RENDER_MAX_CHARS:
-            size = len(text) if isinstance(text, str) else type(text).__name__
-            raise jinja2.TemplateRuntimeError(
-                f"chat template of {name} rendered record '{self.id}' to {size} characters, over the limit "
-                f"of {RENDER_MAX_CHARS}")
-        return text
-
-    def encode(self, tokenizer, add_generation_prompt: bool = True) -> list[int]:
-        """Prompt token ids as a server would build them.
-
-        A raw prompt is encoded with the tokenizer's own special tokens (e.g. BOS); a rendered
-        chat template already holds its special tokens, so none are added (as HF's
-        apply_chat_template does).
-        """
-        text = self.render(tokenizer, add_generation_prompt)
-        return list(tokenizer.encode(text, add_special_tokens=not self.is_chat))
-
-    def to_dict(self) -> dict[str, Any]:
-        """Canonical dict: only set fields, in schema names (what the content hash covers)."""
-        out: dict[str, Any] = {"id": self.id, "category": self.category}
-        if self.messages is not None:
-            out["messages"] = self.message_dicts()
-        else:
-            out["prompt"] = self.prompt
-        out["max_new_tokens"] = self.max_new_tokens
-        for key in ("temperature", "top_p", "top_k", "seed"):
-            if getattr(self, key) is not None:
-                out[key] = getattr(self, key)
-        if self.tags:
-            out["tags"] = list(self.tags)
-        return out
-
-
-@dataclass(frozen=True)
-class GoldenSet:
-    """A loaded golden set; ``content_sha256`` hashes name, version and records canonically."""
-
-    name: str
-    version: str
-    source: Path | None
-    content_sha256: str
-    records: tuple[GoldenRecord, ...]
-    description: str = ""
-
-    def __len__(self) -> int:
-        return len(self.records)
-
-    def __iter__(self) -> Iterator[GoldenRecord]:
-        return iter(self.records)
-
-    @property
-    def categories(self) -> tuple[str, ...]:
-        """Categories in order of first appearance."""
-        return tuple(dict.fromkeys(r.category for r in self.records))
-
-    @property
-    def chat_records(self) -> tuple[GoldenRecord, ...]:
-        return tuple(r for r in self.records if r.is_chat)
-
-    def by_category(self) -> dict[str, tuple[GoldenRecord, ...]]:
-        return {c: tuple(r for r in self.records if r.category == c) for c in self.categories}
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "version": self.version,
-            "records": [r.to_dict() for r in self.records],
-        }
-
-
-def content_sha256(name: str, version: str, records: tuple[GoldenRecord, ...]) -> str:
-    """SHA-256 of the canonical JSON (sorted keys, no spaces, UTF-8) of name, version, records.
-
-    Key order, YAML vs JSONL, comments, ``description`` and absent-vs-empty ``tags`` do not
-    change it; any change to a record (text, order, sampling) does.
-    """
-    canonical = {"name": name, "version": version, "records": [r.to_dict() for r in records]}
-    text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def shipped_set_names() -> list[str]:
@@ -409,7 +205,7 @@ def _parse_yaml(text: str, path: Path) -> Any:
             raise GoldenSetError(f"{path}: {problem}")
         document = yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
     except ValueError as exc:  # an integer over Python's 4300 digits, from YAML's int constructor
-        raise GoldenSetError(f"{path}: invalid YAML: {_one_line(str(exc), 120)}") from None
+        raise GoldenSetError(f"{path}: invalid YAML: {one_line(str(exc), 120)}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -430,7 +226,7 @@ def _parse_json(text: str, path: Path) -> Any:
             f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
         ) from None
     except (RecursionError, ValueError) as exc:  # deep nesting; integers over 4300 digits
-        raise GoldenSetError(f"{path}: invalid JSON: {_one_line(str(exc) or 'nested too deeply', 120)}") from None
+        raise GoldenSetError(f"{path}: invalid JSON: {one_line(str(exc) or 'nested too deeply', 120)}") from None
     problem = depth_problem(document)
     if problem:
         raise GoldenSetError(f"{path}: {problem}")
@@ -451,7 +247,7 @@ def _parse_jsonl(text: str, path: Path) -> tuple[dict, list[int]]:
             raise GoldenSetError(f"{path}: line {number}: invalid JSON at column {exc.colno}: {exc.msg}") from None
         except (RecursionError, ValueError) as exc:  # deep nesting; integers over 4300 digits
             raise GoldenSetError(f"{path}: line {number}: invalid JSON: "
-                                 f"{_one_line(str(exc) or 'nested too deeply', 120)}") from None
+                                 f"{one_line(str(exc) or 'nested too deeply', 120)}") from None
         problem = depth_problem(value)
         if problem:
             raise GoldenSetError(f"{path}: line {number}: {problem}")
@@ -529,7 +325,7 @@ def _describe_schema_error(error, document: dict, where: str, record_lines: list
     if error.validator == "enum":
         allowed = ", ".join(repr(v) for v in error.validator_value)
         return f"{located}: {_short(error.instance)} is not one of {allowed}"
-    return f"{located}: {_one_line(error.message, 160)}"
+    return f"{located}: {one_line(error.message, 160)}"
 
 
 def _field_name(path: list) -> str:
@@ -545,9 +341,4 @@ def _type_name(value: Any) -> str:
 
 
 def _short(value: Any, limit: int = 60) -> str:
-    return _one_line(repr(value), limit)
-
-
-def _one_line(text: str, limit: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return one_line(repr(value), limit)

@@ -7,14 +7,14 @@ weights at about 11 GB/s on one thread and no faster on two, where a plain sum o
 28 GB/s on one thread and 51-57 on two. oneDNN's matmul, the kernel torch.compile's CPU backend
 calls for linear layers (``torch.ops.mkldnn._linear_pointwise``, on the weight as it is, no packed
 copy), ran a SmolLM2-135M decode step's products 1.6-2.1x faster on two threads
-(docs/benchmarks.md). Same products, same float32 inputs and weights; the sums are accumulated in
+(docs/benchmarks-log.md). Same products, same float32 inputs and weights; the sums are accumulated in
 another order, so logits differ from MKL's in the last bits, as they differ between any two
 engines' kernels. Every forward of a loaded pair (target-only and speculative, any batch) runs on
 the same kernel, which is what the equivalence check compares.
 
 On an Intel CPU MKL runs its own tuned code and the models keep it: on a 2-core Intel Xeon VM
 (AVX-512) a whole real-pair `validate` of the smoke set took 16.1-19.6 s on MKL against
-18.9-22.0 s on oneDNN, three alternating pairs (docs/benchmarks.md). Small models (the demo's tiny
+18.9-22.0 s on oneDNN, three alternating pairs (docs/benchmarks-log.md). Small models (the demo's tiny
 ones, whose weights stay in the caches), training (autograd), other devices and dtypes, and a
 torch without oneDNN keep nn.Linear's own forward too.
 
@@ -22,7 +22,7 @@ oneDNN reads a weight fastest in its own blocked layout (``torch.ops.mkldnn._reo
 what torch.compile's weight freezing does): on the 2-core AMD EPYC machine a SmolLM2-135M step's
 products took 24.9 / 25.3 / 59.2 ms at 1 / 7 / 35 rows on that copy against 27.8 / 37.4 / 82.2 ms
 on the weight as it is (two threads), and the real pair's default-set `validate` 9-13% less time
-(docs/benchmarks.md). The copy doubles the layers' memory, so it is made only while the copies fit
+(docs/benchmarks-log.md). The copy doubles the layers' memory, so it is made only while the copies fit
 well within the memory the machine has available (PACKED_SHARE); elsewhere the products run on the
 weight as it is. A layer makes its copy on its first product (validate's untimed warm-up) and
 again when its weight is replaced or written in place.

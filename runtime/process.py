@@ -155,7 +155,7 @@ def limit_threads() -> int:
     if threads > free:
         # more threads than free cores (an explicit setting on a busy machine): OpenMP threads
         # that wait for work sleep instead of spinning, since spinning threads on cores other work
-        # holds made training 5-6x slower (docs/benchmarks.md). On free cores they keep OpenMP's
+        # holds made training 5-6x slower (docs/benchmarks-log.md). On free cores they keep OpenMP's
         # default (spin a little, then sleep): a forward of a small model is thousands of short
         # parallel regions, and waking sleeping threads for each made validate's decoding of the
         # demo pair 4x slower with 2 threads than with 1.

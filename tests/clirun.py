@@ -71,12 +71,30 @@ def run_specreg(args, *, env: dict | None = None, cwd=None) -> subprocess.Comple
     return subprocess.CompletedProcess(["specreg", *argv], code, stdout.getvalue(), stderr.getvalue())
 
 
-def run(*args, env: dict | None = None, unset: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+def run(*args, env: dict | None = None, unset: tuple[str, ...] = (), user: str | None = None,
+        ) -> subprocess.CompletedProcess:
     """``specreg *args`` in this process (run_specreg) with ``env`` added to this process's
     environment and the variables ``unset`` taken out of it; asserts that it printed no
-    traceback, whatever its exit code."""
+    traceback, whatever its exit code.
+
+    ``user``: run as that user: $SPECREG_USER, and each ``--db`` URL connecting as that
+    PostgreSQL role (pgroles.as_user; SQLite URLs unchanged)."""
+    if user is not None:
+        from pgroles import as_user
+
+        args = tuple(as_user(str(arg), user) if i and args[i - 1] == "--db" else arg for i, arg in enumerate(args))
+        env = {**(env or {}), "SPECREG_USER": user}
     environment = {key: value for key, value in {**os.environ, **(env or {})}.items() if key not in unset}
     result = run_specreg(args, env=environment)
+    assert "Traceback" not in result.stderr, result.stderr
+    return result
+
+
+def run_process(*args, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`python -m specreg.cli ARGS` as a real process (the entry point as users start it), with
+    ``env`` added to this process's environment; asserts that it printed no traceback."""
+    result = subprocess.run(SPECREG + [str(a) for a in args], capture_output=True, text=True,
+                            env={**os.environ, **(env or {})}, timeout=120)
     assert "Traceback" not in result.stderr, result.stderr
     return result
 

@@ -239,14 +239,34 @@ def test_sql_check_sees_a_lazy_import(tmp_path):
         "registry/governance/pointer_moves.py:3: imports specreg.registry.store.orm"]
 
 
-MAX_REGISTRY_LINES = 450
+MAX_MODULE_LINES = 450
+# The modules still past the limit, each to be split by job; one that gets split leaves this list.
+LONG_MODULES = {
+    "specreg/core/fingerprint.py": "process-wide digest caches, a safetensors header parser and the tokenizer's "
+                                   "canonical form in one file",
+    "runtime/decode.py": "the interleaved timing belongs with the performance check",
+    "specreg/engine_validation.py": "drive belongs with the engine client, baseline_status is a governance rule",
+    "validators/tokenizer.py": "the check and its generic diff helpers (first differences of lists, JSON, tokens)",
+}
 
 
-def test_registry_files_stay_short():
-    """A registry module a reader takes in at once: over 450 lines, split it by what it holds."""
-    long = [f"{path.relative_to(ROOT)}: {n} lines" for path in sorted((ROOT / "registry").rglob("*.py"))
-            if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_REGISTRY_LINES]
+def module_lengths() -> dict[str, int]:
+    """Lines of every Python module outside tests/ (the packages, benchmarks/, scripts/), by path."""
+    paths = [path for folder in sorted(ROOT.iterdir()) if folder.is_dir() and folder.name != "tests"
+             and not folder.name.startswith(".") and not folder.name.endswith(".egg-info")
+             for path in folder.rglob("*.py")]
+    return {str(path.relative_to(ROOT)): len(path.read_text(encoding="utf-8").splitlines()) for path in sorted(paths)}
+
+
+def test_modules_stay_short():
+    """A module a reader takes in at once: over 450 lines, split it by what it holds."""
+    lengths = module_lengths()
+    assert "golden_prompts/loader.py" in lengths and "registry/store/store.py" in lengths
+    long = [f"{path}: {n} lines" for path, n in lengths.items() if n > MAX_MODULE_LINES and path not in LONG_MODULES]
     assert long == []
+    split = [f"{path}: {lengths.get(path, 0)} lines, take it off LONG_MODULES" for path in LONG_MODULES
+             if lengths.get(path, 0) <= MAX_MODULE_LINES]
+    assert split == []
 
 
 def function_lengths(path: Path, inside_class: str | None = None) -> dict[str, int]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from specreg.core.statuses import RunStatus
 from specreg.core.user_names import same_user
 from specreg.errors import PolicyViolation
 from specreg.registry.governance.keyring import (Eras, chain_eras, keyring_at, keyring_entries,
@@ -101,7 +102,7 @@ def standing(session: Session, row: PairVersion, env: EnvironmentPolicy, policy:
     eras = chain_eras(session, chain, None)
     keyring, bad_keys = keyring_entries(session, policy, chain, eras)
     valid, refused = signed_decisions(session, row, chain, keyring, policy, eras)
-    last_failure = next((r for r in finished_runs(session, row, chain) if r.status == "failed"), None)
+    last_failure = next((r for r in finished_runs(session, row, chain) if r.status == RunStatus.FAILED), None)
     result = tally([signed for _, signed in valid], registrant=row.registered_by, approvers=env.approvers,
                    scope=env.name, threshold=env.approvals_required,
                    since=last_failure.finished_at if last_failure is not None else None,
@@ -204,7 +205,7 @@ def decide(store: Store, policy: Policy, name: str, version: int, *, actor: str,
         if decision == APPROVED:
             if same_user(actor, row.registered_by):
                 raise PolicyViolation(f"four-eyes: {actor} registered {label} and cannot approve it")
-            if not runs or runs[0].status != "passed":
+            if not runs or runs[0].status != RunStatus.PASSED:
                 latest = f"run {runs[0].id} {runs[0].status}" if runs else "never validated"
                 raise PolicyViolation(f"{label} has not passed validation ({latest}): approval refused")
         now = utcnow()

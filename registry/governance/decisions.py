@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from specreg.core.baselines import drift_floor, schedule_note
+from specreg.core.statuses import GateVerdict, RunStatus
 from specreg.core.user_names import same_user
 from specreg.registry.governance.approvals import approval_condition
 from specreg.registry.governance.engine_gate import engine_baseline_conditions
@@ -48,7 +49,7 @@ class GateResult:
     def to_dict(self) -> dict[str, Any]:
         return {
             "pair": self.pair, "version": self.version, "environment": self.environment,
-            "passed": self.passed, "verdict": "pass" if self.passed else "refused",
+            "passed": self.passed, "verdict": (GateVerdict.PASS if self.passed else GateVerdict.REFUSED).value,
             "policy": self.policy_source, "policy_version": self.policy_version, "policy_sha256": self.policy_sha256,
             "validation_run_id": self.validation_run_id, **({"preview": self.preview} if self.preview else {}),
             "audit_head": self.audit_head, "binding_sha256": self.binding_sha256, "reasons": self.reasons,
@@ -131,7 +132,7 @@ def evaluate(session: Session, row: PairVersion, env: EnvironmentPolicy, policy:
         else:
             reason = f"{label} is not validated on golden set {env.golden_set} (no validation run yet)"
         conditions.append(Condition("validation", False, reason, {"golden_set": env.golden_set}))
-    elif run.status != "passed":
+    elif run.status != RunStatus.PASSED:
         conditions.append(Condition("validation", False,
                                     f"the latest validation of {label} on {env.golden_set} (run {run.id}) {run.status}",
                                     {"run": run.id, "status": run.status, "golden_set": env.golden_set}))
@@ -186,8 +187,8 @@ def evaluate(session: Session, row: PairVersion, env: EnvironmentPolicy, policy:
             conditions.append(Condition(f"check.{name}", check.status in accepted,
                                         f"{check.status}: {check.summary}", {"status": check.status}))
 
-    figures = overall_figures(run) if run is not None and run.status == "passed" else None
-    if run is None or run.status != "passed":
+    figures = overall_figures(run) if run is not None and run.status == RunStatus.PASSED else None
+    if run is None or run.status != RunStatus.PASSED:
         # a failed or missing validation is the cause: what it would have measured is not judged
         conditions.append(not_judged("baselines", env.golden_set))
     else:
@@ -211,17 +212,17 @@ def acceptance_condition(session: Session, row: PairVersion, run: ValidationRun 
     """Acceptance >= baseline * (1 - tolerance) against (a) the version's own earlier passed run
     on the same golden set (drift) and (b) the environment's current holder."""
     if figures is None:
-        if run is None or run.status != "passed":
+        if run is None or run.status != RunStatus.PASSED:
             return not_judged("acceptance", env.golden_set)
         return Condition("acceptance", False, f"run {run.id} recorded no acceptance figures to compare")
     references: list[tuple[str, ValidationRun]] = []
     earlier = [r for r in finished_runs(session, row, chain)
-               if r.id < run.id and r.status == "passed" and r.golden_sha256 == golden_sha256]
+               if r.id < run.id and r.status == RunStatus.PASSED and r.golden_sha256 == golden_sha256]
     if earlier and overall_figures(earlier[0]):
         references.append((f"run {earlier[0].id} of this version", earlier[0]))
     if holder is not None and holder.id != row.id:
         holder_runs = [r for r in finished_runs(session, holder, chain)
-                       if r.status == "passed" and r.golden_sha256 == golden_sha256]
+                       if r.status == RunStatus.PASSED and r.golden_sha256 == golden_sha256]
         if holder_runs and overall_figures(holder_runs[0]):
             references.append((f"{env.name} holder {holder.label}", holder_runs[0]))
     if not references:

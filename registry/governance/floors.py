@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from specreg.core.statuses import RunStatus
 from specreg.registry.governance.queries import Condition
 
 SPEEDUP_EXCEPTION = "speedup"  # the one condition an explicit exception may waive
@@ -111,7 +112,7 @@ def low_baseline_warnings(run, policy) -> list[str]:
     baseline, it cannot hold that environment."""
     acceptance = (run.summary or {}).get("acceptance") or {}
     rate = acceptance.get("acceptance_rate")
-    if run.status != "passed" or not isinstance(rate, (int, float)):
+    if run.status != RunStatus.PASSED or not isinstance(rate, (int, float)):
         return []
     below = [env for env in policy.environments.values()
              if env.min_acceptance_rate is not None and rate < env.min_acceptance_rate]

@@ -13,13 +13,11 @@ from __future__ import annotations
 import json
 import os
 
+from specreg.core.statuses import FINISHED_RUNS, CheckStatus, RunStatus
 from specreg.errors import MlflowUnavailable, SpecregError
 from specreg.registry.review.mlflow_records import gate_description, gate_tags
 from specreg.registry.store.entities import PairVersion
 from specreg.registry.store.store import Store
-
-FINISHED = ("passed", "failed")
-
 
 def mlflow_enabled() -> bool:
     """``SPECREG_MLFLOW=off`` turns the MLflow mirror off (the registry works without it)."""
@@ -55,7 +53,7 @@ class Review:
         from specreg.registry.store.validations import ValidationStore
 
         validations = ValidationStore(self.store)
-        runs = [run for run in validations.list_runs(version.name, version.version) if run.status in FINISHED]
+        runs = [run for run in validations.list_runs(version.name, version.version) if run.status in FINISHED_RUNS]
         done: dict = {"pair": version.label, "runs": [], "model_version": None, "approval": None, "aliases": {}}
         latest_passed = None
         for run in runs:
@@ -63,7 +61,7 @@ class Review:
             if mlflow_run_id is None:  # render the reports only for runs MLflow does not have yet
                 summary = dict(run.summary or {})
                 record = {**summary, "id": validation_key(run),
-                          "verdict": summary.get("verdict") or ("pass" if run.status == "passed" else "fail"),
+                          "verdict": summary.get("verdict") or (CheckStatus.PASS if run.status == RunStatus.PASSED else CheckStatus.FAIL),
                           "runtime": {k: v for k, v in (run.environment or {}).items() if isinstance(v, str)}}
                 artifacts = {"report.html": render_html(run, version), "summary.md": render_markdown(run, version),
                              "results.json": json.dumps(run.to_dict(), indent=2, default=str)}
@@ -71,7 +69,7 @@ class Review:
             if run.mlflow_run_id != mlflow_run_id:
                 validations.set_mlflow_run_id(run.id, mlflow_run_id)
             done["runs"].append(mlflow_run_id)
-            if run.status == "passed":
+            if run.status == RunStatus.PASSED:
                 latest_passed = (run, mlflow_run_id)
         if runs:
             latest, latest_run_id = runs[-1], done["runs"][-1]

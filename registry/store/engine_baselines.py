@@ -14,14 +14,14 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from specreg.core.fingerprint import canonical_json, sha256_hex
+from specreg.core.statuses import EngineBaselineStatus
 from specreg.registry.store.entities import EngineBaseline, PairVersion
 from specreg.registry.store.orm import EngineBaselineRow, PairRow, PairVersionRow
 from specreg.registry.store.store import Store, utcnow
 
 ENGINES = ("llamacpp", "vllm", "sglang")
-# unaccepted: every check held but the engine's acceptance differs from our runtime's beyond the
-# parity tolerance; it is not a baseline until an approver accepts it
-PASSED, FAILED, UNACCEPTED = "passed", "failed", "unaccepted"
+# the names this store's callers write; they are the EngineBaselineStatus members themselves
+PASSED, FAILED, UNACCEPTED = EngineBaselineStatus.PASSED, EngineBaselineStatus.FAILED, EngineBaselineStatus.UNACCEPTED
 
 
 def content_sha256(row: EngineBaselineRow | EngineBaseline) -> str:
@@ -42,14 +42,16 @@ class EngineBaselineStore:
 
     def record(self, version: PairVersion, *, engine: str, engine_version: str, engine_build: str, source: str,
                golden_set: str, golden_sha256: str, validation_run_id: int | None, baselines: dict[str, Any],
-               report: dict[str, Any], actor: str, passed: bool = True, status: str | None = None) -> EngineBaseline:
+               report: dict[str, Any], actor: str, passed: bool = True,
+               status: EngineBaselineStatus | None = None) -> EngineBaseline:
         """Insert one engine baseline and its audit event in one transaction -> the baseline.
         ``status``: passed, failed or unaccepted (default: by ``passed``)."""
         if engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}")
         status = status or (PASSED if passed else FAILED)
-        if status not in (PASSED, FAILED, UNACCEPTED):
+        if status not in tuple(EngineBaselineStatus):
             raise ValueError(f"unknown engine baseline status {status!r}")
+        status = EngineBaselineStatus(status)
         with self.store.session(write=True) as session:
             version_row = self.store.version_row(session, version.name, version.version)
             row = EngineBaselineRow(

@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from specreg.core.methods import SpecConfig, SpecMethod  # noqa: F401 - a pair version's config, defined in core
+from specreg.core.statuses import CheckStatus, EngineBaselineStatus, RunStatus
 from specreg.core.types import CheckResult, ModelRef
 
 
@@ -113,7 +114,7 @@ class ValidationRun:
     id: int
     pair_name: str
     version: int
-    status: str
+    status: RunStatus
     golden_set: str
     golden_sha256: str
     binding_sha256: str
@@ -129,20 +130,23 @@ class ValidationRun:
     mlflow_run_id: str | None = None
     checks: tuple[CheckResult, ...] = field(default=())  # as each check returned it
 
+    def __post_init__(self):
+        object.__setattr__(self, "status", RunStatus(self.status))  # the database gives back the word
+
     @property
     def label(self) -> str:
         return f"{self.pair_name}@{self.version}"
 
     @property
     def failed_checks(self) -> list[str]:
-        return [check.name for check in self.checks if check.status == "fail"]
+        return [check.name for check in self.checks if check.status == CheckStatus.FAIL]
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "pair": self.pair_name,
             "version": self.version,
-            "status": self.status,
+            "status": self.status.value,
             "golden_set": self.golden_set,
             "golden_sha256": self.golden_sha256,
             "binding_sha256": self.binding_sha256,
@@ -266,7 +270,7 @@ class EngineBaseline:
     engine_version: str
     engine_build: str
     source: str
-    status: str
+    status: EngineBaselineStatus
     golden_set: str
     golden_sha256: str
     binding_sha256: str
@@ -276,6 +280,9 @@ class EngineBaseline:
     actor: str
     created_at: datetime
     pair_version_id: int = 0  # the version's row: part of what the baseline's content hash covers
+
+    def __post_init__(self):
+        object.__setattr__(self, "status", EngineBaselineStatus(self.status))  # the database gives back the word
 
     @property
     def label(self) -> str:
@@ -290,7 +297,7 @@ class EngineBaseline:
         return {
             "id": self.id, "pair": self.pair_name, "version": self.version, "engine": self.engine,
             "engine_version": self.engine_version, "engine_build": self.engine_build, "source": self.source,
-            "status": self.status, "golden_set": self.golden_set, "golden_sha256": self.golden_sha256,
+            "status": self.status.value, "golden_set": self.golden_set, "golden_sha256": self.golden_sha256,
             "binding_sha256": self.binding_sha256, "validation_run_id": self.validation_run_id,
             "baselines": self.baselines, "report": self.report, "actor": self.actor,
             "created_at": self.created_at.isoformat(timespec="seconds"),

@@ -23,12 +23,14 @@ from sqlalchemy.orm import Session
 
 from specreg.core.baselines import in_engine_terms
 from specreg.core.fingerprint import canonical_json, sha256_hex
+from specreg.core.statuses import FINISHED_RUNS, CheckStatus, RunStatus
 from specreg.registry.store.entities import AuditEvent, PairState, PairVersion, ValidationRun
 from specreg.registry.store.orm import CheckResultRow, PairRow, PairVersionRow, ValidationRunRow
 from specreg.registry.store.store import Store, utcnow, verified_chain
 
-RUNNING, PASSED, FAILED, ABORTED, ABANDONED, ERROR = "running", "passed", "failed", "aborted", "abandoned", "error"
-FINISHED = (PASSED, FAILED)
+# the names this store's callers write; they are the RunStatus members themselves
+RUNNING, PASSED, FAILED, ABORTED, ABANDONED, ERROR = (RunStatus.RUNNING, RunStatus.PASSED, RunStatus.FAILED,
+                                                      RunStatus.ABORTED, RunStatus.ABANDONED, RunStatus.ERROR)
 
 
 def run_content_sha256(row: ValidationRunRow) -> str:
@@ -57,7 +59,7 @@ def chained_run_ids(session: Session, chain: list[AuditEvent]) -> set[int]:
     if not covered:
         return set()
     rows = session.scalars(select(ValidationRunRow).where(ValidationRunRow.id.in_(list(covered))))
-    return {row.id for row in rows if row.status in FINISHED and run_content_sha256(row) == covered[row.id]}
+    return {row.id for row in rows if row.status in FINISHED_RUNS and run_content_sha256(row) == covered[row.id]}
 
 
 def uncovered_runs(session: Session, chain: list[AuditEvent]) -> list[str]:
@@ -66,7 +68,7 @@ def uncovered_runs(session: Session, chain: list[AuditEvent]) -> list[str]:
     found = session.execute(select(ValidationRunRow.id, ValidationRunRow.status, PairRow.name, PairVersionRow.version)
                             .join(PairVersionRow, ValidationRunRow.pair_version_id == PairVersionRow.id)
                             .join(PairRow, PairVersionRow.pair_id == PairRow.id)
-                            .where(ValidationRunRow.status.in_(FINISHED)).order_by(ValidationRunRow.id)).all()
+                            .where(ValidationRunRow.status.in_(FINISHED_RUNS)).order_by(ValidationRunRow.id)).all()
     return [f"validation run {run_id} of {name}@{version} ({status}): no audit event covers its content "
             f"(written or edited outside specreg validate, or before schema 0007): it counts for nothing"
             for run_id, status, name, version in found if run_id not in covered]
@@ -77,7 +79,7 @@ def counted_finished_runs(session: Session, version: PairVersion, chain: list[Au
     verified ``chain`` covers (a row written or edited outside `specreg validate` judged nothing)."""
     counted = chained_run_ids(session, chain)
     rows = session.scalars(select(ValidationRunRow).where(ValidationRunRow.pair_version_id == version.id,
-                                                          ValidationRunRow.status.in_(FINISHED))
+                                                          ValidationRunRow.status.in_(FINISHED_RUNS))
                            .order_by(ValidationRunRow.id.desc()))
     return [row.to_entity(version.name, version.version) for row in rows if row.id in counted]
 
@@ -175,7 +177,7 @@ class ValidationStore:
             row.baselines = baselines if passed else None
             row.finished_at = utcnow()
             session.flush()
-            failed = [c.name for c in row.checks if c.status == "fail"]
+            failed = [c.name for c in row.checks if c.status == CheckStatus.FAIL]
             why = f"{', '.join(failed)} failed" if failed else (summary or {}).get("reason") or "see run"
             reason = "validation passed" if passed else f"validation failed: {why}"
             moved = self.store.transition(
@@ -187,7 +189,7 @@ class ValidationStore:
             session.flush()
             return row.to_entity(pair_version.name, pair_version.version), moved
 
-    def abort(self, run_id: int, status: str, reason: str, summary: dict[str, Any] | None = None) -> None:
+    def abort(self, run_id: int, status: RunStatus, reason: str, summary: dict[str, Any] | None = None) -> None:
         """Mark a still-running run ``aborted`` or ``error`` with the reason (and the suite's
         summary, for a run that ended because a check could not run); the pair's state is left
         as it was. A run that already finished is left alone."""

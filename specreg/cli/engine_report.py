@@ -8,6 +8,7 @@ import sys
 import click
 
 from specreg.cli.root import echo_lines, print_json, print_table, say
+from specreg.core.statuses import EngineBaselineStatus
 
 
 def _num(value, digits: int = 3) -> str:
@@ -72,7 +73,7 @@ def run_engine_validation(registry, ref: str, *, engine: str, golden: str, engin
         print_table(["CHECK", "STATUS", "SUMMARY"], [[c.name, c.status, c.summary] for c in outcome.checks])
         echo_lines([f"{baseline.label}: engine baseline {baseline.id} on {baseline.stamp} {baseline.status} "
                     f"(golden set {baseline.golden_set}, {outcome.report.get('seconds')} s)"])
-    if baseline.status == "unaccepted":
+    if baseline.status == EngineBaselineStatus.UNACCEPTED:
         raise PolicyViolation(f"{baseline.label}: engine baseline {baseline.id} is unaccepted, "
                               f"{outcome.report.get('acceptance_reason')}: nothing uses it until an approver runs "
                               f"`specreg engine-baselines accept {baseline.label} {baseline.id} --key FILE`")

@@ -8,6 +8,7 @@ import click
 
 from specreg.cli.root import (PREVIEW_ONLY, cli, db_option, echo_lines, json_option, open_registry,
                                 output_width, policy_option, print_json, print_table, printable, say, user_option)
+from specreg.core.statuses import GateVerdict
 from specreg.errors import SpecregError
 
 
@@ -177,7 +178,7 @@ def gate(ref, environment, rerun, junit_path, markdown_path, policy_path, db_url
     write_gate_outputs(result, error, ref, junit_path, markdown_path)
     if as_json:
         print_json(result.to_dict() if result is not None else
-                   {"ref": ref, "environment": environment, "passed": False, "verdict": "error", "error": error})
+                   {"ref": ref, "environment": environment, "passed": False, "verdict": GateVerdict.ERROR.value, "error": error})
     elif result is not None:
         if result.passed:
             say(f"gate {result.pair}@{result.version} -> {environment}: PASS  (policy {result.policy_source})")

@@ -73,3 +73,9 @@ def depth_problem(value: Any, max_depth: int = MAX_DOCUMENT_DEPTH) -> str | None
                 return f"nested deeper than {max_depth} levels"
             stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
     return None
+
+
+def one_line(text: str, limit: int) -> str:
+    """``text`` on one line (whitespace runs as one space), cut to ``limit`` characters with "..."."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

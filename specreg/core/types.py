@@ -8,8 +8,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-PASS, WARN, FAIL, SKIP, ERROR = "pass", "warn", "fail", "skip", "error"
-STATUSES = (PASS, WARN, FAIL, SKIP, ERROR)
+from specreg.core.statuses import CheckStatus
+
+# the short names the checks write; they are the CheckStatus members themselves
+PASS, WARN, FAIL, SKIP, ERROR = CheckStatus.PASS, CheckStatus.WARN, CheckStatus.FAIL, CheckStatus.SKIP, CheckStatus.ERROR
+STATUSES = tuple(CheckStatus)
 
 # Worst wins: fail > error > warn > pass > skip. "error": the check could not run, so it judged
 # nothing about the pair; a measured fail outranks it. A skip never hides a result that was
@@ -22,14 +25,15 @@ class CheckResult:
     """Outcome of one check.
 
     name: the check ("tokenizer", "chat_template", "memory", ...).
-    status: "pass", "warn", "fail", "skip" or "error" (the check could not run: no verdict on the pair).
+    status: a CheckStatus ("pass", "warn", "fail", "skip" or "error": the check could not run, no
+        verdict on the pair); given as its word, it is stored as the member.
     summary: one line a reviewer reads first.
     evidence: JSON-able facts behind the status (a list of findings or a dict).
     figures: numbers by name (bytes, counts, rates) for tables, baselines and MLflow metrics.
     """
 
     name: str
-    status: str
+    status: CheckStatus
     summary: str
     evidence: list | dict = field(default_factory=list)
     figures: dict[str, float] = field(default_factory=dict)
@@ -37,7 +41,8 @@ class CheckResult:
     def __post_init__(self):
         # Programming errors, not user errors: a check must not build a malformed result.
         if self.status not in STATUSES:
-            raise ValueError(f"status must be one of {STATUSES}, got {self.status!r}")
+            raise ValueError(f"status must be one of {tuple(map(str, STATUSES))}, got {self.status!r}")
+        object.__setattr__(self, "status", CheckStatus(self.status))
         if "\n" in self.summary:
             raise ValueError(f"summary must be one line, got {self.summary!r}")
         for key, value in self.figures.items():
@@ -51,7 +56,7 @@ class CheckResult:
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
-            "status": self.status,
+            "status": self.status.value,
             "summary": self.summary,
             "evidence": self.evidence,
             "figures": dict(self.figures),
@@ -68,7 +73,7 @@ class CheckResult:
         )
 
 
-def combine_statuses(statuses: Iterable[str]) -> str:
+def combine_statuses(statuses: Iterable[str]) -> CheckStatus:
     """Worst status of several (fail > error > warn > pass > skip); "skip" for none."""
     worst = SKIP
     for status in statuses:
@@ -76,10 +81,10 @@ def combine_statuses(statuses: Iterable[str]) -> str:
             raise ValueError(f"unknown status {status!r}")
         if _SEVERITY[status] > _SEVERITY[worst]:
             worst = status
-    return worst
+    return CheckStatus(worst)
 
 
-def summarize_findings(findings: list[dict], ok_summary: str) -> tuple[str, str]:
+def summarize_findings(findings: list[dict], ok_summary: str) -> tuple[CheckStatus, str]:
     """Status and one-line summary from findings ({"status", "message", ...}).
 
     The summary is the first message of the worst status, with a count of the others, or

@@ -587,13 +587,13 @@ HOSTILE_TEMPLATES = {
 def test_hostile_chat_templates_fail_the_check_in_bounded_time(tiny_models, tmp_path, case, monkeypatch):
     import time
 
-    from specreg.golden_prompts import loader
+    from specreg.golden_prompts import template_sandbox
     from specreg.golden_prompts.loader import load_golden_set
     from specreg.validators.chat_template import check_chat_template_alignment
 
     # The same time limit at 1 s instead of 5 s per record: the endless template then costs
     # ~4 s (one limit per render of a smoke chat record), not ~20 s; the check behaves the same.
-    monkeypatch.setattr(loader, "RENDER_SECONDS", 1.0)
+    monkeypatch.setattr(template_sandbox, "RENDER_SECONDS", 1.0)
     template, message = HOSTILE_TEMPLATES[case]
     draft = copy_model(tiny_models["draft"], tmp_path / "model")
     (draft / "chat_template.jinja").write_text(template)

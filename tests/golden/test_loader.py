@@ -110,6 +110,20 @@ def test_content_hash_is_stable_under_key_reordering_and_formatting(tmp_path):
     assert load_golden_set(write_yaml(tmp_path / "d.yaml", other_description)).content_sha256 == original.content_sha256
 
 
+def test_content_hash_is_the_sha256_of_the_canonical_json_stored_runs_recorded(tmp_path):
+    """The definition every recorded golden_sha256 was computed with: sorted keys, no spaces,
+    UTF-8 (not ASCII escapes), records in schema names with only their set fields."""
+    import hashlib
+
+    document = dict(VALID, records=[dict(VALID["records"][0], messages=[{"role": "user", "content": "grüß dich ✓"}])])
+    loaded = load_golden_set(write_yaml(tmp_path / "mine.yaml", document))
+    canonical = {"name": "mine", "version": "2", "records": [
+        {"id": "chat-1", "category": "support", "messages": [{"role": "user", "content": "grüß dich ✓"}],
+         "max_new_tokens": 16}]}
+    text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert loaded.content_sha256 == hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
 @pytest.mark.parametrize("change", [
     {"prompt": "def g():\n"},
     {"max_new_tokens": 9},

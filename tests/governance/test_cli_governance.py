@@ -3,6 +3,7 @@ JSON reasons as fields, JUnit XML and Markdown outputs, a tampered audit log cau
 
 from __future__ import annotations
 
+import functools
 import json
 import xml.etree.ElementTree as ET
 
@@ -15,11 +16,8 @@ from specreg.api import Registry
 
 import clirun  # tests/ is on sys.path (tests/conftest.py)
 
-
-def run(*args, user="alice"):
-    """`specreg ARGS` as ``user`` (clirun.run): $SPECREG_USER, and on PostgreSQL connected as that role."""
-    args = [as_user(str(args[i]), user) if i and args[i - 1] == "--db" else a for i, a in enumerate(args)]
-    return clirun.run(*args, env={"SPECREG_USER": user})
+# every command here runs as the registrant alice (on PostgreSQL as her role) unless it names another user
+run = functools.partial(clirun.run, user="alice")
 
 
 def test_gate_promote_rollback_from_the_command_line(tiny_models, policy_file, tmp_path, approval_key):

@@ -12,15 +12,7 @@ import pytest
 
 from pgroles import as_user
 
-from clirun import SPECREG, one_line, run  # tests/ is on sys.path (tests/conftest.py)
-
-
-def run_process(*args, env=None):
-    """`python -m specreg.cli ARGS` as a real process (the entry point as users start it)."""
-    result = subprocess.run(SPECREG + [str(a) for a in args], capture_output=True, text=True,
-                            env={**os.environ, **(env or {})}, timeout=120)
-    assert "Traceback" not in result.stderr, result.stderr
-    return result
+from clirun import SPECREG, one_line, run, run_process  # tests/ is on sys.path (tests/conftest.py)
 
 
 def test_register_list_show_history(db_url, tiny_models):

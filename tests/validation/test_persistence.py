@@ -57,6 +57,18 @@ def test_run_lifecycle_and_baselines(store_registry):
     assert "acceptance" in store_registry.history("p")[-1].reason
     assert store_registry.verify_audit()[1] is None
 
+    # statuses are enums in the code and the same plain words in the database
+    from sqlalchemy import text
+
+    from specreg.core.statuses import RunStatus
+
+    assert finished.status is RunStatus.FAILED and finished.checks[0].status == "fail"
+    with store_registry.store.engine.connect() as connection:
+        rows = connection.execute(text("SELECT r.status, c.status FROM validation_runs r JOIN check_results c "
+                                       "ON c.validation_run_id = r.id ORDER BY r.id")).all()
+    assert [tuple(row) for row in rows] == [("passed", "pass"), ("failed", "fail")]
+    assert all(type(value) is str for row in rows for value in row)
+
 
 def test_baselines_recorded_before_engine_tau_are_read_under_their_own_names(store_registry):
     """A run stored before tau was counted as the engines count it (no tau_definition) is not

@@ -44,3 +44,25 @@ def test_summary_is_the_first_worst_finding_with_a_count():
                 {"status": "fail", "message": "f2"}]
     assert summarize_findings(findings, "all good") == ("fail", "f1 (and 2 more findings)")
     assert summarize_findings([], "all good") == ("pass", "all good")
+
+
+def test_statuses_are_their_words_wherever_they_go():
+    """Every status vocabulary is an enum whose members print, format, JSON- and YAML-encode as
+    the plain word that was stored, hashed and tagged before they were enums."""
+    import yaml
+
+    from specreg.core.statuses import CheckStatus, EngineBaselineStatus, GateVerdict, RunStatus
+
+    words = {CheckStatus: ["pass", "warn", "fail", "skip", "error"],
+             RunStatus: ["running", "passed", "failed", "aborted", "error"],
+             EngineBaselineStatus: ["passed", "failed", "unaccepted"], GateVerdict: ["pass", "refused", "error"]}
+    for kind, expected in words.items():
+        assert [member.value for member in kind] == expected
+        for member in kind:
+            assert (str(member), f"{member}", "%s" % member, json.dumps(member)) == (
+                member.value, member.value, member.value, f'"{member.value}"')
+            assert member == member.value and kind(member.value) is member
+    result = CheckResult("memory", "warn", "close")
+    assert result.status is CheckStatus.WARN
+    assert yaml.safe_load(yaml.safe_dump(result.to_dict()))["status"] == "warn"
+    assert json.dumps(result.to_dict())[:40] == '{"name": "memory", "status": "warn", "su'
