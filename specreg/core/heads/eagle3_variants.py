@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from specreg.core.fingerprint import read_json_file
+from specreg.core.heads.spec import optional_str, positive_int, read_layer_ids, str_list
 from specreg.errors import ModelReferenceError
 
 # vLLM 0.33 model_executor/models/registry.py:700-713: EAGLE-3 architecture -> the layers it builds
@@ -83,12 +84,6 @@ class Eagle3Variant:
         return None
 
 
-def _ids(value: Any, where: str) -> tuple[int, ...] | None:
-    from specreg.core.heads.spec import read_layer_ids
-
-    return read_layer_ids(value, where)
-
-
 def _flag(config: dict, key: str, default: bool, where: str) -> bool:
     value = config.get(key, default)
     if value is None:
@@ -108,7 +103,7 @@ def read_eagle3_variant(directory: str | Path) -> Eagle3Variant:
     if "speculators_model_type" in config:
         layer = config.get("transformer_layer_config") if isinstance(config.get("transformer_layer_config"),
                                                                      dict) else {}
-        model_type = layer.get("model_type") or "llama"
+        model_type = optional_str(layer.get("model_type"), f"{where}: transformer_layer_config.model_type") or "llama"
         if model_type not in SPECULATORS_ARCHITECTURES:
             raise ModelReferenceError(f"{where}: transformer_layer_config.model_type {model_type!r}: vLLM 0.33 "
                                       "serves speculators EAGLE-3 heads with llama or qwen3 layers only "
@@ -117,8 +112,8 @@ def read_eagle3_variant(directory: str | Path) -> Eagle3Variant:
         writer, numbering, residual_default = "speculators", INPUTS, True
     else:
         layer = config
-        model_type = config.get("model_type") or "llama"
-        names = [str(name) for name in config.get("architectures") or []] or ["LlamaForCausalLM"]
+        model_type = optional_str(config.get("model_type"), f"{where}: model_type") or "llama"
+        names = list(str_list(config.get("architectures"), f"{where}: architectures")) or ["LlamaForCausalLM"]
         architecture = names[0] if names[0].startswith("Eagle3") or names[0].endswith("Eagle3") \
             else f"Eagle3{names[0]}"
         if architecture not in VLLM_EAGLE3_LAYERS:
@@ -135,7 +130,7 @@ def read_eagle3_variant(directory: str | Path) -> Eagle3Variant:
             writer, numbering = "EAGLE", INPUTS
         residual_default = False
     layer_kind = VLLM_EAGLE3_LAYERS[architecture]
-    layers = layer.get("num_hidden_layers") or 1
+    layers = positive_int(layer.get("num_hidden_layers") or 1, f"{where}: num_hidden_layers")
     types = layer.get("layer_types") if isinstance(layer.get("layer_types"), list) else []
     window = layer.get("sliding_window") if "sliding_attention" in types else None
     return Eagle3Variant(
@@ -146,9 +141,9 @@ def read_eagle3_variant(directory: str | Path) -> Eagle3Variant:
         norm_before_residual=_flag(config, "norm_before_residual", residual_default, where),
         sliding_window=window if isinstance(window, int) and not isinstance(window, bool) else None,
         writer=writer, numbering=numbering,
-        top_level_ids=_ids(config.get("eagle_aux_hidden_state_layer_ids"),
+        top_level_ids=read_layer_ids(config.get("eagle_aux_hidden_state_layer_ids"),
                            f"{where}: eagle_aux_hidden_state_layer_ids"),
-        eagle_config_ids=_ids(eagle_config.get("eagle_aux_hidden_state_layer_ids"),
+        eagle_config_ids=read_layer_ids(eagle_config.get("eagle_aux_hidden_state_layer_ids"),
                               f"{where}: eagle_config.eagle_aux_hidden_state_layer_ids"))
 
 
@@ -160,7 +155,8 @@ def default_ids(num_layers: int) -> tuple[int, ...]:
 def layers_fed(variant: Eagle3Variant, num_layers: int) -> dict[str, Any]:
     """Which target layers (as layer inputs: 0 = the embeddings) the head was trained on and each
     engine will feed it on a num_layers target -> {"writer", "numbering", "trained_on", "vllm",
-    "llamacpp", "runtime"} (lists in layer order; trained_on None when the writer's ids are unknown)."""
+    "llamacpp", "runtime"} (lists in layer order, as vLLM collects them, but llama.cpp's as its converter
+    writes them; trained_on None when the writer's layers are unknown)."""
     declared = variant.declared_ids
     shift = 1 if variant.numbering == OUTPUTS else 0
     if declared:
@@ -169,7 +165,8 @@ def layers_fed(variant: Eagle3Variant, num_layers: int) -> dict[str, Any]:
         trained = list(default_ids(num_layers)) if variant.writer in ("EAGLE", "speculators") else None
     vllm = sorted(set(declared or default_ids(num_layers)))
     return {"writer": variant.writer, "numbering": variant.numbering, "trained_on": trained, "vllm": vllm,
-            "llamacpp": sorted(set(variant.top_level_ids or default_ids(num_layers))), "runtime": vllm}
+            # the converter writes the ids as it finds them, unsorted, a repeat kept (conversion/llama.py:74-81)
+            "llamacpp": list(variant.top_level_ids or default_ids(num_layers)), "runtime": vllm}
 
 
 def layers_fed_line(fed: dict[str, Any]) -> str:
