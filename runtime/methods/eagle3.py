@@ -37,7 +37,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer, Qwen3RMS
 
 from specreg.core.heads.eagle3_checkpoint import default_aux_layer_ids  # vLLM's get_eagle3_aux_hidden_state_layers
 from specreg.errors import ModelReferenceError, RuntimeConfigError, RuntimeUnsupportedError
-from specreg.runtime.forward import cache_keyword
+from specreg.runtime.forward import LAST_LAYER_OUTPUT, cache_keyword
 from specreg.runtime.head_drafter import HeadDrafter, head_inputs
 from specreg.runtime.methods.base import Method
 
@@ -136,8 +136,10 @@ class Eagle3Head(torch.nn.Module):
     checkpoint ships its own (vLLM shares it the same way)."""
 
     def __init__(self, spec: Eagle3Spec, aux_layer_ids: tuple[int, ...], target_vocab_size: int,
-                 target_hidden_size: int, embed_tokens=None):
+                 target_hidden_size: int, embed_tokens=None, target_layers: int | None = None):
+        """target_layers: the target's layer count, for an aux id N (its last layer's output)."""
         super().__init__()
+        self.target_layers = target_layers
         config = spec.layer_config
         config._attn_implementation = "sdpa"
         self.config = config
@@ -197,7 +199,9 @@ class Eagle3Head(torch.nn.Module):
 
     @property
     def hidden_state_ids(self) -> tuple[int, ...]:
-        return self.aux_layer_ids
+        """forward.forward_logits' indices of the aux states: id N is the last layer's output before
+        the final norm (vLLM's), not transformers' normed hidden_states[N]."""
+        return tuple(LAST_LAYER_OUTPUT if i == self.target_layers else i for i in self.aux_layer_ids)
 
     def seed_input(self, aux_hidden):
         return self.project(aux_hidden)
@@ -237,12 +241,6 @@ def check_head_fits(spec: Eagle3Spec, target_config, target_vocab_size: int, nam
     if not ids or bad:
         raise RuntimeConfigError(f"{name}: eagle_aux_hidden_state_layer_ids {list(ids)} out of range on a "
                                  f"{num_layers}-layer target (each must be in 0..{num_layers})")
-    if num_layers in ids:
-        # id N (the stream after the last layer, before the final norm) is valid in vLLM; this
-        # runtime's hidden_states[N] is the normed output, so it does not run N rather than read it wrong
-        raise RuntimeUnsupportedError(f"{name}: aux layer id {num_layers} (the last layer's output before the "
-                                      f"final norm) is read by vLLM, but this runtime reads ids 0..{num_layers - 1} "
-                                      "only")
     declared = spec.target_hidden_size or spec.layer_config.hidden_size
     if declared != target_hidden:
         raise RuntimeConfigError(f"{name}: head is for hidden size {declared} (fc reads {len(ids)} aux states of "
@@ -272,7 +270,8 @@ def load_eagle3_head(path, target, device=None, dtype=None) -> Eagle3Head:
     ids = check_head_fits(spec, target.config, target_vocab, str(path))
     parameter = next(target.parameters())
     embed = None if "embed_tokens.weight" in weights else target.get_input_embeddings()
-    head = Eagle3Head(spec, ids, target_vocab, target.config.hidden_size, embed_tokens=embed)
+    head = Eagle3Head(spec, ids, target_vocab, target.config.hidden_size, embed_tokens=embed,
+                      target_layers=target.config.num_hidden_layers)
     weights["d2t"] = weights.get("d2t", torch.zeros(spec.draft_vocab_size, dtype=torch.long)).long()
     if "t2d" not in weights:  # drafting never reads it (vLLM skips it); kept for a faithful round trip
         weights["t2d"] = torch.zeros(target_vocab, dtype=torch.bool)
@@ -314,7 +313,8 @@ def new_eagle3_head(target, draft_token_ids=None, aux_layer_ids=None, seed: int 
     aux = tuple(aux_layer_ids) if aux_layer_ids is not None else default_aux_layer_ids(config.num_hidden_layers)
     aux = tuple(sorted(set(aux)))  # the order vLLM collects them in (check_head_fits)
     torch.manual_seed(seed)
-    head = Eagle3Head(spec, aux, target_vocab, config.hidden_size, embed_tokens=target.get_input_embeddings())
+    head = Eagle3Head(spec, aux, target_vocab, config.hidden_size, embed_tokens=target.get_input_embeddings(),
+                      target_layers=config.num_hidden_layers)
     draft_to_target = torch.tensor(ids, dtype=torch.long)
     head.d2t.copy_(draft_to_target - torch.arange(len(ids)))
     head.t2d.zero_()

@@ -76,28 +76,17 @@ def test_validate_on_such_a_head_gives_one_line_not_a_torch_error(shallow):
     assert result.status == "fail" and "names layer 2 twice" in result.summary and "\n" not in result.summary
 
 
-def test_aux_id_n_is_said_at_registration_and_validate_records_an_error(shallow, db_url, tmp_path):
+def test_aux_id_n_registers_and_validates_as_vllm_reads_it(shallow, db_url, tmp_path):
+    """Aux id N is the last layer's output before the final norm, which vLLM 0.33 collects
+    (models/llama.py) and speculators' trainer may name; the runtime reads the same state (not
+    transformers' normed hidden_states[N]): registered without a warning, validated exactly."""
     result = register("last", shallow["target"], shallow["last"], db_url)
-    assert result.returncode == 0, result.stderr
-    assert result.stderr.count("\n") == 1 and result.stderr.startswith(
-        "specreg: warning: aux layer ids: [1, 2, 4] include 4, the output of the target's last layer: vLLM 0.33 "
-        "reads it"), result.stderr
-    shown = run("show", "last@1", "--db", db_url)
-    assert "warning         aux layer ids: [1, 2, 4] include 4" in shown.stdout
-    # the static checks run; the runtime checks could not: an error (exit 1), the pair not failed
+    assert result.returncode == 0 and result.stderr == "", result.stderr
     result = run("validate", "last@1", "--golden", "smoke", "--device", "cpu", "--json", "--db", db_url,
-                 "--checks", "integrity,tokenizer,equivalence,acceptance", "--junit", tmp_path / "run.xml",
-                 "--markdown", tmp_path / "run.md")
-    one_line(result, 1, "last@1: validation run 1 could not judge the pair: equivalence: the check could not run: ",
-             "aux layer id 4 (the last layer's output before the final norm) is read by vLLM, but this runtime "
-             "reads ids 0..3 only")
+                 "--checks", "integrity,tokenizer,equivalence")
+    assert result.returncode == 0, (result.stdout[-2000:], result.stderr)
     checks = {c["name"]: c["status"] for c in json.loads(result.stdout)["checks"]}
-    assert checks == {"integrity": "pass", "tokenizer": "pass", "equivalence": "error", "acceptance": "skip"}
-    assert json.loads(run("show", "last@1", "--json", "--db", db_url).stdout)["state"] == "registered"
-    # the reports say so too: no green mark, a JUnit <error> (not a <failure>)
-    assert (tmp_path / "run.md").read_text().startswith("### ⛔ specreg validation last@1: error (run 1)")
-    junit = (tmp_path / "run.xml").read_text()
-    assert 'failures="0"' in junit and 'errors="2"' in junit and '<error message="the check could not run: ' in junit
+    assert checks == {"integrity": "pass", "tokenizer": "pass", "equivalence": "pass"}
 
 
 def test_an_mtp_layer_without_eh_proj_is_refused_at_registration(shallow, db_url, tmp_path):

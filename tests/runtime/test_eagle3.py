@@ -403,3 +403,37 @@ def test_a_sliding_window_head_drafts_below_its_window_and_stops_with_an_error_p
     (windowed / "config.json").write_text(json.dumps(config))
     with pytest.raises(RuntimeUnsupportedError, match=f"sliding window of {len(prompts[0]) + 4} positions"):
         speculative_generate(load_pair(tiny_dir / "target", windowed, method="eagle3"), prompts[0], decode)
+
+
+def test_aux_id_n_is_the_last_layers_output_before_the_final_norm(tiny_dir, target, prompts, tmp_path):
+    """forward_logits' LAST_LAYER_OUTPUT is the final norm's input on both of its paths (a plain
+    Llama's own loop; any other model through model() and a hook), and a head naming id N reads it
+    and decodes exactly."""
+    from tinymodels import build_other
+    from transformers import DynamicCache
+
+    from specreg.runtime.forward import LAST_LAYER_OUTPUT
+    from specreg.runtime.loading import load_model
+    from specreg.runtime.methods.eagle3 import new_eagle3_head
+
+    qwen2 = load_model(build_other(tmp_path / "qwen2", tiny_dir / "tokenizer", "qwen2", num_layers=3))
+    ids = torch.tensor([prompts[0]])
+    for model in (target, qwen2):
+        layers = model.config.num_hidden_layers
+        seen = {}
+        hook = model.model.norm.register_forward_pre_hook(lambda module, args: seen.update(state=args[0]))
+        try:
+            with torch.inference_mode():
+                _, states = forward_logits(model, ids, DynamicCache(config=model.config), 1,
+                                           (LAST_LAYER_OUTPUT, layers))
+        finally:
+            hook.remove()
+        width = model.config.hidden_size
+        assert torch.equal(states[..., :width], seen["state"])
+        assert torch.equal(states[..., width:], model.model.norm(seen["state"]))
+    layers = target.config.num_hidden_layers
+    head = new_eagle3_head(target, aux_layer_ids=(0, 1, layers), seed=2)
+    assert head.hidden_state_ids == (0, 1, LAST_LAYER_OUTPUT)
+    config = DecodeConfig(method="eagle3", k=3, max_new_tokens=16, eos_token_ids=())
+    result = speculative_generate(head_pair(target, None, head), prompts[1], config)
+    assert result.token_ids == hf_greedy(target, prompts[1], 16, eos_token_id=None) and result.metrics.drafted > 0

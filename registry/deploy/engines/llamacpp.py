@@ -134,10 +134,6 @@ def eagle3_refusal(pair_version: PairVersion) -> str | None:
     if any(i > layers for i in aux):
         return (f"aux layer ids {aux} name a layer above the target's {layers}: llama-server aborts "
                 f"(common/speculative.cpp:546-547 \"EAGLE3: target layer id exceeds target n_layer\")")
-    if layers in aux:
-        return (f"aux layer ids {aux} include {layers}, the last layer's output: llama.cpp reads it "
-                f"(common/speculative.cpp:544-545), our runtime does not, so the head was never validated as "
-                f"llama-server would run it")
     vocab_map = read_vocab_map(head) if head.has_vocab_map else None
     if vocab_map is not None:
         target_vocab = read_target_shape(pair_version.target.path).vocab_size
