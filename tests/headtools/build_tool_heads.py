@@ -15,6 +15,9 @@ and runs each as vLLM would, and decodes exactly what the target decodes alone.
   by export_speculative_decoding (export/plugins/hf_spec_export.py);
 - speculators-converted: that ModelOpt export converted by speculators' Eagle3Converter, told the
   layers ModelOpt trained on as vLLM numbers them (ModelOpt's ids + 1).
+Beside each speculators head, <name>.reference.safetensors (outside the head's folder): what speculators' own Eagle3DraftModel.forward
+computes on random aux states and tokens for two training-time-test steps (the lm_head logits of
+each; the second step reads the first step's output, normed with norm_output, and the next tokens).
 """
 
 from __future__ import annotations
@@ -55,6 +58,31 @@ def speculators_head(target: str, out: Path, **options) -> dict:
                                                     "norm_before_residual", "sliding_window")}}
 
 
+def reference_steps(directory: Path, steps: int = 2, length: int = 7) -> None:
+    """speculators' own forward of the head in `directory` (sdpa attention: flex attention needs
+    a GPU) -> <directory>.reference.safetensors {hidden, input_ids, logits_<step>}."""
+    from safetensors.torch import save_file
+    from speculators.models.eagle3 import Eagle3SpeculatorConfig
+    from speculators.models.eagle3.core import Eagle3DraftModel
+
+    config = Eagle3SpeculatorConfig.from_pretrained(str(directory))
+    config.transformer_layer_config._attn_implementation = "sdpa"
+    model = Eagle3DraftModel.from_pretrained(str(directory), config=config).eval()
+    aux = len(config.eagle_aux_hidden_state_layer_ids or [0, 0, 0])
+    width = config.target_hidden_size or config.transformer_layer_config.hidden_size
+    generator = torch.Generator().manual_seed(1)
+    hidden = torch.randn(1, length, aux * width, generator=generator)
+    input_ids = torch.randint(0, config.transformer_layer_config.vocab_size, (1, length), generator=generator)
+    logits = []
+    hook = model.lm_head.register_forward_hook(lambda module, args, output: logits.append(output.detach().clone()))
+    with torch.no_grad():
+        model(hidden_states=hidden, input_ids=input_ids, document_ids=torch.zeros(1, length, dtype=torch.long),
+              ttt_steps=steps)
+    hook.remove()
+    save_file({"hidden": hidden, "input_ids": input_ids, **{f"logits_{i}": x for i, x in enumerate(logits)}},
+              str(directory.parent / f"{directory.name}.reference.safetensors"))
+
+
 def modelopt_head(target: str, out: Path) -> dict:
     import modelopt.torch.speculative as mtsp
     from modelopt.torch.export import export_speculative_decoding
@@ -91,6 +119,8 @@ def main(target: str, out: str) -> None:
                                                   num_layers=2, target_layer_ids=[1, 4, 7]),
             "modelopt": modelopt_head(target, out_dir / "modelopt")}
     made["speculators-converted"] = converted_head(target, out_dir / "modelopt", out_dir / "speculators-converted")
+    for name in ("speculators-defaults", "speculators-qwen3", "speculators-converted"):
+        reference_steps(out_dir / name)
     (out_dir / "heads.json").write_text(json.dumps(made, indent=1))
 
 

@@ -14,6 +14,9 @@ import pytest
 
 from clirun import one_line, run  # tests/ is on sys.path (tests/conftest.py)
 
+# the session fixture builds the heads in a process that imports both tools (about a minute)
+pytestmark = pytest.mark.slow
+
 # head -> (writer, numbering, trained on, vLLM feeds, llama.cpp's converter reads), as layer inputs
 EXPECTED = {
     # the trainer resolves no target_layer_ids to (2, N // 2, N - 3) and writes them at the top level
@@ -91,3 +94,33 @@ def test_a_speculators_head_for_another_verifier_is_refused_unless_allowed(tool_
     one_line(run("register", "arch", "--target", other, "--draft", renamed, "--method", "eagle3", "-k", "3", "--db",
                  db), 1, "verifier: the head declares verifier architectures ['Qwen3ForCausalLM'], the target is "
                          "['LlamaForCausalLM']")
+
+
+@pytest.mark.parametrize("name", ["speculators-defaults", "speculators-qwen3", "speculators-converted"])
+def test_the_runtime_computes_what_speculators_trained(tool_heads, name):
+    """The runtime's head, loaded from the directory as registration reads it, gives the logits
+    speculators' own Eagle3DraftModel.forward gives for two training-time-test steps: the aux
+    states through input_norm and fc, each decoder layer (Qwen3's q_norm/k_norm, the second
+    layer), and at the second step the first step's output (normed with norm_output) with the next
+    tokens, seeing the first step's entries up to its own and its own entry."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import DynamicCache
+
+    from specreg.runtime.loading import load_model
+    from specreg.runtime.methods.eagle3 import load_eagle3_head
+
+    reference = load_file(tool_heads[name].parent / f"{name}.reference.safetensors")
+    head = load_eagle3_head(tool_heads[name], load_model(tool_heads["target"]))
+    input_ids, length = reference["input_ids"], reference["input_ids"].shape[1]
+    positions = torch.arange(1, length + 1).view(1, -1)  # speculators: token index j at position j + 1
+    causal = torch.ones(length, length).tril().bool()
+    cache = DynamicCache(config=head.config)
+    with torch.no_grad():
+        output = head(input_ids, head.seed_input(reference["hidden"]), cache, 0,
+                      attention_mask=causal.view(1, 1, length, length), position_ids=positions)
+        torch.testing.assert_close(head.lm_head(head.norm(output)), reference["logits_0"], rtol=1e-4, atol=1e-5)
+        next_ids = torch.cat([input_ids[:, 1:], input_ids.new_zeros(1, 1)], dim=1)
+        sees = torch.cat([causal, torch.eye(length).bool()], dim=1).view(1, 1, length, 2 * length)
+        output = head(next_ids, head.recycle(output), cache, 0, attention_mask=sees, position_ids=positions + 1)
+        torch.testing.assert_close(head.lm_head(head.norm(output)), reference["logits_1"], rtol=1e-4, atol=1e-5)
