@@ -85,7 +85,7 @@ def read_eagle3_config(path) -> Eagle3Spec:
 
     head = read_head(path, method="eagle3")
     variant = read_eagle3_variant(path)
-    gap = variant.runtime_gap(0)
+    gap = variant.runtime_gap()
     if gap:
         raise RuntimeUnsupportedError(f"{path}: {gap}")
     return Eagle3Spec(layer_config=layer_config(variant.layer_kind, variant.layer_fields),
@@ -153,8 +153,8 @@ class Eagle3Head(torch.nn.Module):
                                             for _ in self.aux_layer_ids]) if spec.fc_norm else None
         self.fc = torch.nn.Linear(aux_width, hidden, bias=False)
         # layers after the first are plain decoder layers over the hidden state alone, as in vLLM
-        self.layers = torch.nn.ModuleList([FIRST_LAYERS[spec.layer_kind](config, spec.norm_before_residual)]
-                                          + [layer_class(config, index) for index in range(1, config.num_hidden_layers)])
+        later = [layer_class(config, index) for index in range(1, config.num_hidden_layers)]
+        self.layers = torch.nn.ModuleList([FIRST_LAYERS[spec.layer_kind](config, spec.norm_before_residual), *later])
         self.norm = norm_class(hidden, eps=config.rms_norm_eps)
         self.norm_output = spec.norm_output
         self.sliding_window = spec.sliding_window

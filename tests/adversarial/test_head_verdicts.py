@@ -56,11 +56,6 @@ def test_default_aux_ids_that_repeat_a_layer_are_refused_at_registration(shallow
                         "[2, 2, 1] names layer 2 twice on this 4-layer target; vLLM 0.33 collects each layer once",
              "name eagle_aux_hidden_state_layer_ids in the head's config.json")
     assert "no pairs registered" in run("list", "--db", db_url).stdout
-    # such a head registered before this refusal: validate's head check records an error, not a fail
-    from specreg.validators.head_vocabulary import check_head_vocabulary
-
-    result = check_head_vocabulary("eagle3", str(deepseek), str(shallow["target"]))
-    assert result.status == "error" and "specreg's runtime builds llama and qwen3 layers only" in result.summary
     # the same head naming its layers registers
     assert register("named", shallow["target"], shallow["named"], db_url).returncode == 0
 

@@ -15,9 +15,10 @@ and runs each as vLLM would, and decodes exactly what the target decodes alone.
   by export_speculative_decoding (export/plugins/hf_spec_export.py);
 - speculators-converted: that ModelOpt export converted by speculators' Eagle3Converter, told the
   layers ModelOpt trained on as vLLM numbers them (ModelOpt's ids + 1).
-Beside each speculators head, <name>.reference.safetensors (outside the head's folder): what speculators' own Eagle3DraftModel.forward
-computes on random aux states and tokens for two training-time-test steps (the lm_head logits of
-each; the second step reads the first step's output, normed with norm_output, and the next tokens).
+Beside each speculators head, <name>.reference.safetensors (outside the head's folder): what
+speculators' own Eagle3DraftModel.forward computes on random aux states and tokens for two
+training-time-test steps (the lm_head logits of each; the second step reads the first step's
+output, normed with norm_output, and the next tokens).
 """
 
 from __future__ import annotations

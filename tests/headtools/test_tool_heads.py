@@ -38,7 +38,8 @@ def test_the_tools_wrote_the_variants_this_folder_is_about(tool_heads):
     qwen3 = json.loads((tool_heads["speculators-qwen3"] / "config.json").read_text())["transformer_layer_config"]
     assert (qwen3["model_type"], qwen3["num_hidden_layers"]) == ("qwen3", 2)
     modelopt = json.loads((tool_heads["modelopt"] / "config.json").read_text())
-    assert modelopt["architectures"] == ["LlamaForCausalLMEagle3"] and "eagle_aux_hidden_state_layer_ids" not in modelopt
+    assert modelopt["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert "eagle_aux_hidden_state_layer_ids" not in modelopt  # only inside eagle_config
     assert modelopt["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
 
 

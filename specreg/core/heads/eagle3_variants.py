@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from specreg.core.fingerprint import read_json_file
+from specreg.core.heads.eagle3_checkpoint import default_aux_layer_ids  # vLLM's, llama.cpp's and EAGLE's
 from specreg.core.heads.spec import optional_str, positive_int, read_layer_ids, str_list
 from specreg.errors import ModelReferenceError
 
@@ -74,7 +75,7 @@ class Eagle3Variant:
         """The ids vLLM reads: the top level first, then eagle_config (gpu_model_runner.py:5207-5219)."""
         return self.top_level_ids or self.eagle_config_ids
 
-    def runtime_gap(self, target_layers: int) -> str | None:
+    def runtime_gap(self) -> str | None:
         """Why specreg's runtime cannot run this head (None: it can): the reason, in one line with
         the engine's facts, for a refusal at registration."""
         if self.layer_kind not in RUNTIME_LAYERS:
@@ -142,14 +143,9 @@ def read_eagle3_variant(directory: str | Path) -> Eagle3Variant:
         sliding_window=window if isinstance(window, int) and not isinstance(window, bool) else None,
         writer=writer, numbering=numbering,
         top_level_ids=read_layer_ids(config.get("eagle_aux_hidden_state_layer_ids"),
-                           f"{where}: eagle_aux_hidden_state_layer_ids"),
+                                     f"{where}: eagle_aux_hidden_state_layer_ids"),
         eagle_config_ids=read_layer_ids(eagle_config.get("eagle_aux_hidden_state_layer_ids"),
-                              f"{where}: eagle_config.eagle_aux_hidden_state_layer_ids"))
-
-
-def default_ids(num_layers: int) -> tuple[int, ...]:
-    """vLLM's, llama.cpp's and EAGLE's default aux layers (inputs) on a num_layers target."""
-    return (2, num_layers // 2, num_layers - 3)
+                                        f"{where}: eagle_config.eagle_aux_hidden_state_layer_ids"))
 
 
 def layers_fed(variant: Eagle3Variant, num_layers: int) -> dict[str, Any]:
@@ -162,11 +158,11 @@ def layers_fed(variant: Eagle3Variant, num_layers: int) -> dict[str, Any]:
     if declared:
         trained = sorted(i + shift for i in declared) if variant.writer != "unknown" else None
     else:  # speculators and EAGLE train on the default inputs; what ModelOpt or SpecForge used is not recorded
-        trained = list(default_ids(num_layers)) if variant.writer in ("EAGLE", "speculators") else None
-    vllm = sorted(set(declared or default_ids(num_layers)))
+        trained = list(default_aux_layer_ids(num_layers)) if variant.writer in ("EAGLE", "speculators") else None
+    vllm = sorted(set(declared or default_aux_layer_ids(num_layers)))
     return {"writer": variant.writer, "numbering": variant.numbering, "trained_on": trained, "vllm": vllm,
             # the converter writes the ids as it finds them, unsorted, a repeat kept (conversion/llama.py:74-81)
-            "llamacpp": list(variant.top_level_ids or default_ids(num_layers)), "runtime": vllm}
+            "llamacpp": list(variant.top_level_ids or default_aux_layer_ids(num_layers)), "runtime": vllm}
 
 
 def layers_fed_line(fed: dict[str, Any]) -> str:

@@ -152,7 +152,7 @@ def _eagle3_layers_fed(head: HeadSpec, target: TargetShape, warnings: list[str])
     engine feeds it, with a warning (appended to `warnings`) for each engine that reads the head's
     ids otherwise than the tool that trained it."""
     variant = read_eagle3_variant(head.path)
-    gap = variant.runtime_gap(target.num_hidden_layers)
+    gap = variant.runtime_gap()
     if gap:
         raise RuntimeUnsupportedError(f"{Path(head.path) / 'config.json'}: {gap}")
     fed = layers_fed(variant, target.num_hidden_layers)
