@@ -9,6 +9,11 @@ from __future__ import annotations
 
 import functools
 
+# forward_logits' index of the last layer's output before the final norm: an EAGLE-3 head's aux
+# layer id N, which vLLM collects (models/llama.py: hidden_states + residual after the last
+# layer); index num_hidden_layers stays transformers' hidden_states[N], the normed output
+LAST_LAYER_OUTPUT = -1
+
 
 def forward_logits(model, input_ids, cache, logits_to_keep: int = 1, hidden_state_ids: tuple[int, ...] = (),
                    attention_mask=None, position_ids=None):
@@ -16,7 +21,8 @@ def forward_logits(model, input_ids, cache, logits_to_keep: int = 1, hidden_stat
     positions, appending the n tokens' keys/values to `cache`.
 
     hidden_state_ids: indices into transformers' `hidden_states` (0 = the embeddings, i = the
-    residual stream entering layer i, num_hidden_layers = the final normed output). When given,
+    residual stream entering layer i, num_hidden_layers = the final normed output), or
+    LAST_LAYER_OUTPUT (the last layer's output before the final norm). When given,
     returns (logits, hidden # [1, n, len(ids) * hidden_size]): those states of all n positions,
     concatenated in the order given; this is what self-speculation heads read (EAGLE-3 aux
     states, as vLLM's llama.py collects `hidden_states + residual` before layer idx).
@@ -31,12 +37,20 @@ def forward_logits(model, input_ids, cache, logits_to_keep: int = 1, hidden_stat
 
     cached = {cache_keyword(): cache}
     if not is_plain_llama(model):
-        output = model(input_ids=input_ids, **cached, use_cache=True, logits_to_keep=logits_to_keep,
-                       output_hidden_states=bool(hidden_state_ids), attention_mask=attention_mask,
-                       position_ids=position_ids)
+        captured, handle = {}, None
+        if LAST_LAYER_OUTPUT in hidden_state_ids:  # the final norm's input
+            handle = final_norm(model).register_forward_pre_hook(lambda module, args: captured.update(state=args[0]))
+        try:
+            output = model(input_ids=input_ids, **cached, use_cache=True, logits_to_keep=logits_to_keep,
+                           output_hidden_states=bool(hidden_state_ids), attention_mask=attention_mask,
+                           position_ids=position_ids)
+        finally:
+            if handle is not None:
+                handle.remove()
         if not hidden_state_ids:
             return output.logits
-        return output.logits, torch.cat([output.hidden_states[i] for i in hidden_state_ids], dim=-1)
+        return output.logits, torch.cat([captured["state"] if i == LAST_LAYER_OUTPUT else output.hidden_states[i]
+                                         for i in hidden_state_ids], dim=-1)
     from transformers.masking_utils import create_causal_mask
 
     decoder = model.model
@@ -57,9 +71,21 @@ def forward_logits(model, input_ids, cache, logits_to_keep: int = 1, hidden_stat
                        position_ids=position_ids, **cached, use_cache=True)
     if not hidden_state_ids:
         return model.lm_head(decoder.norm(hidden[:, -logits_to_keep:]))
+    states[LAST_LAYER_OUTPUT] = hidden
     normed = decoder.norm(hidden)
     states[len(decoder.layers)] = normed
     return model.lm_head(normed[:, -logits_to_keep:]), torch.cat([states[i] for i in hidden_state_ids], dim=-1)
+
+
+def final_norm(model):
+    """The decoder's final norm module (`model.model.norm` in transformers' causal LMs)."""
+    from specreg.errors import RuntimeUnsupportedError
+
+    norm = getattr(getattr(model, "model", None), "norm", None)
+    if norm is None:
+        raise RuntimeUnsupportedError(f"{type(model).__name__} has no model.norm: this runtime cannot read its last "
+                                      "layer's output before the final norm (an EAGLE-3 aux layer id N)")
+    return norm
 
 
 @functools.cache

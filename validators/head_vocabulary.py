@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from specreg.core.types import FAIL, PASS, CheckResult
-from specreg.errors import SpecregError
-from specreg.validators.context import CheckContext
+from specreg.errors import RuntimeUnsupportedError, SpecregError
+from specreg.validators.context import CheckContext, error_result
 
 CHECK_NAME = "tokenizer"
 
@@ -24,7 +24,8 @@ def check_head_vocabulary(method: str, head_dir: str | None, target_dir: str, *,
     """Re-read the head (or, for mtp, the target's MTP layers) and check it fits the target.
 
     method: "eagle3" | "medusa" | "mtp"; head_dir: the head's directory (None for mtp).
-    Returns a pass with what was compared, or a fail naming the field that no longer fits.
+    Returns a pass with what was compared, or a fail naming the field that no longer fits; an
+    error (no verdict) for a head specreg's runtime cannot run (registration refuses those).
     """
     from specreg.core.heads import read_head
     from specreg.core.heads.fit import check_head_fits
@@ -33,6 +34,8 @@ def check_head_vocabulary(method: str, head_dir: str | None, target_dir: str, *,
         head = read_head(head_dir if head_dir is not None else target_dir, method=method)
         fit = check_head_fits(head, target_dir, target_reference=target_reference,
                               target_fingerprint=target_fingerprint, allow_verifier_mismatch=allow_verifier_mismatch)
+    except RuntimeUnsupportedError as exc:  # what specreg's runtime lacks judges nothing about the pair
+        return error_result(CHECK_NAME, exc)
     except SpecregError as exc:
         return CheckResult(CHECK_NAME, FAIL, f"the {method} head does not fit the target: {exc}",
                            {"method": method, "error": str(exc)})

@@ -1,4 +1,5 @@
-"""EAGLE-3: a one-layer draft head reading the target's own hidden states.
+"""EAGLE-3: a draft head reading the target's own hidden states, in each variant vLLM 0.33 serves
+with Llama or Qwen3 decoder layers (specreg.core.heads.eagle3_variants says which a directory holds).
 
 What we followed:
 - vllm-project/speculators src/speculators/models/eagle3/{core,model_definitions,config}.py:
@@ -13,7 +14,10 @@ What we followed:
 - vLLM vllm/model_executor/models/llama_eagle3.py: the original EAGLE-3 layout's `midlayer.*`
   is `layers.0.*`; t2d is not needed to draft; target id = i + d2t[i] (logits scattered into the
   target vocabulary, -inf elsewhere); fc is (3 * target_hidden_size) -> hidden_size; the step
-  after the first feeds the layer's pre-norm output (hidden_prenorm) back in.
+  after the first feeds the layers' pre-norm output (hidden_prenorm) back in, or the normed one with
+  norm_output (aux_output, llama_eagle3.py:252-286); layers after the first are plain decoder
+  layers over the hidden state; input_norm (norm_before_fc) or one RMSNorm per aux state (fc_norm)
+  before fc; qwen3_eagle3.py: the same with Qwen3 layers (q_norm / k_norm).
 - vLLM vllm/model_executor/models/llama.py: the aux states are `hidden_states + residual`
   entering layer idx (transformers' hidden_states[idx]); default (2, N // 2, N - 3).
 
@@ -27,67 +31,80 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import LlamaConfig
+from transformers import LlamaConfig, Qwen3Config
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
+from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer, Qwen3RMSNorm, Qwen3RotaryEmbedding
 
 from specreg.core.heads.eagle3_checkpoint import default_aux_layer_ids  # vLLM's get_eagle3_aux_hidden_state_layers
 from specreg.errors import ModelReferenceError, RuntimeConfigError, RuntimeUnsupportedError
-from specreg.runtime.forward import cache_keyword
+from specreg.runtime.forward import LAST_LAYER_OUTPUT, cache_keyword
 from specreg.runtime.head_drafter import HeadDrafter, head_inputs
 from specreg.runtime.methods.base import Method
+
+
+# the decoder layers vLLM 0.33 builds for a head (specreg.core.heads.eagle3_variants), as transformers has them
+LAYER_CLASSES = {"llama": (LlamaConfig, LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding),
+                 "qwen3": (Qwen3Config, Qwen3DecoderLayer, Qwen3RMSNorm, Qwen3RotaryEmbedding)}
 
 
 @dataclass
 class Eagle3Spec:
     """What the runtime reads from a head's config.json (speculators or original EAGLE layout)."""
 
-    layer_config: LlamaConfig  # the head's decoder layer (hidden_size, heads, vocab_size ...)
+    layer_config: object  # the head's decoder layers' config (LlamaConfig / Qwen3Config: hidden_size, vocab_size ...)
     draft_vocab_size: int
     aux_layer_ids: tuple[int, ...] | None  # None: the verifier's default, known once it is loaded
     target_hidden_size: int | None = None
     norm_before_residual: bool = False
     norm_before_fc: bool = False
     head: object = None  # the specreg.core.heads.spec.HeadSpec read from the directory (None: built here)
+    layer_kind: str = "llama"  # a key of LAYER_CLASSES
+    fc_norm: bool = False  # one RMSNorm per aux state before fc
+    norm_output: bool = False  # the next draft step reads the normed output (Eagle 3.1)
+    sliding_window: int | None = None  # the layers attend within this many positions
+
+
+def layer_config(kind: str, fields: dict):
+    """The config of a head's decoder layers of `kind` from its config fields. Layers named
+    sliding_attention are built as full attention: the runtime's own masks cover every entry of
+    the head's cache, and Eagle3Head refuses a position at or past the window instead."""
+    fields = {key: value for key, value in fields.items()
+              if key not in ("model_type", "architectures", "draft_vocab_size", "eagle_config", "layer_types",
+                             "sliding_window", "use_sliding_window", "max_window_layers")}
+    return LAYER_CLASSES[kind][0](**fields)
 
 
 def read_eagle3_config(path) -> Eagle3Spec:
     """A head directory -> Eagle3Spec. What registration reads (layout, draft vocabulary, aux layer
     ids, target hidden size, tensor shapes) comes from specreg.core.heads.read_head, the one reader of
-    the layouts (ModelReferenceError naming the file and field); this adds the head's decoder-layer
-    config the torch modules are built from and the flags as vLLM defaults them."""
+    the layouts (ModelReferenceError naming the file and field); the layers and flags as vLLM 0.33
+    builds them from specreg.core.heads.eagle3_variants.read_eagle3_variant. A variant vLLM serves
+    and this runtime does not raises RuntimeUnsupportedError (registration refuses it first)."""
     from specreg.core.heads import read_head
+    from specreg.core.heads.eagle3_variants import read_eagle3_variant
 
     head = read_head(path, method="eagle3")
-    data = json.loads((Path(path) / "config.json").read_text())
-    if head.layout == "speculators":
-        layer = dict(data.get("transformer_layer_config") or {})
-    else:  # original EAGLE-3 layout: a LlamaConfig with draft_vocab_size and an optional eagle_config
-        layer = {key: value for key, value in data.items() if key not in ("eagle_config", "architectures")}
-    for key in ("model_type", "architectures", "draft_vocab_size"):
-        layer.pop(key, None)
-    # defaults as vLLM 0.33 reads them: speculators/algos.py update_eagle3 makes an absent
-    # norm_before_residual true for the speculators layout; the original layout's config is read
-    # as is (llama_eagle3.py getattr(config, "norm_before_residual", False))
-    for flag in ("fc_norm", "norm_output"):  # vLLM 0.33 knows these; this runtime does not run them
-        if data.get(flag):
-            raise RuntimeUnsupportedError(f"{path}: {flag} is true: this runtime drafts with EAGLE-3 heads without it "
-                                          "and refuses rather than run the head differently from vLLM")
-    return Eagle3Spec(layer_config=LlamaConfig(**layer), draft_vocab_size=head.draft_vocab_size,
-                      aux_layer_ids=head.aux_layer_ids, target_hidden_size=head.target_hidden_size,
-                      norm_before_residual=bool(data.get("norm_before_residual", head.layout == "speculators")),
-                      norm_before_fc=bool(data.get("norm_before_fc", False)), head=head)
+    variant = read_eagle3_variant(path)
+    gap = variant.runtime_gap()
+    if gap:
+        raise RuntimeUnsupportedError(f"{path}: {gap}")
+    return Eagle3Spec(layer_config=layer_config(variant.layer_kind, variant.layer_fields),
+                      draft_vocab_size=head.draft_vocab_size, aux_layer_ids=head.aux_layer_ids,
+                      target_hidden_size=head.target_hidden_size, norm_before_residual=variant.norm_before_residual,
+                      norm_before_fc=variant.norm_before_fc, head=head, layer_kind=variant.layer_kind,
+                      fc_norm=variant.fc_norm, norm_output=variant.norm_output, sliding_window=variant.sliding_window)
 
 
-class Eagle3FirstLayer(LlamaDecoderLayer):
-    """A Llama decoder layer whose q/k/v read cat([norm(embeds), hidden_norm(hidden)]) # [.., 2H]."""
+class Eagle3FirstLayerMixin:
+    """A decoder layer whose q/k/v read cat([norm(embeds), hidden_norm(hidden)]) # [.., 2H]."""
 
-    def __init__(self, config: LlamaConfig, norm_before_residual: bool = False):
+    def __init__(self, config, norm_before_residual: bool = False):
         super().__init__(config, layer_idx=0)
         hidden, head_dim, bias = config.hidden_size, config.head_dim, config.attention_bias
         self.self_attn.q_proj = torch.nn.Linear(2 * hidden, config.num_attention_heads * head_dim, bias=bias)
         self.self_attn.k_proj = torch.nn.Linear(2 * hidden, config.num_key_value_heads * head_dim, bias=bias)
         self.self_attn.v_proj = torch.nn.Linear(2 * hidden, config.num_key_value_heads * head_dim, bias=bias)
-        self.hidden_norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
+        self.hidden_norm = type(self.input_layernorm)(hidden, eps=config.rms_norm_eps)
         self.norm_before_residual = norm_before_residual
 
     def forward(self, embeds, hidden, attention_mask, position_embeddings, cache):
@@ -103,25 +120,46 @@ class Eagle3FirstLayer(LlamaDecoderLayer):
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
+class Eagle3FirstLayer(Eagle3FirstLayerMixin, LlamaDecoderLayer):
+    """The first layer of a head with Llama layers."""
+
+
+class Eagle3Qwen3FirstLayer(Eagle3FirstLayerMixin, Qwen3DecoderLayer):
+    """The first layer of a head with Qwen3 layers (q_norm / k_norm over each attention head)."""
+
+
+FIRST_LAYERS = {"llama": Eagle3FirstLayer, "qwen3": Eagle3Qwen3FirstLayer}
+
+
 class Eagle3Head(torch.nn.Module):
     """The head's modules under the speculators names; embed_tokens is the target's unless the
     checkpoint ships its own (vLLM shares it the same way)."""
 
     def __init__(self, spec: Eagle3Spec, aux_layer_ids: tuple[int, ...], target_vocab_size: int,
-                 target_hidden_size: int, embed_tokens=None):
+                 target_hidden_size: int, embed_tokens=None, target_layers: int | None = None):
+        """target_layers: the target's layer count, for an aux id N (its last layer's output)."""
         super().__init__()
+        self.target_layers = target_layers
         config = spec.layer_config
         config._attn_implementation = "sdpa"
         self.config = config
         self.aux_layer_ids = tuple(aux_layer_ids)
+        _, layer_class, norm_class, rotary_class = LAYER_CLASSES[spec.layer_kind]
         hidden = config.hidden_size
         aux_width = len(self.aux_layer_ids) * target_hidden_size
-        self.input_norm = LlamaRMSNorm(aux_width, eps=config.rms_norm_eps) if spec.norm_before_fc else None
+        self.input_norm = norm_class(aux_width, eps=config.rms_norm_eps) if spec.norm_before_fc else None
+        # vLLM 0.33 sizes each of these for target_hidden_size (llama_eagle3.py combine_hidden_states)
+        self.fc_norm = torch.nn.ModuleList([norm_class(target_hidden_size, eps=config.rms_norm_eps)
+                                            for _ in self.aux_layer_ids]) if spec.fc_norm else None
         self.fc = torch.nn.Linear(aux_width, hidden, bias=False)
-        self.layers = torch.nn.ModuleList([Eagle3FirstLayer(config, spec.norm_before_residual)])
-        self.norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
+        # layers after the first are plain decoder layers over the hidden state alone, as in vLLM
+        later = [layer_class(config, index) for index in range(1, config.num_hidden_layers)]
+        self.layers = torch.nn.ModuleList([FIRST_LAYERS[spec.layer_kind](config, spec.norm_before_residual), *later])
+        self.norm = norm_class(hidden, eps=config.rms_norm_eps)
+        self.norm_output = spec.norm_output
+        self.sliding_window = spec.sliding_window
         self.lm_head = torch.nn.Linear(hidden, spec.draft_vocab_size, bias=False)
-        self.rotary_emb = LlamaRotaryEmbedding(config)
+        self.rotary_emb = rotary_class(config)
         self.embed_tokens = embed_tokens if embed_tokens is not None else torch.nn.Embedding(target_vocab_size, hidden)
         self.register_buffer("d2t", torch.zeros(spec.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(target_vocab_size, dtype=torch.bool))
@@ -131,6 +169,9 @@ class Eagle3Head(torch.nn.Module):
         """The target's aux states # [1, n, A*H_target] -> the head's input hidden # [1, n, H]."""
         if self.input_norm is not None:
             aux_hidden = self.input_norm(aux_hidden)
+        if self.fc_norm is not None:
+            chunks = aux_hidden.chunk(len(self.fc_norm), dim=-1)
+            aux_hidden = torch.cat([norm(chunk) for norm, chunk in zip(self.fc_norm, chunks)], dim=-1)
         return self.fc(aux_hidden)
 
     def forward(self, input_ids, hidden, cache, start_position: int, attention_mask=None, position_ids=None):
@@ -140,23 +181,35 @@ class Eagle3Head(torch.nn.Module):
         drafting pass their own); position_ids # [1, n]: positions other than consecutive ones (tree
         nodes of one depth share theirs).
         """
-        _, position_embeddings, attention_mask = head_inputs(self.rotary_emb, hidden, cache, start_position,
-                                                             input_ids.shape[1], attention_mask, position_ids)
-        return self.layers[0](self.embed_tokens(input_ids), hidden, attention_mask, position_embeddings, cache)
+        position_ids, position_embeddings, attention_mask = head_inputs(
+            self.rotary_emb, hidden, cache, start_position, input_ids.shape[1], attention_mask, position_ids)
+        if self.sliding_window is not None and int(position_ids.max()) >= self.sliding_window:
+            raise RuntimeUnsupportedError(
+                f"the head's layers attend within a sliding window of {self.sliding_window} positions (vLLM 0.33 "
+                f"models/llama.py:185-204); this runtime attends to all of them, so it drafts only below position "
+                f"{self.sliding_window}, and this sequence reaches {int(position_ids.max())}")
+        hidden = self.layers[0](self.embed_tokens(input_ids), hidden, attention_mask, position_embeddings, cache)
+        for layer in self.layers[1:]:
+            hidden = layer(hidden, attention_mask=attention_mask, position_ids=position_ids,
+                           position_embeddings=position_embeddings, use_cache=True, **{cache_keyword(): cache})
+        return hidden
 
     # what head_drafter.HeadDrafter needs beside forward and draft_logits
     position_shift = 0  # the entry of token x_j sits at position j
 
     @property
     def hidden_state_ids(self) -> tuple[int, ...]:
-        return self.aux_layer_ids
+        """forward.forward_logits' indices of the aux states: id N is the last layer's output before
+        the final norm (vLLM's), not transformers' normed hidden_states[N]."""
+        return tuple(LAST_LAYER_OUTPUT if i == self.target_layers else i for i in self.aux_layer_ids)
 
     def seed_input(self, aux_hidden):
         return self.project(aux_hidden)
 
     def recycle(self, output):
-        """The next draft step reads the layer's pre-norm output as is (vLLM: hidden_prenorm)."""
-        return output
+        """The next draft step reads the layers' pre-norm output as is (vLLM: hidden_prenorm), or the
+        normed one with norm_output (llama_eagle3.py: aux_output)."""
+        return self.norm(output) if self.norm_output else output
 
     def draft_logits(self, hidden):
         """Pre-norm hidden # [n, H] -> logits over the target vocabulary # [n, V_target], -inf off the
@@ -176,9 +229,6 @@ def check_head_fits(spec: Eagle3Spec, target_config, target_vocab_size: int, nam
     from specreg.core.heads.vocabulary import check_vocab_fit
 
     num_layers, target_hidden = target_config.num_hidden_layers, target_config.hidden_size
-    if spec.layer_config.num_hidden_layers != 1:
-        raise RuntimeUnsupportedError(f"{name}: the head has {spec.layer_config.num_hidden_layers} decoder layers; "
-                                      "the runtime drafts with one-layer EAGLE-3 heads only")
     ids = spec.aux_layer_ids if spec.aux_layer_ids is not None else default_aux_layer_ids(num_layers)
     if len(set(ids)) != len(ids):  # the target's default on 4..6 layers (a declared repeat is refused earlier)
         raise RuntimeConfigError(f"{name}: the head names no aux layer ids and the target's default {list(ids)} "
@@ -191,12 +241,6 @@ def check_head_fits(spec: Eagle3Spec, target_config, target_vocab_size: int, nam
     if not ids or bad:
         raise RuntimeConfigError(f"{name}: eagle_aux_hidden_state_layer_ids {list(ids)} out of range on a "
                                  f"{num_layers}-layer target (each must be in 0..{num_layers})")
-    if num_layers in ids:
-        # id N (the stream after the last layer, before the final norm) is valid in vLLM; this
-        # runtime's hidden_states[N] is the normed output, so it does not run N rather than read it wrong
-        raise RuntimeUnsupportedError(f"{name}: aux layer id {num_layers} (the last layer's output before the "
-                                      f"final norm) is read by vLLM, but this runtime reads ids 0..{num_layers - 1} "
-                                      "only")
     declared = spec.target_hidden_size or spec.layer_config.hidden_size
     if declared != target_hidden:
         raise RuntimeConfigError(f"{name}: head is for hidden size {declared} (fc reads {len(ids)} aux states of "
@@ -226,7 +270,8 @@ def load_eagle3_head(path, target, device=None, dtype=None) -> Eagle3Head:
     ids = check_head_fits(spec, target.config, target_vocab, str(path))
     parameter = next(target.parameters())
     embed = None if "embed_tokens.weight" in weights else target.get_input_embeddings()
-    head = Eagle3Head(spec, ids, target_vocab, target.config.hidden_size, embed_tokens=embed)
+    head = Eagle3Head(spec, ids, target_vocab, target.config.hidden_size, embed_tokens=embed,
+                      target_layers=target.config.num_hidden_layers)
     weights["d2t"] = weights.get("d2t", torch.zeros(spec.draft_vocab_size, dtype=torch.long)).long()
     if "t2d" not in weights:  # drafting never reads it (vLLM skips it); kept for a faithful round trip
         weights["t2d"] = torch.zeros(target_vocab, dtype=torch.bool)
@@ -242,8 +287,11 @@ def load_eagle3_head(path, target, device=None, dtype=None) -> Eagle3Head:
 
 
 def new_eagle3_head(target, draft_token_ids=None, aux_layer_ids=None, seed: int = 0,
-                    intermediate_size: int | None = None) -> Eagle3Head:
-    """A freshly initialised head for `target` (its shape, one layer, its embeddings shared).
+                    intermediate_size: int | None = None, *, layer_kind: str = "llama", num_layers: int = 1,
+                    norm_before_fc: bool = False, fc_norm: bool = False, norm_output: bool = False,
+                    norm_before_residual: bool = False) -> Eagle3Head:
+    """A freshly initialised head for `target` (its shape, `num_layers` decoder layers of
+    `layer_kind`, its embeddings shared), with the norm flags given.
 
     draft_token_ids: the target ids of the draft vocabulary (any order; stored sorted, so d2t >= 0
     as in EAGLE-3's frequency-selected vocabularies); None drafts over the whole vocabulary.
@@ -251,19 +299,22 @@ def new_eagle3_head(target, draft_token_ids=None, aux_layer_ids=None, seed: int 
     config = target.config
     target_vocab = int(target.get_output_embeddings().weight.shape[0])
     ids = sorted(set(int(i) for i in draft_token_ids)) if draft_token_ids is not None else list(range(target_vocab))
-    layer_config = LlamaConfig(hidden_size=config.hidden_size, intermediate_size=intermediate_size or config.intermediate_size,
-                               num_hidden_layers=1, num_attention_heads=config.num_attention_heads,
-                               num_key_value_heads=config.num_key_value_heads, head_dim=config.head_dim,
-                               rms_norm_eps=config.rms_norm_eps, vocab_size=target_vocab,
-                               max_position_embeddings=config.max_position_embeddings,
-                               rope_parameters=dict(config.rope_parameters),
-                               bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
-                               pad_token_id=config.pad_token_id, tie_word_embeddings=False)
-    spec = Eagle3Spec(layer_config=layer_config, draft_vocab_size=len(ids), aux_layer_ids=None)
+    fields = dict(hidden_size=config.hidden_size, intermediate_size=intermediate_size or config.intermediate_size,
+                  num_hidden_layers=num_layers, num_attention_heads=config.num_attention_heads,
+                  num_key_value_heads=config.num_key_value_heads, head_dim=config.head_dim,
+                  rms_norm_eps=config.rms_norm_eps, vocab_size=target_vocab,
+                  max_position_embeddings=config.max_position_embeddings,
+                  rope_parameters=dict(config.rope_parameters),
+                  bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
+                  pad_token_id=config.pad_token_id, tie_word_embeddings=False)
+    spec = Eagle3Spec(layer_config=layer_config(layer_kind, fields), draft_vocab_size=len(ids), aux_layer_ids=None,
+                      layer_kind=layer_kind, norm_before_fc=norm_before_fc, fc_norm=fc_norm, norm_output=norm_output,
+                      norm_before_residual=norm_before_residual)
     aux = tuple(aux_layer_ids) if aux_layer_ids is not None else default_aux_layer_ids(config.num_hidden_layers)
     aux = tuple(sorted(set(aux)))  # the order vLLM collects them in (check_head_fits)
     torch.manual_seed(seed)
-    head = Eagle3Head(spec, aux, target_vocab, config.hidden_size, embed_tokens=target.get_input_embeddings())
+    head = Eagle3Head(spec, aux, target_vocab, config.hidden_size, embed_tokens=target.get_input_embeddings(),
+                      target_layers=config.num_hidden_layers)
     draft_to_target = torch.tensor(ids, dtype=torch.long)
     head.d2t.copy_(draft_to_target - torch.arange(len(ids)))
     head.t2d.zero_()
@@ -294,6 +345,8 @@ def save_eagle3_head(head: Eagle3Head, directory, verifier_name_or_path: str, ve
         "eagle_aux_hidden_state_layer_ids": list(head.aux_layer_ids),
         "norm_before_residual": bool(head.layers[0].norm_before_residual),
         "norm_before_fc": head.input_norm is not None,
+        "fc_norm": head.fc_norm is not None,
+        "norm_output": bool(head.norm_output),
         "target_hidden_size": None,
         "transformer_layer_config": layer,
         "speculators_config": {

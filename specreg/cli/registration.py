@@ -50,14 +50,16 @@ def register(name, target, draft, num_speculative_tokens, method, tree, allow_ve
                 "max_spec_factor": suffix_max_spec_factor, "min_token_prob": suffix_min_token_prob},
     )
     version = result.version
+    fed = layers_fed_text(version.config.head)
     if as_json:
-        print_json({"created": result.created, **version.to_dict(with_events=False)})
+        print_json({"created": result.created, **version.to_dict(with_events=False),
+                    **({"layers_fed": fed} if fed else {})})
     elif result.created:
         # where each model was found: a local folder by its absolute path, a hub id with its revision
         models = [("target", version.target)] + ([("draft", version.draft)] if version.draft else [])
         echo_lines([f"registered {version.label} (binding {version.binding_sha256[:12]})"]
                    + [f"  {role}: {model.reference}" + (f" (revision {model.revision})" if model.revision else "")
-                      for role, model in models])
+                      for role, model in models] + ([f"  {fed}"] if fed else []))
     else:
         say(f"already registered as {version.label}: same fingerprints and config, nothing new recorded")
 
@@ -121,6 +123,16 @@ def describe_model(role: str, model) -> list[str]:
     ]
 
 
+def layers_fed_text(head: dict | None) -> str | None:
+    """The one line of which target layers an EAGLE-3 head was trained on and each engine feeds it."""
+    fed = ((head or {}).get("fit") or {}).get("layers_fed")
+    if not fed:
+        return None
+    from specreg.core.heads.eagle3_variants import layers_fed_line
+
+    return layers_fed_line(fed)
+
+
 def describe_head(head: dict) -> list[str]:
     fit = head.get("fit") or {}
     descriptor = METHODS.get(head.get("method"))  # None for a head format of no registered method
@@ -133,6 +145,8 @@ def describe_head(head: dict) -> list[str]:
              f"  verifier        " + (f"{verifier} " + ("(matches the target)" if fit.get("verifier_matched")
                                                         else "(MISMATCH allowed at registration)")
                                       if verifier else "(none declared: the head is read against this target)")]
+    fed = layers_fed_text(head)
+    lines += [f"  layers          {fed}"] if fed else []
     lines += [f"  note            {note}" for note in fit.get("notes") or []]
     lines += [f"  warning         {warning}" for warning in fit.get("warnings") or []]
     return lines

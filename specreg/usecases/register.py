@@ -103,4 +103,6 @@ def describe_head(config: SpecConfig, target: ModelRef, draft: ModelRef | None, 
                           "allow_verifier_mismatch": allow_verifier_mismatch}
     if fit.warnings:  # only when there are: the binding of a pair without them is as before
         description["fit"]["warnings"] = list(fit.warnings)
+    if fit.layers_fed is not None:
+        description["fit"]["layers_fed"] = fit.layers_fed
     return description

@@ -313,8 +313,7 @@ def test_a_pickle_file_is_read_with_weights_only(models, tmp_path):
 
 def test_a_check_that_could_not_run_is_an_error_not_a_fail(db_url, models, golden):
     """A check that raises (here the runtime's greedy rule breaks mid-decode) records "error": the
-    run is an error and the pair's state does not move to failed (the CLI's exit 1 for it:
-    tests/adversarial/test_head_verdicts.py, aux layer id N)."""
+    run is an error and the pair's state does not move to failed (the CLI's exit 1 for it)."""
     registry = Registry(as_user(db_url, "alice"), user="alice")
     registry.register("err", target=str(models["target"]), draft=str(models["draft"]), num_speculative_tokens=3)
 

@@ -131,15 +131,20 @@ def test_export_converts_the_head_against_its_target_and_binds_it(heads):
     assert other != cached
 
 
-def eagle3_version(root: Path, *, aux=(1, 3, 4), tree=None, d2t=None):
+def eagle3_version(root: Path, *, aux=(1, 3, 4), tree=None, d2t=None, flags=None, layer=None):
     """A registered-looking EAGLE-3 pair over tests/headfiles.py folders (for the refusals, which
-    read only configs and tensors)."""
-    from headfiles import write_eagle3, write_target
+    read only configs and tensors); flags: top-level config fields, layer: transformer_layer_config
+    fields changed."""
+    from headfiles import HIDDEN, VOCAB, write_eagle3, write_target
 
     from specreg.registry.store.entities import SpecConfig, SpecMethod
 
     target = write_target(root / "target")
-    head = write_eagle3(root / "head", aux=aux, d2t=d2t)
+    layer_config = {"model_type": "llama", "hidden_size": HIDDEN, "vocab_size": VOCAB, "num_hidden_layers": 1,
+                    "num_attention_heads": 2, "num_key_value_heads": 2, "intermediate_size": 2 * HIDDEN,
+                    "rms_norm_eps": 1e-6, **(layer or {})}
+    head = write_eagle3(root / "head", aux=aux, d2t=d2t,
+                        config_extra={**(flags or {}), "transformer_layer_config": layer_config})
     config = SpecConfig(SpecMethod.EAGLE3, 3, tree=tree, head={"fit": {"aux_layer_ids": list(aux)}})
     return SimpleNamespace(config=config, target=SimpleNamespace(path=str(target)),
                            draft=SimpleNamespace(path=str(head)))
@@ -149,7 +154,10 @@ def eagle3_version(root: Path, *, aux=(1, 3, 4), tree=None, d2t=None):
     (dict(aux=(1, 3)), "src/models/eagle3.cpp:9-11"),
     (dict(aux=(1, 3, 4, 5)), "src/models/eagle3.cpp:9-11"),
     (dict(aux=(1, 3, 7)), "common/speculative.cpp:546-547"),
-    (dict(aux=(1, 3, 6)), "common/speculative.cpp:544-545"),
+    (dict(flags={"norm_output": True}), "src/models/eagle3.cpp:24-33"),
+    (dict(flags={"fc_norm": True}), "src/models/eagle3.cpp:24-33"),
+    (dict(layer={"num_hidden_layers": 2}), "conversion/llama.py:50, 216"),
+    (dict(layer={"model_type": "qwen3"}), "src/models/eagle3.cpp:78-97"),
     (dict(tree=((0,), (1,), (0, 0))), "common/speculative.cpp:808"),
     (dict(d2t="duplicate"), "conversion/llama.py:348-349"),
     (dict(d2t="outside"), "conversion/llama.py:346-347"),
@@ -171,6 +179,8 @@ def test_heads_llama_cpp_would_not_run_as_validated_are_refused_with_its_source_
     why = llamacpp.refusal(eagle3_version(tmp_path, **case))
     assert why is not None and source in why and "\n" not in why
     assert llamacpp.refusal(eagle3_version(tmp_path / "right")) is None
+    # the last layer's output (id N) and norm_before_fc are read by llama.cpp as by vLLM and our runtime
+    assert llamacpp.refusal(eagle3_version(tmp_path / "last", aux=(1, 3, 6), flags={"norm_before_fc": True})) is None
 
 
 def test_medusa_and_a_tree_are_refused_at_export_naming_llama_cpp(tmp_path):

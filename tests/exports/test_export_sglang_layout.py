@@ -97,6 +97,9 @@ def test_the_lock_binds_the_layout_sglang_loads(eagle3_pair, tmp_path):
     ((2, 8, LAYERS), "LlamaForCausalLM", None, r"state after the target's last layer .*llama.py:929-941"),
     ((2, 8, 13), "GptOssForCausalLM", None, "checked for LlamaForCausalLM.*not GptOssForCausalLM"),
     ((2, 8, 13), "LlamaForCausalLM", {"norm_before_residual": True}, "llama_eagle3.py:96-99"),
+    ((2, 8, 13), "LlamaForCausalLM", {"transformer_layer_config": {
+        "model_type": "llama", "hidden_size": 32, "vocab_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+        "num_key_value_heads": 2, "intermediate_size": 64}}, "2 decoder layers.*llama_eagle3.py:104-105"),
 ])
 def test_what_sglang_cannot_capture_or_load_is_refused(aux, architecture, extra, reason, tmp_path):
     from headfiles import write_eagle3
@@ -115,3 +118,14 @@ def test_a_head_reference_that_is_no_path_is_refused(eagle3_pair):
     with pytest.raises(SpecregError, match="links the head's files by absolute path"):
         render_export(pair, BASELINES, "sglang", approved=True)
     assert render_export(pair, BASELINES, "sglang", approved=True, options={"model_source": "path"})
+
+
+def test_the_norm_flags_the_head_was_validated_with_reach_sglang(tmp_path):
+    """SGLang 0.5.23 reads norm_output and fc_norm from the head's config (llama_eagle3.py:185, 207),
+    norm_before_fc from eagle_config: the layout carries each flag the head sets."""
+    from headfiles import write_eagle3
+
+    pair = make_eagle3_pair(tmp_path, write_eagle3, aux=(2, 8, 13),
+                            config_extra={"norm_output": True, "fc_norm": True, "norm_before_fc": False})
+    config = json.loads(dict(render_export(pair, BASELINES, "sglang", approved=True))["sglang-eagle3-head/config.json"])
+    assert (config["norm_output"], config["fc_norm"], "norm_before_fc" in config["eagle_config"]) == (True, True, False)

@@ -4,6 +4,7 @@ the speculators / original EAGLE layouts, and heads refused before any forward p
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -292,9 +293,9 @@ def test_eagle3_tree_sampling_is_reproducible(target, tokenizer, heads, prompts)
     assert runs[0] == runs[1] and runs[0] != runs[2] and len(runs[0]) == 16
 
 
-def test_absent_flags_read_as_vllm_reads_them_and_unknown_ones_are_refused(tiny_dir, heads, tmp_path):
+def test_absent_flags_read_as_vllm_reads_them(tiny_dir, heads, tmp_path):
     """vLLM 0.33 (speculators/algos.py update_eagle3) makes an absent norm_before_residual true for
-    a speculators head; a head with fc_norm / norm_output (which this runtime does not run) is refused."""
+    a speculators head; fc_norm and norm_output are read as it reads them (llama_eagle3.py)."""
     from specreg.runtime.methods.eagle3 import read_eagle3_config
 
     directory = save_head(heads["trained"], tmp_path / "head")
@@ -302,8 +303,137 @@ def test_absent_flags_read_as_vllm_reads_them_and_unknown_ones_are_refused(tiny_
     assert config["norm_before_residual"] is False and not read_eagle3_config(directory).norm_before_residual
     del config["norm_before_residual"]
     (directory / "config.json").write_text(json.dumps(config))
-    assert read_eagle3_config(directory).norm_before_residual
-    config["fc_norm"] = True
+    spec = read_eagle3_config(directory)
+    assert spec.norm_before_residual and not spec.norm_output and not spec.fc_norm
+    config.update(fc_norm=True, norm_output=True)
     (directory / "config.json").write_text(json.dumps(config))
-    with pytest.raises(RuntimeConfigError, match="fc_norm is true: this runtime drafts with EAGLE-3 heads without it"):
+    spec = read_eagle3_config(directory)
+    assert spec.fc_norm and spec.norm_output and spec.layer_kind == "llama"
+    # fc_norm without its weights: the head is not what its config says (vLLM would leave them unset)
+    with pytest.raises(RuntimeConfigError, match=r"missing \['fc_norm.0.weight'"):
         load_pair(tiny_dir / "target", directory, method="eagle3")
+
+
+# ---- the variants vLLM 0.33 serves: norm flags, Qwen3 layers, several layers ----
+
+VARIANTS = {
+    # speculators 0.9.0's trainer defaults (train/config/schema.py:791-794)
+    "norm_output+norm_before_fc": dict(norm_output=True, norm_before_fc=True),
+    "fc_norm": dict(fc_norm=True, norm_before_residual=True),
+    "qwen3": dict(layer_kind="qwen3"),
+    "two_layers": dict(num_layers=2),
+    "qwen3_three_layers_norm_output": dict(layer_kind="qwen3", num_layers=3, norm_output=True, norm_before_fc=True),
+}
+
+
+@pytest.fixture(scope="module")
+def variant_heads(target, tmp_path_factory):
+    """name -> (Eagle3Head, its saved speculators directory) for each VARIANTS entry, random over
+    the odd ids."""
+    from specreg.runtime.methods.eagle3 import new_eagle3_head, save_eagle3_head
+
+    root = tmp_path_factory.mktemp("variants")
+    made = {}
+    for name, flags in VARIANTS.items():
+        head = new_eagle3_head(target, range(1, int(target.config.vocab_size), 2), seed=11, **flags)
+        made[name] = (head, save_eagle3_head(head, root / name, "tiny-target", ["LlamaForCausalLM"]))
+    return made
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_each_variant_loads_as_saved_and_decodes_exactly(tiny_dir, target, tokenizer, prompts, variant_heads, name):
+    from specreg.runtime.methods.eagle3 import read_eagle3_config
+
+    head, directory = variant_heads[name]
+    flags = VARIANTS[name]
+    spec = read_eagle3_config(directory)
+    assert (spec.layer_kind, spec.layer_config.num_hidden_layers, spec.norm_output, spec.norm_before_fc,
+            spec.fc_norm) == (flags.get("layer_kind", "llama"), flags.get("num_layers", 1),
+                              flags.get("norm_output", False), flags.get("norm_before_fc", False),
+                              flags.get("fc_norm", False))
+    pair = load_pair(tiny_dir / "target", directory, method="eagle3")
+    loaded = pair.draft
+    assert len(loaded.layers) == flags.get("num_layers", 1)
+    if flags.get("layer_kind") == "qwen3":
+        assert all(hasattr(layer.self_attn, "q_norm") for layer in loaded.layers)
+    config = DecodeConfig(method="eagle3", k=3, max_new_tokens=20, eos_token_ids=())
+    for prompt in prompts[:2]:
+        result = speculative_generate(pair, prompt, config)
+        assert result.token_ids == hf_greedy(target, prompt, 20, eos_token_id=None)
+        assert result.metrics.drafted > 0
+        in_memory = speculative_generate(head_pair(target, tokenizer, head), prompt, config)
+        assert (result.token_ids, result.metrics.accepted) == (in_memory.token_ids, in_memory.metrics.accepted)
+    tree = speculative_generate(pair, prompts[2], DecodeConfig(method="eagle3", k=3, tree=EAGLE_TREES["eagle"],
+                                                                max_new_tokens=16, eos_token_ids=()))
+    assert tree.token_ids == hf_greedy(target, prompts[2], 16, eos_token_id=None)
+
+
+def test_norm_output_recycles_the_normed_state_and_later_layers_read_the_first(target, variant_heads):
+    """What vLLM 0.33's llama_eagle3.py computes: the next draft step reads norm(output) with
+    norm_output (aux_output), the output as is without; a layer after the first reads the first
+    layer's output alone (no embeddings), in the usual decoder-layer form."""
+    head, _ = variant_heads["qwen3_three_layers_norm_output"]
+    output = torch.randn(2, 1, head.config.hidden_size)
+    assert torch.equal(head.recycle(output), head.norm(output))
+    plain, _ = variant_heads["two_layers"]
+    assert torch.equal(plain.recycle(output), output)
+    assert plain.layers[1].self_attn.q_proj.in_features == plain.config.hidden_size
+    assert plain.layers[0].self_attn.q_proj.in_features == 2 * plain.config.hidden_size
+
+
+def test_a_sliding_window_head_drafts_below_its_window_and_stops_with_an_error_past_it(tiny_dir, target, prompts,
+                                                                                       variant_heads, tmp_path):
+    """speculators' trainer names its draft layers sliding_attention with a 2048 window by default;
+    vLLM attends within it. Below the window that is every entry, as the runtime attends; past it the
+    runtime stops (RuntimeUnsupportedError: validate records an error, never a fail)."""
+    import shutil
+
+    from specreg.errors import RuntimeUnsupportedError
+
+    _, directory = variant_heads["two_layers"]
+    windowed = Path(shutil.copytree(directory, tmp_path / "windowed"))
+    config = json.loads((windowed / "config.json").read_text())
+    config["transformer_layer_config"].update(layer_types=["sliding_attention"] * 2, sliding_window=2048,
+                                              use_sliding_window=True)
+    (windowed / "config.json").write_text(json.dumps(config))
+    decode = DecodeConfig(method="eagle3", k=3, max_new_tokens=12, eos_token_ids=())
+    assert speculative_generate(load_pair(tiny_dir / "target", windowed, method="eagle3"), prompts[0],
+                                decode).token_ids == hf_greedy(target, prompts[0], 12, eos_token_id=None)
+    config["transformer_layer_config"]["sliding_window"] = len(prompts[0]) + 4
+    (windowed / "config.json").write_text(json.dumps(config))
+    with pytest.raises(RuntimeUnsupportedError, match=f"sliding window of {len(prompts[0]) + 4} positions"):
+        speculative_generate(load_pair(tiny_dir / "target", windowed, method="eagle3"), prompts[0], decode)
+
+
+def test_aux_id_n_is_the_last_layers_output_before_the_final_norm(tiny_dir, target, prompts, tmp_path):
+    """forward_logits' LAST_LAYER_OUTPUT is the final norm's input on both of its paths (a plain
+    Llama's own loop; any other model through model() and a hook), and a head naming id N reads it
+    and decodes exactly."""
+    from tinymodels import build_other
+    from transformers import DynamicCache
+
+    from specreg.runtime.forward import LAST_LAYER_OUTPUT
+    from specreg.runtime.loading import load_model
+    from specreg.runtime.methods.eagle3 import new_eagle3_head
+
+    qwen2 = load_model(build_other(tmp_path / "qwen2", tiny_dir / "tokenizer", "qwen2", num_layers=3))
+    ids = torch.tensor([prompts[0]])
+    for model in (target, qwen2):
+        layers = model.config.num_hidden_layers
+        seen = {}
+        hook = model.model.norm.register_forward_pre_hook(lambda module, args: seen.update(state=args[0]))
+        try:
+            with torch.inference_mode():
+                _, states = forward_logits(model, ids, DynamicCache(config=model.config), 1,
+                                           (LAST_LAYER_OUTPUT, layers))
+        finally:
+            hook.remove()
+        width = model.config.hidden_size
+        assert torch.equal(states[..., :width], seen["state"])
+        assert torch.equal(states[..., width:], model.model.norm(seen["state"]))
+    layers = target.config.num_hidden_layers
+    head = new_eagle3_head(target, aux_layer_ids=(0, 1, layers), seed=2)
+    assert head.hidden_state_ids == (0, 1, LAST_LAYER_OUTPUT)
+    config = DecodeConfig(method="eagle3", k=3, max_new_tokens=16, eos_token_ids=())
+    result = speculative_generate(head_pair(target, None, head), prompts[1], config)
+    assert result.token_ids == hf_greedy(target, prompts[1], 16, eos_token_id=None) and result.metrics.drafted > 0

@@ -116,6 +116,24 @@ def refusal(pair_version: PairVersion) -> str | None:
             f"that were not checked against our runtime")
 
 
+def variant_refusal(head_path: str) -> str | None:
+    """An EAGLE-3 variant our runtime ran as vLLM does that llama.cpp's converter or graph would not."""
+    from specreg.core.heads.eagle3_variants import read_eagle3_variant
+
+    variant = read_eagle3_variant(head_path)
+    if variant.num_layers != 1:
+        return (f"the head has {variant.num_layers} decoder layers; llama.cpp's converter takes an EAGLE-3 head for "
+                f"one with num_hidden_layers 1 only (conversion/llama.py:50, 216)")
+    if variant.layer_kind != "llama":
+        return (f"the head's layer is {variant.layer_kind} ({variant.architecture}); llama.cpp's EAGLE-3 graph builds "
+                f"a Llama layer, no q_norm/k_norm (src/models/eagle3.cpp:78-97)")
+    unread = [flag for flag in ("norm_output", "fc_norm") if getattr(variant, flag)]
+    if unread:
+        return (f"the head sets {' and '.join(unread)}; llama.cpp's EAGLE-3 reads norm_before_residual and "
+                f"norm_before_fc only (src/models/eagle3.cpp:24-33), so it would draft otherwise than validated")
+    return None
+
+
 def eagle3_refusal(pair_version: PairVersion) -> str | None:
     """An EAGLE-3 head llama.cpp would load otherwise than our runtime ran it, or not at all."""
     from specreg.core.heads import read_head
@@ -125,6 +143,9 @@ def eagle3_refusal(pair_version: PairVersion) -> str | None:
     config = pair_version.config
     if config.tree is not None:
         return TREE_REFUSAL
+    variant = variant_refusal(pair_version.draft.path)
+    if variant is not None:
+        return variant
     head = read_head(pair_version.draft.path, method="eagle3")
     layers = read_target_shape(pair_version.target.path).num_hidden_layers
     aux = list(((config.head or {}).get("fit") or {}).get("aux_layer_ids") or head.aux_layer_ids or ())
@@ -134,10 +155,6 @@ def eagle3_refusal(pair_version: PairVersion) -> str | None:
     if any(i > layers for i in aux):
         return (f"aux layer ids {aux} name a layer above the target's {layers}: llama-server aborts "
                 f"(common/speculative.cpp:546-547 \"EAGLE3: target layer id exceeds target n_layer\")")
-    if layers in aux:
-        return (f"aux layer ids {aux} include {layers}, the last layer's output: llama.cpp reads it "
-                f"(common/speculative.cpp:544-545), our runtime does not, so the head was never validated as "
-                f"llama-server would run it")
     vocab_map = read_vocab_map(head) if head.has_vocab_map else None
     if vocab_map is not None:
         target_vocab = read_target_shape(pair_version.target.path).vocab_size

@@ -149,6 +149,10 @@ def eagle3_refusal(pair_version: PairVersion) -> str | None:
     if layer_config.get("model_type", "llama") != "llama":
         return (f"the head's layer is {layer_config.get('model_type')!r}; SGLang 0.5.23's EAGLE-3 head is "
                 f"LlamaForCausalLMEagle3 (sglang/srt/models/llama_eagle3.py:272)")
+    if (layer_config.get("num_hidden_layers") or 1) != 1:
+        return (f"the head has {layer_config['num_hidden_layers']} decoder layers; SGLang 0.5.23 norms each layer "
+                f"after the first with a hidden_norm (sglang/srt/models/llama_eagle3.py:104-105) where vLLM and the "
+                f"head's own layers use their input_layernorm")
     if head_config(pair_version).get("norm_before_residual"):
         return ("the head was trained with norm_before_residual; SGLang's first EAGLE-3 layer keeps the un-normed "
                 "hidden state as the residual (sglang/srt/models/llama_eagle3.py:96-99)")
@@ -195,6 +199,9 @@ def head_layout(export: Export) -> dict[str, str | Link] | None:
         config["target_hidden_size"] = speculators["target_hidden_size"]
     if speculators.get("norm_before_fc"):
         config["eagle_config"]["norm_before_fc"] = True
+    for flag in ("norm_output", "fc_norm"):  # read from the config (sglang/srt/models/llama_eagle3.py:185, 207)
+        if speculators.get(flag):
+            config[flag] = True
     layout: dict[str, str | Link] = {"config.json": json.dumps(config, indent=2, sort_keys=True) + "\n"}
     for name in list_model_files(pair_version.draft.path):
         if name != "config.json":

@@ -76,7 +76,8 @@ def check_aux_layers(head: HeadSpec, target: TargetShape) -> tuple[tuple[int, ..
     target's default names a layer twice: vLLM 0.33 collects each layer once
     (model_executor/models/interfaces.py:1617 `tuple(sorted(set(layers)))`) and feeds fc fewer
     states than it sized fc for (llama_eagle3.py:210-221, 3 without ids), so the head cannot run.
-    Warns when an id is N (the last layer's output): vLLM reads it, specreg's runtime does not."""
+    Id N (the last layer's output before the final norm) is valid: vLLM and specreg's runtime read
+    it. No warnings today; the list is kept for the callers."""
     layers = target.num_hidden_layers
     declared = head.aux_layer_ids is not None
     aux = head.aux_layer_ids if declared else default_aux_layer_ids(layers)
@@ -96,12 +97,7 @@ def check_aux_layers(head: HeadSpec, target: TargetShape) -> tuple[tuple[int, ..
             f"{DEFAULT_AUX_LAYER_COUNT} (models/llama_eagle3.py:210-221), so the head cannot run: name "
             "eagle_aux_hidden_state_layer_ids in the head's config.json")
     notes = [] if declared else [f"aux layer ids: the target's default {list(aux)} (the head names none)"]
-    warnings = []
-    if layers in aux:
-        warnings.append(f"aux layer ids: {list(aux)} include {layers}, the output of the target's last layer: "
-                        "vLLM 0.33 reads it (the residual stream before the final norm, models/llama.py:428-441), "
-                        "specreg's runtime does not, so validate's runtime checks (equivalence, distribution, "
-                        "acceptance, performance) cannot run on this pair; its static checks do")
+    warnings: list[str] = []
     return aux, notes, warnings
 
 

@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from specreg.core.heads.eagle3_checkpoint import check_aux_layers
+from specreg.core.heads.eagle3_variants import layers_fed, numbering_warnings, read_eagle3_variant
 from specreg.core.heads.spec import HeadSpec, TargetShape, read_target_shape
 from specreg.core.heads.vocabulary import TokenStrings, check_token_strings, check_vocab_map, read_vocab_map
 from specreg.core.methods import HEAD_FORMATS
-from specreg.errors import HeadMismatchError
+from specreg.errors import HeadMismatchError, RuntimeUnsupportedError
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,8 @@ class HeadFit:
     notes: tuple[str, ...] = field(default=())  # defaults, skipped comparisons, an allowed mismatch
     # what an engine runs but specreg's runtime does not (validation's runtime checks cannot run)
     warnings: tuple[str, ...] = field(default=())
+    # EAGLE-3: the layers the head was trained on and each engine feeds it (eagle3_variants.layers_fed)
+    layers_fed: dict | None = None
 
 
 
@@ -124,9 +127,11 @@ def check_head_fits(head: HeadSpec, target_directory: str | Path, *, target_refe
 
     aux: tuple[int, ...] = ()
     warnings: list[str] = []
+    fed = None
     if head_format.aux_layers:
         aux, aux_notes, warnings = check_aux_layers(head, target)
         notes += aux_notes
+        fed = _eagle3_layers_fed(head, target, warnings)
 
     if head.target_vocab_size != target.vocab_size:
         field_name = head_format.vocab_size_field
@@ -138,4 +143,18 @@ def check_head_fits(head: HeadSpec, target_directory: str | Path, *, target_refe
     if note:
         notes.append(note)
     return HeadFit(aux_layer_ids=aux, verifier_matched=matched, compared_token_strings=compared,
-                   notes=tuple(notes + verifier_notes), warnings=tuple(warnings))
+                   notes=tuple(notes + verifier_notes), warnings=tuple(warnings), layers_fed=fed)
+
+
+def _eagle3_layers_fed(head: HeadSpec, target: TargetShape, warnings: list[str]) -> dict:
+    """The EAGLE-3 variant as vLLM 0.33 builds it: refused (RuntimeUnsupportedError) when
+    specreg's runtime cannot run it, since validate could then judge nothing; else the layers each
+    engine feeds it, with a warning (appended to `warnings`) for each engine that reads the head's
+    ids otherwise than the tool that trained it."""
+    variant = read_eagle3_variant(head.path)
+    gap = variant.runtime_gap()
+    if gap:
+        raise RuntimeUnsupportedError(f"{Path(head.path) / 'config.json'}: {gap}")
+    fed = layers_fed(variant, target.num_hidden_layers)
+    warnings.extend(numbering_warnings(fed))
+    return fed

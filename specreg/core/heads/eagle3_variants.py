@@ -1,0 +1,195 @@
+"""Which EAGLE-3 variant a head directory holds: the decoder layers vLLM 0.33 builds for it, its
+norm flags, which tool wrote it and how that tool numbers the target layers it names; and which
+target layers each engine will feed it.
+
+What we followed (vLLM is the released 0.33.0 wheel):
+- The layers vLLM builds: a speculators head by transformer_layer_config.model_type, absent =
+  llama, only llama and qwen3 (transformers_utils/configs/speculators/algos.py update_eagle3); an
+  original-layout head by its architecture, prefixed "Eagle3" unless it starts or ends with it
+  (transformers_utils/configs/eagle.py), looked up in model_executor/models/registry.py:698-713:
+  llama_eagle3 (Llama layers), qwen3_eagle3 (Qwen3 layers: q_norm/k_norm), deepseek_eagle3 (MLA).
+- The flags: norm_before_fc (top level, or eagle_config in the original layout), fc_norm,
+  norm_output, norm_before_residual (absent: true for the speculators layout, algos.py; false for
+  the original layout, getattr default); llama_eagle3.py:173-286 runs them; layers after the
+  first are plain decoder layers over the hidden state alone; a layer named "sliding_attention"
+  in layer_types attends within config.sliding_window (models/llama.py:185-204).
+- Numbering: vLLM reads the ids at the top level, then in eagle_config, as the residual stream
+  entering layer L (v1/worker/gpu_model_runner.py:5207-5219, no +1), default (2, N // 2, N - 3);
+  llama.cpp's converter reads the top-level key only, else the same default, and extracts layer
+  inputs too (conversion/llama.py:74-81). speculators collects its training states through vLLM
+  (inputs). ModelOpt hooks the output of layer L (modelopt/torch/speculative/plugins/hf_eagle.py
+  _collect_aux_hidden_states_forward_hook; default sorted {1, N // 2 - 1, N - 4}) and writes the ids
+  inside eagle_config with its own keys (export/plugins/hf_spec_configs.py); SpecForge hooks
+  layer outputs as well (modeling/target/eagle3_target_model.py; default [1, N // 2 - 1, N - 4])
+  and writes LlamaForCausalLMEagle3 with draft_vocab_size and the ids in eagle_config; EAGLE's
+  own layout (SafeAILab/EAGLE traineagle3) names no ids and reads the inputs of (2, N // 2, N - 3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specreg.core.fingerprint import read_json_file
+from specreg.core.heads.eagle3_checkpoint import default_aux_layer_ids  # vLLM's, llama.cpp's and EAGLE's
+from specreg.core.heads.spec import optional_str, positive_int, read_layer_ids, str_list
+from specreg.errors import ModelReferenceError
+
+# vLLM 0.33 model_executor/models/registry.py:700-713: EAGLE-3 architecture -> the layers it builds
+VLLM_EAGLE3_LAYERS = {
+    "Eagle3LlamaForCausalLM": "llama", "LlamaForCausalLMEagle3": "llama", "Eagle3MiniMaxM2ForCausalLM": "llama",
+    "Eagle3Qwen2_5vlForCausalLM": "llama", "Eagle3Qwen3vlForCausalLM": "llama",
+    "Eagle3Qwen3ForCausalLM": "qwen3",
+    "Eagle3DeepseekV2ForCausalLM": "deepseek_v2", "Eagle3DeepseekV3ForCausalLM": "deepseek_v2",
+}
+SPECULATORS_ARCHITECTURES = {"llama": "Eagle3LlamaForCausalLM", "qwen3": "Eagle3Qwen3ForCausalLM"}  # algos.py
+RUNTIME_LAYERS = ("llama", "qwen3")  # the decoder layers specreg's runtime builds (runtime/methods/eagle3.py)
+# keys ModelOpt's export template writes into eagle_config beside the ids (hf_spec_configs.py)
+MODELOPT_KEYS = ("use_input_layernorm_in_first_layer", "use_last_layernorm", "use_mtp_layernorm",
+                 "next_layer_regular", "parallel_draft_step", "parallel_draft_heads_num_layers")
+INPUTS, OUTPUTS = "layer inputs", "layer outputs"
+
+
+@dataclass(frozen=True)
+class Eagle3Variant:
+    """What an EAGLE-3 head directory is, as vLLM 0.33 reads it."""
+
+    architecture: str  # what vLLM builds
+    layer_kind: str  # "llama" | "qwen3" | "deepseek_v2"
+    model_type: str  # the config class the layer fields are read with
+    layer_fields: dict  # the decoder layers' config (transformer_layer_config, or the whole config)
+    num_layers: int
+    norm_before_fc: bool
+    fc_norm: bool
+    norm_output: bool
+    norm_before_residual: bool
+    sliding_window: int | None  # the window of a layer named sliding_attention; None: full attention
+    writer: str  # "speculators" | "ModelOpt" | "SpecForge" | "EAGLE" | "unknown"
+    numbering: str  # INPUTS or OUTPUTS: how the writer numbers the ids it names
+    top_level_ids: tuple[int, ...] | None  # eagle_aux_hidden_state_layer_ids at the top level
+    eagle_config_ids: tuple[int, ...] | None  # ... inside eagle_config
+
+    @property
+    def declared_ids(self) -> tuple[int, ...] | None:
+        """The ids vLLM reads: the top level first, then eagle_config (gpu_model_runner.py:5207-5219)."""
+        return self.top_level_ids or self.eagle_config_ids
+
+    def runtime_gap(self) -> str | None:
+        """Why specreg's runtime cannot run this head (None: it can): the reason, in one line with
+        the engine's facts, for a refusal at registration."""
+        if self.layer_kind not in RUNTIME_LAYERS:
+            return (f"vLLM 0.33 serves this head as {self.architecture} ({self.layer_kind} decoder layers, "
+                    f"model_executor/models/registry.py:712-713), but specreg's runtime builds "
+                    f"{' and '.join(RUNTIME_LAYERS)} layers only, so validate could not judge the pair")
+        return None
+
+
+def _flag(config: dict, key: str, default: bool, where: str) -> bool:
+    value = config.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ModelReferenceError(f"{where}: {key} must be true or false, got {value!r}")
+    return value
+
+
+def read_eagle3_variant(directory: str | Path) -> Eagle3Variant:
+    """The EAGLE-3 variant in `directory` (config.json), as vLLM 0.33 reads it. Raises
+    ModelReferenceError naming the file and field when vLLM would not build it."""
+    config_path = Path(directory) / "config.json"
+    config = read_json_file(config_path)
+    eagle_config = config.get("eagle_config") if isinstance(config.get("eagle_config"), dict) else {}
+    where = str(config_path)
+    if "speculators_model_type" in config:
+        layer = config.get("transformer_layer_config") if isinstance(config.get("transformer_layer_config"),
+                                                                     dict) else {}
+        model_type = optional_str(layer.get("model_type"), f"{where}: transformer_layer_config.model_type") or "llama"
+        if model_type not in SPECULATORS_ARCHITECTURES:
+            raise ModelReferenceError(f"{where}: transformer_layer_config.model_type {model_type!r}: vLLM 0.33 "
+                                      "serves speculators EAGLE-3 heads with llama or qwen3 layers only "
+                                      "(transformers_utils/configs/speculators/algos.py update_eagle3)")
+        architecture = SPECULATORS_ARCHITECTURES[model_type]
+        writer, numbering, residual_default = "speculators", INPUTS, True
+    else:
+        layer = config
+        model_type = optional_str(config.get("model_type"), f"{where}: model_type") or "llama"
+        names = list(str_list(config.get("architectures"), f"{where}: architectures")) or ["LlamaForCausalLM"]
+        architecture = names[0] if names[0].startswith("Eagle3") or names[0].endswith("Eagle3") \
+            else f"Eagle3{names[0]}"
+        if architecture not in VLLM_EAGLE3_LAYERS:
+            raise ModelReferenceError(f"{where}: architectures {names}: vLLM 0.33 serves it as {architecture} "
+                                      "(transformers_utils/configs/eagle.py), which its model registry does not "
+                                      "have (model_executor/models/registry.py:700-713)")
+        if any(key in eagle_config for key in MODELOPT_KEYS):
+            writer, numbering = "ModelOpt", OUTPUTS
+        elif eagle_config.get("eagle_aux_hidden_state_layer_ids"):
+            writer, numbering = "SpecForge", OUTPUTS
+        elif config.get("eagle_aux_hidden_state_layer_ids"):
+            writer, numbering = "unknown", INPUTS
+        else:
+            writer, numbering = "EAGLE", INPUTS
+        residual_default = False
+    layer_kind = VLLM_EAGLE3_LAYERS[architecture]
+    layers = positive_int(layer.get("num_hidden_layers") or 1, f"{where}: num_hidden_layers")
+    types = layer.get("layer_types") if isinstance(layer.get("layer_types"), list) else []
+    window = layer.get("sliding_window") if "sliding_attention" in types else None
+    return Eagle3Variant(
+        architecture=architecture, layer_kind=layer_kind, model_type=model_type, layer_fields=dict(layer),
+        num_layers=int(layers),
+        norm_before_fc=_flag(eagle_config, "norm_before_fc", _flag(config, "norm_before_fc", False, where), where),
+        fc_norm=_flag(config, "fc_norm", False, where), norm_output=_flag(config, "norm_output", False, where),
+        norm_before_residual=_flag(config, "norm_before_residual", residual_default, where),
+        sliding_window=window if isinstance(window, int) and not isinstance(window, bool) else None,
+        writer=writer, numbering=numbering,
+        top_level_ids=read_layer_ids(config.get("eagle_aux_hidden_state_layer_ids"),
+                                     f"{where}: eagle_aux_hidden_state_layer_ids"),
+        eagle_config_ids=read_layer_ids(eagle_config.get("eagle_aux_hidden_state_layer_ids"),
+                                        f"{where}: eagle_config.eagle_aux_hidden_state_layer_ids"))
+
+
+def layers_fed(variant: Eagle3Variant, num_layers: int) -> dict[str, Any]:
+    """Which target layers (as layer inputs: 0 = the embeddings) the head was trained on and each
+    engine will feed it on a num_layers target -> {"writer", "numbering", "trained_on", "vllm",
+    "llamacpp", "runtime"} (lists in layer order, as vLLM collects them, but llama.cpp's as its converter
+    writes them; trained_on None when the writer's layers are unknown)."""
+    declared = variant.declared_ids
+    shift = 1 if variant.numbering == OUTPUTS else 0
+    if declared:
+        trained = sorted(i + shift for i in declared) if variant.writer != "unknown" else None
+    else:  # speculators and EAGLE train on the default inputs; what ModelOpt or SpecForge used is not recorded
+        trained = list(default_aux_layer_ids(num_layers)) if variant.writer in ("EAGLE", "speculators") else None
+    vllm = sorted(set(declared or default_aux_layer_ids(num_layers)))
+    return {"writer": variant.writer, "numbering": variant.numbering, "trained_on": trained, "vllm": vllm,
+            # the converter writes the ids as it finds them, unsorted, a repeat kept (conversion/llama.py:74-81)
+            "llamacpp": list(variant.top_level_ids or default_aux_layer_ids(num_layers)), "runtime": vllm}
+
+
+def layers_fed_line(fed: dict[str, Any]) -> str:
+    """One line: the layers the head was trained on and those each engine feeds it."""
+    trained = (f"trained on the inputs of layers {fed['trained_on']}" if fed["trained_on"] is not None
+               else "trained on layers its config does not name")
+    return (f"layers fed (as layer inputs): written by {fed['writer']} ({fed['numbering']}), {trained}; vLLM 0.33 "
+            f"feeds {fed['vllm']}; llama.cpp's converter reads {fed['llamacpp']} from this directory; specreg's "
+            f"runtime feeds {fed['runtime']} (as vLLM)")
+
+
+def numbering_warnings(fed: dict[str, Any]) -> list[str]:
+    """A warning for each engine that feeds the head other layers than it was trained on."""
+    trained = fed["trained_on"]
+    if trained is None:
+        return []
+    warnings = []
+    engines = (("vLLM 0.33", fed["vllm"], "reads the ids as layer inputs, no +1: v1/worker/gpu_model_runner.py:"
+                                          "5207-5219"),
+               ("llama.cpp", fed["llamacpp"], "its converter reads only a top-level "
+                                              "eagle_aux_hidden_state_layer_ids, else (2, N // 2, N - 3): "
+                                              "conversion/llama.py:74-81"))
+    for engine, fed_layers, why in engines:
+        if fed_layers != trained:
+            early = all(f == t - 1 for f, t in zip(fed_layers, trained)) and len(fed_layers) == len(trained)
+            warnings.append(f"layer numbering: {fed['writer']} numbers the layers it names by their "
+                            f"{fed['numbering'][6:-1]}, so the head was trained on the inputs of layers {trained}, "
+                            f"but {engine} feeds it {fed_layers}" + (" (one layer early)" if early else "")
+                            + f" ({why})")
+    return warnings
