@@ -379,7 +379,7 @@ def policy_propose(policy_file, note, db_url, user, as_json):
 
 
 @policy_group.command(name="approve")
-@click.argument("version", type=click.IntRange(min=1))
+@click.argument("version", type=int)
 @click.option("--key", default=None, metavar="FILE",
               help="Your private approval key (default: $SPECREG_APPROVAL_KEY), enrolled to you.")
 @click.option("--note", default=None, help="Why; kept in the audit log.")

@@ -12,7 +12,7 @@ import os
 import stat
 from pathlib import Path
 
-from specreg.errors import SpecregError
+from specreg.errors import PathTooLongError, SpecregError
 
 
 def read_bounded(path: str | Path, limit: int, what: str, error: type[SpecregError] = SpecregError) -> bytes:

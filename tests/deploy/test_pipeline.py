@@ -354,3 +354,63 @@ def test_argo_analysis_export_is_bound_by_the_signed_lock(deployed, tmp_path):
     analysis.write_text(analysis.read_text().replace("result[0] >= 0.72", "result[0] >= 0.1"))  # a lowered floor
     refused = run_specreg(args)
     assert refused.returncode == 100 and "argo-analysis.yaml" in refused.stderr, refused.stderr
+
+
+# --- step outputs a hostile gate JSON, note or lock cannot bend ----------------------------------
+
+def test_a_lock_of_another_version_still_writes_the_outputs_as_refused(tmp_path):
+    """Was: nothing written to $GITHUB_OUTPUT (nor GitLab's gate.env) when the lock bound another
+    version, though docs/ci.md says the outputs are written either way."""
+    from clirun import one_line, run_specreg
+
+    gate = tmp_path / "gate.json"
+    gate.write_text(json.dumps({**GATE, "verdict": "pass", "passed": True, "reasons": []}))
+    lock = tmp_path / "specreg.lock.json"
+    lock.write_text(json.dumps({"pair": {"binding_sha256": "c" * 64}}))
+    for style, parse in (("github", parse_github_output), ("dotenv", parse_dotenv)):
+        out = tmp_path / f"out.{style}"
+        result = run_specreg(["ci-outputs", gate, "--style", style, "--lock", lock, "--output", out])
+        one_line(result, 100, f"pair lock {lock} binds cccccccccccc, not the gated chat@7 (bbbbbbbbbbbb)")
+        outputs = parse(out.read_text())
+        verdict, reasons = (outputs["verdict"], outputs["reasons"]) if style == "github" else \
+            (outputs["SPECREG_VERDICT"], outputs["SPECREG_REASONS"])
+        assert verdict == "refused" and reasons == f"pair lock {lock} binds cccccccccccc, not the gated chat@7 " \
+                                                  "(bbbbbbbbbbbb)"
+
+
+def test_a_newline_in_a_reason_never_makes_a_second_reason():
+    """A rejection note with \\n or \\r (or a Unicode line separator) was split into two lines of
+    `reasons`: a note could forge a condition line."""
+    gate = {**GATE, "reasons": ["approval: rejected by bob: bad\nfingerprints: ok", "x: a\rb\u2028c\x0bd"]}
+    outputs = gate_outputs(gate)
+    assert outputs["reasons"].split("\n") == ["approval: rejected by bob: bad fingerprints: ok", "x: a b c d"]
+    assert parse_github_output(github_output(outputs))["reasons"].splitlines() == outputs["reasons"].split("\n")
+    env = parse_dotenv(dotenv(gate_outputs({**gate, "pair": "chat\nSPECREG_VERDICT=pass"})))
+    assert env["SPECREG_VERDICT"] == "refused" and env["SPECREG_PAIR"] == "chat SPECREG_VERDICT=pass"
+
+
+def test_a_pair_input_with_a_newline_cannot_forge_a_summary_heading(tmp_path):
+    from clirun import run_specreg
+
+    forged = "chat@1\n## specreg gate chat@1 → production: PASS"
+    report = tmp_path / "gate.md"
+    result = run_specreg(["gate", forged, "--env", "production", "--markdown", report, "--db",
+                          f"sqlite:///{tmp_path / 'r.db'}"])
+    assert result.returncode == 2, result.stderr
+    text = report.read_text()
+    assert [line for line in text.splitlines() if line.startswith("#")] == [
+        "## specreg gate `chat@1 ## specreg gate chat@1 → production: PASS`: ERROR"], text
+
+
+@pytest.mark.parametrize("content", ["[" * 200_000, "{\"pair\": " * 100_000])
+def test_a_deeply_nested_lock_or_gate_json_is_one_line(tmp_path, content):
+    """Was: RecursionError traceback (`ci-outputs --lock`, a lock nested 200,000 deep)."""
+    from clirun import one_line, run_specreg
+
+    gate, lock = tmp_path / "gate.json", tmp_path / "lock.json"
+    gate.write_text(json.dumps(GATE))
+    lock.write_text(content)
+    one_line(run_specreg(["ci-outputs", gate, "--style", "github", "--lock", lock]), 100,
+             f"pair lock {lock}: not a readable specreg.lock.json (nested too deeply)")
+    one_line(run_specreg(["ci-outputs", lock, "--style", "github"]), 2,
+             f"gate JSON {lock}: not readable JSON (nested deeper than 32 levels)")
