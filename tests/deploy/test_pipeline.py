@@ -414,3 +414,71 @@ def test_a_deeply_nested_lock_or_gate_json_is_one_line(tmp_path, content):
              f"pair lock {lock}: not a readable specreg.lock.json (nested too deeply)")
     one_line(run_specreg(["ci-outputs", lock, "--style", "github"]), 2,
              f"gate JSON {lock}: not readable JSON (nested deeper than 32 levels)")
+
+
+# --- the verify image's inputs: a pinned base, no secrets in its layers --------------------------
+
+def dockerignored(relative: str, patterns: list[str]) -> bool:
+    """Whether docker/podman leave ``relative`` (a path under the build context) out of the
+    context, by .dockerignore's rules: Go's filepath.Match per segment ('*' never crosses '/'),
+    '**' any number of segments, a pattern naming a folder leaves out all beneath it, a
+    leading '!' takes a path back in (the last pattern that matches decides)."""
+    def regex(pattern: str) -> re.Pattern:
+        parts = []
+        for segment in pattern.strip("/").split("/"):
+            parts.append("(?:.*/)?" if segment == "**" else
+                         re.escape(segment).replace(r"\*", "[^/]*").replace(r"\?", "[^/]") + "/")
+        return re.compile("".join(parts).removesuffix("/") + "(?:/.*)?")
+    excluded = False
+    for pattern in patterns:
+        negated = pattern.startswith("!")
+        if regex(pattern.removeprefix("!")).fullmatch(relative):
+            excluded = not negated
+    return excluded
+
+
+def test_the_verify_image_copies_no_key_database_or_env_file():
+    """Was: keys/specreg-signing.key (where the quickstart writes it), registry.db and .env went
+    into the `COPY . /src` layer, which keeps them though a later step deletes /src."""
+    patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+    for secret in ("keys/specreg-signing.key", "keys/specreg-signing.pub", "registry.db", ".env", ".env.local",
+                   "deploy/keyring.json", "sub/dir/bob.key", "sub/ca.pem", "sub/.env", "registry.db-wal"):
+        assert dockerignored(secret, patterns), secret
+    for needed in ("pyproject.toml", "specreg/cli/root.py", "registry/deploy/verify.py", "templates/engines",
+                   "README.md"):
+        assert not dockerignored(needed, patterns), needed
+
+
+def test_the_verify_image_and_the_gitlab_template_pin_their_base_by_digest():
+    """Was `python:3.11-slim`: a tag that moves with every rebuild upstream."""
+    digest = re.compile(r"python:3\.11-slim@sha256:[0-9a-f]{64}")
+    (base,) = [argument for kind, argument in containerfile_instructions() if kind == "FROM"]
+    assert digest.fullmatch(base), base
+    assert GITLAB["image"] == base  # one base for the image and the pipeline's gate
+
+
+@pytest.mark.parametrize("committed", ["gate.md", "gate.xml", "gate.env", "gate.json"])
+@pytest.mark.parametrize("kind", ["symlink", "dangling", "file"])
+def test_the_gitlab_template_refuses_reports_a_checkout_commits(tmp_path, committed, kind):
+    """Was: a merge request committing gate.md/gate.xml/gate.env as symlinks had the job write
+    (and append SPECREG_*= lines) where they pointed, e.g. a stand-in .bashrc. The script's
+    first line refuses them before the gate runs."""
+    project, victim = tmp_path / "project", tmp_path / "bashrc"
+    project.mkdir()
+    if kind == "symlink":
+        victim.write_text("alias ls=ls\n")
+    if kind == "file":
+        (project / committed).write_text("SPECREG_VERDICT=pass\n")
+    else:
+        os.symlink(victim, project / committed)
+    script = "\n".join(["set -eo pipefail", *GITLAB["script"]])
+    fake_bin = tmp_path / "bin"  # a `specreg` that records being run: the check comes first
+    fake_bin.mkdir()
+    (fake_bin / "specreg").write_text("#!/bin/sh\ntouch \"$0.ran\"\n")
+    (fake_bin / "specreg").chmod(0o755)
+    result = subprocess.run(["bash", "-c", script], cwd=project, capture_output=True, text=True, timeout=60,
+                            env={**clean_env(), "PATH": f"{fake_bin}:{os.environ['PATH']}"})
+    assert result.returncode == 1 and f"specreg: {committed} is already in the checkout" in result.stderr
+    assert not (fake_bin / "specreg.ran").exists()
+    assert victim.read_text() == "alias ls=ls\n" if kind == "symlink" else not victim.exists()
