@@ -40,11 +40,6 @@ def export(ref, fmt, out_dir, template, option_pairs, force, overwrite, signing_
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise UsageError(f"invalid --option {pair!r}: use KEY=VALUE")
-        # A line break would start a second line of a serve script or, with `---`, a second YAML
-        # document of a manifest: no option of any engine needs one.
-        if any(ord(ch) < 32 or ord(ch) == 127 for ch in pair):
-            raise UsageError(f"--option {key[:40]!r}: the value holds a control character (a line break, a tab); "
-                             "give it on one line")
         # A version stays text: 1.20 is not 1.2.
         options[key] = value if key == "engine_version" else yaml_scalar(value)
     files = open_registry(db_url).export(ref, fmt, out_dir=out_dir, force=force, overwrite=overwrite,
