@@ -98,6 +98,10 @@ def promote(ref, environment, reason, expected, allow_slower, policy_path, db_ur
     if as_json:
         print_json(move.to_dict())
         return
+    if move.action == "unchanged":  # a pipeline's re-run: succeeds, and says that nothing changed
+        say(f"{move.pair}@{move.version} already holds {move.environment}: nothing to do (nothing changed, "
+            "nothing recorded)")
+        return
     before = f" (previous holder {move.pair}@{move.previous_version})" if move.previous_version else ""
     say(f"promoted {move.pair}@{move.version} to {move.environment}{before}")
     if move.exception:
