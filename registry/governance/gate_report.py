@@ -64,7 +64,9 @@ def markdown_summary(result: GateResult | None, error: str | None = None, subjec
              + (f" · audit head `{result.audit_head}`" if result.audit_head else ""), "",
              "| | condition | reason |", "|---|---|---|"]
     for condition in result.conditions:
-        mark = "✅" if condition.passed else "–" if NOT_JUDGED in condition.details else "❌"
+        # words, not emoji: the summary is also a version's description in MLflow's UI, where a
+        # browser without an emoji font drew each emoji as an empty box
+        mark = "PASS" if condition.passed else "NOT JUDGED" if NOT_JUDGED in condition.details else "FAIL"
         lines.append(f"| {mark} | `{condition.name}` | {escape_cell(condition.reason)} |")
     return "\n".join(lines) + "\n"
 

@@ -14,7 +14,9 @@ from specreg.registry.store.entities import PairVersion, ValidationRun
 
 # the specreg.templates package (templates/ at the top of the repository), not registry/templates
 TEMPLATE_DIR = Path(specreg.templates.__file__).resolve().parent / "reports"
-STATUS_MARK = {"pass": "✅", "warn": "⚠️", "fail": "❌", "skip": "⏭️", "error": "⛔"}
+# words, not emoji: MLflow's UI (the run's summary.md, a version's description) in a browser
+# without an emoji font, such as a headless Chromium, drew each emoji as an empty box
+STATUS_MARK = {"pass": "PASS", "warn": "WARN", "fail": "FAIL", "skip": "SKIP", "error": "ERROR"}
 CHART_WIDTH, CHART_HEIGHT, CHART_MARGIN = 560, 200, 36
 
 

@@ -95,7 +95,7 @@ def test_aux_id_n_is_said_at_registration_and_validate_records_an_error(shallow,
     assert checks == {"integrity": "pass", "tokenizer": "pass", "equivalence": "error", "acceptance": "skip"}
     assert json.loads(run("show", "last@1", "--json", "--db", db_url).stdout)["state"] == "registered"
     # the reports say so too: no green mark, a JUnit <error> (not a <failure>)
-    assert (tmp_path / "run.md").read_text().startswith("### ⛔ specreg validation last@1: error (run 1)")
+    assert (tmp_path / "run.md").read_text().startswith("### ERROR specreg validation last@1: error (run 1)")
     junit = (tmp_path / "run.xml").read_text()
     assert 'failures="0"' in junit and 'errors="2"' in junit and '<error message="the check could not run: ' in junit
 

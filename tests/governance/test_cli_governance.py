@@ -49,7 +49,7 @@ def test_gate_promote_rollback_from_the_command_line(tiny_models, policy_file, t
     assert len(cases) == len(data["conditions"]) == int(suite.get("tests"))
     assert suite.get("failures") == "1" and cases["approval"].find("failure") is not None
     assert cases["validation"].find("failure") is None
-    assert "REFUSED" in markdown.read_text() and "| ❌ | `approval` |" in markdown.read_text()
+    assert "REFUSED" in markdown.read_text() and "| FAIL | `approval` |" in markdown.read_text()
 
     bob_key = approval_key(db_url, "bob")
     assert run("approve", v1, "--db", db_url, "--key", approval_key(db_url, "alice")).returncode == 100  # her own
