@@ -49,12 +49,11 @@ def source_tree(tmp_path_factory) -> Path:
     what .dockerignore keeps out of the image: what action.yml and the Containerfile install."""
     listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=ROOT,
                             capture_output=True, text=True, check=True).stdout.split("\0")
-    ignored = [line.strip().removeprefix("**/") for line in (ROOT / ".dockerignore").read_text().splitlines()
+    ignored = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
                if line.strip() and not line.startswith("#")]
     source = tmp_path_factory.mktemp("clone") / "specreg"
     for name in filter(None, listed):
-        parts = Path(name).parts
-        if any(Path(part).match(pattern) for part in parts for pattern in ignored) or not (ROOT / name).is_file():
+        if dockerignored(name, ignored) or not (ROOT / name).is_file():
             continue
         (source / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / name, source / name)
@@ -482,3 +481,88 @@ def test_the_gitlab_template_refuses_reports_a_checkout_commits(tmp_path, commit
     assert result.returncode == 1 and f"specreg: {committed} is already in the checkout" in result.stderr
     assert not (fake_bin / "specreg.ran").exists()
     assert victim.read_text() == "alias ls=ls\n" if kind == "symlink" else not victim.exists()
+
+
+# --- the GitLab template as GitLab runs it: gitlab-ci-local, the docs' pipeline, its default install --
+
+GITLAB_CI_LOCAL = "4.65.1"  # runs on Node 20 with --force-shell-executor (4.75.1 crashes there)
+
+
+@pytest.fixture(scope="session")
+def gitlab_ci_local() -> Path:
+    """gitlab-ci-local, installed once by npm into the engine cache (outside the repository).
+    Skipped where npm cannot install it (offline, no Node), a failure with CI=true."""
+    from helpers import in_ci
+
+    from specreg.core.packages import cache_root
+
+    prefix = cache_root() / f"gitlab-ci-local-{GITLAB_CI_LOCAL}"
+    binary = prefix / "node_modules" / ".bin" / "gitlab-ci-local"
+    if not binary.exists():
+        problem = "npm is not installed" if shutil.which("npm") is None else None
+        if problem is None:
+            installed = subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--prefix", str(prefix),
+                                        f"gitlab-ci-local@{GITLAB_CI_LOCAL}"], capture_output=True, text=True,
+                                       timeout=600)
+            problem = None if installed.returncode == 0 and binary.exists() else installed.stderr[-500:]
+        if problem is not None:
+            (pytest.fail if in_ci() else pytest.skip)(f"gitlab-ci-local {GITLAB_CI_LOCAL} not installed: {problem}")
+    return binary
+
+
+def archive_server(source_tree: Path, root: Path, project: str, ref: str):
+    """A local web server with what GitLab serves at /PROJECT/-/archive/REF/NAME-REF.tar.gz: the
+    source tree under one top folder. Returns (its URL, the server to shut down)."""
+    import functools
+    import http.server
+    import tarfile
+    import threading
+
+    archive = root / project / "-" / "archive" / ref / f"specreg-{ref}.tar.gz"
+    archive.parent.mkdir(parents=True)
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(source_tree, arcname=f"specreg-{ref}")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}", server
+
+
+@pytest.mark.slow
+def test_the_docs_gitlab_pipeline_installs_the_default_requirement_and_gates(gitlab_ci_local, source_tree,
+                                                                            deployed, tmp_path):
+    """Was: the template's default SPECREG_REQUIREMENT "specreg[gate]==0.1.0" cannot install
+    (specreg is not on the package index) and the docs' include did not override it. The docs'
+    own pipeline (its include made local) runs under gitlab-ci-local; the default requirement
+    downloads the include's project archive from CI_SERVER_URL, here a local server."""
+    import yaml
+
+    pipeline = yaml.safe_load(re.findall(r"```yaml\n(.*?)```", (ROOT / "docs" / "ci.md").read_text(), re.S)[1])
+    variables = pipeline["variables"]
+    assert {"SPECREG_PROJECT", "SPECREG_REF"} <= set(variables)  # the docs set what the default installs
+    assert pipeline["include"][0]["file"] == "ci/specreg-gate.gitlab-ci.yml"
+    pipeline["include"] = [{"local": "ci/specreg-gate.gitlab-ci.yml"}]
+    project = tmp_path / "project"
+    (project / "ci").mkdir(parents=True)
+    (project / "deploy").mkdir()
+    shutil.copy(ROOT / "ci" / "specreg-gate.gitlab-ci.yml", project / "ci")
+    shutil.copy(deployed["lock"], project / "deploy" / "specreg.lock.json")
+    (project / ".gitlab-ci.yml").write_text(yaml.safe_dump(pipeline))
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.org"]
+    for command in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "pipeline"]):
+        subprocess.run([*git, *command], cwd=project, check=True, capture_output=True)
+    url, server = archive_server(source_tree, tmp_path / "gitlab", variables["SPECREG_PROJECT"], variables["SPECREG_REF"])
+    try:
+        result = subprocess.run(
+            [str(gitlab_ci_local), "--force-shell-executor", "--ignore-predefined-vars", "CI_SERVER_URL",
+             "--variable", f"CI_SERVER_URL={url}", "--variable", "PAIR=lock@1", "--variable", "TARGET_ENV=staging",
+             "--variable", f"SPECREG_DB={deployed['db']}", "specreg-gate"],
+            cwd=project, env=clean_env(), capture_output=True, text=True, timeout=900)
+    finally:
+        server.shutdown()
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "PASS" in result.stdout
+    (report,) = (project / ".gitlab-ci-local").rglob("gate.env")
+    env = parse_dotenv(report.read_text())
+    assert env["SPECREG_VERDICT"] == "pass" and env["SPECREG_VERSION"] == "1"
+    assert env["SPECREG_LOCK_DIGEST"] == hashlib.sha256(deployed["lock"].read_bytes()).hexdigest()
