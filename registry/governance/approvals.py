@@ -15,8 +15,7 @@ from dataclasses import replace
 
 from specreg.core.user_names import same_user
 from specreg.errors import PolicyViolation
-from specreg.registry.governance.keyring import (Eras, chain_eras, keyring_at, keyring_entries,
-                                                 written_by_its_actor)
+from specreg.registry.governance.keyring import keyring_entries, written_by_its_actor
 from specreg.registry.governance.policy import EnvironmentPolicy, Policy
 from specreg.registry.governance.queries import Condition, finished_runs
 from specreg.registry.governance.signatures import (ANY_SCOPE, APPROVED, REJECTED, KeyringEntry, SignedDecision,
@@ -51,33 +50,26 @@ def chained_approvals(session: Session, row: PairVersion, chain: list[AuditEvent
 
 
 def signed_decisions(session: Session, row: PairVersion, chain: list[AuditEvent],
-                     keyring: dict[str, KeyringEntry], policy: Policy | None = None,
-                     eras: Eras | None = None) -> tuple[list[tuple[Approval, SignedDecision]], list[str]]:
+                     keyring: dict[str, KeyringEntry],
+                     policy: Policy | None = None) -> tuple[list[tuple[Approval, SignedDecision]], list[str]]:
     """(the decisions of ``row`` that count: chained and validly signed by their approver, one
-    line per decision row that does not count and why). An approval's key must count now
-    (``keyring``); a rejection's must have counted when it was recorded (``keyring.keyring_at``;
-    ``eras``: which policy governed when, default replayed from ``chain``), so that no later
-    revocation or enroller change revives a rejected version. With ``policy``, an approval counts
-    only under the policy it signed (a policy change asks approvers to sign again); a rejection
-    counts under any, so that no policy change revives a rejected version either. A decision's
-    time is its audit event's time, never the time the signer wrote into it."""
+    line per decision row that does not count and why). With ``policy``, an approval counts only
+    under the policy it signed (a policy change asks approvers to sign again); a rejection
+    counts under any, so that no policy change revives a rejected version. A decision's time is
+    its audit event's time, never the time the signer wrote into it."""
     chained = {a.id for a in chained_approvals(session, row, chain)}
     events = {e.event_hash: e for e in chain}
     valid, refused = [], []
     for approval in approval_records.approvals_of(session, row):
         label = f"{'approval' if approval.decision == APPROVED else 'rejection'} {approval.id} by {approval.actor}"
         event = events.get(approval.event_hash) if approval.event_hash else None
-        judged_by = keyring
-        if approval.decision == REJECTED and event is not None:
-            eras = chain_eras(session, chain, eras)
-            judged_by = keyring_at(session, chain, eras, event)
         problems = []  # every reason, so each defence is visible on its own
         if approval.id not in chained and event is not None and not written_by_its_actor(event):
             problems.append(f"its audit event says {event.actor} but database role {event.session_role} wrote it")
         elif approval.id not in chained:
             problems.append("no matching event in the verified audit chain")
         try:
-            signed = check_decision(approval.signature, judged_by, pair=row.name, version=row.version,
+            signed = check_decision(approval.signature, keyring, pair=row.name, version=row.version,
                                     binding_sha256=row.binding_sha256)
             if signed.decision != approval.decision or not same_user(signed.approver, approval.actor):
                 problems.append(f"its signature says {signed.decision} by {signed.approver}")
@@ -98,9 +90,8 @@ def standing(session: Session, row: PairVersion, env: EnvironmentPolicy, policy:
     """The tally of ``row``'s signed decisions for ``env`` (a failed validation withdraws the
     decisions signed before it), the lines naming what did not count, and the approval rows
     whose signatures count now."""
-    eras = chain_eras(session, chain, None)
-    keyring, bad_keys = keyring_entries(session, policy, chain, eras)
-    valid, refused = signed_decisions(session, row, chain, keyring, policy, eras)
+    keyring, bad_keys = keyring_entries(session, policy, chain)
+    valid, refused = signed_decisions(session, row, chain, keyring, policy)
     last_failure = next((r for r in finished_runs(session, row, chain) if r.status == "failed"), None)
     result = tally([signed for _, signed in valid], registrant=row.registered_by, approvers=env.approvers,
                    scope=env.name, threshold=env.approvals_required,

@@ -12,8 +12,7 @@ counts only when nobody could have slipped it in:
   same pair by more than ``PARITY_TOLERANCE``, whatever ``--parity-tolerance`` the run was given)
   and an approver accepted it: a signature, made as approvals are (governance/signatures.py), by
   a key the keyring enrols to someone who neither registered the pair nor ran that engine
-  validation, and whom neither of them enrolled, over the baseline's content hash, recorded in
-  an ``engine_accept`` audit event.
+  validation, over the baseline's content hash, recorded in an ``engine_accept`` audit event.
 
 A failed engine baseline (impossible counts, outputs that differ in the engine) cannot be
 accepted: the engine is re-validated instead.
@@ -124,24 +123,10 @@ def check_acceptance(event: AuditEvent, row: EngineBaseline, version_row: PairVe
     approver = str(predicate.get("approver"))
     if not same_user(approver, entry.person) or not same_user(event.actor, entry.person):
         raise ValueError(f"acceptance by {event.actor}: signed with {entry.person}'s key")
-    problem = four_eyes_problem(approver, entry.enrolled_by, version_row, row)
-    if problem is not None:
-        raise ValueError(f"acceptance by {approver}: {problem}")
+    if same_user(approver, version_row.registered_by) or same_user(approver, row.actor):
+        raise ValueError(f"acceptance by {approver}: the registrant or whoever ran the engine validation cannot "
+                         f"accept it")
     return entry.person
-
-
-def four_eyes_problem(approver: str, enroller: str, version_row: PairVersion, row: EngineBaseline) -> str | None:
-    """Why ``approver``, with a key ``enroller`` enrolled, may not accept baseline ``row``, or None.
-    As for a pair's approval: neither the registrant nor whoever ran the engine validation, and
-    no key either of them enrolled (an enroller could enrol a key for an invented person)."""
-    for person, did in ((version_row.registered_by, f"registered {version_row.label}"),
-                        (row.actor, f"ran engine validation {row.id}")):
-        if same_user(approver, person):
-            return f"four-eyes: {approver} {did} and cannot accept it"
-        if same_user(enroller, person):
-            return (f"four-eyes: {approver}'s key was enrolled by {enroller}, who {did}: another enroller must "
-                    f"enrol it")
-    return None
 
 
 def counted_rows(session: Session, version_row: PairVersion, engine: str, policy,
@@ -183,7 +168,7 @@ def accept(store, policy, name: str, version: int, baseline_id: int, *, actor: s
     """Sign and record ``actor``'s acceptance of the unaccepted engine baseline ``baseline_id`` of
     ``name@version`` with the private key file ``key`` (enrolled to ``actor``), with its audit
     event. PolicyViolation for a key not enrolled to ``actor``, the pair's registrant, whoever ran
-    the engine validation, a key either of them enrolled, a baseline not on the chain, not on the current binding, failed, or
+    the engine validation, a baseline not on the chain, not on the current binding, failed, or
     one that counts already."""
     from specreg.core.signing import sign_statement
     from specreg.registry.governance.signed_writes import signed_write, version_lock
@@ -207,9 +192,10 @@ def accept(store, policy, name: str, version: int, baseline_id: int, *, actor: s
                                   f"one (acceptance beyond the parity tolerance) can be accepted; validate again")
         if row.status != UNACCEPTED:
             raise PolicyViolation(standing.why)
-        problem = four_eyes_problem(actor, keyring[kid].enrolled_by, version_row, row)
-        if problem is not None:
-            raise PolicyViolation(problem)
+        if same_user(actor, version_row.registered_by):
+            raise PolicyViolation(f"four-eyes: {actor} registered {label} and cannot accept its engine baselines")
+        if same_user(actor, row.actor):
+            raise PolicyViolation(f"four-eyes: {actor} ran engine validation {baseline_id} and cannot accept it")
         digest = content_sha256(row)
         predicate = {"pair": name, "version": str(version), "binding_sha256": version_row.binding_sha256,
                      "engine_baseline_id": str(row.id), "content_sha256": digest, "approver": actor,

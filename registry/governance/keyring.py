@@ -3,16 +3,11 @@ an enroller the policy names) and the keys that count.
 
 A key counts while (a) the audit event that enrolled it is in the verified chain and records
 this very person, key and enroller, (b) its enroller is one of the policy's
-``[keyring] enrollers`` and (c) no revocation that counts revoked it. A row written straight
-into ``approver_keys`` has no such event and counts for nothing (``keyring_entries`` names it).
-A revocation is a ``revoke-key`` event only, and it counts only when made by someone entitled to
-make it: written (PostgreSQL) by its actor's own role, who was an enroller of the policy of
-record in effect when it was appended. Whatever a leaked key signed stops counting from then on
-(pair approvals, and policy approvals not yet in effect); a decision recorded while the key
-counted keeps what it did where a revocation must not undo it: a rejection stands, and a policy
-change already in effect stays in effect (``keyring_at``). The exported keyring file carries
-the revocations that count, so that `specreg verify --keyring` refuses those keys at pod start
-too.
+``[keyring] enrollers`` and (c) no ``revoke-key`` event in the verified chain revoked it. A row
+written straight into ``approver_keys`` has no such event and counts for nothing
+(``keyring_entries`` names it). A revocation is an event only: whatever a leaked key signed stops
+counting from then on, approvals and policy changes alike, and the exported keyring file carries
+the revocation so that `specreg verify --keyring` refuses it at pod start too.
 """
 
 from __future__ import annotations
@@ -29,9 +24,6 @@ from specreg.registry.store.store import Session, Store, utcnow, verified_chain
 ENROL_ACTION = "enrol-key"
 REVOKE_ACTION = "revoke-key"
 KEYRING_EVENT_PAIR = "-"  # keyring events belong to no pair
-# which policy governed from which audit event on: ((activation event id, policy), ...), oldest
-# first, the built-in default from 0 (policy_record.PolicyRecord.eras)
-Eras = tuple[tuple[int, Policy], ...]
 
 
 def enrol(store: Store, policy: Policy, person: str, public_key_text: str, *, actor: str) -> KeyringEntry:
@@ -40,7 +32,7 @@ def enrol(store: Store, policy: Policy, person: str, public_key_text: str, *, ac
     (to anyone) is refused (SpecregError)."""
     person = normalize_user(person, what="person")
     actor = normalize_user(actor, what="enroller")
-    if not is_enroller(policy, actor):
+    if not any(same_user(actor, e) for e in policy.enrollers):
         raise PolicyViolation(f"{actor} may not enrol keys: policy {policy.source} names "
                               f"{', '.join(policy.enrollers) or 'nobody'} ([keyring] enrollers)")
     pem = public_key_pem(public_key_text, "public key")
@@ -74,52 +66,18 @@ def entry_of(row: EnrolledKey) -> KeyringEntry:
                         row.enrolled_at.isoformat(timespec="seconds") + "Z")
 
 
-def governing(eras: Eras, event_id: int) -> Policy:
-    """The policy of ``eras`` in effect when the event ``event_id`` was appended."""
-    return [policy for start, policy in eras if start < event_id][-1]
+def revocations(chain: list[AuditEvent]) -> dict[str, AuditEvent]:
+    """key id -> the event that revoked it. Every revocation on the verified chain counts
+    (written by its actor): a wrongly revoked key is enrolled again; a leaked one must not
+    outlive a doubt about who revoked it."""
+    return {str((e.details or {}).get("key_id")): e for e in chain
+            if e.action == REVOKE_ACTION and written_by_its_actor(e)}
 
 
-def is_enroller(policy: Policy, person: str) -> bool:
-    return any(same_user(person, e) for e in policy.enrollers)
-
-
-def chain_eras(session: Session, chain: list[AuditEvent], eras: Eras | None) -> Eras:
-    """``eras``, or the policy of record's as replayed from ``chain`` when None."""
-    if eras is not None:
-        return eras
-    from specreg.registry.governance.policy_record import replay  # it judges with this module's keyring
-
-    return replay(session, chain).eras
-
-
-def revocations(chain: list[AuditEvent], eras: Eras) -> tuple[dict[str, AuditEvent], list[str]]:
-    """(key id -> the revocation that counts, one line per ``revoke-key`` event that does not).
-    One counts when its actor's own role wrote it and that actor was an enroller of the policy
-    in effect then (``eras``): whoever `keys revoke` refuses cannot revoke by appending the
-    event with their grants. One that counts stays whatever later policies say: a leaked key
-    must not come back by a policy change."""
-    counted: dict[str, AuditEvent] = {}
-    refused: list[str] = []
-    for event in chain:
-        if event.action != REVOKE_ACTION:
-            continue
-        kid = str((event.details or {}).get("key_id"))
-        label = f"revocation of key {kid[:12]} by {event.actor} (event {event.id})"
-        policy = governing(eras, event.id)
-        if not written_by_its_actor(event):
-            refused.append(f"{label}: its event says {event.actor} but database role {event.session_role} wrote it")
-        elif not is_enroller(policy, event.actor):
-            refused.append(f"{label}: {event.actor} is not an enroller under {policy.source} "
-                           f"([keyring] enrollers: {', '.join(policy.enrollers) or 'nobody'})")
-        else:
-            counted.setdefault(kid, event)
-    return counted, refused
-
-
-def revocation_entries(revoked: dict[str, AuditEvent]) -> list[dict[str, str | None]]:
-    """The revocations that count as the exported keyring file carries them."""
+def revocation_entries(chain: list[AuditEvent]) -> list[dict[str, str | None]]:
+    """The revocations as the exported keyring file carries them."""
     return [{"key_id": kid, "revoked_by": e.actor, "revoked_at": e.created_at.isoformat(timespec="seconds") + "Z",
-             "reason": e.reason} for kid, e in revoked.items()]
+             "reason": e.reason} for kid, e in revocations(chain).items()]
 
 
 def revoke(store: Store, policy: Policy, key: str, *, actor: str, reason: str) -> KeyringEntry:
@@ -127,7 +85,7 @@ def revoke(store: Store, policy: Policy, key: str, *, actor: str, reason: str) -
     ``actor``, one of the policy's enrollers: an audited ``revoke-key`` event. Everything the
     key signed stops counting."""
     actor = normalize_user(actor, what="enroller")
-    if not is_enroller(policy, actor):
+    if not any(same_user(actor, e) for e in policy.enrollers):
         raise PolicyViolation(f"{actor} may not revoke keys: policy {policy.source} names "
                               f"{', '.join(policy.enrollers) or 'nobody'} ([keyring] enrollers)")
     wanted = key.strip().lower()
@@ -142,7 +100,7 @@ def revoke(store: Store, policy: Policy, key: str, *, actor: str, reason: str) -
             raise SpecregError(f"key {key}: {'no enrolled key' if not rows else f'{len(rows)} enrolled keys'} "
                                f"with that id (`specreg keys list`)")
         row = rows[0]
-        if row.key_id in revocations(chain, chain_eras(session, chain, None))[0]:
+        if row.key_id in revocations(chain):
             raise SpecregError(f"key {row.key_id[:12]} of {row.person} is already revoked")
         store.append_event(session, pair_name=KEYRING_EVENT_PAIR, version=None, action=REVOKE_ACTION,
                            from_state=None, to_state=None, actor=actor, reason=reason,
@@ -150,14 +108,12 @@ def revoke(store: Store, policy: Policy, key: str, *, actor: str, reason: str) -
         return entry_of(row)
 
 
-def keyring_entries(session: Session, policy: Policy, chain: list[AuditEvent] | None = None,
-                    eras: Eras | None = None) -> tuple[dict[str, KeyringEntry], list[str]]:
-    """(key id -> entry of every key that counts under ``policy`` at the end of ``chain`` (default:
-    the verified chain), one line per keyring row that does not). ``eras``: which policy governed
-    when (default: replayed from ``chain``), for whether each revocation counts."""
+def keyring_entries(session: Session, policy: Policy,
+                    chain: list[AuditEvent] | None = None) -> tuple[dict[str, KeyringEntry], list[str]]:
+    """(key id -> entry of every key that counts, one line per keyring row that does not)."""
     if chain is None:
         chain, _ = verified_chain(session)
-    revoked = revocations(chain, chain_eras(session, chain, eras))[0]
+    revoked = revocations(chain)
     events = {e.event_hash: e for e in chain if e.action == ENROL_ACTION}
     valid: dict[str, KeyringEntry] = {}
     refused: list[str] = []
@@ -176,7 +132,7 @@ def keyring_entries(session: Session, policy: Policy, chain: list[AuditEvent] | 
             refused.append(f"{label}: revoked by {revoked[row.key_id].actor} at {when}Z")
         elif key_id(row.public_key) != row.key_id:
             refused.append(f"{label}: its public key does not hash to its key id")
-        elif not is_enroller(policy, row.enrolled_by):
+        elif not any(same_user(row.enrolled_by, e) for e in policy.enrollers):
             refused.append(f"{label}: enrolled by {row.enrolled_by}, whom policy {policy.source} does not name "
                            f"an enroller")
         else:
@@ -195,20 +151,10 @@ def enrolled_entry(keyring: dict[str, KeyringEntry], kid: str, key_path: str, ac
     return entry
 
 
-def keyring_at(session: Session, chain: list[AuditEvent], eras: Eras, event: AuditEvent) -> dict[str, KeyringEntry]:
-    """The keys that counted when ``event`` was appended: enrolled before it, not revoked before
-    it, under the policy then in effect. What a decision recorded then is judged by, where a
-    later revocation must not undo it."""
-    before = [e for e in chain if e.id < event.id]
-    return keyring_entries(session, governing(eras, event.id), before, eras)[0]
-
-
 def list_keys(store: Store, policy: Policy) -> tuple[list[KeyringEntry], list[str], list[dict[str, str | None]]]:
-    """The keys that count (for `specreg keys list` / `keys export`), one line per keyring row and
-    revocation that does not, and the revocations that count (which the exported keyring carries)."""
+    """The keys that count (for `specreg keys list` / `keys export`), the rows that do not, and
+    the revocations (which the exported keyring carries)."""
     with store.session() as session:
         chain, _ = verified_chain(session)
-        eras = chain_eras(session, chain, None)
-        revoked, refused_revocations = revocations(chain, eras)
-        valid, refused = keyring_entries(session, policy, chain, eras)
-        return list(valid.values()), refused + refused_revocations, revocation_entries(revoked)
+        valid, refused = keyring_entries(session, policy, chain)
+        return list(valid.values()), refused, revocation_entries(chain)

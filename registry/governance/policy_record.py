@@ -24,7 +24,7 @@ from typing import Any
 from specreg.core.fingerprint import sha256_hex
 from specreg.core.user_names import normalize_user, same_user
 from specreg.errors import NotFoundError, PolicyViolation, SpecregError, UsageError
-from specreg.registry.governance.keyring import Eras, keyring_entries, written_by_its_actor
+from specreg.registry.governance.keyring import keyring_entries, written_by_its_actor
 from specreg.registry.governance.policy import (EnvironmentPolicy, Policy, builtin_policy, parse_policy_text,
                                                 read_policy_file)
 from specreg.registry.governance.signatures import (ANY_SCOPE, APPROVED, POLICY_PREDICATE_TYPE, Tally,
@@ -49,7 +49,6 @@ class PolicyRecord:
     proposed_by: str | None = None
     problems: tuple[str, ...] = ()  # activations and approvals on the chain that count for nothing
     counted: tuple[int, ...] = ()  # the versions that governed in turn, this one last
-    eras: Eras = ()  # which policy governed from which event on (keyring.Eras), this one last
 
     @property
     def version(self) -> int:
@@ -81,21 +80,6 @@ def change_rule(policy: Policy) -> EnvironmentPolicy:
     return replace(env, approval_required=True)
 
 
-def unchangeable(policy: Policy) -> str | None:
-    """Why no change of ``policy`` could ever be approved once it governs (naming the field), or
-    None. Such a policy would govern for good: refused when proposed and when approved."""
-    if not policy.enrollers:
-        return ("keyring.enrollers = []: nobody could enrol an approver's key, so no signature would count "
-                "and no later policy change could be approved")
-    rule = change_rule(policy)
-    people = set(rule.approvers)  # normalised when parsed: one spelling per person
-    if people and len(people) < rule.approvals_required:
-        return (f"environments.{rule.name} names {len(people)} approver(s) but approvals_required = "
-                f"{rule.approvals_required}: no later policy change (signed as a {rule.name} promotion) could "
-                f"ever be approved")
-    return None
-
-
 def rule_text(policy: Policy) -> str:
     rule = change_rule(policy)
     who = f" from {', '.join(rule.approvers)}" if rule.approvers else ""
@@ -108,12 +92,10 @@ def parsed(row: PolicyDocument) -> Policy:
 
 
 def judge(session: Session, row: PolicyDocument | None, approvals: list[AuditEvent], current: Policy,
-          chain: list[AuditEvent], eras: Eras, before: int | None = None) -> tuple[Policy | None, Tally | None, str | None]:
+          chain: list[AuditEvent], before: int | None = None) -> tuple[Policy | None, Tally | None, str | None]:
     """Whether policy ``row`` may replace ``current`` at the chain's event ``before`` (None: now):
     (its Policy, the tally of its approvals, None) or (None, the tally if one was made, why not).
-    Only the approvals between its proposal and that point count, with the keyring as it stood
-    at that point (``eras``: which policy governed when, up to it): a key revoked later takes
-    nothing back from a change already in effect, which only another four-eyes change undoes."""
+    Only the approvals between its proposal and that point count."""
     if row is None:
         return None, None, "no such proposed policy in the registry"
     proposal = next((e for e in chain if e.event_hash == row.event_hash and e.action == PROPOSE
@@ -131,7 +113,7 @@ def judge(session: Session, row: PolicyDocument | None, approvals: list[AuditEve
         return None, None, f"its document no longer parses ({exc})"
     if policy.sha256 != row.sha256:
         return None, None, "its document no longer says what was proposed (hash differs)"
-    keyring, _ = keyring_entries(session, current, [e for e in chain if before is None or e.id < before], eras)
+    keyring, _ = keyring_entries(session, current, chain)
     decisions, refused = [], []
     for event in (e for e in approvals if e.id > proposal.id and (before is None or e.id < before)):
         signer = event.actor
@@ -164,7 +146,7 @@ def replay(session: Session, chain: list[AuditEvent] | None = None) -> PolicyRec
         chain, _ = verified_chain(session)
     rows = {row.version: row for row in policy_versions.policy_documents(session)}
     current = replace(builtin_policy(), version=0, source=record_source(0))
-    record = PolicyRecord(current, eras=((0, current),))
+    record = PolicyRecord(current)
     problems: list[str] = []
     approvals: dict[int, list[AuditEvent]] = defaultdict(list)
     for event in chain:
@@ -178,14 +160,13 @@ def replay(session: Session, chain: list[AuditEvent] | None = None) -> PolicyRec
         elif version <= record.version:
             problems.append(f"policy v{version}: activated after v{record.version}, which replaced it")
         else:
-            policy, result, why = judge(session, rows.get(version), approvals[version], current, chain,
-                                        record.eras, event.id)
+            policy, result, why = judge(session, rows.get(version), approvals[version], current, chain, event.id)
             if policy is None:
                 problems.append(f"policy v{version}: activation does not count: {why}")
                 continue
             current = policy
             record = PolicyRecord(policy, event.created_at, result.approvers, rows[version].proposed_by,
-                                  counted=record.counted + (version,), eras=record.eras + ((event.id, policy),))
+                                  counted=record.counted + (version,))
     return replace(record, problems=tuple(problems))
 
 
@@ -201,8 +182,6 @@ def propose(store: Store, path: str, *, actor: str, note: str | None = None) -> 
     actor = normalize_user(actor, what="proposer")
     text, policy_format = read_policy_file(path)
     policy = parse_policy_text(text, policy_format, str(path))  # a malformed file is refused here
-    if (problem := unchangeable(policy)) is not None:
-        raise UsageError(f"policy file {path}: {problem}")
     with store.session(write=True) as session:
         chain, problem = verified_chain(session)
         if problem is not None:
@@ -239,9 +218,6 @@ def approve(store: Store, version: int, *, actor: str, key: str, note: str | Non
             raise PolicyViolation(f"policy v{version} is not pending: {record.policy.source} governs now")
         if same_user(actor, row.proposed_by):
             raise PolicyViolation(f"four-eyes: {actor} proposed policy v{version} and cannot approve it")
-        if (problem := unchangeable(parsed(row))) is not None:
-            raise PolicyViolation(f"policy v{version} could never be changed again once in effect: {problem}; "
-                                  f"propose another")
         rule = change_rule(record.policy)
         if rule.approvers and not any(same_user(actor, a) for a in rule.approvers):
             raise PolicyViolation(f"{actor} may not approve policy changes: {record.policy.source} asks for "
@@ -259,7 +235,7 @@ def approve(store: Store, version: int, *, actor: str, key: str, note: str | Non
         session.flush()
         chain, _ = verified_chain(session)
         approvals = [e for e in chain if e.action == APPROVE and (e.details or {}).get("policy_version") == version]
-        policy, result, why = judge(session, row, approvals, record.policy, chain, record.eras)
+        policy, result, why = judge(session, row, approvals, record.policy, chain)
         if policy is not None:
             store.append_event(session, pair_name=POLICY_EVENT_PAIR, version=None, action=ACTIVATE, from_state=None,
                                to_state=None, actor=actor, reason=None,

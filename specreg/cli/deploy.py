@@ -156,14 +156,10 @@ def keys_export(out_path, db_url):
 
     from specreg.registry.governance.signatures import keyring_document
 
-    from specreg.errors import SpecregError
+    from specreg.core.files import write_fresh
 
     entries, _, revoked = open_registry(db_url).keyring()
-    try:
-        Path(out_path).write_text(json.dumps(keyring_document(entries, revoked=revoked), indent=2) + "\n",
-                                  encoding="utf-8")
-    except OSError as exc:
-        raise SpecregError(f"keyring {out_path}: cannot write ({exc.strerror or exc})") from None
+    write_fresh(out_path, json.dumps(keyring_document(entries, revoked=revoked), indent=2) + "\n", "keyring")
     say(f"wrote {len(entries)} key(s) and {len(revoked)} revocation(s) to {out_path}")
 
 

@@ -206,16 +206,13 @@ class GateError(SpecregError):
 
 
 def write_gate_outputs(result, error, ref, junit_path, markdown_path) -> None:
+    from specreg.core.files import write_fresh
     from specreg.registry.governance.gate_report import junit_xml, markdown_summary
 
-    for path, text in ((junit_path, lambda: junit_xml(result, error, subject=ref)),
-                       (markdown_path, lambda: markdown_summary(result, error, subject=ref))):
+    for option, path, text in (("--junit", junit_path, lambda: junit_xml(result, error, subject=ref)),
+                               ("--markdown", markdown_path, lambda: markdown_summary(result, error, subject=ref))):
         if path:
-            try:
-                with open(path, "w", encoding="utf-8") as handle:
-                    handle.write(text())
-            except OSError as exc:
-                raise SpecregError(f"cannot write {path}: {exc.strerror or exc}") from None
+            write_fresh(path, text(), option)
 
 
 @cli.group()
@@ -383,7 +380,7 @@ def policy_propose(policy_file, note, db_url, user, as_json):
 
 
 @policy_group.command(name="approve")
-@click.argument("version", type=int)
+@click.argument("version", type=click.IntRange(min=1))
 @click.option("--key", default=None, metavar="FILE",
               help="Your private approval key (default: $SPECREG_APPROVAL_KEY), enrolled to you.")
 @click.option("--note", default=None, help="Why; kept in the audit log.")

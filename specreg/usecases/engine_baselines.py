@@ -6,7 +6,7 @@ rules and observe for that engine compare with."""
 from __future__ import annotations
 
 from specreg.registry.store.entities import PairVersion
-from specreg.usecases.inputs import approval_key, check_text, pair_ref, record_number
+from specreg.usecases.inputs import approval_key, check_text, pair_ref
 
 
 def engine_baselines(registry, ref, engine: str | None = None) -> list:
@@ -34,7 +34,6 @@ def accept(registry, ref, baseline_id: int, *, key: str | None = None, note: str
     check_text("note", note)
     actor = registry.user  # who acts comes first, then the reference, then the key
     ref = pair_ref(ref)
-    record_number("engine baseline id", baseline_id)
     key = approval_key(key, "an acceptance")
     version = registry.get(ref)
     return accept_baseline(registry.store, registry.policy(), version.name, version.version, baseline_id,

@@ -63,18 +63,6 @@ def check_range(field: str, value: int | None, low: int, high: int) -> int | Non
 MAX_VERSION = 2**31 - 1
 
 
-def record_number(field: str, value: int, low: int = 1) -> int:
-    """``value``, an integer the database is asked about (a version, a row id, a limit), once it
-    lies in [low, MAX_VERSION]: past that no row can have it, and the drivers overflow (SQLite's
-    past 64 bits) rather than answer. UsageError naming ``field`` otherwise."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise UsageError(f"invalid {field} {str(value)[:40]!r}: expected a whole number")
-    if not low <= value <= MAX_VERSION:
-        shown = value if abs(value) <= 2**64 else "a number that long"  # str() of 5000 digits raises
-        raise UsageError(f"invalid {field} {shown}: use {low} to {MAX_VERSION}")
-    return value
-
-
 def parse_version(text: str, where: str) -> int | None:
     """A version number as typed ('7' or 'v7', ASCII digits) -> 7; None when ``text`` is not one.
     UsageError naming ``where`` for 0 or a number past MAX_VERSION (no version can have it, and

@@ -4,7 +4,7 @@ baselines in that engine's terms and store the observation (registry/deploy/live
 from __future__ import annotations
 
 from specreg.registry.store.entities import Observation
-from specreg.usecases.inputs import pair_ref, record_number
+from specreg.usecases.inputs import pair_ref
 
 DEFAULT_TOLERANCE = 0.1  # without an environment whose policy says otherwise
 
@@ -37,6 +37,5 @@ def observe(registry, ref, metrics_url: str, *, engine: str = "vllm", interval: 
 
 def observations(registry, ref, limit: int = 5) -> list[Observation]:
     """The newest ``limit`` observations of a version, newest first."""
-    record_number("limit", limit)
     version = registry.get(ref)
     return registry.store.observations(version.name, version.version, limit)

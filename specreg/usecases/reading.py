@@ -81,8 +81,7 @@ def audit_anchor(registry, expected_head: str | None) -> tuple[int | None, int, 
 
 def not_counted(registry) -> list[str]:
     """One line per row that counts for nothing because no audit event covers it (validation runs,
-    environment pointers), per policy activation and per key revocation that does not count."""
-    from specreg.registry.governance.keyring import revocations
+    environment pointers) and per policy activation that does not count."""
     from specreg.registry.governance.policy_record import replay
     from specreg.registry.governance.queries import uncovered_pointers
     from specreg.registry.store.store import verified_chain
@@ -90,6 +89,5 @@ def not_counted(registry) -> list[str]:
 
     with registry.store.session() as session:
         chain, _ = verified_chain(session)
-        record = replay(session, chain)
-        return (uncovered_runs(session, chain) + uncovered_pointers(session, chain) + list(record.problems)
-                + revocations(chain, record.eras)[1])
+        return (uncovered_runs(session, chain) + uncovered_pointers(session, chain)
+                + list(replay(session, chain).problems))

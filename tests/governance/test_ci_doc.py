@@ -70,7 +70,13 @@ def test_gitlab_pipeline_extends_the_template_as_it_is():
               "SPECREG_LOCK_DIGEST", "SPECREG_AUDIT_HEAD", "SPECREG_REASONS"}
     assert set(re.findall(r"\$(SPECREG_[A-Z_]+)", " ".join(gitlab["promote"]["script"]))) <= dotenv
     assert set(re.findall(r"SPECREG_[A-Z_]+", DOC.read_text().split("## GitLab CI")[1].split("```")[0])) == \
-        dotenv | {"SPECREG_REQUIREMENT", "SPECREG_GATE_PAIR", "SPECREG_GATE_ENV", "SPECREG_GATE_LOCK"}
+        dotenv | {"SPECREG_REQUIREMENT", "SPECREG_PROJECT", "SPECREG_REF", "SPECREG_GATE_PAIR", "SPECREG_GATE_ENV",
+                  "SPECREG_GATE_LOCK"}
+    # what the template's default requirement installs is named where the include is (it was not)
+    install = gitlab_job(".specreg")["variables"]
+    assert {"SPECREG_PROJECT", "SPECREG_REF"} <= set(install) and "${SPECREG_PROJECT}" in install["SPECREG_REQUIREMENT"]
+    assert {name: gitlab["variables"][name] for name in ("SPECREG_PROJECT", "SPECREG_REF")} == \
+        {"SPECREG_PROJECT": include["project"], "SPECREG_REF": include["ref"]}
 
 
 def test_rollout_snippet_fills_in_the_exported_argument():
