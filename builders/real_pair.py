@@ -161,9 +161,25 @@ def _build_real_pair(directory: Path, force: bool, log) -> tuple[Path, Path]:
     for model, folder, shard in ((target, target_dir, SHARD_SIZE), (draft, draft_dir, SHARD_SIZE)):
         for stale in folder.glob("*.safetensors*") if folder.is_dir() else ():
             stale.unlink()
-        with torch.no_grad():
-            model.save_pretrained(folder, max_shard_size=shard)
-        tokenizer.save_pretrained(folder)
+        save_readable(model, tokenizer, folder, shard)
     stamp.write_text(json.dumps({"cache_key": key, "build_seconds": round(time.perf_counter() - started, 1),
                                  "gguf": gguf_path.name, "draft_quant": DRAFT_QUANT}, indent=2))
     return target_dir, draft_dir
+
+
+def save_readable(model, tokenizer, folder: Path, max_shard_size) -> None:
+    """``save_pretrained`` of the model and tokenizer into ``folder``, every file with the mode a
+    new file gets (0666 less the umask). transformers writes the shards of a sharded checkpoint
+    0600, so an engine or the verify image running as another user (65534) could not read them."""
+    import os
+
+    import torch
+
+    with torch.no_grad():
+        model.save_pretrained(folder, max_shard_size=max_shard_size)
+    tokenizer.save_pretrained(folder)
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in folder.iterdir():
+        if path.is_file() and not path.is_symlink():
+            path.chmod(0o666 & ~umask)

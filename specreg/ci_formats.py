@@ -15,10 +15,8 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
-from pathlib import Path
 from typing import Any
 
-from specreg.errors import PolicyViolation, UsageError
 
 STEP_SUMMARY_LIMIT = 1024 * 1024  # bytes GitHub keeps of one step's summary
 DOTENV_LIMIT = 5 * 1024  # bytes of a GitLab dotenv report
@@ -26,36 +24,58 @@ SUMMARY_CUT_NOTE = ("\n\n**specreg: this report was cut to fit GitHub's 1 MiB st
                     "is in the gate's Markdown file.**\n")
 
 
-def gate_outputs(gate: dict[str, Any], lock_path: str | Path | None = None) -> dict[str, str]:
+def gate_outputs(gate: dict[str, Any], lock: bytes | None = None, lock_name: str = "") -> dict[str, str]:
     """The outputs of one gate run, from its ``--json`` document (a verdict or an error).
 
-    ``lock_path``: the pair lock (specreg.lock.json) the pipeline will deploy; its sha256 becomes
-    ``lock_digest``, after checking that it binds the version the gate judged (PolicyViolation
-    when it binds another, UsageError when it is unreadable; nothing when the gate erred). Out: name -> value, in this order:
-    verdict, pair, version, environment, binding, lock_digest, audit_head, reasons (one line per
-    failed condition; the error on an error)."""
-    verdict = str(gate.get("verdict") or "error")
+    ``lock``: the bytes of the pair lock (specreg.lock.json) the pipeline will deploy, read from
+    ``lock_name``; its sha256 becomes ``lock_digest`` when it binds the version the gate judged
+    (nothing is checked when the gate erred). A lock that binds another version, or is not a
+    lock, makes the verdict ``refused`` with that reason last (fail closed: the outputs are
+    still written, the caller exits 100). Out: name -> value, in this order: verdict, pair,
+    version, environment, binding, lock_digest, audit_head, reasons (one line per failed
+    condition; the error on an error). Every value but reasons is one line, and each reason is
+    one line of reasons, whatever newlines the gate's text held."""
+    verdict = one_line(str(gate.get("verdict") or "error"))
+    reasons = gate.get("reasons") or ([gate["error"]] if gate.get("error") else [])
     outputs = {
         "verdict": verdict,
-        "pair": str(gate.get("pair") or ""),
-        "version": "" if gate.get("version") is None else str(gate["version"]),
-        "environment": str(gate.get("environment") or ""),
-        "binding": str(gate.get("binding_sha256") or ""),
+        "pair": one_line(str(gate.get("pair") or "")),
+        "version": "" if gate.get("version") is None else one_line(str(gate["version"])),
+        "environment": one_line(str(gate.get("environment") or "")),
+        "binding": one_line(str(gate.get("binding_sha256") or "")),
         "lock_digest": "",
-        "audit_head": str(gate.get("audit_head") or ""),
-        "reasons": "\n".join(gate.get("reasons") or ([gate["error"]] if gate.get("error") else [])),
+        "audit_head": one_line(str(gate.get("audit_head") or "")),
+        "reasons": "\n".join(one_line(str(reason)) for reason in (reasons if isinstance(reasons, list) else [reasons])),
     }
-    if lock_path is not None and outputs["binding"]:  # a gate that erred judged no binding to hold a lock to
-        try:
-            data = Path(lock_path).read_bytes()
-            bound = json.loads(data)["pair"]["binding_sha256"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise UsageError(f"pair lock {lock_path}: not a readable specreg.lock.json ({exc})") from None
-        if bound != outputs["binding"]:
-            raise PolicyViolation(f"pair lock {lock_path} binds {bound[:12]}, not the gated "
-                                  f"{outputs['pair']}@{outputs['version']} ({outputs['binding'][:12]})")
-        outputs["lock_digest"] = hashlib.sha256(data).hexdigest()
+    if lock is not None and outputs["binding"]:  # a gate that erred judged no binding to hold a lock to
+        problem = lock_problem(lock, lock_name, outputs)
+        if problem is None:
+            outputs["lock_digest"] = hashlib.sha256(lock).hexdigest()
+        else:
+            outputs["verdict"] = "refused" if verdict == "pass" else verdict
+            outputs["reasons"] = "\n".join(filter(None, [outputs["reasons"], problem]))
     return outputs
+
+
+def lock_problem(lock: bytes, lock_name: str, outputs: dict[str, str]) -> str | None:
+    """Why the pair lock ``lock`` does not go with the gated version, in one line; None when it
+    binds it."""
+    try:
+        bound = json.loads(lock)["pair"]["binding_sha256"]
+    except RecursionError:
+        return f"pair lock {lock_name}: not a readable specreg.lock.json (nested too deeply)"
+    except (ValueError, KeyError, TypeError) as exc:
+        return one_line(f"pair lock {lock_name}: not a readable specreg.lock.json ({type(exc).__name__}: {exc})")
+    if bound != outputs["binding"]:
+        return one_line(f"pair lock {lock_name} binds {str(bound)[:12]}, not the gated "
+                        f"{outputs['pair']}@{outputs['version']} ({outputs['binding'][:12]})")
+    return None
+
+
+def one_line(text: str) -> str:
+    """``text`` with every newline, carriage return or other control character as one space: a
+    runner reads a line of $GITHUB_OUTPUT or a dotenv report as one value."""
+    return " ".join("".join(" " if not character.isprintable() else character for character in text).split())
 
 
 def github_output(outputs: dict[str, str]) -> str:
@@ -68,16 +88,16 @@ def github_output(outputs: dict[str, str]) -> str:
         delimiter = f"ghadelimiter_{secrets.token_hex(16)}"
         while delimiter in value:  # a value cannot end the block early
             delimiter = f"ghadelimiter_{secrets.token_hex(16)}"
-        lines += [f"{name}<<{delimiter}", *value.splitlines(), delimiter]
+        lines += [f"{name}<<{delimiter}", *value.split("\n"), delimiter]
     return "\n".join(lines) + "\n"
 
 
 def dotenv(outputs: dict[str, str], prefix: str = "SPECREG_") -> str:
     """A GitLab dotenv report: ``SPECREG_NAME=value`` lines, each value on one line, the reasons
     joined by ``; `` and cut so that the report stays under GitLab's 5 KiB."""
-    lines = [f"{prefix}{name.upper()}={' '.join(value.split()) if name != 'reasons' else ''}"
+    lines = [f"{prefix}{name.upper()}={one_line(value) if name != 'reasons' else ''}"
              for name, value in outputs.items()]
-    reasons = "; ".join(" ".join(line.split()) for line in outputs.get("reasons", "").splitlines() if line.strip())
+    reasons = "; ".join(one_line(line) for line in outputs.get("reasons", "").split("\n") if line.strip())
     room = DOTENV_LIMIT - len("\n".join(lines).encode()) - 64
     if len(reasons.encode()) > room:
         reasons = reasons.encode()[:room].decode("utf-8", "ignore").rstrip() + " ... (cut; see gate.json)"

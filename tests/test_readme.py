@@ -116,3 +116,77 @@ def test_every_relative_link_resolves(page):
         elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
             broken.append(target)
     assert not broken, f"{page.name}: links that lead nowhere: {broken}"
+
+
+def documented_command_lines(text: str) -> list[str]:
+    """Every `specreg ...` command line of a page: in its shell blocks (continuations joined,
+    comments, redirections and what follows `|`, `&&`, `;` taken off) and in its inline code."""
+    found = []
+    for block in re.findall(r"^```(?:sh|bash|console|shell)\n(.*?)^```", text, re.S | re.M):
+        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+            found += re.split(r"&&|\|\||;|\|", "" if line.lstrip().startswith("#") else line.split(" #")[0])
+    for span in re.findall(r"`(specreg [^`\n]+)`", text):
+        found += re.split(r"&&|\|\||;|\|", span)[:1]
+    return [re.sub(r"\s\d?>>?&?\s*\S+", "", line).strip() for line in found if line.strip().startswith("specreg ")]
+
+
+def click_problem(line: str) -> str | None:
+    """Why click would refuse ``line``'s options and arguments (an unknown command or option, an
+    option without its value, an extra argument), None when it parses. Placeholders stand for
+    values: `[...]` marks optional parts, `...` a value or a repeat, and a required option or a
+    placeholder of the wrong type (`VERSION` for a number) is not a problem of the page."""
+    import shlex
+
+    import click
+
+    from specreg.cli import cli
+
+    tokens = [token.strip("[]") for token in shlex.split(line)[1:]]
+    tokens = ["X" if token in ("...", "…") or token.endswith("…") else token for token in tokens if token.strip("[]")]
+    if tokens[:1] in (["--help"], ["-h"], ["--version"]):
+        return None
+    if tokens and tokens[-1].startswith("--") and len(tokens) <= 3:
+        return None  # prose naming an option (`specreg verify --keyring`), not a command line
+    command, rest, parent = cli, tokens, cli.make_context("specreg", [], resilient_parsing=True)
+    while isinstance(command, click.Group):
+        sub = command.get_command(parent, rest[0]) if rest else None
+        if sub is None:
+            return f"unknown command {rest[:1]}"
+        command, rest = sub, rest[1:]
+    saved = [(param, param.required) for param in command.params]
+    for param, _ in saved:
+        param.required = False
+    try:
+        command.make_context(command.name, list(rest), parent=parent)
+    except click.BadParameter:
+        return None  # a placeholder where a number or a choice goes
+    except click.UsageError as exc:
+        return exc.format_message()
+    finally:
+        for param, required in saved:
+            param.required = required
+    return None
+
+
+@pytest.mark.parametrize("page", [README, *sorted((ROOT / "docs").glob("*.md"))], ids=lambda p: p.name)
+def test_every_documented_command_line_parses(page):
+    """Was: docs/deploy.md wrote `verify ... [--config vllm-serve.sh ...]` and `--config FILE…`,
+    read as `--config A B`; the CLI takes `--config A --config B` (extra argument B)."""
+    lines = documented_command_lines(page.read_text(encoding="utf-8"))
+    problems = [(line, problem) for line in lines if (problem := click_problem(line))]
+    assert not problems, problems
+
+
+def test_the_command_line_check_catches_what_click_refuses():
+    assert click_problem("specreg verify --lock l --config a.yaml b.yaml") == "Got unexpected extra argument (b.yaml)"
+    assert "No such option" in click_problem("specreg export chat@1 --formt vllm")
+    assert "requires an argument" in click_problem("specreg export chat@1 -o deploy/ --format")
+    assert click_problem("specreg verify --lock l --config a.yaml --config b.yaml") is None
+    assert click_problem("specreg policy approve VERSION --key k") is None
+
+
+def test_the_commands_page_says_what_k8s_vllm_needs():
+    """A first user ran `export --format k8s-vllm` from the format list beside the quickstart
+    and met the model_volume requirement only in the error."""
+    lines = documented_command_lines((ROOT / "docs" / "commands.md").read_text(encoding="utf-8"))
+    assert any("--format k8s-vllm" in line and "--option model_volume=" in line for line in lines)

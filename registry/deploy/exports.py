@@ -228,6 +228,11 @@ def merge_options(options: dict[str, Any] | None) -> dict[str, Any]:
     for key, value in (options or {}).items():
         if key not in OPTION_DEFAULTS:
             raise UsageError(f"unknown export option {key!r}; known: {', '.join(OPTION_DEFAULTS)}")
+        # A line break would start a second line of a serve script or, with `---`, a second YAML
+        # document of a manifest: no option of any engine needs one (nor a tab, nor DEL)
+        if isinstance(value, str) and any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+            raise UsageError(f"export option {key}={value[:40]!r}: the value holds a control character "
+                             "(a line break, a tab); give it on one line")
         merged[key] = value
     try:
         for key in ("port", "tensor_parallel_size", "draft_tensor_parallel_size"):

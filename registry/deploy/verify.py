@@ -282,6 +282,9 @@ def check_files(report: VerifyReport, role: str, recorded: dict[str, str], direc
         except FileNotFoundError:
             return report.add(f"{role}_files", False, f"{role} file {name} disappeared while it was verified",
                               f"{role}/{name}")
+        except OSError as exc:  # e.g. shards written 0600 by another user than the one verify runs as
+            raise SpecregError(f"{role} file {path}: cannot read ({exc.strerror or exc}) as uid {os.getuid()}: "
+                               "the user that verifies (and serves) needs read access to the model files") from None
         if before != after:
             return report.add(f"{role}_files", False, f"{role} file {name} changed while it was verified "
                                                       f"(inode, size or mtime): refusing", f"{role}/{name}")

@@ -55,7 +55,11 @@ def junit_xml(result: GateResult | None, error: str | None = None, subject: str 
 def markdown_summary(result: GateResult | None, error: str | None = None, subject: str = "") -> str:
     """A Markdown table of the conditions with the verdict on top."""
     if error is not None or result is None:
-        return f"## specreg gate {subject}: ERROR\n\n{escape_cell(error or 'gate not evaluated')}\n\nThe gate fails closed.\n"
+        # the subject is what the pipeline was given, not a checked name: one line in a code span,
+        # so a newline and "## ... PASS" in it cannot forge a heading of the job summary
+        heading = f"## specreg gate `{escape_cell(subject).replace('`', chr(39))}`: ERROR" if subject \
+            else "## specreg gate: ERROR"
+        return f"{heading}\n\n{escape_cell(error or 'gate not evaluated')}\n\nThe gate fails closed.\n"
     verdict = "PASS" if result.passed else "REFUSED"
     lines = [f"## specreg gate {result.pair}@{result.version} → {result.environment}: {verdict}", "",
              f"Policy: `{result.policy_source}`"
@@ -64,11 +68,15 @@ def markdown_summary(result: GateResult | None, error: str | None = None, subjec
              + (f" · audit head `{result.audit_head}`" if result.audit_head else ""), "",
              "| | condition | reason |", "|---|---|---|"]
     for condition in result.conditions:
-        mark = "✅" if condition.passed else "–" if NOT_JUDGED in condition.details else "❌"
+        # words, not emoji: the summary is also a version's description in MLflow's UI, where a
+        # browser without an emoji font drew each emoji as an empty box
+        mark = "PASS" if condition.passed else "NOT JUDGED" if NOT_JUDGED in condition.details else "FAIL"
         lines.append(f"| {mark} | `{condition.name}` | {escape_cell(condition.reason)} |")
     return "\n".join(lines) + "\n"
 
 
 def escape_cell(text: str) -> str:
-    """Keep a reason inside its table cell: no pipes or newlines break the row."""
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+    """Keep a reason inside its table cell: no pipes, newlines or other control characters (a
+    vertical tab, a Unicode line separator) break the row or start a line of their own."""
+    one_line = "".join(" " if not character.isprintable() else character for character in text)
+    return one_line.replace("\\", "\\\\").replace("|", "\\|")

@@ -25,6 +25,9 @@ from specreg.registry.store import pointers
 from specreg.registry.store.entities import PairState, PairVersion
 from specreg.registry.store.store import Session, Store, utcnow, verified_chain
 
+UNCHANGED = "unchanged"
+
+
 @dataclass(frozen=True)
 class PointerMove:
     """What a promote or rollback did to one environment pointer."""
@@ -33,7 +36,7 @@ class PointerMove:
     environment: str
     version: int  # the new holder
     previous_version: int | None  # the holder it replaced
-    action: str  # promote | rollback
+    action: str  # promote | rollback | unchanged (a promote of the version that already held it)
     exception: dict[str, Any] | None = None  # a promote's recorded exception to min_speedup
 
     def to_dict(self) -> dict[str, Any]:
@@ -81,8 +84,9 @@ def promote(store: Store, policy: Policy, name: str, version: int, environment: 
                 f"{name}@{environment} is now held by {describe_holder(holder_version)} (moved by {pointer.updated_by} "
                 f"at {pointer.updated_at.isoformat(timespec='seconds')}), not {describe_holder(expected_holder)} as when "
                 f"this promote started: nothing changed")
-        if holder is not None and holder.id == row.id:
-            raise IllegalTransitionError(f"{label} already holds {environment}: nothing to do")
+        if holder is not None and holder.id == row.id and already_held(session, pointer):
+            # a pipeline's re-run of a promotion that is done: nothing to change, nothing to record
+            return PointerMove(name, environment, version, holder_version, UNCHANGED)
         stale_policy(session, policy)
         conditions, run = evaluate(session, row, env, policy, golden_sha256=golden_sha256, changes=changes,
                                    holder=holder, now=utcnow())
@@ -108,6 +112,12 @@ def promote(store: Store, policy: Policy, name: str, version: int, environment: 
             release(store, policy, session, holder, actor=actor, environment=environment, replaced_by=version,
                     reason=f"{label} promoted to {environment}")
         return PointerMove(name, environment, version, holder_version, "promote", exception)
+
+
+def already_held(session: Session, pointer) -> bool:
+    """Whether the audit chain vouches for ``pointer`` (a row edited by hand holds nothing)."""
+    chain, _ = verified_chain(session)
+    return pointer_problem(pointer, chain) is None
 
 
 def stale_policy(session: Session, policy: Policy) -> None:

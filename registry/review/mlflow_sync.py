@@ -240,7 +240,7 @@ class MlflowSync(ApprovalTags):
         run = self.client.create_run(
             self._experiment_id(pair_version.name),
             tags=tags,
-            run_name=f"{pair_version.label} {verdict} {validation_id[:12]}",
+            run_name=run_name(pair_version.label, verdict, validation_id),
         )
         run_id = run.info.run_id
         self._log_batches(
@@ -429,3 +429,12 @@ class MlflowSync(ApprovalTags):
 def _quote_value(value: str) -> str:
     """Escape a value for an MLflow filter string literal in single quotes."""
     return value.replace("\\", "\\\\").replace("'", "\\'")
+
+
+def run_name(label: str, verdict: str, validation_id: str) -> str:
+    """An MLflow run's name: ``chat@1 warn validation-3``. The id of a validation run starts with
+    its label (replay.validation_key), which the name says already: cut to 12 characters whole,
+    it left ``chat@1/valid``. Any other id (a hash) keeps its first 12 characters."""
+    if validation_id.startswith(f"{label}/"):
+        return f"{label} {verdict} {validation_id.removeprefix(f'{label}/')}"
+    return f"{label} {verdict} {validation_id[:12]}"

@@ -14,7 +14,9 @@ from specreg.registry.store.entities import PairVersion, ValidationRun
 
 # the specreg.templates package (templates/ at the top of the repository), not registry/templates
 TEMPLATE_DIR = Path(specreg.templates.__file__).resolve().parent / "reports"
-STATUS_MARK = {"pass": "✅", "warn": "⚠️", "fail": "❌", "skip": "⏭️", "error": "⛔"}
+# words, not emoji: MLflow's UI (the run's summary.md, a version's description) in a browser
+# without an emoji font, such as a headless Chromium, drew each emoji as an empty box
+STATUS_MARK = {"pass": "PASS", "warn": "WARN", "fail": "FAIL", "skip": "SKIP", "error": "ERROR"}
 CHART_WIDTH, CHART_HEIGHT, CHART_MARGIN = 560, 200, 36
 
 
@@ -119,6 +121,9 @@ def check_writable(path: str | Path, option: str) -> Path:
     path = Path(path)
     if not str(path).strip() or "\0" in str(path):
         raise UsageError(f"{option} {str(path)!r}: not a file path")
+    if path.is_symlink():  # dangling or not: the report would land where the link points
+        raise UsageError(f"{option} {path}: a symlink to {os.readlink(path)}; refusing to write through it "
+                         "(remove it first)")
     if path.is_dir():
         raise UsageError(f"{option} {path}: is a directory")
     if path.exists():
@@ -135,14 +140,9 @@ def check_writable(path: str | Path, option: str) -> Path:
     return path
 
 
-def write_text(path: str | Path, text: str) -> Path:
-    """Write a report; an OSError becomes one line (SpecregError) naming the path."""
-    from specreg.errors import SpecregError
+def write_text(path: str | Path, text: str, option: str = "") -> Path:
+    """Write a report as a fresh file (never through a symlink: specreg.core.files.write_fresh);
+    refused or unwritable is one line (SpecregError) naming ``option`` and the path."""
+    from specreg.core.files import write_fresh
 
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise SpecregError(f"cannot write {path}: {exc.strerror or exc}") from None
-    return path
+    return write_fresh(path, text, option)

@@ -40,11 +40,6 @@ def export(ref, fmt, out_dir, template, option_pairs, force, overwrite, signing_
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise UsageError(f"invalid --option {pair!r}: use KEY=VALUE")
-        # A line break would start a second line of a serve script or, with `---`, a second YAML
-        # document of a manifest: no option of any engine needs one.
-        if any(ord(ch) < 32 or ord(ch) == 127 for ch in pair):
-            raise UsageError(f"--option {key[:40]!r}: the value holds a control character (a line break, a tab); "
-                             "give it on one line")
         # A version stays text: 1.20 is not 1.2.
         options[key] = value if key == "engine_version" else yaml_scalar(value)
     from specreg.cli.progress import Progress
@@ -164,14 +159,10 @@ def keys_export(out_path, db_url):
 
     from specreg.registry.governance.signatures import keyring_document
 
-    from specreg.errors import SpecregError
+    from specreg.core.files import write_fresh
 
     entries, _, revoked = open_registry(db_url).keyring()
-    try:
-        Path(out_path).write_text(json.dumps(keyring_document(entries, revoked=revoked), indent=2) + "\n",
-                                  encoding="utf-8")
-    except OSError as exc:
-        raise SpecregError(f"keyring {out_path}: cannot write ({exc.strerror or exc})") from None
+    write_fresh(out_path, json.dumps(keyring_document(entries, revoked=revoked), indent=2) + "\n", "keyring")
     say(f"wrote {len(entries)} key(s) and {len(revoked)} revocation(s) to {out_path}")
 
 

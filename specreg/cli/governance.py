@@ -105,6 +105,10 @@ def promote(ref, environment, reason, expected, allow_slower, policy_path, db_ur
     if as_json:
         print_json(move.to_dict())
         return
+    if move.action == "unchanged":  # a pipeline's re-run: succeeds, and says that nothing changed
+        say(f"{move.pair}@{move.version} already holds {move.environment}: nothing to do (nothing changed, "
+            "nothing recorded)")
+        return
     before = f" (previous holder {move.pair}@{move.previous_version})" if move.previous_version else ""
     say(f"promoted {move.pair}@{move.version} to {move.environment}{before}")
     if move.exception:
@@ -209,16 +213,13 @@ class GateError(SpecregError):
 
 
 def write_gate_outputs(result, error, ref, junit_path, markdown_path) -> None:
+    from specreg.core.files import write_fresh
     from specreg.registry.governance.gate_report import junit_xml, markdown_summary
 
-    for path, text in ((junit_path, lambda: junit_xml(result, error, subject=ref)),
-                       (markdown_path, lambda: markdown_summary(result, error, subject=ref))):
+    for option, path, text in (("--junit", junit_path, lambda: junit_xml(result, error, subject=ref)),
+                               ("--markdown", markdown_path, lambda: markdown_summary(result, error, subject=ref))):
         if path:
-            try:
-                with open(path, "w", encoding="utf-8") as handle:
-                    handle.write(text())
-            except OSError as exc:
-                raise SpecregError(f"cannot write {path}: {exc.strerror or exc}") from None
+            write_fresh(path, text(), option)
 
 
 @cli.group()

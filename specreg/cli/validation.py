@@ -93,11 +93,11 @@ def validate(ref, golden, device, dtype, checks, gpu_memory, acceptance_toleranc
     finally:
         progress.close()
     run, version = outcome.run, outcome.version
-    for path, render in ((report_path, lambda: reports.render_html(run, version)),
-                         (markdown_path, lambda: reports.render_markdown(run, version)),
-                         (junit_path, lambda: reports.render_junit(run))):
+    for option, path, render in (("--report", report_path, lambda: reports.render_html(run, version)),
+                                 ("--markdown", markdown_path, lambda: reports.render_markdown(run, version)),
+                                 ("--junit", junit_path, lambda: reports.render_junit(run))):
         if path:
-            reports.write_text(path, render())
+            reports.write_text(path, render(), option)
     if as_json:
         print_json({**run.to_dict(), "state": version.state.value, "policy": settings["policy"],
                     "acceptance_tolerance": acceptance_tolerance})

@@ -76,6 +76,8 @@ def create_key_pair(out_dir: str | Path) -> tuple[Path, Path]:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
+    from specreg.core.files import write_fresh
+
     out = Path(out_dir).expanduser()
     private_path, public_path = out / PRIVATE_KEY_FILE, out / PUBLIC_KEY_FILE
     PathTooLongError.refuse(out)  # before mkdir makes a folder on the way
@@ -91,14 +93,10 @@ def create_key_pair(out_dir: str | Path) -> tuple[Path, Path]:
                                     serialization.NoEncryption())
     public_pem = key.public_key().public_bytes(serialization.Encoding.PEM,
                                                serialization.PublicFormat.SubjectPublicKeyInfo)
-    # O_EXCL: a file created between the check above and here is still not overwritten;
-    # the mode is set at creation, so the private key is never readable by others.
-    descriptor = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "wb") as handle:
-        handle.write(private_pem)
-    descriptor = os.open(public_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    with os.fdopen(descriptor, "wb") as handle:
-        handle.write(public_pem)
+    # overwrite=False: a file created between the check above and here is still not overwritten;
+    # the mode is set before the key is written, so the private key is never readable by others
+    write_fresh(private_path, private_pem, "signing key", mode=0o600, overwrite=False)
+    write_fresh(public_path, public_pem, "public key", mode=0o644, overwrite=False)
     return private_path, public_path
 
 

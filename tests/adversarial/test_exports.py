@@ -206,7 +206,7 @@ def test_export_option_values_that_are_not_yaml_or_hold_a_line_break(pair, tmp_p
     result = run("export", label, "--format", "k8s-vllm", "--force", "-o", str(out), "--db", db_url,
                  "--option", f"model_volume={value}")
     if any(ord(ch) < 32 for ch in value):
-        one_line(result, 2, "--option 'model_volume'", "control character")
+        one_line(result, 2, "export option model_volume=", "control character")
         assert not out.exists()
     else:  # not YAML: taken as the text it is, then judged by the option's own rule
         assert result.returncode in (0, 2), result.stderr
@@ -225,3 +225,25 @@ def test_export_option_text_that_is_not_yaml_reaches_the_export_as_text(pair, tm
     images = [c["image"] for doc in manifest if doc and doc.get("kind") == "Deployment"
               for c in doc["spec"]["template"]["spec"]["containers"]]
     assert images == ["registry.local/vllm:{a: 1"]
+
+
+@pytest.mark.parametrize("fmt, options", [
+    ("prometheus-rules", {"for": "10m\n"}), ("prometheus-rules", {"rate_window": "5m\n"}),
+    ("argo-analysis", {"canary_label": "rollouts_pod_template_hash\n"}), ("argo-analysis", {"interval": "5m\n"}),
+    ("argo-analysis", {"prometheus_address": "http://prometheus:9090\n"}),
+    ("k8s-vllm", {"model_volume": "pvc:models", "model_mount_path": "/models\n---\nkind: Pod"}),
+])
+def test_python_api_options_with_a_trailing_newline_are_refused(pair, tmp_path, fmt, options):
+    """Was: from the Python API (no CLI check in between) `options={"for": "10m\\n"}` or a
+    canary_label ending in a newline passed the checks, whose `$` matches before a final
+    newline, and the export wrote invalid YAML. Nothing is written."""
+    from specreg.api import Registry
+    from specreg.errors import UsageError
+
+    db_url, models = pair
+    label = register(db_url, models, 2)
+    out = tmp_path / "out"
+    (key, value), = [(k, v) for k, v in options.items() if "\n" in v]
+    with pytest.raises(UsageError, match=f"export option {key}="):
+        Registry(db_url).export(label, fmt, out_dir=str(out), force=True, options=options)
+    assert not out.exists()

@@ -167,11 +167,15 @@ def fifo(tmp_path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("special", ["/dev/zero", "fifo"])
-def test_every_path_option_refuses_a_device_or_fifo_in_one_line(registered, tiny_models, tmp_path, special, fifo):
-    """/dev/zero has size 0 for stat and never ends; opening a FIFO waits for a writer. Each
-    path option of the CLI reads files through specreg.core.files.read_bounded."""
-    path = "/dev/zero" if special == "/dev/zero" else str(fifo)
+@pytest.mark.parametrize("special", ["/dev/zero", "fifo", "folder"])
+def test_every_path_option_refuses_a_device_fifo_or_folder_in_one_line(registered, tiny_models, tmp_path, special,
+                                                                       fifo):
+    """/dev/zero has size 0 for stat and never ends; opening a FIFO waits for a writer; a folder
+    opens read-only, and was an IsADirectoryError traceback. Each path option of the CLI reads
+    files through specreg.core.files.read_bounded."""
+    folder = tmp_path / "folder.yaml"
+    folder.mkdir()
+    path = {"/dev/zero": "/dev/zero", "fifo": str(fifo), "folder": str(folder)}[special]
     db = ["--db", registered]
     keys = tmp_path / "keys"
     assert run("keys", "create", "--out", keys).returncode == 0
@@ -179,6 +183,8 @@ def test_every_path_option_refuses_a_device_or_fifo_in_one_line(registered, tiny
     assert run("export", "p@1", "--format", "vllm", "--force", "-o", out, "--signing-key",
                keys / "specreg-signing.key", *db).returncode == 0
     lock = out / "specreg.lock.json"
+    gate_json = tmp_path / "gate.json"
+    gate_json.write_text(run("gate", "p@1", "--env", "staging", "--json", *db).stdout)
     verify = ["verify", "--lock", lock, "--target", tiny_models["target"], "--draft", tiny_models["draft"]]
     cases = [
         (["keys", "enrol", "bob", "--public-key", path, *db], "public key"),
@@ -191,8 +197,11 @@ def test_every_path_option_refuses_a_device_or_fifo_in_one_line(registered, tiny
         (["verify", "--lock", path, "--target", tiny_models["target"], "--allow-unsigned"], "lock"),
         ([*verify, "--public-key", path], "public key"),
         ([*verify, "--public-key", keys / "specreg-signing.pub", "--config", path, "--allow-unapproved"], "--config"),
+        (["policy", "propose", path, *db], "policy file"),
+        (["ci-outputs", gate_json, "--style", "github", "--lock", path], "pair lock"),
+        (["ci-outputs", path, "--style", "github"], "gate JSON"),
     ]
-    if special == "fifo":  # a golden set is named by its suffix: a FIFO can carry one
+    if special != "/dev/zero":  # a golden set is named by its suffix: a FIFO can carry one
         cases.append((["validate", "p@1", "--golden", path, *db], "golden set"))
     for args, what in cases:
         started = time.perf_counter()
@@ -204,12 +213,16 @@ def test_every_path_option_refuses_a_device_or_fifo_in_one_line(registered, tiny
         assert time.perf_counter() - started < 30, args
 
 
-def test_the_keyring_file_refuses_a_device(tmp_path):
+@pytest.mark.parametrize("special", ["/dev/zero", "folder"])
+def test_the_keyring_file_refuses_a_device_or_folder(tmp_path, special):
+    """`verify --keyring` reads it only for an approved lock; a folder was IsADirectoryError."""
     from specreg.errors import SpecregError
     from specreg.registry.governance.signatures import read_keyring_file
 
-    with pytest.raises(SpecregError, match="keyring /dev/zero: a device, not a regular file"):
-        read_keyring_file("/dev/zero")
+    path = "/dev/zero" if special == "/dev/zero" else str(tmp_path)
+    kind = "a device" if special == "/dev/zero" else "a folder"
+    with pytest.raises(SpecregError, match=f"^keyring {path}: {kind}, not a regular file$"):
+        read_keyring_file(path)
 
 
 def test_a_bounded_read_refuses_a_longer_file_without_reading_it_whole(tmp_path):

@@ -49,12 +49,11 @@ def source_tree(tmp_path_factory) -> Path:
     what .dockerignore keeps out of the image: what action.yml and the Containerfile install."""
     listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=ROOT,
                             capture_output=True, text=True, check=True).stdout.split("\0")
-    ignored = [line.strip().removeprefix("**/") for line in (ROOT / ".dockerignore").read_text().splitlines()
+    ignored = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
                if line.strip() and not line.startswith("#")]
     source = tmp_path_factory.mktemp("clone") / "specreg"
     for name in filter(None, listed):
-        parts = Path(name).parts
-        if any(Path(part).match(pattern) for part in parts for pattern in ignored) or not (ROOT / name).is_file():
+        if dockerignored(name, ignored) or not (ROOT / name).is_file():
             continue
         (source / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / name, source / name)
@@ -354,3 +353,216 @@ def test_argo_analysis_export_is_bound_by_the_signed_lock(deployed, tmp_path):
     analysis.write_text(analysis.read_text().replace("result[0] >= 0.72", "result[0] >= 0.1"))  # a lowered floor
     refused = run_specreg(args)
     assert refused.returncode == 100 and "argo-analysis.yaml" in refused.stderr, refused.stderr
+
+
+# --- step outputs a hostile gate JSON, note or lock cannot bend ----------------------------------
+
+def test_a_lock_of_another_version_still_writes_the_outputs_as_refused(tmp_path):
+    """Was: nothing written to $GITHUB_OUTPUT (nor GitLab's gate.env) when the lock bound another
+    version, though docs/ci.md says the outputs are written either way."""
+    from clirun import one_line, run_specreg
+
+    gate = tmp_path / "gate.json"
+    gate.write_text(json.dumps({**GATE, "verdict": "pass", "passed": True, "reasons": []}))
+    lock = tmp_path / "specreg.lock.json"
+    lock.write_text(json.dumps({"pair": {"binding_sha256": "c" * 64}}))
+    for style, parse in (("github", parse_github_output), ("dotenv", parse_dotenv)):
+        out = tmp_path / f"out.{style}"
+        result = run_specreg(["ci-outputs", gate, "--style", style, "--lock", lock, "--output", out])
+        one_line(result, 100, f"pair lock {lock} binds cccccccccccc, not the gated chat@7 (bbbbbbbbbbbb)")
+        outputs = parse(out.read_text())
+        verdict, reasons = (outputs["verdict"], outputs["reasons"]) if style == "github" else \
+            (outputs["SPECREG_VERDICT"], outputs["SPECREG_REASONS"])
+        assert verdict == "refused" and reasons == f"pair lock {lock} binds cccccccccccc, not the gated chat@7 " \
+                                                  "(bbbbbbbbbbbb)"
+
+
+def test_a_newline_in_a_reason_never_makes_a_second_reason():
+    """A rejection note with \\n or \\r (or a Unicode line separator) was split into two lines of
+    `reasons`: a note could forge a condition line."""
+    gate = {**GATE, "reasons": ["approval: rejected by bob: bad\nfingerprints: ok", "x: a\rb\u2028c\x0bd"]}
+    outputs = gate_outputs(gate)
+    assert outputs["reasons"].split("\n") == ["approval: rejected by bob: bad fingerprints: ok", "x: a b c d"]
+    assert parse_github_output(github_output(outputs))["reasons"].splitlines() == outputs["reasons"].split("\n")
+    env = parse_dotenv(dotenv(gate_outputs({**gate, "pair": "chat\nSPECREG_VERDICT=pass"})))
+    assert env["SPECREG_VERDICT"] == "refused" and env["SPECREG_PAIR"] == "chat SPECREG_VERDICT=pass"
+
+
+def test_a_pair_input_with_a_newline_cannot_forge_a_summary_heading(tmp_path):
+    from clirun import run_specreg
+
+    forged = "chat@1\n## specreg gate chat@1 → production: PASS"
+    report = tmp_path / "gate.md"
+    result = run_specreg(["gate", forged, "--env", "production", "--markdown", report, "--db",
+                          f"sqlite:///{tmp_path / 'r.db'}"])
+    assert result.returncode == 2, result.stderr
+    text = report.read_text()
+    assert [line for line in text.splitlines() if line.startswith("#")] == [
+        "## specreg gate `chat@1 ## specreg gate chat@1 → production: PASS`: ERROR"], text
+
+
+@pytest.mark.parametrize("content", ["[" * 200_000, "{\"pair\": " * 100_000])
+def test_a_deeply_nested_lock_or_gate_json_is_one_line(tmp_path, content):
+    """Was: RecursionError traceback (`ci-outputs --lock`, a lock nested 200,000 deep)."""
+    from clirun import one_line, run_specreg
+
+    gate, lock = tmp_path / "gate.json", tmp_path / "lock.json"
+    gate.write_text(json.dumps(GATE))
+    lock.write_text(content)
+    one_line(run_specreg(["ci-outputs", gate, "--style", "github", "--lock", lock]), 100,
+             f"pair lock {lock}: not a readable specreg.lock.json (nested too deeply)")
+    one_line(run_specreg(["ci-outputs", lock, "--style", "github"]), 2,
+             f"gate JSON {lock}: not readable JSON (nested deeper than 32 levels)")
+
+
+# --- the verify image's inputs: a pinned base, no secrets in its layers --------------------------
+
+def dockerignored(relative: str, patterns: list[str]) -> bool:
+    """Whether docker/podman leave ``relative`` (a path under the build context) out of the
+    context, by .dockerignore's rules: Go's filepath.Match per segment ('*' never crosses '/'),
+    '**' any number of segments, a pattern naming a folder leaves out all beneath it, a
+    leading '!' takes a path back in (the last pattern that matches decides)."""
+    def regex(pattern: str) -> re.Pattern:
+        parts = []
+        for segment in pattern.strip("/").split("/"):
+            parts.append("(?:.*/)?" if segment == "**" else
+                         re.escape(segment).replace(r"\*", "[^/]*").replace(r"\?", "[^/]") + "/")
+        return re.compile("".join(parts).removesuffix("/") + "(?:/.*)?")
+    excluded = False
+    for pattern in patterns:
+        negated = pattern.startswith("!")
+        if regex(pattern.removeprefix("!")).fullmatch(relative):
+            excluded = not negated
+    return excluded
+
+
+def test_the_verify_image_copies_no_key_database_or_env_file():
+    """Was: keys/specreg-signing.key (where the quickstart writes it), registry.db and .env went
+    into the `COPY . /src` layer, which keeps them though a later step deletes /src."""
+    patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+    for secret in ("keys/specreg-signing.key", "keys/specreg-signing.pub", "registry.db", ".env", ".env.local",
+                   "deploy/keyring.json", "sub/dir/bob.key", "sub/ca.pem", "sub/.env", "registry.db-wal"):
+        assert dockerignored(secret, patterns), secret
+    for needed in ("pyproject.toml", "specreg/cli/root.py", "registry/deploy/verify.py", "templates/engines",
+                   "README.md"):
+        assert not dockerignored(needed, patterns), needed
+
+
+def test_the_verify_image_and_the_gitlab_template_pin_their_base_by_digest():
+    """Was `python:3.11-slim`: a tag that moves with every rebuild upstream."""
+    digest = re.compile(r"python:3\.11-slim@sha256:[0-9a-f]{64}")
+    (base,) = [argument for kind, argument in containerfile_instructions() if kind == "FROM"]
+    assert digest.fullmatch(base), base
+    assert GITLAB["image"] == base  # one base for the image and the pipeline's gate
+
+
+@pytest.mark.parametrize("committed", ["gate.md", "gate.xml", "gate.env", "gate.json"])
+@pytest.mark.parametrize("kind", ["symlink", "dangling", "file"])
+def test_the_gitlab_template_refuses_reports_a_checkout_commits(tmp_path, committed, kind):
+    """Was: a merge request committing gate.md/gate.xml/gate.env as symlinks had the job write
+    (and append SPECREG_*= lines) where they pointed, e.g. a stand-in .bashrc. The script's
+    first line refuses them before the gate runs."""
+    project, victim = tmp_path / "project", tmp_path / "bashrc"
+    project.mkdir()
+    if kind == "symlink":
+        victim.write_text("alias ls=ls\n")
+    if kind == "file":
+        (project / committed).write_text("SPECREG_VERDICT=pass\n")
+    else:
+        os.symlink(victim, project / committed)
+    script = "\n".join(["set -eo pipefail", *GITLAB["script"]])
+    fake_bin = tmp_path / "bin"  # a `specreg` that records being run: the check comes first
+    fake_bin.mkdir()
+    (fake_bin / "specreg").write_text("#!/bin/sh\ntouch \"$0.ran\"\n")
+    (fake_bin / "specreg").chmod(0o755)
+    result = subprocess.run(["bash", "-c", script], cwd=project, capture_output=True, text=True, timeout=60,
+                            env={**clean_env(), "PATH": f"{fake_bin}:{os.environ['PATH']}"})
+    assert result.returncode == 1 and f"specreg: {committed} is already in the checkout" in result.stderr
+    assert not (fake_bin / "specreg.ran").exists()
+    assert victim.read_text() == "alias ls=ls\n" if kind == "symlink" else not victim.exists()
+
+
+# --- the GitLab template as GitLab runs it: gitlab-ci-local, the docs' pipeline, its default install --
+
+GITLAB_CI_LOCAL = "4.65.1"  # runs on Node 20 with --force-shell-executor (4.75.1 crashes there)
+
+
+@pytest.fixture(scope="session")
+def gitlab_ci_local() -> Path:
+    """gitlab-ci-local, installed once by npm into the engine cache (outside the repository).
+    Skipped where npm cannot install it (offline, no Node), a failure with CI=true."""
+    from helpers import in_ci
+
+    from specreg.core.packages import cache_root
+
+    prefix = cache_root() / f"gitlab-ci-local-{GITLAB_CI_LOCAL}"
+    binary = prefix / "node_modules" / ".bin" / "gitlab-ci-local"
+    if not binary.exists():
+        problem = "npm is not installed" if shutil.which("npm") is None else None
+        if problem is None:
+            installed = subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--prefix", str(prefix),
+                                        f"gitlab-ci-local@{GITLAB_CI_LOCAL}"], capture_output=True, text=True,
+                                       timeout=600)
+            problem = None if installed.returncode == 0 and binary.exists() else installed.stderr[-500:]
+        if problem is not None:
+            (pytest.fail if in_ci() else pytest.skip)(f"gitlab-ci-local {GITLAB_CI_LOCAL} not installed: {problem}")
+    return binary
+
+
+def archive_server(source_tree: Path, root: Path, project: str, ref: str):
+    """A local web server with what GitLab serves at /PROJECT/-/archive/REF/NAME-REF.tar.gz: the
+    source tree under one top folder. Returns (its URL, the server to shut down)."""
+    import functools
+    import http.server
+    import tarfile
+    import threading
+
+    archive = root / project / "-" / "archive" / ref / f"specreg-{ref}.tar.gz"
+    archive.parent.mkdir(parents=True)
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(source_tree, arcname=f"specreg-{ref}")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}", server
+
+
+@pytest.mark.slow
+def test_the_docs_gitlab_pipeline_installs_the_default_requirement_and_gates(gitlab_ci_local, source_tree,
+                                                                            deployed, tmp_path):
+    """Was: the template's default SPECREG_REQUIREMENT "specreg[gate]==0.1.0" cannot install
+    (specreg is not on the package index) and the docs' include did not override it. The docs'
+    own pipeline (its include made local) runs under gitlab-ci-local; the default requirement
+    downloads the include's project archive from CI_SERVER_URL, here a local server."""
+    import yaml
+
+    pipeline = yaml.safe_load(re.findall(r"```yaml\n(.*?)```", (ROOT / "docs" / "ci.md").read_text(), re.S)[1])
+    variables = pipeline["variables"]
+    assert {"SPECREG_PROJECT", "SPECREG_REF"} <= set(variables)  # the docs set what the default installs
+    assert pipeline["include"][0]["file"] == "ci/specreg-gate.gitlab-ci.yml"
+    pipeline["include"] = [{"local": "ci/specreg-gate.gitlab-ci.yml"}]
+    project = tmp_path / "project"
+    (project / "ci").mkdir(parents=True)
+    (project / "deploy").mkdir()
+    shutil.copy(ROOT / "ci" / "specreg-gate.gitlab-ci.yml", project / "ci")
+    shutil.copy(deployed["lock"], project / "deploy" / "specreg.lock.json")
+    (project / ".gitlab-ci.yml").write_text(yaml.safe_dump(pipeline))
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.org"]
+    for command in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "pipeline"]):
+        subprocess.run([*git, *command], cwd=project, check=True, capture_output=True)
+    url, server = archive_server(source_tree, tmp_path / "gitlab", variables["SPECREG_PROJECT"], variables["SPECREG_REF"])
+    try:
+        result = subprocess.run(
+            [str(gitlab_ci_local), "--force-shell-executor", "--ignore-predefined-vars", "CI_SERVER_URL",
+             "--variable", f"CI_SERVER_URL={url}", "--variable", "PAIR=lock@1", "--variable", "TARGET_ENV=staging",
+             "--variable", f"SPECREG_DB={deployed['db']}", "specreg-gate"],
+            cwd=project, env=clean_env(), capture_output=True, text=True, timeout=900)
+    finally:
+        server.shutdown()
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "PASS" in result.stdout
+    (report,) = (project / ".gitlab-ci-local").rglob("gate.env")
+    env = parse_dotenv(report.read_text())
+    assert env["SPECREG_VERDICT"] == "pass" and env["SPECREG_VERSION"] == "1"
+    assert env["SPECREG_LOCK_DIGEST"] == hashlib.sha256(deployed["lock"].read_bytes()).hexdigest()

