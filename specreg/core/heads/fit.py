@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specreg.core.heads.dflash_checkpoint import check_block_layers
 from specreg.core.heads.eagle3_checkpoint import check_aux_layers
 from specreg.core.heads.spec import HeadSpec, TargetShape, read_target_shape
 from specreg.core.heads.vocabulary import TokenStrings, check_token_strings, check_vocab_map, read_vocab_map
@@ -126,6 +127,9 @@ def check_head_fits(head: HeadSpec, target_directory: str | Path, *, target_refe
     warnings: list[str] = []
     if head_format.aux_layers:
         aux, aux_notes, warnings = check_aux_layers(head, target)
+        notes += aux_notes
+    if head_format.block:
+        aux, aux_notes, warnings = check_block_layers(head, target)
         notes += aux_notes
 
     if head.target_vocab_size != target.vocab_size:
