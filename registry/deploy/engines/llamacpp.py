@@ -105,6 +105,12 @@ def refusal(pair_version: PairVersion) -> str | None:
         return MEDUSA_REFUSAL
     if method is SpecMethod.SUFFIX:
         return SUFFIX_REFUSAL
+    if method in (SpecMethod.DFLASH, SpecMethod.DSPARK):
+        # the converter takes DFlashDraftModel and the DSpark architectures (conversion/qwen.py:664-668,
+        # 861-871), not speculators' DFlashSpeculator; what llama-server's draft-dflash/-dspark then runs
+        # was not compared with our runtime
+        return (f"this export writes draft-simple and draft-eagle3 only; llama-server's --spec-type draft-{method.value} "
+                f"(its converter: conversion/qwen.py:664-668, 861-871) was not checked against our runtime")
     if method is SpecMethod.MTP:
         family = ((pair_version.config.head or {}).get("layout") or "").removeprefix("mtp:")
         if family not in MTP_FAMILIES:
