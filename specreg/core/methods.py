@@ -83,7 +83,7 @@ METHODS: dict[str, MethodDescriptor] = {m.name: m for m in (
     MethodDescriptor("mtp", "multi-token-prediction layers shipped inside the target", "target",
                      demo_builder="demo_mtp"),
     MethodDescriptor("dflash", "a DFlash block drafter: a block of mask tokens drafted in one forward from the "
-                     "target's hidden states", "head", draft_length_from_head=True),
+                     "target's hidden states", "head", draft_length_from_head=True, demo_builder="demo_dflash"),
     MethodDescriptor("dspark", "a DSpark block drafter: DFlash's block forward, then a Markov head sampled "
                      "left to right", "head", draft_length_from_head=True),
     MethodDescriptor("suffix", "suffix decoding: suffix trees of the request's own tokens, no model", "sequence",

@@ -49,6 +49,36 @@ def block_heads(target):
     return heads
 
 
+@pytest.fixture(scope="session")
+def trained_block_head(target, tokenizer):
+    """A DFlash head distilled from the tiny target for a few seconds (builders/demo_dflash.py's
+    training), so that drafts are accepted and steps keep more than one token."""
+    from tinymodels import CORPUS
+
+    from specreg.builders.demo_dflash import train_block_head
+
+    stream = torch.tensor(tokenizer("".join(CORPUS * 3), add_special_tokens=False)["input_ids"])
+    vocab = int(target.get_output_embeddings().weight.shape[0])
+    head = new_block_head(target, block_size=4, mask_token_id=vocab - 1, aux_layer_ids=(1, 2), seed=5)
+    train_block_head(head, target, stream, steps=40, batch_size=4, anchors=8, seed=5, max_lr=1e-2)
+    for parameter in target.parameters():
+        parameter.requires_grad_(True)  # as the other session fixtures expect it
+    return head
+
+
+def test_a_trained_head_is_accepted_and_still_exact(target, tokenizer, prompts, trained_block_head):
+    pair = pair_of(target, tokenizer, trained_block_head)
+    config = DecodeConfig(method="dflash", k=3, max_new_tokens=32, eos_token_ids=())
+    accepted = 0
+    for prompt in prompts:
+        result = speculative_generate(pair, prompt, config)
+        assert result.token_ids == hf_greedy(target, prompt, 32, eos_token_id=None)
+        accepted += result.metrics.accepted
+        # per position as vLLM counts it: accepted at i / draft steps, never rising with i
+        assert result.metrics.accepted_per_position == sorted(result.metrics.accepted_per_position, reverse=True)
+    assert accepted > 0
+
+
 def pair_of(target, tokenizer, head) -> ModelPair:
     return ModelPair(target, tokenizer, head, int(target.get_output_embeddings().weight.shape[0]))
 
@@ -59,7 +89,7 @@ def test_greedy_output_is_target_only_token_for_token(target, tokenizer, prompts
     pair = pair_of(target, tokenizer, head)
     for k in sorted({1, head.draft_length}):
         config = DecodeConfig(method=method, k=k, max_new_tokens=24, eos_token_ids=())
-        for prompt in prompts[:3]:
+        for prompt in prompts[:2]:
             reference = hf_greedy(target, prompt, 24, eos_token_id=None)
             result = speculative_generate(pair, prompt, config)
             assert result.token_ids == reference
@@ -111,33 +141,37 @@ def reference_drafts(head, target, sequence, k: int) -> list[int]:
         return drafts
 
 
-@pytest.mark.parametrize("name", sorted(HEADS))
+@pytest.mark.parametrize("name", [*sorted(HEADS), "trained"])
 def test_every_steps_drafts_equal_the_reference_forward_over_the_whole_sequence(target, tokenizer, prompts,
-                                                                               block_heads, name):
-    method, head = block_heads[name]
+                                                                               block_heads, trained_block_head, name):
+    method, head = block_heads[name] if name in block_heads else ("dflash", trained_block_head)
     pair = pair_of(target, tokenizer, head)
-    prompt, k = prompts[1], head.draft_length
-    steps, generated = [], []
+    k, grew = head.draft_length, False
+    for prompt in (prompts if name == "trained" else prompts[1:2]):
+        steps, generated = [], []
 
-    def recording_rule(draft_token_ids, target_token_ids):
-        num_accepted, emitted = acceptance_rule.greedy_accept(draft_token_ids, target_token_ids)
-        steps.append((list(generated), draft_token_ids.tolist()))
-        generated.extend(emitted.tolist())
-        return num_accepted, emitted
+        def recording_rule(draft_token_ids, target_token_ids):
+            num_accepted, emitted = acceptance_rule.greedy_accept(draft_token_ids, target_token_ids)
+            steps.append((list(generated), draft_token_ids.tolist()))
+            generated.extend(emitted.tolist())
+            return num_accepted, emitted
 
-    config = DecodeConfig(method=method, k=k, max_new_tokens=30, eos_token_ids=())
-    result = speculative_generate(pair, prompt, config, greedy_rule=recording_rule)
-    first = result.token_ids[:1]  # the prefill's token, which the rule does not see
-    assert len(steps) >= 5
-    for index, (before, drafts) in enumerate(steps):
-        sequence = torch.tensor([list(prompt) + first + before])
-        assert reference_drafts(head, target, sequence, len(drafts)) == drafts, f"step {index}"
+        config = DecodeConfig(method=method, k=k, max_new_tokens=30, eos_token_ids=())
+        result = speculative_generate(pair, prompt, config, greedy_rule=recording_rule)
+        first = result.token_ids[:1]  # the prefill's token, which the rule does not see
+        assert len(steps) >= 5
+        # steps that kept several drafts: the context grew by more than one position at once
+        grew |= any(len(after) - len(before) > 1 for (before, _), (after, _) in zip(steps, steps[1:]))
+        for index, (before, drafts) in enumerate(steps):
+            sequence = torch.tensor([list(prompt) + first + before])
+            assert reference_drafts(head, target, sequence, len(drafts)) == drafts, f"step {index}"
+    assert grew or name != "trained"
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
-@pytest.mark.parametrize("name", ["dflash", "dspark"])
-def test_batch_equals_each_prompt_alone(target, tokenizer, prompts, block_heads, name, sampled):
-    method, head = block_heads[name]
+@pytest.mark.parametrize("name", ["dflash", "dspark", "trained"])
+def test_batch_equals_each_prompt_alone(target, tokenizer, prompts, block_heads, trained_block_head, name, sampled):
+    method, head = block_heads[name] if name in block_heads else ("dflash", trained_block_head)
     base = DecodeConfig(method=method, k=head.draft_length, eos_token_ids=())
     assert_batch_equals_alone(pair_of(target, tokenizer, head), prompts, row_configs(base, sampled))
 
@@ -161,3 +195,23 @@ def test_a_k_longer_than_the_block_is_refused(target, tokenizer, block_heads):
     config = DecodeConfig(method=method, k=head.draft_length + 1, max_new_tokens=4, eos_token_ids=())
     with pytest.raises(RuntimeConfigError, match=r"k 4 exceeds the head's 3 drafts a block"):
         speculative_generate(pair_of(target, tokenizer, head), [1, 2, 3], config)
+
+
+@pytest.mark.slow
+def test_demo_head_build_then_reuse_the_cache(tiny_dir, prompts, tmp_path, monkeypatch):
+    # the real budget takes minutes; the same code path with two steps, on the tiny target
+    from specreg.builders import demo_dflash
+    from specreg.core.heads import read_head
+
+    monkeypatch.setattr(demo_dflash, "DFLASH_TRAINING", (2, 2))
+    head_dir = demo_dflash.build_demo_dflash(tmp_path / "dflash", tiny_dir / "target")
+    spec = read_head(head_dir, method="dflash")
+    assert (spec.layout, spec.block["block_size"], spec.block["draft_length"], spec.aux_layer_ids) == \
+        ("speculators", demo_dflash.DFLASH_BLOCK_SIZE, demo_dflash.DFLASH_BLOCK_SIZE - 1, (1, 2))
+    pair = load_pair(tiny_dir / "target", head_dir, method="dflash")
+    config = DecodeConfig(method="dflash", k=spec.block["draft_length"], max_new_tokens=12, eos_token_ids=())
+    assert speculative_generate(pair, prompts[0], config).token_ids == target_only_generate(pair, prompts[0],
+                                                                                            config).token_ids
+    built_at = (head_dir / "model.safetensors").stat().st_mtime_ns
+    assert demo_dflash.build_demo_dflash(tmp_path / "dflash", tiny_dir / "target") == head_dir
+    assert (head_dir / "model.safetensors").stat().st_mtime_ns == built_at  # reused, not retrained
