@@ -20,7 +20,7 @@ from specreg.builders.demo_pair import SEQUENCE_LENGTH, OneCycleAdamW
 DFLASH_BLOCK_SIZE = 5  # drafts 4 a step, the demo EAGLE-3 pair's k
 DFLASH_LAYERS = 2
 # (steps, windows a step), anchors per window, peak learning rate
-DFLASH_TRAINING = (200, 8)
+DFLASH_TRAINING = (300, 8)
 DFLASH_ANCHORS = 16
 DFLASH_LR = 3e-3
 

@@ -133,6 +133,12 @@ def describe_head(head: dict) -> list[str]:
              f"  verifier        " + (f"{verifier} " + ("(matches the target)" if fit.get("verifier_matched")
                                                         else "(MISMATCH allowed at registration)")
                                       if verifier else "(none declared: the head is read against this target)")]
+    block = head.get("block")
+    if block:  # a block drafter: what one forward drafts
+        lines.append(f"  block           {block['block_size']} tokens, {block['draft_length']} drafts a step "
+                     f"({'from the anchor' if block['sample_from_anchor'] else 'after the anchor'}), mask token "
+                     f"{block['mask_token_id']}, {'causal' if block.get('causal') else 'bidirectional'}"
+                     + (f", Markov head rank {block['markov_rank']}" if block.get("markov_rank") else ""))
     lines += [f"  note            {note}" for note in fit.get("notes") or []]
     lines += [f"  warning         {warning}" for warning in fit.get("warnings") or []]
     return lines

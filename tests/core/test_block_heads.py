@@ -120,6 +120,8 @@ READ_REFUSALS = {
     "DSpark without sample_from_anchor": (
         dict(kind="dspark", config_extra={"sample_from_anchor": None}),
         "sample_from_anchor must be true or false, got None"),
+    "no proposal method": (dict(config_extra={"speculators_config": {"verifier": {"name_or_path": "t"}}}),
+                           "speculators_config.proposal_methods must be a non-empty list"),
     "fc for another layer count": (
         dict(layer_ids=[2, 3, 4]), "tensor fc.weight has shape [16, 32], expected [16, 48] (hidden_size x 3 "
                                    "target layers of width 16)"),

@@ -37,6 +37,8 @@ def test_k_defaults_to_the_heads_draft_length_and_the_block_is_bound(tmp_path, d
     assert (config["method"], config["num_speculative_tokens"]) == (kind, k)
     assert config["head"]["block"]["block_size"] == 4 and config["head"]["block"]["mask_token_id"] == 39
     assert config["head"]["fit"]["aux_layer_ids"] == [2, 4]
+    shown = run("show", "chat@1", "--db", db).stdout
+    assert f"  block           4 tokens, {k} drafts a step" in shown
     # the same k given explicitly is the same version
     again = register(db, head, kind, "-k", str(k))
     assert again.returncode == 0 and json.loads(again.stdout)["version"] == json.loads(out.stdout)["version"]

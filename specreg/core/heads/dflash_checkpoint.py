@@ -109,13 +109,17 @@ def _read_speculators(directory: Path, config_path: Path, config: dict[str, Any]
     layer = json_object(config.get("transformer_layer_config"), f"{config_path}: transformer_layer_config")
     speculators = json_object(config.get("speculators_config"), f"{config_path}: speculators_config")
     verifier = json_object(speculators.get("verifier"), f"{config_path}: speculators_config.verifier")
-    name = optional_str(verifier.get("name_or_path"), f"{config_path}: speculators_config.verifier.name_or_path")
+    # vLLM refuses a speculators config without these (transformers_utils/configs/speculators/base.py:77-94)
+    if "name_or_path" not in verifier:
+        raise ModelReferenceError(f"{config_path}: speculators_config.verifier.name_or_path is missing")
+    name = optional_str(verifier["name_or_path"], f"{config_path}: speculators_config.verifier.name_or_path")
     architectures = str_list(verifier.get("architectures"), f"{config_path}: speculators_config.verifier.architectures")
     methods = speculators.get("proposal_methods")
-    tokens = None
-    if isinstance(methods, list) and methods and isinstance(methods[0], dict):
-        tokens = optional_positive_int(methods[0].get("speculative_tokens"),
-                                       f"{config_path}: speculators_config.proposal_methods[0].speculative_tokens")
+    if not isinstance(methods, list) or not methods:
+        raise ModelReferenceError(f"{config_path}: speculators_config.proposal_methods must be a non-empty list")
+    first = json_object(methods[0], f"{config_path}: speculators_config.proposal_methods[0]")
+    tokens = positive_int(first.get("speculative_tokens"),
+                          f"{config_path}: speculators_config.proposal_methods[0].speculative_tokens")
     ids = read_layer_ids(config.get("aux_hidden_state_layer_ids"), f"{config_path}: aux_hidden_state_layer_ids")
     if ids is None:
         # vLLM indexes config_dict["aux_hidden_state_layer_ids"] (algos.py:114, 191): a KeyError at load
