@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_DIR ?= $(CURDIR)/.demo
 
-.PHONY: demo test test-floor install bench clean llamacpp
+.PHONY: demo demo-dflash test test-floor install bench clean llamacpp
 
 install: $(VENV)/.installed
 
@@ -56,6 +56,10 @@ llamacpp: install
 
 demo: install llamacpp
 	DEMO_DIR="$(DEMO_DIR)" PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/demo.sh
+
+# a DFlash block drafter on the demo target through register and validate (docs/pair-kinds.md)
+demo-dflash: install
+	DEMO_DIR="$(DEMO_DIR)" PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/demo_dflash.sh
 
 bench: install
 	$(PY) benchmarks/bench_cli.py
