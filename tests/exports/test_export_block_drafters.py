@@ -64,7 +64,7 @@ REFUSED = {
     ("trtllm", "native"): "TensorRT-LLM 1.2 has no block drafter: its speculative_config decoding_type is one of MTP",
     ("tgi", "native"): "TGI 3.3's --speculate does Medusa (from a combined repository) or n-gram only",
     ("llamacpp", "native"): "this export writes draft-simple and draft-eagle3 only; llama-server's --spec-type "
-                            "draft-dflash (its converter: conversion/qwen.py:664-668, 861-871) was not checked",
+                            "draft-dflash (its converter: conversion/qwen.py:664-668, 861-871) is not written or checked by it yet",
 }
 
 

@@ -107,10 +107,10 @@ def refusal(pair_version: PairVersion) -> str | None:
         return SUFFIX_REFUSAL
     if method in (SpecMethod.DFLASH, SpecMethod.DSPARK):
         # the converter takes DFlashDraftModel and the DSpark architectures (conversion/qwen.py:664-668,
-        # 861-871), not speculators' DFlashSpeculator; what llama-server's draft-dflash/-dspark then runs
-        # was not compared with our runtime
+        # 861-871), not speculators' DFlashSpeculator, and llama-server runs a block of --spec-draft-n-max
+        # + 1 tokens whatever the head's dflash.block_size (common/speculative.cpp:1205): not written yet
         return (f"this export writes draft-simple and draft-eagle3 only; llama-server's --spec-type draft-{method.value} "
-                f"(its converter: conversion/qwen.py:664-668, 861-871) was not checked against our runtime")
+                f"(its converter: conversion/qwen.py:664-668, 861-871) is not written or checked by it yet")
     if method is SpecMethod.MTP:
         family = ((pair_version.config.head or {}).get("layout") or "").removeprefix("mtp:")
         if family not in MTP_FAMILIES:
