@@ -144,3 +144,12 @@ def test_an_unknown_variant_or_malformed_head_is_refused_in_one_line(tmp_path, c
         read_head(head)
     assert str(caught.value).split(": ", 1)[1] == message
     assert "\n" not in str(caught.value)
+
+
+def test_the_last_layers_output_registers_with_a_warning(tmp_path, target):
+    head = read_head(write_block_drafter(tmp_path / "head", layout="native", layer_ids=[1, LAYERS - 1]))
+    fit = check_head_fits(head, target)
+    assert fit.aux_layer_ids == (2, LAYERS)
+    assert fit.warnings == (f"target layers: [2, {LAYERS}] include {LAYERS}, the output of the target's last layer "
+                            "before the final norm: engines read it, specreg's runtime does not, so validate's "
+                            "runtime checks cannot run on this pair; its static checks do",)

@@ -1,4 +1,5 @@
-"""Speculative heads that draft from the target's own states: EAGLE-3 (and EAGLE), Medusa, MTP.
+"""Speculative heads that draft from the target's own states: EAGLE-3 (and EAGLE), Medusa, MTP,
+DFlash and DSpark.
 
 `read_head` (here) recognises a head directory (for MTP: the target's own directory) and returns a
 HeadSpec; `fit.check_head_fits` checks it against the target and raises HeadMismatchError naming
@@ -14,6 +15,8 @@ One module per concern; each names the engine and format sources it follows:
   EAGLE(-1/2), the aux layer ids;
 - medusa_checkpoint.py: Medusa heads (FasterDecoding/Medusa, TGI);
 - mtp_checkpoint.py: the MTP layers inside a target (vLLM's MTP families);
+- dflash_checkpoint.py: block drafters (DFlash, DSpark) in the speculators and engine-native
+  layouts, their block and their target layers in each project's numbering;
 - vocabulary.py: the d2t/t2d vocabulary map and the draft token strings against the target's;
 - fit.py: the declared verifier and check_head_fits, which binds a head to a target.
 """
