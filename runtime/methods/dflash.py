@@ -344,16 +344,19 @@ def new_block_head(target, *, block_size: int, mask_token_id: int, aux_layer_ids
 
 
 def save_block_head(head: BlockDrafterHead, directory, kind: str, verifier_name_or_path: str,
-                    verifier_architectures=()) -> Path:
-    """Write `head` in the speculators layout (config.json + model.safetensors; the target's
-    embeddings and lm_head are not saved: vLLM shares them when absent)."""
+                    verifier_architectures=(), layout: str = "speculators") -> Path:
+    """Write `head` in the speculators layout, or with layout="native" a DFlash head in the
+    engine-native one z-lab and ModelOpt write (DFlashDraftModel, dflash_config with
+    target_layer_ids one less than the aux ids: layer outputs), which llama.cpp's converter
+    reads. config.json + model.safetensors; the target's embeddings and lm_head are not saved
+    (the engines share them when absent), nor an identity d2t in the native layout."""
     from safetensors.torch import save_file
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    skipped = ("embed_tokens.weight", "lm_head.weight") + (("d2t",) if layout == "native" and not head.d2t.any() else ())
     state = {key.replace("markov.", "markov_head.", 1): value.detach().contiguous().cpu()
-             for key, value in head.state_dict().items()
-             if key not in ("embed_tokens.weight", "lm_head.weight") and not key.startswith("rotary_emb")}
+             for key, value in head.state_dict().items() if key not in skipped and not key.startswith("rotary_emb")}
     save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
     layer = head.config.to_dict()
     for key in ("_attn_implementation", "_attn_implementation_internal", "architectures", "dtype", "torch_dtype",
@@ -375,6 +378,10 @@ def save_block_head(head: BlockDrafterHead, directory, kind: str, verifier_name_
     }
     if block.get("markov_rank"):
         config.update(markov_rank=block["markov_rank"], markov_head_type="vanilla", enable_confidence_head=False)
+    if layout == "native":
+        config = {"architectures": ["DFlashDraftModel"], **layer, "block_size": block["block_size"],
+                  "dflash_config": {"mask_token_id": block["mask_token_id"], "causal": bool(block.get("causal")),
+                                    "target_layer_ids": [i - 1 for i in head.aux_layer_ids]}}
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return directory
 

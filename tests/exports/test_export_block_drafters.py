@@ -1,7 +1,9 @@
 """DFlash and DSpark exports: vLLM gets `method: dflash|dspark` with the head as `model` and the
 registered k, checked against vLLM 0.33's schema, never a lossy rejection method; SGLang gets
 DFLASH / DSPARK with the block as its draft-token window, for the engine-native layout it reads;
-TensorRT-LLM 1.2, TGI and llama.cpp refuse in one line naming the source."""
+llama.cpp gets draft-dflash for the engine-native DFlash layout (tests/engines/test_llamacpp_dflash.py
+converts and serves it); TensorRT-LLM 1.2, TGI and what each cannot run refuse in one line naming
+the source."""
 
 from __future__ import annotations
 
@@ -63,8 +65,8 @@ REFUSED = {
                                "layout has no model_type: get_config raises)",
     ("trtllm", "native"): "TensorRT-LLM 1.2 has no block drafter: its speculative_config decoding_type is one of MTP",
     ("tgi", "native"): "TGI 3.3's --speculate does Medusa (from a combined repository) or n-gram only",
-    ("llamacpp", "native"): "this export writes draft-simple and draft-eagle3 only; llama-server's --spec-type "
-                            "draft-dflash (its converter: conversion/qwen.py:664-668, 861-871) is not written or checked by it yet",
+    ("llamacpp", "speculators"): "llama.cpp's converter takes the engine-native DFlashDraftModel layout only "
+                                 "(conversion/qwen.py:664), not speculators' DFlashSpeculator",
 }
 
 
@@ -75,3 +77,15 @@ def test_engines_that_do_not_serve_it_as_validated_refuse_in_one_line(tmp_path, 
         render_export(pair, BASELINES, fmt, approved=True)
     assert "is a dflash pair and cannot be exported to" in str(caught.value)
     assert REFUSED[(fmt, layout)] in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_llamacpp_drafts_the_block_of_the_registered_k(tmp_path):
+    pair = block_pair(tmp_path, "dflash", "native")
+    script = dict(render_export(pair, BASELINES, "llamacpp", approved=True))["llama-server.sh"]
+    assert "--spec-type draft-dflash" in script
+    # llama-server's block is --spec-draft-n-max + 1 tokens (common/speculative.cpp:1205): the head's
+    assert "--spec-draft-n-max 3 " in script
+    assert "(the head's block_size 4) from the target's layer inputs\n# 2, 4 (dflash.target_layers in its GGUF)" in script
+    dspark = block_pair(tmp_path / "dspark", "dspark", "native")
+    with pytest.raises(UsageError, match="draft-dspark .* is not written or checked by it yet"):
+        render_export(dspark, BASELINES, "llamacpp", approved=True)
