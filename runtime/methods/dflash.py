@@ -17,8 +17,8 @@ The drafts of one step are sampled independently per slot from the slot's distri
 (DSpark: conditioned on the previous draft through the Markov bias): the acceptance rule keeps
 the target's distribution for any such q (runtime/acceptance_rule.py).
 
-This module imports torch at import time through the protocol's users only lazily: load it via
-runtime/methods/__init__.py.
+This module imports torch and transformers at import time: import it lazily (as
+runtime/methods/__init__.py does).
 """
 
 from __future__ import annotations
