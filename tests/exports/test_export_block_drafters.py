@@ -87,5 +87,5 @@ def test_llamacpp_drafts_the_block_of_the_registered_k(tmp_path):
     assert "--spec-draft-n-max 3 " in script
     assert "(the head's block_size 4) from the target's layer inputs\n# 2, 4 (dflash.target_layers in its GGUF)" in script
     dspark = block_pair(tmp_path / "dspark", "dspark", "native")
-    with pytest.raises(UsageError, match="draft-dspark .* is not written or checked by it yet"):
+    with pytest.raises(UsageError, match=r"previous slot's argmax, not on the token it drafted \(src/models/dflash"):
         render_export(dspark, BASELINES, "llamacpp", approved=True)

@@ -108,8 +108,9 @@ def refusal(pair_version: PairVersion) -> str | None:
     if method is SpecMethod.DFLASH:
         return dflash_refusal(pair_version)
     if method is SpecMethod.DSPARK:
-        return (f"this export writes draft-simple, draft-eagle3 and draft-dflash only; llama-server's --spec-type "
-                f"draft-dspark (its converter: conversion/qwen.py:861-899) is not written or checked by it yet")
+        return ("llama-server's draft-dspark conditions each Markov step on the previous slot's argmax, not on the "
+                "token it drafted (src/models/dflash.cpp:347-348), so sampled drafts differ from the validated ones; "
+                "its export is not written or checked yet")
     if method is SpecMethod.MTP:
         family = ((pair_version.config.head or {}).get("layout") or "").removeprefix("mtp:")
         if family not in MTP_FAMILIES:
