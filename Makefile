@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_DIR ?= $(CURDIR)/.demo
 
-.PHONY: demo test test-floor install bench clean llamacpp real-head
+.PHONY: demo demo-dflash test test-floor install bench clean llamacpp real-head
 
 install: $(VENV)/.installed
 
@@ -63,6 +63,10 @@ demo: install llamacpp
 # among them); once it is built, `make demo` validates it in our runtime and in llama.cpp.
 real-head: install
 	$(VENV)/bin/specreg demo-pair "$(DEMO_DIR)/real" --real --method eagle3
+
+# a DFlash block drafter on the demo target through register and validate (docs/pair-kinds.md)
+demo-dflash: install
+	DEMO_DIR="$(DEMO_DIR)" PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/demo_dflash.sh
 
 bench: install
 	$(PY) benchmarks/bench_cli.py

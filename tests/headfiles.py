@@ -117,3 +117,59 @@ def write_medusa(directory: Path, *, heads: int = 3, layers: int = 1, hidden: in
         config["base_model_name_or_path"] = base
     (directory / "config.json").write_text(json.dumps(config))
     return directory
+
+
+def write_block_drafter(directory: Path, *, kind: str = "dflash", layout: str = "speculators", hidden: int = HIDDEN,
+                        vocab: int = VOCAB, layers: int = 1, block_size: int = 4, mask_token_id: int | None = 39,
+                        layer_ids: list[int] | None = (2, 4), target_hidden: int | None = None,
+                        sample_from_anchor: bool | None = None, markov_rank: int = 4,
+                        verifier: str | None = "models/target", config_extra: dict | None = None,
+                        tensor_extra: dict | None = None) -> Path:
+    """A DFlash / DSpark head (zeros) as each project lays it out: layout "speculators"
+    (speculators_model_type, aux_hidden_state_layer_ids in layer-input numbering), "native"
+    (DFlash: z-lab's and ModelOpt's DFlashDraftModel with dflash_config; DSpark: Qwen3DSparkModel,
+    target_layer_ids in layer-output numbering). `layer_ids` are written as given."""
+    directory.mkdir(parents=True, exist_ok=True)
+    reads = target_hidden or hidden
+    count = len(layer_ids) if layer_ids else 1
+    tensors = {"fc.weight": np.zeros((hidden, count * reads), np.float32),
+               "hidden_norm.weight": np.ones(hidden, np.float32), "norm.weight": np.ones(hidden, np.float32)}
+    for layer in range(layers):
+        tensors[f"layers.{layer}.self_attn.q_proj.weight"] = np.zeros((hidden, hidden), np.float32)
+    if kind == "dspark":
+        tensors["markov_head.markov_w1.weight"] = np.zeros((vocab, markov_rank), np.float32)
+        tensors["markov_head.markov_w2.weight"] = np.zeros((vocab, markov_rank), np.float32)
+    tensors.update(tensor_extra or {})
+    save_file({k: v for k, v in tensors.items() if v is not None}, str(directory / "model.safetensors"))
+    qwen3 = {"model_type": "qwen3", "hidden_size": hidden, "vocab_size": vocab, "num_hidden_layers": layers,
+             "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": hidden // 2,
+             "intermediate_size": 2 * hidden, "rms_norm_eps": 1e-6}
+    if layout == "speculators":
+        config = {"architectures": ["DFlashSpeculator" if kind == "dflash" else "DSparkSpeculator"],
+                  "speculators_model_type": kind, "speculators_version": "0.9.0", "transformer_layer_config": qwen3,
+                  "draft_vocab_size": vocab, "target_hidden_size": target_hidden, "block_size": block_size,
+                  "aux_hidden_state_layer_ids": list(layer_ids) if layer_ids is not None else None,
+                  "mask_token_id": mask_token_id, "sliding_window_non_causal": True,
+                  "sample_from_anchor": bool(sample_from_anchor) if sample_from_anchor is not None else kind == "dspark",
+                  "speculators_config": {"algorithm": kind, "default_proposal_method": "greedy",
+                                         "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens":
+                                                               block_size - 1}],
+                                         "verifier": {"name_or_path": verifier, "architectures": ["LlamaForCausalLM"]}}}
+        if kind == "dspark":
+            config.update(markov_rank=markov_rank, markov_head_type="vanilla", enable_confidence_head=False)
+    elif kind == "dflash":
+        config = {"architectures": ["DFlashDraftModel"], **qwen3, "block_size": block_size,
+                  "dflash_config": {"mask_token_id": mask_token_id,
+                                    "target_layer_ids": list(layer_ids) if layer_ids is not None else None},
+                  "num_target_layers": LAYERS}
+        if sample_from_anchor is not None:
+            config["dflash_config"]["sample_from_anchor"] = sample_from_anchor
+    else:
+        config = {"architectures": ["Qwen3DSparkModel"], **qwen3, "block_size": block_size,
+                  "target_layer_ids": list(layer_ids) if layer_ids is not None else None,
+                  "mask_token_id": mask_token_id, "markov_rank": markov_rank}
+        if sample_from_anchor is not None:
+            config["sample_from_anchor"] = sample_from_anchor
+    config.update(config_extra or {})
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory

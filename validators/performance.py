@@ -71,6 +71,7 @@ def check_performance(pair, decodes, *, method: str = "draft_model", k: int = 4,
     acceptance, the heads' cost per step and the measured cost of verifying the tree cut at each
     depth (choose_tree_depth). Returns a CheckResult "performance".
     """
+    from specreg.core.methods import method_descriptor
     from specreg.runtime.choose_k import choose_k
     from specreg.runtime.metrics import aggregate
 
@@ -90,6 +91,13 @@ def check_performance(pair, decodes, *, method: str = "draft_model", k: int = 4,
     if tree is not None:
         best_k, expected, tree_figures = recommend_tree_depth(pair, decodes, tree, per_position, measured, speculative)
         extrapolated_k, extrapolated = best_k, expected  # a tree is never cut deeper than registered
+    elif method_descriptor(method).draft_length_from_head:
+        # a block drafter drafts its whole block in one forward, and k is the block's (registration
+        # fixed it): nothing to choose; the expected speedup is tokens per step over (c + 1)
+        from specreg.runtime.choose_k import expected_tokens_per_step
+
+        best_k = extrapolated_k = k
+        expected = extrapolated = expected_tokens_per_step(per_position, k) / (cost_ratio + 1.0)
     else:
         # Past the measured positions choose_k can only assume the last one's acceptance holds:
         # recommend within what was measured, and name a deeper optimum as an extrapolation.

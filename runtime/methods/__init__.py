@@ -1,5 +1,6 @@
 """One module per drafting method, each owning its loading and its drafter behind the protocol
-of base.py: draft_model.py, ngram.py, suffix.py, eagle3.py, medusa.py, mtp.py. A module is named
+of base.py: draft_model.py, ngram.py, suffix.py, eagle3.py, medusa.py, mtp.py, dflash.py, dspark.py
+(block drafters: dspark.py reuses dflash.py's block forward). A module is named
 as the registry names its method (specreg.core.methods.METHODS, the one table of methods) and
 defines METHOD; the decode loop asks for it by name here and never branches on the name itself.
 

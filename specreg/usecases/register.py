@@ -40,6 +40,11 @@ def register(registry, name: str, *, target: str, draft: str | None = None, num_
     if config.method.has_head:
         head = describe_head(config, target_ref, draft_ref, allow_verifier_mismatch=allow_verifier_mismatch)
         config = dataclasses.replace(config, head=head)
+        if config.method.descriptor.draft_length_from_head:
+            from specreg.core.heads.dflash_checkpoint import block_draft_length
+
+            config = dataclasses.replace(config, num_speculative_tokens=block_draft_length(
+                head, config.num_speculative_tokens))
         registry.warnings.extend(head["fit"].get("warnings", ()))
     elif allow_verifier_mismatch:
         raise UsageError("--allow-verifier-mismatch applies to methods eagle3, medusa and mtp")

@@ -68,7 +68,25 @@ def pairs_under_test(target, tokenizer, drafts, heads, mtp_pairs):  # noqa: F811
                         DecodeConfig(method="eagle3", k=3, tree=TREE)),
         "medusa tree": (ModelPair(target, tokenizer, medusa.eval(), vocab), DecodeConfig(method="medusa", k=3, tree=TREE)),
         "mtp": (mtp_pairs["trained"], DecodeConfig(method="mtp", k=2)),
+        "dflash": (ModelPair(target, tokenizer, block_head(target, seed=8), vocab), DecodeConfig(method="dflash", k=3)),
+        "dspark": (ModelPair(target, tokenizer, block_head(target, seed=9, markov_rank=8, sample_from_anchor=True),
+                             vocab), DecodeConfig(method="dspark", k=4)),
     }
+
+
+def block_head(target, seed: int, **options):
+    """A random DFlash / DSpark head (block 4) whose weights are scaled up so that its drafts vary
+    with the context."""
+    from specreg.runtime.methods.dflash import new_block_head
+
+    vocab = int(target.get_output_embeddings().weight.shape[0])
+    head = new_block_head(target, block_size=4, mask_token_id=vocab - 1, aux_layer_ids=(1, 2), seed=seed, **options)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in head.named_parameters():
+            if not name.startswith(("embed_tokens", "lm_head")):
+                parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.5)
+    return head.eval()
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +96,7 @@ def pairs(target, tokenizer, drafts, heads, mtp_pairs):  # noqa: F811
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("name", ["draft_model aligned", "draft_model random", "ngram", "suffix", "eagle3",
-                                  "eagle3 tree", "medusa tree", "mtp"])
+                                  "eagle3 tree", "medusa tree", "mtp", "dflash", "dspark"])
 def test_batch_equals_each_prompt_alone(pairs, prompts, name, sampled):
     pair, base = pairs[name]
     configs = row_configs(dataclasses.replace(base, eos_token_ids=()), sampled)
@@ -93,7 +111,7 @@ def test_batch_equals_each_prompt_alone(pairs, prompts, name, sampled):
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("name", ["draft_model aligned", "draft_model random", "ngram", "suffix", "eagle3",
-                                  "eagle3 tree", "medusa tree", "mtp"])
+                                  "eagle3 tree", "medusa tree", "mtp", "dflash", "dspark"])
 def test_rows_joining_as_others_finish_decode_as_alone(pairs, prompts, name, sampled):
     """Eight prompts through a batch of three: rows join as rows end (each after its own first
     step, its cache columns and drafter state then merged into the batch's), and every row still
@@ -107,7 +125,7 @@ def test_rows_joining_as_others_finish_decode_as_alone(pairs, prompts, name, sam
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
-@pytest.mark.parametrize("name", ["draft_model aligned", "eagle3", "mtp"])
+@pytest.mark.parametrize("name", ["draft_model aligned", "eagle3", "mtp", "dflash"])
 def test_rows_joining_on_the_engines_schedule_decode_as_alone(pairs, prompts, name, sampled):
     """On the engines' schedule (validate's) a joining row drafts nothing in its first step: the
     draft model is fed its prompt in a forward of its own before it joins, and every row still

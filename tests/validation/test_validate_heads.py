@@ -31,7 +31,33 @@ def heads(models, tmp_path_factory):
     with torch.no_grad():
         for parameter in medusa.parameters():
             parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.3 * (parameter.std() + 0.01))
-    return {"eagle3": eagle3, "medusa": save_medusa_heads(medusa, root / "medusa")}
+    from specreg.runtime.methods.dflash import new_block_head, save_block_head
+
+    vocab = int(target.get_output_embeddings().weight.shape[0])
+    dspark = new_block_head(target, block_size=4, mask_token_id=vocab - 1, aux_layer_ids=(1,), markov_rank=4,
+                            sample_from_anchor=True, seed=6)
+    with torch.no_grad():
+        for name, parameter in dspark.named_parameters():
+            if not name.startswith(("embed_tokens", "lm_head")):
+                parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.5)
+    return {"eagle3": eagle3, "medusa": save_medusa_heads(medusa, root / "medusa"),
+            "dspark": save_block_head(dspark, root / "dspark", "dspark", str(models["target"]))}
+
+
+def test_dspark_pair_validates_with_k_from_its_block(registry, models, heads, golden_path):
+    version = registry.register("dsp", target=str(models["target"]), draft=str(heads["dspark"]),
+                                method="dspark").version
+    assert version.config.num_speculative_tokens == 4  # the block, sample_from_anchor
+    outcome = registry.validate("dsp@1", golden=str(golden_path), device="cpu", gpu_memory="1GiB",
+                                distribution_samples=2000,
+                                checks="integrity,tokenizer,equivalence,distribution,acceptance,performance")
+    found = {check.name: check for check in outcome.checks}
+    for name in ("integrity", "tokenizer", "equivalence", "distribution", "acceptance"):
+        assert found[name].status == "pass", (name, found[name].summary)
+    assert found["distribution"].evidence["draft_law"] == "the dspark head's distribution from the target's hidden states"
+    performance = found["performance"]
+    # one block forward a step: the k to recommend is the block's, no other
+    assert performance.figures["recommended_k"] == performance.figures["extrapolated_k"] == 4
 
 
 def test_medusa_pair_validates_on_the_tree_runtime(registry, models, heads, golden_path):

@@ -105,6 +105,12 @@ def refusal(pair_version: PairVersion) -> str | None:
         return MEDUSA_REFUSAL
     if method is SpecMethod.SUFFIX:
         return SUFFIX_REFUSAL
+    if method is SpecMethod.DFLASH:
+        return dflash_refusal(pair_version)
+    if method is SpecMethod.DSPARK:
+        return ("llama-server's draft-dspark conditions each Markov step on the previous slot's argmax, not on the "
+                "token it drafted (src/models/dflash.cpp:347-348), so sampled drafts differ from the validated ones; "
+                "its export is not written or checked yet")
     if method is SpecMethod.MTP:
         family = ((pair_version.config.head or {}).get("layout") or "").removeprefix("mtp:")
         if family not in MTP_FAMILIES:
@@ -132,6 +138,33 @@ def variant_refusal(head_path: str) -> str | None:
         return (f"the head sets {' and '.join(unread)}; llama.cpp's EAGLE-3 reads norm_before_residual and "
                 f"norm_before_fc only (src/models/eagle3.cpp:24-33), so it would draft otherwise than validated")
     return None
+
+
+def dflash_refusal(pair_version: PairVersion) -> str | None:
+    """A DFlash head llama.cpp would load otherwise than our runtime ran it, or not at all. Its
+    converter writes dflash.target_layers as target_layer_ids + 1, the states entering those
+    layers (conversion/qwen.py:735-738), as our runtime reads them; llama-server drafts a block of
+    --spec-draft-n-max + 1 (the registered k + 1: the head's block) and reads slots 1.. of it
+    (common/speculative.cpp:1205, 1290-1293)."""
+    head = pair_version.config.head or {}
+    block = head.get("block") or {}
+    if head.get("layout") != "dflash":
+        return ("llama.cpp's converter takes the engine-native DFlashDraftModel layout only (conversion/qwen.py:664), "
+                "not speculators' DFlashSpeculator: register the head in that layout")
+    if block.get("sample_from_anchor"):
+        return ("the head drafts from its anchor slot; llama-server's draft-dflash reads slots 1.. of the block "
+                "(common/speculative.cpp:1290-1293)")
+    layers = target_layers_of(pair_version)
+    if layers in (head.get("fit") or {}).get("aux_layer_ids", ()):
+        return (f"the head reads layer {layers - 1}'s output, the target's last: llama.cpp reads it, our runtime does "
+                f"not, so the head was never validated as llama-server would run it")
+    return None
+
+
+def target_layers_of(pair_version: PairVersion) -> int:
+    from specreg.core.heads.spec import read_target_shape
+
+    return read_target_shape(pair_version.target.path).num_hidden_layers
 
 
 def eagle3_refusal(pair_version: PairVersion) -> str | None:
@@ -186,7 +219,8 @@ def gguf_name(opts: dict[str, Any]) -> str:
 def context(export: Export) -> dict[str, Any]:
     # every export renders every engine's keys (for user templates): decided by the method alone
     # here, the head's files are read by refusal() when the export is llama.cpp's
-    if export.config.method not in (SpecMethod.DRAFT_MODEL, SpecMethod.EAGLE3) or export.draft_source is None:
+    if export.config.method not in (SpecMethod.DRAFT_MODEL, SpecMethod.EAGLE3, SpecMethod.DFLASH) \
+            or export.draft_source is None:
         return {"llamacpp_command": None}
     name = gguf_name(export.opts)
     schedule = ((export.baselines or {}).get("engine_baseline") or {}).get("speculation_schedule")
@@ -203,13 +237,17 @@ def context(export: Export) -> dict[str, Any]:
 def spec_type(pair_version: PairVersion) -> str:
     """llama-server's --spec-type for the pair's -md file: an EAGLE-3 head drafts from the target's
     layer inputs (draft-eagle3), a draft model on its own (draft-simple)."""
-    return "draft-eagle3" if pair_version.config.method is SpecMethod.EAGLE3 else "draft-simple"
+    return SPEC_TYPES.get(pair_version.config.method.value, "draft-simple")
+
+
+# what reads the -md file beside the target, by the method registered (a draft model: draft-simple)
+SPEC_TYPES = {"eagle3": "draft-eagle3", "dflash": "draft-dflash"}
 
 
 def command(target_gguf: str, draft_gguf: str | None, k: int, opts: dict[str, Any], served_name: str,
             program: str = "llama-server", spec_type: str = "draft-simple") -> list[list[str]]:
     """llama-server's argument lines (long flag names): the target, the draft (``spec_type``:
-    draft-simple or draft-eagle3) drafting k tokens greedily at every step (none without a
+    draft-simple, draft-eagle3 or draft-dflash) drafting k tokens greedily at every step (none without a
     draft), the slots, /metrics, the name and the address."""
     lines = [[program], ["--model", target_gguf]]
     if draft_gguf is not None:
@@ -266,7 +304,8 @@ def converted_files(pair_version: PairVersion, gguf_type: str, log=None, *,
     files = {"target": llamacpp_build.converted(target.path, target.fingerprint, gguf_type, log=log,
                                                 records=records)}
     if pair_version.draft is not None:
-        head_of = (target.path, target.fingerprint) if pair_version.config.method is SpecMethod.EAGLE3 else None
+        # a head is converted against its target: its GGUF takes the target's vocabulary
+        head_of = (target.path, target.fingerprint) if pair_version.config.method.has_head else None
         files["draft"] = llamacpp_build.converted(pair_version.draft.path, pair_version.draft.fingerprint, gguf_type,
                                                   log=log, records=records, target=head_of)
     return files
@@ -403,7 +442,7 @@ def serve_export(export_dir: str | Path, *, records, draft: bool = True, paralle
         raise SpecregError(f"{folder}: not a llamacpp export (expected one GGUF in each of "
                            f"{GGUF_DIR}/target and {GGUF_DIR}/draft)")
     k = int(lock["speculative_config"]["num_speculative_tokens"])
-    kind = "draft-eagle3" if lock["speculative_config"].get("method") == "eagle3" else "draft-simple"
+    kind = SPEC_TYPES.get(lock["speculative_config"].get("method"), "draft-simple")
     return start_server(found["target"][0], found["draft"][0] if draft else None, records=records, k=k,
                         parallel=parallel, port=port, threads=threads, log=log, spec_type=kind)
 

@@ -54,6 +54,8 @@ def refusal(pair_version: PairVersion) -> str | None:
         return TREE_REFUSAL
     if config.method is SpecMethod.EAGLE3:
         return eagle3_refusal(pair_version)
+    if config.method in (SpecMethod.DFLASH, SpecMethod.DSPARK):
+        return block_refusal(pair_version)
     reason = mtp_refusal(pair_version)
     if reason is None and config.method is SpecMethod.MTP and mtp_family(pair_version) != "deepseek":
         # sglang/srt/configs/model_config.py:1032-1036 turns DeepseekV3/V32ForCausalLM drafts into their
@@ -82,15 +84,19 @@ def command(pair_version: PairVersion, target_source: str, draft_source: str | d
         lines.append(["--revision", pair_version.target.revision])
     # NEXTN (MTP) is SGLang's alias of EAGLE whose draft defaults to the target itself.
     method = pair_version.config.method
-    algorithm = {SpecMethod.DRAFT_MODEL: "STANDALONE", SpecMethod.EAGLE3: "EAGLE3", SpecMethod.MTP: "NEXTN"}[method]
+    algorithm = {SpecMethod.DRAFT_MODEL: "STANDALONE", SpecMethod.EAGLE3: "EAGLE3", SpecMethod.MTP: "NEXTN",
+                 SpecMethod.DFLASH: "DFLASH", SpecMethod.DSPARK: "DSPARK"}[method]
     lines.append(["--speculative-algorithm", algorithm])
     if draft_source is not None:
         lines.append(["--speculative-draft-model-path", draft_source])
         if pair_version.draft.revision:
             lines.append(["--speculative-draft-model-revision", pair_version.draft.revision])
-    lines.append(["--speculative-num-steps", str(k)])
+    # a block drafter drafts its block in one step (SGLang forces num_steps 1 for DFLASH and DSPARK,
+    # sglang/srt/arg_groups/speculative_hook.py:329-349, 755-766)
+    lines.append(["--speculative-num-steps", str(1 if (pair_version.config.head or {}).get("block") else k)])
     lines.append(["--speculative-eagle-topk", "1"])
-    # SGLang counts the verified root token among the draft tokens: with top-k 1 that is k + 1.
+    # SGLang counts the verified root token among the draft tokens: with top-k 1 that is k + 1 (DFLASH:
+    # the block size, speculative_hook.py:364-385; DSPARK: gamma + 1, speculative_hook.py:822-839).
     lines.append(["--speculative-num-draft-tokens", str(k + 1)])
     if opts["tensor_parallel_size"] > 1:
         lines.append(["--tp-size", str(opts["tensor_parallel_size"])])
@@ -156,6 +162,24 @@ def eagle3_refusal(pair_version: PairVersion) -> str | None:
     if head_config(pair_version).get("norm_before_residual"):
         return ("the head was trained with norm_before_residual; SGLang's first EAGLE-3 layer keeps the un-normed "
                 "hidden state as the residual (sglang/srt/models/llama_eagle3.py:96-99)")
+    return None
+
+
+def block_refusal(pair_version: PairVersion) -> str | None:
+    """Why SGLang 0.5.23 cannot serve this DFlash / DSpark head as registered (None: it can)."""
+    block = (pair_version.config.head or {}).get("block") or {}
+    if pair_version.config.head.get("layout") == "speculators":
+        return ("SGLang 0.5.23 reads a block drafter's config through transformers (the speculators layout has no "
+                "model_type: get_config raises) and its target layers from dflash_config.target_layer_ids "
+                "(sglang/srt/speculative/dflash_utils.py:657-660); register the head in its engine-native layout")
+    if pair_version.config.method is SpecMethod.DSPARK and not block.get("sample_from_anchor"):
+        return ("the head drafts block_size - 1 tokens after a bonus anchor; SGLang 0.5.23's DSPARK drafts gamma = "
+                "block_size from the anchor (sglang/srt/speculative/dspark_components/dspark_config.py:29-31, "
+                "speculative_hook.py:806-822)")
+    architecture = pair_version.target.fingerprint.architecture
+    if architecture not in PLUS_ONE_CAPTURE:
+        return (f"which target states SGLang 0.5.23 captures for a block drafter depends on the target's model class "
+                f"(set_dflash_layers_to_capture); it is checked for {', '.join(PLUS_ONE_CAPTURE)}, not {architecture}")
     return None
 
 

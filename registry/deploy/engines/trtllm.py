@@ -51,10 +51,18 @@ SUFFIX_REFUSAL = ("TensorRT-LLM 1.2 has no suffix decoding: its speculative_conf
                   "(tensorrt_llm/llmapi/llm_args.py of the 1.2 line, as templates/engines/trtllm-1.2.json records it)")
 
 
+BLOCK_REFUSAL = ("TensorRT-LLM 1.2 has no block drafter: its speculative_config decoding_type is one of MTP, "
+                 "Medusa, Eagle, Lookahead, NGram, DraftTarget, SaveState, UserProvided and AUTO "
+                 "(tensorrt_llm/llmapi/llm_args.py of the 1.2 line, as templates/engines/trtllm-1.2.json records "
+                 "it); DFlashDecodingConfig (mask_token_id, target_layer_ids) came after 1.2")
+
+
 def refusal(pair_version: PairVersion) -> str | None:
     config = pair_version.config
     if config.method is SpecMethod.SUFFIX:
         return SUFFIX_REFUSAL
+    if config.method in (SpecMethod.DFLASH, SpecMethod.DSPARK):
+        return BLOCK_REFUSAL
     if config.tree is not None and config.method.has_head:
         return f"the registered candidate tree is static and TensorRT-LLM 1.2's eagle_choices is not usable: {EAGLE_CHOICES}"
     reason = mtp_refusal(pair_version)

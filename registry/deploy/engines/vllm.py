@@ -77,8 +77,12 @@ def speculative_config(pair_version: PairVersion, draft_source: str | None, opts
     config = pair_version.config
     k = config.num_speculative_tokens
     speculative: dict[str, Any] = {"method": config.method.value, "num_speculative_tokens": k}
-    if config.method in (SpecMethod.DRAFT_MODEL, SpecMethod.EAGLE3):
-        # eagle3: `model` is the head; vLLM builds its draft ModelConfig with the target's tokenizer
+    if config.method in (SpecMethod.DRAFT_MODEL, SpecMethod.EAGLE3, SpecMethod.DFLASH, SpecMethod.DSPARK):
+        # eagle3, dflash, dspark: `model` is the head; vLLM builds its draft ModelConfig with the
+        # target's tokenizer. Block drafters: k is the head's block less the anchor (or the whole block
+        # with sample_from_anchor), as registration fixed it; verification stays vLLM's default
+        # "standard" rejection sampling: the lossy "fly" and fake "synthetic" are never written
+        # (vllm/config/speculative.py:562-569)
         speculative["model"] = draft_source
         speculative["draft_tensor_parallel_size"] = opts["draft_tensor_parallel_size"]
         if pair_version.draft.revision:

@@ -1,4 +1,5 @@
-"""Speculative heads that draft from the target's own states: EAGLE-3 (and EAGLE), Medusa, MTP.
+"""Speculative heads that draft from the target's own states: EAGLE-3 (and EAGLE), Medusa, MTP,
+DFlash and DSpark.
 
 `read_head` (here) recognises a head directory (for MTP: the target's own directory) and returns a
 HeadSpec; `fit.check_head_fits` checks it against the target and raises HeadMismatchError naming
@@ -14,6 +15,8 @@ One module per concern; each names the engine and format sources it follows:
   EAGLE(-1/2), the aux layer ids;
 - medusa_checkpoint.py: Medusa heads (FasterDecoding/Medusa, TGI);
 - mtp_checkpoint.py: the MTP layers inside a target (vLLM's MTP families);
+- dflash_checkpoint.py: block drafters (DFlash, DSpark) in the speculators and engine-native
+  layouts, their block and their target layers in each project's numbering;
 - vocabulary.py: the d2t/t2d vocabulary map and the draft token strings against the target's;
 - fit.py: the declared verifier and check_head_fits, which binds a head to a target.
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from specreg.core.fingerprint import read_json_file
+from specreg.core.heads.dflash_checkpoint import block_drafter_kind, read_block_drafter
 from specreg.core.heads.eagle3_checkpoint import eagle_architectures, read_eagle_checkpoint, read_speculators
 from specreg.core.heads.medusa_checkpoint import read_medusa
 from specreg.core.heads.mtp_checkpoint import read_mtp
@@ -49,7 +53,9 @@ def read_head(directory: str | Path, method: str | None = None) -> HeadSpec:
     if not config_path.is_file():
         raise ModelReferenceError(f"{directory}: no config.json (not a head directory)")
     config = read_json_file(config_path)
-    if "speculators_model_type" in config:
+    if block_drafter_kind(config) is not None:
+        spec = read_block_drafter(directory, config_path, config)
+    elif "speculators_model_type" in config:
         spec = read_speculators(directory, config_path, config)
     elif "medusa_num_heads" in config:
         spec = read_medusa(directory, config_path, config)
@@ -77,6 +83,9 @@ def head_in_place_of_a_model(directory: str | Path) -> tuple[str, str | None] | 
     except ModelReferenceError:
         return None
     architectures = config.get("architectures") if isinstance(config.get("architectures"), list) else []
+    block_kind = block_drafter_kind(config)
+    if block_kind is not None:
+        return f"a {block_kind} block drafter (architectures {architectures})", block_kind
     if "speculators_model_type" in config:
         kind = config["speculators_model_type"]
         known = HEAD_FORMATS.get(kind)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specreg.core.heads.dflash_checkpoint import check_block_layers
 from specreg.core.heads.eagle3_checkpoint import check_aux_layers
 from specreg.core.heads.eagle3_variants import layers_fed, numbering_warnings, read_eagle3_variant
 from specreg.core.heads.spec import HeadSpec, TargetShape, read_target_shape
@@ -132,6 +133,9 @@ def check_head_fits(head: HeadSpec, target_directory: str | Path, *, target_refe
         aux, aux_notes, warnings = check_aux_layers(head, target)
         notes += aux_notes
         fed = _eagle3_layers_fed(head, target, warnings)
+    if head_format.block:
+        aux, aux_notes, warnings = check_block_layers(head, target)
+        notes += aux_notes
 
     if head.target_vocab_size != target.vocab_size:
         field_name = head_format.vocab_size_field

@@ -44,6 +44,9 @@ class HeadSpec:
     weight_files: tuple[str, ...]  # files holding `tensors`
     layer_type: str | None = None  # transformer_layer_config.model_type (vLLM serves llama, qwen3)
     notes: tuple[str, ...] = ()  # defaults applied while reading
+    # block drafters (DFlash, DSpark): block_size, draft_length, sample_from_anchor, mask_token_id,
+    # causal, the layer ids as declared and their numbering, DSpark's Markov head; None for others
+    block: dict[str, Any] | None = None
 
     def tensor(self, name: str) -> HeadTensor | None:
         return next((t for t in self.tensors if t.name == name), None)
@@ -55,6 +58,8 @@ class HeadSpec:
         for name in ("aux_layer_ids", "verifier_architectures", "weight_files", "notes"):
             data[name] = list(data[name]) if data[name] is not None else None
         data["verifier_fingerprint"] = dict(self.verifier_fingerprint)
+        if self.block is None:  # only when set: other heads' bindings hash as before it existed
+            del data["block"]
         return data
 
     @classmethod
