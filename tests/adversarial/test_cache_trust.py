@@ -128,7 +128,8 @@ def stand_in_converter(monkeypatch):
 
     runs = []
 
-    def convert(model_dir, outfile, outtype="f32", target_model_dir=None):  # as llamacpp_build.convert
+    # as llamacpp_build.convert
+    def convert(model_dir, outfile, outtype="f32", target_model_dir=None, config_updates=None):
         runs.append(str(model_dir))
         Path(outfile).parent.mkdir(parents=True, exist_ok=True)
         Path(outfile).write_bytes(b"GGUF" + hashlib.sha256(f"{model_dir}:{outtype}".encode()).digest())

@@ -36,7 +36,8 @@ from typing import Any
 
 from specreg.errors import SpecregError, UsageError
 from specreg.registry.deploy.engines import llamacpp_build, vllm
-from specreg.registry.deploy.engines.common import Export, no_check, no_head_layout, schedule_depth
+from specreg.registry.deploy.engines.common import (Export, no_check, no_head_layout, schedule_depth,
+                                                    trained_aux_layers)
 from specreg.registry.store.entities import PairVersion, SpecMethod
 
 ENGINE = "llamacpp"
@@ -249,10 +250,45 @@ def converted_files(pair_version: PairVersion, gguf_type: str, log=None, *,
     files = {"target": llamacpp_build.converted(target.path, target.fingerprint, gguf_type, log=log,
                                                 records=records)}
     if pair_version.draft is not None:
-        head_of = (target.path, target.fingerprint) if pair_version.config.method is SpecMethod.EAGLE3 else None
+        head_of, updates = None, None
+        if pair_version.config.method is SpecMethod.EAGLE3:
+            # the converter reads the ids from the head config's top level only, else its default
+            # (conversion/llama.py:74-81): ModelOpt and SpecForge write them inside eagle_config alone,
+            # so the registered ids are written where it reads them
+            head_of = (target.path, target.fingerprint)
+            updates = {"eagle_aux_hidden_state_layer_ids": list(trained_aux_layers(pair_version))}
         files["draft"] = llamacpp_build.converted(pair_version.draft.path, pair_version.draft.fingerprint, gguf_type,
-                                                  log=log, records=records, target=head_of)
+                                                  log=log, records=records, target=head_of, config_updates=updates)
+        if head_of is not None:  # what llama-server feeds the head, read back before the GGUF is used
+            from specreg.registry.deploy import read_back
+
+            where = f"{GGUF_DIR}/draft/{gguf_name({'gguf_type': gguf_type})}"
+            read_back.check_values("llama.cpp's GGUF", pair_version,
+                                   llamacpp_build.gguf_values(files["draft"][0], where))
     return files
+
+
+def read_back(export: Export, files: dict[str, Any]) -> list:
+    """What llama-server will run from llama-server.sh's exec line (common/arg.cpp's flags, the last
+    one given winning): the target GGUF's folder, and where it drafts, the draft's --spec-type
+    (draft-eagle3: eagle3, draft-simple: draft_model) and --spec-draft-n-max (k). The GGUF files
+    are read back in converted_files."""
+    from specreg.registry.deploy import read_back as rb
+
+    if "llama-server.sh" not in files:
+        return []
+    where = "llama-server.sh"
+    flags = rb.flag_values(rb.exec_argv(files[where], where)[1:],
+                           {"--model", "--spec-draft-model", "--spec-type", "--spec-draft-n-max"})
+    read = [rb.ReadValue("target", str(Path(flags["--model"]).parent) if "--model" in flags else None,
+                         f"{where} --model")]
+    if "--spec-draft-model" not in flags:  # speculation measured off at these slots: nothing drafts
+        return read
+    kinds = {"draft-eagle3": "eagle3", "draft-simple": "draft_model"}
+    read.append(rb.ReadValue("method", kinds.get(flags.get("--spec-type"), flags.get("--spec-type")),
+                             f"{where} --spec-type {flags.get('--spec-type')}"))
+    read.append(rb.ReadValue("k", rb.as_int(flags.get("--spec-draft-n-max"), where), f"{where} --spec-draft-n-max"))
+    return read
 
 
 # ---------------------------------------------------------------------------------------------
