@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specreg.core.methods import HEAD_FORMATS
 from specreg.errors import ReadBackError
-from specreg.registry.store.entities import PairVersion, SpecMethod
+from specreg.registry.store.entities import PairVersion
 
 FIELDS = ("method", "k", "aux_layers", "vocab_map", "target", "target_revision")
 
@@ -45,7 +46,8 @@ def registered(pair_version: PairVersion, target_source: str | None = None) -> d
                               "target_revision": pair_version.target.revision}
     if target_source is not None:
         values["target"] = target_source
-    if config.method is SpecMethod.EAGLE3:
+    head_format = HEAD_FORMATS.get(config.method.value)
+    if head_format is not None and head_format.aux_layers:  # EAGLE-3: the layers it reads, its d2t map
         values["aux_layers"] = list(trained_aux_layers(pair_version))
         values["vocab_map"] = registered_vocab_map(pair_version)
     return values
@@ -57,7 +59,7 @@ def registered_vocab_map(pair_version: PairVersion) -> list[int] | None:
     from specreg.core.heads import read_head
     from specreg.core.heads.vocabulary import read_vocab_map
 
-    head = read_head(pair_version.draft.path, method="eagle3")
+    head = read_head(pair_version.draft.path, method=pair_version.config.method.value)
     found = read_vocab_map(head) if head.has_vocab_map else None
     return vocab_map(found.draft_to_target if found is not None else None)
 
