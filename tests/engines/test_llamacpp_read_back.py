@@ -53,18 +53,6 @@ def target_layers(gguf_path: Path) -> list[int]:
     return [int(fields["eagle3.target_layers"].parts[i][0]) for i in fields["eagle3.target_layers"].data]
 
 
-@pytest.mark.slow
-def test_the_converter_alone_writes_its_default_for_ids_inside_eagle_config(modelopt):
-    # the failure as it was: the head's folder converted as it is
-    from specreg.registry.deploy.engines import llamacpp_build
-
-    version = modelopt.registry.get("modelopt@1")
-    assert version.config.head["fit"]["aux_layer_ids"] == AUX  # registered (and validated) from eagle_config
-    path = llamacpp_build.convert(version.draft.path, modelopt.root / "as-is.gguf", "f32",
-                                  target_model_dir=version.target.path)
-    assert target_layers(path) == DEFAULT
-
-
 def test_export_writes_the_registered_ids_where_the_converter_reads_them(modelopt):
     out = modelopt.root / "export"
     modelopt.registry.export("modelopt@1", "llamacpp", out_dir=str(out), force=True)
@@ -77,6 +65,8 @@ def test_export_writes_the_registered_ids_where_the_converter_reads_them(modelop
 
 
 def test_a_gguf_that_reads_back_other_layers_is_refused_and_nothing_is_written(modelopt, monkeypatch):
+    """The failure as it was: the head's folder converted as it is gets the converter's default layers;
+    read back from the GGUF, the export is refused before anything is written."""
     from specreg.errors import ReadBackError
     from specreg.registry.deploy.engines import llamacpp_build
 
@@ -85,11 +75,55 @@ def test_a_gguf_that_reads_back_other_layers_is_refused_and_nothing_is_written(m
     def as_before(*args, config_updates=None, **kwargs):  # the export as it was: the head's config as it is
         return converted(*args, **kwargs)
 
+    version = modelopt.registry.get("modelopt@1")
+    assert version.config.head["fit"]["aux_layer_ids"] == AUX  # registered (and validated) from eagle_config
+
     monkeypatch.setattr(llamacpp_build, "converted", as_before)
     out = modelopt.root / "refused"
     with pytest.raises(ReadBackError) as info:
         modelopt.registry.export("modelopt@1", "llamacpp", out_dir=str(out), force=True)
     assert str(info.value) == (
-        "llama.cpp's GGUF of modelopt@1 refused: gguf/draft/model-f32.gguf eagle3.target_layers reads back "
+        "llamacpp export of modelopt@1 refused: gguf/draft/model-f32.gguf eagle3.target_layers reads back "
         f"{DEFAULT}, registered {AUX}; the lock binds only what reads back as registered")
     assert not out.exists() and info.value.exit_code == 1
+
+
+def write_gguf(path: Path, architecture: str, layers: list[int], draft_to_target: list[int]) -> Path:
+    """A GGUF holding what llama-server reads of an EAGLE-3 head, written with gguf-py's own writer."""
+    import numpy as np
+
+    from specreg.registry.deploy.engines import llamacpp_build
+
+    gguf = llamacpp_build.gguf_package()
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_array(f"{architecture}.target_layers", layers)
+    writer.add_tensor("d2t", np.array(draft_to_target, np.int64), raw_dtype=gguf.GGMLQuantizationType.I64)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("architecture, layers, shift, message", [
+    ("eagle3", AUX, 0, None),
+    ("eagle3", [10, 1, 18], 0, "eagle3.target_layers reads back [10, 1, 18], registered [1, 10, 18]"),
+    ("eagle3", AUX, 1, "d2t reads back draft id 0 -> target id 4, registered 3"),
+    ("llama", AUX, 0, "general.architecture 'llama' reads back 'draft_model', registered 'eagle3'"),
+])
+def test_the_gguf_reader_refuses_other_layers_order_d2t_or_architecture(modelopt, tmp_path, architecture, layers,
+                                                                         shift, message):
+    from specreg.errors import ReadBackError
+    from specreg.registry.deploy import read_back
+    from specreg.registry.deploy.engines import llamacpp_build
+
+    version = modelopt.registry.get("modelopt@1")
+    draft_to_target = list(range(3, modelopt.vocab, 2))
+    draft_to_target[0] += shift
+    path = write_gguf(tmp_path / "head.gguf", architecture, layers, draft_to_target)
+    values = llamacpp_build.gguf_values(path, "gguf/draft/model-f32.gguf")
+    if message is None:
+        read_back.check_values("llamacpp export", version, values)
+        return
+    with pytest.raises(ReadBackError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        read_back.check_values("llamacpp export", version, values)

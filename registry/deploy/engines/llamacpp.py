@@ -214,14 +214,22 @@ def write_models(pair_version: PairVersion, out_dir: str | Path, opts: dict[str,
     llamacpp_build.converted); returns {role: ("gguf/<role>", {file: sha256})}, what the pair lock
     binds for each role (lock.build_lock engine_layouts); ``records``: the registry's recorded
     conversions (registry.store.engine_artifacts.ArtifactRecords). Called once the models were checked
-    against their fingerprints. An existing file is refused unless ``overwrite``; each file is
-    copied beside its place, hashed as written and moved there whole."""
+    against their fingerprints. An EAGLE-3 head's GGUF is read back first (gguf_values): one naming
+    other layers or another vocabulary map than registered is refused (ReadBackError), nothing copied.
+    An existing file is refused unless ``overwrite``; each file is copied beside its place, hashed as
+    written and moved there whole."""
     import shutil
 
     from specreg.core.fingerprint import sha256_file
 
     layouts = {}
     ggufs = converted_files(pair_version, opts["gguf_type"], log=log, records=records)
+    if pair_version.config.method is SpecMethod.EAGLE3:
+        # what llama-server feeds the head, read back from the cached GGUF before anything is copied
+        from specreg.registry.deploy import read_back
+
+        read_back.check_values("llamacpp export", pair_version,
+                               llamacpp_build.gguf_values(ggufs["draft"][0], gguf_file("draft", opts)))
     for role, (cached, digest) in ggufs.items():
         path = Path(out_dir) / gguf_file(role, opts)
         if path.exists() and not overwrite:
@@ -259,12 +267,6 @@ def converted_files(pair_version: PairVersion, gguf_type: str, log=None, *,
             updates = {"eagle_aux_hidden_state_layer_ids": list(trained_aux_layers(pair_version))}
         files["draft"] = llamacpp_build.converted(pair_version.draft.path, pair_version.draft.fingerprint, gguf_type,
                                                   log=log, records=records, target=head_of, config_updates=updates)
-        if head_of is not None:  # what llama-server feeds the head, read back before the GGUF is used
-            from specreg.registry.deploy import read_back
-
-            where = f"{GGUF_DIR}/draft/{gguf_name({'gguf_type': gguf_type})}"
-            read_back.check_values("llama.cpp's GGUF", pair_version,
-                                   llamacpp_build.gguf_values(files["draft"][0], where))
     return files
 
 
@@ -272,7 +274,7 @@ def read_back(export: Export, files: dict[str, Any]) -> list:
     """What llama-server will run from llama-server.sh's exec line (common/arg.cpp's flags, the last
     one given winning): the target GGUF's folder, and where it drafts, the draft's --spec-type
     (draft-eagle3: eagle3, draft-simple: draft_model) and --spec-draft-n-max (k). The GGUF files
-    are read back in converted_files."""
+    are read back in write_models, before they are copied."""
     from specreg.registry.deploy import read_back as rb
 
     if "llama-server.sh" not in files:
