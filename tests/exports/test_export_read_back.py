@@ -161,3 +161,16 @@ def test_vllm_serving_the_head_folder_reads_back_its_verifier_as_the_target(head
         check(plan, [item for item in served if item.value != version.draft.path])
     assert [item.value for item in vllm.read_back(plan, dict(render_files(plan))) if item.field == "target"] == \
         [version.target.path]
+
+
+def test_the_cli_refuses_in_one_line_with_exit_1(heads, monkeypatch):
+    from clirun import run_specreg
+
+    monkeypatch.setattr(sglang, "sglang_aux_ids", list)  # the writer's bug: SGLang's numbering forgotten
+    out = heads.root / "cli"
+    done = run_specreg(["export", "eagle@1", "--format", "sglang", "-o", out, "--force",
+                        "--db", f"sqlite:///{heads.root / 'registry.db'}"])
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    errors = [line for line in done.stderr.splitlines() if "refused" in line]
+    assert len(errors) == 1 and "reads back [2, 4, 5], registered [1, 3, 4]" in errors[0], done.stderr
+    assert not out.exists()
