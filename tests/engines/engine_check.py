@@ -9,9 +9,11 @@ engine's code made of it, or the first line of the error the engine raised; and 
 the content of templates/engines/<engine>-<version>.json as read from the engine's code.
 
 vLLM: the `vllm serve` parser built as vllm.entrypoints.cli.main builds it (ServeSubcommand),
-its validate(), AsyncEngineArgs.from_cli_args, create_engine_config() (which builds the target
-ModelConfig and SpeculativeConfig, whose __post_init__ builds the draft ModelConfig), and the
-scheduler's batch-size lookup build_dynamic_sd_schedule_lookup with the engine's max_num_seqs.
+its validate(), AsyncEngineArgs.from_cli_args, maybe_override_with_speculators (create_engine_config's
+first step), create_engine_config() (which builds the target ModelConfig and SpeculativeConfig,
+whose __post_init__ builds the draft ModelConfig), the EAGLE-3 aux layers as its V2 and V1 model
+runners read them, and the scheduler's batch-size lookup build_dynamic_sd_schedule_lookup with the
+engine's max_num_seqs.
 SGLang: the launch parser, the alias step, the whole argument resolution (with --device cpu), the
 target and draft ModelConfig and the aux layers an EAGLE-3 target captures (check_sglang).
 """
