@@ -127,3 +127,22 @@ def test_the_gguf_reader_refuses_other_layers_order_d2t_or_architecture(modelopt
         return
     with pytest.raises(ReadBackError, match=message.replace("[", r"\[").replace("]", r"\]")):
         read_back.check_values("llamacpp export", version, values)
+
+
+@pytest.mark.slow
+def test_llama_server_runs_the_exported_head_on_the_registered_layers(modelopt):
+    """The export's GGUF files served: llama-server loads the head with eagle3.target_layers [1, 10, 18]
+    (it aborts on a layer it cannot extract, common/speculative.cpp:546-547, 632-633) and drafts."""
+    from realpair import llama_server
+
+    from specreg.registry.deploy.engines.llamacpp import serve_export
+    from specreg.registry.store.engine_artifacts import ArtifactRecords
+
+    llama_server()
+    modelopt.registry.build_llama_server()
+    out = modelopt.root / "served"
+    modelopt.registry.export("modelopt@1", "llamacpp", out_dir=str(out), force=True)
+    with serve_export(out, threads=1, records=ArtifactRecords(modelopt.registry.store, "alice")) as running:
+        assert "draft-eagle3" in running.argv
+        answer = running.completion([1, 5, 9, 13, 17], 8)
+    assert answer["timings"]["draft_n"] > 0
