@@ -371,7 +371,8 @@ def llamacpp_identity(server) -> dict[str, Any]:
 
 def _local_llamacpp(store: Store, version: PairVersion, golden, options: EngineOptions, progress, *, actor: str):
     from specreg.registry.deploy.engines import llamacpp_build
-    from specreg.registry.deploy.engines.llamacpp import spec_type, start_server
+    from specreg.registry.deploy.engines.llamacpp import spec_type
+    from specreg.registry.deploy.engines.llamacpp_server import start_server
     from specreg.runtime.methods import load_pair
     from specreg.validators.context import EngineCheckContext
     from specreg.validators.engine import baselines_of, run_engine_checks

@@ -77,6 +77,12 @@ class HeadMismatchError(SpecregError):
     message names the field."""
 
 
+class ReadBackError(SpecregError):
+    """An export whose files, read back as its engine reads them, name another method, k, aux
+    layers, vocabulary map or target than were registered: nothing is written or signed. The
+    message names the file and key, the value read and the registered one."""
+
+
 class PathTooLongError(UsageError):
     """A path argument the file system cannot hold (ENAMETOOLONG): a component over NAME_MAX
     bytes (255 on Linux and macOS file systems), or the whole path over PATH_MAX."""

@@ -173,3 +173,24 @@ def write_block_drafter(directory: Path, *, kind: str = "dflash", layout: str = 
     config.update(config_extra or {})
     (directory / "config.json").write_text(json.dumps(config))
     return directory
+
+
+def eagle_config_layout(speculators_head: Path, directory: Path, *, weights_prefix: str = "midlayer.") -> Path:
+    """A speculators EAGLE-3 head rewritten as ModelOpt's and SpecForge's exports lay it out (ModelOpt
+    hf_spec_export.py, SpecForge llama3_eagle.py): the decoder-layer fields at the top level,
+    architectures LlamaForCausalLMEagle3, draft_vocab_size, and the aux layer ids only inside
+    eagle_config; the layer's tensors under ``weights_prefix`` (SpecForge's midlayer.*)."""
+    from safetensors.numpy import load_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    source = json.loads((speculators_head / "config.json").read_text())
+    config = dict(source["transformer_layer_config"])
+    config.update({"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "num_hidden_layers": 1,
+                   "draft_vocab_size": source["draft_vocab_size"],
+                   "eagle_config": {"eagle_aux_hidden_state_layer_ids": source["eagle_aux_hidden_state_layer_ids"],
+                                    "use_aux_hidden_state": True}})
+    (directory / "config.json").write_text(json.dumps(config))
+    tensors = load_file(str(speculators_head / "model.safetensors"))
+    save_file({(weights_prefix + name[len("layers.0."):] if name.startswith("layers.0.") else name): value
+               for name, value in tensors.items()}, str(directory / "model.safetensors"))
+    return directory

@@ -32,6 +32,7 @@ def export(registry, ref, fmt: str, *, out_dir: str | None = None, force: bool =
     baselines = export_baselines(registry, version, fmt, options)
     plan = plan_export(version, baselines, fmt, approved=standing.passed and audited.passed, force=force,
                        options=options, unapproved_reason=standing.reason)
+    read_back(plan)
     lock = None if fmt == RULES_FORMAT else pair_lock(registry, plan, baselines, env, out_dir, overwrite)
     audit_head = audited.details.get("audit_head") or registry.store.audit_head()
     files = render(plan, lock, template, signing_key, audit_head)
@@ -41,6 +42,18 @@ def export(registry, ref, fmt: str, *, out_dir: str | None = None, force: bool =
         registry.warnings.append(f"{LOCK_FILE} is unsigned (no --signing-key / SPECREG_SIGNING_KEY): "
                                  f"`specreg verify` refuses it unless --allow-unsigned")
     return files
+
+
+def read_back(plan) -> None:
+    """The planned export's engine files (the shipped templates') read back as its engine parses
+    them (engines/<engine>.py read_back) before anything is written or signed: ReadBackError (exit 1)
+    names the file and key whose value is not the registered one. A format that makes model files
+    reads those back as it makes them (llama.cpp's GGUF: engines/llamacpp.py converted_files)."""
+    from specreg.registry.deploy import read_back as checks
+    from specreg.registry.deploy.exports import render_files
+
+    files = dict(render_files(plan))
+    checks.check(plan, plan.engine.read_back(plan, files))
 
 
 def export_baselines(registry, version: PairVersion, fmt: str, options: dict | None) -> dict | None:

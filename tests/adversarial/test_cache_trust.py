@@ -83,7 +83,7 @@ def test_a_replaced_cached_binary_is_refused_and_never_executed(registered, engi
     one_line(refused, 1, "is not a llama-server this registry recorded as built")
     assert not engine_cache["mark"].exists()
     from specreg.errors import SpecregError
-    from specreg.registry.deploy.engines.llamacpp import start_server
+    from specreg.registry.deploy.engines.llamacpp_server import start_server
 
     with pytest.raises(SpecregError, match="is not a llama-server this registry recorded"):
         start_server("t.gguf", None, records=records)
@@ -128,7 +128,8 @@ def stand_in_converter(monkeypatch):
 
     runs = []
 
-    def convert(model_dir, outfile, outtype="f32", target_model_dir=None):  # as llamacpp_build.convert
+    # as llamacpp_build.convert
+    def convert(model_dir, outfile, outtype="f32", target_model_dir=None, config_updates=None):
         runs.append(str(model_dir))
         Path(outfile).parent.mkdir(parents=True, exist_ok=True)
         Path(outfile).write_bytes(b"GGUF" + hashlib.sha256(f"{model_dir}:{outtype}".encode()).digest())

@@ -9,9 +9,11 @@ engine's code made of it, or the first line of the error the engine raised; and 
 the content of templates/engines/<engine>-<version>.json as read from the engine's code.
 
 vLLM: the `vllm serve` parser built as vllm.entrypoints.cli.main builds it (ServeSubcommand),
-its validate(), AsyncEngineArgs.from_cli_args, create_engine_config() (which builds the target
-ModelConfig and SpeculativeConfig, whose __post_init__ builds the draft ModelConfig), and the
-scheduler's batch-size lookup build_dynamic_sd_schedule_lookup with the engine's max_num_seqs.
+its validate(), AsyncEngineArgs.from_cli_args, maybe_override_with_speculators (create_engine_config's
+first step), create_engine_config() (which builds the target ModelConfig and SpeculativeConfig,
+whose __post_init__ builds the draft ModelConfig), the EAGLE-3 aux layers as its V2 and V1 model
+runners read them, and the scheduler's batch-size lookup build_dynamic_sd_schedule_lookup with the
+engine's max_num_seqs.
 SGLang: the launch parser, the alias step, the whole argument resolution (with --device cpu), the
 target and draft ModelConfig and the aux layers an EAGLE-3 target captures (check_sglang).
 """
@@ -46,10 +48,14 @@ def vllm_parser():
 
 
 def check_vllm(cases: list[dict]) -> list[dict]:
+    from types import SimpleNamespace
+
     from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.transformers_utils.config import maybe_override_with_speculators
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
     from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import get_eagle3_aux_layers_from_config
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     results = []
     for case in cases:
@@ -65,9 +71,15 @@ def check_vllm(cases: list[dict]) -> list[dict]:
             if getattr(args, "model_tag", None) is not None:
                 args.model = args.model_tag
             engine_args = AsyncEngineArgs.from_cli_args(args)
+            # create_engine_config's first step: a served speculators head folder is replaced by its
+            # verifier.name_or_path (model and tokenizer); recorded here, before a hub id fails offline
+            result["speculators_override"] = list(maybe_override_with_speculators(
+                model=engine_args.model, tokenizer=engine_args.tokenizer, trust_remote_code=False,
+                revision=engine_args.revision, vllm_speculative_config=engine_args.speculative_config)[:2])
             config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
             spec = config.speculative_config
             result["target_model"] = config.model_config.model
+            result["target_tokenizer"] = config.model_config.tokenizer
             result["target_revision"] = config.model_config.revision
             result["served_model_name"] = config.model_config.served_model_name
             result["max_num_seqs"] = config.scheduler_config.max_num_seqs
@@ -104,6 +116,13 @@ def check_vllm(cases: list[dict]) -> list[dict]:
                     # after layer idx, models/llama.py, so an id is the state entering that layer)
                     "eagle3_aux_layers": (list(get_eagle3_aux_layers_from_config(spec) or [])
                                           if spec.method == "eagle3" else None),
+                    # the same as the V1 runner reads it (on a CPU, or VLLM_USE_V2_MODEL_RUNNER=0); an
+                    # empty list: neither names ids, so the target's default layers are used
+                    "eagle3_aux_layers_v1": (list(GPUModelRunner._get_eagle3_aux_layers_from_config(
+                        SimpleNamespace(speculative_config=spec)) or []) if spec.method == "eagle3" else None),
+                    # the head keeps its d2t only where its vocabulary is not the target's (llama_eagle3.py:339)
+                    "draft_config_vocab_size": (getattr(spec.draft_model_config.hf_config, "draft_vocab_size", None)
+                                                if spec.method == "eagle3" else None),
                 }
                 if spec.num_speculative_tokens_per_batch_size:
                     # The same call the scheduler makes (vllm/v1/core/sched/scheduler.py).

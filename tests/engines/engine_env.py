@@ -183,7 +183,8 @@ HOST_IMPORTS = {
              "vllm.utils.argparse_utils", "vllm.v1.core.sched.scheduler", "vllm.v1.metrics.loggers",
              "vllm.v1.metrics.stats", "vllm.v1.spec_decode.metrics", "vllm.v1.spec_decode.ngram_proposer",
              "vllm.v1.spec_decode.suffix_decoding", "vllm.v1.spec_decode.dynamic.utils",
-             "vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils", "prometheus_client"),
+             "vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils", "vllm.v1.worker.gpu_model_runner",
+             "vllm.transformers_utils.config", "prometheus_client"),
     "sglang": ("sglang", "sglang.srt.server_args", "sglang.srt.configs.model_config", "sglang.srt.models.registry"),
 }
 HOSTS: dict[str, tuple[list[str], subprocess.Popen, Path]] = {}  # engine -> (import path, engine_host process, its log)

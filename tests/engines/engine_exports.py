@@ -53,6 +53,25 @@ def eagle3_head(models: dict[str, Path]) -> Path:
     return head
 
 
+HUB_VERIFIER = "meta-llama/Llama-3.1-8B-Instruct"  # a hub id the head names as its verifier, never fetched
+
+
+def eagle3_head_variant(models: dict[str, Path], kind: str) -> Path:
+    """The eagle3_head with its verifier.name_or_path a hub id (``kind`` "hub-verifier": what
+    `vllm serve HEAD` would serve instead of the target), or laid out as ModelOpt and SpecForge
+    write it, the ids inside eagle_config only ("modelopt", tests/headfiles.py)."""
+    from headfiles import eagle_config_layout, write_eagle3
+
+    head = models["target"].parent / f"eagle3-head-{kind}"
+    if head.exists():
+        return head
+    if kind == "modelopt":
+        return eagle_config_layout(eagle3_head(models), head)
+    config = json.loads((eagle3_target(models) / "config.json").read_text())
+    return write_eagle3(head, hidden=config["hidden_size"], vocab=config["vocab_size"],
+                        draft_vocab=config["vocab_size"], vocab_map=False, aux=TRAINED_AUX, verifier=HUB_VERIFIER)
+
+
 def mtp_target(models: dict[str, Path]) -> Path:
     """A tiny DeepSeek-V3 target with one MTP layer over the tiny tokenizer (tests/tinymodels.py), beside them."""
     from tinymodels import build_deepseek_v3
@@ -85,9 +104,10 @@ def target_ref(directory: Path) -> ModelRef:
 
 
 def tiny_pair(models: dict[str, Path], method: SpecMethod, max_batch: int | None,
-              target: Path | None = None) -> PairVersion:
+              target: Path | None = None, head: Path | None = None) -> PairVersion:
     """A pair of the tiny local models (tests/tinymodels.py), registered by their paths; ``target``
-    (default: the tiny Llama, or the tiny DeepSeek-V3 for mtp) is the target directory."""
+    (default: the tiny Llama, or the tiny DeepSeek-V3 for mtp) is the target directory, ``head``
+    another EAGLE-3 head than eagle3_head (registered with --allow-verifier-mismatch)."""
     default = {SpecMethod.MTP: mtp_target, SpecMethod.EAGLE3: eagle3_target}.get(method, lambda m: m["target"])
     target = target_ref(target or default(models))
     if method == SpecMethod.MTP:
@@ -100,9 +120,11 @@ def tiny_pair(models: dict[str, Path], method: SpecMethod, max_batch: int | None
         # what registration records of the head (specreg.usecases.register.describe_head: read_head + check_head_fits)
         from specreg.usecases.register import describe_head
 
-        draft = ModelRef(str(eagle3_head(models)), str(eagle3_head(models)), None, fingerprint("e"))
+        folder = str(head or eagle3_head(models))
+        draft = ModelRef(folder, folder, None, fingerprint("e"))
         config = SpecConfig(method, K, max_batch_size_for_speculation=max_batch)
-        config = dataclasses.replace(config, head=describe_head(config, target, draft, allow_verifier_mismatch=False))
+        config = dataclasses.replace(config, head=describe_head(config, target, draft,
+                                                                allow_verifier_mismatch=head is not None))
     elif method == SpecMethod.DRAFT_MODEL:
         config = SpecConfig(method, K, max_batch_size_for_speculation=max_batch)
         draft = ModelRef(str(models["draft"]), str(models["draft"]), "d1e2f3", fingerprint("b"))
@@ -144,12 +166,13 @@ SGLANG_CASES = [
 ]
 
 
-def export_argv(case: tuple, models: dict[str, Path], workdir: Path) -> tuple[list[str], dict]:
+def export_argv(case: tuple, models: dict[str, Path], workdir: Path, head: Path | None = None
+                ) -> tuple[list[str], dict]:
     """Render one case, write it as `specreg export -o` does, and return the engine argv as the
     engine would receive it from the written script (paths beside the script resolve there)."""
     case_id, fmt, method, max_batch, options = case
     options = dict(options)
-    pair = tiny_pair(models, method, max_batch)
+    pair = tiny_pair(models, method, max_batch, head=head)
     if fmt == "k8s-vllm":
         # The manifest names in-container paths; mount "the volume" where the models lie here.
         options.update(model_volume="pvc:models", model_mount_path=str(models["target"].parent),

@@ -15,8 +15,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-from engine_exports import (CUTOFF, K, SUFFIX, TRAINED_AUX, VLLM_CASES, eagle3_head, export_cases, llama_with_nextn_layers,
-                            mtp_target, ok, tiny_pair)
+from engine_exports import (CUTOFF, HUB_VERIFIER, K, SUFFIX, TRAINED_AUX, VLLM_CASES, eagle3_head, eagle3_head_variant,
+                            eagle3_target, export_argv, export_cases, llama_with_nextn_layers, mtp_target, ok,
+                            tiny_pair)
 from exportcase import BASELINES
 
 from specreg.errors import UsageError
@@ -57,6 +58,15 @@ def vllm_run(tiny_models, tmp_path_factory, engine_runner):
               "num_speculative_tokens_per_batch_size": [[1, CUTOFF, K], [CUTOFF + 1, CUTOFF + 1, 0]]}
     cases.append({"id": "suffix-with-ranges", "argv": ["vllm", "serve", str(tiny_models["target"]),
                                                         "--speculative-config", json.dumps(config)]})
+    # EAGLE-3 heads as other tools write them: a verifier named by a hub id, the ids inside eagle_config
+    # only (ModelOpt, SpecForge); and what our export never writes: the head folder served as the model
+    for kind in ("hub-verifier", "modelopt"):
+        case = (f"vllm-eagle3-{kind}", "vllm", SpecMethod.EAGLE3, None, {})
+        argv, files = export_argv(case, tiny_models, workdir, head=eagle3_head_variant(tiny_models, kind))
+        cases.append({"id": case[0], "argv": argv})
+        exported[case[0]] = (argv, files)
+    cases.append({"id": "serve-head-folder",
+                  "argv": ["vllm", "serve", str(eagle3_head_variant(tiny_models, "hub-verifier"))]})
     # SpeculativeConfig refuses method suffix unless arctic_inference imports (has_arctic_inference)
     output = engine_runner("vllm", cases, workdir, arctic=True)
     results = {result["id"]: result for result in output["results"]}
@@ -187,3 +197,48 @@ def test_schema_file_is_generated_from_the_engine(vllm_run):
     writes it from the same run; SGLang's: test_sglang_exports.py)."""
     committed = json.loads((templates_dir() / "engines" / "vllm-0.33.json").read_text())
     assert committed == vllm_run[2]["schema"], "run scripts/engine_schemas.py and commit the result"
+
+
+def test_vllm_serves_the_registered_target_whatever_the_heads_verifier_names(vllm_run, tiny_models):
+    """A speculators head records its verifier by name only; `vllm serve HEAD` would serve that name
+    at its default revision (maybe_override_with_speculators replaces model and tokenizer). The export
+    names the target as vLLM's model, so the override finds no speculators config and changes
+    nothing: vLLM's target and tokenizer are the registered target's."""
+    results, _, _ = vllm_run
+    target = str(eagle3_target(tiny_models))
+    result = ok(results["vllm-eagle3-hub-verifier"])
+    assert result["speculators_override"] == [target, None]
+    assert Path(result["target_model"]) == Path(result["target_tokenizer"]) == Path(target)
+    assert result["speculative"]["draft_model"] == str(eagle3_head_variant(tiny_models, "hub-verifier"))
+    # the head folder served as the model: vLLM would load the verifier's name from the hub
+    assert results["serve-head-folder"]["speculators_override"] == [HUB_VERIFIER, HUB_VERIFIER]
+
+
+@pytest.mark.parametrize("case_id, kind", [("vllm-eagle3-cutoff", None), ("vllm-eagle3-hub-verifier", "hub-verifier"),
+                                           ("vllm-eagle3-modelopt", "modelopt")])
+def test_our_read_back_is_what_vllm_builds_from_the_same_files(vllm_run, tiny_models, case_id, kind):
+    """engines/vllm.py read_back (what the export checks before the lock binds it) against vLLM's own
+    code on the same files: target, method, k, the layers each model runner feeds the head (an empty
+    list from vLLM: the config names none, so the target's default (2, N // 2, N - 3) = [2, 4, 5]) and
+    whether the head's d2t is used. The ModelOpt layout shows why its vLLM export is refused: vLLM's
+    V1 runner reads eagle_config's ids, its V2 runner (the GPU default) does not."""
+    from specreg.registry.deploy.engines import vllm
+    from specreg.registry.deploy.exports import plan_export
+
+    results, exported, _ = vllm_run
+    result = ok(results[case_id])
+    spec = result["speculative"]
+    pair = tiny_pair(tiny_models, SpecMethod.EAGLE3, CUTOFF if kind is None else None,
+                     head=eagle3_head_variant(tiny_models, kind) if kind else None)
+    plan = plan_export(pair, BASELINES, "vllm", approved=True)
+    ours: dict[str, list] = {}
+    for item in vllm.read_back(plan, exported[case_id][1]):
+        ours.setdefault(item.field, []).append(item.value)
+    assert ours["target"] == [result["target_model"]] and ours["target_revision"] == [result["target_revision"]]
+    assert set(ours["method"]) == {spec["method"]} and set(ours["k"]) == {spec["num_speculative_tokens"]}
+    default = [2, 4, 5]
+    v2, v1 = ours["aux_layers"][:2]
+    assert v2 == (spec["eagle3_aux_layers"] or default) and v1 == (spec["eagle3_aux_layers_v1"] or default)
+    assert (v2, v1) == ((default, TRAINED_AUX) if kind == "modelopt" else (TRAINED_AUX, TRAINED_AUX))
+    assert set(map(str, ours["vocab_map"])) == {"None"}  # the identity: ...
+    assert spec["draft_config_vocab_size"] == spec["target_vocab_size"]  # ... vLLM keeps no d2t for this head

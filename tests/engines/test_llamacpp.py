@@ -94,7 +94,7 @@ def test_lock_binds_the_gguf_files_the_server_loads(exported):
 
 
 def test_server_drafts_with_the_exported_draft(exported):
-    from specreg.registry.deploy.engines.llamacpp import serve_export
+    from specreg.registry.deploy.engines.llamacpp_server import serve_export
 
     # one thread: on a loaded shared machine two spinning ggml threads cost seconds per token
     with serve_export(exported["dir"], records=exported["records"], parallel=1, threads=1) as server:

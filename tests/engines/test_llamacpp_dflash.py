@@ -81,7 +81,7 @@ def server(dflash):
 
 @pytest.mark.slow
 def test_served_head_answers_with_our_runtimes_tokens(dflash, server):
-    from specreg.registry.deploy.engines.llamacpp import serve_export
+    from specreg.registry.deploy.engines.llamacpp_server import serve_export
     from specreg.registry.store.engine_artifacts import ArtifactRecords
     from specreg.runtime.decode import DecodeConfig, speculative_generate
 

@@ -121,12 +121,13 @@ def test_export_converts_the_head_against_its_target_and_binds_it(heads):
     # the conversion cache keys the head by its target too: the same head for another target is another entry
     from specreg.registry.store.engine_artifacts import ArtifactRecords
 
+    # (and by the registered aux ids the converter is shown at the config's top level)
     version, records = heads.registry.get("eagle@1"), ArtifactRecords(heads.registry.store, "alice")
-    head = (version.draft.path, version.draft.fingerprint)
-    cached, digest = llamacpp_build.converted(*head, "f32", records=records,
+    head, ids = (version.draft.path, version.draft.fingerprint), {"eagle_aux_hidden_state_layer_ids": list(AUX)}
+    cached, digest = llamacpp_build.converted(*head, "f32", records=records, config_updates=ids,
                                               target=(version.target.path, version.target.fingerprint))
     assert digest == lock["models"]["draft"]["files"]["model-f32.gguf"]
-    other, _ = llamacpp_build.converted(*head, "f32", records=records,
+    other, _ = llamacpp_build.converted(*head, "f32", records=records, config_updates=ids,
                                         target=(version.target.path, version.draft.fingerprint))
     assert other != cached
 
@@ -234,7 +235,7 @@ def server(heads):
 
 @pytest.mark.slow
 def test_served_head_drafts_and_answers_as_the_target_alone(heads, server):
-    from specreg.registry.deploy.engines.llamacpp import serve_export
+    from specreg.registry.deploy.engines.llamacpp_server import serve_export
     from specreg.registry.store.engine_artifacts import ArtifactRecords
 
     out = heads.root / "export-served"
@@ -289,7 +290,8 @@ def test_validate_in_llamacpp_parity_and_a_head_served_on_other_layers_fails(hea
     converted = llamacpp_build.converted
     shifted = heads.root / "shifted"
 
-    def converted_shifted(model_dir, fingerprint, outtype="f32", log=None, *, records, target=None):
+    def converted_shifted(model_dir, fingerprint, outtype="f32", log=None, *, records, target=None,
+                          config_updates=None):
         if target is None:
             return converted(model_dir, fingerprint, outtype, log=log, records=records)
         path = heads.root / f"shifted-{outtype}.gguf"

@@ -84,6 +84,29 @@ def test_sglang_captures_the_layers_the_head_was_trained_on(sglang_run):
     assert result["layers_to_capture"] == TRAINED_AUX
 
 
+def test_our_read_back_is_what_sglang_builds_from_the_same_files(sglang_run, tiny_models):
+    """engines/sglang.py read_back (what the export checks before the lock binds it) against SGLang's
+    own resolution of the same files: the target, the algorithm, k and the layers it captures."""
+    from engine_exports import tiny_pair
+    from exportcase import BASELINES
+
+    from specreg.registry.deploy.engines import sglang
+    from specreg.registry.deploy.exports import plan_export
+    from specreg.registry.store.entities import SpecMethod
+
+    results, exported, _ = sglang_run
+    result = ok(results["sglang-eagle3"])
+    plan = plan_export(tiny_pair(tiny_models, SpecMethod.EAGLE3, None), BASELINES, "sglang", approved=True)
+    ours: dict[str, list] = {}
+    for item in sglang.read_back(plan, exported["sglang-eagle3"][1]):
+        ours.setdefault(item.field, []).append(item.value)
+    resolved = result["resolved"]
+    assert ours["target"] == [resolved["model_path"]] and ours["target_revision"] == [resolved["revision"]]
+    assert ours["method"] == [sglang.ALGORITHMS[resolved["speculative_algorithm"]]] == ["eagle3"]
+    assert set(ours["k"]) == {resolved["speculative_num_steps"], resolved["speculative_num_draft_tokens"] - 1}
+    assert ours["aux_layers"] == [result["layers_to_capture"]] == [TRAINED_AUX]
+
+
 def test_sglang_cannot_load_the_speculators_head_directory(sglang_run):
     """Why the export writes SGLang its own layout: handed the registered (speculators) head, SGLang's
     get_config raises before any weight loads."""

@@ -4,7 +4,8 @@ Every module satisfies ``EngineModule`` (tests/test_architecture.py holds each t
 the versions it targets, its schema file in templates/engines/, the files it writes (each rendered
 from templates/exports/<name>.j2), its own export options, why it cannot serve a pair, any further
 precondition, where its engine finds the models, a head layout it loads, the model files it makes,
-and the translation of the pair into the engine's terms as template keys. What most engines do not
+the translation of the pair into the engine's terms as template keys, and what the engine reads back
+from the written files (``read_back``, registry/deploy/read_back.py). What most engines do not
 need has one shared default in common.py, which a module names instead of writing its own. Where
 the engine has Prometheus metrics, the module also has their PromQL (``alert_expressions``) and
 reader (``read_metrics``, used by observe); those are reached through the tables that list them.
@@ -67,6 +68,10 @@ class EngineModule(Protocol):
 
     def context(self, export) -> dict[str, Any]:
         """Its template keys for one export."""
+
+    def read_back(self, export, files: dict[str, Any]) -> list:
+        """What its engine will run, read from the export's files as the engine parses them
+        (registry/deploy/read_back.py ReadValues; empty for a format that loads no model)."""
 
 
 def format_modules() -> dict[str, EngineModule]:

@@ -16,7 +16,8 @@ from typing import Any
 
 from specreg.errors import UsageError
 from specreg.registry.deploy.engines import llamacpp, prometheus, sglang, vllm
-from specreg.registry.deploy.engines.common import Export, no_head_layout, no_model_files, registered_sources
+from specreg.registry.deploy.engines.common import (Export, no_head_layout, no_model_files, nothing_read_back,
+                                                    registered_sources)
 from specreg.registry.store.entities import PairVersion
 
 ENGINE = "argo-rollouts"
@@ -27,6 +28,7 @@ METHOD_REFUSALS: dict[str, str] = {}  # none in its own words: each method's com
 WRITES_MODELS = False
 # what it needs nothing of its own for: the shared defaults (engines.EngineModule)
 sources, head_layout, write_models = registered_sources, no_head_layout, no_model_files
+read_back = nothing_read_back
 
 # the engines whose metrics an analysis reads; llama-server's series carry no model_name label
 ANALYSIS_ENGINES = {"vllm": vllm, "sglang": sglang, "llamacpp": llamacpp}

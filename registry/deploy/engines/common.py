@@ -60,6 +60,11 @@ def no_model_files(pair_version: PairVersion, out_dir, opts: dict[str, Any], ove
     """The engine loads the registered model files themselves."""
 
 
+def nothing_read_back(export: Export, files: dict[str, Any]) -> list:
+    """Its files start no model server: nothing to read back."""
+    return []
+
+
 def served_reference(model) -> str:
     """What an export names a model by under model_source=reference: the hub id, or for a local
     folder the resolved path that was fingerprinted at registration. The folder as typed may be a

@@ -94,6 +94,22 @@ def context(export: Export) -> dict[str, Any]:
     return {"k8s": k8s}
 
 
+def read_back(export: Export, files: dict[str, Any]) -> list:
+    """What `vllm serve --config` will run from the ConfigMap's file (vllm-config.yaml: each key
+    `--key value`, `model` the served model), read back as the vllm format's serve arguments are
+    (engines/vllm.py serve_args)."""
+    import yaml
+
+    if ENGINE_CONFIG not in files:
+        return []
+    arguments = yaml.safe_load(files[ENGINE_CONFIG]) or {}
+    argv = [str(arguments.get("model"))]
+    for key, value in arguments.items():
+        if key != "model":
+            argv += [f"--{key}", json.dumps(value) if isinstance(value, (dict, list)) else str(value)]
+    return vllm.serve_args(export, argv, ENGINE_CONFIG)
+
+
 def engine_config(lines: list[list[str]], speculative: dict[str, Any]) -> dict[str, Any]:
     """The `vllm serve` arguments as the YAML file vLLM 0.33 reads with `--config FILE`
     (vllm/utils/argparse_utils.py FlexibleArgumentParser.load_config_file: each key becomes

@@ -1,7 +1,7 @@
 """llama.cpp's llama-server (llama-server.sh): a draft-model pair or an EAGLE-3 head served on CPU,
 with the GGUF files it loads made from the registered files by llama.cpp's own
 convert_hf_to_gguf.py (a head against its target: --target-model-dir), and a Python handle to
-start and stop that server (``start_server``, ``serve_export``).
+start and stop that server (llamacpp_server.py).
 
 Facts from the llama.cpp this specreg builds (llamacpp_build: the source vendored by the
 llama-cpp-python 0.3.36 sdist): the flags are those of common/arg.cpp, listed in
@@ -24,19 +24,14 @@ DIR/gguf/target --draft DIR/gguf/draft` checks them.
 
 from __future__ import annotations
 
-import json
 import os
-import socket
-import subprocess
-import time
-import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from specreg.errors import SpecregError, UsageError
 from specreg.registry.deploy.engines import llamacpp_build, vllm
-from specreg.registry.deploy.engines.common import Export, no_check, no_head_layout, schedule_depth
+from specreg.registry.deploy.engines.common import (Export, no_check, no_head_layout, schedule_depth,
+                                                    trained_aux_layers)
 from specreg.registry.store.entities import PairVersion, SpecMethod
 
 ENGINE = "llamacpp"
@@ -268,14 +263,22 @@ def write_models(pair_version: PairVersion, out_dir: str | Path, opts: dict[str,
     llamacpp_build.converted); returns {role: ("gguf/<role>", {file: sha256})}, what the pair lock
     binds for each role (lock.build_lock engine_layouts); ``records``: the registry's recorded
     conversions (registry.store.engine_artifacts.ArtifactRecords). Called once the models were checked
-    against their fingerprints. An existing file is refused unless ``overwrite``; each file is
-    copied beside its place, hashed as written and moved there whole."""
+    against their fingerprints. An EAGLE-3 head's GGUF is read back first (gguf_values): one naming
+    other layers or another vocabulary map than registered is refused (ReadBackError), nothing copied.
+    An existing file is refused unless ``overwrite``; each file is copied beside its place, hashed as
+    written and moved there whole."""
     import shutil
 
     from specreg.core.fingerprint import sha256_file
 
     layouts = {}
     ggufs = converted_files(pair_version, opts["gguf_type"], log=log, records=records)
+    if pair_version.config.method is SpecMethod.EAGLE3:
+        # what llama-server feeds the head, read back from the cached GGUF before anything is copied
+        from specreg.registry.deploy import read_back
+
+        read_back.check_values("llamacpp export", pair_version,
+                               llamacpp_build.gguf_values(ggufs["draft"][0], gguf_file("draft", opts)))
     for role, (cached, digest) in ggufs.items():
         path = Path(out_dir) / gguf_file(role, opts)
         if path.exists() and not overwrite:
@@ -304,151 +307,37 @@ def converted_files(pair_version: PairVersion, gguf_type: str, log=None, *,
     files = {"target": llamacpp_build.converted(target.path, target.fingerprint, gguf_type, log=log,
                                                 records=records)}
     if pair_version.draft is not None:
-        # a head is converted against its target: its GGUF takes the target's vocabulary
-        head_of = (target.path, target.fingerprint) if pair_version.config.method.has_head else None
+        head_of, updates = None, None
+        if pair_version.config.method.has_head:  # a head is converted against its target: its GGUF takes the target's vocabulary
+            head_of = (target.path, target.fingerprint)
+        if pair_version.config.method is SpecMethod.EAGLE3:
+            # the converter reads the ids from the head config's top level only, else its default
+            # (conversion/llama.py:74-81): ModelOpt and SpecForge write them inside eagle_config alone,
+            # so the registered ids are written where it reads them
+            updates = {"eagle_aux_hidden_state_layer_ids": list(trained_aux_layers(pair_version))}
         files["draft"] = llamacpp_build.converted(pair_version.draft.path, pair_version.draft.fingerprint, gguf_type,
-                                                  log=log, records=records, target=head_of)
+                                                  log=log, records=records, target=head_of, config_updates=updates)
     return files
 
 
-# ---------------------------------------------------------------------------------------------
-# Running llama-server: for tests, `specreg validate --engine llamacpp` and the demo.
+def read_back(export: Export, files: dict[str, Any]) -> list:
+    """What llama-server will run from llama-server.sh's exec line (common/arg.cpp's flags, the last
+    one given winning): the target GGUF's folder, and where it drafts, the draft's --spec-type
+    (draft-eagle3: eagle3, draft-simple: draft_model) and --spec-draft-n-max (k). The GGUF files
+    are read back in write_models, before they are copied."""
+    from specreg.registry.deploy import read_back as rb
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-@dataclass
-class LlamaServer:
-    """A llama-server process started by start_server; ``stop()`` (or leaving a ``with``) ends it."""
-
-    process: subprocess.Popen
-    port: int
-    argv: list[str]
-    log_path: Path
-    started_s: float = 0.0
-    info: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def completion(self, prompt: str | list[int], max_tokens: int, timeout: float = 300, **fields) -> dict:
-        """POST /completion (greedy unless ``fields`` say otherwise); the server's JSON answer,
-        with ``timings`` (``draft_n``, ``draft_n_accepted`` when it drafted)."""
-        body = {"prompt": prompt, "n_predict": max_tokens, "temperature": 0.0, "top_k": 1, "cache_prompt": False,
-                **fields}
-        return self.post("/completion", body, timeout)
-
-    def post(self, path: str, body: dict, timeout: float = 300) -> dict:
-        request = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return json.loads(response.read())
-
-    def metrics(self, timeout: float = 30) -> str:
-        with urllib.request.urlopen(self.url + "/metrics", timeout=timeout) as response:
-            return response.read().decode()
-
-    def stop(self, timeout: float = 30) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-    def __enter__(self) -> LlamaServer:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
-def start_server(target_gguf: str | Path, draft_gguf: str | Path | None = None, *, records, k: int = 4,
-                 parallel: int = 1, port: int | None = None, threads: int | None = None,
-                 log_path: str | Path | None = None, timeout: float = 300, log=None,
-                 spec_type: str = "draft-simple") -> LlamaServer:
-    """Start the built llama-server on 127.0.0.1 once its sha256 is one the registry of
-    ``records`` recorded at its build (llamacpp_build.trusted_server: `specreg llamacpp-build`
-    builds and records it) and wait until /health answers 200. ``draft_gguf`` None serves the
-    target alone; ``parallel`` is -np; ``spec_type`` how the draft file drafts (command());
-    ``port`` None picks a free loopback port. The argument lines are command()'s, the same the
-    export writes. Raises SpecregError with the end of the server's log if it exits or does
-    not become healthy within ``timeout`` seconds (the process is stopped then)."""
-    program, digest = llamacpp_build.trusted_server(records, log=log)
-    port = port or free_port()
-    opts = {"parallel": parallel, "threads": threads, "host": "127.0.0.1", "port": port}
-    argv = [word for line in command(str(target_gguf), None if draft_gguf is None else str(draft_gguf), k, opts,
-                                     "specreg", program=str(program), spec_type=spec_type) for word in line]
-    log_path = Path(log_path) if log_path else Path(os.environ.get("TMPDIR", "/tmp")) / f"llama-server-{port}.log"
-    started = time.monotonic()
-    with open(log_path, "w") as output:
-        # its own session (a Ctrl-C at the terminal reaches specreg, which stops it) and, on Linux,
-        # PR_SET_PDEATHSIG: a specreg killed outright takes the server along, no orphan
-        process = subprocess.Popen(argv, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   start_new_session=True, preexec_fn=die_with_parent)
-    server = LlamaServer(process=process, port=port, argv=argv, log_path=log_path)
-    try:
-        while True:
-            if process.poll() is not None:
-                raise SpecregError(f"llama-server exited with {process.returncode} before serving: "
-                                   f"{log_tail(log_path)}")
-            try:
-                with urllib.request.urlopen(server.url + "/health", timeout=5) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() - started > timeout:
-                raise SpecregError(f"llama-server did not become healthy in {timeout:.0f} s: {log_tail(log_path)}")
-            time.sleep(0.25)
-    except BaseException:  # not healthy, or Ctrl-C / SIGTERM while waiting: never leave it running
-        server.stop()
-        raise
-    server.started_s = round(time.monotonic() - started, 2)
-    server.info = {"program": str(program), "sha256": digest, **llamacpp_build.source_info()}
-    return server
-
-
-def die_with_parent() -> None:
-    """In the child before exec: SIGKILL it when its parent dies (Linux prctl PR_SET_PDEATHSIG)."""
-    import ctypes
-    import signal
-
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
-    except OSError:
-        pass  # not Linux: the server is still stopped by every ordinary exit path
-
-
-def serve_export(export_dir: str | Path, *, records, draft: bool = True, parallel: int = 1, port: int | None = None,
-                 threads: int | None = None, log=None) -> LlamaServer:
-    """start_server on the GGUF files of a llamacpp export folder (specreg export --format
-    llamacpp -o DIR), with k from its lock; ``draft`` False serves the same target without the
-    draft (the baseline for equivalence and speedup)."""
-    folder = Path(export_dir)
-    lock_path = folder / "specreg.lock.json"
-    try:
-        lock = json.loads(lock_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise SpecregError(f"{lock_path}: not a readable lock ({exc})") from None
-    found = {role: sorted((folder / GGUF_DIR / role).glob("*.gguf")) for role in ROLES}
-    if len(found["target"]) != 1 or len(found["draft"]) != 1:
-        raise SpecregError(f"{folder}: not a llamacpp export (expected one GGUF in each of "
-                           f"{GGUF_DIR}/target and {GGUF_DIR}/draft)")
-    k = int(lock["speculative_config"]["num_speculative_tokens"])
-    kind = SPEC_TYPES.get(lock["speculative_config"].get("method"), "draft-simple")
-    return start_server(found["target"][0], found["draft"][0] if draft else None, records=records, k=k,
-                        parallel=parallel, port=port, threads=threads, log=log, spec_type=kind)
-
-
-def log_tail(path: Path, lines: int = 5) -> str:
-    try:
-        return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
+    if "llama-server.sh" not in files:
+        return []
+    where = "llama-server.sh"
+    flags = rb.flag_values(rb.exec_argv(files[where], where)[1:],
+                           {"--model", "--spec-draft-model", "--spec-type", "--spec-draft-n-max"})
+    read = [rb.ReadValue("target", str(Path(flags["--model"]).parent) if "--model" in flags else None,
+                         f"{where} --model")]
+    if "--spec-draft-model" not in flags:  # speculation measured off at these slots: nothing drafts
+        return read
+    kinds = {"draft-eagle3": "eagle3", "draft-simple": "draft_model"}
+    read.append(rb.ReadValue("method", kinds.get(flags.get("--spec-type"), flags.get("--spec-type")),
+                             f"{where} --spec-type {flags.get('--spec-type')}"))
+    read.append(rb.ReadValue("k", rb.as_int(flags.get("--spec-draft-n-max"), where), f"{where} --spec-draft-n-max"))
+    return read

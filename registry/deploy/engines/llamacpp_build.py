@@ -221,20 +221,24 @@ def run_logged(command: list[str], log_file: Path, progress, what: str) -> int:
 
 
 def converted(model_dir: str | Path, fingerprint, outtype: str = "f32", log=None, *, records,
-              target: tuple[str | Path, object] | None = None) -> tuple[Path, str]:
+              target: tuple[str | Path, object] | None = None,
+              config_updates: dict | None = None) -> tuple[Path, str]:
     """(cached GGUF of the model folder, its sha256): ``fingerprint`` is the folder's registered
     ModelFingerprint, which the caller has checked against the folder (nothing here re-reads the
     model). ``target`` (an EAGLE-3 head's target: its folder and registered fingerprint) is passed
     to the converter as --target-model-dir, and its fingerprint joins the key: the head's GGUF embeds
-    the target's vocabulary, hidden size and layer count. The cache entry is keyed by those
-    fingerprints, ``outtype`` and this llama.cpp; its digest is recorded in the registry of
-    ``records`` (registry.store.engine_artifacts), and on reuse the file is hashed again and
-    converted anew unless that digest is recorded there."""
+    the target's vocabulary, hidden size and layer count. ``config_updates``: keys the converter is
+    shown in the model's config.json on top of the file's own (convert()); they join the key too.
+    The cache entry is keyed by those fingerprints, ``outtype`` and this llama.cpp; its digest is
+    recorded in the registry of ``records`` (registry.store.engine_artifacts), and on reuse the file
+    is hashed again and converted anew unless that digest is recorded there."""
     from specreg.core.fingerprint import sha256_file
 
     identity = {"fingerprint": fingerprint.to_dict(), "outtype": outtype, "llama_cpp": VERSION}
     if target is not None:
         identity["target_fingerprint"] = target[1].to_dict()
+    if config_updates:
+        identity["config_updates"] = config_updates
     identity = json.dumps(identity, sort_keys=True)
     key = hashlib.sha256(identity.encode()).hexdigest()[:24]
     folder = gguf_cache()
@@ -249,11 +253,66 @@ def converted(model_dir: str | Path, fingerprint, outtype: str = "f32", log=None
                 log(f"{path}: sha256 {digest[:12]} is not a conversion this registry recorded; converting again")
         if log:
             log(f"converting {model_dir} to GGUF {outtype} with llama.cpp's convert_hf_to_gguf.py into {folder}")
-        convert(model_dir, path, outtype, target_model_dir=target[0] if target is not None else None)
+        convert(model_dir, path, outtype, target_model_dir=target[0] if target is not None else None,
+                config_updates=config_updates)
         os.chmod(path, 0o644)
         digest = sha256_file(path)
         records.record("gguf", record_key, digest, str(path))
     return path, digest
+
+
+def stage_config(model_dir: str | Path, staged: Path, config_updates: dict) -> Path:
+    """``staged``: the files of ``model_dir`` linked (never copied), its config.json rewritten with
+    ``config_updates`` at the top level -> ``staged``."""
+    source_dir = Path(model_dir).resolve()
+    staged.mkdir(parents=True)
+    for entry in source_dir.iterdir():
+        if entry.name != "config.json":
+            os.symlink(entry, staged / entry.name)
+    try:
+        config = json.loads((source_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SpecregError(f"{source_dir / 'config.json'}: cannot read it ({exc})") from None
+    (staged / "config.json").write_text(json.dumps({**config, **config_updates}, indent=2), encoding="utf-8")
+    return staged
+
+
+def gguf_package():
+    """gguf-py, the reader of the GGUF files convert_hf_to_gguf.py writes: the installed one, else
+    the copy beside the converter in the unpacked source (src/gguf-py)."""
+    try:
+        import gguf
+    except ImportError:
+        sys.path.insert(0, str(source() / "gguf-py"))
+        import gguf
+    return gguf
+
+
+def gguf_values(path: Path, where: str) -> list:
+    """What llama-server reads of a draft GGUF, through gguf-py (read_back.ReadValues): its
+    general.architecture (eagle3: --spec-type draft-eagle3 runs it as an EAGLE-3 head), the target
+    layer inputs eagle3.target_layers in their order (the order their states are concatenated into
+    fc) and the d2t tensor (absolute target ids, conversion/llama.py:338-351)."""
+    from specreg.registry.deploy.read_back import ReadValue, vocab_map
+
+    gguf = gguf_package()
+    try:
+        reader = gguf.GGUFReader(path)
+        fields = reader.fields
+        architecture = bytes(fields["general.architecture"].parts[-1]).decode()
+    except (OSError, ValueError, KeyError) as exc:
+        raise SpecregError(f"{where}: not a GGUF file gguf-py reads ({exc})") from None
+    read = [ReadValue("method", "eagle3" if architecture == "eagle3" else "draft_model",
+                      f"{where} general.architecture {architecture!r}")]
+    if architecture != "eagle3":
+        return read
+    layers = fields.get("eagle3.target_layers")
+    ids = [int(layers.parts[i][0]) for i in layers.data] if layers is not None else None
+    read.append(ReadValue("aux_layers", ids, f"{where} eagle3.target_layers"))
+    d2t = next((tensor for tensor in reader.tensors if tensor.name == "d2t"), None)
+    read.append(ReadValue("vocab_map", vocab_map(d2t.data.reshape(-1).tolist() if d2t is not None else None),
+                          f"{where} d2t"))
+    return read
 
 
 # conversion/base.py get_vocab_base_pre: a BPE tokenizer is recognised by the sha256 of the ids it
@@ -263,17 +322,26 @@ PRE_TOKENIZER_HASH = re.compile(r"\*\* chkhsh:\s+([0-9a-f]{64})")
 
 
 def convert(model_dir: str | Path, outfile: str | Path, outtype: str = "f32",
-            target_model_dir: str | Path | None = None) -> Path:
+            target_model_dir: str | Path | None = None, config_updates: dict | None = None) -> Path:
     """A GGUF file of a Hugging Face model folder, written by the vendored convert_hf_to_gguf.py
     (F32 by default: the same numbers our runtime computes with). ``target_model_dir``: the
-    target an EAGLE-3 head drafts for (the converter reads its config and tokenizer). The folders
-    are read, never changed; nothing is fetched. Raises SpecregError with one line: the tokenizer
-    llama.cpp cannot pre-tokenize, or the converter's last line on any other failure."""
+    target an EAGLE-3 head drafts for (the converter reads its config and tokenizer).
+    ``config_updates``: top-level keys set in the config.json the converter reads, on a staged
+    copy of the folder (its other files linked), e.g. an EAGLE-3 head's aux ids, which the converter
+    reads from the top level only (conversion/llama.py:74-81). The folders are read, never
+    changed; nothing is fetched. Raises SpecregError with one line: the tokenizer llama.cpp cannot
+    pre-tokenize, or the converter's last line on any other failure."""
+    import tempfile
+
     if outtype not in CONVERT_TYPES:
         raise SpecregError(f"GGUF type {outtype!r}: use one of {', '.join(CONVERT_TYPES)}")
     src = source()
     outfile = Path(outfile)
     cache_dir(outfile.parent)
+    if config_updates:
+        with tempfile.TemporaryDirectory(prefix="specreg-convert-") as staging:
+            staged = stage_config(model_dir, Path(staging) / "model", config_updates)
+            return convert(staged, outfile, outtype, target_model_dir=target_model_dir)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src / "gguf-py"), str(src)]),
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", NO_LOCAL_GGUF="")
     partial = outfile.with_name(f".{outfile.name}.partial")

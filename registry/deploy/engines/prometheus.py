@@ -10,7 +10,8 @@ from typing import Any
 
 from specreg.errors import SpecregError, UsageError
 from specreg.registry.deploy.engines import sglang, vllm
-from specreg.registry.deploy.engines.common import Export, no_head_layout, no_model_files, registered_sources
+from specreg.registry.deploy.engines.common import (Export, no_head_layout, no_model_files, nothing_read_back,
+                                                    registered_sources)
 from specreg.registry.store.entities import PairVersion
 
 RULE_ENGINES = {"vllm": vllm, "sglang": sglang}
@@ -22,6 +23,7 @@ METHOD_REFUSALS: dict[str, str] = {}  # none in its own words: each method's com
 WRITES_MODELS = False
 # what it needs nothing of its own for: the shared defaults (engines.EngineModule)
 sources, head_layout, write_models = registered_sources, no_head_layout, no_model_files
+read_back = nothing_read_back
 
 OPTIONS: dict[str, Any] = {
     "for": "10m",  # how long a Prometheus alert condition must hold

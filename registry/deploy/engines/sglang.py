@@ -251,3 +251,71 @@ def read_metrics(samples, model_name: str | None, source: str) -> dict[str, Any]
         series = select(samples, name, model_name, source)
         figures[key] = sum(value for _, value in series) / len(series)
     return figures
+
+
+# ---------------------------------------------------------------------------------------------
+# Read back (registry/deploy/read_back.py): the written files as SGLang 0.5.23 parses them.
+
+ALGORITHMS = {"STANDALONE": "draft_model", "EAGLE3": "eagle3", "NEXTN": "mtp"}
+
+
+def read_back(export: Export, files: dict[str, Any]) -> list:
+    """What sglang.launch_server will run from sglang-launch.sh (its ServerArgs flags: the last one
+    given wins) and, for an EAGLE-3 head, from the head layout's config.json as SGLang reads it: the
+    ids of eagle_config (spec_aux_hidden_state.py:184-196), each captured at the input of layer v + 1
+    (PLUS_ONE_CAPTURE), or without ids the target class's default inputs (2, N // 2, N - 3)
+    (llama.py:929-941); d2t from the weight file the layout links."""
+    from specreg.registry.deploy import read_back as rb
+
+    if "sglang-launch.sh" not in files:
+        return []
+    where = "sglang-launch.sh"
+    argv = rb.exec_argv(files[where], where)
+    flags = rb.flag_values(argv, {"--model-path", "--revision", "--speculative-algorithm",
+                                  "--speculative-draft-model-path", "--speculative-num-steps",
+                                  "--speculative-eagle-topk", "--speculative-num-draft-tokens"})
+    algorithm = flags.get("--speculative-algorithm")
+    read = [rb.ReadValue("target", flags.get("--model-path"), f"{where} --model-path"),
+            rb.ReadValue("target_revision", flags.get("--revision"), f"{where} --revision"),
+            rb.ReadValue("method", ALGORITHMS.get(str(algorithm).upper(), algorithm),
+                         f"{where} --speculative-algorithm {algorithm}"),
+            rb.ReadValue("k", rb.as_int(flags.get("--speculative-num-steps"), where),
+                         f"{where} --speculative-num-steps")]
+    topk = rb.as_int(flags.get("--speculative-eagle-topk"), where)
+    tokens = rb.as_int(flags.get("--speculative-num-draft-tokens"), where)
+    if topk == 1 and tokens is not None:  # one chain: the verified root and k drafted tokens
+        read.append(rb.ReadValue("k", tokens - 1, f"{where} --speculative-num-draft-tokens - 1"))
+    draft = flags.get("--speculative-draft-model-path") or ""
+    if export.config.method is SpecMethod.EAGLE3 and draft.startswith("$EXPORT_DIR/"):
+        read += layout_values(export, files, draft.removeprefix("$EXPORT_DIR/"))
+    elif export.config.method is SpecMethod.EAGLE3:
+        read.append(rb.ReadValue("aux_layers", None, f"{where} --speculative-draft-model-path {draft} (not the "
+                                                     f"head layout this export writes)"))
+    return read
+
+
+def layout_values(export: Export, files: dict[str, Any], folder: str) -> list:
+    from specreg.registry.deploy import read_back as rb
+
+    where = f"{folder}/config.json"
+    try:
+        config = json.loads(files[where])
+    except (KeyError, ValueError) as exc:
+        raise SpecregError(f"{where}: not the head layout's config ({exc})") from None
+    eagle_config = config.get("eagle_config") if isinstance(config.get("eagle_config"), dict) else {}
+    ids = eagle_config.get("eagle_aux_hidden_state_layer_ids")
+    layers = [v + 1 for v in ids] if ids else default_aux_layer_ids(target_layers(export.pair_version))
+    read = [rb.ReadValue("aux_layers", sorted(set(layers)),
+                         f"{where} eagle_config.eagle_aux_hidden_state_layer_ids {ids} (captured at layer v + 1)")]
+    weights = sorted(Path(value) for name, value in files.items()
+                     if name.startswith(f"{folder}/") and isinstance(value, Link) and name.endswith(".safetensors"))
+    ids = rb.d2t_in(weights[0].parent, config.get("draft_vocab_size") or config.get("vocab_size"),
+                    f"{folder}/{weights[0].name}") if weights else None
+    read.append(rb.ReadValue("vocab_map", rb.vocab_map(ids), f"{folder} d2t"))
+    return read
+
+
+def default_aux_layer_ids(layers: int) -> tuple[int, ...]:
+    from specreg.core.heads.eagle3_checkpoint import default_aux_layer_ids as default
+
+    return default(layers)

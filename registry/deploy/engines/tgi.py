@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from specreg.registry.deploy.engines.common import (Export, accept_options, no_check, no_head_layout, no_model_files,
-                                                    registered_sources)
+                                                    nothing_read_back, registered_sources)
 from specreg.registry.store.entities import PairVersion, SpecMethod
 
 ENGINE = "tgi"
@@ -20,6 +20,8 @@ METHOD_REFUSALS: dict[str, str] = {}  # none in its own words: each method's com
 WRITES_MODELS = False
 # what it needs nothing of its own for: the shared defaults (engines.EngineModule)
 check_options, check, sources, head_layout, write_models = accept_options, no_check, registered_sources, no_head_layout, no_model_files
+# no pair kind is written for it today (refusal): nothing to read back
+read_back = nothing_read_back
 
 OPTIONS: dict[str, Any] = {}
 

@@ -7,6 +7,8 @@ metrics reader (observe refuses it)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from specreg.errors import UsageError
@@ -149,3 +151,48 @@ def acceptance_threshold(mean_acceptance_length: float, tolerance: float) -> flo
     the threshold; our tau counts the bonus token, so the engine's baseline is tau - 1.
     """
     return round(max(0.0, mean_acceptance_length - 1.0) * (1.0 - tolerance), 6)
+
+
+# ---------------------------------------------------------------------------------------------
+# Read back (registry/deploy/read_back.py): the written files as TensorRT-LLM 1.2's LLM API reads them.
+
+DECODING_TYPES = {"DraftTarget": "draft_model", "Eagle": "eagle3", "MTP": "mtp", "NGram": "ngram"}
+
+
+def read_back(export: Export, files: dict[str, Any]) -> list:
+    """What trtllm-serve will run: the target of trtllm-serve.sh's exec line and trtllm-config.yaml's
+    speculative_config as llm_args.py's DecodingBaseConfig.from_dict reads it: decoding_type, k
+    (max_draft_len; num_nextn_predict_layers for MTP), for an EAGLE-3 head the layers it captures
+    (eagle3_layers_to_capture are layer outputs, so id + 1 in the registered numbering; without them
+    its default {1, N // 2 - 1, N - 4}) and the head's d2t."""
+    import yaml
+
+    from specreg.registry.deploy import read_back as rb
+
+    if "trtllm-config.yaml" not in files:
+        return []
+    where = "trtllm-config.yaml"
+    argv = rb.exec_argv(files["trtllm-serve.sh"], "trtllm-serve.sh") if "trtllm-serve.sh" in files else []
+    read = [rb.ReadValue("target", argv[1], "trtllm-serve.sh model")] if len(argv) > 1 else []
+    speculative = (yaml.safe_load(files[where]) or {}).get("speculative_config") or {}
+    decoding = speculative.get("decoding_type")
+    read.append(rb.ReadValue("method", DECODING_TYPES.get(decoding, decoding), f"{where} decoding_type {decoding}"))
+    key = "num_nextn_predict_layers" if decoding == "MTP" else "max_draft_len"
+    read.append(rb.ReadValue("k", rb.as_int(speculative.get(key), where), f"{where} {key}"))
+    if decoding == "Eagle" and export.pair_version.draft is not None:
+        from specreg.core.heads.spec import read_target_shape
+
+        target = read_target_shape(export.pair_version.target.path)
+        captured = speculative.get("eagle3_layers_to_capture")
+        if captured is None:
+            layers = target.num_hidden_layers
+            captured = [1, layers // 2 - 1, layers - 4]
+        read.append(rb.ReadValue("aux_layers", sorted({int(i) + 1 for i in captured}),
+                                 f"{where} eagle3_layers_to_capture {captured} (layer outputs: id + 1)"))
+        model = speculative.get("speculative_model")
+        folder = Path(model) if model and Path(model).is_dir() else Path(export.pair_version.draft.path)
+        head = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        draft_vocab = head.get("draft_vocab_size") or (head.get("transformer_layer_config") or head).get("vocab_size")
+        read.append(rb.ReadValue("vocab_map", rb.vocab_map(rb.d2t_in(folder, draft_vocab, f"{where} {folder}")),
+                                 f"{where} speculative_model {folder} d2t"))
+    return read

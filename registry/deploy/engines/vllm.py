@@ -6,6 +6,7 @@ Facts from the released vllm 0.33.0 wheel (tests/engines runs the exports throug
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from specreg.errors import SpecregError, UsageError
@@ -186,3 +187,109 @@ def draft_position(label: str | None, source: str) -> int:
         raise SpecregError(f"{source}: {ACCEPTED_PER_POS} has position label {shown}, not a draft position "
                            f"(0 to {10 ** MAX_POSITION_DIGITS - 1}); is this vLLM's /metrics?")
     return int(label)
+
+
+# ---------------------------------------------------------------------------------------------
+# Read back (registry/deploy/read_back.py): the written files as vLLM 0.33 parses them.
+
+
+def read_back(export: Export, files: dict[str, Any]) -> list:
+    """What `vllm serve` will run from vllm-serve.sh (its exec line: the positional model, --revision,
+    --speculative-config) and from vllm-speculative-config.json, as read_back.ReadValues."""
+    from specreg.registry.deploy import read_back as rb
+
+    if "vllm-serve.sh" not in files:
+        return []
+    argv = rb.exec_argv(files["vllm-serve.sh"], "vllm-serve.sh")
+    read = serve_args(export, argv[2:] if argv[:2] == ["vllm", "serve"] else argv, "vllm-serve.sh")
+    if "vllm-speculative-config.json" in files:
+        read += speculative_values(export, json.loads(files["vllm-speculative-config.json"]),
+                                   "vllm-speculative-config.json")
+    return read
+
+
+def serve_args(export: Export, argv: list[str], where: str) -> list:
+    """ReadValues of `vllm serve` arguments (after `serve`): the positional model is the target (and
+    never a speculators head folder: maybe_override_with_speculators would serve its
+    verifier.name_or_path instead, vllm/transformers_utils/config.py:800-876), its --revision and the
+    --speculative-config JSON, the last one given winning (argparse)."""
+    from specreg.registry.deploy import read_back as rb
+
+    flags = rb.flag_values(argv, {"--speculative-config", "--revision", "--model"})
+    target = flags.get("--model", argv[0] if argv and not argv[0].startswith("-") else None)
+    read = [rb.ReadValue("target", target, f"{where} model"),
+            rb.ReadValue("target_revision", flags.get("--revision"), f"{where} --revision")]
+    if target is not None and (Path(target) / "config.json").is_file():
+        try:
+            served = json.loads((Path(target) / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            served = {}
+        if served.get("speculators_config") is not None:
+            verifier = (served["speculators_config"].get("verifier") or {}).get("name_or_path")
+            read.append(rb.ReadValue("target", verifier, f"{where} model {target} (a speculators head: vLLM serves "
+                                                         f"its verifier.name_or_path)"))
+    if "--speculative-config" in flags:
+        try:
+            speculative = json.loads(flags["--speculative-config"])
+        except ValueError as exc:
+            raise SpecregError(f"{where}: --speculative-config is not JSON ({exc})") from None
+        read += speculative_values(export, speculative, f"{where} --speculative-config")
+    return read
+
+
+def speculative_values(export: Export, speculative: dict[str, Any], where: str) -> list:
+    """ReadValues of a --speculative-config mapping: method, num_speculative_tokens and, for an
+    EAGLE-3 head, the layers and vocabulary map vLLM builds from the head folder it names."""
+    from specreg.registry.deploy import read_back as rb
+
+    method = speculative.get("method")
+    read = [rb.ReadValue("method", method, f"{where} method"),
+            rb.ReadValue("k", rb.as_int(speculative.get("num_speculative_tokens"), where),
+                         f"{where} num_speculative_tokens")]
+    if method == "eagle3" and export.pair_version.draft is not None:
+        read += eagle3_head_values(export, speculative.get("model"), f"{where} model")
+    return read
+
+
+def eagle3_head_values(export: Export, model: str | None, where: str) -> list:
+    """The aux layers and vocabulary map vLLM 0.33 gives the EAGLE-3 head folder ``model`` (a hub id
+    is read from the registered folder, whose files the export checked against their fingerprints).
+
+    Layers: its config as vLLM loads it (a speculators config: transformer_layer_config with the
+    top-level ids copied in only when set, speculators/algos.py update_eagle3), then each model runner's
+    rule: the top-level eagle_aux_hidden_state_layer_ids, else eagle_config's ids (the V1 runner, on a
+    CPU or with VLLM_USE_V2_MODEL_RUNNER=0: eagle_config["eagle_aux_hidden_state_layer_ids"],
+    v1/worker/gpu_model_runner.py:5207-5219; the V2 runner, vLLM's default with Triton:
+    eagle_config["layer_ids"], v1/worker/gpu/spec_decode/eagle/eagle3_utils.py:113-150), else the
+    target's default (2, N // 2, N - 3); sorted and unique (models/interfaces.py:1617). Vocabulary:
+    d2t only when draft_vocab_size differs from the target's vocabulary (llama_eagle3.py:339-345)."""
+    from specreg.core.heads.eagle3_checkpoint import default_aux_layer_ids
+    from specreg.core.heads.spec import read_target_shape
+    from specreg.registry.deploy import read_back as rb
+
+    folder = Path(model) if model and Path(model).is_dir() else Path(export.pair_version.draft.path)
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SpecregError(f"{where}: cannot read {folder / 'config.json'} ({exc})") from None
+    if "speculators_model_type" in config:
+        hf_config = dict(config.get("transformer_layer_config") or {})
+        hf_config["draft_vocab_size"] = config.get("draft_vocab_size")
+        if config.get("eagle_aux_hidden_state_layer_ids"):
+            hf_config["eagle_aux_hidden_state_layer_ids"] = config["eagle_aux_hidden_state_layer_ids"]
+    else:
+        hf_config = config
+    target = read_target_shape(export.pair_version.target.path)
+    eagle_config = hf_config.get("eagle_config") if isinstance(hf_config.get("eagle_config"), dict) else {}
+    top = hf_config.get("eagle_aux_hidden_state_layer_ids")
+    read = []
+    for runner, key in (("V2 model runner (GPU default)", "layer_ids"),
+                        ("V1 model runner (CPU, VLLM_USE_V2_MODEL_RUNNER=0)", "eagle_aux_hidden_state_layer_ids")):
+        ids = top or eagle_config.get(key) or default_aux_layer_ids(target.num_hidden_layers)
+        read.append(rb.ReadValue("aux_layers", sorted(set(ids)),
+                                 f"{where} {folder / 'config.json'} aux layers as vLLM's {runner} reads them"))
+    draft_vocab = hf_config.get("draft_vocab_size") or hf_config.get("vocab_size")
+    ids = rb.d2t_in(folder, draft_vocab, f"{where} {folder}") if draft_vocab != target.vocab_size else None
+    read.append(rb.ReadValue("vocab_map", rb.vocab_map(ids), f"{where} {folder} d2t (draft_vocab_size "
+                                                             f"{draft_vocab}, target vocabulary {target.vocab_size})"))
+    return read
