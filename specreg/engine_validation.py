@@ -186,25 +186,49 @@ def golden_prompts(golden, tokenizer) -> tuple[list[dict[str, Any]], list[dict[s
 
 
 def runtime_pass(pair, prompts, version: PairVersion, progress: Progress | None = None,
-                 batch_size: int = DEFAULT_BATCH_SIZE) -> list[dict[str, Any]]:
+                 batch_size: int = DEFAULT_BATCH_SIZE, engine: str = "llamacpp") -> list[dict[str, Any]]:
     """Our runtime's greedy speculative decode of every prompt, batch_size at a time -> counts rows
-    (+ "token_ids"), on llama-server's schedule (DecodeConfig.prefill_alone: the prefill emits the
-    first token alone, drafting starts from it) and with its count at a stop token (a matching
-    end-of-generation draft ends acceptance: runtime.metrics.stop_draft_counts), so both loops
-    draft the same windows and count them the same way; the tokens are greedy decoding's either
-    way. What validate recorded (reused_rows) makes this pass unnecessary."""
-    from specreg.runtime.decode import generate_batch
+    (+ "token_ids"), on the engine's schedule (DecodeConfig.prefill_alone: the prefill emits the
+    first token alone, drafting starts from it) and counted its way, so both loops draft the same
+    windows and count them the same way; the tokens are greedy decoding's either way.
+
+    llama.cpp: a step drafts what the budget has left, and a matching end-of-generation draft ends
+    acceptance (runtime.metrics.stop_draft_counts). vLLM: a step drafts k whatever the budget has
+    left and every draft the target agrees with counts (DecodeConfig.draft_past_budget); a method
+    whose drafts depend on the requests served before (the method's session: the suffix cache)
+    decodes the prompts one after another in order on one session, as a fresh vLLM serves them at
+    concurrency 1. What validate recorded (reused_rows) makes the llama.cpp pass unnecessary."""
+    import dataclasses
+
+    from specreg.runtime.decode import DecodeConfig, generate_batch
+    from specreg.runtime.methods import drafting_method
     from specreg.runtime.metrics import stop_draft_counts
-    from specreg.runtime.decode import DecodeConfig
     from specreg.validators.equivalence import decode_config
 
     settings = DecodeConfig.from_spec(version.config)
-    one_more = counting(progress, "our runtime (greedy, the engine's schedule)", len(prompts))
+    if engine == "vllm":
+        settings = dataclasses.replace(settings, draft_past_budget=True)
+        session = drafting_method(settings.method).session
+        if session is not None:
+            settings, batch_size = dataclasses.replace(settings, session=session(settings)), 1
+    one_more = counting(progress, f"our runtime (greedy, {engine}'s schedule)", len(prompts))
     generations = generate_batch(pair, [prompt["prompt_ids"] for prompt in prompts],
                                  [decode_config(prompt["golden"], settings, greedy=True) for prompt in prompts],
                                  max_rows=batch_size, finished=lambda index: one_more(prompts[index]["record"]))
-    return [engine_row(prompt["record"], prompt["category"], stop_draft_counts(generation.metrics),
-                       generation.token_ids) for prompt, generation in zip(prompts, generations)]
+    k = settings.k
+    counted = stop_draft_counts if engine == "llamacpp" else lambda metrics: vllm_counts(metrics, k)
+    return [engine_row(prompt["record"], prompt["category"], counted(generation.metrics), generation.token_ids)
+            for prompt, generation in zip(prompts, generations)]
+
+
+def vllm_counts(metrics, k: int) -> dict[str, Any]:
+    """The counts of one greedy decode as vLLM counts them: every verified draft and every draft
+    the target agreed with (vllm/v1/core/sched/scheduler.py:2350-2354: accepted = sampled - 1),
+    accepted per position for all k positions (its per-position counter has one series each)."""
+    per_position = list(metrics.accepted_per_position)
+    return {"drafted": metrics.drafted, "accepted": metrics.accepted, "draft_steps": metrics.draft_steps,
+            "accepted_per_position": per_position + [0] * (k - len(per_position)),
+            "generated_tokens": metrics.generated_tokens}
 
 
 def engine_row(record: str, category: str, counts: dict[str, Any], token_ids) -> dict[str, Any]:
@@ -466,7 +490,16 @@ def _remote(store: Store, version: PairVersion, golden, options: EngineOptions, 
     if run is None or not run.baselines:
         raise SpecregError(f"{version.label} has no passed validation on our runtime to compare {engine} with: "
                            f"run `specreg validate {version.label}` first")
-    ours = {**run.baselines, "source": f"validation run {run.id} (our runtime; sampled records as their records ask)"}
+    ours_rows = None
+    if engine == "vllm":
+        # the same token ids decoded greedily on vLLM's schedule and counted its way: the validation
+        # run's baselines decode sampled records as sampled and count llama.cpp's way
+        ours_rows = vllm_runtime_rows(version, prompts, options, progress)
+        ours = {**baselines_of(ours_rows, version.config.num_speculative_tokens),
+                "source": f"our runtime in {options.dtype}, greedy, same token ids, vLLM's schedule (first token from "
+                          f"the prefill alone, k drafted to the end, every agreed draft counted)"}
+    else:
+        ours = {**run.baselines, "source": f"validation run {run.id} (our runtime; sampled records as their records ask)"}
     plain: dict[int, EngineRun] = {}
     reference = engine_client.check_url(options.reference_url) if options.reference_url else None
     for tier in options.tiers if reference else ():
@@ -485,5 +518,23 @@ def _remote(store: Store, version: PairVersion, golden, options: EngineOptions, 
     report = {"engine": engine, "identity": identity, "url": url, "options": options.to_dict(),
               "prompts": len(prompts), "skipped": skipped, "ours": ours, "per_prompt": spec[1].rows,
               "throughput": tiers}
+    if ours_rows is not None:
+        report["engine_matches_runtime_tokens"] = sum(1 for row, done in zip(ours_rows, spec[1].completions)
+                                                      if row["token_ids"] == done.token_ids)
+        report["engine_matches_runtime_counts"] = sum(1 for row, theirs in zip(ours_rows, spec[1].rows)
+                                                      if all(row[key] == theirs[key] for key in COUNTED))
+        report["per_prompt_runtime"] = [{key: value for key, value in row.items()} for row in ours_rows]
     return report, engine_baselines, checks, identity
+
+
+def vllm_runtime_rows(version: PairVersion, prompts, options: EngineOptions, progress) -> list[dict[str, Any]]:
+    """Our runtime's rows of the golden prompts on vLLM's schedule (runtime_pass), the pair loaded
+    in ``options.dtype`` from its registered folders, checked against their fingerprints."""
+    from specreg.runtime.methods import load_pair
+
+    pair = load_pair(version.target.path, version.draft.path if version.draft else None, device="cpu",
+                     dtype=options.dtype, target_fingerprint=version.target.fingerprint,
+                     draft_fingerprint=version.draft.fingerprint if version.draft else None,
+                     method=version.config.method.value)
+    return runtime_pass(pair, prompts, version, progress=progress, engine="vllm")
 
