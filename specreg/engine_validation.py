@@ -471,6 +471,7 @@ def _remote(store: Store, version: PairVersion, golden, options: EngineOptions, 
     from specreg.registry.deploy import engine_client
     from specreg.registry.store.validations import ValidationStore
     from specreg.runtime.loading import load_tokenizer
+    from specreg.runtime.methods import drafting_method
     from specreg.validators.context import EngineCheckContext
     from specreg.validators.engine import baselines_of, run_engine_checks
     from specreg.validators.suite import default_near_tie_tolerance
@@ -482,6 +483,9 @@ def _remote(store: Store, version: PairVersion, golden, options: EngineOptions, 
     if not prompts:
         raise SpecregError(f"no prompt of golden set {golden.name} could be encoded with the target's tokenizer")
     model = options.model_name or identity.get("model")
+    # what the server drafted before this run: a method whose drafts depend on earlier requests (the
+    # suffix cache) then drafts from traffic our runtime never saw
+    earlier = engine_client.read_counters(engine, url, model) if engine == "vllm" else None
     spec = {tier: drive(engine, url, prompts, concurrency=tier, model=model, counters=tier == 1 and engine == "vllm",
                         progress=progress, what=f"{engine} with speculation, concurrency {tier}",
                         deadline_s=options.deadline_s)
@@ -498,6 +502,11 @@ def _remote(store: Store, version: PairVersion, golden, options: EngineOptions, 
         ours = {**baselines_of(ours_rows, version.config.num_speculative_tokens),
                 "source": f"our runtime in {options.dtype}, greedy, same token ids, vLLM's schedule (first token from "
                           f"the prefill alone, k drafted to the end, every agreed draft counted)"}
+        if drafting_method(version.config.method.value).session is not None and earlier is not None \
+                and earlier.drafts > 0:
+            ours["caveat"] = (f"the server had drafted {int(earlier.drafts)} times before this run and "
+                              f"{version.config.method.value} drafts from the requests a server served before "
+                              f"(vLLM's cache is the server's); our runtime decoded as a freshly started server")
     else:
         ours = {**run.baselines, "source": f"validation run {run.id} (our runtime; sampled records as their records ask)"}
     plain: dict[int, EngineRun] = {}
