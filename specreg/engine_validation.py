@@ -88,6 +88,7 @@ class EngineRun:
     completions: list  # engine_client.EngineCompletion per prompt, in prompt order
     rows: list[dict[str, Any]]  # counts rows (validators.engine)
     tokens_per_s: float | None
+    counted: Any = None  # engine_client.Counters of the whole pass (vLLM above concurrency 1), or None
 
 
 @dataclass
@@ -125,9 +126,10 @@ def counting(progress: Progress | None, what: str, total: int) -> Callable[[str]
 
 def drive(engine: str, base_url: str, prompts: list[dict[str, Any]], *, concurrency: int, model: str | None,
           counters: bool, progress: Progress | None = None, what: str = "engine",
-          deadline_s: float = 600.0) -> EngineRun:
+          deadline_s: float = 600.0, counted: bool = False) -> EngineRun:
     """Every prompt through the engine at ``concurrency``. ``counters`` (concurrency 1): read the
-    /metrics counters around each request, so steps and per-position acceptance are per prompt.
+    /metrics counters around each request, so steps and per-position acceptance are per prompt;
+    ``counted``: around the whole pass (EngineRun.counted; a tier above 1, whose requests overlap).
     ``progress(what, done, total, record)`` after each prompt."""
     from specreg.registry.deploy import engine_client
 
@@ -150,17 +152,25 @@ def drive(engine: str, base_url: str, prompts: list[dict[str, Any]], *, concurre
         one_more(prompt["record"])
         return done, row
 
+    around = engine_client.read_counters(engine, base_url, model) if counted else None
     results, wall = engine_client.run_concurrently(one, prompts, concurrency)
     completions = [done for done, _ in results]
     generated = sum(len(done.token_ids) for done in completions)
+    counted = None
+    if around is not None:
+        counted = engine_client.read_counters(engine, base_url, model).minus(around, base_url)
     # at concurrency 1 the scrapes between requests are not the engine's time: sum the requests
     seconds = sum(done.seconds for done in completions) if concurrency == 1 else wall
-    return EngineRun(completions, [row for _, row in results], generated / seconds if seconds > 0 else None)
+    return EngineRun(completions, [row for _, row in results], generated / seconds if seconds > 0 else None,
+                     counted)
 
 
-def tier_acceptance(rows: list[dict[str, Any]]) -> float | None:
-    """The engine's acceptance over one tier's prompts, from what each response or the counters
-    reported (None when the engine reported no drafts: a server without per-response counts)."""
+def tier_acceptance(rows: list[dict[str, Any]], counted=None) -> float | None:
+    """The engine's acceptance over one tier's prompts, from the counters read around the pass
+    (``counted``) or what each response or the counters around it reported (None when the engine
+    reported no drafts: a server without per-response counts)."""
+    if counted is not None:
+        return round(counted.accepted_tokens / counted.draft_tokens, 6) if counted.draft_tokens else None
     drafted = sum(row["drafted"] or 0 for row in rows if row.get("drafted") is not None)
     accepted = sum(row["accepted"] or 0 for row in rows if row.get("accepted") is not None)
     return round(accepted / drafted, 6) if drafted else None
@@ -263,7 +273,7 @@ def tier_figures(tiers: tuple[int, ...], spec: dict[int, EngineRun], plain: dict
     run) and the engine's acceptance there (EngineCheckContext.tiers)."""
     return [{"concurrency": tier, "with_draft_tokens_per_s": spec[tier].tokens_per_s,
              "without_draft_tokens_per_s": plain[tier].tokens_per_s if tier in plain else None,
-             "acceptance_rate": tier_acceptance(spec[tier].rows)} for tier in tiers]
+             "acceptance_rate": tier_acceptance(spec[tier].rows, spec[tier].counted)} for tier in tiers]
 
 
 def outputs_of(prompts: list[dict[str, Any]], spec: EngineRun, plain: EngineRun) -> list[dict[str, Any]]:
@@ -486,9 +496,11 @@ def _remote(store: Store, version: PairVersion, golden, options: EngineOptions, 
     # what the server drafted before this run: a method whose drafts depend on earlier requests (the
     # suffix cache) then drafts from traffic our runtime never saw
     earlier = engine_client.read_counters(engine, url, model) if engine == "vllm" else None
+    # above concurrency 1 the requests overlap: vLLM's counters are read around the whole tier (its
+    # responses carry no counts without --per-request-spec-decode-metrics)
     spec = {tier: drive(engine, url, prompts, concurrency=tier, model=model, counters=tier == 1 and engine == "vllm",
                         progress=progress, what=f"{engine} with speculation, concurrency {tier}",
-                        deadline_s=options.deadline_s)
+                        deadline_s=options.deadline_s, counted=tier > 1 and engine == "vllm")
             for tier in options.tiers}
     run = ValidationStore(store).latest_passed(version.name, version.version)
     if run is None or not run.baselines:

@@ -94,6 +94,8 @@ def test_engine_url_reads_vllm_counters_and_per_request_metrics(db_url, tiny_mod
     assert baseline["engine"] == "vllm" and baseline["engine_version"] == "0.33.0"
     assert baseline["source"] == vllm_server and baseline["validation_run_id"] == run_id
     assert [t["concurrency"] for t in baseline["report"]["throughput"]] == [1, 2]
+    # concurrency 2: the counters read around the whole pass (the requests overlap), the same prompts
+    assert [t["acceptance_rate"] for t in baseline["report"]["throughput"]] == [round(total / (K * steps), 6)] * 2
     checks = {c["name"]: c["status"] for c in baseline["report"]["checks"]}
     assert checks["engine_equivalence"] == "skip"  # no --engine-reference-url
     # parity against our runtime's decode of the same ids on vLLM's schedule (not the recorded
