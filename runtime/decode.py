@@ -63,8 +63,8 @@ class DecodeConfig:
     # alone and drafting starts from it. Off (ours): the prefill forward verifies the first drafts
     # too. `validate --engine` decodes with it on, so that both loops draft the same windows.
     prefill_alone: bool = False
-    # vLLM's schedule: every step drafts k tokens whatever the budget has left (its scheduler caps a
-    # step at max_model_len only, vllm/v1/core/sched/scheduler.py:838-856) and counts every draft
+    # vLLM's schedule: every step drafts k tokens whatever the budget has left (0.33.0's scheduler caps
+    # a step at max_model_len only, vllm/v1/core/sched/scheduler.py:838-856) and counts every draft
     # the target agrees with, past the budget and past a stop token (scheduler.py:2350-2354); the
     # output still ends at the budget. Off (ours, llama.cpp's server): a step drafts at most what
     # the budget can still take after the bonus token.
