@@ -63,6 +63,16 @@ class DecodeConfig:
     # alone and drafting starts from it. Off (ours): the prefill forward verifies the first drafts
     # too. `validate --engine` decodes with it on, so that both loops draft the same windows.
     prefill_alone: bool = False
+    # vLLM's schedule: every step drafts k tokens whatever the budget has left (0.33.0's scheduler caps
+    # a step at max_model_len only, vllm/v1/core/sched/scheduler.py:838-856) and counts every draft
+    # the target agrees with, past the budget and past a stop token (scheduler.py:2350-2354); the
+    # output still ends at the budget. Off (ours, llama.cpp's server): a step drafts at most what
+    # the budget can still take after the bonus token.
+    draft_past_budget: bool = False
+    # what one serving engine keeps across the requests it serves (the method's session(config):
+    # vLLM's suffix cache of earlier responses), shared by the configs of the requests it served
+    # in order; None: each request is a fresh server's first
+    session: object = None
 
     def __post_init__(self):
         if self.tree is not None and not isinstance(self.tree, CandidateTree):
@@ -183,6 +193,8 @@ class Row:
     generated: list[int] = field(default_factory=list)
     rolling_tau: deque = field(default_factory=deque)
     stop: str | None = None
+    position_limit: int | None = None  # the target's max_position_embeddings (None: none known)
+    unemitted: list[int] = field(default_factory=list)  # what the last step sampled past the row's end
 
     @property
     def sampling(self) -> bool:
@@ -200,8 +212,8 @@ def check_batch(configs: list[DecodeConfig]) -> None:
     budget, sampling settings, seeds and stops are each row's own)."""
     for config in configs:
         check_config(config)
-    shared = {(c.method, c.k, c.tree, c.prompt_lookup_min, c.prompt_lookup_max, c.suffix, c.prefill_alone)
-              for c in configs}
+    shared = {(c.method, c.k, c.tree, c.prompt_lookup_min, c.prompt_lookup_max, c.suffix, c.prefill_alone,
+               c.draft_past_budget, id(c.session)) for c in configs}
     if len(shared) > 1:
         raise RuntimeConfigError("the rows of one batch must share method, k, tree, prompt lookup, suffix settings "
                                  "and schedule")
@@ -228,7 +240,7 @@ def new_row(pair: ModelPair, index: int, prompt_ids, config: DecodeConfig, metri
     generator = torch.Generator(device=pair.device).manual_seed(config.seed) if config.temperature > 0 else None
     metrics.prompt_tokens = length
     return Row(index, config, prompt, prompt[0].tolist(), max_length, generator, eos_ids_of(pair, config), metrics,
-               speculate, rolling_tau=deque(maxlen=config.acceptance_window))
+               speculate, rolling_tau=deque(maxlen=config.acceptance_window), position_limit=target_limit)
 
 
 def line_up(rows: list[Row], proposals: list[tuple], ks: list[int], tree, device):
@@ -349,12 +361,16 @@ def fall_back(rows: list[Row], config: DecodeConfig, memory_probe) -> None:
 def draft(drafter, rows: list[Row], config: DecodeConfig, step_start: float, device,
           clock: PassClock) -> tuple[Step, float]:
     """Ask the drafter for every speculating row's drafts: at most what its budget can still take
-    after the bonus token, none on the engines' schedule's prefill -> (Step, the time drafting
-    ended). A row given none (n-gram without a match, a head before the target's first states)
-    verifies no drafts this step; a chain may come back shorter than asked."""
+    after the bonus token (on vLLM's schedule, DecodeConfig.draft_past_budget, what the target's
+    positions can), none on the engines' schedule's prefill -> (Step, the time drafting ended). A
+    row given none (n-gram without a match, a head before the target's first states) verifies no
+    drafts this step; a chain may come back shorter than asked."""
     ks = []
     for row in rows:
-        k = min(config.k, row.max_length - len(row.token_list) - 1) if row.speculating else 0
+        limit = row.max_length
+        if config.draft_past_budget:
+            limit = row.position_limit if row.position_limit is not None else len(row.token_list) + config.k + 1
+        k = min(config.k, limit - len(row.token_list) - 1) if row.speculating else 0
         if config.prefill_alone and row.cached_length == 0:
             k = 0
         ks.append(max(k, 0))
@@ -456,6 +472,7 @@ def emit(pair: ModelPair, rows: list[Row], step: Step, accepted: list[tuple], st
                 # llama.cpp counts only the drafts before it (metrics.stop_draft_counts)
                 row.metrics.stop_draft = (position, num_accepted)
             if row.stop:
+                row.unemitted = emitted_list[position + 1:]
                 break
         if row.stop:
             row.metrics.stop_reason = row.stop
@@ -467,6 +484,9 @@ def emit(pair: ModelPair, rows: list[Row], step: Step, accepted: list[tuple], st
 def leave(rows: list[Row], cache, drafter) -> list[Row]:
     """The rows still decoding; the finished ones leave the cache and the drafter."""
     going = [r for r, row in enumerate(rows) if not row.stop]
+    ended = [r for r, row in enumerate(rows) if row.stop]
+    if ended and hasattr(drafter, "finish"):
+        drafter.finish(ended, [rows[r].token_list + rows[r].unemitted for r in ended])
     if len(going) < len(rows):
         rows = [rows[r] for r in going]
         if rows:

@@ -88,6 +88,7 @@ class EngineRun:
     completions: list  # engine_client.EngineCompletion per prompt, in prompt order
     rows: list[dict[str, Any]]  # counts rows (validators.engine)
     tokens_per_s: float | None
+    counted: Any = None  # engine_client.Counters of the whole pass (vLLM above concurrency 1), or None
 
 
 @dataclass
@@ -125,9 +126,10 @@ def counting(progress: Progress | None, what: str, total: int) -> Callable[[str]
 
 def drive(engine: str, base_url: str, prompts: list[dict[str, Any]], *, concurrency: int, model: str | None,
           counters: bool, progress: Progress | None = None, what: str = "engine",
-          deadline_s: float = 600.0) -> EngineRun:
+          deadline_s: float = 600.0, counted: bool = False) -> EngineRun:
     """Every prompt through the engine at ``concurrency``. ``counters`` (concurrency 1): read the
-    /metrics counters around each request, so steps and per-position acceptance are per prompt.
+    /metrics counters around each request, so steps and per-position acceptance are per prompt;
+    ``counted``: around the whole pass (EngineRun.counted; a tier above 1, whose requests overlap).
     ``progress(what, done, total, record)`` after each prompt."""
     from specreg.registry.deploy import engine_client
 
@@ -150,17 +152,25 @@ def drive(engine: str, base_url: str, prompts: list[dict[str, Any]], *, concurre
         one_more(prompt["record"])
         return done, row
 
+    around = engine_client.read_counters(engine, base_url, model) if counted else None
     results, wall = engine_client.run_concurrently(one, prompts, concurrency)
     completions = [done for done, _ in results]
     generated = sum(len(done.token_ids) for done in completions)
+    counted = None
+    if around is not None:
+        counted = engine_client.read_counters(engine, base_url, model).minus(around, base_url)
     # at concurrency 1 the scrapes between requests are not the engine's time: sum the requests
     seconds = sum(done.seconds for done in completions) if concurrency == 1 else wall
-    return EngineRun(completions, [row for _, row in results], generated / seconds if seconds > 0 else None)
+    return EngineRun(completions, [row for _, row in results], generated / seconds if seconds > 0 else None,
+                     counted)
 
 
-def tier_acceptance(rows: list[dict[str, Any]]) -> float | None:
-    """The engine's acceptance over one tier's prompts, from what each response or the counters
-    reported (None when the engine reported no drafts: a server without per-response counts)."""
+def tier_acceptance(rows: list[dict[str, Any]], counted=None) -> float | None:
+    """The engine's acceptance over one tier's prompts, from the counters read around the pass
+    (``counted``) or what each response or the counters around it reported (None when the engine
+    reported no drafts: a server without per-response counts)."""
+    if counted is not None:
+        return round(counted.accepted_tokens / counted.draft_tokens, 6) if counted.draft_tokens else None
     drafted = sum(row["drafted"] or 0 for row in rows if row.get("drafted") is not None)
     accepted = sum(row["accepted"] or 0 for row in rows if row.get("accepted") is not None)
     return round(accepted / drafted, 6) if drafted else None
@@ -186,25 +196,49 @@ def golden_prompts(golden, tokenizer) -> tuple[list[dict[str, Any]], list[dict[s
 
 
 def runtime_pass(pair, prompts, version: PairVersion, progress: Progress | None = None,
-                 batch_size: int = DEFAULT_BATCH_SIZE) -> list[dict[str, Any]]:
+                 batch_size: int = DEFAULT_BATCH_SIZE, engine: str = "llamacpp") -> list[dict[str, Any]]:
     """Our runtime's greedy speculative decode of every prompt, batch_size at a time -> counts rows
-    (+ "token_ids"), on llama-server's schedule (DecodeConfig.prefill_alone: the prefill emits the
-    first token alone, drafting starts from it) and with its count at a stop token (a matching
-    end-of-generation draft ends acceptance: runtime.metrics.stop_draft_counts), so both loops
-    draft the same windows and count them the same way; the tokens are greedy decoding's either
-    way. What validate recorded (reused_rows) makes this pass unnecessary."""
-    from specreg.runtime.decode import generate_batch
+    (+ "token_ids"), on the engine's schedule (DecodeConfig.prefill_alone: the prefill emits the
+    first token alone, drafting starts from it) and counted its way, so both loops draft the same
+    windows and count them the same way; the tokens are greedy decoding's either way.
+
+    llama.cpp: a step drafts what the budget has left, and a matching end-of-generation draft ends
+    acceptance (runtime.metrics.stop_draft_counts). vLLM: a step drafts k whatever the budget has
+    left and every draft the target agrees with counts (DecodeConfig.draft_past_budget); a method
+    whose drafts depend on the requests served before (the method's session: the suffix cache)
+    decodes the prompts one after another in order on one session, as a fresh vLLM serves them at
+    concurrency 1. What validate recorded (reused_rows) makes the llama.cpp pass unnecessary."""
+    import dataclasses
+
+    from specreg.runtime.decode import DecodeConfig, generate_batch
+    from specreg.runtime.methods import drafting_method
     from specreg.runtime.metrics import stop_draft_counts
-    from specreg.runtime.decode import DecodeConfig
     from specreg.validators.equivalence import decode_config
 
     settings = DecodeConfig.from_spec(version.config)
-    one_more = counting(progress, "our runtime (greedy, the engine's schedule)", len(prompts))
+    if engine == "vllm":
+        settings = dataclasses.replace(settings, draft_past_budget=True)
+        session = drafting_method(settings.method).session
+        if session is not None:
+            settings, batch_size = dataclasses.replace(settings, session=session(settings)), 1
+    one_more = counting(progress, f"our runtime (greedy, {engine}'s schedule)", len(prompts))
     generations = generate_batch(pair, [prompt["prompt_ids"] for prompt in prompts],
                                  [decode_config(prompt["golden"], settings, greedy=True) for prompt in prompts],
                                  max_rows=batch_size, finished=lambda index: one_more(prompts[index]["record"]))
-    return [engine_row(prompt["record"], prompt["category"], stop_draft_counts(generation.metrics),
-                       generation.token_ids) for prompt, generation in zip(prompts, generations)]
+    k = settings.k
+    counted = stop_draft_counts if engine == "llamacpp" else lambda metrics: vllm_counts(metrics, k)
+    return [engine_row(prompt["record"], prompt["category"], counted(generation.metrics), generation.token_ids)
+            for prompt, generation in zip(prompts, generations)]
+
+
+def vllm_counts(metrics, k: int) -> dict[str, Any]:
+    """The counts of one greedy decode as vLLM counts them: every verified draft and every draft
+    the target agreed with (vllm/v1/core/sched/scheduler.py:2350-2354: accepted = sampled - 1),
+    accepted per position for all k positions (its per-position counter has one series each)."""
+    per_position = list(metrics.accepted_per_position)
+    return {"drafted": metrics.drafted, "accepted": metrics.accepted, "draft_steps": metrics.draft_steps,
+            "accepted_per_position": per_position + [0] * (k - len(per_position)),
+            "generated_tokens": metrics.generated_tokens}
 
 
 def engine_row(record: str, category: str, counts: dict[str, Any], token_ids) -> dict[str, Any]:
@@ -239,7 +273,7 @@ def tier_figures(tiers: tuple[int, ...], spec: dict[int, EngineRun], plain: dict
     run) and the engine's acceptance there (EngineCheckContext.tiers)."""
     return [{"concurrency": tier, "with_draft_tokens_per_s": spec[tier].tokens_per_s,
              "without_draft_tokens_per_s": plain[tier].tokens_per_s if tier in plain else None,
-             "acceptance_rate": tier_acceptance(spec[tier].rows)} for tier in tiers]
+             "acceptance_rate": tier_acceptance(spec[tier].rows, spec[tier].counted)} for tier in tiers]
 
 
 def outputs_of(prompts: list[dict[str, Any]], spec: EngineRun, plain: EngineRun) -> list[dict[str, Any]]:
@@ -448,6 +482,7 @@ def _remote(store: Store, version: PairVersion, golden, options: EngineOptions, 
     from specreg.registry.deploy import engine_client
     from specreg.registry.store.validations import ValidationStore
     from specreg.runtime.loading import load_tokenizer
+    from specreg.runtime.methods import drafting_method
     from specreg.validators.context import EngineCheckContext
     from specreg.validators.engine import baselines_of, run_engine_checks
     from specreg.validators.suite import default_near_tie_tolerance
@@ -459,15 +494,34 @@ def _remote(store: Store, version: PairVersion, golden, options: EngineOptions, 
     if not prompts:
         raise SpecregError(f"no prompt of golden set {golden.name} could be encoded with the target's tokenizer")
     model = options.model_name or identity.get("model")
+    # what the server drafted before this run: a method whose drafts depend on earlier requests (the
+    # suffix cache) then drafts from traffic our runtime never saw
+    earlier = engine_client.read_counters(engine, url, model) if engine == "vllm" else None
+    # above concurrency 1 the requests overlap: vLLM's counters are read around the whole tier (its
+    # responses carry no counts without --per-request-spec-decode-metrics)
     spec = {tier: drive(engine, url, prompts, concurrency=tier, model=model, counters=tier == 1 and engine == "vllm",
                         progress=progress, what=f"{engine} with speculation, concurrency {tier}",
-                        deadline_s=options.deadline_s)
+                        deadline_s=options.deadline_s, counted=tier > 1 and engine == "vllm")
             for tier in options.tiers}
     run = ValidationStore(store).latest_passed(version.name, version.version)
     if run is None or not run.baselines:
         raise SpecregError(f"{version.label} has no passed validation on our runtime to compare {engine} with: "
                            f"run `specreg validate {version.label}` first")
-    ours = {**run.baselines, "source": f"validation run {run.id} (our runtime; sampled records as their records ask)"}
+    ours_rows = None
+    if engine == "vllm":
+        # the same token ids decoded greedily on vLLM's schedule and counted its way: the validation
+        # run's baselines decode sampled records as sampled and count llama.cpp's way
+        ours_rows = vllm_runtime_rows(version, prompts, options, progress)
+        ours = {**baselines_of(ours_rows, version.config.num_speculative_tokens),
+                "source": f"our runtime in {options.dtype}, greedy, same token ids, vLLM's schedule (first token from "
+                          f"the prefill alone, k drafted to the end, every agreed draft counted)"}
+        if drafting_method(version.config.method.value).session is not None and earlier is not None \
+                and earlier.drafts > 0:
+            ours["caveat"] = (f"the server had drafted {int(earlier.drafts)} times before this run and "
+                              f"{version.config.method.value} drafts from the requests a server served before "
+                              f"(vLLM's cache is the server's); our runtime decoded as a freshly started server")
+    else:
+        ours = {**run.baselines, "source": f"validation run {run.id} (our runtime; sampled records as their records ask)"}
     plain: dict[int, EngineRun] = {}
     reference = engine_client.check_url(options.reference_url) if options.reference_url else None
     for tier in options.tiers if reference else ():
@@ -486,5 +540,23 @@ def _remote(store: Store, version: PairVersion, golden, options: EngineOptions, 
     report = {"engine": engine, "identity": identity, "url": url, "options": options.to_dict(),
               "prompts": len(prompts), "skipped": skipped, "ours": ours, "per_prompt": spec[1].rows,
               "throughput": tiers}
+    if ours_rows is not None:
+        report["engine_matches_runtime_tokens"] = sum(1 for row, done in zip(ours_rows, spec[1].completions)
+                                                      if row["token_ids"] == done.token_ids)
+        report["engine_matches_runtime_counts"] = sum(1 for row, theirs in zip(ours_rows, spec[1].rows)
+                                                      if all(row[key] == theirs[key] for key in COUNTED))
+        report["per_prompt_runtime"] = [{key: value for key, value in row.items()} for row in ours_rows]
     return report, engine_baselines, checks, identity
+
+
+def vllm_runtime_rows(version: PairVersion, prompts, options: EngineOptions, progress) -> list[dict[str, Any]]:
+    """Our runtime's rows of the golden prompts on vLLM's schedule (runtime_pass), the pair loaded
+    in ``options.dtype`` from its registered folders, checked against their fingerprints."""
+    from specreg.runtime.methods import load_pair
+
+    pair = load_pair(version.target.path, version.draft.path if version.draft else None, device="cpu",
+                     dtype=options.dtype, target_fingerprint=version.target.fingerprint,
+                     draft_fingerprint=version.draft.fingerprint if version.draft else None,
+                     method=version.config.method.value)
+    return runtime_pass(pair, prompts, version, progress=progress, engine="vllm")
 

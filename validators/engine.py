@@ -125,7 +125,9 @@ FAR_BELOW = 0.2
 
 def check_parity(ours: dict[str, Any], engine: dict[str, Any], *, engine_name: str,
                  tolerance: float = PARITY_TOLERANCE) -> CheckResult:
-    """Our baselines (baselines_of) against the engine's -> CheckResult "engine_parity"."""
+    """Our baselines (baselines_of) against the engine's -> CheckResult "engine_parity"; a
+    difference beyond the tolerance says ours["caveat"] (what the engine did that our runtime
+    could not model) when there is one."""
     scopes = [("overall", ours.get("overall") or {}, engine.get("overall") or {})]
     scopes += [(category, figures_ours, (engine.get("per_category") or {}).get(category) or {})
                for category, figures_ours in sorted((ours.get("per_category") or {}).items())]
@@ -153,7 +155,9 @@ def check_parity(ours: dict[str, Any], engine: dict[str, Any], *, engine_name: s
                 f"(|d| {overall['alpha_delta']:.3f}, tolerance {tolerance:g}); tau ours "
                 f"{_fmt(overall['tau_ours'])} vs {_fmt(overall['tau_engine'])}")
     if not overall["within"]:
-        if overall["alpha_ours"] - overall["alpha_engine"] >= FAR_BELOW:
+        if ours.get("caveat"):  # what the engine did that our runtime could not see
+            headline += f": {ours['caveat']}"
+        elif overall["alpha_ours"] - overall["alpha_engine"] >= FAR_BELOW:
             headline += (f": {engine_name}'s acceptance is far below our runtime's for the same pair, so it is not "
                          f"running the draft as validated (an EAGLE-3 head on other target layers than its "
                          f"eagle_aux_hidden_state_layer_ids, a head served as another method)")

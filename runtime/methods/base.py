@@ -9,6 +9,9 @@ A method is one module runtime/methods/<name>.py, named as the registry names th
                                           loads the target and what drafts for it, checked
                                           before any forward (RuntimeConfigError)
     check(config) -> None                 the method's own rules on a DecodeConfig
+    session(config) -> object | None      what one server keeps across the requests it serves
+                                          (DecodeConfig.session; None for a method whose drafts
+                                          depend on their own request alone)
     drafter(pair, configs, generators) -> Drafter
                                           the drafter of one batch: per row its DecodeConfig and
                                           random generator (None when greedy)
@@ -137,6 +140,15 @@ class PerRowDrafter:
         """Nothing: a row's own drafter reads its state as it goes (a head the target states
         handed at rollback, a lookup the tokens), none is shared with other rows."""
 
+    def finish(self, rows: list[int], sampled: list[list[int]]) -> None:
+        """These rows ended; per row its sequence with every token its last step sampled (past
+        its budget or a stop token too), for a row drafter that keeps them for later requests
+        (suffix.SuffixDrafter.finish)."""
+        for r, sequence in zip(rows, sampled):
+            finish = getattr(self.drafters[r], "finish", None)
+            if finish is not None:
+                finish(sequence)
+
     def extend(self, other: "PerRowDrafter") -> None:
         self.drafters += other.drafters
         self.last_forwards += other.last_forwards
@@ -150,3 +162,4 @@ class Method:
     load: Any  # (target_path, draft_path, device, dtype, *, target_fingerprint, draft_fingerprint) -> ModelPair
     drafter: Any  # (pair, configs, generators) -> Drafter
     check: Any = lambda config: None  # (DecodeConfig) -> None, RuntimeConfigError
+    session: Any = None  # (DecodeConfig) -> what one server keeps across requests; None: nothing

@@ -22,10 +22,15 @@ match on a tie. Children of equal count keep the order the C++ sibling list give
 whose count grows moves before the run of siblings its count used to equal, _increment_count);
 arithmetic is float32 as in C++.
 
-What validation measures is the request served by a server whose global tree holds no earlier
-responses (only this request's own): responses of other requests, which vLLM also drafts from, are
-traffic, not the pair. tests/engines/test_suffix_proposer.py runs vLLM's proposer with Arctic
-Inference built from its source on the same sequences and requires the same draft tokens.
+The global tree is the server's, not the request's: it holds the responses of every request
+the server served (the last max_cached_requests, evicted first in, first out:
+arctic_inference/suffix_decoding/cache.py _maybe_evict_requests), so a request drafts from the
+responses that came before it. SuffixCache is that tree; the drafters of one decode share one
+when their configs carry it (DecodeConfig.session, made by METHOD.session), and the requests
+decoded one after another in order are vLLM at concurrency 1 serving them in that order. Without
+one, each request is a fresh server's first. tests/engines/test_suffix_proposer.py runs vLLM's
+proposer with Arctic Inference built from its source on the same sequences, one request at a time
+and as a series on one proposer, and requires the same draft tokens.
 
 The draft distribution is a point mass on each proposed token (vLLM passes no draft probabilities
 for it), so sampling accepts x with probability p(x).
@@ -65,21 +70,33 @@ def _increment(parent: _Node, child: _Node) -> None:
     order.insert(head, child)
 
 
+def _decrement(parent: _Node, child: _Node) -> None:
+    """child.count -= 1 (it stays above 0), moved in parent.order as suffix_tree.cc _decrement_count
+    moves it: behind the rest of its run of equal counts, before the siblings of lower count."""
+    order = parent.order
+    order.remove(child)
+    position = next((i for i, sibling in enumerate(order) if sibling.count < child.count), len(order))
+    child.count -= 1
+    order.insert(position, child)
+
+
 class SuffixTree:
-    """Arctic Inference's SuffixTree for one sequence, uncompressed (its path compression changes
-    neither counts nor order): append tokens, draft from a context."""
+    """Arctic Inference's SuffixTree, uncompressed (its path compression changes neither counts nor
+    order): append tokens to one of its sequences, remove a sequence, draft from a context."""
 
     def __init__(self, max_depth: int):
         self.max_depth = max_depth
         self.root = _Node()
-        self.active: deque[_Node] = deque()  # nodes where the suffixes of the last max_depth starts end
+        # per sequence: nodes where the suffixes of its last max_depth starts end
+        self.active: dict[int, deque[_Node]] = {}
 
-    def append(self, token: int) -> None:
-        self.active.append(self.root)
+    def append(self, token: int, sequence: int = 0) -> None:
+        active = self.active.setdefault(sequence, deque())
+        active.append(self.root)
         self.root.count += 1
-        if len(self.active) > self.max_depth:
-            self.active.popleft()
-        for index, node in enumerate(self.active):
+        if len(active) > self.max_depth:
+            active.popleft()
+        for index, node in enumerate(active):
             child = node.children.get(token)
             if child is None:
                 child = node.children[token] = _Node(token)
@@ -87,7 +104,26 @@ class SuffixTree:
                 node.order.append(child)  # a new child joins at the tail
             else:
                 _increment(node, child)
-            self.active[index] = child
+            active[index] = child
+
+    def remove(self, sequence: int, tokens: list[int]) -> None:
+        """SuffixTree::remove: every suffix of the sequence's ``tokens`` (at most max_depth deep)
+        counted out, a node counted to 0 removed with what hangs below it."""
+        self.active.pop(sequence, None)
+        for start in range(len(tokens)):
+            node = self.root
+            node.count -= 1
+            for token in tokens[start:start + self.max_depth]:
+                child = node.children.get(token)
+                if child is None:
+                    break
+                if child.count > 1:
+                    _decrement(node, child)
+                else:
+                    node.order.remove(child)
+                    del node.children[token]
+                    break
+                node = child
 
     def _match(self, context: list[int]) -> _Node | None:
         node = self.root
@@ -127,11 +163,41 @@ class SuffixTree:
         return best, float(best_score)
 
 
+class SuffixCache:
+    """Arctic Inference's SuffixDecodingCache's global tree: the responses of the requests one server
+    served, the last max_cached_requests of them (0: none, no global tree), evicted first in, first
+    out as a request starts."""
+
+    def __init__(self, settings: SuffixSettings = SuffixSettings()):
+        self.settings = settings
+        self.tree = SuffixTree(settings.max_tree_depth)
+        self.responses: dict[int, list[int]] = {}  # cached sequences, oldest first
+        self.next_sequence = 0
+
+    def start(self) -> int | None:
+        """A new request's sequence in the tree (None when nothing is cached), evicting the oldest."""
+        if self.settings.max_cached_requests == 0:
+            return None
+        sequence, self.next_sequence = self.next_sequence, self.next_sequence + 1
+        self.responses[sequence] = []
+        while len(self.responses) > self.settings.max_cached_requests:
+            oldest = next(iter(self.responses))
+            self.tree.remove(oldest, self.responses.pop(oldest))
+        return sequence
+
+    def add(self, sequence: int | None, token: int) -> None:
+        if sequence is not None and sequence in self.responses:
+            self.responses[sequence].append(token)
+            self.tree.append(token, sequence)
+
+
 class SuffixDrafter:
     """One request's suffix decoding as vLLM's SuffixDecodingProposer drives Arctic Inference's
-    cache on a server with no earlier responses: a prompt tree over the whole verified sequence and
-    a global tree over the response (none when max_cached_requests is 0). Only verified tokens are
-    fed, so nothing rolls back.
+    cache: a prompt tree over the whole verified sequence and the server's global tree of responses
+    (``cache``, shared with the requests decoded before it; a fresh one when None: a server with no
+    earlier responses), this request's response added to it as it is verified. Only verified tokens
+    are fed, so nothing rolls back; when the request ends, the tokens its last step sampled past its
+    budget or its stop token are added too (finish), as vLLM adds every sampled token.
 
     The prompt is the sequence at the first propose or the first rollback, whichever comes first:
     the prefill's rollback comes first on the engines' schedule (drafting starts after the first
@@ -139,13 +205,15 @@ class SuffixDrafter:
     prompt).
     """
 
-    def __init__(self, vocab_size: int, settings: SuffixSettings = SuffixSettings(), sampling: bool = False):
+    def __init__(self, vocab_size: int, settings: SuffixSettings = SuffixSettings(), sampling: bool = False,
+                 cache: SuffixCache | None = None):
         self.vocab_size = vocab_size
         self.settings = settings
         self.sampling = sampling
         self.forwards = 0  # no model, kept for the metrics
         self.prompt_tree = SuffixTree(settings.max_tree_depth)
-        self.global_tree = SuffixTree(settings.max_tree_depth)
+        self.cache = cache if cache is not None else SuffixCache(settings)
+        self.sequence: int | None = None  # this response's sequence in the global tree
         self.prompt_length: int | None = None
         self.fed = 0  # tokens of the sequence the trees hold
 
@@ -153,11 +221,18 @@ class SuffixDrafter:
         """Append the verified tokens the trees lack (the prompt's only to the prompt tree)."""
         if self.prompt_length is None:
             self.prompt_length = len(token_list)
+        if self.fed == 0:  # the request starts: vLLM's start_request on its first draft step
+            self.sequence = self.cache.start()
         for position in range(self.fed, len(token_list)):
             self.prompt_tree.append(token_list[position])
-            if position >= self.prompt_length and self.settings.max_cached_requests != 0:
-                self.global_tree.append(token_list[position])
+            if position >= self.prompt_length:
+                self.cache.add(self.sequence, token_list[position])
         self.fed = len(token_list)
+
+    def finish(self, sampled: list[int]) -> None:
+        """The request ended: ``sampled`` is its sequence with every token its last step sampled;
+        the response's tokens the cache lacks are added (vLLM proposes after that step too)."""
+        self.feed(sampled)
 
     def draft(self, token_list: list[int], k: int) -> list[int]:
         """At most k draft token ids continuing the verified `token_list` (fewer, or none, where the
@@ -167,7 +242,7 @@ class SuffixDrafter:
         settings = self.settings
         context = token_list[max(0, len(token_list) - settings.max_tree_depth):]
         drafts = [tree.speculate(context, k, settings.max_spec_factor, 0.0, settings.min_token_prob)
-                  for tree in (self.prompt_tree, self.global_tree)]
+                  for tree in (self.prompt_tree, self.cache.tree)]
         (prompt_draft, prompt_score), (global_draft, global_score) = drafts
         return prompt_draft if prompt_score >= global_score else global_draft
 
@@ -191,9 +266,14 @@ def check(config) -> None:
 
 
 def drafter(pair, configs, generators) -> PerRowDrafter:
-    return PerRowDrafter([SuffixDrafter(pair.vocab_size, c.suffix or SuffixSettings(), c.temperature > 0)
+    return PerRowDrafter([SuffixDrafter(pair.vocab_size, c.suffix or SuffixSettings(), c.temperature > 0, c.session)
                           for c in configs])
 
 
+def session(config) -> SuffixCache:
+    """The global tree one server keeps across the requests it serves (DecodeConfig.session)."""
+    return SuffixCache(config.suffix or SuffixSettings())
+
+
 # the target alone, as for n-gram: nothing but the sequence drafts
-METHOD = Method(name="suffix", load=ngram_load, drafter=drafter, check=check)
+METHOD = Method(name="suffix", load=ngram_load, drafter=drafter, check=check, session=session)

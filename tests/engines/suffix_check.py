@@ -7,9 +7,12 @@ Runs with the unpacked vLLM wheel, its dependencies and the built arctic_inferen
 sys.path (engine_env.run_engine(..., arctic=True)); imports nothing from specreg. CASES.json is a
 list of {"id", "prompt", "steps" (the tokens each step sampled), "k", "max_model_len",
 "max_tree_depth", "max_cached_requests", "max_spec_factor", "min_token_prob"}; OUT.json gets
-{"results": [{"id", "drafts": [per step the draft token ids]}], "seconds"}.
+{"results": [{"id", "drafts": [per step the draft token ids]}], "seconds"}. A case with
+"series" instead of "prompt" and "steps" (a list of {"prompt", "steps"}) is requests served one
+after another by one proposer (a server at concurrency 1): its "drafts" are per request the
+drafts of each step.
 
-Each case is one request on a fresh proposer (a server with no earlier responses). The drafts
+Each case without a series is one request on a fresh proposer (a server with no earlier responses). The drafts
 come from SuffixDecodingProposer.propose (vllm/v1/spec_decode/suffix_decoding.py), the call the
 model runner makes for `method: suffix` (gpu_model_runner.py), with the request's tokens in the
 input batch's token_ids_cpu and its length in num_tokens_no_spec as the runner keeps them after a
@@ -40,23 +43,32 @@ def proposer(case: dict):
                                                   model_config=SimpleNamespace(max_model_len=case["max_model_len"])))
 
 
-def check_suffix(cases: list[dict]) -> list[dict]:
+def serve(made, request: str, prompt: list[int], steps: list[list[int]], case: dict) -> list[list[int]]:
+    """One request's steps through ``made`` alone in the input batch -> each step's draft."""
     import numpy as np
 
+    sequence = list(prompt)
+    drafts = []
+    for sampled in steps:
+        sequence += sampled
+        token_ids_cpu, num_tokens_no_spec = runner_tokens([sequence], case["max_model_len"])
+        batch = SimpleNamespace(req_ids=[request], req_id_to_index={request: 0},
+                                num_tokens_no_spec=num_tokens_no_spec,
+                                num_prompt_tokens=np.array([len(prompt)], dtype=np.int32),
+                                token_ids_cpu=token_ids_cpu)
+        drafts.append([int(t) for t in made.propose(case["k"], batch, [list(sampled)])[0]])
+    return drafts
+
+
+def check_suffix(cases: list[dict]) -> list[dict]:
     results = []
     for case in cases:
         made = proposer(case)
-        request = str(case["id"])
-        sequence = list(case["prompt"])
-        drafts = []
-        for sampled in case["steps"]:
-            sequence += sampled
-            token_ids_cpu, num_tokens_no_spec = runner_tokens([sequence], case["max_model_len"])
-            batch = SimpleNamespace(req_ids=[request], req_id_to_index={request: 0},
-                                    num_tokens_no_spec=num_tokens_no_spec,
-                                    num_prompt_tokens=np.array([len(case["prompt"])], dtype=np.int32),
-                                    token_ids_cpu=token_ids_cpu)
-            drafts.append([int(t) for t in made.propose(case["k"], batch, [list(sampled)])[0]])
+        if "series" in case:
+            drafts = [serve(made, f"{case['id']}-{index}", request["prompt"], request["steps"], case)
+                      for index, request in enumerate(case["series"])]
+        else:
+            drafts = serve(made, str(case["id"]), case["prompt"], case["steps"], case)
         results.append({"id": case["id"], "drafts": drafts})
     return results
 

@@ -62,6 +62,17 @@ def test_parity_fails_beyond_the_tolerance_overall():
     assert engine.check_parity(ours, same, engine_name="llama.cpp").status == "pass"
 
 
+def test_parity_beyond_the_tolerance_names_what_the_engine_did_that_ours_could_not_see():
+    # a suffix pair on a vLLM server that served traffic before: its cache drafted from it
+    caveat = "the server had drafted 12 times before this run and suffix drafts from the requests a server served before"
+    ours = {"overall": _figures(0.415), "per_category": {}, "caveat": caveat}
+    result = engine.check_parity(ours, {"overall": _figures(0.62), "per_category": {}}, engine_name="vllm")
+    assert result.status == "fail" and result.summary.endswith(f"tau ours 2.000 vs 2.000: {caveat}")
+    # within the tolerance the caveat changes nothing
+    within = engine.check_parity(ours, {"overall": _figures(0.42), "per_category": {}}, engine_name="vllm")
+    assert within.status == "pass" and caveat not in within.summary
+
+
 def test_a_category_beyond_the_tolerance_fails_in_one_line_naming_it_and_both_alphas():
     # an EAGLE-3 pair at k 4: overall within the tolerance, the support category not
     ours = {"k": 4, "overall": _figures(0.736, drafted=652),

@@ -98,3 +98,29 @@ def test_vllm_per_batch_schedule_comes_from_the_measured_tiers(draft_pair, basel
     speculative = json.loads(dict(render_export(draft_pair, measured, "vllm",
                                                 approved=True))["vllm-speculative-config.json"])
     assert speculative["num_speculative_tokens_per_batch_size"] == [[1, 2, 4], [3, 16, 0], [17, 17, 0]]
+
+
+def test_a_suffix_pairs_measured_schedule_is_refused_where_vllm_would_drop_it(baselines):
+    """vLLM runs suffix decoding on its V1 runner, which drops num_speculative_tokens_per_batch_size
+    for it: tiers that turn speculation off are refused with that reason, tiers that keep k write
+    the static k alone."""
+    import dataclasses
+    import json
+
+    from exportcase import make_pair
+
+    from specreg.core.suffix_settings import SuffixSettings
+    from specreg.errors import SpecregError
+
+    pair = make_pair(SpecMethod.NGRAM, max_batch=None)
+    pair = dataclasses.replace(pair, config=dataclasses.replace(pair.config, method=SpecMethod.SUFFIX, prompt_lookup_min=None,
+                                                                prompt_lookup_max=None, suffix=SuffixSettings()))
+    with pytest.raises(SpecregError, match=r"turn speculation off at batch sizes 3-4 .*_maybe_disable_dynamic_sd_for_v1"):
+        render_export(pair, with_measured_tiers(baselines, {1: 1.6, 2: 1.1, 4: 0.8}), "vllm", approved=True)
+    # served at 2 sequences at most, the slower tier is never reached
+    speculative = json.loads(dict(render_export(pair, with_measured_tiers(baselines, {1: 1.6, 2: 1.1, 4: 0.8}), "vllm",
+                                                approved=True, options={"max_num_seqs": 2}))["vllm-speculative-config.json"])
+    assert "num_speculative_tokens_per_batch_size" not in speculative and speculative["num_speculative_tokens"] == 4
+    speculative = json.loads(dict(render_export(pair, with_measured_tiers(baselines, {1: 1.6, 4: 1.2}), "vllm",
+                                                approved=True))["vllm-speculative-config.json"])
+    assert "num_speculative_tokens_per_batch_size" not in speculative and speculative["method"] == "suffix"

@@ -199,6 +199,27 @@ def test_the_engines_schedule_emits_the_first_token_from_the_prefill_alone(targe
         1 + 14 / 5)
 
 
+def test_vllms_schedule_drafts_k_past_the_budget_and_counts_what_the_target_agrees_with(target, tokenizer, drafts,
+                                                                                        prompts):
+    """DecodeConfig.draft_past_budget (vLLM's scheduler: k at every step, a step capped only at
+    max_model_len; every agreed draft counted): the last step drafts k where llama.cpp's schedule
+    drafts what the budget has left; the output still ends at the budget."""
+    pair = make_pair(target, tokenizer, drafts["self"], tokenizer)
+    llamacpp, vllm = StepLog(), StepLog()
+    config = DecodeConfig(k=3, max_new_tokens=20, eos_token_ids=(), prefill_alone=True)
+    tokens = list(stream_generate(pair, prompts[0], config, metrics=llamacpp))
+    past = list(stream_generate(pair, prompts[0], DecodeConfig(k=3, max_new_tokens=20, eos_token_ids=(),
+                                                               prefill_alone=True, draft_past_budget=True),
+                                metrics=vllm))
+    assert past == tokens and len(past) == 20
+    # 1 from the prefill, then 4+4+4+4 = 17; 3 left: llama.cpp's schedule drafts 2, vLLM's 3 (all
+    # agreed, 4 tokens sampled, 3 emitted)
+    assert llamacpp.steps[-1] == (2, 2)
+    assert vllm.steps == [(0, 0), (3, 3), (3, 3), (3, 3), (3, 3), (3, 3)]
+    assert (vllm.drafted, vllm.accepted, vllm.draft_steps) == (15, 15, 5)
+    assert (llamacpp.drafted, llamacpp.accepted) == (14, 14)
+
+
 def test_per_position_acceptance_and_rejection_runs():
     metrics = GenerationMetrics()
     metrics.record_step(0, 0, 1)  # a step that drafted nothing (an n-gram miss): not a draft step

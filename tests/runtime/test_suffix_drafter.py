@@ -50,7 +50,7 @@ def test_the_global_tree_holds_the_output_only():
     and a match found only in the output scores there too (same draft, the prompt tree's on a tie)."""
     prompt, output = [9, 8, 7, 6], [1, 2, 1, 2, 1]
     with_global, without = drafter_after(prompt, output), drafter_after(prompt, output, max_cached_requests=0)
-    assert with_global.global_tree.root.count == len(output) and without.global_tree.root.count == 0
+    assert with_global.cache.tree.root.count == len(output) and without.cache.tree.root.count == 0
     assert with_global.prompt_tree.root.count == len(prompt + output)
     assert with_global.draft(prompt + output, 4) == without.draft(prompt + output, 4) == [2, 1]
 

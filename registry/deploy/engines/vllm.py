@@ -55,6 +55,14 @@ SUFFIX_CUTOFF_REFUSAL = (
     "speculation would not be off above the cutoff; register the pair without max_batch_size_for_speculation")
 
 
+SUFFIX_SCHEDULE_REFUSAL = (
+    "the engine baseline's concurrency tiers turn speculation off at batch sizes {off} (the draft slowed them "
+    "down), but vLLM 0.33 runs suffix decoding on its V1 model runner only and V1 drops "
+    "num_speculative_tokens_per_batch_size for it (vllm/config/vllm.py:1088-1108 _maybe_disable_dynamic_sd_for_v1): "
+    "it would speculate at every batch size; serve it below those batch sizes (--option max_num_seqs) or "
+    "measure again")
+
+
 def refusal(pair_version: PairVersion) -> str | None:
     if pair_version.config.method is SpecMethod.SUFFIX and pair_version.config.max_batch_size_for_speculation:
         return SUFFIX_CUTOFF_REFUSAL
@@ -105,6 +113,13 @@ def speculative_config(pair_version: PairVersion, draft_source: str | None, opts
             speculative["prompt_lookup_max"] = config.prompt_lookup_max
     cutoff = config.max_batch_size_for_speculation
     measured = ((baselines or {}).get("engine_baseline") or {}).get("speculation_schedule")
+    if measured and config.method is SpecMethod.SUFFIX:
+        # V1 falls back to the static k for suffix: a schedule is written only where k is all it says
+        ceiling = opts["max_num_seqs"]
+        off = [f"{start}-{end}" for start, end, depth in measured if depth == 0 and (ceiling is None or start <= ceiling)]
+        if off:
+            raise SpecregError(SUFFIX_SCHEDULE_REFUSAL.format(off=", ".join(off)))
+        measured = None
     if measured:
         # what the engine baseline's tiers measured: off where the draft slowed a tier down, and
         # off above the registered cutoff too
