@@ -71,8 +71,6 @@ def check_performance(pair, decodes, *, method: str = "draft_model", k: int = 4,
     acceptance, the heads' cost per step and the measured cost of verifying the tree cut at each
     depth (choose_tree_depth). Returns a CheckResult "performance".
     """
-    from specreg.core.methods import method_descriptor
-    from specreg.runtime.choose_k import choose_k
     from specreg.runtime.metrics import aggregate
 
     if not decodes.runs:
@@ -86,23 +84,8 @@ def check_performance(pair, decodes, *, method: str = "draft_model", k: int = 4,
     if cost_ratio is None:
         cost_ratio = measured_cost_ratio(pair, decodes, method, speculative)
     measured = speculative["per_position_acceptance_conditional"] or []  # the factors choose_k multiplies
-    per_position = measured or [speculative["acceptance_rate"] or 0.0]
-    tree_figures = {}
-    if tree is not None:
-        best_k, expected, tree_figures = recommend_tree_depth(pair, decodes, tree, per_position, measured, speculative)
-        extrapolated_k, extrapolated = best_k, expected  # a tree is never cut deeper than registered
-    elif method_descriptor(method).draft_length_from_head:
-        # a block drafter drafts its whole block in one forward, and k is the block's (registration
-        # fixed it): nothing to choose; the expected speedup is tokens per step over (c + 1)
-        from specreg.runtime.choose_k import expected_tokens_per_step
-
-        best_k = extrapolated_k = k
-        expected = extrapolated = expected_tokens_per_step(per_position, k) / (cost_ratio + 1.0)
-    else:
-        # Past the measured positions choose_k can only assume the last one's acceptance holds:
-        # recommend within what was measured, and name a deeper optimum as an extrapolation.
-        best_k, expected = choose_k(per_position, cost_ratio, k_max=max(1, min(max(k_max, k), len(measured))))
-        extrapolated_k, extrapolated = choose_k(per_position, cost_ratio, k_max=max(k_max, k))
+    (best_k, expected, extrapolated_k, extrapolated), tree_figures = recommend_k(
+        pair, decodes, speculative, measured, method=method, k=k, k_max=k_max, cost_ratio=cost_ratio, tree=tree)
     figures = {**speed_figures(batched_speculative, batched_target_only, single, decodes.batch_size),
                "longest_rejection_run": speculative["longest_rejection_run"],
                "cost_ratio": cost_ratio, "k": k, "recommended_k": best_k, "expected_speedup_at_recommended_k": expected,
@@ -122,6 +105,29 @@ def check_performance(pair, decodes, *, method: str = "draft_model", k: int = 4,
     if figures["speedup"] < 1.0:
         return CheckResult(CHECK_NAME, WARN, f"slower than target-only on {pair.device}: {summary}", evidence, figures)
     return CheckResult(CHECK_NAME, PASS, summary, evidence, figures)
+
+
+def recommend_k(pair, decodes, speculative: dict, measured: list[float], *, method: str, k: int, k_max: int,
+                cost_ratio: float, tree) -> tuple[tuple[int, float, int, float], dict]:
+    """((recommended k, its expected speedup, the deeper extrapolated optimum, its expected
+    speedup), the tree's figures) from the measured conditional per-position acceptance."""
+    from specreg.core.methods import method_descriptor
+    from specreg.runtime.choose_k import choose_k, expected_tokens_per_step
+
+    per_position = measured or [speculative["acceptance_rate"] or 0.0]
+    if tree is not None:
+        best_k, expected, tree_figures = recommend_tree_depth(pair, decodes, tree, per_position, measured, speculative)
+        return (best_k, expected, best_k, expected), tree_figures  # a tree is never cut deeper than registered
+    if method_descriptor(method).draft_length_from_head:
+        # a block drafter drafts its whole block in one forward, and k is the block's (registration
+        # fixed it): nothing to choose; the expected speedup is tokens per step over (c + 1)
+        expected = expected_tokens_per_step(per_position, k) / (cost_ratio + 1.0)
+        return (k, expected, k, expected), {}
+    # Past the measured positions choose_k can only assume the last one's acceptance holds:
+    # recommend within what was measured, and name a deeper optimum as an extrapolation.
+    best_k, expected = choose_k(per_position, cost_ratio, k_max=max(1, min(max(k_max, k), len(measured))))
+    extrapolated_k, extrapolated = choose_k(per_position, cost_ratio, k_max=max(k_max, k))
+    return (best_k, expected, extrapolated_k, extrapolated), {}
 
 
 def measured_cost_ratio(pair, decodes, method: str, speculative: dict) -> float:
