@@ -2,8 +2,7 @@
 
     from specreg import Registry
     registry = Registry("sqlite:///registry.db", user="alice")
-    result = registry.register("chat-pair", target="models/target", draft="models/draft",
-                               num_speculative_tokens=4)
+    result = registry.register("chat-pair", target="models/target", draft="models/draft", num_speculative_tokens=4)
     registry.get("chat-pair@1")
 
 Each method is one line naming its use case in specreg/usecases/, where the work is done.
@@ -172,8 +171,7 @@ class Registry:
     def build_llama_server(self, log=None, progress=None):
         return validate_engine.build_llama_server(self, log=log, progress=progress)
 
-    def install_vllm(self, log=None) -> dict:
-        return validate_engine.install_vllm(self, log=log)
+    install_vllm = validate_engine.install_vllm  # (log=None) -> the install stamp
 
     def validation_runs(self, ref: Ref) -> list:
         return validate.validation_runs(self, ref)

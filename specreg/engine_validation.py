@@ -423,7 +423,9 @@ def _local_vllm(store: Store, version: PairVersion, golden, options: EngineOptio
     from specreg.registry.store.engine_artifacts import ArtifactRecords
 
     records = ArtifactRecords(store, actor)
-    vllm_install.trusted_python(records)  # an unknown venv is refused before minutes of decoding
+    # a missing install is refused before our runtime's pass; its tree digest (56k files, seconds)
+    # is checked against the registry before each of the two starts
+    vllm_install.require_installed()
     changes = fingerprint_changes(version)
     if changes:
         raise SpecregError(f"{version.label}: the models changed since registration ({'; '.join(changes)}); "

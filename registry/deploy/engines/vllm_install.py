@@ -239,13 +239,20 @@ def install_and_record(records, log=None) -> dict:
     return stamp
 
 
+def require_installed() -> dict:
+    """The install stamp; SpecregError (one line, naming the command) when there is none."""
+    stamp = installed()
+    if stamp is None:
+        raise SpecregError(f"vLLM for the CPU is not installed in {home()}: run `{INSTALL_COMMAND}` (`make vllm`, "
+                           f"with this --db) first")
+    return stamp
+
+
 def trusted_python(records, log=None) -> tuple[Path, str]:
     """(the venv's python, its tree sha256) once that digest is one the registry of ``records``
     recorded at install; SpecregError (one line, naming the command that records it) for a venv
     missing or unknown to the registry: nothing of it is run then."""
-    if installed() is None:
-        raise SpecregError(f"vLLM for the CPU is not installed in {home()}: run `{INSTALL_COMMAND}` (`make vllm`, "
-                           f"with this --db) first")
+    require_installed()
     digest = tree_digest(venv())[0]
     if digest not in records.digests(KIND, KEY):
         raise SpecregError(f"{venv()} (tree sha256 {digest[:16]}) is not a vLLM venv this registry recorded as "
