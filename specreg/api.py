@@ -160,8 +160,7 @@ class Registry:
 
     def validate(self, ref: Ref, **options):
         """Validate a version on a golden set and record the run; the version moves to validated
-        or failed -> ValidationOutcome. Options: usecases.validate.validate's keywords (golden,
-        device, dtype, checks, acceptance_tolerance, ..., progress, hooks)."""
+        or failed -> ValidationOutcome. Options: usecases.validate.validate's keywords."""
         return validate.validate(self, ref, **options)
 
     def validate_engine(self, ref: Ref, *, engine: str, **options):
@@ -171,7 +170,8 @@ class Registry:
     def build_llama_server(self, log=None, progress=None):
         return validate_engine.build_llama_server(self, log=log, progress=progress)
 
-    install_vllm = validate_engine.install_vllm  # (log=None) -> the install stamp
+    def install_vllm(self, log=None) -> dict:
+        return validate_engine.install_vllm(self, log=log)
 
     def validation_runs(self, ref: Ref) -> list:
         return validate.validation_runs(self, ref)

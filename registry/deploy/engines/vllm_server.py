@@ -16,7 +16,8 @@ Its environment (vllm_install.run_env): ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV ca
 takes a share of the machine's memory), ``VLLM_CPU_OMP_THREADS_BIND`` (the CPUs this process may
 use, or the first ``threads`` of them; vLLM's "auto" keeps one CPU per physical core and reserves
 some), ``VLLM_CACHE_ROOT``, ``VLLM_CONFIG_ROOT``, ``XDG_CACHE_HOME`` and ``TMPDIR`` in a folder of
-ours that is removed after the server stops (vLLM writes into the home folder otherwise), and no
+ours under /tmp (short: vLLM's ZeroMQ socket files live there, and a socket path has at most 107
+bytes), removed after the server stops (vLLM writes into the home folder otherwise), and no
 model hub. Every server is its own process group (the API server and its EngineCore process),
 stopped as a group (SIGTERM, then SIGKILL), also on errors and Ctrl-C.
 """
@@ -132,13 +133,13 @@ def start(export_argv: list[str], *, records, speculative: bool = True, dtype: s
     python, digest = vllm_install.trusted_python(records, log=log)
     port = port or free_port()
     argv = server_argv(export_argv, str(python), speculative=speculative, port=port, dtype=dtype)
-    scratch = Path(tempfile.mkdtemp(prefix=f"server-{port}-", dir=vllm_install.cache_dir(vllm_install.home() / "run")))
+    # the engine's ZeroMQ sockets are files in TMPDIR, whose path may be 107 bytes at most: a short one
+    scratch = Path(tempfile.mkdtemp(prefix="specreg-vllm-", dir="/tmp" if os.path.isdir("/tmp") else None))
     env = vllm_install.run_env({
         "VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB), "VLLM_CPU_OMP_THREADS_BIND": cpu_list(threads),
         "VLLM_CACHE_ROOT": str(scratch / "cache"), "VLLM_CONFIG_ROOT": str(scratch / "config"),
-        "XDG_CACHE_HOME": str(scratch / "xdg"), "TMPDIR": str(scratch / "tmp")})
-    (scratch / "tmp").mkdir()
-    log_path = scratch.parent / f"vllm-{port}.log"
+        "XDG_CACHE_HOME": str(scratch / "xdg"), "TMPDIR": str(scratch)})
+    log_path = vllm_install.cache_dir(vllm_install.home() / "run") / f"vllm-{port}.log"
     started = time.monotonic()
     with open(log_path, "w") as output:
         process = subprocess.Popen(argv, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
