@@ -51,3 +51,22 @@ def local_vllm_argv(registry, version) -> list[str]:
     if why:
         raise UsageError(f"validate --engine vllm: {version.label} cannot run on vLLM for the CPU: {why}")
     return export_argv(plan)
+
+
+def build_llama_server(registry, log=None, progress=None):
+    """llama-server built (once, cached) and its sha256 recorded in this registry (audited): what
+    `validate --engine llamacpp` checks the binary against before every start. Returns its path."""
+    from specreg.registry.deploy.engines.llamacpp_build import build_and_record
+    from specreg.registry.store.engine_artifacts import ArtifactRecords
+
+    return build_and_record(ArtifactRecords(registry.store, registry.user), log=log, progress=progress)
+
+
+def install_vllm(registry, log=None) -> dict:
+    """vLLM for the CPU installed (once, cached) in its own venv and that venv's tree digest recorded
+    in this registry (audited): what `validate --engine vllm` without --engine-url checks before
+    every start. Returns the install stamp (registry.deploy.engines.vllm_install)."""
+    from specreg.registry.deploy.engines.vllm_install import install_and_record
+    from specreg.registry.store.engine_artifacts import ArtifactRecords
+
+    return install_and_record(ArtifactRecords(registry.store, registry.user), log=log)
