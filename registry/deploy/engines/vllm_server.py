@@ -194,10 +194,10 @@ def identity(server: VllmServer) -> dict[str, Any]:
 
     answered = server_identity("vllm", server.url)
     info = server.info
-    return {"version": f"vllm {answered.get('version')} ({info.get('package')}, a third party's CPU build; "
-                       f"speculative decoding as upstream {info.get('upstream')})",
-            "build": f"wheel sha256 {str(info.get('wheel_sha256'))[:16]}; venv tree sha256 "
-                     f"{str(info.get('tree_sha256'))[:16]}",
+    # the registry keeps 64 characters of a version: the build's name and what it stands for first
+    return {"version": f"vllm {answered.get('version')} ({info.get('package')}; spec decode = {info.get('upstream')})",
+            "build": f"a third party's CPU build, wheel sha256 {str(info.get('wheel_sha256'))[:16]}; venv tree "
+                     f"sha256 {str(info.get('tree_sha256'))[:16]}",
             "model": answered.get("model") or server.served_name}
 
 
