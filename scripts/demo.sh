@@ -233,14 +233,14 @@ specreg show demo-chat-mtp@1
 # files are 0.33.0's, docs/engines-vllm.md), started here from each pair's vllm export, with and without
 # its speculative config: parity with our runtime per category, equivalence in the engine, tokens/s.
 # Exit 100 records the baseline unaccepted (acceptance beyond the tolerance): shown, not fatal here.
-if specreg vllm-install --cached > /dev/null; then
+if vllm_why=$(specreg vllm-install --cached 2>&1 > /dev/null); then
   step "the draft pair and the EAGLE-3 pair in vLLM (started here from their vllm exports): parity, equivalence, tokens/s"
   for ref in demo-chat@1 demo-chat-eagle3@1; do
     rc=0; specreg validate "$ref" --engine vllm --golden smoke --concurrency 1 || rc=$?
     [ "$rc" -eq 0 ] || [ "$rc" -eq 100 ] || exit "$rc"
   done
 else
-  step "vLLM is not installed: \`make vllm\` installs vLLM for the CPU once (minutes; docs/engines-vllm.md), and the next make demo shows its parity tables for the draft pair and the EAGLE-3 pair"
+  step "no vLLM here: ${vllm_why#specreg: error: }; the next make demo then shows vLLM's parity tables for the draft pair and the EAGLE-3 pair (docs/engines-vllm.md)"
 fi
 
 step "mirror the registry into MLflow for review (validation runs with their reports, model versions, approvals, aliases), while the real pair's steps still run"

@@ -170,8 +170,8 @@ class Registry:
     def build_llama_server(self, log=None, progress=None):
         return validate_engine.build_llama_server(self, log=log, progress=progress)
 
-    def install_vllm(self, log=None) -> dict:
-        return validate_engine.install_vllm(self, log=log)
+    def install_vllm(self, log=None, cached: bool = False) -> dict:
+        return validate_engine.install_vllm(self, log=log, cached=cached)
 
     def validation_runs(self, ref: Ref) -> list:
         return validate.validation_runs(self, ref)

