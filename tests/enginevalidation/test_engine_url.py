@@ -120,7 +120,9 @@ def test_engine_url_usage_errors_are_one_line(db_url, tiny_models):
     registry = Registry(db_url)
     ref = registry.register("pair", target=str(tiny_models["target"]), draft=str(tiny_models["draft"]),
                             num_speculative_tokens=K).version.label
-    for args, message in ((["--engine", "vllm"], "--engine vllm runs against a server you started: pass --engine-url URL"),
+    # vLLM without a URL is started here (tests/vllmengine); SGLang only runs where someone started it
+    for args, message in ((["--engine", "sglang"], "--engine sglang runs against a server you started: pass --engine-url URL"),
+                          (["--engine", "vllm", "--engine-model", "m"], "--engine-model goes with --engine-url"),
                           (["--engine", "llamacpp", "--engine-url", "http://127.0.0.1:9"], "drop --engine-url"),
                           (["--engine-url", "http://127.0.0.1:9"], "need --engine"),
                           (["--engine", "vllm", "--engine-url", "ftp://x"], "must be http://HOST:PORT"),

