@@ -244,7 +244,6 @@ MAX_MODULE_LINES = 450
 LONG_MODULES = {
     "runtime/decode.py": "the interleaved timing belongs with the performance check",
     "specreg/engine_validation.py": "drive belongs with the engine client, baseline_status is a governance rule",
-    "validators/tokenizer.py": "the check and its generic diff helpers (first differences of lists, JSON, tokens)",
 }
 
 

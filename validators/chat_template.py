@@ -11,9 +11,9 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from specreg.core.differences import first_token_difference
 from specreg.core.types import FAIL, SKIP, CheckResult, summarize_findings
 from specreg.runtime.loading import load_tokenizer
-from specreg.validators.tokenizer import first_token_difference
 from specreg.validators.context import Check, CheckContext
 
 CHECK_NAME = "chat_template"
