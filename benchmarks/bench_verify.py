@@ -23,7 +23,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from specreg.core.fingerprint import sha256_file
+from specreg.core.digests import sha256_file
 from specreg.core.types import ModelFingerprint, ModelRef
 from specreg.core.signing import create_key_pair
 from specreg.registry.deploy.lock import LOCK_FILE, build_lock, lock_text, sign_lock

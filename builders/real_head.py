@@ -178,7 +178,7 @@ def build_real(directory, target_dir, prompt_records, eval_records, *, force: bo
     prompt counts are for tests; they are part of the key."""
     import fcntl
 
-    from specreg.core.fingerprint import sha256_file
+    from specreg.core.digests import sha256_file
     from specreg.core.packages import cache_dir, cache_root
 
     target_dir = Path(target_dir)

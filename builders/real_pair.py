@@ -143,7 +143,7 @@ def build_real_pair(directory, *, force: bool = False, log=None) -> tuple[Path, 
 def _build_real_pair(directory: Path, force: bool, log) -> tuple[Path, Path]:
     import torch
 
-    from specreg.core.fingerprint import sha256_file
+    from specreg.core.digests import sha256_file
 
     target_dir, draft_dir = directory / "target", directory / "draft"
     stamp = directory / "real-pair.json"

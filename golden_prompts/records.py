@@ -1,6 +1,6 @@
 """A golden set as loaded: its records (chat ``messages`` or a raw ``prompt``, with sampling
 settings), how a record becomes the text and token ids a model sees, and the set's content hash
-(the canonical JSON every specreg content hash uses, specreg.core.fingerprint.canonical_json)."""
+(the canonical JSON every specreg content hash uses, specreg.core.digests.canonical_json)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from specreg.core.fingerprint import canonical_json, sha256_hex
+from specreg.core.digests import canonical_json, sha256_hex
 from specreg.errors import ModelReferenceError
 from specreg.golden_prompts.template_sandbox import render_chat
 

@@ -94,8 +94,8 @@ def load_target(path, device: str = "cpu", dtype="float32", expected=None):
 def read_verified(path: Path, digest: str | None, what: str) -> bytes:
     """The bytes of one file, read once, whose sha256 must be ``digest`` (None: not recorded); a
     file this process hashed before and that has not changed since is not hashed again
-    (fingerprint.read_digested)."""
-    from specreg.core.fingerprint import read_digested
+    (digests.read_digested)."""
+    from specreg.core.digests import read_digested
 
     try:
         if digest is None:
@@ -141,7 +141,8 @@ def weight_names(path: Path, expected) -> tuple[dict, list[str]]:
     registered with pickle weights (no safetensors): pytorch_model.bin, else the shards
     pytorch_model.bin.index.json names. ModelReferenceError for a changed config or index, or a
     file the fingerprint does not cover."""
-    from specreg.core.fingerprint import config_sha256, read_json_file
+    from specreg.core.files import read_json_file
+    from specreg.core.fingerprint import config_sha256
 
     config_path = path / "config.json"
     config_dict = read_json_file(config_path, data=read_verified(config_path, None, "config.json"))
@@ -175,11 +176,11 @@ def safetensors_tensors(data, path: Path) -> dict:
     """A safetensors file's bytes (a writable buffer), read and verified -> {name: tensor}, each a
     view of those bytes (no copy: from_pretrained keeps the tensors it is given, so a model's
     weights are the buffer read once). The header is checked as strictly as the safetensors
-    library checks it (fingerprint.read_safetensors_header); ModelReferenceError naming the file
+    library checks it (safetensors_header.read_safetensors_header); ModelReferenceError naming the file
     for a dtype torch has no type for."""
     import torch
 
-    from specreg.core.fingerprint import SAFETENSORS_DTYPE_NAMES, read_safetensors_header
+    from specreg.core.safetensors_header import SAFETENSORS_DTYPE_NAMES, read_safetensors_header
 
     header = read_safetensors_header(path, data=data)
     base = 8 + int.from_bytes(data[:8], "little")

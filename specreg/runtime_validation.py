@@ -69,7 +69,7 @@ def validate_version(store: Store, version: PairVersion, golden, options, *, act
     SIGTERM the run is marked aborted and ValidationInterrupted propagates; on any other error
     it is marked error and the error propagates; the pair's state is unchanged in both cases.
     """
-    from specreg.core.fingerprint import read_ahead
+    from specreg.core.digests import read_ahead
     from specreg.runtime.loading import shared_tokenizers
     from specreg.validators.suite import runtime_weight_files
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from specreg.core.differences import first_difference, first_token_difference
 from specreg.core.types import FAIL, SKIP, CheckResult, summarize_findings
 from specreg.runtime.loading import load_tokenizer
-from specreg.validators.tokenizer import first_token_difference
 from specreg.validators.context import Check, CheckContext
 
 CHECK_NAME = "chat_template"
@@ -92,7 +92,7 @@ def compare_renders(conversations, draft, target) -> tuple[list[dict], list[dict
             if len(rendered) < 2:
                 continue
             renders += 1
-            offset = first_text_difference(rendered["draft"], rendered["target"])
+            offset = first_difference(rendered["draft"], rendered["target"])
             if offset is not None:
                 text_mismatches.append({**where, "offset": offset,
                                         "draft_context": _context(rendered["draft"], offset),
@@ -138,16 +138,6 @@ def template_text(tokenizer) -> str | None:
     if isinstance(template, dict):  # named templates ("default", "tool_use", ...)
         template = template.get("default")
     return template or None
-
-
-def first_text_difference(a: str, b: str) -> int | None:
-    """Offset of the first differing character (or the shorter length); None when equal."""
-    if a == b:
-        return None
-    for offset, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return offset
-    return min(len(a), len(b))
 
 
 def _context(text: str, offset: int) -> str:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
+from specreg.core.differences import first_difference
 from specreg.core.types import FAIL, PASS, SKIP, WARN, CheckResult
 from specreg.validators.context import Check, EngineCheckContext
 
@@ -189,14 +190,6 @@ def category_min_drafted(k: int | None, tolerance: float) -> int:
 
 def _fmt(value) -> str:
     return "-" if value is None else f"{value:.3f}"
-
-
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    """The first position where two token lists differ (a length difference counts), or None."""
-    for position, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return position
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def describe_engine_difference(record: dict[str, Any], position: int, speculative: list[int], plain: list[int],

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from specreg.errors import ModelReferenceError, UsageError
-from specreg.core.fingerprint import read_safetensors_header
+from specreg.core.safetensors_header import read_safetensors_header
 from specreg.core.types import FAIL, PASS, SKIP, CheckResult
 from specreg.validators.context import Check, CheckContext
 

@@ -164,7 +164,7 @@ def runtime_weight_files(pair_version, options: ValidationOptions) -> list[Path]
     """The weight files the selected checks will load, in the order the runtime loads them: the
     target's, then a draft model's (a head's are small and read by the head's own loader); none
     when no runtime check is selected, nor of a model whose files cannot be listed (loading will
-    say why). What a validation reads ahead (fingerprint.read_ahead)."""
+    say why). What a validation reads ahead (digests.read_ahead)."""
     from specreg.core.methods import method_descriptor
     from specreg.errors import SpecregError
     from specreg.runtime.loading import weight_names

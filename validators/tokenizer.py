@@ -29,6 +29,7 @@ from typing import Any
 from specreg.errors import ModelReferenceError
 from specreg.runtime.loading import load_tokenizer
 from specreg.runtime.pair import BEYOND_TARGET_RULE, PREFIX_REFUSAL, vocabulary_relation
+from specreg.core.differences import first_difference, first_json_difference, first_token_difference, token_label
 from specreg.core.types import FAIL, WARN, CheckResult, summarize_findings
 from specreg.validators.context import Check, CheckContext
 
@@ -217,7 +218,7 @@ def _compare_tokenizer_json(draft: dict, target: dict, beyond: int | None = None
     draft_merges = [_merge_text(m) for m in draft_model.get("merges") or []]
     target_merges = [_merge_text(m) for m in target_model.get("merges") or []]
     if draft_merges != target_merges:
-        index = _first_list_difference(draft_merges, target_merges)
+        index = first_difference(draft_merges, target_merges)
         findings.append({
             "aspect": "merges", "status": FAIL, "index": index,
             "message": f"BPE merges differ at merge {index}: draft {_at(draft_merges, index)!r}, "
@@ -228,14 +229,14 @@ def _compare_tokenizer_json(draft: dict, target: dict, beyond: int | None = None
     # Model settings (type, unk_token, byte_fallback, ...): the vocab and merges are done above.
     draft_settings = {k: v for k, v in draft_model.items() if k not in ("vocab", "merges")}
     target_settings = {k: v for k, v in target_model.items() if k not in ("vocab", "merges")}
-    difference = _first_difference(draft_settings, target_settings)
+    difference = first_json_difference(draft_settings, target_settings)
     if difference is not None:
         findings.append(_part_finding("model", difference))
 
     findings += _compare_added_tokens(draft.get("added_tokens") or [], target.get("added_tokens") or [], beyond)
 
     for part in TOKENIZER_JSON_PARTS:
-        difference = _first_difference(draft.get(part), target.get(part))
+        difference = first_json_difference(draft.get(part), target.get(part))
         if difference is not None:
             findings.append(_part_finding(part, difference))
     return findings
@@ -263,7 +264,7 @@ def _compare_added_tokens(draft: list[dict], target: list[dict], beyond: int | N
         other = target_by_content.get(content)
         if other is None:
             continue
-        difference = _first_difference(token, other)
+        difference = first_json_difference(token, other)
         if difference is not None:
             key, draft_value, target_value = difference
             findings.append({
@@ -283,8 +284,8 @@ def _compare_special_tokens(draft, target, beyond: int | None = None) -> list[di
             findings.append({
                 "aspect": "special_tokens", "status": FAIL, "role": role,
                 "draft": list(draft_pair), "target": list(target_pair),
-                "message": f"{role} token differs: draft {_token_label(*draft_pair)}, "
-                           f"target {_token_label(*target_pair)}",
+                "message": f"{role} token differs: draft {token_label(*draft_pair)}, "
+                           f"target {token_label(*target_pair)}",
             })
     draft_special = dict(zip(draft.all_special_tokens, draft.all_special_ids))
     target_special = dict(zip(target.all_special_tokens, target.all_special_ids))
@@ -370,8 +371,8 @@ def _compare_golden_encodings(draft, target, golden) -> tuple[list[dict], dict]:
         findings.append({
             "aspect": "golden_encoding", "status": FAIL,
             "message": f"golden prompt '{first['record']}' encodes differently at token "
-                       f"{first['position']}: draft {_token_label(first['draft_token'], first['draft_id'])}, "
-                       f"target {_token_label(first['target_token'], first['target_id'])}{more}",
+                       f"{first['position']}: draft {token_label(first['draft_token'], first['draft_id'])}, "
+                       f"target {token_label(first['target_token'], first['target_id'])}{more}",
         })
     if errors:
         findings.append({
@@ -381,58 +382,6 @@ def _compare_golden_encodings(draft, target, golden) -> tuple[list[dict], dict]:
     evidence = {"set": golden.name, "version": golden.version, "content_sha256": golden.content_sha256,
                 "compared": compared, "mismatches": mismatches[:50], "skipped": skipped, "errors": errors}
     return findings, evidence
-
-
-# --- helpers shared with the chat-template check ----------------------------------------
-
-
-def first_token_difference(draft_ids: list[int], target_ids: list[int], draft, target) -> dict | None:
-    """First position where two id lists differ: position, id and token string of each side.
-
-    A side that ended early shows id None and token "<end>". None when the lists are equal.
-    """
-    if list(draft_ids) == list(target_ids):
-        return None
-    position = _first_list_difference(list(draft_ids), list(target_ids))
-    draft_id = draft_ids[position] if position < len(draft_ids) else None
-    target_id = target_ids[position] if position < len(target_ids) else None
-    return {
-        "position": position,
-        "draft_id": draft_id,
-        "target_id": target_id,
-        "draft_token": "<end>" if draft_id is None else draft.convert_ids_to_tokens(draft_id),
-        "target_token": "<end>" if target_id is None else target.convert_ids_to_tokens(target_id),
-        "draft_length": len(draft_ids),
-        "target_length": len(target_ids),
-    }
-
-
-def _token_label(token: str | None, token_id: int | None) -> str:
-    return f"{token!r} (id {token_id})" if token_id is not None else repr(token)
-
-
-def _first_list_difference(a: list, b: list) -> int:
-    for index, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return index
-    return min(len(a), len(b))
-
-
-def _first_difference(a: Any, b: Any, path: str = "") -> tuple[str, Any, Any] | None:
-    """(dotted path, value in a, value in b) of the first difference of two JSON values."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        for key in sorted(set(a) | set(b), key=str):
-            difference = _first_difference(a.get(key), b.get(key), f"{path}.{key}" if path else str(key))
-            if difference is not None:
-                return difference
-        return None
-    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        for index, (x, y) in enumerate(zip(a, b)):
-            difference = _first_difference(x, y, f"{path}[{index}]")
-            if difference is not None:
-                return difference
-        return None
-    return None if a == b else (path or "(whole)", a, b)
 
 
 def _part_finding(part: str, difference: tuple[str, Any, Any]) -> dict:

@@ -143,7 +143,7 @@ def draft_layout(export: Export) -> tuple[str, dict[str, str]] | None:
     """(folder, {file: sha256}) of the head layout a planned export writes, for the pair lock to
     bind the files the engine loads: a written file by its text, a linked one by the registered
     head's file of that name. None when the engine loads the registered directory itself."""
-    from specreg.core.fingerprint import sha256_file, sha256_hex
+    from specreg.core.digests import sha256_file, sha256_hex
     from specreg.registry.deploy.export_files import Link
 
     layout = export.engine.head_layout(export)

@@ -10,7 +10,7 @@ signer: an in-toto Statement v1 (predicate ``https://model_signing/signature/v1.
 serialization ``files``/sha256) inside a DSSE envelope inside a Sigstore bundle. Its
 resources are ``specreg.lock.json`` (sha256 of the lock's canonical JSON without the
 ``signature`` field), ``target/<file>`` and ``draft/<file>``. The library hashes a model
-directory itself when it signs; we hand it the digests fingerprint.sha256_file computed
+directory itself when it signs; we hand it the digests specreg.core.digests.sha256_file computed
 instead (the same sha256 of each whole file), so a deploy reads each weight file once. The
 same signature therefore verifies with model-signing's own verifier over a directory holding
 ``specreg.lock.json`` (that canonical JSON), ``target/`` and ``draft/`` (see the tests).
@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from specreg.core.fingerprint import canonical_json, sha256_file, sha256_hex
+from specreg.core.digests import canonical_json, sha256_file, sha256_hex
 from specreg.core.signing import PRIVATE_KEY_FILE, PUBLIC_KEY_FILE, load_signer, model_signing_package
 from specreg.errors import ModelReferenceError
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from specreg.core.files import read_bounded, read_text_bounded
-from specreg.core.fingerprint import sha256_file
+from specreg.core.digests import sha256_file
 from specreg.core.signing import model_signing_package
 from specreg.errors import SpecregError, UsageError
 from specreg.registry.deploy.lock import (LOCK_FILE, LOCK_FORMAT, ROLES, SHA256_HEX, exported_digests,

@@ -204,7 +204,7 @@ class Policy:
     @property
     def sha256(self) -> str:
         """The hash of what the policy says (not where it was read from): signed into approvals."""
-        from specreg.core.fingerprint import canonical_json, sha256_hex
+        from specreg.core.digests import canonical_json, sha256_hex
 
         return sha256_hex(canonical_json({k: v for k, v in self.to_dict().items() if k not in ("source", "version")}))
 

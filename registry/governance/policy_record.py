@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from specreg.core.fingerprint import sha256_hex
+from specreg.core.digests import sha256_hex
 from specreg.core.user_names import normalize_user, same_user
 from specreg.errors import NotFoundError, PolicyViolation, SpecregError, UsageError
 from specreg.registry.governance.keyring import Eras, keyring_entries, written_by_its_actor

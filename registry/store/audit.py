@@ -17,7 +17,7 @@ import os
 from datetime import datetime
 from typing import Any, Iterable
 
-from specreg.core.fingerprint import canonical_json, sha256_hex
+from specreg.core.digests import canonical_json, sha256_hex
 
 GENESIS_HASH = "0" * 64
 KEY_ENV = "SPECREG_AUDIT_KEY"

@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from specreg.core.fingerprint import canonical_json, sha256_hex
+from specreg.core.digests import canonical_json, sha256_hex
 from specreg.core.statuses import EngineBaselineStatus
 from specreg.registry.store.entities import EngineBaseline, PairVersion
 from specreg.registry.store.orm import EngineBaselineRow, PairRow, PairVersionRow

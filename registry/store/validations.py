@@ -22,7 +22,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from specreg.core.baselines import in_engine_terms
-from specreg.core.fingerprint import canonical_json, sha256_hex
+from specreg.core.digests import canonical_json, sha256_hex
 from specreg.core.statuses import FINISHED_RUNS, CheckStatus, RunStatus
 from specreg.registry.store.entities import AuditEvent, PairState, PairVersion, ValidationRun
 from specreg.registry.store.orm import CheckResultRow, PairRow, PairVersionRow, ValidationRunRow

@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from specreg.errors import PathTooLongError, SpecregError
+from specreg.errors import ModelReferenceError, PathTooLongError, SpecregError
 
 
 def read_bounded(path: str | Path, limit: int, what: str, error: type[SpecregError] = SpecregError) -> bytes:
@@ -95,6 +95,36 @@ def read_json_bounded(path: str | Path, limit: int, what: str, error: type[Specr
     if problem:
         raise error(f"{name}: not readable JSON ({problem})")
     return document
+
+
+# a model folder's JSON files (config, tokenizer, indexes): a tokenizer.json of a 256k vocabulary is
+# ~30 MB
+MAX_JSON_BYTES = 256 * 1024 * 1024
+MAX_JSON_DEPTH = 64
+
+
+def read_json_file(path: Path, data: bytes | None = None) -> dict[str, Any]:
+    """A JSON object from a model file (or its already read bytes); ModelReferenceError naming
+    the file for anything else: unreadable, too large, not JSON, nested too deeply."""
+    from specreg.core.documents import depth_problem
+
+    try:
+        if data is None:
+            data = read_bounded(path, MAX_JSON_BYTES, "", ModelReferenceError)
+        parsed = json.loads(data.decode("utf-8"))
+    except OSError as exc:
+        raise ModelReferenceError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except RecursionError:
+        raise ModelReferenceError(f"{path}: not readable JSON (nested too deeply)") from None
+    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is a ValueError
+        reason = " ".join(str(exc).split())[:160]
+        raise ModelReferenceError(f"{path}: not readable JSON ({exc.__class__.__name__}: {reason})") from None
+    if not isinstance(parsed, dict):
+        raise ModelReferenceError(f"{path}: expected a JSON object, got {type(parsed).__name__}")
+    problem = depth_problem(parsed, MAX_JSON_DEPTH)
+    if problem:
+        raise ModelReferenceError(f"{path}: JSON {problem}")
+    return parsed
 
 
 def _refuse_unwritable(path: Path, name: str, overwrite: bool, error: type[SpecregError]) -> None:

@@ -7,7 +7,8 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
-from specreg.core.fingerprint import canonical_json, fingerprint_reference, sha256_hex
+from specreg.core.digests import canonical_json, sha256_hex
+from specreg.core.fingerprint import fingerprint_reference
 from specreg.core.types import ModelRef
 from specreg.errors import UsageError
 from specreg.registry.store.entities import PairVersion, SpecConfig

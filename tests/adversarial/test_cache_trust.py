@@ -142,7 +142,7 @@ def stand_in_converter(monkeypatch):
 def test_a_swapped_gguf_with_its_record_file_is_converted_again_not_bound_into_the_lock(
         registered, engine_cache, stand_in_converter, tmp_path):
     from specreg.api import Registry
-    from specreg.core.fingerprint import sha256_file
+    from specreg.core.digests import sha256_file
     from specreg.registry.deploy.engines import llamacpp_build
 
     registry = Registry(registered)

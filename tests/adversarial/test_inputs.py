@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from specreg.core.fingerprint import compare_fingerprints, fingerprint_model, read_safetensors_header, sha256_file
+from specreg.core.digests import sha256_file
+from specreg.core.fingerprint import compare_fingerprints, fingerprint_model
+from specreg.core.safetensors_header import read_safetensors_header
 from specreg.core.types import ModelFingerprint, ModelRef
 from specreg.errors import ModelReferenceError
 
@@ -373,18 +375,18 @@ def test_cli_register_on_nan_vocab_size_is_one_line(tiny_models, tmp_path):
 def test_files_swapped_after_the_integrity_check_are_not_validated(tiny_models, tmp_path, swapped, settled,
                                                                    monkeypatch):
     """Settled files (changed long before they were hashed) are the ones whose digests the load
-    reuses while their identity is unchanged (fingerprint.read_digested): a swap changes it."""
+    reuses while their identity is unchanged (digests.read_digested): a swap changes it."""
     import time
 
     from specreg import Registry
-    from specreg.core import fingerprint
+    from specreg.core import digests
     from specreg.golden_prompts.loader import load_golden_set
     from specreg.validators.suite import ValidationOptions, run_suite
 
     if settled:
         later = time.time_ns
-        monkeypatch.setattr(time, "time_ns", lambda: later() + 10 * fingerprint.RACY_NS)
-    monkeypatch.setattr(fingerprint, "_DIGESTS", {})
+        monkeypatch.setattr(time, "time_ns", lambda: later() + 10 * digests.RACY_NS)
+    monkeypatch.setattr(digests, "_DIGESTS", {})
 
     draft = copy_model(tiny_models["draft"], tmp_path / "draft")
     registry = Registry(f"sqlite:///{tmp_path / 'r.db'}")
@@ -402,8 +404,8 @@ def test_files_swapped_after_the_integrity_check_are_not_validated(tiny_models, 
         seen.append((check.name, check.status))
         if check.name == "integrity":
             # weight files are hashed whole, and only settled ones' digests are kept for the load
-            weights = fingerprint.file_identity((draft / "model.safetensors").stat())
-            assert (weights in fingerprint._DIGESTS) is settled
+            weights = digests.file_identity((draft / "model.safetensors").stat())
+            assert (weights in digests._DIGESTS) is settled
             replacements[swapped]()  # the attacker's moment: after the hash, before the load
 
     options = ValidationOptions(device="cpu", checks=("integrity", "tokenizer", "equivalence"))

@@ -253,7 +253,7 @@ def test_a_forged_activation_or_an_edited_document_governs_nothing(db_url, tiny_
 def propose_anyway(registry: Registry, text: str) -> int:
     """What `specreg policy propose` records for ``text``, written by a modified client that
     skips its checks -> the proposed version."""
-    from specreg.core.fingerprint import sha256_hex
+    from specreg.core.digests import sha256_hex
     from specreg.registry.governance.policy import parse_policy_text
     from specreg.registry.store import policy_versions
     from specreg.registry.store.store import utcnow

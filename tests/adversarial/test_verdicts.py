@@ -188,10 +188,13 @@ def test_a_run_that_checked_nothing_is_not_passed(db_url, models, golden, approv
                             capture_output=True, text=True, timeout=300, env=env)
     assert "Traceback" not in result.stderr
     assert result.returncode == 100, (result.stdout, result.stderr)
-    # one error line; the lines before it are the progress of each check (plain lines off a terminal)
+    # one error line; the lines before it are the run's first line and the progress of each check
+    # (plain lines off a terminal)
     [error] = [line for line in result.stderr.splitlines() if line.startswith("specreg:")]
     assert "no check ran" in error and result.stderr.splitlines()[-1] == error
-    assert all(line.startswith("check memory: ") for line in result.stderr.splitlines()[:-1])
+    first, *progress = result.stderr.splitlines()[:-1]
+    assert first.startswith("validation run 1 of skips@1: "), first
+    assert progress and all(line.startswith("check memory: ") for line in progress), progress
     run_row = alice.validation_runs("skips@1")[-1]
     assert run_row.status == "failed" and [c.status for c in run_row.checks] == ["skip"]
     assert alice.get("skips@1").state.value != "validated"

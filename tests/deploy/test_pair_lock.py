@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from specreg.api import Registry
-from specreg.core.fingerprint import canonical_json
+from specreg.core.digests import canonical_json
 from specreg.registry.deploy.lock import LOCK_FILE, lock_body
 from specreg.registry.deploy.verify import verify_lock
 

@@ -111,7 +111,8 @@ def test_server_drafts_with_the_exported_draft(exported):
 def test_conversion_runs_once_per_model_and_again_when_the_cached_file_changed(exported, tmp_path, monkeypatch):
     """validate --engine llamacpp and the export take their GGUF files from one cache keyed by the
     registered fingerprint: converted once, re-hashed on every reuse, converted again if edited."""
-    from specreg.core.fingerprint import fingerprint_model, sha256_file
+    from specreg.core.digests import sha256_file
+    from specreg.core.fingerprint import fingerprint_model
     from specreg.registry.deploy.engines import llamacpp_build
 
     # the export's file is the cache's file, byte for byte

@@ -135,12 +135,6 @@ def test_equivalence_lists_every_difference_and_needs_evidence_for_a_near_tie():
     assert only_ties.status == "warn"
 
 
-def test_first_difference_counts_a_length_difference():
-    assert engine.first_difference([1, 2], [1, 2]) is None
-    assert engine.first_difference([1, 2, 3], [1, 2]) == 2
-    assert engine.first_difference([1, 3], [1, 2]) == 1
-
-
 def test_throughput_speedup_per_tier_and_a_slower_tier_warns():
     result = engine.check_throughput([{"concurrency": 1, "with_draft_tokens_per_s": 30.0, "without_draft_tokens_per_s": 20.0},
                                       {"concurrency": 4, "with_draft_tokens_per_s": 30.0, "without_draft_tokens_per_s": 40.0}],

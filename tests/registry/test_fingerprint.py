@@ -10,8 +10,10 @@ import struct
 import pytest
 
 from specreg.errors import ModelReferenceError
-from specreg.core.fingerprint import (compare_fingerprints, fingerprint_model, read_safetensors_header,
-                                      read_tokenizer_json, resolve_reference, sha256_file)
+from specreg.core.digests import sha256_file
+from specreg.core.fingerprint import compare_fingerprints, fingerprint_model, resolve_reference
+from specreg.core.safetensors_header import read_safetensors_header
+from specreg.core.tokenizer_form import read_tokenizer_json
 
 from helpers import copy_model  # tests/ is on sys.path (tests/conftest.py)
 
@@ -129,43 +131,43 @@ def test_hub_reference_resolves_only_from_local_cache(tiny_models, tmp_path, mon
 def test_a_settled_file_is_hashed_once_until_its_identity_changes(tmp_path, monkeypatch):
     """The load after the integrity check does not hash the weights again while each file's
     device, inode, size, mtime and ctime are unchanged; an edit in place or a file moved over it
-    is hashed again. A file changed within fingerprint.RACY_NS before it was hashed is never
+    is hashed again. A file changed within digests.RACY_NS before it was hashed is never
     remembered: a write in the same timestamp tick would keep its identity."""
     import hashlib
     import os
     import time
 
-    from specreg.core import fingerprint
+    from specreg.core import digests
 
-    monkeypatch.setattr(fingerprint, "_DIGESTS", {})
+    monkeypatch.setattr(digests, "_DIGESTS", {})
     hashed = []
-    real_hex = fingerprint.sha256_hex
-    monkeypatch.setattr(fingerprint, "sha256_hex", lambda data: hashed.append(len(data)) or real_hex(data))
+    real_hex = digests.sha256_hex
+    monkeypatch.setattr(digests, "sha256_hex", lambda data: hashed.append(len(data)) or real_hex(data))
     path = tmp_path / "model.safetensors"
     path.write_bytes(b"a" * 4096)
     # just written: hashed on every read
-    assert fingerprint.sha256_file(path) == hashlib.sha256(b"a" * 4096).hexdigest()
-    assert fingerprint.read_digested(path)[1] == hashlib.sha256(b"a" * 4096).hexdigest() and hashed == [4096]
+    assert digests.sha256_file(path) == hashlib.sha256(b"a" * 4096).hexdigest()
+    assert digests.read_digested(path)[1] == hashlib.sha256(b"a" * 4096).hexdigest() and hashed == [4096]
     # seen from later on (the file settled): remembered by the integrity pass, not hashed by the load
     later = time.time_ns
-    monkeypatch.setattr(time, "time_ns", lambda: later() + 10 * fingerprint.RACY_NS)
-    digest = fingerprint.sha256_file(path)
+    monkeypatch.setattr(time, "time_ns", lambda: later() + 10 * digests.RACY_NS)
+    digest = digests.sha256_file(path)
     hashed.clear()
-    data, known = fingerprint.read_digested(path)
+    data, known = digests.read_digested(path)
     assert (bytes(data), known) == (b"a" * 4096, digest) and hashed == []
     time.sleep(0.05)  # past the filesystem's timestamp tick
     with open(path, "r+b") as handle:  # same size, same inode, new bytes
         handle.write(b"b")
-    data, new_digest = fingerprint.read_digested(path)
+    data, new_digest = digests.read_digested(path)
     assert new_digest == hashlib.sha256(data).hexdigest() != digest and hashed == [4096]
     other = tmp_path / "other"
     other.write_bytes(b"a" * 4096)
     os.replace(other, path)  # the old bytes back, under a new inode
-    assert fingerprint.read_digested(path)[1] == digest and hashed == [4096, 4096]
+    assert digests.read_digested(path)[1] == digest and hashed == [4096, 4096]
 
 
 def test_files_read_ahead_are_hashed_and_read_once(tmp_path, monkeypatch):
-    """A validation reads its weights ahead on a thread (fingerprint.read_ahead): the integrity
+    """A validation reads its weights ahead on a thread (digests.read_ahead): the integrity
     check's hash waits for that read instead of hashing again, the load takes its bytes, and a
     file replaced since is read anew; what was not taken is dropped on leaving."""
     import hashlib
@@ -173,40 +175,40 @@ def test_files_read_ahead_are_hashed_and_read_once(tmp_path, monkeypatch):
     import threading
     import time
 
-    from specreg.core import fingerprint
+    from specreg.core import digests
 
-    monkeypatch.setattr(fingerprint, "_DIGESTS", {})
+    monkeypatch.setattr(digests, "_DIGESTS", {})
     hashed, threads = [], []
-    real_hex = fingerprint.sha256_hex
+    real_hex = digests.sha256_hex
 
     def counting(data):
         hashed.append(len(data))
         threads.append(threading.current_thread().name)
         return real_hex(data)
 
-    monkeypatch.setattr(fingerprint, "sha256_hex", counting)
+    monkeypatch.setattr(digests, "sha256_hex", counting)
     first, second, missing, unused = (tmp_path / name for name in ("a.safetensors", "b.safetensors", "gone", "c"))
     first.write_bytes(b"a" * 5000)
     second.write_bytes(b"b" * 3000)
     unused.write_bytes(b"c" * 10)
     later = time.time_ns
-    monkeypatch.setattr(time, "time_ns", lambda: later() + 10 * fingerprint.RACY_NS)  # settled files
-    with fingerprint.read_ahead([first, second, missing, unused]):
-        assert fingerprint.sha256_file(first) == hashlib.sha256(b"a" * 5000).hexdigest()
-        data, digest = fingerprint.read_digested(first)
+    monkeypatch.setattr(time, "time_ns", lambda: later() + 10 * digests.RACY_NS)  # settled files
+    with digests.read_ahead([first, second, missing, unused]):
+        assert digests.sha256_file(first) == hashlib.sha256(b"a" * 5000).hexdigest()
+        data, digest = digests.read_digested(first)
         assert bytes(data) == b"a" * 5000 and digest == hashlib.sha256(b"a" * 5000).hexdigest()
         replacement = tmp_path / "new"
         replacement.write_bytes(b"B" * 3000)
-        fingerprint.sha256_file(unused)  # waits for the read ahead of all four (one thread, in order)
+        digests.sha256_file(unused)  # waits for the read ahead of all four (one thread, in order)
         os.replace(replacement, second)
-        data, digest = fingerprint.read_digested(second)
+        data, digest = digests.read_digested(second)
         assert bytes(data) == b"B" * 3000 and digest == hashlib.sha256(b"B" * 3000).hexdigest()
         with pytest.raises(FileNotFoundError):
-            fingerprint.read_digested(missing)
+            digests.read_digested(missing)
     # a, b and c hashed once each on the read-ahead thread; the replaced b once more, here
     assert hashed == [5000, 3000, 10, 3000]
     assert threads[:3] == ["specreg-read-ahead_0"] * 3 and threads[3] == threading.current_thread().name
-    assert fingerprint._READ_AHEAD == {}
+    assert digests._READ_AHEAD == {}
     empty = tmp_path / "empty"
     empty.write_bytes(b"")
-    assert fingerprint.read_digested(empty) == (bytearray(), hashlib.sha256(b"").hexdigest())
+    assert digests.read_digested(empty) == (bytearray(), hashlib.sha256(b"").hexdigest())

@@ -72,7 +72,7 @@ def test_safetensors_tensors_view_the_verified_bytes_and_equal_the_library(tmp_p
     import torch
     from safetensors.torch import load as load_bytes
 
-    from specreg.core.fingerprint import read_digested
+    from specreg.core.digests import read_digested
     from specreg.runtime.loading import safetensors_tensors
 
     values = {"a_half": torch.arange(3, dtype=torch.float16), "b_long": torch.arange(5) * 7,

@@ -58,20 +58,20 @@ def test_good_pair_passes_every_check_and_is_validated(registry, models, golden_
 def test_weights_are_read_once_ahead_of_the_checks(registry, models, golden_path, monkeypatch):
     """Each weight file of the target and the draft model is read from disk once, on the
     read-ahead thread, while the first checks run; the integrity check and the load use that
-    read (fingerprint.read_ahead). A validation that loads no model reads nothing ahead."""
+    read (digests.read_ahead). A validation that loads no model reads nothing ahead."""
     import threading
 
-    from specreg.core import fingerprint
+    from specreg.core import digests
 
     reads = []
-    real_read = fingerprint.read_now
-    monkeypatch.setattr(fingerprint, "read_now", lambda path: reads.append(
+    real_read = digests.read_now
+    monkeypatch.setattr(digests, "read_now", lambda path: reads.append(
         (Path(path).parent.name, Path(path).name, threading.current_thread().name)) or real_read(path))
     registry.register("ahead", target=str(models["target"]), draft=str(models["draft"]), num_speculative_tokens=3)
     outcome = registry.validate("ahead@1", golden=str(golden_path), device="cpu", checks="integrity,equivalence")
     assert statuses(outcome) == {"integrity": "pass", "equivalence": "pass"}
     names = [(Path(models[which]).name, "model.safetensors", "specreg-read-ahead_0") for which in ("target", "draft")]
-    assert reads == names and fingerprint._READ_AHEAD == {}
+    assert reads == names and digests._READ_AHEAD == {}
     reads.clear()
     registry.validate("ahead@1", golden=str(golden_path), device="cpu", checks="integrity,tokenizer")
     assert reads == []

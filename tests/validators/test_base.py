@@ -54,7 +54,7 @@ def test_statuses_are_their_words_wherever_they_go():
     from specreg.core.statuses import CheckStatus, EngineBaselineStatus, GateVerdict, RunStatus
 
     words = {CheckStatus: ["pass", "warn", "fail", "skip", "error"],
-             RunStatus: ["running", "passed", "failed", "aborted", "error"],
+             RunStatus: ["running", "passed", "failed", "aborted", "abandoned", "error"],
              EngineBaselineStatus: ["passed", "failed", "unaccepted"], GateVerdict: ["pass", "refused", "error"]}
     for kind, expected in words.items():
         assert [member.value for member in kind] == expected

@@ -269,7 +269,7 @@ def write_models(pair_version: PairVersion, out_dir: str | Path, opts: dict[str,
     written and moved there whole."""
     import shutil
 
-    from specreg.core.fingerprint import sha256_file
+    from specreg.core.digests import sha256_file
 
     layouts = {}
     ggufs = converted_files(pair_version, opts["gguf_type"], log=log, records=records)

@@ -151,7 +151,7 @@ def binary(target: str = SERVER, log=None, progress=None) -> Path:
 
 
 def sha256_of(path: Path) -> str:
-    from specreg.core.fingerprint import sha256_file
+    from specreg.core.digests import sha256_file
 
     return sha256_file(path)
 
@@ -232,7 +232,7 @@ def converted(model_dir: str | Path, fingerprint, outtype: str = "f32", log=None
     The cache entry is keyed by those fingerprints, ``outtype`` and this llama.cpp; its digest is
     recorded in the registry of ``records`` (registry.store.engine_artifacts), and on reuse the file
     is hashed again and converted anew unless that digest is recorded there."""
-    from specreg.core.fingerprint import sha256_file
+    from specreg.core.digests import sha256_file
 
     identity = {"fingerprint": fingerprint.to_dict(), "outtype": outtype, "llama_cpp": VERSION}
     if target is not None:

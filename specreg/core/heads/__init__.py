@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specreg.core.fingerprint import read_json_file
+from specreg.core.files import read_json_file
 from specreg.core.heads.dflash_checkpoint import block_drafter_kind, read_block_drafter
 from specreg.core.heads.eagle3_checkpoint import eagle_architectures, read_eagle_checkpoint, read_speculators
 from specreg.core.heads.medusa_checkpoint import read_medusa

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specreg.core.fingerprint import read_json_file
+from specreg.core.files import read_json_file
 from specreg.core.heads.eagle3_checkpoint import default_aux_layer_ids  # vLLM's, llama.cpp's and EAGLE's
 from specreg.core.heads.spec import optional_str, positive_int, read_layer_ids, str_list
 from specreg.errors import ModelReferenceError

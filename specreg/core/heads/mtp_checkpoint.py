@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from specreg.core.fingerprint import read_json_file
+from specreg.core.files import read_json_file
 from specreg.core.heads.spec import HeadSpec, HeadTensor, config_value, positive_int, read_target_shape
 from specreg.core.heads.tensors import expect_shape, list_weight_files, read_tensors
 from specreg.errors import ModelReferenceError

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specreg.core.fingerprint import read_json_file
+from specreg.core.files import read_json_file
 from specreg.errors import ModelReferenceError
 
 

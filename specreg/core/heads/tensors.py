@@ -7,7 +7,8 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from specreg.core.fingerprint import PICKLE_SUFFIXES, read_safetensors_header
+from specreg.core.fingerprint import PICKLE_SUFFIXES
+from specreg.core.safetensors_header import read_safetensors_header
 from specreg.core.heads.spec import HeadTensor, shown
 from specreg.errors import ModelReferenceError
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from specreg.core.fingerprint import read_json_file
+from specreg.core.files import read_json_file
 from specreg.core.heads.spec import HeadSpec, TargetShape, shown
 from specreg.core.heads.tensors import read_tensor_bytes
 from specreg.core.methods import HEAD_FORMATS
