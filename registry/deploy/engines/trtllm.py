@@ -44,9 +44,11 @@ CAPTURE = ("tensorrt_llm/_torch/speculative/eagle3.py Eagle3SpecMetadata.maybe_c
            "each decoder layer's index after the layer runs: its output")
 MTP_LAYERS = ("tensorrt_llm/llmapi/llm_args.py MTPDecodingConfig.spec_dec_mode: vanilla MTP (a target with more "
               "than one MTP layer) runs num_nextn_predict_layers modules, one draft token each")
-# The EAGLE-3 head TensorRT-LLM builds: the 1.2 line's tensorrt_llm/_torch/models/modeling_speculative.py, the
-# one whose Eagle3DraftModel reads only eh_proj_before_attn and return_hidden_post_norm from eagle_config
-# (norm_before_fc and norm_output were read from later releases on)
+# The EAGLE-3 head TensorRT-LLM builds: tensorrt_llm/_torch/models/modeling_speculative.py as of the 1.2 line,
+# whose Eagle3DraftModel reads only eh_proj_before_attn and return_hidden_post_norm from eagle_config (later
+# versions read eagle_config's norm_before_fc and the config's norm_output). Which source is 1.2's was told by
+# that content and its module layout, not by a release tag (the PyPI wheel is a stub): a head refused here for
+# a flag a later TensorRT-LLM reads stays refused until that release is targeted and checked.
 EAGLE3_MODEL = "tensorrt_llm/_torch/models/modeling_speculative.py"
 NGRAM_MATCH = ("tensorrt_llm/_torch/speculative/ngram.py NGramPoolManager.get_draft_tokens tries pattern sizes "
                "from max_matching_ngram_size down to 1 (range(..., 0, -1)); there is no minimum")
