@@ -135,7 +135,7 @@ def test_the_layers_each_engine_feeds_are_said_in_one_line_and_a_shift_is_warned
     assert result.returncode == 0, result.stderr
     line = ("layers fed (as layer inputs): written by ModelOpt (layer outputs), trained on the inputs of layers "
             "[1, 2, 3]; vLLM 0.33 feeds [0, 1, 2]; llama.cpp's converter reads [2, 2, 1] from this directory; "
-            "specreg's runtime feeds [0, 1, 2] (as vLLM)")
+            "SGLang 0.5.23 reads [1, 2, 3] from it; specreg's runtime feeds [0, 1, 2] (as vLLM)")
     assert f"  {line}\n" in result.stdout, result.stdout
     warnings = result.stderr.splitlines()
     assert warnings[0] == ("specreg: warning: layer numbering: ModelOpt numbers the layers it names by their output, "
@@ -148,7 +148,8 @@ def test_the_layers_each_engine_feeds_are_said_in_one_line_and_a_shift_is_warned
     shown = json.loads(run("show", "modelopt@1", "--json", "--db", db_url).stdout)
     assert shown["config"]["head"]["fit"]["layers_fed"] == {
         "writer": "ModelOpt", "numbering": "layer outputs", "trained_on": [1, 2, 3], "vllm": [0, 1, 2],
-        "llamacpp": [2, 2, 1], "runtime": [0, 1, 2]}
+        "llamacpp": [2, 2, 1], "sglang": [1, 2, 3], "runtime": [0, 1, 2]}
+    assert len(warnings) == 2  # SGLang reads eagle_config's ids as layer outputs, as ModelOpt wrote them
     assert f"layers          {line}" in run("show", "modelopt@1", "--db", db_url).stdout
     # a speculators head: every engine feeds what it was trained on, no warning; --json says the line too
     result = run("register", "spec", "--target", shallow["target"], "--draft", shallow["named"], "--method",
@@ -157,7 +158,25 @@ def test_the_layers_each_engine_feeds_are_said_in_one_line_and_a_shift_is_warned
     assert json.loads(result.stdout)["layers_fed"] == (
         "layers fed (as layer inputs): written by speculators (layer inputs), trained on the inputs of layers "
         "[1, 2, 3]; vLLM 0.33 feeds [1, 2, 3]; llama.cpp's converter reads [1, 2, 3] from this directory; "
+        "SGLang 0.5.23 is fed [1, 2, 3] through specreg's sglang export (it cannot load this layout); "
         "specreg's runtime feeds [1, 2, 3] (as vLLM)")
+
+
+def test_sglang_reading_other_layers_than_the_head_was_trained_on_is_warned(shallow, db_url, tmp_path):
+    """SGLang 0.5.23 reads eagle_config's ids only, each as a layer output (captured at the input of
+    layer v + 1): a ModelOpt head given top-level ids as well (as a user does for llama.cpp's
+    converter) was trained on what vLLM reads first, the top level, but SGLang feeds eagle_config's."""
+    head = original_layout(shallow["named"], tmp_path / "both", extra={"eagle_aux_hidden_state_layer_ids": [0, 1, 2]},
+                           eagle_config={**MODELOPT_EAGLE_CONFIG, "eagle_aux_hidden_state_layer_ids": [1, 2, 3]})
+    result = register("both", shallow["target"], head, db_url)
+    assert result.returncode == 0, result.stderr
+    fed = json.loads(run("show", "both@1", "--json", "--db", db_url).stdout)["config"]["head"]["fit"]["layers_fed"]
+    assert (fed["trained_on"], fed["vllm"], fed["sglang"]) == ([1, 2, 3], [0, 1, 2], [2, 3, 4])
+    assert ("specreg: warning: layer numbering: ModelOpt numbers the layers it names by their output, so the head "
+            "was trained on the inputs of layers [1, 2, 3], but SGLang 0.5.23 feeds it [2, 3, 4] (it reads only "
+            "eagle_config.eagle_aux_hidden_state_layer_ids, id v at the input of layer v + 1, else "
+            "(2, N // 2, N - 3): model_runner_components/spec_aux_hidden_state.py:184-196, "
+            "models/llama.py:929-941)") in result.stderr.splitlines(), result.stderr
 
 
 def test_a_head_whose_layers_the_runtime_cannot_build_is_refused_at_registration(shallow, db_url, tmp_path):

@@ -191,7 +191,8 @@ def check_sglang(cases: list[dict]) -> list[dict]:
                 result["draft"] = {"architectures": draft.hf_config.architectures,
                                    "model_type": draft.hf_config.model_type,
                                    "class": ModelRegistry.resolve_model_cls(draft.hf_config.architectures)[1],
-                                   "num_hidden_layers": draft.num_hidden_layers}
+                                   "num_hidden_layers": draft.num_hidden_layers,
+                                   "hidden_size": draft.hf_config.hidden_size}
             algorithm = SpeculativeAlgorithm.from_string(view.speculative_algorithm)
             aux = resolve_spec_aux_hidden_state_config(server_args=resolved_args, model_config=target,
                                                        spec_algorithm=algorithm, is_draft_worker=False)

@@ -12,9 +12,11 @@ import json
 from pathlib import Path
 
 import pytest
-from engine_exports import K, SGLANG_CASES, TRAINED_AUX, eagle3_head, export_cases, mtp_target, ok
+from engine_exports import (K, SGLANG_CASES, TRAINED_AUX, eagle3_head, eagle3_head_variant, eagle3_target,
+                            export_argv, export_cases, mtp_target, ok)
 
 from specreg.registry.deploy.exports import templates_dir
+from specreg.registry.store.entities import SpecMethod
 
 pytestmark = pytest.mark.slow
 
@@ -27,6 +29,11 @@ def sglang_run(tiny_models, tmp_path_factory, engine_runner):
     old = list(next(c for c in cases if c["id"] == "sglang-eagle3")["argv"])
     old[old.index("--speculative-draft-model-path") + 1] = str(eagle3_head(tiny_models))
     cases.append({"id": "speculators-head", "argv": old})
+    # a head in the original layout ModelOpt and SpecForge write: its layer fields at its config's top level
+    modelopt = ("sglang-eagle3-modelopt", "sglang", SpecMethod.EAGLE3, None, {})
+    argv, files = export_argv(modelopt, tiny_models, workdir, head=eagle3_head_variant(tiny_models, "modelopt"))
+    cases.append({"id": modelopt[0], "argv": argv})
+    exported[modelopt[0]] = (argv, files)
     output = engine_runner("sglang", cases, workdir)
     return {result["id"]: result for result in output["results"]}, exported, output
 
@@ -67,8 +74,9 @@ def test_sglang_loads_the_eagle3_head_layout_the_export_writes(sglang_run, tiny_
     assert result["resolved_speculative_algorithm"] == "EAGLE3"
     assert result["target"] == {"architectures": ["LlamaForCausalLM"], "class": "LlamaForCausalLM",
                                 "num_hidden_layers": 8}
+    hidden = json.loads((eagle3_target(tiny_models) / "config.json").read_text())["hidden_size"]
     assert result["draft"] == {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
-                               "class": "LlamaForCausalLMEagle3", "num_hidden_layers": 1}
+                               "class": "LlamaForCausalLMEagle3", "num_hidden_layers": 1, "hidden_size": hidden}
     assert (result["resolved"]["speculative_num_steps"], result["resolved"]["speculative_eagle_topk"],
             result["resolved"]["speculative_num_draft_tokens"]) == (K, 1, K + 1)
 
@@ -81,6 +89,19 @@ def test_sglang_captures_the_layers_the_head_was_trained_on(sglang_run):
     results, _, _ = sglang_run
     result = ok(results["sglang-eagle3"])
     assert result["eagle_aux_hidden_state_layer_ids"] == [i - 1 for i in TRAINED_AUX]
+    assert result["layers_to_capture"] == TRAINED_AUX
+
+
+def test_sglang_builds_a_modelopt_layout_head_with_its_own_layer_fields(sglang_run, tiny_models):
+    """A head laid out as ModelOpt and SpecForge write it (no transformer_layer_config: the layer's
+    fields at the top level, the ids in eagle_config) gets the export's layout with those fields, so
+    SGLang builds the draft at the head's width (a layout without them would be a default
+    LlamaConfig, 4096 wide), capturing the layers it was registered with."""
+    results, _, _ = sglang_run
+    result = ok(results["sglang-eagle3-modelopt"])
+    hidden = json.loads((eagle3_target(tiny_models) / "config.json").read_text())["hidden_size"]
+    assert result["draft"] == {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
+                               "class": "LlamaForCausalLMEagle3", "num_hidden_layers": 1, "hidden_size": hidden}
     assert result["layers_to_capture"] == TRAINED_AUX
 
 

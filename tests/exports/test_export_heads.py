@@ -46,12 +46,17 @@ def test_eagle3_to_vllm_names_the_head_as_the_speculative_model():
                            "draft_tensor_parallel_size": 1}
 
 
-def test_eagle3_to_trtllm_and_k8s():
-    config = yaml.safe_load(files_of(head_pair(SpecMethod.EAGLE3), "trtllm")["trtllm-config.yaml"])
+def test_eagle3_to_trtllm_and_k8s(tmp_path):
+    from headfiles import write_eagle3
+
+    # TensorRT-LLM's refusal reads the head's variant (trtllm.variant_refusal): a head folder that exists
+    head = write_eagle3(tmp_path / "eagle3-head", aux=[2, 8, 13])
+    pair = dataclasses.replace(head_pair(SpecMethod.EAGLE3), draft=dataclasses.replace(HEAD, path=str(head)))
+    config = yaml.safe_load(files_of(pair, "trtllm")["trtllm-config.yaml"])
     spec = config["speculative_config"]
     # 1.2 knows "Eagle" (EagleDecodingConfig; eagle3_one_model selects EAGLE-3), not "Eagle3"
     assert (spec["decoding_type"], spec["max_draft_len"], spec["speculative_model"], spec["eagle3_one_model"]) == \
-        ("Eagle", 3, "/cache/eagle3-head", True)  # a local folder: its resolved path
+        ("Eagle", 3, str(head), True)  # a local folder: its resolved path
     # the head's trained states entering layers 2, 8, 13 are TensorRT-LLM's outputs of layers 1, 7, 12
     assert spec["eagle3_layers_to_capture"] == [1, 7, 12]
     jsonschema.validate(config, engine_schema("trtllm")["config"])

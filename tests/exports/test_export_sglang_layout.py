@@ -129,3 +129,19 @@ def test_the_norm_flags_the_head_was_validated_with_reach_sglang(tmp_path):
                             config_extra={"norm_output": True, "fc_norm": True, "norm_before_fc": False})
     config = json.loads(dict(render_export(pair, BASELINES, "sglang", approved=True))["sglang-eagle3-head/config.json"])
     assert (config["norm_output"], config["fc_norm"], "norm_before_fc" in config["eagle_config"]) == (True, True, False)
+
+
+def test_a_head_in_the_original_layout_keeps_its_layer_fields(tmp_path):
+    """ModelOpt and SpecForge write the head's decoder-layer fields at the top level of its config
+    (no transformer_layer_config): the layout takes them from there, with SGLang's ids in eagle_config
+    and no top-level ids (SGLang reads eagle_config's only, spec_aux_hidden_state.py:184-196)."""
+    from headfiles import eagle_config_layout, write_eagle3
+
+    pair = make_eagle3_pair(tmp_path, write_eagle3, aux=(2, 8, 13))
+    head = eagle_config_layout(Path(pair.draft.path), tmp_path / "modelopt-head")
+    pair = dataclasses.replace(pair, draft=dataclasses.replace(pair.draft, path=str(head), reference=str(head)))
+    config = json.loads(dict(render_export(pair, BASELINES, "sglang", approved=True))["sglang-eagle3-head/config.json"])
+    assert (config["hidden_size"], config["intermediate_size"], config["num_attention_heads"], config["vocab_size"],
+            config["rms_norm_eps"]) == (32, 64, 2, 64, 1e-6)
+    assert config["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [1, 7, 12], "use_aux_hidden_state": True}
+    assert "eagle_aux_hidden_state_layer_ids" not in config and config["draft_vocab_size"] == 64

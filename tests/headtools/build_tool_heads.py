@@ -69,6 +69,14 @@ def reference_steps(directory: Path, steps: int = 2, length: int = 7) -> None:
     config = Eagle3SpeculatorConfig.from_pretrained(str(directory))
     config.transformer_layer_config._attn_implementation = "sdpa"
     model = Eagle3DraftModel.from_pretrained(str(directory), config=config).eval()
+    from safetensors import safe_open
+
+    with safe_open(str(directory / "model.safetensors"), "pt") as weights:
+        saved = set(weights.keys())
+    if "embed_tokens.weight" not in saved:
+        # speculators takes the verifier's embeddings only where its own read as NaN (model.py
+        # _load_verifier_weights), so by what uninitialised memory holds; vLLM shares the target's
+        model._load_verifier_weights(overwrite_embed_tokens=True)
     aux = len(config.eagle_aux_hidden_state_layer_ids or [0, 0, 0])
     width = config.target_hidden_size or config.transformer_layer_config.hidden_size
     generator = torch.Generator().manual_seed(1)

@@ -1,6 +1,7 @@
 """The heads of this folder's tests, built once per session by the training tools' own code
 (build_tool_heads.py, run with speculators and nvidia-modelopt on its import path:
-headtool_env.py) over an 8-layer tiny Llama target, and a SpecForge head laid out from its source."""
+headtool_env.py) over an 8-layer tiny Llama target (with the Llama 2 tokenizer layout, which
+llama.cpp's converter reads), and a SpecForge head laid out from its source."""
 
 from __future__ import annotations
 
@@ -55,10 +56,10 @@ def write_specforge_head(target_dir: Path, directory: Path, output_ids: list[int
 
 
 @pytest.fixture(scope="session")
-def tool_heads(tiny_models, tmp_path_factory, terminal_line) -> dict[str, Path]:
+def tool_heads(tmp_path_factory, terminal_line) -> dict[str, Path]:
     """{"target": the 8-layer target, "<head>": its directory} for build_tool_heads.py's heads and
     "specforge"; skips without the package index (a failure with CI=true)."""
-    from tinymodels import build_llama
+    from tinymodels import build_llama, build_tokenizer
 
     try:
         tools = prepare_tools(log=terminal_line)
@@ -67,7 +68,9 @@ def tool_heads(tiny_models, tmp_path_factory, terminal_line) -> dict[str, Path]:
             pytest.fail(f"speculators / nvidia-modelopt cannot be installed in CI: {exc}")
         pytest.skip(f"speculators / nvidia-modelopt unavailable: {exc} (set CI=true to make this a failure)")
     root = tmp_path_factory.mktemp("tool-heads")
-    target = build_llama(root / "target", tiny_models["tokenizer"], seed=5, num_layers=TARGET_LAYERS)
+    # the Llama 2 tokenizer layout, which llama.cpp's converter reads (it refuses our byte-level BPE)
+    build_tokenizer(root / "tokenizer", llama_layout=True)
+    target = build_llama(root / "target", root / "tokenizer", seed=5, num_layers=TARGET_LAYERS)
     env = dict(os.environ, PYTHONPATH=str(tools), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     built = subprocess.run([sys.executable, str(BUILD_SCRIPT), str(target), str(root / "heads")], env=env,
                            capture_output=True, text=True, timeout=900)

@@ -17,15 +17,17 @@ from clirun import one_line, run  # tests/ is on sys.path (tests/conftest.py)
 # the session fixture builds the heads in a process that imports both tools (about a minute)
 pytestmark = pytest.mark.slow
 
-# head -> (writer, numbering, trained on, vLLM feeds, llama.cpp's converter reads), as layer inputs
+# head -> (writer, numbering, trained on, vLLM feeds, llama.cpp's converter reads, SGLang feeds), as
+# layer inputs; SGLang reads eagle_config's ids as layer outputs (as ModelOpt and SpecForge write them)
+# and is given a speculators head's registered ids by specreg's export
 EXPECTED = {
     # the trainer resolves no target_layer_ids to (2, N // 2, N - 3) and writes them at the top level
-    "speculators-defaults": ("speculators", "layer inputs", [2, 4, 5], [2, 4, 5], [2, 4, 5]),
-    "speculators-qwen3": ("speculators", "layer inputs", [1, 4, 7], [1, 4, 7], [1, 4, 7]),
+    "speculators-defaults": ("speculators", "layer inputs", [2, 4, 5], [2, 4, 5], [2, 4, 5], [2, 4, 5]),
+    "speculators-qwen3": ("speculators", "layer inputs", [1, 4, 7], [1, 4, 7], [1, 4, 7], [1, 4, 7]),
     # ModelOpt's default sorted {1, N // 2 - 1, N - 4} = [1, 3, 4] are layer outputs, inside eagle_config
-    "modelopt": ("ModelOpt", "layer outputs", [2, 4, 5], [1, 3, 4], [2, 4, 5]),
-    "speculators-converted": ("speculators", "layer inputs", [2, 4, 5], [2, 4, 5], [2, 4, 5]),
-    "specforge": ("SpecForge", "layer outputs", [2, 4, 5], [1, 3, 4], [2, 4, 5]),
+    "modelopt": ("ModelOpt", "layer outputs", [2, 4, 5], [1, 3, 4], [2, 4, 5], [2, 4, 5]),
+    "speculators-converted": ("speculators", "layer inputs", [2, 4, 5], [2, 4, 5], [2, 4, 5], [2, 4, 5]),
+    "specforge": ("SpecForge", "layer outputs", [2, 4, 5], [1, 3, 4], [2, 4, 5], [2, 4, 5]),
 }
 ONE_LAYER_EARLY = {"modelopt", "specforge"}
 
@@ -46,14 +48,14 @@ def test_the_tools_wrote_the_variants_this_folder_is_about(tool_heads):
 @pytest.mark.parametrize("name", list(EXPECTED))
 def test_a_tool_head_registers_with_the_layers_fed_and_validates_exactly(tool_heads, name, tmp_path):
     db = f"sqlite:///{tmp_path / 'registry.db'}"
-    writer, numbering, trained, vllm, llamacpp = EXPECTED[name]
+    writer, numbering, trained, vllm, llamacpp, sglang = EXPECTED[name]
     result = run("register", name, "--target", tool_heads["target"], "--draft", tool_heads[name], "--method",
                  "eagle3", "-k", "3", "--db", db, "--json")
     assert result.returncode == 0, result.stderr
     registered = json.loads(result.stdout)
     assert registered["config"]["head"]["fit"]["layers_fed"] == {
         "writer": writer, "numbering": numbering, "trained_on": trained, "vllm": vllm, "llamacpp": llamacpp,
-        "runtime": vllm}
+        "sglang": sglang, "runtime": vllm}
     assert registered["layers_fed"].startswith(f"layers fed (as layer inputs): written by {writer} ({numbering}), "
                                                f"trained on the inputs of layers {trained}; vLLM 0.33 feeds {vllm};")
     warnings = [line for line in result.stderr.splitlines() if "layer numbering" in line]

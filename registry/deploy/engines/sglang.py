@@ -151,15 +151,17 @@ def eagle3_refusal(pair_version: PairVersion) -> str | None:
         return (f"the head reads the state after the target's last layer (aux id {max(aux)} of {list(aux)}, "
                 f"{layers} layers); SGLang captures layer inputs inside its layer loop only "
                 f"({PLUS_ONE_CAPTURE[architecture]}, llama.py:486-492)")
-    layer_config = head_config(pair_version).get("transformer_layer_config") or {}
-    if layer_config.get("model_type", "llama") != "llama":
-        return (f"the head's layer is {layer_config.get('model_type')!r}; SGLang 0.5.23's EAGLE-3 head is "
+    from specreg.core.heads.eagle3_variants import read_eagle3_variant
+
+    variant = read_eagle3_variant(pair_version.draft.path)  # either layout: speculators' or the original
+    if variant.layer_kind != "llama":
+        return (f"the head's layer is {variant.model_type!r}; SGLang 0.5.23's EAGLE-3 head is "
                 f"LlamaForCausalLMEagle3 (sglang/srt/models/llama_eagle3.py:272)")
-    if (layer_config.get("num_hidden_layers") or 1) != 1:
-        return (f"the head has {layer_config['num_hidden_layers']} decoder layers; SGLang 0.5.23 norms each layer "
+    if variant.num_layers != 1:
+        return (f"the head has {variant.num_layers} decoder layers; SGLang 0.5.23 norms each layer "
                 f"after the first with a hidden_norm (sglang/srt/models/llama_eagle3.py:104-105) where vLLM and the "
                 f"head's own layers use their input_layernorm")
-    if head_config(pair_version).get("norm_before_residual"):
+    if variant.norm_before_residual:
         return ("the head was trained with norm_before_residual; SGLang's first EAGLE-3 layer keeps the un-normed "
                 "hidden state as the residual (sglang/srt/models/llama_eagle3.py:96-99)")
     return None
@@ -210,9 +212,14 @@ def head_layout(export: Export) -> dict[str, str | Link] | None:
         raise SpecregError(f"{pair_version.label}: the SGLang EAGLE-3 layout links the head's files by absolute path, "
                            f"and {export.draft_source!r} is not one (--option model_source=path uses the path the "
                            f"head was registered from)")
+    from specreg.core.heads.eagle3_variants import read_eagle3_variant
+
     speculators = head_config(pair_version)
-    config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
-              **(speculators.get("transformer_layer_config") or {})}
+    variant = read_eagle3_variant(pair_version.draft.path)
+    # the decoder layer's fields: a speculators head's transformer_layer_config, or (the original layout
+    # ModelOpt and SpecForge write) the head's own config, its eagle_config rewritten below
+    config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", **variant.layer_fields}
+    config.pop("eagle_aux_hidden_state_layer_ids", None)  # SGLang reads eagle_config's only
     config.update({
         "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "num_hidden_layers": 1,
         "draft_vocab_size": speculators.get("draft_vocab_size"), "tie_word_embeddings": False,
@@ -221,10 +228,11 @@ def head_layout(export: Export) -> dict[str, str | Link] | None:
     })
     if speculators.get("target_hidden_size"):
         config["target_hidden_size"] = speculators["target_hidden_size"]
-    if speculators.get("norm_before_fc"):
+    if variant.norm_before_fc:
         config["eagle_config"]["norm_before_fc"] = True
     for flag in ("norm_output", "fc_norm"):  # read from the config (sglang/srt/models/llama_eagle3.py:185, 207)
-        if speculators.get(flag):
+        config.pop(flag, None)
+        if getattr(variant, flag):
             config[flag] = True
     layout: dict[str, str | Link] = {"config.json": json.dumps(config, indent=2, sort_keys=True) + "\n"}
     for name in list_model_files(pair_version.draft.path):

@@ -44,6 +44,12 @@ CAPTURE = ("tensorrt_llm/_torch/speculative/eagle3.py Eagle3SpecMetadata.maybe_c
            "each decoder layer's index after the layer runs: its output")
 MTP_LAYERS = ("tensorrt_llm/llmapi/llm_args.py MTPDecodingConfig.spec_dec_mode: vanilla MTP (a target with more "
               "than one MTP layer) runs num_nextn_predict_layers modules, one draft token each")
+# The EAGLE-3 head TensorRT-LLM builds: tensorrt_llm/_torch/models/modeling_speculative.py as of the 1.2 line,
+# whose Eagle3DraftModel reads only eh_proj_before_attn and return_hidden_post_norm from eagle_config (later
+# versions read eagle_config's norm_before_fc and the config's norm_output). Which source is 1.2's was told by
+# that content and its module layout, not by a release tag (the PyPI wheel is a stub): a head refused here for
+# a flag a later TensorRT-LLM reads stays refused until that release is targeted and checked.
+EAGLE3_MODEL = "tensorrt_llm/_torch/models/modeling_speculative.py"
 NGRAM_MATCH = ("tensorrt_llm/_torch/speculative/ngram.py NGramPoolManager.get_draft_tokens tries pattern sizes "
                "from max_matching_ngram_size down to 1 (range(..., 0, -1)); there is no minimum")
 
@@ -77,6 +83,9 @@ def refusal(pair_version: PairVersion) -> str | None:
         if 0 in aux:
             return (f"the head reads the embeddings (aux layer id 0 of {list(aux)}); TensorRT-LLM captures decoder "
                     f"layer outputs only ({CAPTURE})")
+        reason = variant_refusal(pair_version.draft.path)
+        if reason is not None:
+            return reason
     if config.method is SpecMethod.MTP:
         if mtp_family(pair_version) != "deepseek":
             return (f"its MTP drafting is checked here for DeepSeek-family targets only (tensorrt_llm/_torch/models/"
@@ -88,6 +97,33 @@ def refusal(pair_version: PairVersion) -> str | None:
     if config.method is SpecMethod.NGRAM and (config.prompt_lookup_min or 1) > 1:
         return (f"prompt_lookup_min = {config.prompt_lookup_min} was validated, but TensorRT-LLM's n-gram also "
                 f"drafts from shorter matches ({NGRAM_MATCH})")
+    return None
+
+
+def variant_refusal(head_path: str) -> str | None:
+    """An EAGLE-3 variant our runtime ran as vLLM does that TensorRT-LLM 1.2's Eagle3DraftModel would
+    run otherwise (None: it runs it as validated)."""
+    from specreg.core.heads.eagle3_variants import read_eagle3_variant
+
+    variant = read_eagle3_variant(head_path)
+    if variant.layer_kind != "llama":
+        return (f"the head's layer is {variant.layer_kind} ({variant.architecture}); TensorRT-LLM 1.2 builds its "
+                f"EAGLE-3 layer with Eagle3Attention, Llama attention without q_norm/k_norm ({EAGLE3_MODEL} "
+                f"Eagle3DecoderLayer)")
+    if variant.num_layers != 1:
+        return (f"the head has {variant.num_layers} decoder layers; TensorRT-LLM 1.2 norms the input of every layer "
+                f"with its hidden_norm and adds the previous layer's residual ({EAGLE3_MODEL} Eagle3DecoderLayer."
+                f"forward, Eagle3DraftModel.forward), where vLLM and the head's own later layers use their "
+                f"input_layernorm")
+    unread = [flag for flag in ("norm_before_fc", "fc_norm", "norm_output") if getattr(variant, flag)]
+    if unread:
+        return (f"the head sets {' and '.join(unread)}; TensorRT-LLM 1.2's Eagle3DraftModel reads only "
+                f"eh_proj_before_attn and return_hidden_post_norm of its norms ({EAGLE3_MODEL} Eagle3DraftModel."
+                f"__init__), so it would draft otherwise than validated")
+    if variant.norm_before_residual:
+        return (f"the head was trained with norm_before_residual; TensorRT-LLM 1.2 keeps the un-normed hidden state "
+                f"as the residual ({EAGLE3_MODEL} Eagle3DecoderLayer.forward: residual = hidden_states before "
+                f"hidden_norm)")
     return None
 
 

@@ -16,7 +16,10 @@ What we followed (vLLM is the released 0.33.0 wheel):
 - Numbering: vLLM reads the ids at the top level, then in eagle_config, as the residual stream
   entering layer L (v1/worker/gpu_model_runner.py:5207-5219, no +1), default (2, N // 2, N - 3);
   llama.cpp's converter reads the top-level key only, else the same default, and extracts layer
-  inputs too (conversion/llama.py:74-81). speculators collects its training states through vLLM
+  inputs too (conversion/llama.py:74-81). SGLang 0.5.23 reads eagle_config's ids only
+  (model_runner_components/spec_aux_hidden_state.py:184-196) and captures id v at the input of
+  layer v + 1 (models/llama.py:929-941, "the output of the (i-1)th layer"), so it reads them as
+  layer outputs; without ids it captures the inputs of (2, N // 2, N - 3). speculators collects its training states through vLLM
   (inputs). ModelOpt hooks the output of layer L (modelopt/torch/speculative/plugins/hf_eagle.py
   _collect_aux_hidden_states_forward_hook; default sorted {1, N // 2 - 1, N - 4}) and writes the ids
   inside eagle_config with its own keys (export/plugins/hf_spec_configs.py); SpecForge hooks
@@ -151,8 +154,11 @@ def read_eagle3_variant(directory: str | Path) -> Eagle3Variant:
 def layers_fed(variant: Eagle3Variant, num_layers: int) -> dict[str, Any]:
     """Which target layers (as layer inputs: 0 = the embeddings) the head was trained on and each
     engine will feed it on a num_layers target -> {"writer", "numbering", "trained_on", "vllm",
-    "llamacpp", "runtime"} (lists in layer order, as vLLM collects them, but llama.cpp's as its converter
-    writes them; trained_on None when the writer's layers are unknown)."""
+    "llamacpp", "sglang", "runtime"} (lists in layer order, as vLLM and SGLang collect them, but
+    llama.cpp's as its converter writes them; trained_on None when the writer's layers are unknown).
+    SGLang's are what it reads from this directory, except for the speculators layout, which it cannot
+    load (no model_type: its get_config raises) and is given by specreg's sglang export in its own
+    layout with the registered ids in its numbering (registry/deploy/engines/sglang.py)."""
     declared = variant.declared_ids
     shift = 1 if variant.numbering == OUTPUTS else 0
     if declared:
@@ -162,7 +168,18 @@ def layers_fed(variant: Eagle3Variant, num_layers: int) -> dict[str, Any]:
     vllm = sorted(set(declared or default_aux_layer_ids(num_layers)))
     return {"writer": variant.writer, "numbering": variant.numbering, "trained_on": trained, "vllm": vllm,
             # the converter writes the ids as it finds them, unsorted, a repeat kept (conversion/llama.py:74-81)
-            "llamacpp": list(variant.top_level_ids or default_aux_layer_ids(num_layers)), "runtime": vllm}
+            "llamacpp": list(variant.top_level_ids or default_aux_layer_ids(num_layers)),
+            "sglang": vllm if variant.writer == "speculators" else sglang_reads(variant, num_layers),
+            "runtime": vllm}
+
+
+def sglang_reads(variant: Eagle3Variant, num_layers: int) -> list[int]:
+    """The layers SGLang 0.5.23 feeds a head directory it loads: eagle_config's ids only, id v at the
+    input of layer v + 1 (spec_aux_hidden_state.py:184-196, models/llama.py:929-941), else the
+    inputs of (2, N // 2, N - 3)."""
+    if variant.eagle_config_ids:
+        return sorted({i + 1 for i in variant.eagle_config_ids})
+    return sorted(set(default_aux_layer_ids(num_layers)))
 
 
 def layers_fed_line(fed: dict[str, Any]) -> str:
@@ -170,8 +187,15 @@ def layers_fed_line(fed: dict[str, Any]) -> str:
     trained = (f"trained on the inputs of layers {fed['trained_on']}" if fed["trained_on"] is not None
                else "trained on layers its config does not name")
     return (f"layers fed (as layer inputs): written by {fed['writer']} ({fed['numbering']}), {trained}; vLLM 0.33 "
-            f"feeds {fed['vllm']}; llama.cpp's converter reads {fed['llamacpp']} from this directory; specreg's "
-            f"runtime feeds {fed['runtime']} (as vLLM)")
+            f"feeds {fed['vllm']}; llama.cpp's converter reads {fed['llamacpp']} from this directory; "
+            + (sglang_words(fed) if "sglang" in fed else "")
+            + f"specreg's runtime feeds {fed['runtime']} (as vLLM)")
+
+
+def sglang_words(fed: dict[str, Any]) -> str:
+    if fed["writer"] == "speculators":
+        return f"SGLang 0.5.23 is fed {fed['sglang']} through specreg's sglang export (it cannot load this layout); "
+    return f"SGLang 0.5.23 reads {fed['sglang']} from it; "
 
 
 def numbering_warnings(fed: dict[str, Any]) -> list[str]:
@@ -185,6 +209,11 @@ def numbering_warnings(fed: dict[str, Any]) -> list[str]:
                ("llama.cpp", fed["llamacpp"], "its converter reads only a top-level "
                                               "eagle_aux_hidden_state_layer_ids, else (2, N // 2, N - 3): "
                                               "conversion/llama.py:74-81"))
+    if "sglang" in fed:  # registrations made before SGLang was named have no entry
+        engines += (("SGLang 0.5.23", fed["sglang"], "it reads only eagle_config.eagle_aux_hidden_state_layer_ids, "
+                                                     "id v at the input of layer v + 1, else (2, N // 2, N - 3): "
+                                                     "model_runner_components/spec_aux_hidden_state.py:184-196, "
+                                                     "models/llama.py:929-941"),)
     for engine, fed_layers, why in engines:
         if fed_layers != trained:
             early = all(f == t - 1 for f, t in zip(fed_layers, trained)) and len(fed_layers) == len(trained)
