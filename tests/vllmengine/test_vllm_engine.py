@@ -8,6 +8,8 @@ they skip, except in CI (CI=true), where a missing vLLM is a failure.
 
 The demo pair and its EAGLE-3 head are built once into the engine cache (builders/demo_pair.py,
 demo_heads.py; cached by their recipe's key), the smoke set's first three records are the prompts.
+The real SmolLM2 pair (builders/real_pair.py, tests/realpair.py) runs the whole smoke set on one
+server: its draft-model export only.
 """
 
 from __future__ import annotations
@@ -146,6 +148,51 @@ def test_draft_pair_in_vllm_parity_tokens_counts_and_no_server_left(demo, golden
     assert parity["status"] in ("pass", "warn") and parity["figures"]["alpha_delta"] <= 0.03, parity["summary"]
     assert baseline["status"] == "passed" and done.returncode == 0
     assert [b.id for b in registry.engine_baselines(ref, "vllm")] == [baseline["id"]]
+
+
+def test_real_pair_draft_model_in_vllm_decodes_and_counts_as_our_runtime_does(installed, tmp_path):
+    """The real pair's draft-model export on one server (no target-only one: our runtime's greedy
+    float32 tokens are the reference), the smoke set at concurrency 1 with /metrics read around
+    each request, against our runtime on vLLM's schedule and count. Of the real pair's three
+    methods this one needs a server: n-gram and suffix drafts are a function of the tokens (their
+    proposers are checked against vLLM's own code in tests/engines), the draft model's are the
+    engine's float32 forward of a second real model."""
+    from realpair import real_pair
+
+    from specreg.api import Registry
+    from specreg.engine_validation import COUNTED, drive, golden_prompts, runtime_pass
+    from specreg.golden_prompts.loader import load_golden_set
+    from specreg.registry.deploy.engines import vllm_server
+    from specreg.registry.store.engine_artifacts import ArtifactRecords
+    from specreg.runtime.methods import load_pair
+    from specreg.usecases.validate_engine import local_vllm_argv
+
+    target, draft = real_pair()
+    registry = Registry(f"sqlite:///{tmp_path / 'registry.db'}", user="alice")
+    registry.install_vllm()
+    version = registry.register("smollm2", target=str(target), draft=str(draft), num_speculative_tokens=K).version
+    argv = local_vllm_argv(registry, version)
+    assert json.loads(argv[argv.index("--speculative-config") + 1])["model"] == str(draft)
+    pair = load_pair(str(target), str(draft), device="cpu", dtype="float32", method="draft_model")
+    smoke = load_golden_set("smoke")
+    prompts, skipped = golden_prompts(smoke, pair.tokenizer)
+    assert skipped == [] and len(prompts) == len(smoke)
+    ours = runtime_pass(pair, prompts, version, engine="vllm")
+    with vllm_server.start(argv, records=ArtifactRecords(registry.store, "alice"), dtype="float32") as server:
+        group, scratch = server.process.pid, server.scratch
+        assert server.argv[server.argv.index("--dtype") + 1] == "float32"
+        run = drive("vllm", server.url, prompts, concurrency=1, model=server.served_name, counters=True)
+    assert vllm_server.group_members(group) == [] and not scratch.exists() and vllm_processes() == []
+    for prompt, mine, theirs, done in zip(prompts, ours, run.rows, run.completions):
+        # greedy float32 on both sides: the same tokens, and the same drafts counted the same way
+        assert list(done.token_ids) == mine["token_ids"], prompt["record"]
+        assert {key: theirs[key] for key in COUNTED} == {key: mine[key] for key in COUNTED}, prompt["record"]
+        # vLLM drafts k at every step, past the budget too
+        assert theirs["draft_steps"] > 0 and theirs["drafted"] == K * theirs["draft_steps"], theirs
+        assert sum(theirs["accepted_per_position"]) == theirs["accepted"] <= theirs["drafted"], theirs
+    # the real draft agrees with its target at some positions and not at others
+    accepted, drafted = sum(row["accepted"] for row in run.rows), sum(row["drafted"] for row in run.rows)
+    assert 0 < accepted < drafted, (accepted, drafted)
 
 
 def test_a_started_server_counts_in_metrics_and_its_group_is_gone_after_stop(demo, tmp_path):
