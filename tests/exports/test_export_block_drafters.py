@@ -60,6 +60,25 @@ def test_sglang_serves_the_native_layout_with_its_block_as_the_window(tmp_path):
             flag["--speculative-num-draft-tokens"]) == ("DFLASH", "1", "1", "4")
 
 
+@pytest.mark.parametrize("fmt, kind", [("vllm", "dflash"), ("vllm", "dspark"), ("sglang", "dflash"),
+                                       ("sglang", "dspark")])
+def test_the_written_files_read_back_as_registered(tmp_path, fmt, kind):
+    """What the export checks before the lock binds it (read_back.check): SGLang's DFLASH / DSPARK
+    read as the registered method, k as the verify window less the root (SGLang forces one step for a
+    block, so --speculative-num-steps 1 is no draft length)."""
+    from specreg.registry.deploy import read_back as rb
+    from specreg.registry.deploy.engines import sglang, vllm
+    from specreg.registry.deploy.exports import plan_export
+
+    pair = block_pair(tmp_path, kind, "native")
+    files = dict(render_export(pair, BASELINES, fmt, approved=True))
+    plan = plan_export(pair, BASELINES, fmt, approved=True)
+    read = {"vllm": vllm, "sglang": sglang}[fmt].read_back(plan, files)
+    assert {(item.field, item.value) for item in read if item.field in ("method", "k")} == \
+        {("method", kind), ("k", pair.config.num_speculative_tokens)}
+    rb.check(plan, read)
+
+
 REFUSED = {
     ("sglang", "speculators"): "SGLang 0.5.23 reads a block drafter's config through transformers (the speculators "
                                "layout has no model_type: get_config raises)",

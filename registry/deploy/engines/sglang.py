@@ -256,7 +256,10 @@ def read_metrics(samples, model_name: str | None, source: str) -> dict[str, Any]
 # ---------------------------------------------------------------------------------------------
 # Read back (registry/deploy/read_back.py): the written files as SGLang 0.5.23 parses them.
 
-ALGORITHMS = {"STANDALONE": "draft_model", "EAGLE3": "eagle3", "NEXTN": "mtp"}
+ALGORITHMS = {"STANDALONE": "draft_model", "EAGLE3": "eagle3", "NEXTN": "mtp", "DFLASH": "dflash", "DSPARK": "dspark"}
+# Algorithms that draft their block in one step: SGLang forces --speculative-num-steps to 1 and reads
+# the draft length from the verify window alone (speculative_hook.py:329-385, 806-839)
+ONE_STEP = {"DFLASH", "DSPARK"}
 
 
 def read_back(export: Export, files: dict[str, Any]) -> list:
@@ -278,9 +281,10 @@ def read_back(export: Export, files: dict[str, Any]) -> list:
     read = [rb.ReadValue("target", flags.get("--model-path"), f"{where} --model-path"),
             rb.ReadValue("target_revision", flags.get("--revision"), f"{where} --revision"),
             rb.ReadValue("method", ALGORITHMS.get(str(algorithm).upper(), algorithm),
-                         f"{where} --speculative-algorithm {algorithm}"),
-            rb.ReadValue("k", rb.as_int(flags.get("--speculative-num-steps"), where),
-                         f"{where} --speculative-num-steps")]
+                         f"{where} --speculative-algorithm {algorithm}")]
+    if str(algorithm).upper() not in ONE_STEP:
+        read.append(rb.ReadValue("k", rb.as_int(flags.get("--speculative-num-steps"), where),
+                                 f"{where} --speculative-num-steps"))
     topk = rb.as_int(flags.get("--speculative-eagle-topk"), where)
     tokens = rb.as_int(flags.get("--speculative-num-draft-tokens"), where)
     if topk == 1 and tokens is not None:  # one chain: the verified root and k drafted tokens
