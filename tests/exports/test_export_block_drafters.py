@@ -23,11 +23,12 @@ from specreg.registry.deploy.exports import engine_schema, render_export
 from specreg.registry.store.entities import SpecConfig, SpecMethod
 
 
-def block_pair(tmp_path, kind: str, layout: str):
+def block_pair(tmp_path, kind: str, layout: str, config_extra: dict | None = None):
     """An approved pair over a real target and head directory, its head bound as register binds it."""
     target = write_target(tmp_path / "target")
     head_dir = write_block_drafter(tmp_path / "head", kind=kind, layout=layout,
-                                   layer_ids=[2, 4] if layout == "speculators" else [1, 3], verifier=str(target))
+                                   layer_ids=[2, 4] if layout == "speculators" else [1, 3], verifier=str(target),
+                                   config_extra=config_extra)
     head = read_head(head_dir, method=kind)
     fit = check_head_fits(head, target)
     description = {**{k: v for k, v in head.to_dict().items() if k != "path"},
@@ -70,13 +71,26 @@ def test_the_written_files_read_back_as_registered(tmp_path, fmt, kind):
     from specreg.registry.deploy.engines import sglang, vllm
     from specreg.registry.deploy.exports import plan_export
 
-    pair = block_pair(tmp_path, kind, "native")
+    pair = block_pair(tmp_path, kind, "native", config_extra={"markov_head_type": "vanilla"} if kind == "dspark" else None)
     files = dict(render_export(pair, BASELINES, fmt, approved=True))
     plan = plan_export(pair, BASELINES, fmt, approved=True)
     read = {"vllm": vllm, "sglang": sglang}[fmt].read_back(plan, files)
     assert {(item.field, item.value) for item in read if item.field in ("method", "k")} == \
         {("method", kind), ("k", pair.config.num_speculative_tokens)}
     rb.check(plan, read)
+
+
+def test_sglang_refuses_a_dspark_head_that_names_no_markov_head_type(tmp_path):
+    """Registration (as vLLM) reads a missing markov_head_type as 'vanilla'; SGLang's DSpark parser
+    raises without one (tests/engines/test_sglang_exports.py runs it), so the export refuses it."""
+    pair = block_pair(tmp_path, "dspark", "native")
+    assert pair.config.head["block"]["markov_head_type"] == "vanilla"
+    with pytest.raises(UsageError) as caught:
+        render_export(pair, BASELINES, "sglang", approved=True)
+    assert "the head's config names no markov_head_type" in str(caught.value)
+    assert "dspark_config.py:253-268" in str(caught.value) and "\n" not in str(caught.value)
+    named = block_pair(tmp_path / "named", "dspark", "native", config_extra={"markov_head_type": "vanilla"})
+    assert dict(render_export(named, BASELINES, "sglang", approved=True))["sglang-launch.sh"]
 
 
 REFUSED = {

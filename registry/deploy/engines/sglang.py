@@ -176,11 +176,26 @@ def block_refusal(pair_version: PairVersion) -> str | None:
         return ("the head drafts block_size - 1 tokens after a bonus anchor; SGLang 0.5.23's DSPARK drafts gamma = "
                 "block_size from the anchor (sglang/srt/speculative/dspark_components/dspark_config.py:29-31, "
                 "speculative_hook.py:806-822)")
+    if pair_version.config.method is SpecMethod.DSPARK and not names_markov_head_type(head_config(pair_version)):
+        return ("the head's config names no markov_head_type (registration, as vLLM, reads it as 'vanilla'); SGLang "
+                "0.5.23 refuses such a DSpark draft: \"DSpark requires markov_head_type when markov_rank > 0\" "
+                "(sglang/srt/speculative/dspark_components/dspark_config.py:253-268)")
     architecture = pair_version.target.fingerprint.architecture
     if architecture not in PLUS_ONE_CAPTURE:
         return (f"which target states SGLang 0.5.23 captures for a block drafter depends on the target's model class "
                 f"(set_dflash_layers_to_capture); it is checked for {', '.join(PLUS_ONE_CAPTURE)}, not {architecture}")
     return None
+
+
+def names_markov_head_type(config: dict[str, Any]) -> bool:
+    """Whether SGLang's parse_dspark_draft_config finds a markov_head_type, or needs none: the prefixed
+    dspark_* keys, dflash_config / dspark_config, text_config, the top level (dspark_config.py:206-268)."""
+    prefixed = ("dspark_block_size", "dspark_markov_rank", "dspark_noise_token_id", "dspark_target_layer_ids",
+                "dspark_markov_head_type")
+    if any(config.get(key) is not None for key in prefixed):
+        return True
+    places = [config, *(config.get(key) for key in ("dflash_config", "dspark_config", "text_config"))]
+    return any(isinstance(place, dict) and place.get("markov_head_type") is not None for place in places)
 
 
 def head_config(pair_version: PairVersion) -> dict[str, Any]:
