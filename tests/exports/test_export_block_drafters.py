@@ -23,12 +23,12 @@ from specreg.registry.deploy.exports import engine_schema, render_export
 from specreg.registry.store.entities import SpecConfig, SpecMethod
 
 
-def block_pair(tmp_path, kind: str, layout: str, config_extra: dict | None = None):
+def block_pair(tmp_path, kind: str, layout: str, config_extra: dict | None = None, tensor_extra: dict | None = None):
     """An approved pair over a real target and head directory, its head bound as register binds it."""
     target = write_target(tmp_path / "target")
     head_dir = write_block_drafter(tmp_path / "head", kind=kind, layout=layout,
                                    layer_ids=[2, 4] if layout == "speculators" else [1, 3], verifier=str(target),
-                                   config_extra=config_extra)
+                                   config_extra=config_extra, tensor_extra=tensor_extra)
     head = read_head(head_dir, method=kind)
     fit = check_head_fits(head, target)
     description = {**{k: v for k, v in head.to_dict().items() if k != "path"},
@@ -78,6 +78,22 @@ def test_the_written_files_read_back_as_registered(tmp_path, fmt, kind):
     assert {(item.field, item.value) for item in read if item.field in ("method", "k")} == \
         {("method", kind), ("k", pair.config.num_speculative_tokens)}
     rb.check(plan, read)
+
+
+@pytest.mark.parametrize("kind", ["dflash", "dspark"])
+def test_vllm_refuses_a_head_with_d2t_over_the_targets_whole_vocabulary(tmp_path, kind):
+    """vLLM 0.33's DFlash and DSpark models build draft_id_to_target_id only for a smaller draft
+    vocabulary, and their loaders rename d2t to it: with the whole vocabulary the load raises (the
+    CPU vLLM died so on a head that carried one: "There is no module or parameter named
+    'draft_id_to_target_id' in DFlashQwen3ForCausalLM")."""
+    import numpy as np
+
+    pair = block_pair(tmp_path, kind, "speculators", tensor_extra={"d2t": np.zeros(40, np.int64)})
+    assert pair.config.head["has_vocab_map"] is True
+    with pytest.raises(UsageError) as caught:
+        render_export(pair, BASELINES, "vllm", approved=True)
+    assert "the head carries a d2t tensor while its draft vocabulary is the target's (40 ids)" in str(caught.value)
+    assert "qwen3_dflash.py:769-775" in str(caught.value) and "\n" not in str(caught.value)
 
 
 def test_sglang_refuses_a_dspark_head_that_names_no_markov_head_type(tmp_path):
