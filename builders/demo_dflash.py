@@ -73,7 +73,10 @@ def train_block_head(head, target, stream, steps: int, batch_size: int, anchors:
 
 
 def dflash_cache_key(target_dir) -> str:
-    return demo_cache_key([__file__], target_dir, dict(method="dflash", block=DFLASH_BLOCK_SIZE, layers=DFLASH_LAYERS,
+    # the runtime's module too: save_block_head decides what the cached folder holds (a d2t or not)
+    from specreg.runtime.methods import dflash
+
+    return demo_cache_key([__file__, dflash.__file__], target_dir, dict(method="dflash", block=DFLASH_BLOCK_SIZE, layers=DFLASH_LAYERS,
                                                        training=DFLASH_TRAINING, anchors=DFLASH_ANCHORS, lr=DFLASH_LR,
                                                        aux="1, N // 2, N - 2"))
 

@@ -349,12 +349,14 @@ def save_block_head(head: BlockDrafterHead, directory, kind: str, verifier_name_
     engine-native one z-lab and ModelOpt write (DFlashDraftModel, dflash_config with
     target_layer_ids one less than the aux ids: layer outputs), which llama.cpp's converter
     reads. config.json + model.safetensors; the target's embeddings and lm_head are not saved
-    (the engines share them when absent), nor an identity d2t in the native layout."""
+    (the engines share them when absent), nor an identity d2t over the target's whole vocabulary
+    (vLLM's DFlash and DSpark loaders then have no parameter for it and raise)."""
     from safetensors.torch import save_file
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    skipped = ("embed_tokens.weight", "lm_head.weight") + (("d2t",) if layout == "native" and not head.d2t.any() else ())
+    identity = not head.d2t.any() and (layout == "native" or int(head.d2t.shape[0]) == int(head.config.vocab_size))
+    skipped = ("embed_tokens.weight", "lm_head.weight") + (("d2t",) if identity else ())
     state = {key.replace("markov.", "markov_head.", 1): value.detach().contiguous().cpu()
              for key, value in head.state_dict().items() if key not in skipped and not key.startswith("rotary_emb")}
     save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})

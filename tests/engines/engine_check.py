@@ -20,6 +20,7 @@ target and draft ModelConfig and the aux layers an EAGLE-3 target captures (chec
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 
@@ -61,6 +62,10 @@ def check_vllm(cases: list[dict]) -> list[dict]:
     for case in cases:
         argv = case["argv"]
         result: dict = {"id": case["id"]}
+        # a case's "env": the variables vLLM's own switches read while it builds the config, e.g.
+        # VLLM_USE_V2_MODEL_RUNNER (read on each access until the server caches envs), restored after
+        saved = {name: os.environ.get(name) for name in case.get("env", {})}
+        os.environ.update(case.get("env", {}))
         try:
             assert argv[:2] == ["vllm", "serve"], f"not a vllm serve command: {argv[:2]}"
             parser, command = vllm_parser()
@@ -114,16 +119,21 @@ def check_vllm(cases: list[dict]) -> list[dict]:
                     # the target layers whose entering state vLLM hands an EAGLE-3 head: its runner's
                     # reading of the draft config (the Llama target appends the state at idx + 1
                     # after layer idx, models/llama.py, so an id is the state entering that layer)
+                    # (a block drafter's too: both runners add one to DFlash's and dense DSpark's
+                    # target_layer_ids, which name layer outputs)
                     "eagle3_aux_layers": (list(get_eagle3_aux_layers_from_config(spec) or [])
-                                          if spec.method == "eagle3" else None),
+                                          if spec.method in HEADS_ON_TARGET_STATES else None),
                     # the same as the V1 runner reads it (on a CPU, or VLLM_USE_V2_MODEL_RUNNER=0); an
                     # empty list: neither names ids, so the target's default layers are used
                     "eagle3_aux_layers_v1": (list(GPUModelRunner._get_eagle3_aux_layers_from_config(
-                        SimpleNamespace(speculative_config=spec)) or []) if spec.method == "eagle3" else None),
+                        SimpleNamespace(speculative_config=spec)) or []) if spec.method in HEADS_ON_TARGET_STATES
+                        else None),
                     # the head keeps its d2t only where its vocabulary is not the target's (llama_eagle3.py:339)
                     "draft_config_vocab_size": (getattr(spec.draft_model_config.hf_config, "draft_vocab_size", None)
                                                 if spec.method == "eagle3" else None),
                 }
+                if spec.method in ("dflash", "dspark"):
+                    result["speculative"].update(block_drafter(spec))
                 if spec.num_speculative_tokens_per_batch_size:
                     # The same call the scheduler makes (vllm/v1/core/sched/scheduler.py).
                     result["batch_size_lookup"] = build_dynamic_sd_schedule_lookup(
@@ -136,8 +146,39 @@ def check_vllm(cases: list[dict]) -> list[dict]:
         except BaseException as exc:  # noqa: BLE001 - the engine's refusal is the result
             result["error"] = error_line(exc)
             result["traceback"] = traceback.format_exc()[-3000:]
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
         results.append(result)
     return results
+
+
+HEADS_ON_TARGET_STATES = ("eagle3", "dflash", "dspark")
+
+
+def block_drafter(spec) -> dict:
+    """What vLLM's proposer makes of a DFlash / DSpark head: parallel drafting (1 + k query slots a
+    step, the anchor and k masked slots, v1/spec_decode/dflash.py), the token id its masked slots
+    carry (SpecDecodeBaseProposer._init_parallel_drafting_params, run on a holder of the attributes
+    it reads), the draft architecture vLLM's registry loads, and whether its layers attend non-causally
+    (qwen3_dflash.dflash_has_any_non_causal, the check the attention backend is chosen by)."""
+    from types import SimpleNamespace
+
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+
+    hf_config = spec.draft_model_config.hf_config
+    holder = SimpleNamespace(draft_model_config=spec.draft_model_config, pass_hidden_states_to_model=False)
+    SpecDecodeBaseProposer._init_parallel_drafting_params(holder)
+    found = {"parallel_drafting": spec.parallel_drafting, "mask_token_id": holder.parallel_drafting_token_id,
+             "draft_architectures": spec.draft_model_config.architectures}
+    if spec.method == "dflash":
+        from vllm.model_executor.models.qwen3_dflash import dflash_has_any_non_causal
+
+        found["non_causal"] = dflash_has_any_non_causal(hf_config)
+    return found
 
 
 def check_sglang(cases: list[dict]) -> list[dict]:
@@ -175,7 +216,7 @@ def check_sglang(cases: list[dict]) -> list[dict]:
             result["server_args"] = {name: getattr(server_args, name) for name in fields}
             result["resolved_speculative_algorithm"] = _resolve_speculative_algorithm_alias(
                 server_args.speculative_algorithm, server_args.speculative_draft_model_path)
-            resolved_args = prepare_server_args([*argv[3:], "--device", "cpu"])
+            resolved_args = prepare_server_args([*argv[3:], "--device", case.get("device", "cpu")])
             resolved_args.resolve_once()
             runtime_context.publish(resolved_args, role="scheduler")
             view = resolved_view(resolved_args)
@@ -184,6 +225,7 @@ def check_sglang(cases: list[dict]) -> list[dict]:
             result["target"] = {"architectures": target.hf_config.architectures,
                                 "class": ModelRegistry.resolve_model_cls(target.hf_config.architectures)[1],
                                 "num_hidden_layers": target.num_hidden_layers}
+            draft = None
             if view.speculative_draft_model_path is not None:
                 draft = ModelConfig.from_server_args(
                     resolved_args, model_path=view.speculative_draft_model_path,
@@ -203,6 +245,8 @@ def check_sglang(cases: list[dict]) -> list[dict]:
                                          model=SimpleNamespace())
                 target_class.set_eagle3_layers_to_capture(holder, aux.eagle_aux_hidden_state_layer_ids)
                 result["layers_to_capture"] = sorted(set(holder.model.layers_to_capture))
+            if aux.dflash_use_aux_hidden_state:
+                result.update(block_capture(aux, target, draft, resolved_args))
         except SystemExit as exc:
             result["error"] = f"SystemExit: argparse exit {exc.code}"
         except BaseException as exc:  # noqa: BLE001
@@ -210,6 +254,43 @@ def check_sglang(cases: list[dict]) -> list[dict]:
             result["traceback"] = traceback.format_exc()[-3000:]
         results.append(result)
     return results
+
+
+def block_capture(aux, target, draft, resolved_args) -> dict:
+    """A DFLASH / DSPARK launch as SGLang's model runner sets it up: the target layer ids its aux
+    resolution chose, the layers the target class then captures (configure_aux_hidden_state_capture:
+    set_dspark_layers_to_capture for DSPARK where the class has it, else set_dflash_layers_to_capture,
+    run on a holder of the attributes they set), and the draft config as SGLang's DFlash parser reads
+    it (mask token, block size; DSpark's gamma, the tokens drafted from the anchor)."""
+    from types import SimpleNamespace
+
+    from sglang.srt.models.registry import ModelRegistry
+    from sglang.srt.speculative.dflash_utils import parse_dflash_draft_config
+
+    target_class = ModelRegistry.resolve_model_cls(target.hf_config.architectures)[0]
+    holder = SimpleNamespace(pp_group=SimpleNamespace(is_last_rank=True), config=target.hf_config,
+                             model=SimpleNamespace())
+    if aux.is_dspark and hasattr(target_class, "set_dspark_layers_to_capture"):
+        target_class.set_dspark_layers_to_capture(holder, aux.dflash_target_layer_ids)
+    else:
+        target_class.set_dflash_layers_to_capture(holder, aux.dflash_target_layer_ids)
+    parsed = parse_dflash_draft_config(draft_hf_config=draft.hf_config)
+    found = {"dflash_target_layer_ids": list(aux.dflash_target_layer_ids),
+             "layers_to_capture": sorted(set(holder.model.layers_to_capture)),
+             "block": {"mask_token_id": parsed.mask_token_id, "block_size": parsed.block_size,
+                       "num_draft_tokens": resolved_args.speculative_num_draft_tokens}}
+    if aux.is_dspark:
+        # the worker's own resolution (DSparkWorker's: resolve_runtime_config) and whether it samples the anchor row
+        from sglang.srt.speculative.dspark_components.dspark_config import (get_dspark_sample_from_anchor,
+                                                                            resolve_runtime_config)
+
+        runtime = resolve_runtime_config(draft_hf_config=draft.hf_config,
+                                         speculative_num_draft_tokens=resolved_args.speculative_num_draft_tokens,
+                                         target_vocab_size=target.vocab_size)
+        found["block"].update(gamma=runtime.gamma, verify_num_draft_tokens=runtime.verify_num_draft_tokens,
+                              mask_token_id=runtime.mask_token_id,
+                              sample_from_anchor=get_dspark_sample_from_anchor(draft.hf_config))
+    return found
 
 
 def parser_schema(parser) -> dict:

@@ -53,6 +53,29 @@ def eagle3_head(models: dict[str, Path]) -> Path:
     return head
 
 
+# A block drafter's target layers as the engine-native layouts name them (layer outputs: the states
+# entering layers 2 and 5 of eagle3_target), the layer inputs registration records, and its block:
+# DFlash drafts block - 1 = K tokens after the anchor, DSpark (sample_from_anchor, as SGLang's DSPARK
+# drafts) the whole block of K.
+BLOCK_LAYER_OUTPUTS = [1, 4]
+BLOCK_LAYER_INPUTS = [i + 1 for i in BLOCK_LAYER_OUTPUTS]
+
+
+def block_head(models: dict[str, Path], kind: str) -> Path:
+    """An engine-native DFlash (DFlashDraftModel) or DSpark (Qwen3DSparkModel) head for
+    eagle3_target (tests/headfiles.py), its mask token the target's last id."""
+    from headfiles import write_block_drafter
+
+    config = json.loads((eagle3_target(models) / "config.json").read_text())
+    head = models["target"].parent / f"{kind}-head"
+    if not head.exists():
+        write_block_drafter(head, kind=kind, layout="native", hidden=config["hidden_size"], vocab=config["vocab_size"],
+                            block_size=K + 1 if kind == "dflash" else K, mask_token_id=config["vocab_size"] - 1,
+                            layer_ids=BLOCK_LAYER_OUTPUTS, sample_from_anchor=True if kind == "dspark" else None,
+                            config_extra={"markov_head_type": "vanilla"} if kind == "dspark" else None)
+    return head
+
+
 HUB_VERIFIER = "meta-llama/Llama-3.1-8B-Instruct"  # a hub id the head names as its verifier, never fetched
 
 
@@ -108,7 +131,8 @@ def tiny_pair(models: dict[str, Path], method: SpecMethod, max_batch: int | None
     """A pair of the tiny local models (tests/tinymodels.py), registered by their paths; ``target``
     (default: the tiny Llama, or the tiny DeepSeek-V3 for mtp) is the target directory, ``head``
     another EAGLE-3 head than eagle3_head (registered with --allow-verifier-mismatch)."""
-    default = {SpecMethod.MTP: mtp_target, SpecMethod.EAGLE3: eagle3_target}.get(method, lambda m: m["target"])
+    default = {SpecMethod.MTP: mtp_target, SpecMethod.EAGLE3: eagle3_target, SpecMethod.DFLASH: eagle3_target,
+               SpecMethod.DSPARK: eagle3_target}.get(method, lambda m: m["target"])
     target = target_ref(target or default(models))
     if method == SpecMethod.MTP:
         # what registration reads of the target's MTP layers (core.heads.mtp_checkpoint.read_mtp)
@@ -125,6 +149,17 @@ def tiny_pair(models: dict[str, Path], method: SpecMethod, max_batch: int | None
         config = SpecConfig(method, K, max_batch_size_for_speculation=max_batch)
         config = dataclasses.replace(config, head=describe_head(config, target, draft,
                                                                 allow_verifier_mismatch=head is not None))
+    elif method in (SpecMethod.DFLASH, SpecMethod.DSPARK):
+        # what registration records of a block head (describe_head), k its draft length (register: k
+        # defaults to it)
+        from specreg.core.heads import read_head
+        from specreg.usecases.register import describe_head
+
+        folder = str(head or block_head(models, method.value))
+        draft = ModelRef(folder, folder, None, fingerprint("f"))
+        k = read_head(folder, method=method.value).block["draft_length"]
+        config = SpecConfig(method, k, max_batch_size_for_speculation=max_batch)
+        config = dataclasses.replace(config, head=describe_head(config, target, draft, allow_verifier_mismatch=False))
     elif method == SpecMethod.DRAFT_MODEL:
         config = SpecConfig(method, K, max_batch_size_for_speculation=max_batch)
         draft = ModelRef(str(models["draft"]), str(models["draft"]), "d1e2f3", fingerprint("b"))
@@ -156,6 +191,8 @@ VLLM_CASES = [
     # no cutoff: vLLM drops the per-batch-size ranges for suffix (the export refuses a cutoff,
     # test_suffix_pair.py; what vLLM does with one is the suffix-with-ranges case below)
     ("vllm-suffix", "vllm", SpecMethod.SUFFIX, None, {}),
+    ("vllm-dflash", "vllm", SpecMethod.DFLASH, None, {}),
+    ("vllm-dspark", "vllm", SpecMethod.DSPARK, None, {}),
 ]
 # a suffix pair's settings, none of them vLLM's defaults: the check reads each back from SpeculativeConfig
 SUFFIX = {"max_tree_depth": 16, "max_cached_requests": 0, "max_spec_factor": 2.0, "min_token_prob": 0.05}
@@ -163,6 +200,8 @@ SGLANG_CASES = [
     ("sglang-draft", "sglang", SpecMethod.DRAFT_MODEL, CUTOFF, {}),
     ("sglang-eagle3", "sglang", SpecMethod.EAGLE3, None, {}),
     ("sglang-mtp", "sglang", SpecMethod.MTP, None, {}),
+    ("sglang-dflash", "sglang", SpecMethod.DFLASH, None, {}),
+    ("sglang-dspark", "sglang", SpecMethod.DSPARK, None, {}),
 ]
 
 

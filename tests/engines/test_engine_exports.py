@@ -15,9 +15,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-from engine_exports import (CUTOFF, HUB_VERIFIER, K, SUFFIX, TRAINED_AUX, VLLM_CASES, eagle3_head, eagle3_head_variant,
-                            eagle3_target, export_argv, export_cases, llama_with_nextn_layers, mtp_target, ok,
-                            tiny_pair)
+from engine_exports import (BLOCK_LAYER_INPUTS, CUTOFF, HUB_VERIFIER, K, SUFFIX, TRAINED_AUX, VLLM_CASES, block_head,
+                            eagle3_head, eagle3_head_variant, eagle3_target, export_argv, export_cases,
+                            llama_with_nextn_layers, mtp_target, ok, tiny_pair)
 from exportcase import BASELINES
 
 from specreg.errors import UsageError
@@ -67,6 +67,12 @@ def vllm_run(tiny_models, tmp_path_factory, engine_runner):
         exported[case[0]] = (argv, files)
     cases.append({"id": "serve-head-folder",
                   "argv": ["vllm", "serve", str(eagle3_head_variant(tiny_models, "hub-verifier"))]})
+    # DSpark runs on vLLM's V2 model runner only (vllm/config/vllm.py:3111-3113); V2 is its default
+    # where Triton is, the GPU the export is for. The engine check runs on a CPU, where vLLM picks V1:
+    # the export built with V2, as the GPU builds it, and with V1, what a CPU vLLM builds.
+    dspark = next(c for c in cases if c["id"] == "vllm-dspark")
+    dspark["env"] = {"VLLM_USE_V2_MODEL_RUNNER": "1"}
+    cases.append({"id": "vllm-dspark-v1-runner", "argv": dspark["argv"], "env": {"VLLM_USE_V2_MODEL_RUNNER": "0"}})
     # SpeculativeConfig refuses method suffix unless arctic_inference imports (has_arctic_inference)
     output = engine_runner("vllm", cases, workdir, arctic=True)
     results = {result["id"]: result for result in output["results"]}
@@ -106,6 +112,9 @@ def test_vllm_builds_its_config_from_the_export(case, vllm_run, tiny_models):
         assert (spec["draft_model_type"], spec["draft_architectures"], spec["draft_n_predict"]) == \
             ("deepseek_mtp", ["DeepSeekMTPModel"], 1)
         assert spec["draft_vocab_size"] == spec["target_vocab_size"]
+    elif case[2] in (SpecMethod.DFLASH, SpecMethod.DSPARK):
+        # the draft ModelConfig built from the exported head directory (test_vllm_reads_the_block_drafter_as_registered)
+        assert Path(spec["draft_model"]) == block_head(tiny_models, case[2].value)
     elif case[2] == SpecMethod.SUFFIX:
         assert "model" not in exported_config and spec["model"] == "suffix"
         assert {name: spec[f"suffix_decoding_{name}"] for name in SUFFIX} == SUFFIX
@@ -242,3 +251,37 @@ def test_our_read_back_is_what_vllm_builds_from_the_same_files(vllm_run, tiny_mo
     assert (v2, v1) == ((default, TRAINED_AUX) if kind == "modelopt" else (TRAINED_AUX, TRAINED_AUX))
     assert set(map(str, ours["vocab_map"])) == {"None"}  # the identity: ...
     assert spec["draft_config_vocab_size"] == spec["target_vocab_size"]  # ... vLLM keeps no d2t for this head
+
+
+@pytest.mark.parametrize("kind", ["dflash", "dspark"])
+def test_vllm_reads_the_block_drafter_as_registered(vllm_run, tiny_models, kind):
+    """A DFlash / DSpark export (engine-native head: DFlashDraftModel, Qwen3DSparkModel) through vLLM
+    0.33.0's create_engine_config and its proposer's readers: the method, k (DFlash: block - 1 after
+    the anchor; DSpark sampling from the anchor: the block), parallel drafting, the masked slots'
+    token, the target layers both model runners feed the head (its target_layer_ids name layer
+    outputs; vLLM adds one, so they equal the layer inputs registration recorded) and, for DFlash,
+    the block attention registration recorded (not causal: bidirectional)."""
+    results, _, _ = vllm_run
+    spec = ok(results[f"vllm-{kind}"])["speculative"]
+    registered = tiny_pair(tiny_models, SpecMethod(kind), None).config
+    block = registered.head["block"]
+    assert (spec["method"], spec["num_speculative_tokens"]) == (kind, registered.num_speculative_tokens) == (kind, K)
+    assert spec["num_speculative_tokens"] == block["draft_length"] == block["block_size"] - (
+        0 if block["sample_from_anchor"] else 1)
+    assert spec["parallel_drafting"] is True
+    assert spec["mask_token_id"] == block["mask_token_id"] == spec["target_vocab_size"] - 1
+    assert spec["eagle3_aux_layers"] == registered.head["fit"]["aux_layer_ids"] == BLOCK_LAYER_INPUTS
+    if kind == "dflash":  # (DSpark never reaches the V1 runner: test_vllm_v1_runner_refuses_dspark)
+        assert spec["eagle3_aux_layers_v1"] == BLOCK_LAYER_INPUTS
+    assert spec["draft_architectures"] == (["DFlashDraftModel"] if kind == "dflash" else ["Qwen3DSparkModel"])
+    if kind == "dflash":
+        assert block["causal"] is None and spec["non_causal"] is True
+
+
+def test_vllm_v1_runner_refuses_dspark(vllm_run):
+    """Why the CPU vLLM cannot serve a DSpark export (validate --engine vllm refuses it): vLLM builds
+    DSpark for its V2 model runner only, and without Triton (a CPU) it picks V1."""
+    results, _, _ = vllm_run
+    assert results["vllm-dspark-v1-runner"].get("error", "").startswith(
+        "ValidationError: 1 validation error for VllmConfig | Value error, Model Runner V1 does not support: "
+        "dspark speculative decoding"), results["vllm-dspark-v1-runner"]

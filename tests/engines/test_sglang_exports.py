@@ -9,11 +9,13 @@ session fixture below); see engine_env.py for the download cache.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
-from engine_exports import (K, SGLANG_CASES, TRAINED_AUX, eagle3_head, eagle3_head_variant, eagle3_target,
-                            export_argv, export_cases, mtp_target, ok)
+from engine_exports import (BLOCK_LAYER_INPUTS, BLOCK_LAYER_OUTPUTS, K, SGLANG_CASES, TRAINED_AUX, block_head,
+                            eagle3_head, eagle3_head_variant, eagle3_target, export_argv, export_cases, mtp_target,
+                            ok)
 
 from specreg.registry.deploy.exports import templates_dir
 from specreg.registry.store.entities import SpecMethod
@@ -29,6 +31,22 @@ def sglang_run(tiny_models, tmp_path_factory, engine_runner):
     old = list(next(c for c in cases if c["id"] == "sglang-eagle3")["argv"])
     old[old.index("--speculative-draft-model-path") + 1] = str(eagle3_head(tiny_models))
     cases.append({"id": "speculators-head", "argv": old})
+    # SGLang resolves DFLASH and DSPARK for CUDA, NPU or XPU only (speculative_hook.py:287-301, 667-672):
+    # the block cases resolve for "cuda", the device the export is for; the same launch for the CPU is refused
+    for case in list(cases):
+        if case["id"] in ("sglang-dflash", "sglang-dspark"):
+            cases.append({"id": f"{case['id']}-cpu", "argv": case["argv"]})
+            case["device"] = "cuda"
+    # what the export refuses (test_sglang_refuses_a_dspark_head_that_names_no_markov_head_type), launched by
+    # hand: the DSpark head without markov_head_type, which registration reads as 'vanilla'
+    unnamed = workdir / "dspark-head-unnamed"
+    shutil.copytree(block_head(tiny_models, "dspark"), unnamed)
+    config = json.loads((unnamed / "config.json").read_text())
+    del config["markov_head_type"]
+    (unnamed / "config.json").write_text(json.dumps(config))
+    argv = list(next(c for c in cases if c["id"] == "sglang-dspark")["argv"])
+    argv[argv.index("--speculative-draft-model-path") + 1] = str(unnamed)
+    cases.append({"id": "dspark-no-markov-head-type", "argv": argv, "device": "cuda"})
     # a head in the original layout ModelOpt and SpecForge write: its layer fields at its config's top level
     modelopt = ("sglang-eagle3-modelopt", "sglang", SpecMethod.EAGLE3, None, {})
     argv, files = export_argv(modelopt, tiny_models, workdir, head=eagle3_head_variant(tiny_models, "modelopt"))
@@ -167,3 +185,73 @@ def test_schema_file_is_generated_from_the_engine(sglang_run):
     writes it from the same run)."""
     committed = json.loads((templates_dir() / "engines" / "sglang-0.5.23.json").read_text())
     assert committed == sglang_run[2]["schema"], "run scripts/engine_schemas.py and commit the result"
+
+
+@pytest.mark.parametrize("kind", ["dflash", "dspark"])
+def test_sglang_reads_the_block_drafter_as_registered(sglang_run, tiny_models, kind):
+    """A DFLASH / DSPARK export (engine-native head) through SGLang 0.5.23's whole resolution and its
+    model runner's set-up: one step, top-k 1, the verify window k + 1 (DFlash: the block; DSpark:
+    gamma + 1 with gamma the block it drafts from the anchor), the mask token, and the target layers
+    captured: the head's target_layer_ids (layer outputs) captured at layer id + 1, the layer inputs
+    registration recorded."""
+    from engine_exports import tiny_pair
+
+    from specreg.registry.store.entities import SpecMethod
+
+    results, _, _ = sglang_run
+    result = ok(results[f"sglang-{kind}"])
+    registered = tiny_pair(tiny_models, SpecMethod(kind), None).config
+    block = registered.head["block"]
+    resolved = result["resolved"]
+    assert resolved["speculative_algorithm"] == kind.upper()
+    assert Path(resolved["speculative_draft_model_path"]) == block_head(tiny_models, kind)
+    assert (resolved["speculative_num_steps"], resolved["speculative_eagle_topk"],
+            resolved["speculative_num_draft_tokens"]) == (1, 1, registered.num_speculative_tokens + 1) == (1, 1, K + 1)
+    assert result["block"]["mask_token_id"] == block["mask_token_id"]
+    assert result["dflash_target_layer_ids"] == BLOCK_LAYER_OUTPUTS
+    assert result["layers_to_capture"] == registered.head["fit"]["aux_layer_ids"] == BLOCK_LAYER_INPUTS
+    if kind == "dflash":
+        assert result["block"]["block_size"] == block["block_size"] == resolved["speculative_num_draft_tokens"]
+    else:
+        assert block["sample_from_anchor"] is result["block"]["sample_from_anchor"] is True
+        assert result["block"]["gamma"] == block["draft_length"] == block["block_size"] == K
+        assert result["block"]["verify_num_draft_tokens"] == K + 1
+
+
+@pytest.mark.parametrize("kind", ["dflash", "dspark"])
+def test_our_read_back_of_a_block_drafter_is_what_sglang_resolves(sglang_run, tiny_models, kind):
+    """engines/sglang.py read_back on the block exports: the method and k SGLang resolves (its step
+    count is forced to 1 for a block: k is the verify window less the root), and the lock check passes."""
+    from engine_exports import tiny_pair
+    from exportcase import BASELINES
+
+    from specreg.registry.deploy import read_back as rb
+    from specreg.registry.deploy.engines import sglang
+    from specreg.registry.deploy.exports import plan_export
+    from specreg.registry.store.entities import SpecMethod
+
+    results, exported, _ = sglang_run
+    resolved = ok(results[f"sglang-{kind}"])["resolved"]
+    plan = plan_export(tiny_pair(tiny_models, SpecMethod(kind), None), BASELINES, "sglang", approved=True)
+    read = sglang.read_back(plan, exported[f"sglang-{kind}"][1])
+    ours = {item.field: item.value for item in read}
+    assert ours["method"] == sglang.ALGORITHMS[resolved["speculative_algorithm"]] == kind
+    assert ours["k"] == resolved["speculative_num_draft_tokens"] - 1 == K
+    rb.check(plan, read)
+
+
+@pytest.mark.parametrize("kind, refusal", [
+    ("dflash", "ValueError: DFLASH speculative decoding is not supported by SRTPlatform on device 'cpu'."),
+    ("dspark", "ValueError: DSpark speculative decoding only supports CUDA, NPU or XPU device.")])
+def test_sglang_serves_block_drafters_on_accelerators_only(sglang_run, kind, refusal):
+    """Why the SGLang block exports are checked as SGLang resolves them for CUDA: on a CPU its own
+    resolution refuses them."""
+    results, _, _ = sglang_run
+    assert results[f"sglang-{kind}-cpu"].get("error") == refusal, results[f"sglang-{kind}-cpu"]
+
+
+def test_sglang_refuses_a_dspark_head_without_markov_head_type(sglang_run):
+    """Why the SGLang export refuses a DSpark head whose config names no markov_head_type."""
+    results, _, _ = sglang_run
+    assert results["dspark-no-markov-head-type"].get("error") == (
+        "ValueError: DSpark requires markov_head_type when markov_rank > 0, got None."), results["dspark-no-markov-head-type"]

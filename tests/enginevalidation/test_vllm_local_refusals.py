@@ -87,13 +87,45 @@ def test_mtp_on_a_target_without_mtp_layers_vllm_builds_is_refused(registry, tin
         registry.validate_engine("mtp@1", engine="vllm", golden="smoke")
 
 
+def test_a_dspark_pair_is_refused_with_the_line_that_keeps_it_off_the_cpu_build(registry, folders, tmp_path):
+    """vLLM serves DSpark on its V2 model runner only; the CPU build has no Triton and runs V1
+    (tests/engines/test_engine_exports.py runs vLLM 0.33's own refusal). A DFlash pair passes (V1 has
+    its proposer, the CPU attention backend is non-causal capable)."""
+    from headfiles import write_block_drafter
+
+    from specreg.errors import UsageError
+    from specreg.registry.store.entities import SpecMethod
+    from specreg.usecases.validate_engine import local_vllm_argv
+
+    heads = tmp_path / "models"
+    write_block_drafter(heads / "dspark", kind="dspark", layout="native", layer_ids=[1, 3])
+    write_block_drafter(heads / "dflash", kind="dflash", layout="native", layer_ids=[1, 3])
+    registry.register("spark", target=str(folders["target"]), draft=str(heads / "dspark"), method="dspark",
+                      allow_verifier_mismatch=True)
+    registry.register("flash", target=str(folders["target"]), draft=str(heads / "dflash"), method="dflash",
+                      allow_verifier_mismatch=True)
+    with pytest.raises(UsageError) as caught:
+        registry.validate_engine("spark@1", engine="vllm", golden="smoke")
+    assert str(caught.value) == (
+        "validate --engine vllm: spark@1 cannot run on vLLM for the CPU: vLLM builds DSpark for its V2 model runner "
+        "only, and without Triton (this CPU build) it runs V1: \"Model Runner V1 does not support: dspark "
+        "speculative decoding\" (vllm/config/vllm.py:2976-2979, use_v2_model_runner: HAS_TRITON)")
+    flash = registry.get("flash@1")
+    assert flash.config.method is SpecMethod.DFLASH
+    argv = local_vllm_argv(registry, flash)
+    assert json.loads(argv[argv.index("--speculative-config") + 1])["method"] == "dflash"
+
+
 def test_a_target_with_deepseek_sparse_attention_is_one_the_cpu_build_cannot_run(tmp_path):
     from specreg.registry.deploy.engines.vllm_server import cpu_refusal
+    from specreg.registry.store.entities import SpecMethod
 
-    plain = write_target(tmp_path / "llama")
-    assert cpu_refusal(SimpleNamespace(target=SimpleNamespace(path=str(plain)))) is None
-    sparse = write_target(tmp_path / "v32", config_extra={"model_type": "deepseek_v32", "index_topk": 2048})
-    why = cpu_refusal(SimpleNamespace(target=SimpleNamespace(path=str(sparse))))
+    def pair(target):
+        return SimpleNamespace(target=SimpleNamespace(path=str(target)), config=SimpleNamespace(method=SpecMethod.MTP))
+
+    assert cpu_refusal(pair(write_target(tmp_path / "llama"))) is None
+    why = cpu_refusal(pair(write_target(tmp_path / "v32", config_extra={"model_type": "deepseek_v32",
+                                                                        "index_topk": 2048})))
     assert why.startswith("the target 'deepseek_v32' has DeepSeek sparse attention")
     assert "vllm/platforms/cpu.py:149-150" in why and "Sparse Attention is not supported on CPU." in why
 

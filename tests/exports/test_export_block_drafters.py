@@ -23,11 +23,12 @@ from specreg.registry.deploy.exports import engine_schema, render_export
 from specreg.registry.store.entities import SpecConfig, SpecMethod
 
 
-def block_pair(tmp_path, kind: str, layout: str):
+def block_pair(tmp_path, kind: str, layout: str, config_extra: dict | None = None, tensor_extra: dict | None = None):
     """An approved pair over a real target and head directory, its head bound as register binds it."""
     target = write_target(tmp_path / "target")
     head_dir = write_block_drafter(tmp_path / "head", kind=kind, layout=layout,
-                                   layer_ids=[2, 4] if layout == "speculators" else [1, 3], verifier=str(target))
+                                   layer_ids=[2, 4] if layout == "speculators" else [1, 3], verifier=str(target),
+                                   config_extra=config_extra, tensor_extra=tensor_extra)
     head = read_head(head_dir, method=kind)
     fit = check_head_fits(head, target)
     description = {**{k: v for k, v in head.to_dict().items() if k != "path"},
@@ -58,6 +59,54 @@ def test_sglang_serves_the_native_layout_with_its_block_as_the_window(tmp_path):
     assert flag["--speculative-draft-model-path"] == str(tmp_path / "head")
     assert (flag["--speculative-algorithm"], flag["--speculative-num-steps"], flag["--speculative-eagle-topk"],
             flag["--speculative-num-draft-tokens"]) == ("DFLASH", "1", "1", "4")
+
+
+@pytest.mark.parametrize("fmt, kind", [("vllm", "dflash"), ("vllm", "dspark"), ("sglang", "dflash"),
+                                       ("sglang", "dspark")])
+def test_the_written_files_read_back_as_registered(tmp_path, fmt, kind):
+    """What the export checks before the lock binds it (read_back.check): SGLang's DFLASH / DSPARK
+    read as the registered method, k as the verify window less the root (SGLang forces one step for a
+    block, so --speculative-num-steps 1 is no draft length)."""
+    from specreg.registry.deploy import read_back as rb
+    from specreg.registry.deploy.engines import sglang, vllm
+    from specreg.registry.deploy.exports import plan_export
+
+    pair = block_pair(tmp_path, kind, "native", config_extra={"markov_head_type": "vanilla"} if kind == "dspark" else None)
+    files = dict(render_export(pair, BASELINES, fmt, approved=True))
+    plan = plan_export(pair, BASELINES, fmt, approved=True)
+    read = {"vllm": vllm, "sglang": sglang}[fmt].read_back(plan, files)
+    assert {(item.field, item.value) for item in read if item.field in ("method", "k")} == \
+        {("method", kind), ("k", pair.config.num_speculative_tokens)}
+    rb.check(plan, read)
+
+
+@pytest.mark.parametrize("kind", ["dflash", "dspark"])
+def test_vllm_refuses_a_head_with_d2t_over_the_targets_whole_vocabulary(tmp_path, kind):
+    """vLLM 0.33's DFlash and DSpark models build draft_id_to_target_id only for a smaller draft
+    vocabulary, and their loaders rename d2t to it: with the whole vocabulary the load raises (the
+    CPU vLLM died so on a head that carried one: "There is no module or parameter named
+    'draft_id_to_target_id' in DFlashQwen3ForCausalLM")."""
+    import numpy as np
+
+    pair = block_pair(tmp_path, kind, "speculators", tensor_extra={"d2t": np.zeros(40, np.int64)})
+    assert pair.config.head["has_vocab_map"] is True
+    with pytest.raises(UsageError) as caught:
+        render_export(pair, BASELINES, "vllm", approved=True)
+    assert "the head carries a d2t tensor while its draft vocabulary is the target's (40 ids)" in str(caught.value)
+    assert "qwen3_dflash.py:769-775" in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_sglang_refuses_a_dspark_head_that_names_no_markov_head_type(tmp_path):
+    """Registration (as vLLM) reads a missing markov_head_type as 'vanilla'; SGLang's DSpark parser
+    raises without one (tests/engines/test_sglang_exports.py runs it), so the export refuses it."""
+    pair = block_pair(tmp_path, "dspark", "native")
+    assert pair.config.head["block"]["markov_head_type"] == "vanilla"
+    with pytest.raises(UsageError) as caught:
+        render_export(pair, BASELINES, "sglang", approved=True)
+    assert "the head's config names no markov_head_type" in str(caught.value)
+    assert "dspark_config.py:253-268" in str(caught.value) and "\n" not in str(caught.value)
+    named = block_pair(tmp_path / "named", "dspark", "native", config_extra={"markov_head_type": "vanilla"})
+    assert dict(render_export(named, BASELINES, "sglang", approved=True))["sglang-launch.sh"]
 
 
 REFUSED = {

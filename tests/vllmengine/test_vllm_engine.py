@@ -95,6 +95,37 @@ def test_the_lines_the_cpu_refusal_and_the_start_cite_are_the_installed_builds(i
     assert 'self.is_v32 = hasattr(config, "index_topk")' in lines("model_executor/models/deepseek_v2.py", 1138, 1138)
     assert 'importlib.metadata.version("vllm")' in lines("entrypoints/cli/main.py", 99, 99)
     assert "speculative decoding is now supported on CPU" in lines("v1/worker/cpu_model_runner.py", 32, 32)
+    dspark = lines("config/vllm.py", 2976, 2979)  # vllm_server.DSPARK_REFUSAL
+    assert "DSpark is implemented only by the V2 GPU model runner." in dspark
+    assert 'unsupported.append("dspark speculative decoding")' in dspark
+
+
+def test_dflash_pair_in_vllm_parity_tokens_and_counts(demo, golden, tmp_path):
+    """The demo DFlash head (builders/demo_dflash.py, cached beside the demo pair) served by the CPU
+    build from its vllm export: V1's DFlash proposer, the non-causal CPU attention backend."""
+    from clirun import run_specreg
+
+    from specreg.api import Registry
+    from specreg.builders.demo_dflash import build_demo_dflash
+
+    head = build_demo_dflash(demo["target"].parent / "dflash", demo["target"])
+    db_url = f"sqlite:///{tmp_path / 'registry.db'}"
+    registry = Registry(db_url, user="alice")
+    registry.install_vllm()
+    ref = registry.register("flash", target=str(demo["target"]), draft=str(head), method="dflash").version.label
+    done = run_specreg(["validate", ref, "--engine", "vllm", "--golden", str(golden), "--concurrency", "1",
+                        "--db", db_url, "--json"])
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert vllm_processes() == []
+    report = json.loads(done.stdout)["report"]
+    assert report["speculative_config"]["method"] == "dflash" and report["speculative_config"]["num_speculative_tokens"] == K
+    checks = {check["name"]: check for check in report["checks"]}
+    assert report["engine_matches_runtime_tokens"] == report["prompts"] == len(SUBSET)
+    assert checks["engine_equivalence"]["status"] == "pass", checks["engine_equivalence"]
+    assert checks["engine_parity"]["figures"]["alpha_delta"] <= 0.03, checks["engine_parity"]["summary"]
+    for row in report["per_prompt"]:
+        assert row["draft_steps"] > 0 and row["drafted"] == K * row["draft_steps"], row
+        assert sum(row["accepted_per_position"]) == row["accepted"] <= row["drafted"], row
 
 
 def test_draft_pair_in_vllm_parity_tokens_counts_and_no_server_left(demo, golden, tmp_path):

@@ -178,11 +178,26 @@ def block_refusal(pair_version: PairVersion) -> str | None:
         return ("the head drafts block_size - 1 tokens after a bonus anchor; SGLang 0.5.23's DSPARK drafts gamma = "
                 "block_size from the anchor (sglang/srt/speculative/dspark_components/dspark_config.py:29-31, "
                 "speculative_hook.py:806-822)")
+    if pair_version.config.method is SpecMethod.DSPARK and not names_markov_head_type(head_config(pair_version)):
+        return ("the head's config names no markov_head_type (registration, as vLLM, reads it as 'vanilla'); SGLang "
+                "0.5.23 refuses such a DSpark draft: \"DSpark requires markov_head_type when markov_rank > 0\" "
+                "(sglang/srt/speculative/dspark_components/dspark_config.py:253-268)")
     architecture = pair_version.target.fingerprint.architecture
     if architecture not in PLUS_ONE_CAPTURE:
         return (f"which target states SGLang 0.5.23 captures for a block drafter depends on the target's model class "
                 f"(set_dflash_layers_to_capture); it is checked for {', '.join(PLUS_ONE_CAPTURE)}, not {architecture}")
     return None
+
+
+def names_markov_head_type(config: dict[str, Any]) -> bool:
+    """Whether SGLang's parse_dspark_draft_config finds a markov_head_type, or needs none: the prefixed
+    dspark_* keys, dflash_config / dspark_config, text_config, the top level (dspark_config.py:206-268)."""
+    prefixed = ("dspark_block_size", "dspark_markov_rank", "dspark_noise_token_id", "dspark_target_layer_ids",
+                "dspark_markov_head_type")
+    if any(config.get(key) is not None for key in prefixed):
+        return True
+    places = [config, *(config.get(key) for key in ("dflash_config", "dspark_config", "text_config"))]
+    return any(isinstance(place, dict) and place.get("markov_head_type") is not None for place in places)
 
 
 def head_config(pair_version: PairVersion) -> dict[str, Any]:
@@ -264,7 +279,10 @@ def read_metrics(samples, model_name: str | None, source: str) -> dict[str, Any]
 # ---------------------------------------------------------------------------------------------
 # Read back (registry/deploy/read_back.py): the written files as SGLang 0.5.23 parses them.
 
-ALGORITHMS = {"STANDALONE": "draft_model", "EAGLE3": "eagle3", "NEXTN": "mtp"}
+ALGORITHMS = {"STANDALONE": "draft_model", "EAGLE3": "eagle3", "NEXTN": "mtp", "DFLASH": "dflash", "DSPARK": "dspark"}
+# Algorithms that draft their block in one step: SGLang forces --speculative-num-steps to 1 and reads
+# the draft length from the verify window alone (speculative_hook.py:329-385, 806-839)
+ONE_STEP = {"DFLASH", "DSPARK"}
 
 
 def read_back(export: Export, files: dict[str, Any]) -> list:
@@ -286,9 +304,10 @@ def read_back(export: Export, files: dict[str, Any]) -> list:
     read = [rb.ReadValue("target", flags.get("--model-path"), f"{where} --model-path"),
             rb.ReadValue("target_revision", flags.get("--revision"), f"{where} --revision"),
             rb.ReadValue("method", ALGORITHMS.get(str(algorithm).upper(), algorithm),
-                         f"{where} --speculative-algorithm {algorithm}"),
-            rb.ReadValue("k", rb.as_int(flags.get("--speculative-num-steps"), where),
-                         f"{where} --speculative-num-steps")]
+                         f"{where} --speculative-algorithm {algorithm}")]
+    if str(algorithm).upper() not in ONE_STEP:
+        read.append(rb.ReadValue("k", rb.as_int(flags.get("--speculative-num-steps"), where),
+                                 f"{where} --speculative-num-steps"))
     topk = rb.as_int(flags.get("--speculative-eagle-topk"), where)
     tokens = rb.as_int(flags.get("--speculative-num-draft-tokens"), where)
     if topk == 1 and tokens is not None:  # one chain: the verified root and k drafted tokens

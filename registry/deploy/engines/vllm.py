@@ -63,9 +63,20 @@ SUFFIX_SCHEDULE_REFUSAL = (
     "measure again")
 
 
+BLOCK_D2T_REFUSAL = (
+    "the head carries a d2t tensor while its draft vocabulary is the target's ({vocab} ids): vLLM 0.33 then builds "
+    "no draft_id_to_target_id parameter and its weight loader raises on the d2t it renames to one "
+    "(model_executor/models/qwen3_dflash.py:769-775, 863-864; qwen3_dspark.py:262-268, 322-323); save the head "
+    "without d2t")
+
+
 def refusal(pair_version: PairVersion) -> str | None:
     if pair_version.config.method is SpecMethod.SUFFIX and pair_version.config.max_batch_size_for_speculation:
         return SUFFIX_CUTOFF_REFUSAL
+    head = pair_version.config.head or {}
+    if (pair_version.config.method in (SpecMethod.DFLASH, SpecMethod.DSPARK) and head.get("has_vocab_map")
+            and head.get("draft_vocab_size") == head.get("target_vocab_size")):
+        return BLOCK_D2T_REFUSAL.format(vocab=head.get("target_vocab_size"))
     if pair_version.config.tree is not None and pair_version.config.method.has_head:
         return TREE_REFUSAL
     return mtp_refusal(pair_version)

@@ -210,9 +210,19 @@ SPARSE_ATTENTION_REFUSAL = (
     "\"Sparse Attention is not supported on CPU.\" (vllm/platforms/cpu.py:149-150 get_attn_backend_cls)")
 
 
+DSPARK_REFUSAL = (
+    "vLLM builds DSpark for its V2 model runner only, and without Triton (this CPU build) it runs V1: "
+    "\"Model Runner V1 does not support: dspark speculative decoding\" (vllm/config/vllm.py:2976-2979, "
+    "use_v2_model_runner: HAS_TRITON)")
+
+
 def cpu_refusal(pair_version) -> str | None:
     """Why vLLM for the CPU cannot serve ``pair_version`` as its vllm export writes it, or None."""
     from specreg.core.fingerprint import read_json_file
+    from specreg.registry.store.entities import SpecMethod
+
+    if pair_version.config.method is SpecMethod.DSPARK:
+        return DSPARK_REFUSAL
 
     config = read_json_file(Path(pair_version.target.path) / "config.json")
     texts = [config, *(value for value in config.values() if isinstance(value, dict))]

@@ -105,6 +105,12 @@ def check_aux_layers(head: HeadSpec, target: TargetShape) -> tuple[tuple[int, ..
 
 def read_speculators(directory: Path, config_path: Path, config: dict[str, Any]) -> HeadSpec:
     kind = config["speculators_model_type"]
+    if kind == "peagle":
+        raise ModelReferenceError(
+            f"{config_path}: speculators_model_type 'peagle' is P-EAGLE, which vLLM 0.33 serves as eagle3 with "
+            "parallel_drafting (transformers_utils/configs/speculators/base.py:133-134): PeagleLlama/Qwen3ForCausalLM "
+            "drafts all k tokens in one pass from mask_token_id placeholders (speculators/algos.py:53-86); "
+            "specreg's runtime drafts an EAGLE-3 head one token a step and cannot validate it, so it is not registered")
     if kind != "eagle3":
         raise ModelReferenceError(f"{config_path}: speculators_model_type {shown(kind)} is not a head kind "
                                   "specreg registers (eagle3)")
