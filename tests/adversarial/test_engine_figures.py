@@ -116,14 +116,16 @@ def engine_server():
 
 
 @pytest.fixture
-def validated(db_url, tiny_models):
-    """``validated(alpha)``: pair@1 registered by tester with a passed validation of acceptance
-    rate ``alpha`` on the smoke set -> (db_url, ref)."""
+def validated(db_url, models):
+    """``validated(alpha, draft)``: pair@1 (the target and ``models[draft]``) registered by tester
+    with a passed validation of acceptance rate ``alpha`` on the smoke set -> (db_url, ref).
+    `validate --engine` compares the engine with our runtime's own decode on the engine's schedule,
+    not with the recorded figure: the "self" draft (the target's copy) accepts every draft there."""
     from specreg.api import Registry
 
-    def make(alpha: float = 0.5):
+    def make(alpha: float = 0.5, draft: str = "draft"):
         registry = Registry(db_url)
-        ref = registry.register("pair", target=str(tiny_models["target"]), draft=str(tiny_models["draft"]),
+        ref = registry.register("pair", target=str(models["target"]), draft=str(models[draft]),
                                 num_speculative_tokens=K).version.label
         record_validation(registry, ref, acceptance_rate=alpha, mean_acceptance_length=1 + K * alpha)
         return db_url, ref
@@ -141,7 +143,7 @@ def validate_engine(db_url, ref, url, *extra):
 def test_a_lying_server_is_a_failed_baseline_and_never_the_exported_floor(validated, engine_server):
     """alpha 1.0 and tau 1.000004: one accepted of one drafted token per request, in 250000 steps
     with drafts. Parity alone holds (our runtime recorded 1.0); the counts cannot all be true."""
-    db_url, ref = validated(1.0)
+    db_url, ref = validated(1.0, "self")
     liar = engine_server(steps=(250_000, 1, 1, [1, 0, 0]))
     done = validate_engine(db_url, ref, liar.url)
     assert done.returncode == 100, done.stderr
@@ -180,12 +182,13 @@ ACCEPT_POLICY = POLICY_TOML.replace("[environments.production]",
 
 def test_a_baseline_beyond_the_parity_tolerance_counts_only_once_an_approver_accepts_it(
         validated, engine_server, approval_key, tmp_path):
-    """Our runtime recorded alpha 0.8; the engine measures 0.5 (consistent counts). Even with
-    --parity-tolerance 0.9 the baseline is unaccepted: no export, no gate, until bob (enrolled,
-    not the registrant, not who ran it) signs its acceptance. The registrant cannot accept it."""
+    """Our runtime decodes alpha 1.0 (the self draft); the engine measures 0.5 (consistent counts).
+    Even with --parity-tolerance 0.9 the baseline is unaccepted: no export, no gate, until bob
+    (enrolled, not the registrant, not who ran it) signs its acceptance. The registrant cannot
+    accept it."""
     from specreg.api import Registry
 
-    db_url, ref = validated(0.8)
+    db_url, ref = validated(1.0, "self")
     policy = tmp_path / "policy.toml"
     policy.write_text(ACCEPT_POLICY.replace("approval_required = true", "approval_required = false"))
     server = engine_server(steps=(4, 12, 6, [3, 2, 1]))  # alpha 0.5, tau 2.5
@@ -193,14 +196,14 @@ def test_a_baseline_beyond_the_parity_tolerance_counts_only_once_an_approver_acc
     assert done.returncode == 100, done.stderr
     baseline = json.loads(done.stdout)
     assert baseline["status"] == "unaccepted"
-    assert baseline["report"]["acceptance_reason"].startswith("alpha 0.5000 in the engine vs 0.8000 on our runtime")
+    assert baseline["report"]["acceptance_reason"].startswith("alpha 0.5000 in the engine vs 1.0000 on our runtime")
     from policyrecord import record_policy
 
     record_policy(db_url, policy, tmp_path)
     registry = Registry(db_url)
     assert registry.engine_baseline(registry.get(ref), "vllm") is None  # exports and alerts keep ours
     exported = run("export", ref, "--format", "vllm", "--force", "--db", db_url).stdout
-    assert "acceptance_rate=0.8000" in exported and "measured in vllm" not in exported
+    assert "acceptance_rate=1.0000" in exported and "measured in vllm" not in exported
     gate = registry.gate(ref, "production")
     condition = next(c for c in gate.conditions if c.name == "engine_baseline.vllm")
     assert not condition.passed and "is unaccepted" in condition.reason
@@ -233,7 +236,7 @@ def test_a_baseline_beyond_the_parity_tolerance_counts_only_once_an_approver_acc
 
 
 def test_a_failed_baseline_cannot_be_accepted(validated, engine_server, approval_key):
-    db_url, ref = validated(1.0)
+    db_url, ref = validated(1.0, "self")
     liar = engine_server(steps=(250_000, 1, 1, [1, 0, 0]))
     baseline = json.loads(validate_engine(db_url, ref, liar.url).stdout)
     one_line(run("engine-baselines", "accept", ref, str(baseline["id"]), "--key", approval_key(db_url, "bob"),

@@ -12,7 +12,8 @@ from govstate import record_validation, register_versions
 
 from pgroles import as_user
 from specreg.api import Registry
-from specreg.errors import ConcurrentUpdateError, IllegalTransitionError, NotFoundError
+from specreg.errors import ConcurrentUpdateError, NotFoundError
+from specreg.registry.governance.pointer_moves import UNCHANGED
 
 PROCESSES = 8
 ROUNDS = 20
@@ -30,12 +31,12 @@ def contender(db_url: str, policy_path: str, version: int, barrier, results) -> 
             expected = None
         barrier.wait(BARRIER_TIMEOUT_S)  # everyone has read the same holder: now race
         try:
-            registry.promote(f"race@{version}", "staging", expected_holder=expected, reason=f"round {round_index}")
-            outcome = "won"
+            move = registry.promote(f"race@{version}", "staging", expected_holder=expected,
+                                    reason=f"round {round_index}")
+            # this process's version already held staging: a no-op, nothing recorded
+            outcome = "holds" if move.action == UNCHANGED else "won"
         except ConcurrentUpdateError:
             outcome = "conflict"
-        except IllegalTransitionError:
-            outcome = "holds"  # this process's version already held staging
         except Exception as exc:  # noqa: BLE001 - reported to the test, which fails on it
             outcome = f"error {type(exc).__name__}: {exc}"
         results.put((round_index, version, outcome))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -48,7 +49,13 @@ def test_embedded_store_keeps_artifacts_in_specreg_home_and_ui_serves_it(
     cli = [sys.executable, "-m", "specreg.cli", "ui", pair_name, "--port", str(port)]
     server = MlflowServer(tmp_path / "ui", port=port, argv=cli).start()
     try:
-        assert f"MLflow UI: http://127.0.0.1:{port}/#/models/specreg.{pair_name}" in server.log_tail()
+        # `specreg ui` prints the URL once the server answers and its own process holds the port,
+        # which it checks a moment after the server turns healthy
+        url_line = f"MLflow UI: http://127.0.0.1:{port}/#/models/specreg.{pair_name}"
+        deadline = time.monotonic() + 30
+        while url_line not in server.log_tail() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert url_line in server.log_tail()
         name = sync.registered_model_name(pair_name)
         model_version = server.get("model-versions/get", name=name, version=number)["model_version"]
         assert model_version["source"] == f"runs:/{run_id}/pair"

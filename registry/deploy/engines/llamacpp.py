@@ -323,7 +323,7 @@ def converted_files(pair_version: PairVersion, gguf_type: str, log=None, *,
 def read_back(export: Export, files: dict[str, Any]) -> list:
     """What llama-server will run from llama-server.sh's exec line (common/arg.cpp's flags, the last
     one given winning): the target GGUF's folder, and where it drafts, the draft's --spec-type
-    (draft-eagle3: eagle3, draft-simple: draft_model) and --spec-draft-n-max (k). The GGUF files
+    (SPEC_TYPES read backwards; draft-simple: draft_model) and --spec-draft-n-max (k). The GGUF files
     are read back in write_models, before they are copied."""
     from specreg.registry.deploy import read_back as rb
 
@@ -336,7 +336,7 @@ def read_back(export: Export, files: dict[str, Any]) -> list:
                          f"{where} --model")]
     if "--spec-draft-model" not in flags:  # speculation measured off at these slots: nothing drafts
         return read
-    kinds = {"draft-eagle3": "eagle3", "draft-simple": "draft_model"}
+    kinds = {"draft-simple": "draft_model", **{spec_type: method for method, spec_type in SPEC_TYPES.items()}}
     read.append(rb.ReadValue("method", kinds.get(flags.get("--spec-type"), flags.get("--spec-type")),
                              f"{where} --spec-type {flags.get('--spec-type')}"))
     read.append(rb.ReadValue("k", rb.as_int(flags.get("--spec-draft-n-max"), where), f"{where} --spec-draft-n-max"))
