@@ -161,6 +161,6 @@ def test_ctrl_c_stops_llama_server_and_records_nothing(postgres_url, smol_pair, 
     assert process.returncode == 128 + signal.SIGINT, stderr
     assert "engine validation aborted by SIGINT" in stderr and "Traceback" not in stderr
     # progress on stderr (plain lines: not a terminal): the runtime's pass ended before the server started
-    assert "our runtime (greedy, the engine's schedule): 1/1" in stderr, stderr[-2000:]
+    assert "our runtime (greedy, llamacpp's schedule): 1/1" in stderr, stderr[-2000:]
     assert set(llama_servers()) <= before
     assert registry.engine_baselines(ref) == []
