@@ -98,26 +98,34 @@ def start_server(target_gguf: str | Path, draft_gguf: str | Path | None = None, 
         process = subprocess.Popen(argv, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    start_new_session=True, preexec_fn=die_with_parent)
     server = LlamaServer(process=process, port=port, argv=argv, log_path=log_path)
-    try:
-        while True:
-            if process.poll() is not None:
-                raise SpecregError(f"llama-server exited with {process.returncode} before serving: "
-                                   f"{log_tail(log_path)}")
-            try:
-                with urllib.request.urlopen(server.url + "/health", timeout=5) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() - started > timeout:
-                raise SpecregError(f"llama-server did not become healthy in {timeout:.0f} s: {log_tail(log_path)}")
-            time.sleep(0.25)
-    except BaseException:  # not healthy, or Ctrl-C / SIGTERM while waiting: never leave it running
-        server.stop()
-        raise
+    wait_healthy(server, "llama-server", started, timeout, poll_s=0.25)
     server.started_s = round(time.monotonic() - started, 2)
     server.info = {"program": str(program), "sha256": digest, **llamacpp_build.source_info()}
     return server
+
+
+def wait_healthy(server, what: str, started: float, timeout: float, poll_s: float) -> None:
+    """Wait until ``server`` (a started LlamaServer or VllmServer: .process, .url, .log_path,
+    .stop()) answers /health with 200. SpecregError with the end of its log when it exits first or
+    is not healthy ``timeout`` s after ``started``; the server is stopped then, and on Ctrl-C or
+    SIGTERM while waiting: never left running."""
+    try:
+        while True:
+            if server.process.poll() is not None:
+                raise SpecregError(f"{what} exited with {server.process.returncode} before serving: "
+                                   f"{log_tail(server.log_path)}")
+            try:
+                with urllib.request.urlopen(server.url + "/health", timeout=5) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            if time.monotonic() - started > timeout:
+                raise SpecregError(f"{what} did not become healthy in {timeout:.0f} s: {log_tail(server.log_path)}")
+            time.sleep(poll_s)
+    except BaseException:
+        server.stop()
+        raise
 
 
 def die_with_parent() -> None:

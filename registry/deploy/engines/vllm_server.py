@@ -38,7 +38,7 @@ from typing import Any
 
 from specreg.errors import SpecregError
 from specreg.registry.deploy.engines import vllm_install
-from specreg.registry.deploy.engines.llamacpp_server import die_with_parent, free_port, log_tail
+from specreg.registry.deploy.engines.llamacpp_server import die_with_parent, free_port, wait_healthy
 
 API_SERVER = "vllm.entrypoints.openai.api_server"
 KV_CACHE_GIB = 1
@@ -164,22 +164,7 @@ def start(export_argv: list[str], *, records, speculative: bool = True, dtype: s
                                    cwd=scratch, start_new_session=True, preexec_fn=die_with_parent)
     server = VllmServer(process=process, port=port, argv=argv, log_path=log_path, scratch=scratch,
                         served_name=served_name(export_argv))
-    try:
-        while True:
-            if process.poll() is not None:
-                raise SpecregError(f"vLLM exited with {process.returncode} before serving: {log_tail(log_path)}")
-            try:
-                with urllib.request.urlopen(server.url + "/health", timeout=5) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() - started > timeout:
-                raise SpecregError(f"vLLM did not become healthy in {timeout:.0f} s: {log_tail(log_path)}")
-            time.sleep(0.5)
-    except BaseException:  # not healthy, or Ctrl-C / SIGTERM while waiting: never leave it running
-        server.stop()
-        raise
+    wait_healthy(server, "vLLM", started, timeout, poll_s=0.5)
     server.started_s = round(time.monotonic() - started, 2)
     stamp = vllm_install.installed() or {}
     server.info = {"python": str(python), "tree_sha256": digest, "package": stamp.get("package"),
