@@ -5,7 +5,7 @@ its Q4_0 re-quantization as draft, float32), the demo pair (builders/demo_pair.p
 target's heads (EAGLE-3 chain and tree, MTP, Medusa tree: builders/demo_heads.py, demo_mtp.py,
 demo_medusa.py), greedy decoding of the first --prompts golden prompts, target-only and
 speculative (k drafts, or the demo tree), at
-each batch size: the prompts in batches of B through runtime/decode.generate_batch, tokens/s =
+each batch size: the prompts in batches of B through runtime/generate.generate_batch, tokens/s =
 generated tokens / wall time of the whole pass. Every generation runs --max-new-tokens tokens past
 EOS (vLLM's benchmarks' --ignore-eos), so each batch stays full and the ratio measures batching,
 not output lengths. The batch sizes are measured interleaved, round after round, and the medians
@@ -82,7 +82,8 @@ def head_pair(method, tree, demo_dir, target):
 
 def one_pass(pair, prompts, config, batch_size, speculate):
     """Every prompt, batch_size at once -> (token ids per prompt, tokens/s over the pass)."""
-    from specreg.runtime.decode import generate_batch, synchronize
+    from specreg.runtime.clock import synchronize
+    from specreg.runtime.generate import generate_batch
 
     synchronize(pair.device)
     start = time.perf_counter()
@@ -117,7 +118,7 @@ def main() -> None:
     import torch
 
     from specreg.golden_prompts.loader import load_golden_set
-    from specreg.runtime.decode import DecodeConfig
+    from specreg.runtime.decode_config import DecodeConfig
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -172,7 +173,7 @@ def main() -> None:
 def validate_pass(pairs, args, batch_size) -> None:
     """Seconds of validate's decode pass over the golden set at batch 1 and at batch_size."""
     from specreg.golden_prompts.loader import load_golden_set
-    from specreg.runtime.decode import DecodeConfig
+    from specreg.runtime.decode_config import DecodeConfig
     from specreg.validators.equivalence import decode_golden
 
     golden = load_golden_set(args.golden_set)

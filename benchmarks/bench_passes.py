@@ -1,5 +1,5 @@
 """validate's speedup under a changing load: its two batched passes timed one after the other
-against side by side (runtime/decode.generate_interleaved), run by hand.
+against side by side (runtime/generate.generate_interleaved), run by hand.
 
 validate's speedup is the speculative pass's throughput over the target-only pass's, each over
 the golden prompts at batch 16. For a demo pair (.demo/pair from `make demo`: the draft model or
@@ -56,7 +56,8 @@ def main() -> None:
 
     limit_threads()
     from specreg.golden_prompts.loader import load_golden_set
-    from specreg.runtime.decode import DecodeConfig, Pass, generate_interleaved
+    from specreg.runtime.decode_config import DecodeConfig
+    from specreg.runtime.generate import Pass, generate_interleaved
     from specreg.runtime.methods import load_pair
     from specreg.validators.equivalence import decode_config, encode_records
 

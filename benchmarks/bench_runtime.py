@@ -78,7 +78,8 @@ def main() -> None:
     from specreg.runtime.choose_k import (choose_k, expected_speedup, expected_tokens_per_step,
                                           head_draft_step_cost, measure_cost_ratio, measure_step_time,
                                           median_ratio)
-    from specreg.runtime.decode import DecodeConfig, speculative_generate, target_only_generate
+    from specreg.runtime.decode_config import DecodeConfig
+    from specreg.runtime.generate import speculative_generate, target_only_generate
     from specreg.cli.progress import Progress
     from specreg.builders.demo_pair import build_demo_pair
     from specreg.runtime.metrics import aggregate

@@ -47,7 +47,8 @@ def main() -> None:
 
     from specreg.golden_prompts.loader import load_golden_set
     from specreg.runtime.choose_k import measure_step_time, measure_tree_step_time, median_ratio
-    from specreg.runtime.decode import DecodeConfig, speculative_generate, target_only_generate
+    from specreg.runtime.decode_config import DecodeConfig
+    from specreg.runtime.generate import speculative_generate, target_only_generate
     from specreg.builders.demo_heads import build_demo_head
     from specreg.builders.demo_medusa import build_demo_medusa
     from specreg.cli.progress import Progress

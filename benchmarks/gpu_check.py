@@ -45,7 +45,7 @@ def main() -> int:
     from specreg.builders.demo_pair import build_demo_pair
     from specreg.runtime.metrics import aggregate
     from specreg.runtime.methods import load_pair
-    from specreg.runtime.decode import DecodeConfig
+    from specreg.runtime.decode_config import DecodeConfig
     from specreg.validators.distribution import check_distribution
     from specreg.validators.equivalence import check_equivalence, decode_golden
     from specreg.validators.suite import default_near_tie_tolerance

@@ -25,7 +25,8 @@ def main() -> None:
     from specreg.builders.demo_medusa import DEMO_TREE, build_demo_medusa
     from specreg.cli.progress import Progress
     from specreg.builders.demo_pair import build_demo_pair
-    from specreg.runtime.decode import DecodeConfig, speculative_generate
+    from specreg.runtime.decode_config import DecodeConfig
+    from specreg.runtime.generate import speculative_generate
     from specreg.runtime.metrics import aggregate
     from specreg.runtime.methods import load_pair
     from specreg.runtime.tree import chain_tree, parse_tree

@@ -152,7 +152,8 @@ def stored_features(target, sequences: list[list[int]], aux_layer_ids, window: i
 def smoke_acceptance(target, tokenizer, head, eval_records, k: int = K) -> dict:
     """Greedy acceptance of the head on eval_records (golden records: the smoke set), our runtime on
     the engines' schedule."""
-    from specreg.runtime.decode import DecodeConfig, speculative_generate
+    from specreg.runtime.decode_config import DecodeConfig
+    from specreg.runtime.generate import speculative_generate
     from specreg.runtime.pair import ModelPair
 
     pair = ModelPair(target=target, tokenizer=tokenizer, draft=head,

@@ -81,7 +81,7 @@ def measure_tree_step_time(model, prompt_ids, tree, steps: int = 16, repeats: in
     import torch
     from transformers import DynamicCache
 
-    from specreg.runtime.decode import synchronize
+    from specreg.runtime.clock import synchronize
     from specreg.runtime.forward import forward_logits
     from specreg.runtime.tree import compact_cache, tree_forward
 
@@ -119,7 +119,7 @@ def step_timer(model, prompt_ids, width: int = 1):
     import torch
     from transformers import DynamicCache
 
-    from specreg.runtime.decode import synchronize
+    from specreg.runtime.clock import synchronize
     from specreg.runtime.forward import forward_logits
 
     device = next(model.parameters()).device

@@ -212,7 +212,8 @@ def runtime_pass(pair, prompts, version: PairVersion, progress: Progress | None 
     concurrency 1. What validate recorded (reused_rows) makes the llama.cpp pass unnecessary."""
     import dataclasses
 
-    from specreg.runtime.decode import DecodeConfig, generate_batch
+    from specreg.runtime.decode_config import DecodeConfig
+    from specreg.runtime.generate import generate_batch
     from specreg.runtime.methods import drafting_method
     from specreg.runtime.metrics import stop_draft_counts
     from specreg.validators.equivalence import decode_config

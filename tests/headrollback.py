@@ -8,7 +8,8 @@ import torch
 from transformers import DynamicCache
 
 from specreg.runtime import acceptance_rule
-from specreg.runtime.decode import DecodeConfig, speculative_generate, target_only_generate
+from specreg.runtime.decode_config import DecodeConfig
+from specreg.runtime.generate import speculative_generate, target_only_generate
 from specreg.runtime.head_drafter import HeadDrafter
 from specreg.runtime.methods.base import DraftRequest
 from specreg.runtime.forward import forward_logits

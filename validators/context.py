@@ -89,7 +89,7 @@ class CheckContext:
     def settings(self):
         """The pair's runtime DecodeConfig (DecodeConfig.from_spec): method, k, prompt lookup and the
         candidate tree, parsed once for every check."""
-        from specreg.runtime.decode import DecodeConfig
+        from specreg.runtime.decode_config import DecodeConfig
 
         return DecodeConfig.from_spec(self.config)
 

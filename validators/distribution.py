@@ -111,7 +111,7 @@ def drafter_proposal(pair, method: str, token_ids: list[int], record, tree=None)
     import torch
     from transformers import DynamicCache
 
-    from specreg.runtime.decode import DecodeConfig
+    from specreg.runtime.decode_config import DecodeConfig
     from specreg.runtime.forward import forward_logits
     from specreg.runtime.methods import drafting_method
     from specreg.runtime.methods.base import DraftRequest

@@ -105,12 +105,12 @@ def decode_golden(pair, golden, settings, *, seed: int = 0,
     a sampled one also speculative with its own sampling. The first prompts (a tenth, 1 to
     LATENCY_PROMPTS; all at batch_size 1) decode greedy one at a time, target-only then
     speculative (GoldenDecodes.single: the latency one request sees); the others in two batched
-    passes of at most batch_size rows side by side (runtime/decode.generate_interleaved: their
+    passes of at most batch_size rows side by side (runtime/generate.generate_interleaved: their
     throughputs make the speedup), target-only and speculative, the sampled records' rows in the
     speculative one too, each row decoding as it would alone (runtime/decode.decode_rows).
     progress(done, total, record_id) as a record's decode ends. Records the target's tokenizer
     cannot encode are skipped and listed (the chat_template check says why)."""
-    from specreg.runtime.decode import Pass, generate_interleaved
+    from specreg.runtime.generate import Pass, generate_interleaved
     from specreg.runtime.process import other_work_since, read_cpus
 
     hooks = hooks or {}
@@ -180,7 +180,7 @@ def warm_up(pair, item: tuple, settings, *, seed: int, hooks: dict) -> None:
     """A few tokens of both decodes (one drafting step) after the start of one record's prompt,
     untimed: first calls pay one-off allocation and kernel selection, which must stay out of the
     timings; a whole prompt's prefill would add nothing to that."""
-    from specreg.runtime.decode import generate_batch
+    from specreg.runtime.generate import generate_batch
 
     record, ids = item
     config = decode_config(record, settings, greedy=True, seed=seed)

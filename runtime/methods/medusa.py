@@ -17,7 +17,7 @@ What we followed:
   base lm_head instead). specreg.core.heads reads exactly that layout (and a `medusa_head.` prefix).
 
 Use: METHOD.load (load_pair(target, heads, method="medusa")) loads MedusaHeads (load_medusa_heads)
-and decode.stream_generate with DecodeConfig(method="medusa", tree=...) drafts with MedusaDrafter
+and generate.stream_generate with DecodeConfig(method="medusa", tree=...) drafts with MedusaDrafter
 (METHOD.drafter) and verifies each tree in one target forward.
 
 This module imports torch at import time (its classes are nn.Modules): import it lazily.

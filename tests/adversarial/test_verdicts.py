@@ -244,7 +244,7 @@ def test_a_drop_at_the_same_k_still_fails(db_url, models, golden):
 
 def test_recommended_k_stays_within_the_measured_positions(models, golden):
     from specreg.golden_prompts.loader import load_golden_set
-    from specreg.runtime.decode import DecodeConfig
+    from specreg.runtime.decode_config import DecodeConfig
     from specreg.runtime.methods import load_pair
     from specreg.validators import equivalence
     from specreg.validators.performance import check_performance

@@ -27,7 +27,8 @@ KNOWN = {"history": {"0": [(4, 3)] * 5, "1": [(4, 1)] * 2},
 def runtime_steps(models: dict[str, Path]) -> dict[str, StepLog]:
     """Our runtime's steps on the tiny target: drafted by itself (all accepted but where the budget cuts a
     step short) and by n-gram lookup (partly accepted, and missing now and then)."""
-    from specreg.runtime.decode import DecodeConfig, stream_generate
+    from specreg.runtime.decode_config import DecodeConfig
+    from specreg.runtime.generate import stream_generate
     from specreg.runtime.methods import load_pair
 
     logs = {}

@@ -83,7 +83,8 @@ def server(dflash):
 def test_served_head_answers_with_our_runtimes_tokens(dflash, server):
     from specreg.registry.deploy.engines.llamacpp_server import serve_export
     from specreg.registry.store.engine_artifacts import ArtifactRecords
-    from specreg.runtime.decode import DecodeConfig, speculative_generate
+    from specreg.runtime.decode_config import DecodeConfig
+    from specreg.runtime.generate import speculative_generate
 
     out = dflash.root / "export-served"
     dflash.registry.export("flash@1", "llamacpp", out_dir=str(out), force=True, overwrite=True)

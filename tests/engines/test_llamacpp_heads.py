@@ -33,7 +33,8 @@ records:
 
 
 def runtime_acceptance(pair, prompts, aux_layer_ids) -> float:
-    from specreg.runtime.decode import DecodeConfig, speculative_generate
+    from specreg.runtime.decode_config import DecodeConfig
+    from specreg.runtime.generate import speculative_generate
 
     saved, pair.draft.aux_layer_ids = pair.draft.aux_layer_ids, tuple(aux_layer_ids)
     try:

@@ -72,7 +72,7 @@ def vllm_proposals(engine_runner, tmp_path_factory):
 
 def ours(tokens: list[int], low: int, high: int, k: int, max_model_len: int) -> list[int]:
     """NgramDrafter.propose as the decode loop asks it (a DraftRequest); vLLM's cap of k at
-    max_model_len is the caller's cap at the token budget in our runtime (decode.draft), applied
+    max_model_len is the caller's cap at the token budget in our runtime (step.draft), applied
     here the same way."""
     import torch
 

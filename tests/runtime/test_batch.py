@@ -1,4 +1,4 @@
-"""Many prompts decoded at once (decode.generate_batch) give each prompt exactly what decoding it
+"""Many prompts decoded at once (generate.generate_batch) give each prompt exactly what decoding it
 alone gives: the same token ids and the same acceptance counts, for every method, chains and
 trees, greedy and sampled (each row its own seed), with rows of different lengths that end early
 (budget or EOS) and drafts rejected outright."""
@@ -10,7 +10,8 @@ import dataclasses
 import pytest
 import torch
 
-from specreg.runtime.decode import DecodeConfig, generate_batch, speculative_generate, target_only_generate
+from specreg.runtime.decode_config import DecodeConfig
+from specreg.runtime.generate import generate_batch, speculative_generate, target_only_generate
 from specreg.runtime.methods.medusa import new_medusa_heads
 from specreg.runtime.pair import ModelPair, make_pair
 

@@ -14,8 +14,9 @@ from transformers import DynamicCache
 
 from specreg.errors import RuntimeConfigError
 from specreg.runtime import acceptance_rule
-from specreg.runtime.decode import DecodeConfig, speculative_generate, target_only_generate
+from specreg.runtime.decode_config import DecodeConfig
 from specreg.runtime.forward import forward_logits
+from specreg.runtime.generate import speculative_generate, target_only_generate
 from specreg.runtime.methods import load_pair
 from specreg.runtime.methods.dflash import new_block_head, save_block_head
 from specreg.runtime.pair import ModelPair

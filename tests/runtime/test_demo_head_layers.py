@@ -26,7 +26,8 @@ def demo_head_pair():
 def smoke_acceptance(pair, aux_layer_ids) -> float:
     """Greedy acceptance on the smoke set at k 4 on the engines' schedule, the head reading aux_layer_ids."""
     from specreg.golden_prompts.loader import load_golden_set
-    from specreg.runtime.decode import DecodeConfig, speculative_generate
+    from specreg.runtime.decode_config import DecodeConfig
+    from specreg.runtime.generate import speculative_generate
 
     saved, pair.draft.aux_layer_ids = pair.draft.aux_layer_ids, tuple(aux_layer_ids)
     try:

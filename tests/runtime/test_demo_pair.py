@@ -21,7 +21,8 @@ def test_build_then_reuse_the_cache(small_demo_dir, shrunk_demo):
     # the real shapes and step counts take minutes; the same code path with a tiny budget, built
     # once per session (small_demo_dir)
     target_dir, draft_dir = demo_pair.build_demo_pair(small_demo_dir)
-    from specreg.runtime.decode import DecodeConfig, speculative_generate
+    from specreg.runtime.decode_config import DecodeConfig
+    from specreg.runtime.generate import speculative_generate
     from specreg.runtime.methods import load_pair
 
     pair = load_pair(target_dir, draft_dir)

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from specreg.errors import RuntimeConfigError, SpecregError
-from specreg.runtime.decode import DecodeConfig, speculative_generate, target_only_generate
+from specreg.runtime.decode_config import DecodeConfig
 from specreg.runtime.forward import forward_logits
+from specreg.runtime.generate import speculative_generate, target_only_generate
 from specreg.runtime.methods import load_pair
 from specreg.runtime.pair import ModelPair
 

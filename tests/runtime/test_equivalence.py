@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from specreg.runtime.decode import DecodeConfig, speculative_generate, stream_generate, target_only_generate
+from specreg.runtime.decode_config import DecodeConfig
+from specreg.runtime.generate import speculative_generate, stream_generate, target_only_generate
 from specreg.runtime.pair import make_pair
 
 from helpers import hf_greedy  # tests/ is on sys.path (tests/conftest.py)

@@ -1,4 +1,4 @@
-"""Decode passes side by side (decode.generate_interleaved, validate's target-only and speculative
+"""Decode passes side by side (generate.generate_interleaved, validate's target-only and speculative
 batched passes): each pass gives exactly what it gives alone, for every method; the passes take
 turns; and a pass's times count only its own work, never what its reader or the other pass did
 between its tokens."""
@@ -11,7 +11,8 @@ import time
 import pytest
 import torch
 
-from specreg.runtime.decode import DecodeConfig, Pass, generate_batch, generate_interleaved, stream_generate
+from specreg.runtime.decode_config import DecodeConfig
+from specreg.runtime.generate import Pass, generate_batch, generate_interleaved, stream_generate
 from specreg.runtime.metrics import GenerationMetrics
 
 from .test_batch import COUNTS, pairs_under_test, row_configs

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from specreg.errors import RuntimeConfigError
-from specreg.runtime.decode import DecodeConfig, speculative_generate, target_only_generate
+from specreg.runtime.decode_config import DecodeConfig
+from specreg.runtime.generate import speculative_generate, target_only_generate
 from specreg.runtime.methods.medusa import build_medusa_heads, load_medusa_heads, new_medusa_heads
 from specreg.runtime.pair import ModelPair, make_pair
 

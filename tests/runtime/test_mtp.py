@@ -14,8 +14,9 @@ import torch
 from transformers import DynamicCache
 
 from specreg.errors import ModelReferenceError, RuntimeConfigError
-from specreg.runtime.decode import DecodeConfig, speculative_generate, target_only_generate
+from specreg.runtime.decode_config import DecodeConfig
 from specreg.runtime.forward import forward_logits
+from specreg.runtime.generate import speculative_generate, target_only_generate
 from specreg.runtime.methods import load_pair
 
 from headrollback import assert_drafts_equal_a_fresh_drafter  # tests/ is on sys.path (tests/conftest.py)

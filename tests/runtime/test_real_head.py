@@ -49,7 +49,8 @@ def test_the_head_is_saved_in_the_speculators_format_with_its_recipe_and_figures
 
 
 def test_the_head_drafts_for_its_target_and_greedy_output_is_the_targets(built):
-    from specreg.runtime.decode import DecodeConfig, speculative_generate, target_only_generate
+    from specreg.runtime.decode_config import DecodeConfig
+    from specreg.runtime.generate import speculative_generate, target_only_generate
     from specreg.runtime.methods import load_pair
 
     root, head, _ = built

@@ -9,7 +9,8 @@ import pytest
 from specreg.errors import RuntimeConfigError
 from specreg.runtime.choose_k import (choose_k, choose_tree_depth, expected_speedup, expected_tokens_per_step,
                                       head_draft_step_cost, measure_cost_ratio, median_ratio)
-from specreg.runtime.decode import DecodeConfig, speculative_generate, stream_generate, target_only_generate
+from specreg.runtime.decode_config import DecodeConfig
+from specreg.runtime.generate import speculative_generate, stream_generate, target_only_generate
 from specreg.runtime.metrics import GenerationMetrics, aggregate
 from specreg.runtime.methods import load_pair
 from specreg.runtime.pair import make_pair
@@ -253,7 +254,7 @@ def test_per_position_acceptance_and_rejection_runs():
 def test_ngram_tau_counts_only_steps_with_drafts(target, tokenizer, prompts):
     """An n-gram pair on a prompt that matches only now and then: steps without a match are verified
     (one target forward, one token) but are not draft steps, as vLLM counts num_drafts."""
-    from specreg.runtime.decode import stream_generate
+    from specreg.runtime.generate import stream_generate
 
     metrics = StepLog()
     config = DecodeConfig(method="ngram", k=3, max_new_tokens=40, eos_token_ids=(), prompt_lookup_max=3)

@@ -59,7 +59,8 @@ def test_the_global_tree_holds_the_output_only():
 def test_suffix_decoding_keeps_the_target_output(target, tokenizer, prompts, sampled):
     """Greedy: token for token the target's own decoding; sampled: the same seed and rule as the
     point-mass n-gram drafts. Repetitive prompts make the drafter draft and the target accept."""
-    from specreg.runtime.decode import DecodeConfig, speculative_generate, target_only_generate
+    from specreg.runtime.decode_config import DecodeConfig
+    from specreg.runtime.generate import speculative_generate, target_only_generate
     from specreg.runtime.pair import make_pair
 
     pair = make_pair(target, tokenizer)

@@ -14,7 +14,7 @@ def runtime(models, golden_path):
     """(pair, golden, decodes) of the tiny target + random draft, k = 3."""
     from specreg.golden_prompts.loader import load_golden_set
     from specreg.runtime.methods import load_pair
-    from specreg.runtime.decode import DecodeConfig
+    from specreg.runtime.decode_config import DecodeConfig
     from specreg.validators.equivalence import decode_golden
 
     pair = load_pair(models["target"], models["draft"], device="cpu")
@@ -85,18 +85,19 @@ def test_the_batched_passes_decode_side_by_side(runtime, monkeypatch):
     """The target-only and speculative batched passes go to one generate_interleaved (which
     tests/runtime/test_interleave.py shows takes turns between them), so a load that comes or goes
     during validation slows both; the warm-up and the latency prompts decode alone."""
-    from specreg.runtime import decode
+    from specreg.runtime import generate
+    from specreg.runtime.decode_config import DecodeConfig
     from specreg.validators.equivalence import decode_golden
 
     pair, golden, decodes = runtime
-    calls, real = [], decode.generate_interleaved
+    calls, real = [], generate.generate_interleaved
 
     def spy(pair, passes):
         calls.append([(len(one.prompts), one.speculate) for one in passes])
         return real(pair, passes)
 
-    monkeypatch.setattr(decode, "generate_interleaved", spy)
-    again = decode_golden(pair, golden, decode.DecodeConfig(k=3))
+    monkeypatch.setattr(generate, "generate_interleaved", spy)
+    again = decode_golden(pair, golden, DecodeConfig(k=3))
     batched = len(decodes.batched)
     sampled = sum(1 for record in golden if not record.is_greedy)
     assert calls == [[(1, False)], [(1, True)]] * (1 + len(decodes.single)) + [[(batched, False),
@@ -203,7 +204,7 @@ def test_broken_rule_through_validate_fails_the_pair(registry, models, golden_pa
 def test_broken_greedy_rule_fails_equivalence_with_the_divergence(runtime):
     import torch
 
-    from specreg.runtime.decode import DecodeConfig
+    from specreg.runtime.decode_config import DecodeConfig
     from specreg.validators.equivalence import check_equivalence, decode_golden
 
     def accept_all_drafts(draft_token_ids, target_token_ids):
@@ -243,7 +244,7 @@ def test_a_golden_set_of_one_record_is_judged_without_a_batched_pass(models, tmp
     """One record decodes alone (batch 1): no batched pass ran, so no other-work figure was read;
     the performance check judges the speed all the same and leaves that figure out."""
     from specreg.golden_prompts.loader import load_golden_set
-    from specreg.runtime.decode import DecodeConfig
+    from specreg.runtime.decode_config import DecodeConfig
     from specreg.runtime.methods import load_pair
     from specreg.validators.equivalence import decode_golden
     from specreg.validators.performance import check_performance

@@ -111,7 +111,8 @@ def test_tokens_after_the_targets_vocabulary_follow_the_larger_vocabulary_rule(p
     # them: the same warning as embedding rows beyond the target's, and validation runs
     from tinymodels import build_llama
 
-    from specreg.runtime.decode import DecodeConfig, speculative_generate, target_only_generate
+    from specreg.runtime.decode_config import DecodeConfig
+    from specreg.runtime.generate import speculative_generate, target_only_generate
     from specreg.runtime.methods import load_pair
 
     tokenizer = AutoTokenizer.from_pretrained(pair[1])

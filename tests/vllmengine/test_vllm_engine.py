@@ -231,7 +231,8 @@ def test_a_started_server_counts_in_metrics_and_its_group_is_gone_after_stop(dem
     from specreg.registry.deploy import engine_client
     from specreg.registry.deploy.engines import vllm_server
     from specreg.registry.store.engine_artifacts import ArtifactRecords
-    from specreg.runtime.decode import DecodeConfig, generate_batch
+    from specreg.runtime.decode_config import DecodeConfig
+    from specreg.runtime.generate import generate_batch
     from specreg.runtime.methods import load_pair
     from specreg.usecases.validate_engine import local_vllm_argv
 
