@@ -86,6 +86,8 @@ METHODS: dict[str, MethodDescriptor] = {m.name: m for m in (
                      "target's hidden states", "head", draft_length_from_head=True, demo_builder="demo_dflash"),
     MethodDescriptor("dspark", "a DSpark block drafter: DFlash's block forward, then a Markov head sampled "
                      "left to right", "head", draft_length_from_head=True),
+    MethodDescriptor("peagle", "a P-EAGLE head: an EAGLE-3 head drafting all k tokens in one forward from mask-token "
+                     "placeholders (vLLM's eagle3 with parallel_drafting)", "head"),
     MethodDescriptor("suffix", "suffix decoding: suffix trees of the request's own tokens, no model", "sequence",
                      suffix_settings=True),
 )}
@@ -162,6 +164,8 @@ class HeadFormat:
 
 HEAD_FORMATS: dict[str, HeadFormat] = {f.name: f for f in (
     HeadFormat("eagle3", "eagle3", aux_layers=True, shares_embeddings=True,
+               vocab_size_field="transformer_layer_config.vocab_size", vocab_map_needed=True),
+    HeadFormat("peagle", "peagle", aux_layers=True, shares_embeddings=True,
                vocab_size_field="transformer_layer_config.vocab_size", vocab_map_needed=True),
     HeadFormat("eagle", None, shares_embeddings=True),
     HeadFormat("medusa", "medusa", vocab_size_field="rows of each head's output layer"),
