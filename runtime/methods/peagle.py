@@ -5,18 +5,18 @@ peagle_checkpoint reads them).
 What we followed (vLLM is the released 0.33.0 wheel):
 - v1/spec_decode/llm_base_proposer.py:628-637 (propose): with parallel drafting the first head
   forward is the only one, and its k sampled slots are the drafts.
-- llm_base_proposer.py:816-935 (set_inputs_first_pass) with v1/spec_decode/utils.py:429-575
+- llm_base_proposer.py:816-954 (set_inputs_first_pass) with v1/spec_decode/utils.py:429-575
   (copy_and_expand_eagle_inputs_kernel, shift_input_ids): per request, the tokens verified since
   the last forward shifted by one (token x_{j+1} at position j, with the target's state at j), then
   the target's latest token at the next position with the state of the last verified position,
   then k - 1 slots of the parallel-drafting token at the positions after it (utils.py:500-535),
-  each with the one placeholder state (llm_base_proposer.py:920-931); the drafts are sampled at
+  each with the one placeholder state (llm_base_proposer.py:919-931); the drafts are sampled at
   the latest token's slot and the k - 1 placeholder slots (utils.py:549-575). The attention is
   causal over the head's cache and the new slots.
 - llm_base_proposer.py:355-386 and 1402-1416: the placeholder token is mask_token_id (speculators'
   pard_token) and the placeholder state combine_hidden_states(mask_hidden): the head's
   input_norm / fc_norm, then fc.
-- llm_base_proposer.py:449-480 (_sample_from_logits): each slot drawn on its own from its logits
+- llm_base_proposer.py:449-475 (_sample_from_logits): each slot drawn on its own from its logits
   (the request's temperature repeated over its k slots); greedy, the argmax.
 - the head's KV cache keeps each verified position's entry; a step's placeholder slots sit at the
   positions the next step's verified entries overwrite, and rejected slots are never written
@@ -43,7 +43,7 @@ from specreg.runtime.sampling import draft_token
 class PEagleHead(Eagle3Head):
     """An EAGLE-3 head with P-EAGLE's placeholder: mask_token_id and mask_hidden # [1, 1, A*H_target]
     (the aux states' width, as speculators saves it; vLLM reads any shape of that size,
-    llama_eagle3.py:445). The entry of token x_j sits at position j - 1, as vLLM places it."""
+    llama_eagle3.py:440). The entry of token x_j sits at position j - 1, as vLLM places it."""
 
     position_shift = -1
 

@@ -45,7 +45,7 @@ def test_a_peagle_head_is_read_as_an_eagle3_head_with_its_mask(tmp_path, monkeyp
         read_head(directory, method="eagle3")
     assert head_in_place_of_a_model(directory) == (
         "a speculators 'peagle' head (speculators_model_type; architectures ['PEagleSpeculator'])", "peagle")
-    # vLLM views any shape of mask_hidden's size (llama_eagle3.py:445)
+    # vLLM views any shape of mask_hidden's size (llama_eagle3.py:440)
     assert read_head(write_peagle(tmp_path / "flat", mask_hidden_shape=(1, 3 * HIDDEN))).method == "peagle"
 
 

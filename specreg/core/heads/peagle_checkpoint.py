@@ -17,7 +17,7 @@ c05b95b):
   norm_output not copied, pard_token = config_dict["mask_token_id"] (a KeyError without it);
   base.py:133-134 serves it as method eagle3 with parallel_drafting true.
 - vLLM model_executor/models/llama_eagle3.py:347-353 (qwen3_eagle3.py:326-332) registers
-  mask_hidden as a [1, fc_input_size] buffer and load_weights (llama_eagle3.py:433-455) copies the
+  mask_hidden as a [1, fc_input_size] buffer and load_weights (llama_eagle3.py:420-455) copies the
   file's mask_hidden into it (a tensor of another size fails the copy) and raises without one;
   v1/spec_decode/llm_base_proposer.py:355-386 takes the placeholder token from mask_token_id or
   pard_token and projects mask_hidden with combine_hidden_states (llm_base_proposer.py:1402-1416).
@@ -56,14 +56,14 @@ def read_peagle(spec: HeadSpec, config_path: Path, config: dict[str, Any]) -> He
     if tensor is None:
         raise ModelReferenceError(f"{directory}: no {MASK_HIDDEN} tensor: vLLM 0.33 raises \"mask_hidden not found "
                                   "in weights\" for a parallel-drafting head (model_executor/models/"
-                                  "llama_eagle3.py:449-454)")
+                                  "llama_eagle3.py:450-455)")
     aux_count = len(spec.aux_layer_ids) if spec.aux_layer_ids else 3
     width = aux_count * spec.target_hidden_size
     if prod(tensor.shape) != width:
         raise ModelReferenceError(f"{directory / tensor.file}: tensor {MASK_HIDDEN} has shape {list(tensor.shape)}, "
                                   f"expected {width} values ({aux_count} aux states of width "
                                   f"{spec.target_hidden_size}): vLLM 0.33 copies it into a [1, {width}] buffer "
-                                  "(model_executor/models/llama_eagle3.py:347-353, 445)")
+                                  "(model_executor/models/llama_eagle3.py:347-353, 440)")
     layer = config.get("transformer_layer_config") or {}
     if not layer.get("fc_norm") and any(t.name.startswith("fc_norm.") for t in spec.tensors):
         raise ModelReferenceError(f"{config_path}: the head carries fc_norm.* weights, but vLLM 0.33 reads no "
