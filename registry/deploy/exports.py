@@ -409,6 +409,7 @@ def header_lines(
     lines.append(
         f"baselines: golden set {baselines.get('golden_set')} (sha256 {baselines.get('golden_sha256')}),"
         f" validated at {baselines.get('validated_at')}"
+        + (f", dtype {baselines['dtype']}" if baselines.get("dtype") else "")
     )
     measured = baselines.get("engine_baseline")
     if measured:  # the engine's own figures (specreg validate --engine), ours kept beside them

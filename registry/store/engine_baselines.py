@@ -131,6 +131,8 @@ def with_engine_baseline(baselines: dict[str, Any] | None, found: EngineBaseline
         merged["runtime"] = {key: baselines.get(key) for key in ("k", "overall", "per_category")}
     merged.update({"k": engine.get("k"), "overall": engine.get("overall"), "per_category": engine.get("per_category"),
                    "golden_set": found.golden_set, "golden_sha256": found.golden_sha256,
+                   # the figures' dtype: the engine served in it (a local vLLM, --dtype) or was compared at it
+                   "dtype": ((found.report or {}).get("options") or {}).get("dtype") or merged.get("dtype"),
                    "engine_baseline": {"id": found.id, "engine": found.engine, "engine_version": found.engine_version,
                                        "engine_build": found.engine_build,
                                        "measured_at": found.created_at.isoformat(timespec="seconds") + "Z",

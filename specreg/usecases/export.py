@@ -69,6 +69,7 @@ def export_baselines(registry, version: PairVersion, fmt: str, options: dict | N
         memory = next((c.figures for c in run.checks if c.name == "memory" and c.figures), None)
         baselines = {**run.baselines, "golden_set": run.golden_set, "golden_sha256": run.golden_sha256,
                      "validated_at": run.finished_at.isoformat(timespec="seconds") + "Z",
+                     "dtype": (run.environment or {}).get("dtype"),
                      **({"memory": memory} if memory else {})}
     return in_engine_terms(registry, version, export_engine(fmt, options), baselines)
 

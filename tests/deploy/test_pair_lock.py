@@ -78,6 +78,9 @@ def test_lock_binds_files_config_engine_baselines_approvals_and_audit_head(deplo
     run_row = registry.validation_runs("lock@1")[-1]
     assert lock["baselines"]["golden_sha256"] == run_row.golden_sha256
     assert lock["baselines"]["overall"]["acceptance_rate"] == 0.8
+    # served in the dtype the run measured in (its environment row), not the engine's auto
+    assert run_row.environment["dtype"] == lock["baselines"]["dtype"] == "float32"
+    assert "--dtype float32" in (deployed["out"] / "vllm-serve.sh").read_text()
     assert [(a["actor"], a["decision"], a["note"]) for a in lock["approvals"]] == [("bob", "approved", "checked")]
     events = registry.history("lock")
     assert lock["audit_head"] == {"hash": events[-1].event_hash} and registry.store.audit_head() == events[-1].event_hash

@@ -87,6 +87,7 @@ def check_vllm(cases: list[dict]) -> list[dict]:
             result["target_tokenizer"] = config.model_config.tokenizer
             result["target_revision"] = config.model_config.revision
             result["served_model_name"] = config.model_config.served_model_name
+            result["dtype"] = str(config.model_config.dtype)
             result["max_num_seqs"] = config.scheduler_config.max_num_seqs
             result["host"], result["port"] = args.host, args.port
             if spec is None:
@@ -227,7 +228,7 @@ def check_sglang(cases: list[dict]) -> list[dict]:
             target = ModelConfig.from_server_args(resolved_args)
             result["target"] = {"architectures": target.hf_config.architectures,
                                 "class": ModelRegistry.resolve_model_cls(target.hf_config.architectures)[1],
-                                "num_hidden_layers": target.num_hidden_layers}
+                                "num_hidden_layers": target.num_hidden_layers, "dtype": str(target.dtype)}
             draft = None
             if view.speculative_draft_model_path is not None:
                 draft = ModelConfig.from_server_args(

@@ -22,6 +22,9 @@ from specreg.registry.deploy.export_files import write_export
 K = 4
 CUTOFF = 16
 
+# a validated pair's baselines carry the dtype they were measured in, which the exports pin
+EXPORTED_BASELINES = {**BASELINES, "dtype": "float32"}
+
 
 # The layers the EAGLE-3 head was trained on, in the speculators' (and vLLM's) numbering: the
 # state entering layers 1, 3 and 6 of an 8-layer target. SGLang reads explicit ids one layer later
@@ -231,7 +234,7 @@ def export_argv(case: tuple, models: dict[str, Path], workdir: Path, head: Path 
         # The manifest names in-container paths; mount "the volume" where the models lie here.
         options.update(model_volume="pvc:models", model_mount_path=str(models["target"].parent),
                        target_subpath=Path(pair.target.reference).name)
-    files = dict(render_export(pair, BASELINES, fmt, approved=True, options=options))
+    files = dict(render_export(pair, EXPORTED_BASELINES, fmt, approved=True, options=options))
     if fmt == "k8s-vllm":
         # The engine container runs `vllm serve --config FILE`, FILE the engine ConfigMap's file:
         # written here from the manifest's ConfigMap, so vLLM's own parser reads what the pod mounts.

@@ -15,8 +15,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-from engine_exports import (BLOCK_LAYER_INPUTS, CUTOFF, HUB_VERIFIER, K, SUFFIX, TRAINED_AUX, VLLM_CASES, block_head,
-                            eagle3_head, eagle3_head_variant, eagle3_target, export_argv, export_cases,
+from engine_exports import (BLOCK_LAYER_INPUTS, CUTOFF, EXPORTED_BASELINES, HUB_VERIFIER, K, SUFFIX, TRAINED_AUX,
+                            VLLM_CASES, block_head, eagle3_head, eagle3_head_variant, eagle3_target, export_argv, export_cases,
                             llama_with_nextn_layers, mtp_target, ok, peagle_head, tiny_pair)
 from exportcase import BASELINES
 
@@ -90,6 +90,7 @@ def test_vllm_builds_its_config_from_the_export(case, vllm_run, tiny_models):
     else:
         exported_config = json.loads(argv[argv.index("--speculative-config") + 1])
     assert result["served_model_name"] in ("tiny-pair", ["tiny-pair"])
+    assert result["dtype"] == "torch.float32"  # the baselines' dtype; vLLM's auto would serve bfloat16 here
     # vLLM runs a P-EAGLE head as eagle3 with parallel drafting (test_vllm_reads_the_peagle_head_as_registered)
     assert spec["method"] == ("eagle3" if case[2] == SpecMethod.PEAGLE else case[2].value)
     assert spec["num_speculative_tokens"] == K
@@ -243,11 +244,12 @@ def test_our_read_back_is_what_vllm_builds_from_the_same_files(vllm_run, tiny_mo
     spec = result["speculative"]
     pair = tiny_pair(tiny_models, SpecMethod.EAGLE3, CUTOFF if kind is None else None,
                      head=eagle3_head_variant(tiny_models, kind) if kind else None)
-    plan = plan_export(pair, BASELINES, "vllm", approved=True)
+    plan = plan_export(pair, EXPORTED_BASELINES, "vllm", approved=True)
     ours: dict[str, list] = {}
     for item in vllm.read_back(plan, exported[case_id][1]):
         ours.setdefault(item.field, []).append(item.value)
     assert ours["target"] == [result["target_model"]] and ours["target_revision"] == [result["target_revision"]]
+    assert [f"torch.{dtype}" for dtype in ours["dtype"]] == [result["dtype"]] == ["torch.float32"]
     assert set(ours["method"]) == {spec["method"]} and set(ours["k"]) == {spec["num_speculative_tokens"]}
     default = [2, 4, 5]
     v2, v1 = ours["aux_layers"][:2]
@@ -312,7 +314,7 @@ def test_vllm_reads_the_peagle_head_as_registered(vllm_run, tiny_models):
     assert spec["eagle3_aux_layers"] == spec["eagle3_aux_layers_v1"] == TRAINED_AUX
     assert "parallel drafting for EAGLE speculative decoding" in spec["v2_runner_unsupported"]
     assert spec["draft_config_vocab_size"] == spec["target_vocab_size"]  # no d2t for this head
-    plan = plan_export(registered, BASELINES, "vllm", approved=True)
+    plan = plan_export(registered, EXPORTED_BASELINES, "vllm", approved=True)
     ours: dict[str, list] = {}
     for item in vllm.read_back(plan, exported["vllm-peagle"][1]):
         ours.setdefault(item.field, []).append(item.value)

@@ -71,6 +71,7 @@ def test_sglang_parses_the_export(sglang_run, tiny_models):
     draft = ok(results["sglang-draft"])
     assert draft["resolved_speculative_algorithm"] == draft["resolved"]["speculative_algorithm"] == "STANDALONE"
     assert draft["target"]["class"] == draft["draft"]["class"] == "LlamaForCausalLM"
+    assert draft["target"]["dtype"] == "torch.float32"  # the baselines' dtype; SGLang's auto would serve float16
     assert Path(draft["resolved"]["speculative_draft_model_path"]) == tiny_models["draft"]
     eagle3 = ok(results["sglang-eagle3"])["server_args"]
     assert eagle3["speculative_algorithm"] == "EAGLE3"
@@ -91,7 +92,7 @@ def test_sglang_loads_the_eagle3_head_layout_the_export_writes(sglang_run, tiny_
     assert (draft_path / "model.safetensors").resolve() == (eagle3_head(tiny_models) / "model.safetensors")
     assert result["resolved_speculative_algorithm"] == "EAGLE3"
     assert result["target"] == {"architectures": ["LlamaForCausalLM"], "class": "LlamaForCausalLM",
-                                "num_hidden_layers": 8}
+                                "num_hidden_layers": 8, "dtype": "torch.float32"}
     hidden = json.loads((eagle3_target(tiny_models) / "config.json").read_text())["hidden_size"]
     assert result["draft"] == {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
                                "class": "LlamaForCausalLMEagle3", "num_hidden_layers": 1, "hidden_size": hidden}
@@ -126,8 +127,7 @@ def test_sglang_builds_a_modelopt_layout_head_with_its_own_layer_fields(sglang_r
 def test_our_read_back_is_what_sglang_builds_from_the_same_files(sglang_run, tiny_models):
     """engines/sglang.py read_back (what the export checks before the lock binds it) against SGLang's
     own resolution of the same files: the target, the algorithm, k and the layers it captures."""
-    from engine_exports import tiny_pair
-    from exportcase import BASELINES
+    from engine_exports import EXPORTED_BASELINES, tiny_pair
 
     from specreg.registry.deploy.engines import sglang
     from specreg.registry.deploy.exports import plan_export
@@ -135,12 +135,13 @@ def test_our_read_back_is_what_sglang_builds_from_the_same_files(sglang_run, tin
 
     results, exported, _ = sglang_run
     result = ok(results["sglang-eagle3"])
-    plan = plan_export(tiny_pair(tiny_models, SpecMethod.EAGLE3, None), BASELINES, "sglang", approved=True)
+    plan = plan_export(tiny_pair(tiny_models, SpecMethod.EAGLE3, None), EXPORTED_BASELINES, "sglang", approved=True)
     ours: dict[str, list] = {}
     for item in sglang.read_back(plan, exported["sglang-eagle3"][1]):
         ours.setdefault(item.field, []).append(item.value)
     resolved = result["resolved"]
     assert ours["target"] == [resolved["model_path"]] and ours["target_revision"] == [resolved["revision"]]
+    assert [f"torch.{dtype}" for dtype in ours["dtype"]] == [result["target"]["dtype"]] == ["torch.float32"]
     assert ours["method"] == [sglang.ALGORITHMS[resolved["speculative_algorithm"]]] == ["eagle3"]
     assert set(ours["k"]) == {resolved["speculative_num_steps"], resolved["speculative_num_draft_tokens"] - 1}
     assert ours["aux_layers"] == [result["layers_to_capture"]] == [TRAINED_AUX]
@@ -222,8 +223,7 @@ def test_sglang_reads_the_block_drafter_as_registered(sglang_run, tiny_models, k
 def test_our_read_back_of_a_block_drafter_is_what_sglang_resolves(sglang_run, tiny_models, kind):
     """engines/sglang.py read_back on the block exports: the method and k SGLang resolves (its step
     count is forced to 1 for a block: k is the verify window less the root), and the lock check passes."""
-    from engine_exports import tiny_pair
-    from exportcase import BASELINES
+    from engine_exports import EXPORTED_BASELINES, tiny_pair
 
     from specreg.registry.deploy import read_back as rb
     from specreg.registry.deploy.engines import sglang
@@ -232,7 +232,7 @@ def test_our_read_back_of_a_block_drafter_is_what_sglang_resolves(sglang_run, ti
 
     results, exported, _ = sglang_run
     resolved = ok(results[f"sglang-{kind}"])["resolved"]
-    plan = plan_export(tiny_pair(tiny_models, SpecMethod(kind), None), BASELINES, "sglang", approved=True)
+    plan = plan_export(tiny_pair(tiny_models, SpecMethod(kind), None), EXPORTED_BASELINES, "sglang", approved=True)
     read = sglang.read_back(plan, exported[f"sglang-{kind}"][1])
     ours = {item.field: item.value for item in read}
     assert ours["method"] == sglang.ALGORITHMS[resolved["speculative_algorithm"]] == kind

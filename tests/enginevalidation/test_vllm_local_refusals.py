@@ -54,6 +54,9 @@ def test_the_server_runs_the_exports_command_with_this_builds_changes_only(regis
                      "--served-model-name", "chat", "--host", "127.0.0.1", "--port", "4322", "--enforce-eager",
                      "--dtype", "bfloat16"]
     assert speculative_config(alone) is None
+    # an export pinned to an earlier validation's dtype is served in this validation's
+    pinned = exported[:3] + ["--dtype", "float32"] + exported[3:]
+    assert server_argv(pinned, "/venv/bin/python", speculative=False, port=4322, dtype="bfloat16") == alone
 
 
 @pytest.mark.parametrize("kind, source", [

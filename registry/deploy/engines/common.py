@@ -65,6 +65,16 @@ def nothing_read_back(export: Export, files: dict[str, Any]) -> list:
     return []
 
 
+def served_dtype(export: Export) -> str | None:
+    """The dtype the export's acceptance baselines were measured in (the engine baseline's where
+    one is merged, else the validation's), which the engines that take ``--dtype`` are pinned to:
+    their ``auto`` serves a float32 checkpoint in another dtype, with other acceptance (vLLM 0.33:
+    bfloat16 on an x86 CPU or a recent GPU, vllm/config/model.py:2420-2424, vllm/platforms/cpu.py:131-132;
+    SGLang 0.5.23: float16, sglang/srt/configs/model_config.py:2303-2319). None: never validated
+    (a forced export), the engine's own choice."""
+    return (export.baselines or {}).get("dtype")
+
+
 def served_reference(model) -> str:
     """What an export names a model by under model_source=reference: the hub id, or for a local
     folder the resolved path that was fingerprinted at registration. The folder as typed may be a

@@ -12,7 +12,7 @@ from typing import Any
 
 from specreg.errors import UsageError
 from specreg.registry.deploy.engines import vllm
-from specreg.registry.deploy.engines.common import Export, no_head_layout, no_model_files
+from specreg.registry.deploy.engines.common import Export, no_head_layout, no_model_files, served_dtype
 from specreg.registry.store.entities import PairVersion
 
 ENGINE = vllm.ENGINE
@@ -89,7 +89,7 @@ def context(export: Export) -> dict[str, Any]:
     k8s = k8s_context(export.pair_version, export.baselines, export.approved, speculative, export.opts,
                       export.target_source, export.draft_source)
     lines = vllm.command(export.target_source, export.pair_version.target.revision, speculative, export.served_name,
-                         export.opts)
+                         export.opts, served_dtype(export))
     k8s["engine_config"] = engine_config(lines, speculative)
     return {"k8s": k8s}
 

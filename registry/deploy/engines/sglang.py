@@ -11,7 +11,8 @@ from typing import Any
 
 from specreg.errors import SpecregError
 from specreg.registry.deploy.engines.common import (Export, accept_options, mtp_family, mtp_refusal, no_check,
-                                                    no_model_files, registered_sources, trained_aux_layers)
+                                                    no_model_files, registered_sources, served_dtype,
+                                                    trained_aux_layers)
 from specreg.registry.deploy.export_files import Link
 from specreg.registry.store.entities import PairVersion, SpecMethod
 
@@ -82,15 +83,17 @@ def context(export: Export) -> dict[str, Any]:
     if export.config.method is SpecMethod.EAGLE3:
         draft = {"export_dir": HEAD_DIR}  # the layout this export writes beside the script (head_layout)
     return {"sglang_command": command(export.pair_version, export.target_source, draft, export.served_name,
-                                      export.opts)}
+                                      export.opts, served_dtype(export))}
 
 
 def command(pair_version: PairVersion, target_source: str, draft_source: str | dict | None, served_name: str,
-            opts: dict[str, Any]) -> list[list[str]]:
+            opts: dict[str, Any], dtype: str | None) -> list[list[str]]:
     k = pair_version.config.num_speculative_tokens
     lines = [["python", "-m", "sglang.launch_server"], ["--model-path", target_source]]
     if pair_version.target.revision:
         lines.append(["--revision", pair_version.target.revision])
+    if dtype:
+        lines.append(["--dtype", dtype])  # the baselines' (common.served_dtype), not SGLang's auto
     # NEXTN (MTP) is SGLang's alias of EAGLE whose draft defaults to the target itself.
     method = pair_version.config.method
     algorithm = {SpecMethod.DRAFT_MODEL: "STANDALONE", SpecMethod.EAGLE3: "EAGLE3", SpecMethod.MTP: "NEXTN",
@@ -306,12 +309,13 @@ def read_back(export: Export, files: dict[str, Any]) -> list:
         return []
     where = "sglang-launch.sh"
     argv = rb.exec_argv(files[where], where)
-    flags = rb.flag_values(argv, {"--model-path", "--revision", "--speculative-algorithm",
+    flags = rb.flag_values(argv, {"--model-path", "--revision", "--dtype", "--speculative-algorithm",
                                   "--speculative-draft-model-path", "--speculative-num-steps",
                                   "--speculative-eagle-topk", "--speculative-num-draft-tokens"})
     algorithm = flags.get("--speculative-algorithm")
     read = [rb.ReadValue("target", flags.get("--model-path"), f"{where} --model-path"),
             rb.ReadValue("target_revision", flags.get("--revision"), f"{where} --revision"),
+            rb.ReadValue("dtype", flags.get("--dtype"), f"{where} --dtype"),
             rb.ReadValue("method", ALGORITHMS.get(str(algorithm).upper(), algorithm),
                          f"{where} --speculative-algorithm {algorithm}")]
     if str(algorithm).upper() not in ONE_STEP:

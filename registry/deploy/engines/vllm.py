@@ -11,7 +11,7 @@ from typing import Any
 
 from specreg.errors import SpecregError, UsageError
 from specreg.registry.deploy.engines.common import (Export, mtp_refusal, no_check, no_head_layout, no_model_files,
-                                                    registered_sources)
+                                                    registered_sources, served_dtype)
 from specreg.registry.store.entities import PairVersion, SpecMethod
 
 ENGINE = "vllm"
@@ -85,7 +85,7 @@ def refusal(pair_version: PairVersion) -> str | None:
 def context(export: Export) -> dict[str, Any]:
     speculative = speculative_config(export.pair_version, export.draft_source, export.opts, export.baselines)
     lines = command(export.target_source, export.pair_version.target.revision, speculative, export.served_name,
-                    export.opts)
+                    export.opts, served_dtype(export))
     return {"speculative_config": speculative, "vllm_command": lines,
             "vllm_argv": [word for line in lines for word in line]}
 
@@ -160,10 +160,12 @@ def speculative_config(pair_version: PairVersion, draft_source: str | None, opts
 
 
 def command(target_source: str, revision: str | None, speculative: dict[str, Any], served_name: str,
-            opts: dict[str, Any]) -> list[list[str]]:
+            opts: dict[str, Any], dtype: str | None) -> list[list[str]]:
     lines = [["vllm", "serve", target_source], ["--speculative-config", json.dumps(speculative)]]
     if revision:
         lines.append(["--revision", revision])
+    if dtype:
+        lines.append(["--dtype", dtype])  # the baselines' (common.served_dtype), not vLLM's auto
     if opts["tensor_parallel_size"] > 1:
         lines.append(["--tensor-parallel-size", str(opts["tensor_parallel_size"])])
     if opts["max_num_seqs"] is not None:
@@ -249,10 +251,11 @@ def serve_args(export: Export, argv: list[str], where: str) -> list:
     --speculative-config JSON, the last one given winning (argparse)."""
     from specreg.registry.deploy import read_back as rb
 
-    flags = rb.flag_values(argv, {"--speculative-config", "--revision", "--model"})
+    flags = rb.flag_values(argv, {"--speculative-config", "--revision", "--model", "--dtype"})
     target = flags.get("--model", argv[0] if argv and not argv[0].startswith("-") else None)
     read = [rb.ReadValue("target", target, f"{where} model"),
-            rb.ReadValue("target_revision", flags.get("--revision"), f"{where} --revision")]
+            rb.ReadValue("target_revision", flags.get("--revision"), f"{where} --revision"),
+            rb.ReadValue("dtype", flags.get("--dtype"), f"{where} --dtype")]
     if target is not None and (Path(target) / "config.json").is_file():
         try:
             served = json.loads((Path(target) / "config.json").read_text(encoding="utf-8"))

@@ -122,7 +122,8 @@ def server_argv(export_argv: list[str], python: str, *, speculative: bool, port:
     index = 0
     while index < len(words):
         word = words[index]
-        if word in ("--host", "--port") or (word == "--speculative-config" and not speculative):
+        # the dtype is the validation's, whatever dtype an earlier validation pinned in the export
+        if word in ("--host", "--port", "--dtype") or (word == "--speculative-config" and not speculative):
             index += 2
             continue
         argv.append(word)
