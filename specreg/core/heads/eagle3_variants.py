@@ -4,7 +4,8 @@ target layers each engine will feed it.
 
 What we followed (vLLM is the released 0.33.0 wheel):
 - The layers vLLM builds: a speculators head by transformer_layer_config.model_type, absent =
-  llama, only llama and qwen3 (transformers_utils/configs/speculators/algos.py update_eagle3); an
+  llama, only llama and qwen3 (transformers_utils/configs/speculators/algos.py update_eagle3, and
+  update_peagle for P-EAGLE, whose norm flags differ: eagle3_checkpoint.SPECULATORS_KINDS); an
   original-layout head by its architecture, prefixed "Eagle3" unless it starts or ends with it
   (transformers_utils/configs/eagle.py), looked up in model_executor/models/registry.py:698-713:
   llama_eagle3 (Llama layers), qwen3_eagle3 (Qwen3 layers: q_norm/k_norm), deepseek_eagle3 (MLA).
