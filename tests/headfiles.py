@@ -101,6 +101,25 @@ def write_eagle3(directory: Path, *, hidden: int = HIDDEN, vocab: int = VOCAB, d
     return directory
 
 
+def write_peagle(directory: Path, *, mask_token_id: int | None = VOCAB - 1, mask_hidden_shape=None,
+                 config_extra: dict | None = None, tensor_extra: dict | None = None, **options) -> Path:
+    """A speculators-format P-EAGLE head as speculators' save_pretrained writes it (models/peagle/
+    config.py, core.py): the EAGLE-3 files, speculators_model_type peagle, mask_token_id and the
+    mask_hidden parameter # [1, 1, A * hidden]; write_eagle3's options."""
+    aux = options.get("aux", (1, 3, 4))
+    width = (len(aux) if aux else 3) * (options.get("target_hidden") or options.get("hidden", HIDDEN))
+    extra = {"architectures": ["PEagleSpeculator"], "speculators_model_type": "peagle"}
+    if mask_token_id is not None:
+        extra["mask_token_id"] = mask_token_id
+    tensors = {"mask_hidden": np.zeros(mask_hidden_shape or (1, 1, width), np.float32)}
+    directory = write_eagle3(directory, config_extra={**extra, **(config_extra or {})},
+                             tensor_extra={**tensors, **(tensor_extra or {})}, **options)
+    config = json.loads((directory / "config.json").read_text())
+    config["speculators_config"]["algorithm"] = "peagle"
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
 def write_medusa(directory: Path, *, heads: int = 3, layers: int = 1, hidden: int = HIDDEN, vocab: int = VOCAB,
                  prefix: str = "", base: str | None = "models/target") -> Path:
     """Medusa heads as TGI reads them: config.json + medusa_lm_head.safetensors."""

@@ -23,7 +23,7 @@ PAGES = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").glob("*.md") if 
 # How the docs' prose names a method or an engine. A new one needs its prose name here (and then
 # every list of them in the docs names it).
 METHOD_PROSE = {"draft_model": "draft model", "ngram": "n-gram", "suffix": "suffix", "eagle3": "EAGLE-3",
-                "medusa": "Medusa", "mtp": "MTP", "dflash": "DFlash", "dspark": "DSpark"}
+                "medusa": "Medusa", "mtp": "MTP", "dflash": "DFlash", "dspark": "DSpark", "peagle": "P-EAGLE"}
 ENGINE_PROSE = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM", "tgi": "TGI", "llamacpp": "llama.cpp"}
 
 

@@ -118,9 +118,11 @@ def recommend_k(pair, decodes, speculative: dict, measured: list[float], *, meth
     if tree is not None:
         best_k, expected, tree_figures = recommend_tree_depth(pair, decodes, tree, per_position, measured, speculative)
         return (best_k, expected, best_k, expected), tree_figures  # a tree is never cut deeper than registered
-    if method_descriptor(method).draft_length_from_head:
-        # a block drafter drafts its whole block in one forward, and k is the block's (registration
-        # fixed it): nothing to choose; the expected speedup is tokens per step over (c + 1)
+    if method_descriptor(method).drafts_in_one_forward:
+        # a block drafter or P-EAGLE head drafts all k in one forward: more drafts cost no more
+        # forwards, so within the positions measured the registered k is the best (a block
+        # drafter's k is its block's, fixed at registration); the expected speedup is tokens per
+        # step over (c + 1)
         expected = expected_tokens_per_step(per_position, k) / (cost_ratio + 1.0)
         return (k, expected, k, expected), {}
     # Past the measured positions choose_k can only assume the last one's acceptance holds:

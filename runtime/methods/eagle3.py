@@ -74,7 +74,7 @@ def layer_config(kind: str, fields: dict):
     return LAYER_CLASSES[kind][0](**fields)
 
 
-def read_eagle3_config(path) -> Eagle3Spec:
+def read_eagle3_config(path, method: str = "eagle3") -> Eagle3Spec:
     """A head directory -> Eagle3Spec. What registration reads (layout, draft vocabulary, aux layer
     ids, target hidden size, tensor shapes) comes from specreg.core.heads.read_head, the one reader of
     the layouts (ModelReferenceError naming the file and field); the layers and flags as vLLM 0.33
@@ -83,7 +83,7 @@ def read_eagle3_config(path) -> Eagle3Spec:
     from specreg.core.heads import read_head
     from specreg.core.heads.eagle3_variants import read_eagle3_variant
 
-    head = read_head(path, method="eagle3")
+    head = read_head(path, method=method)
     variant = read_eagle3_variant(path)
     gap = variant.runtime_gap()
     if gap:
@@ -206,6 +206,10 @@ class Eagle3Head(torch.nn.Module):
     def seed_input(self, aux_hidden):
         return self.project(aux_hidden)
 
+    def file_weights(self, weights: dict) -> dict:
+        """A checkpoint's tensors by name -> those load_state_dict takes (a subclass reshapes its own)."""
+        return weights
+
     def recycle(self, output):
         """The next draft step reads the layers' pre-norm output as is (vLLM: hidden_prenorm), or the
         normed one with norm_output (llama_eagle3.py: aux_output)."""
@@ -252,13 +256,14 @@ def check_head_fits(spec: Eagle3Spec, target_config, target_vocab_size: int, nam
     return ids
 
 
-def load_eagle3_head(path, target, device=None, dtype=None) -> Eagle3Head:
+def load_eagle3_head(path, target, device=None, dtype=None, *, method: str = "eagle3", head_class=None) -> Eagle3Head:
     """An EAGLE-3 head directory (config.json + *.safetensors) checked against `target` -> Eagle3Head
-    in eval mode on the target's device and dtype. Raises RuntimeConfigError before any forward."""
+    (or head_class, a subclass, for the `method` registered on such heads) in eval mode on the
+    target's device and dtype. Raises RuntimeConfigError before any forward."""
     from safetensors.torch import load_file
 
     path = Path(path)
-    spec = read_eagle3_config(path)
+    spec = read_eagle3_config(path, method)
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ModelReferenceError(f"{path}: no *.safetensors weights (pickle weights are refused)")
@@ -270,8 +275,9 @@ def load_eagle3_head(path, target, device=None, dtype=None) -> Eagle3Head:
     ids = check_head_fits(spec, target.config, target_vocab, str(path))
     parameter = next(target.parameters())
     embed = None if "embed_tokens.weight" in weights else target.get_input_embeddings()
-    head = Eagle3Head(spec, ids, target_vocab, target.config.hidden_size, embed_tokens=embed,
-                      target_layers=target.config.num_hidden_layers)
+    head = (head_class or Eagle3Head)(spec, ids, target_vocab, target.config.hidden_size, embed_tokens=embed,
+                                      target_layers=target.config.num_hidden_layers)
+    weights = head.file_weights(weights)
     weights["d2t"] = weights.get("d2t", torch.zeros(spec.draft_vocab_size, dtype=torch.long)).long()
     if "t2d" not in weights:  # drafting never reads it (vLLM skips it); kept for a faithful round trip
         weights["t2d"] = torch.zeros(target_vocab, dtype=torch.bool)
@@ -289,9 +295,10 @@ def load_eagle3_head(path, target, device=None, dtype=None) -> Eagle3Head:
 def new_eagle3_head(target, draft_token_ids=None, aux_layer_ids=None, seed: int = 0,
                     intermediate_size: int | None = None, *, layer_kind: str = "llama", num_layers: int = 1,
                     norm_before_fc: bool = False, fc_norm: bool = False, norm_output: bool = False,
-                    norm_before_residual: bool = False) -> Eagle3Head:
+                    norm_before_residual: bool = False, head_class=None, **head_options) -> Eagle3Head:
     """A freshly initialised head for `target` (its shape, `num_layers` decoder layers of
-    `layer_kind`, its embeddings shared), with the norm flags given.
+    `layer_kind`, its embeddings shared), with the norm flags given; head_class (a subclass) built
+    with head_options for a method drafting with such heads.
 
     draft_token_ids: the target ids of the draft vocabulary (any order; stored sorted, so d2t >= 0
     as in EAGLE-3's frequency-selected vocabularies); None drafts over the whole vocabulary.
@@ -313,8 +320,9 @@ def new_eagle3_head(target, draft_token_ids=None, aux_layer_ids=None, seed: int 
     aux = tuple(aux_layer_ids) if aux_layer_ids is not None else default_aux_layer_ids(config.num_hidden_layers)
     aux = tuple(sorted(set(aux)))  # the order vLLM collects them in (check_head_fits)
     torch.manual_seed(seed)
-    head = Eagle3Head(spec, aux, target_vocab, config.hidden_size, embed_tokens=target.get_input_embeddings(),
-                      target_layers=config.num_hidden_layers)
+    head = (head_class or Eagle3Head)(spec, aux, target_vocab, config.hidden_size,
+                                      embed_tokens=target.get_input_embeddings(),
+                                      target_layers=config.num_hidden_layers, **head_options)
     draft_to_target = torch.tensor(ids, dtype=torch.long)
     head.d2t.copy_(draft_to_target - torch.arange(len(ids)))
     head.t2d.zero_()

@@ -153,6 +153,10 @@ def describe_head(head: dict) -> list[str]:
                      f"({'from the anchor' if block['sample_from_anchor'] else 'after the anchor'}), mask token "
                      f"{block['mask_token_id']}, {'causal' if block.get('causal') else 'bidirectional'}"
                      + (f", Markov head rank {block['markov_rank']}" if block.get("markov_rank") else ""))
+    parallel = head.get("parallel")
+    if parallel:  # P-EAGLE: the placeholder of the slots drafted in parallel
+        lines.append(f"  parallel        all k drafts in one forward, the slots after the first fed mask token "
+                     f"{parallel['mask_token_id']}")
     lines += [f"  note            {note}" for note in fit.get("notes") or []]
     lines += [f"  warning         {warning}" for warning in fit.get("warnings") or []]
     return lines

@@ -37,6 +37,9 @@ class MethodDescriptor:
     # a block drafter (DFlash, DSpark) drafts a fixed number of tokens a step, read from its head:
     # k defaults to it and a k that disagrees is refused (dflash_checkpoint.block_draft_length)
     draft_length_from_head: bool = False
+    # all k drafts of a step come from one forward (block drafters, P-EAGLE): a step's drafting costs
+    # one forward whatever k
+    drafts_in_one_forward: bool = False
     exported: bool = True
     export_refusal: str | None = None
     article: str = "a"  # "a draft_model pair", "an ngram pair"
@@ -83,9 +86,12 @@ METHODS: dict[str, MethodDescriptor] = {m.name: m for m in (
     MethodDescriptor("mtp", "multi-token-prediction layers shipped inside the target", "target",
                      demo_builder="demo_mtp"),
     MethodDescriptor("dflash", "a DFlash block drafter: a block of mask tokens drafted in one forward from the "
-                     "target's hidden states", "head", draft_length_from_head=True, demo_builder="demo_dflash"),
+                     "target's hidden states", "head", draft_length_from_head=True, drafts_in_one_forward=True,
+                     demo_builder="demo_dflash"),
     MethodDescriptor("dspark", "a DSpark block drafter: DFlash's block forward, then a Markov head sampled "
-                     "left to right", "head", draft_length_from_head=True),
+                     "left to right", "head", draft_length_from_head=True, drafts_in_one_forward=True),
+    MethodDescriptor("peagle", "a P-EAGLE head: an EAGLE-3 head drafting all k tokens in one forward from mask-token "
+                     "placeholders (vLLM's eagle3 with parallel_drafting)", "head", drafts_in_one_forward=True),
     MethodDescriptor("suffix", "suffix decoding: suffix trees of the request's own tokens, no model", "sequence",
                      suffix_settings=True),
 )}
@@ -162,6 +168,8 @@ class HeadFormat:
 
 HEAD_FORMATS: dict[str, HeadFormat] = {f.name: f for f in (
     HeadFormat("eagle3", "eagle3", aux_layers=True, shares_embeddings=True,
+               vocab_size_field="transformer_layer_config.vocab_size", vocab_map_needed=True),
+    HeadFormat("peagle", "peagle", aux_layers=True, shares_embeddings=True,
                vocab_size_field="transformer_layer_config.vocab_size", vocab_map_needed=True),
     HeadFormat("eagle", None, shares_embeddings=True),
     HeadFormat("medusa", "medusa", vocab_size_field="rows of each head's output layer"),

@@ -608,10 +608,6 @@ MALFORMED = {
                                 r"proposal_methods\[0\]\.speculative_tokens must be a positive integer, got 0"),
     "another speculators kind": (lambda c: c.update(speculators_model_type="hydra"),
                                  r"speculators_model_type 'hydra' is not a head kind specreg registers"),
-    "P-EAGLE (parallel drafting)": (lambda c: c.update(speculators_model_type="peagle", mask_token_id=39),
-                                    r"speculators_model_type 'peagle' is P-EAGLE, which vLLM 0\.33 serves as eagle3 "
-                                    r"with parallel_drafting \(transformers_utils/configs/speculators/base\.py:133-134\)"
-                                    r".*cannot validate it, so it is not registered$"),
     "fingerprint not a digest": (lambda c: c["speculators_config"]["verifier"].update(specreg={"weights_sha256": 5}),
                                  r"speculators_config\.verifier\.specreg\.weights_sha256 must be a sha256 hex digest"),
     "more aux ids than fc reads": (lambda c: c.update(eagle_aux_hidden_state_layer_ids=[1, 2, 3, 4]),

@@ -133,8 +133,10 @@ def check_vllm(cases: list[dict]) -> list[dict]:
                     "draft_config_vocab_size": (getattr(spec.draft_model_config.hf_config, "draft_vocab_size", None)
                                                 if spec.method == "eagle3" else None),
                 }
-                if spec.method in ("dflash", "dspark"):
+                if spec.method in ("dflash", "dspark") or spec.parallel_drafting:
                     result["speculative"].update(block_drafter(spec))
+                    # what keeps the GPU's default V2 model runner from it (P-EAGLE: vLLM then runs V1)
+                    result["speculative"]["v2_runner_unsupported"] = config._get_v2_model_runner_unsupported_features()
                 if spec.num_speculative_tokens_per_batch_size:
                     # The same call the scheduler makes (vllm/v1/core/sched/scheduler.py).
                     result["batch_size_lookup"] = build_dynamic_sd_schedule_lookup(
@@ -161,8 +163,9 @@ HEADS_ON_TARGET_STATES = ("eagle3", "dflash", "dspark")
 
 
 def block_drafter(spec) -> dict:
-    """What vLLM's proposer makes of a DFlash / DSpark head: parallel drafting (1 + k query slots a
-    step, the anchor and k masked slots, v1/spec_decode/dflash.py), the token id its masked slots
+    """What vLLM's proposer makes of a DFlash / DSpark head, or of a P-EAGLE head (eagle3 with
+    parallel_drafting): parallel drafting (DFlash: 1 + k query slots a step, the anchor and k masked
+    slots, v1/spec_decode/dflash.py; P-EAGLE: the verified tokens and k - 1 masked slots), the token id its masked slots
     carry (SpecDecodeBaseProposer._init_parallel_drafting_params, run on a holder of the attributes
     it reads), the draft architecture vLLM's registry loads, and whether its layers attend non-causally
     (qwen3_dflash.dflash_has_any_non_causal, the check the attention backend is chosen by)."""

@@ -79,6 +79,20 @@ def block_head(models: dict[str, Path], kind: str) -> Path:
     return head
 
 
+def peagle_head(models: dict[str, Path]) -> Path:
+    """A speculators-format P-EAGLE head for eagle3_target, trained on TRAINED_AUX, its mask token
+    the target's last id (tests/headfiles.py)."""
+    from headfiles import write_peagle
+
+    config = json.loads((eagle3_target(models) / "config.json").read_text())
+    head = models["target"].parent / "peagle-head"
+    if not head.exists():
+        write_peagle(head, hidden=config["hidden_size"], vocab=config["vocab_size"], draft_vocab=config["vocab_size"],
+                     vocab_map=False, aux=TRAINED_AUX, verifier=str(eagle3_target(models)),
+                     mask_token_id=config["vocab_size"] - 1)
+    return head
+
+
 HUB_VERIFIER = "meta-llama/Llama-3.1-8B-Instruct"  # a hub id the head names as its verifier, never fetched
 
 
@@ -135,7 +149,7 @@ def tiny_pair(models: dict[str, Path], method: SpecMethod, max_batch: int | None
     (default: the tiny Llama, or the tiny DeepSeek-V3 for mtp) is the target directory, ``head``
     another EAGLE-3 head than eagle3_head (registered with --allow-verifier-mismatch)."""
     default = {SpecMethod.MTP: mtp_target, SpecMethod.EAGLE3: eagle3_target, SpecMethod.DFLASH: eagle3_target,
-               SpecMethod.DSPARK: eagle3_target}.get(method, lambda m: m["target"])
+               SpecMethod.DSPARK: eagle3_target, SpecMethod.PEAGLE: eagle3_target}.get(method, lambda m: m["target"])
     target = target_ref(target or default(models))
     if method == SpecMethod.MTP:
         # what registration reads of the target's MTP layers (core.heads.mtp_checkpoint.read_mtp)
@@ -143,11 +157,11 @@ def tiny_pair(models: dict[str, Path], method: SpecMethod, max_batch: int | None
         config = SpecConfig(method, K, max_batch_size_for_speculation=max_batch,
                             head={"layout": "mtp:deepseek", "num_heads": layers})
         draft = None
-    elif method == SpecMethod.EAGLE3:
+    elif method in (SpecMethod.EAGLE3, SpecMethod.PEAGLE):
         # what registration records of the head (specreg.usecases.register.describe_head: read_head + check_head_fits)
         from specreg.usecases.register import describe_head
 
-        folder = str(head or eagle3_head(models))
+        folder = str(head or (eagle3_head if method == SpecMethod.EAGLE3 else peagle_head)(models))
         draft = ModelRef(folder, folder, None, fingerprint("e"))
         config = SpecConfig(method, K, max_batch_size_for_speculation=max_batch)
         config = dataclasses.replace(config, head=describe_head(config, target, draft,
@@ -196,6 +210,7 @@ VLLM_CASES = [
     ("vllm-suffix", "vllm", SpecMethod.SUFFIX, None, {}),
     ("vllm-dflash", "vllm", SpecMethod.DFLASH, None, {}),
     ("vllm-dspark", "vllm", SpecMethod.DSPARK, None, {}),
+    ("vllm-peagle", "vllm", SpecMethod.PEAGLE, None, {}),
 ]
 # a suffix pair's settings, none of them vLLM's defaults: the check reads each back from SpeculativeConfig
 SUFFIX = {"max_tree_depth": 16, "max_cached_requests": 0, "max_spec_factor": 2.0, "min_token_prob": 0.05}

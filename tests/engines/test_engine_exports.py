@@ -17,7 +17,7 @@ import pytest
 import yaml
 from engine_exports import (BLOCK_LAYER_INPUTS, CUTOFF, EXPORTED_BASELINES, HUB_VERIFIER, K, SUFFIX, TRAINED_AUX,
                             VLLM_CASES, block_head, eagle3_head, eagle3_head_variant, eagle3_target, export_argv, export_cases,
-                            llama_with_nextn_layers, mtp_target, ok, tiny_pair)
+                            llama_with_nextn_layers, mtp_target, ok, peagle_head, tiny_pair)
 from exportcase import BASELINES
 
 from specreg.errors import UsageError
@@ -91,7 +91,8 @@ def test_vllm_builds_its_config_from_the_export(case, vllm_run, tiny_models):
         exported_config = json.loads(argv[argv.index("--speculative-config") + 1])
     assert result["served_model_name"] in ("tiny-pair", ["tiny-pair"])
     assert result["dtype"] == "torch.float32"  # the baselines' dtype; vLLM's auto would serve bfloat16 here
-    assert spec["method"] == case[2].value
+    # vLLM runs a P-EAGLE head as eagle3 with parallel drafting (test_vllm_reads_the_peagle_head_as_registered)
+    assert spec["method"] == ("eagle3" if case[2] == SpecMethod.PEAGLE else case[2].value)
     assert spec["num_speculative_tokens"] == K
     assert Path(result["target_model"]) == Path(tiny_pair(tiny_models, case[2], case[3]).target.reference)
     if case[2] == SpecMethod.DRAFT_MODEL:
@@ -116,6 +117,9 @@ def test_vllm_builds_its_config_from_the_export(case, vllm_run, tiny_models):
     elif case[2] in (SpecMethod.DFLASH, SpecMethod.DSPARK):
         # the draft ModelConfig built from the exported head directory (test_vllm_reads_the_block_drafter_as_registered)
         assert Path(spec["draft_model"]) == block_head(tiny_models, case[2].value)
+    elif case[2] == SpecMethod.PEAGLE:
+        # the draft ModelConfig built from the exported head directory (test_vllm_reads_the_peagle_head_as_registered)
+        assert Path(spec["draft_model"]) == peagle_head(tiny_models)
     elif case[2] == SpecMethod.SUFFIX:
         assert "model" not in exported_config and spec["model"] == "suffix"
         assert {name: spec[f"suffix_decoding_{name}"] for name in SUFFIX} == SUFFIX
@@ -287,3 +291,32 @@ def test_vllm_v1_runner_refuses_dspark(vllm_run):
     assert results["vllm-dspark-v1-runner"].get("error", "").startswith(
         "ValidationError: 1 validation error for VllmConfig | Value error, Model Runner V1 does not support: "
         "dspark speculative decoding"), results["vllm-dspark-v1-runner"]
+
+
+def test_vllm_reads_the_peagle_head_as_registered(vllm_run, tiny_models):
+    """A P-EAGLE export (speculators' peagle head) through vLLM 0.33.0's create_engine_config and its
+    proposer's reader: method eagle3 with parallel drafting (without the key vLLM drafts the head one
+    token a forward), the architecture its speculators reader picks (PeagleLlamaForCausalLM, built as
+    Eagle3LlamaForCausalLM), the masked slots' token (pard_token, from the head's mask_token_id) as
+    registered, the layers both model runners feed it equal to the trained ones, and the V2 runner
+    declining parallel drafting for EAGLE, so vLLM builds it for V1 on a GPU too (config/vllm.py:758-765).
+    Our read-back of the same files reads the registered peagle pair."""
+    from specreg.registry.deploy.engines import vllm
+    from specreg.registry.deploy.exports import plan_export
+
+    results, exported, _ = vllm_run
+    spec = ok(results["vllm-peagle"])["speculative"]
+    registered = tiny_pair(tiny_models, SpecMethod.PEAGLE, None)
+    assert (spec["method"], spec["num_speculative_tokens"], spec["parallel_drafting"]) == ("eagle3", K, True)
+    assert Path(spec["draft_model"]) == peagle_head(tiny_models)
+    assert spec["draft_architectures"] == ["PeagleLlamaForCausalLM"]
+    assert spec["mask_token_id"] == registered.config.head["parallel"]["mask_token_id"] == spec["target_vocab_size"] - 1
+    assert spec["eagle3_aux_layers"] == spec["eagle3_aux_layers_v1"] == TRAINED_AUX
+    assert "parallel drafting for EAGLE speculative decoding" in spec["v2_runner_unsupported"]
+    assert spec["draft_config_vocab_size"] == spec["target_vocab_size"]  # no d2t for this head
+    plan = plan_export(registered, EXPORTED_BASELINES, "vllm", approved=True)
+    ours: dict[str, list] = {}
+    for item in vllm.read_back(plan, exported["vllm-peagle"][1]):
+        ours.setdefault(item.field, []).append(item.value)
+    assert set(ours["method"]) == {"peagle"} and set(ours["k"]) == {spec["num_speculative_tokens"]}
+    assert ours["aux_layers"][:2] == [spec["eagle3_aux_layers"], spec["eagle3_aux_layers_v1"]]

@@ -56,11 +56,4 @@ def test_refusals_are_one_line_and_leave_no_row(tmp_path, db):
     one_line(register(db, gated, "dspark"), 1, "markov_head_type 'rnn' is a DSpark variant no engine specreg "
                                                "targets runs")
     one_line(register(db, head, "dspark"), 1, "holds dflash head(s) (speculators layout), not dspark")
-    # P-EAGLE (vLLM's parallel drafting of an EAGLE-3 head): refused with the engine fact
-    from headfiles import write_eagle3
-
-    peagle = write_eagle3(tmp_path / "peagle", vocab_map=False, draft_vocab=VOCAB,
-                          config_extra={"speculators_model_type": "peagle", "mask_token_id": VOCAB - 1})
-    one_line(register(db, peagle, "eagle3", "-k", "3"), 1,
-             "speculators_model_type 'peagle' is P-EAGLE, which vLLM 0.33 serves as eagle3 with parallel_drafting")
     assert json.loads(run("list", "--json", "--db", db).stdout) == []

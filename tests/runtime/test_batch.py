@@ -72,7 +72,22 @@ def pairs_under_test(target, tokenizer, drafts, heads, mtp_pairs):  # noqa: F811
         "dflash": (ModelPair(target, tokenizer, block_head(target, seed=8), vocab), DecodeConfig(method="dflash", k=3)),
         "dspark": (ModelPair(target, tokenizer, block_head(target, seed=9, markov_rank=8, sample_from_anchor=True),
                              vocab), DecodeConfig(method="dspark", k=4)),
+        "peagle": (ModelPair(target, tokenizer, peagle_head(target, heads["trained"]), vocab),
+                   DecodeConfig(method="peagle", k=3)),
     }
+
+
+def peagle_head(target, eagle3_head):
+    """A P-EAGLE head carrying a trained EAGLE-3 head's weights, so that its first draft is often
+    accepted, and a random mask_hidden."""
+    from specreg.runtime.methods.peagle import new_peagle_head
+
+    ids = (torch.arange(eagle3_head.d2t.shape[0]) + eagle3_head.d2t).tolist()
+    head = new_peagle_head(target, mask_token_id=int(target.config.vocab_size) - 1, draft_token_ids=ids, seed=10)
+    mask_hidden = head.mask_hidden.clone()
+    head.load_state_dict(eagle3_head.state_dict(), strict=False)
+    head.mask_hidden.copy_(mask_hidden)
+    return head.eval()
 
 
 def block_head(target, seed: int, **options):
@@ -97,7 +112,7 @@ def pairs(target, tokenizer, drafts, heads, mtp_pairs):  # noqa: F811
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("name", ["draft_model aligned", "draft_model random", "ngram", "suffix", "eagle3",
-                                  "eagle3 tree", "medusa tree", "mtp", "dflash", "dspark"])
+                                  "eagle3 tree", "medusa tree", "mtp", "dflash", "dspark", "peagle"])
 def test_batch_equals_each_prompt_alone(pairs, prompts, name, sampled):
     pair, base = pairs[name]
     configs = row_configs(dataclasses.replace(base, eos_token_ids=()), sampled)
@@ -112,7 +127,7 @@ def test_batch_equals_each_prompt_alone(pairs, prompts, name, sampled):
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("name", ["draft_model aligned", "draft_model random", "ngram", "suffix", "eagle3",
-                                  "eagle3 tree", "medusa tree", "mtp", "dflash", "dspark"])
+                                  "eagle3 tree", "medusa tree", "mtp", "dflash", "dspark", "peagle"])
 def test_rows_joining_as_others_finish_decode_as_alone(pairs, prompts, name, sampled):
     """Eight prompts through a batch of three: rows join as rows end (each after its own first
     step, its cache columns and drafter state then merged into the batch's), and every row still
@@ -126,7 +141,7 @@ def test_rows_joining_as_others_finish_decode_as_alone(pairs, prompts, name, sam
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
-@pytest.mark.parametrize("name", ["draft_model aligned", "eagle3", "mtp", "dflash"])
+@pytest.mark.parametrize("name", ["draft_model aligned", "eagle3", "mtp", "dflash", "peagle"])
 def test_rows_joining_on_the_engines_schedule_decode_as_alone(pairs, prompts, name, sampled):
     """On the engines' schedule (validate's) a joining row drafts nothing in its first step: the
     draft model is fed its prompt in a forward of its own before it joins, and every row still

@@ -20,7 +20,7 @@ from .test_eagle3 import heads  # noqa: F401  (session fixture: EAGLE-3 heads fo
 from .test_mtp import mtp_dirs, mtp_pairs  # noqa: F401  (session fixtures: the tiny target with MTP layers)
 
 METHODS = ["draft_model aligned", "draft_model random", "ngram", "suffix", "eagle3", "eagle3 tree", "medusa tree",
-           "mtp", "dflash", "dspark"]
+           "mtp", "dflash", "dspark", "peagle"]
 
 
 @pytest.fixture(scope="module")

@@ -40,8 +40,12 @@ def heads(models, tmp_path_factory):
         for name, parameter in dspark.named_parameters():
             if not name.startswith(("embed_tokens", "lm_head")):
                 parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.5)
+    from specreg.runtime.methods.peagle import new_peagle_head, save_peagle_head
+
+    peagle = new_peagle_head(target, mask_token_id=vocab - 1, aux_layer_ids=(0, 1), seed=7)
     return {"eagle3": eagle3, "medusa": save_medusa_heads(medusa, root / "medusa"),
-            "dspark": save_block_head(dspark, root / "dspark", "dspark", str(models["target"]))}
+            "dspark": save_block_head(dspark, root / "dspark", "dspark", str(models["target"])),
+            "peagle": save_peagle_head(peagle, root / "peagle", str(models["target"]))}
 
 
 def test_dspark_pair_validates_with_k_from_its_block(registry, models, heads, golden_path):
@@ -58,6 +62,24 @@ def test_dspark_pair_validates_with_k_from_its_block(registry, models, heads, go
     performance = found["performance"]
     # one block forward a step: the k to recommend is the block's, no other
     assert performance.figures["recommended_k"] == performance.figures["extrapolated_k"] == 4
+
+
+def test_peagle_pair_validates_drawing_each_slot_from_the_heads_law(registry, models, heads, golden_path):
+    """A P-EAGLE pair end to end: greedy output equal to the target's, the distribution check's
+    chi-square tests on one step's draws through the acceptance rule with the head's own law at its
+    first slot (the later slots' laws are the reference's: tests/runtime/test_peagle.py), and one
+    head forward a step, so the performance check keeps the registered k."""
+    version = registry.register("peag", target=str(models["target"]), draft=str(heads["peagle"]), method="peagle",
+                                num_speculative_tokens=3).version
+    assert version.config.head["parallel"] == {"mask_token_id": version.target.fingerprint.vocab_size - 1}
+    outcome = registry.validate("peag@1", golden=str(golden_path), device="cpu", gpu_memory="1GiB",
+                                distribution_samples=2000,
+                                checks="integrity,tokenizer,equivalence,distribution,acceptance,performance")
+    found = {check.name: check for check in outcome.checks}
+    for name in ("integrity", "tokenizer", "equivalence", "distribution", "acceptance"):
+        assert found[name].status == "pass", (name, found[name].summary)
+    assert found["distribution"].evidence["draft_law"] == "the peagle head's distribution from the target's hidden states"
+    assert found["performance"].figures["recommended_k"] == 3
 
 
 def test_medusa_pair_validates_on_the_tree_runtime(registry, models, heads, golden_path):

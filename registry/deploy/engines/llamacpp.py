@@ -84,6 +84,12 @@ SUFFIX_REFUSAL = ("llama-server has no suffix decoding: its --spec-type values a
 TREE_REFUSAL = ("the registered candidate tree cannot be served: llama.cpp's EAGLE-3 drafter proposes one chain, "
                 "the top candidate at each position (common/speculative.cpp:808 cur_p->data[0].id); register the "
                 "head without --tree")
+PEAGLE_REFUSAL = ("llama-server has no parallel drafting of an EAGLE-3 head: its --spec-type values are none, "
+                  "draft-simple, draft-eagle3, draft-mtp, draft-dflash, draft-dspark and ngram-* "
+                  "(common/speculative.cpp:33-45), and draft-eagle3 decodes one token a head forward, each fed the "
+                  "previous draft and the head's pre-norm output (common/speculative.cpp:783-840); its converter has "
+                  "no class for speculators' PEagleSpeculator (conversion/__init__.py:163-166 and conversion/llama.py:"
+                  "25-28 name the EAGLE-3 ones only)")
 # our MTP families (specreg.core.heads.mtp_checkpoint) whose layers llama.cpp builds a graph for
 # (src/models/deepseek2.cpp, glm4-moe.cpp, mimo2.cpp, qwen3next.cpp, qwen35.cpp read n_layer_nextn)
 MTP_FAMILIES = ("deepseek", "mimo", "qwen3_next", "qwen3_5")
@@ -98,6 +104,8 @@ def refusal(pair_version: PairVersion) -> str | None:
         return eagle3_refusal(pair_version)
     if method is SpecMethod.MEDUSA:
         return MEDUSA_REFUSAL
+    if method is SpecMethod.PEAGLE:
+        return PEAGLE_REFUSAL
     if method is SpecMethod.SUFFIX:
         return SUFFIX_REFUSAL
     if method is SpecMethod.DFLASH:

@@ -45,8 +45,17 @@ SUFFIX_REFUSAL = ("SGLang 0.5.23 has no suffix decoding: its built-in --speculat
                   "(sglang/srt/speculative/spec_info.py:39-47 SpeculativeAlgorithm)")
 
 
+PEAGLE_REFUSAL = ("SGLang 0.5.23 has no parallel drafting of an EAGLE-3 head: its EAGLE3 worker runs one draft "
+                  "forward per step, each fed the previous step's tokens (sglang/srt/speculative/eagle_worker_v2.py:"
+                  "808-830 draft_forward), no algorithm reads a mask token or mask_hidden "
+                  "(sglang/srt/speculative/spec_info.py:39-47 SpeculativeAlgorithm), and it cannot load the "
+                  "speculators layout; as EAGLE3 it would draft other tokens than the validated ones")
+
+
 def refusal(pair_version: PairVersion) -> str | None:
     config = pair_version.config
+    if config.method is SpecMethod.PEAGLE:
+        return PEAGLE_REFUSAL
     if config.method is SpecMethod.NGRAM:
         return NGRAM_REFUSAL
     if config.method is SpecMethod.SUFFIX:
@@ -67,8 +76,8 @@ def refusal(pair_version: PairVersion) -> str | None:
 
 
 def context(export: Export) -> dict[str, Any]:
-    # ngram and suffix have no SGLang command (refusal above); the key stays, None, for user templates
-    if export.config.method in (SpecMethod.NGRAM, SpecMethod.SUFFIX):
+    # ngram, suffix and peagle have no SGLang command (refusal above); the key stays, None, for user templates
+    if export.config.method in (SpecMethod.NGRAM, SpecMethod.SUFFIX, SpecMethod.PEAGLE):
         return {"sglang_command": None}
     draft: str | dict | None = export.draft_source
     if export.config.method is SpecMethod.EAGLE3:

@@ -34,7 +34,8 @@ NGRAM = ("server/text_generation_server/utils/tokens.py:209-229 create_n_gram_sp
 
 def refusal(pair_version: PairVersion) -> str | None:
     method = pair_version.config.method
-    if method in (SpecMethod.EAGLE3, SpecMethod.MTP, SpecMethod.SUFFIX, SpecMethod.DFLASH, SpecMethod.DSPARK):
+    if method in (SpecMethod.EAGLE3, SpecMethod.MTP, SpecMethod.SUFFIX, SpecMethod.DFLASH, SpecMethod.DSPARK,
+                  SpecMethod.PEAGLE):
         return f"TGI 3.3's --speculate does Medusa (from a combined repository) or n-gram only ({SPECULATE})"
     if method is SpecMethod.DRAFT_MODEL:
         return (f"TGI 3.3 has no separate-draft mode (--speculate does Medusa or n-gram only: {SPECULATE}); "

@@ -65,10 +65,19 @@ BLOCK_REFUSAL = ("TensorRT-LLM 1.2 has no block drafter: its speculative_config 
                  "it); DFlashDecodingConfig (mask_token_id, target_layer_ids) came after 1.2")
 
 
+PEAGLE_REFUSAL = ("TensorRT-LLM 1.2 has no parallel drafting of an EAGLE-3 head: its speculative_config "
+                  "decoding_type is one of MTP, Medusa, Eagle, Lookahead, NGram, DraftTarget, SaveState, UserProvided "
+                  "and AUTO (tensorrt_llm/llmapi/llm_args.py of the 1.2 line, as templates/engines/trtllm-1.2.json "
+                  "records it), and its Eagle drafts max_draft_len tokens one head forward each; the PARD decoding "
+                  "of later releases drafts with a model of its own, without the target's hidden states")
+
+
 def refusal(pair_version: PairVersion) -> str | None:
     config = pair_version.config
     if config.method is SpecMethod.SUFFIX:
         return SUFFIX_REFUSAL
+    if config.method is SpecMethod.PEAGLE:
+        return PEAGLE_REFUSAL
     if config.method in (SpecMethod.DFLASH, SpecMethod.DSPARK):
         return BLOCK_REFUSAL
     if config.tree is not None and config.method.has_head:

@@ -97,7 +97,15 @@ def speculative_config(pair_version: PairVersion, draft_source: str | None, opts
     config = pair_version.config
     k = config.num_speculative_tokens
     speculative: dict[str, Any] = {"method": config.method.value, "num_speculative_tokens": k}
-    if config.method in (SpecMethod.DRAFT_MODEL, SpecMethod.EAGLE3, SpecMethod.DFLASH, SpecMethod.DSPARK):
+    if config.method is SpecMethod.PEAGLE:
+        # vLLM serves a P-EAGLE head as eagle3 with parallel drafting (transformers_utils/configs/speculators/
+        # base.py:133-134 says so only for `vllm serve HEAD`); without the key it would draft the head one token
+        # a forward and skip its mask_hidden (model_executor/models/llama_eagle3.py:433-441). parallel_drafting
+        # is SpeculativeConfig's own field (config/speculative.py:511); the mask token it reads from the head's
+        # config (pard_token, v1/spec_decode/llm_base_proposer.py:355-381)
+        speculative.update(method="eagle3", parallel_drafting=True)
+    if config.method in (SpecMethod.DRAFT_MODEL, SpecMethod.EAGLE3, SpecMethod.DFLASH, SpecMethod.DSPARK,
+                         SpecMethod.PEAGLE):
         # eagle3, dflash, dspark: `model` is the head; vLLM builds its draft ModelConfig with the
         # target's tokenizer. Block drafters: k is the head's block less the anchor (or the whole block
         # with sample_from_anchor), as registration fixed it; verification stays vLLM's default
@@ -272,7 +280,10 @@ def speculative_values(export: Export, speculative: dict[str, Any], where: str) 
     from specreg.registry.deploy import read_back as rb
 
     method = speculative.get("method")
-    read = [rb.ReadValue("method", method, f"{where} method"),
+    # eagle3 with parallel_drafting is how vLLM runs a P-EAGLE head: read as the registry names it
+    read_as = "peagle" if method == "eagle3" and speculative.get("parallel_drafting") is True else method
+    read = [rb.ReadValue("method", read_as, f"{where} method" + (" with parallel_drafting" if read_as != method
+                                                                    else "")),
             rb.ReadValue("k", rb.as_int(speculative.get("num_speculative_tokens"), where),
                          f"{where} num_speculative_tokens")]
     if method == "eagle3" and export.pair_version.draft is not None:

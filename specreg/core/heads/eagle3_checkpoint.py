@@ -32,6 +32,7 @@ vllm-project/speculators main at c05b95b, the others their GitHub sources):
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,7 @@ from specreg.core.heads.spec import (
     shown,
     str_list,
 )
+from specreg.core.heads.peagle_checkpoint import read_peagle
 from specreg.core.heads.tensors import expect_shape, find_tensor, list_weight_files, read_tensors
 from specreg.core.heads.vocabulary import D2T_DTYPES, T2D_DTYPES
 from specreg.errors import HeadMismatchError, ModelReferenceError
@@ -58,6 +60,28 @@ VERIFIER_FINGERPRINT_KEY = "specreg"
 FINGERPRINT_FIELDS = ("weights_sha256", "config_sha256", "tokenizer_sha256", "chat_template_sha256")
 # vLLM sizes an EAGLE-3 fc for this many aux layers when the config names none.
 DEFAULT_AUX_LAYER_COUNT = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeculatorsKind:
+    """How vLLM 0.33 reads a speculators EAGLE-3 head of one speculators_model_type
+    (transformers_utils/configs/speculators/algos.py, its update_<kind> function)."""
+
+    architectures: dict[str, str]  # transformer_layer_config.model_type -> the architecture vLLM builds
+    norm_before_residual: bool  # what an absent norm_before_residual reads as
+    # the top-level norm flags it copies into the head's config; the others are read from
+    # transformer_layer_config (its starting point) or not at all
+    top_level_flags: tuple[str, ...]
+
+
+SPECULATORS_KINDS = {
+    # algos.py:15-50 update_eagle3
+    "eagle3": SpeculatorsKind({"llama": "Eagle3LlamaForCausalLM", "qwen3": "Eagle3Qwen3ForCausalLM"}, True,
+                              ("norm_before_fc", "fc_norm", "norm_output")),
+    # algos.py:53-86 update_peagle: P-EAGLE, served as eagle3 with parallel_drafting (base.py:133-134)
+    "peagle": SpeculatorsKind({"llama": "PeagleLlamaForCausalLM", "qwen3": "PeagleQwen3ForCausalLM"}, False,
+                              ("norm_before_fc",)),
+}
 
 
 def eagle_architectures(architectures) -> list[str]:
@@ -105,15 +129,9 @@ def check_aux_layers(head: HeadSpec, target: TargetShape) -> tuple[tuple[int, ..
 
 def read_speculators(directory: Path, config_path: Path, config: dict[str, Any]) -> HeadSpec:
     kind = config["speculators_model_type"]
-    if kind == "peagle":
-        raise ModelReferenceError(
-            f"{config_path}: speculators_model_type 'peagle' is P-EAGLE, which vLLM 0.33 serves as eagle3 with "
-            "parallel_drafting (transformers_utils/configs/speculators/base.py:133-134): PeagleLlama/Qwen3ForCausalLM "
-            "drafts all k tokens in one pass from mask_token_id placeholders (speculators/algos.py:53-86); "
-            "specreg's runtime drafts an EAGLE-3 head one token a step and cannot validate it, so it is not registered")
-    if kind != "eagle3":
+    if not isinstance(kind, str) or kind not in SPECULATORS_KINDS:
         raise ModelReferenceError(f"{config_path}: speculators_model_type {shown(kind)} is not a head kind "
-                                  "specreg registers (eagle3)")
+                                  f"specreg registers ({', '.join(SPECULATORS_KINDS)})")
     layer = json_object(config.get("transformer_layer_config"), f"{config_path}: transformer_layer_config")
     speculators = json_object(config.get("speculators_config"), f"{config_path}: speculators_config")
     verifier = json_object(speculators.get("verifier"), f"{config_path}: speculators_config.verifier")
@@ -131,8 +149,16 @@ def read_speculators(directory: Path, config_path: Path, config: dict[str, Any])
                            f"{config_path}: speculators_config.proposal_methods[0].speculative_tokens")
     ids = read_layer_ids(config.get("eagle_aux_hidden_state_layer_ids"),
                      f"{config_path}: eagle_aux_hidden_state_layer_ids")
-    return _eagle3_spec(directory, config_path, "speculators", config, layer, "transformer_layer_config.", ids,
+    spec = _eagle3_spec(directory, config_path, "speculators", config, layer, "transformer_layer_config.", ids,
                         verifier=(name, architectures, fingerprint), speculative_tokens=tokens)
+    residual = SPECULATORS_KINDS[kind].norm_before_residual
+    if "norm_before_residual" not in config and residual:
+        # vLLM reads true (speculators/algos.py:33-35), speculators' config false (eagle3/config.py:43-46)
+        spec = dataclasses.replace(spec, notes=(*spec.notes, "norm_before_residual absent: vLLM reads true, "
+                                                             "speculators false"))
+    if kind == "peagle":
+        spec = read_peagle(spec, config_path, config)
+    return spec
 
 
 def _verifier_fingerprint(value: Any, config_path: Path) -> dict[str, str]:
@@ -256,9 +282,6 @@ def _eagle3_spec(directory: Path, config_path: Path, layout: str, config: dict[s
         if t2d.dtype not in T2D_DTYPES or t2d.shape != (vocab,):
             raise ModelReferenceError(f"{directory / t2d.file}: tensor {t2d.name} is {t2d.dtype} {list(t2d.shape)}, "
                                       f"expected bool [{vocab}] (a mask over the {layer_prefix}vocab_size ids)")
-    if layout == "speculators" and "norm_before_residual" not in config:
-        # vLLM speculators/algos.py:33-35 defaults it to True, speculators eagle3/config.py:43-46 to False
-        notes.append("norm_before_residual absent: vLLM reads true, speculators false")
     name, architectures, fingerprint = verifier
     layer_type = layer.get("model_type") if isinstance(layer.get("model_type"), str) else None
     return HeadSpec(method="eagle3", layout=layout, path=str(directory.resolve()), hidden_size=hidden,

@@ -4,7 +4,8 @@ target layers each engine will feed it.
 
 What we followed (vLLM is the released 0.33.0 wheel):
 - The layers vLLM builds: a speculators head by transformer_layer_config.model_type, absent =
-  llama, only llama and qwen3 (transformers_utils/configs/speculators/algos.py update_eagle3); an
+  llama, only llama and qwen3 (transformers_utils/configs/speculators/algos.py update_eagle3, and
+  update_peagle for P-EAGLE, whose norm flags differ: eagle3_checkpoint.SPECULATORS_KINDS); an
   original-layout head by its architecture, prefixed "Eagle3" unless it starts or ends with it
   (transformers_utils/configs/eagle.py), looked up in model_executor/models/registry.py:698-713:
   llama_eagle3 (Llama layers), qwen3_eagle3 (Qwen3 layers: q_norm/k_norm), deepseek_eagle3 (MLA).
@@ -35,18 +36,20 @@ from pathlib import Path
 from typing import Any
 
 from specreg.core.files import read_json_file
-from specreg.core.heads.eagle3_checkpoint import default_aux_layer_ids  # vLLM's, llama.cpp's and EAGLE's
+# default_aux_layer_ids: vLLM's, llama.cpp's and EAGLE's default
+from specreg.core.heads.eagle3_checkpoint import SPECULATORS_KINDS, default_aux_layer_ids
 from specreg.core.heads.spec import optional_str, positive_int, read_layer_ids, str_list
 from specreg.errors import ModelReferenceError
 
-# vLLM 0.33 model_executor/models/registry.py:700-713: EAGLE-3 architecture -> the layers it builds
+# vLLM 0.33 model_executor/models/registry.py:698-713: EAGLE-3 architecture -> the layers it builds
+# (P-EAGLE's architectures are the EAGLE-3 classes, run with parallel drafting)
 VLLM_EAGLE3_LAYERS = {
+    "PeagleLlamaForCausalLM": "llama", "PeagleQwen3ForCausalLM": "qwen3",
     "Eagle3LlamaForCausalLM": "llama", "LlamaForCausalLMEagle3": "llama", "Eagle3MiniMaxM2ForCausalLM": "llama",
     "Eagle3Qwen2_5vlForCausalLM": "llama", "Eagle3Qwen3vlForCausalLM": "llama",
     "Eagle3Qwen3ForCausalLM": "qwen3",
     "Eagle3DeepseekV2ForCausalLM": "deepseek_v2", "Eagle3DeepseekV3ForCausalLM": "deepseek_v2",
 }
-SPECULATORS_ARCHITECTURES = {"llama": "Eagle3LlamaForCausalLM", "qwen3": "Eagle3Qwen3ForCausalLM"}  # algos.py
 RUNTIME_LAYERS = ("llama", "qwen3")  # the decoder layers specreg's runtime builds (runtime/methods/eagle3.py)
 # keys ModelOpt's export template writes into eagle_config beside the ids (hf_spec_configs.py)
 MODELOPT_KEYS = ("use_input_layernorm_in_first_layer", "use_last_layernorm", "use_mtp_layernorm",
@@ -104,16 +107,27 @@ def read_eagle3_variant(directory: str | Path) -> Eagle3Variant:
     config = read_json_file(config_path)
     eagle_config = config.get("eagle_config") if isinstance(config.get("eagle_config"), dict) else {}
     where = str(config_path)
+    top_level = config  # where vLLM reads the norm flags from
     if "speculators_model_type" in config:
+        name = config["speculators_model_type"]
+        kind = SPECULATORS_KINDS.get(name) if isinstance(name, str) else None
+        if kind is None:
+            raise ModelReferenceError(f"{where}: speculators_model_type {config['speculators_model_type']!r} is not "
+                                      f"an EAGLE-3 kind ({', '.join(SPECULATORS_KINDS)})")
         layer = config.get("transformer_layer_config") if isinstance(config.get("transformer_layer_config"),
                                                                      dict) else {}
         model_type = optional_str(layer.get("model_type"), f"{where}: transformer_layer_config.model_type") or "llama"
-        if model_type not in SPECULATORS_ARCHITECTURES:
+        if model_type not in kind.architectures:
             raise ModelReferenceError(f"{where}: transformer_layer_config.model_type {model_type!r}: vLLM 0.33 "
-                                      "serves speculators EAGLE-3 heads with llama or qwen3 layers only "
-                                      "(transformers_utils/configs/speculators/algos.py update_eagle3)")
-        architecture = SPECULATORS_ARCHITECTURES[model_type]
-        writer, numbering, residual_default = "speculators", INPUTS, True
+                                      f"serves speculators {config['speculators_model_type']} heads with "
+                                      f"{' or '.join(kind.architectures)} layers only "
+                                      "(transformers_utils/configs/speculators/algos.py)")
+        architecture = kind.architectures[model_type]
+        writer, numbering, residual_default = "speculators", INPUTS, kind.norm_before_residual
+        # a flag the kind's updater does not copy is read from transformer_layer_config, its starting point
+        top_level = {**{key: value for key, value in layer.items() if key not in kind.top_level_flags},
+                     **{key: config[key] for key in kind.top_level_flags if key in config},
+                     "norm_before_residual": config.get("norm_before_residual")}
     else:
         layer = config
         model_type = optional_str(config.get("model_type"), f"{where}: model_type") or "llama"
@@ -140,9 +154,9 @@ def read_eagle3_variant(directory: str | Path) -> Eagle3Variant:
     return Eagle3Variant(
         architecture=architecture, layer_kind=layer_kind, model_type=model_type, layer_fields=dict(layer),
         num_layers=int(layers),
-        norm_before_fc=_flag(eagle_config, "norm_before_fc", _flag(config, "norm_before_fc", False, where), where),
-        fc_norm=_flag(config, "fc_norm", False, where), norm_output=_flag(config, "norm_output", False, where),
-        norm_before_residual=_flag(config, "norm_before_residual", residual_default, where),
+        norm_before_fc=_flag(eagle_config, "norm_before_fc", _flag(top_level, "norm_before_fc", False, where), where),
+        fc_norm=_flag(top_level, "fc_norm", False, where), norm_output=_flag(top_level, "norm_output", False, where),
+        norm_before_residual=_flag(top_level, "norm_before_residual", residual_default, where),
         sliding_window=window if isinstance(window, int) and not isinstance(window, bool) else None,
         writer=writer, numbering=numbering,
         top_level_ids=read_layer_ids(config.get("eagle_aux_hidden_state_layer_ids"),

@@ -24,7 +24,7 @@ class HeadTensor:
 class HeadSpec:
     """What a head is, read from its config and safetensors headers (no tensor loaded)."""
 
-    method: str  # "eagle3" | "eagle" | "medusa" | "mtp"
+    method: str  # a HEAD_FORMATS name (specreg.core.methods): "eagle3", "peagle", "medusa", "mtp" ...
     layout: str  # "speculators" | "eagle" (original EAGLE checkout) | "medusa" | "mtp:<family>"
     path: str  # the head directory; for MTP the target's own directory
     hidden_size: int  # width of the head's own layers
@@ -47,6 +47,8 @@ class HeadSpec:
     # block drafters (DFlash, DSpark): block_size, draft_length, sample_from_anchor, mask_token_id,
     # causal, the layer ids as declared and their numbering, DSpark's Markov head; None for others
     block: dict[str, Any] | None = None
+    # P-EAGLE (parallel drafting): mask_token_id, the token of the k - 1 placeholder slots; None for others
+    parallel: dict[str, Any] | None = None
 
     def tensor(self, name: str) -> HeadTensor | None:
         return next((t for t in self.tensors if t.name == name), None)
@@ -58,8 +60,9 @@ class HeadSpec:
         for name in ("aux_layer_ids", "verifier_architectures", "weight_files", "notes"):
             data[name] = list(data[name]) if data[name] is not None else None
         data["verifier_fingerprint"] = dict(self.verifier_fingerprint)
-        if self.block is None:  # only when set: other heads' bindings hash as before it existed
-            del data["block"]
+        for name in ("block", "parallel"):
+            if data[name] is None:  # only when set: other heads' bindings hash as before it existed
+                del data[name]
         return data
 
     @classmethod
