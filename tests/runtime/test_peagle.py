@@ -15,7 +15,8 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from specreg.errors import ModelReferenceError, RuntimeConfigError
 from specreg.runtime import acceptance_rule
-from specreg.runtime.decode import DecodeConfig, speculative_generate
+from specreg.runtime.decode_config import DecodeConfig
+from specreg.runtime.generate import speculative_generate
 from specreg.runtime.forward import forward_logits
 from specreg.runtime.methods import load_pair
 from specreg.runtime.methods.peagle import new_peagle_head, save_peagle_head
