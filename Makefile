@@ -27,12 +27,16 @@ $(VENV)/.installed: pyproject.toml
 # engine tests' one subprocess per engine stay on one worker; session fixtures (tiny models, the
 # MLflow server) are built once per worker. 270 s instead of 390-500 s on the 2-core machine.
 test: install
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "not vllm_engine"
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not vllm_engine and not engine_process"
 
-# The tests that start real vLLM servers (tests/vllmengine, marker vllm_engine): after `make vllm`,
-# one at a time (each server takes both cores while it starts), apart from `make test` so that each
-# stays within its budget on a 2-core machine (docs/test-suite.md). In CI a missing vLLM fails them.
+# The tests that run the engines' and the training tools' own code as processes, apart from
+# `make test` so that each stays within its budget on a 2-core machine (docs/test-suite.md):
+# llama-server and llama.cpp's converter, the heads speculators and ModelOpt write (marker
+# engine_process: two workers, as `make test`; after `make llamacpp`), then the real vLLM servers
+# (tests/vllmengine, marker vllm_engine: one at a time, each server takes both cores while it
+# starts; after `make vllm`). In CI a missing engine fails them.
 test-engines: install
+	$(PY) -m pytest -q -n 2 --dist loadfile -m engine_process
 	$(PY) -m pytest -q -m vllm_engine tests/vllmengine
 
 # The runtime's tests again under the oldest transformers pyproject admits (5.17; the venv has the

@@ -12,6 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
+pytestmark = pytest.mark.engine_process
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for tinymodels, realpair
 
 AUX = (1, 3)  # the states entering layers 1 and 3: DFlash target_layer_ids [0, 2]

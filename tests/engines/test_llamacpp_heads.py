@@ -19,6 +19,8 @@ from types import SimpleNamespace
 
 import pytest
 
+pytestmark = pytest.mark.engine_process
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for tinymodels, headfiles, realpair
 
 AUX = (1, 3, 4)

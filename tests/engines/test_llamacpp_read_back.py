@@ -17,6 +17,8 @@ from types import SimpleNamespace
 
 import pytest
 
+pytestmark = pytest.mark.engine_process
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for tinymodels, headfiles
 
 AUX = [1, 10, 18]

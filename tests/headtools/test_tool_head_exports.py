@@ -16,7 +16,7 @@ import pytest
 
 from clirun import run  # tests/ is on sys.path (tests/conftest.py)
 
-pytestmark = pytest.mark.slow  # the session fixture builds the heads with both tools (about a minute)
+pytestmark = [pytest.mark.slow, pytest.mark.engine_process]  # the session fixture builds the heads with both tools (about a minute)
 
 HEADS = ("speculators-defaults", "speculators-qwen3", "modelopt", "speculators-converted", "specforge")
 FORMATS = ("vllm", "k8s-vllm", "sglang", "trtllm", "llamacpp")

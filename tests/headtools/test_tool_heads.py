@@ -15,7 +15,7 @@ import pytest
 from clirun import one_line, run  # tests/ is on sys.path (tests/conftest.py)
 
 # the session fixture builds the heads in a process that imports both tools (about a minute)
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.engine_process]
 
 # head -> (writer, numbering, trained on, vLLM feeds, llama.cpp's converter reads, SGLang feeds), as
 # layer inputs; SGLang reads eagle_config's ids as layer outputs (as ModelOpt and SpecForge write them)
