@@ -81,12 +81,22 @@ def dflash_cache_key(target_dir) -> str:
                                                        aux="1, N // 2, N - 2"))
 
 
+def native_dir(head_dir) -> Path:
+    """Where the demo head's engine-native copy lies: beside it, not inside (a registered head's
+    folder is fingerprinted whole)."""
+    head_dir = Path(head_dir)
+    return head_dir.with_name(head_dir.name + "-native")
+
+
 def build_demo_dflash(head_dir, target_dir, *, force: bool = False, progress=None) -> Path:
     """Build (or reuse the cached) DFlash head for the demo target -> its directory, in the
-    speculators layout (register it with --method dflash; k defaults to its block less one)."""
+    speculators layout (register it with --method dflash; k defaults to its block less one), and
+    the same weights in the engine-native layout beside it (native_dir): the one llama.cpp's
+    converter and SGLang read."""
     head_dir = Path(head_dir)
     key = dflash_cache_key(target_dir)
-    if cached_build(head_dir, "demo-head.json", key, "model.safetensors", force):
+    if (cached_build(head_dir, "demo-head.json", key, "model.safetensors", force)
+            and (native_dir(head_dir) / "model.safetensors").is_file()):
         return head_dir  # found before torch and transformers are imported
     from specreg.runtime.methods.dflash import new_block_head, save_block_head
 
@@ -104,10 +114,13 @@ def build_demo_dflash(head_dir, target_dir, *, force: bool = False, progress=Non
     train_block_head(head, target, stream, *DFLASH_TRAINING, anchors=DFLASH_ANCHORS, seed=3, max_lr=DFLASH_LR,
                      progress=progress)
     save_block_head(head, head_dir, "dflash", str(Path(target_dir).resolve()), target.config.architectures or [])
+    save_block_head(head, native_dir(head_dir), "dflash", str(Path(target_dir).resolve()),
+                    target.config.architectures or [], layout="native")
     write_stamp(head_dir, "demo-head.json", key, started, cpu_started, method="dflash")
     return head_dir
 
 
 def build_demo(directory, target_dir, *, force: bool = False, progress=None) -> list[str]:
     """The demo-pair command's DFlash step: the block drafter for the demo target -> the lines it prints."""
-    return [f"dflash: {build_demo_dflash(Path(directory) / 'dflash', target_dir, force=force, progress=progress)}"]
+    head_dir = build_demo_dflash(Path(directory) / "dflash", target_dir, force=force, progress=progress)
+    return [f"dflash: {head_dir}", f"dflash (engine-native layout): {native_dir(head_dir)}"]

@@ -26,35 +26,8 @@ export SPECREG_THREADS=${SPECREG_THREADS:-$(( $(nproc) / 3 > 1 ? $(nproc) / 3 : 
 # through and again for the real pair at the end: the same runs, model versions, approvals and aliases.
 export SPECREG_MLFLOW=off
 
-# each step says how long the demo has run so far (m:ss), so a slow step shows where it is
-step() { printf '\n== [%d:%02d] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
-
-# The built-in policy validates on the 43-prompt default set; the demo uses the 7-prompt
-# smoke set so that it runs in a few minutes on a laptop CPU.
-cat > "$POLICY_FILE" <<'TOML'
-golden_set = "smoke"
-required_checks = ["integrity", "tokenizer", "chat_template", "equivalence", "distribution", "acceptance"]
-acceptance_tolerance = 0.10
-max_validation_age_days = 30
-
-[required_checks_by_method]
-# a head drafts inside the target's own chat context: no second template to compare (the
-# tokenizer check is the head's fit to the target's vocabulary)
-eagle3 = ["integrity", "tokenizer", "equivalence", "distribution", "acceptance"]
-mtp = ["integrity", "tokenizer", "equivalence", "distribution", "acceptance"]
-
-[environments.staging]
-approval_required = false
-
-[keyring]
-enrollers = ["admin"]   # who may enrol an approver's public key
-
-[environments.production]
-approval_required = true
-approvers = ["bob"]
-min_acceptance_rate = 0.3   # as the built-in policy: no first baseline a draft rarely matches
-min_speedup = 1.0           # never slower than the target alone (or promote --allow-slower REASON)
-TOML
+# step, write_demo_policy, policy_of_record
+source "$(dirname "$0")/demo_common.sh"
 
 # The heads the later steps need are built in the background while the first pair goes through
 # the chain: the EAGLE-3 head and the MTP layer, once the demo target exists (the real pair's
@@ -82,16 +55,7 @@ wait_for_build() {  # NAME PATTERN: wait for its background build, then show whe
   grep -E "$2" "$DEMO_DIR/build-$1.log" || true  # where the build (or its cache) put it
 }
 
-# The policy governs from the registry, not from a file the caller names: alice proposes the demo's
-# policy and bob, whose key an enroller (admin) put in the keyring, approves it (four-eyes under the
-# built-in policy in effect until then). Every later command is judged under it.
-step "the team's policy of record: alice proposes the demo policy, bob approves it with his own key"
-specreg keys create --use approval --out "$DEMO_DIR/keys/bob"                                 # bob's own key pair
-specreg keys enrol bob --public-key "$DEMO_DIR/keys/bob/specreg-signing.pub" --user admin   # an enroller, audited
-export SPECREG_APPROVAL_KEY="$DEMO_DIR/keys/bob/specreg-signing.key"
-specreg policy propose "$POLICY_FILE" --note "demo: the smoke golden set, bob approves production"
-specreg policy approve 1 --user bob --note "reviewed"
-specreg policy show | sed -n 1p  # sed reads it all: head would close the pipe early (BrokenPipeError, exit 1 under pipefail)
+policy_of_record "$POLICY_FILE" "$DEMO_DIR/keys"
 
 # The real pair (SmolLM2 from the package index) goes through its first steps in the
 # background from the start, beside the chain of the tiny pairs: built, registered, validated by

@@ -223,3 +223,10 @@ def test_demo_head_build_then_reuse_the_cache(tiny_dir, prompts, tmp_path, monke
     built_at = (head_dir / "model.safetensors").stat().st_mtime_ns
     assert demo_dflash.build_demo_dflash(tmp_path / "dflash", tiny_dir / "target") == head_dir
     assert (head_dir / "model.safetensors").stat().st_mtime_ns == built_at  # reused, not retrained
+    # the same head in the engine-native layout beside it drafts the same tokens
+    native = demo_dflash.native_dir(head_dir)
+    assert read_head(native, method="dflash").layout == "dflash"  # z-lab's DFlashDraftModel + dflash_config
+    native_pair = load_pair(tiny_dir / "target", native, method="dflash")
+    ours, native_run = (speculative_generate(p, prompts[0], config) for p in (pair, native_pair))
+    assert native_run.token_ids == ours.token_ids
+    assert native_run.metrics.summary()["per_position_acceptance"] == ours.metrics.summary()["per_position_acceptance"]
