@@ -11,11 +11,12 @@ def validate_engine(registry, ref, request, *, golden: str | None = None, progre
     golden set) -> engine_validation.run.EngineOutcome."""
     from specreg.engine_validation.run import validate_in_engine
     from specreg.golden_prompts.loader import load_golden_set
-    from specreg.usecases.validate import validation_settings
 
     version = registry.get(ref)
     export_argv = local_vllm_argv(registry, version) if request.engine == "vllm" and request.starts_server else None
-    golden_set = load_golden_set(validation_settings(registry, golden, 0.0)["golden_set"])
+    # resolved once, here: the set named, else the policy's (its validation environment's)
+    golden_set = load_golden_set(golden if golden is not None else
+                                 registry.policy().validation_environment().golden_set)
     return validate_in_engine(registry.store, version, golden_set, request, actor=registry.user, progress=progress,
                               export_argv=export_argv)
 
