@@ -74,8 +74,7 @@ class EngineValidationRequest:
 
     def to_dict(self) -> dict[str, Any]:
         """Every option as the engine baseline's report records it ("options")."""
-        return {field.name: list(value) if isinstance(value := getattr(self, field.name), tuple) else value
-                for field in fields(self)}
+        return {**{field.name: getattr(self, field.name) for field in fields(self)}, "tiers": list(self.tiers)}
 
 
 def default(option: str) -> Any:

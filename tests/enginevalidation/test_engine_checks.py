@@ -86,10 +86,10 @@ def test_a_category_beyond_the_tolerance_fails_in_one_line_naming_it_and_both_al
     assert result.figures["alpha_delta"] == pytest.approx(0.014)  # overall stays within
     assert result.evidence["category_min_drafted"] == 134  # ceil(4 / 0.03)
     # the baseline it records waits for an approver, saying which category and why
-    from specreg.engine_validation.request import EngineValidationRequest
+    from specreg.core.statuses import PARITY_TOLERANCE
     from specreg.registry.governance.engine_baseline_standing import baseline_status
 
-    status, why = baseline_status([result], EngineValidationRequest(engine="llamacpp").parity_tolerance)
+    status, why = baseline_status([result], PARITY_TOLERANCE)
     assert status == "unaccepted" and why == result.summary
 
 

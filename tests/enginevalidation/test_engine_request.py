@@ -16,8 +16,10 @@ def test_both_spellings_take_every_field_as_an_option_with_the_requests_default(
     """A new engine option is its field and its CLI option: `validate-engine` and `validate` each
     take every field, and their defaults make the request's own."""
     from specreg.cli import cli
-    from specreg.cli.validate_engine import engine_request
+    from specreg.cli.validate_engine import ENGINE_CHOICES, engine_request
+    from specreg.registry.deploy.engine_client import ENGINES
 
+    assert ENGINE_CHOICES == ENGINES  # the CLI's choice list is the one the request checks against
     names = [field.name for field in fields(EngineValidationRequest)]
     for command, args in (("validate-engine", ["x@1", "--engine", "llamacpp"]), ("validate", ["x@1"])):
         parsed = cli.commands[command].make_context(command, args).params
