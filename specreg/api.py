@@ -163,9 +163,9 @@ class Registry:
         or failed -> ValidationOutcome. Options: usecases.validate.validate's keywords."""
         return validate.validate(self, ref, **options)
 
-    def validate_engine(self, ref: Ref, *, engine: str, **options):
-        """Validate a version in a serving engine, record its engine baseline -> EngineOutcome."""
-        return validate_engine.validate_engine(self, ref, engine=engine, **options)
+    def validate_engine(self, ref: Ref, request, *, golden: str | None = None, progress=None):
+        """Validate a version as ``request`` (EngineValidationRequest) asks, record its engine baseline."""
+        return validate_engine.validate_engine(self, ref, request, golden=golden, progress=progress)
 
     def build_llama_server(self, log=None, progress=None):
         return validate_engine.build_llama_server(self, log=log, progress=progress)

@@ -8,7 +8,7 @@ those the options select, in order, and knows no check by name.
 
 ``validate --engine`` runs the checks of validators/engine.py over one ``EngineCheckContext``: what
 the engine and our runtime did with the same golden prompts, gathered before any check runs
-(specreg/engine_validation.py drives the engine).
+(specreg/engine_validation/ drives the engine).
 """
 
 from __future__ import annotations

@@ -31,10 +31,10 @@ import math
 from typing import Any, Callable
 
 from specreg.core.differences import first_difference
+from specreg.core.statuses import PARITY_TOLERANCE
 from specreg.core.types import FAIL, PASS, SKIP, WARN, CheckResult
 from specreg.validators.context import Check, EngineCheckContext
 
-PARITY_TOLERANCE = 0.03  # |alpha_engine - alpha_ours| overall and per category, greedy
 MAX_DIFFERENCES = 50
 
 

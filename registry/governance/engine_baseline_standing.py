@@ -16,7 +16,8 @@ counts only when nobody could have slipped it in:
   an ``engine_accept`` audit event.
 
 A failed engine baseline (impossible counts, outputs that differ in the engine) cannot be
-accepted: the engine is re-validated instead.
+accepted: the engine is re-validated instead. Which of the three an engine validation records is
+``baseline_status``'s rule.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from specreg.core.statuses import PARITY_TOLERANCE
+from specreg.core.types import FAIL
 from specreg.core.user_names import same_user
 from specreg.errors import NotFoundError, PolicyViolation, UsageError
 from specreg.registry.store.engine_baselines import (FAILED, PASSED, UNACCEPTED, baseline_of, baselines_of,
@@ -49,6 +52,30 @@ class Standing:
     def to_dict(self) -> dict[str, Any]:
         return {"engine_baseline_id": self.row.id, "engine": self.row.engine, "status": self.row.status,
                 "counts": self.counts, "why": self.why, "accepted_by": self.accepted_by, "on_chain": self.on_chain}
+
+
+def baseline_status(checks, parity_tolerance: float) -> tuple[str, str | None]:
+    """An engine validation's checks (core.types.CheckResult) and the parity tolerance it was given
+    -> (passed | failed | unaccepted, why it needs acceptance or None). A check other than parity
+    failing fails the baseline. An acceptance rate beyond the parity tolerance, the run's or, when
+    the run was given a looser one, the registry's own (PARITY_TOLERANCE), makes it unaccepted:
+    recorded, used by nothing until an approver accepts it."""
+    if any(check.status == FAIL and check.name != "engine_parity" for check in checks):
+        return FAILED, None
+    parity = next((check for check in checks if check.name == "engine_parity"), None)
+    if parity is None:
+        return PASSED, None
+    tolerance = min(parity_tolerance, PARITY_TOLERANCE)
+    delta = (parity.figures or {}).get("alpha_delta")
+    if parity.status == FAIL or (delta is not None and delta > tolerance):
+        alpha = (parity.figures or {})
+        if delta is not None and delta <= tolerance:  # overall within: a category failed it
+            shown = parity.summary
+        else:
+            shown = (f"alpha {alpha['alpha_engine']:.4f} in the engine vs {alpha['alpha_ours']:.4f} on our runtime "
+                     f"(|d| {delta:.4f} > {tolerance:g})" if delta is not None else "no acceptance to compare")
+        return UNACCEPTED, shown
+    return PASSED, None
 
 
 def judge(session: Session, version_row: PairVersion, rows: list[EngineBaseline], chain: list[AuditEvent],

@@ -13,7 +13,7 @@ import sys
 import click
 
 from specreg.cli import (deploy, engine_baselines, governance, pipeline, registration, review,  # noqa: F401
-                         validation)
+                         validate_engine, validation)
 from specreg.cli.root import cli, echo_err, printable, print_warnings
 from specreg.errors import PathTooLongError, SpecregError
 

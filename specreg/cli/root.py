@@ -25,6 +25,14 @@ policy_option = click.option(
     help="Preview a policy file (TOML or YAML): shown beside the verdict, never deciding it; the registry's "
          "policy of record decides (`specreg policy show`).",
 )
+golden_option = click.option(
+    "--golden", default=None, metavar="SET|PATH",
+    help="Shipped golden set name or a .yaml/.jsonl file (default: the policy's, see `specreg policy show`).",
+)
+near_tie_option = click.option(
+    "--near-tie-tolerance", type=float, default=None,
+    help="Logit margin below which a greedy divergence is a near-tie (default by dtype).",
+)
 PREVIEW_ONLY = ("--policy only previews: {what} is judged under the registry's policy of record "
                 "(`specreg policy show`); preview with `specreg gate NAME@V --env ENV --policy FILE`, "
                 "change it with `specreg policy propose FILE`")

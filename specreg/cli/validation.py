@@ -6,75 +6,59 @@ import sys
 
 import click
 
-from specreg.cli.root import (cli, db_option, json_option, open_registry, print_json, print_table,
-                                printable, say, user_option)
+from specreg.cli.root import (cli, db_option, golden_option, json_option, near_tie_option, open_registry,
+                              print_json, print_table, say, user_option)
+from specreg.cli.validate_engine import (ENGINE_CHOICES, ENGINE_HELP, engine_options, engine_request,
+                                         run_engine_validation)
 from specreg.validators.equivalence import DEFAULT_BATCH_SIZE
 
 
 @cli.command()
 @click.argument("ref", metavar="NAME@VERSION")
-@click.option("--golden", default=None, metavar="SET|PATH",
-              help="Shipped golden set name or a .yaml/.jsonl file (default: the policy's, see `specreg policy show`).")
+@golden_option
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda", "mps"]), default="auto", show_default=True)
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
 @click.option("--checks", default=None, metavar="LIST", help="Comma-separated subset: integrity,tokenizer,chat_template,memory,equivalence,distribution,acceptance,performance.")
 @click.option("--gpu-memory", default=None, metavar="SIZE", help="Device memory budget, e.g. 80GiB (default: the CUDA device's).")
 @click.option("--acceptance-tolerance", type=float, default=None,
               help="Relative acceptance drop vs the previous validated version that fails (default: the policy's).")
-@click.option("--near-tie-tolerance", type=float, default=None, help="Logit margin below which a greedy divergence is a near-tie (default by dtype).")
+@near_tie_option
 @click.option("--distribution-samples", type=int, default=4000, show_default=True, help="Draws per prefix for the distribution check.")
 @click.option("--runtime-batch", type=int, default=DEFAULT_BATCH_SIZE, show_default=True, metavar="N", help="Golden prompts our runtime decodes at once (speed figures say the batch size; latency is measured at batch 1 too).")
 @click.option("--report", "report_path", default=None, metavar="FILE", help="Write the HTML report.")
 @click.option("--markdown", "markdown_path", default=None, metavar="FILE", help="Write a Markdown summary (e.g. $GITHUB_STEP_SUMMARY).")
 @click.option("--junit", "junit_path", default=None, metavar="FILE", help="Write JUnit XML: one testcase per check.")
-@click.option("--engine", type=click.Choice(["llamacpp", "vllm", "sglang"]), default=None,
-              help="Validate in a serving engine instead: llamacpp, and vllm without --engine-url, start the engine here "
-                   "(`make llamacpp`, `make vllm`); sglang needs --engine-url.")
-@click.option("--engine-url", default=None, metavar="URL", help="A vLLM / SGLang server someone else started (with the pair's draft): a GPU cluster, tensor parallel.")
-@click.option("--engine-reference-url", default=None, metavar="URL", help="The same engine serving the target without speculation (equivalence).")
-@click.option("--engine-model", default=None, metavar="NAME", help="The served model name (vLLM metrics label; default: the server's).")
-@click.option("--concurrency", default="1,4", show_default=True, metavar="LIST", help="Engine throughput tiers (llama-server -np).")
-@click.option("--parity-tolerance", type=float, default=0.03, show_default=True, help="Largest |alpha_engine - alpha_ours| overall.")
-@click.option("--engine-threads", type=int, default=None, metavar="N", help="llama-server -t; a local vLLM's VLLM_CPU_OMP_THREADS_BIND: the first N CPUs (default: llama.cpp's "
-                   "own choice; vLLM: every CPU this process may use).")
-@click.option("--engine-deadline", type=float, default=600.0, show_default=True, metavar="SECONDS",
-              help="One engine request in all, connect to last byte (a stalled or trickling server fails then).")
+@click.option("--engine", type=click.Choice(ENGINE_CHOICES), default=None,
+              help=f"Validate in a serving engine instead (`specreg validate-engine`): {ENGINE_HELP}")
+@engine_options
 @db_option
 @user_option
 @json_option
 def validate(ref, golden, device, dtype, checks, gpu_memory, acceptance_tolerance, near_tie_tolerance,
-             distribution_samples, runtime_batch, report_path, markdown_path, junit_path, engine, engine_url,
-             engine_reference_url, engine_model, concurrency, parity_tolerance, engine_threads, engine_deadline, db_url,
-             user, as_json):
+             distribution_samples, runtime_batch, report_path, markdown_path, junit_path, engine, db_url, user, as_json,
+             **engine_only):
     """Validate a pair version on golden prompts; exit 0 pass, 100 a check failed, 1 error.
 
     With --engine: run the golden prompts through a serving engine and record the pair's engine
-    baseline (parity with our runtime, equivalence in the engine, tokens/s per concurrency tier)."""
+    baseline (parity with our runtime, equivalence in the engine, tokens/s per concurrency tier),
+    as `specreg validate-engine` does."""
     from specreg.errors import PolicyViolation, SpecregError, UsageError
     from specreg.registry.store.validations import ERROR
     from specreg.registry.review import reports
     from specreg.runtime_validation import ValidationInterrupted
 
     registry = open_registry(db_url, user)
-    # the policy in effect decides what the run is judged on, unless told otherwise (said at the end)
-    settings = registry.validation_settings(golden, acceptance_tolerance if engine is None else 0.0)
-    golden, acceptance_tolerance = settings["golden_set"], settings["acceptance_tolerance"]
-    if engine is None and (engine_url or engine_reference_url or engine_model):
-        raise UsageError("--engine-url / --engine-reference-url / --engine-model need --engine")
     if engine is not None:
         if report_path or markdown_path or junit_path or checks:
             raise UsageError("--report/--markdown/--junit/--checks apply to our runtime's validation, not --engine")
-        try:
-            tiers = tuple(int(part) for part in concurrency.split(",") if part.strip())
-        except ValueError:
-            raise UsageError(f"invalid --concurrency {concurrency!r}: comma-separated integers, e.g. 1,4") from None
-        from specreg.cli.engine_report import run_engine_validation
-
-        run_engine_validation(registry, ref, engine=engine, golden=golden, engine_url=engine_url,
-                              reference_url=engine_reference_url, model_name=engine_model, tiers=tiers,
-                              parity_tolerance=parity_tolerance, near_tie_tolerance=near_tie_tolerance,
-                              dtype=dtype, threads=engine_threads, deadline_s=engine_deadline, as_json=as_json)
+        request = engine_request(engine=engine, dtype=dtype, near_tie_tolerance=near_tie_tolerance, **engine_only)
+        run_engine_validation(registry, ref, request, golden=golden, as_json=as_json)
         return
+    if engine_only["engine_url"] or engine_only["reference_url"] or engine_only["model_name"]:
+        raise UsageError("--engine-url / --engine-reference-url / --engine-model need --engine")
+    # the policy in effect decides what the run is judged on, unless told otherwise (said at the end)
+    settings = registry.validation_settings(golden, acceptance_tolerance)
+    golden, acceptance_tolerance = settings["golden_set"], settings["acceptance_tolerance"]
 
     # a report path that cannot be written fails now, not after the run was recorded
     for option, path in (("--report", report_path), ("--markdown", markdown_path), ("--junit", junit_path)):

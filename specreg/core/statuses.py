@@ -53,6 +53,12 @@ class EngineBaselineStatus(StrEnum):
     UNACCEPTED = "unaccepted"
 
 
+# |alpha_engine - alpha_ours| (greedy, overall and per category) beyond which an engine baseline is
+# unaccepted, whatever looser --parity-tolerance its run was given (the rule:
+# registry/governance/engine_baseline_standing.baseline_status); an engine validation's default
+PARITY_TOLERANCE = 0.03
+
+
 class GateVerdict(StrEnum):
     """The gate's answer (`specreg gate --json` ``verdict``): every condition held, one did not,
     or the gate could not be evaluated (it fails closed)."""

@@ -5,25 +5,19 @@ does the run). The pair's state does not move."""
 from __future__ import annotations
 
 
-def validate_engine(registry, ref, *, engine: str, golden: str | None = None, engine_url: str | None = None,
-                    reference_url: str | None = None, model_name: str | None = None,
-                    concurrency: tuple[int, ...] = (1, 4), parity_tolerance: float = 0.03,
-                    near_tie_tolerance: float | None = None, dtype: str = "float32", threads: int | None = None,
-                    deadline_s: float = 600.0, progress=None):
-    """Validate a version in ``engine`` and record its engine baseline (see
-    Registry.validate_engine) -> engine_validation.EngineOutcome."""
-    from specreg.engine_validation import EngineOptions, check_options, validate_in_engine
+def validate_engine(registry, ref, request, *, golden: str | None = None, progress=None):
+    """Validate a version in the engine ``request`` (an engine_validation.request.EngineValidationRequest,
+    checked when made) names and record its engine baseline on ``golden`` (default: the policy's
+    golden set) -> engine_validation.run.EngineOutcome."""
+    from specreg.engine_validation.run import validate_in_engine
     from specreg.golden_prompts.loader import load_golden_set
-    from specreg.usecases.validate import validation_settings
 
-    options = check_options(EngineOptions(
-        engine=engine, engine_url=engine_url, reference_url=reference_url, model_name=model_name,
-        tiers=tuple(concurrency), parity_tolerance=parity_tolerance, near_tie_tolerance=near_tie_tolerance,
-        dtype=dtype, threads=threads, deadline_s=deadline_s))
     version = registry.get(ref)
-    export_argv = local_vllm_argv(registry, version) if engine == "vllm" and not engine_url else None
-    golden_set = load_golden_set(validation_settings(registry, golden, 0.0)["golden_set"])
-    return validate_in_engine(registry.store, version, golden_set, options, actor=registry.user, progress=progress,
+    export_argv = local_vllm_argv(registry, version) if request.engine == "vllm" and request.starts_server else None
+    # resolved once, here: the set named, else the policy's (its validation environment's)
+    golden_set = load_golden_set(golden if golden is not None else
+                                 registry.policy().validation_environment().golden_set)
+    return validate_in_engine(registry.store, version, golden_set, request, actor=registry.user, progress=progress,
                               export_argv=export_argv)
 
 

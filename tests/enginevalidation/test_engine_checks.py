@@ -86,9 +86,10 @@ def test_a_category_beyond_the_tolerance_fails_in_one_line_naming_it_and_both_al
     assert result.figures["alpha_delta"] == pytest.approx(0.014)  # overall stays within
     assert result.evidence["category_min_drafted"] == 134  # ceil(4 / 0.03)
     # the baseline it records waits for an approver, saying which category and why
-    from specreg.engine_validation import EngineOptions, baseline_status
+    from specreg.core.statuses import PARITY_TOLERANCE
+    from specreg.registry.governance.engine_baseline_standing import baseline_status
 
-    status, why = baseline_status([result], EngineOptions(engine="llamacpp"))
+    status, why = baseline_status([result], PARITY_TOLERANCE)
     assert status == "unaccepted" and why == result.summary
 
 
@@ -159,7 +160,7 @@ def test_acceptance_that_falls_with_concurrency_fails_in_one_line():
 
 
 def test_tier_acceptance_pools_the_prompts_of_a_tier():
-    from specreg.engine_validation import tier_acceptance
+    from specreg.registry.deploy.engine_passes import tier_acceptance
 
     assert tier_acceptance([{"drafted": 8, "accepted": 6}, {"drafted": 4, "accepted": 0}]) == 0.5
     assert tier_acceptance([{"drafted": None, "accepted": None}]) is None

@@ -28,8 +28,8 @@ MARGINS = (0.1, 2.0)  # under and over the bfloat16 near-tie tolerance (0.25)
 
 def runtime_baselines(registry, ref: str, tiny_models) -> dict:
     """What validate --engine vllm compares the engine with: our runtime's greedy decode of the
-    smoke prompts on vLLM's schedule, counted its way (engine_validation.runtime_pass)."""
-    from specreg.engine_validation import golden_prompts, runtime_pass
+    smoke prompts on vLLM's schedule, counted its way (engine_validation.runtime_rows.runtime_pass)."""
+    from specreg.engine_validation.runtime_rows import golden_prompts, runtime_pass
     from specreg.golden_prompts.loader import load_golden_set
     from specreg.runtime.methods import load_pair
     from specreg.validators.engine import baselines_of
@@ -113,6 +113,7 @@ def test_engine_url_reads_vllm_counters_and_per_request_metrics(db_url, tiny_mod
 
 
 def test_engine_url_usage_errors_are_one_line(db_url, tiny_models):
+    """The same one line and exit code from `validate --engine` and `validate-engine`."""
     from clirun import run_specreg
 
     from specreg.api import Registry
@@ -127,12 +128,19 @@ def test_engine_url_usage_errors_are_one_line(db_url, tiny_models):
                           (["--engine-url", "http://127.0.0.1:9"], "need --engine"),
                           (["--engine", "vllm", "--engine-url", "ftp://x"], "must be http://HOST:PORT"),
                           (["--engine", "vllm", "--engine-url", "http://127.0.0.1:9", "--concurrency", "0"],
-                           "invalid --concurrency 0")):
+                           "invalid --concurrency 0"),
+                          (["--engine", "vllm", "--engine-url", "http://127.0.0.1:9", "--concurrency", "1,x"],
+                           "invalid --concurrency '1,x': comma-separated integers"),
+                          (["--engine", "llamacpp", "--near-tie-tolerance", "-1"], "invalid near-tie tolerance -1.0")):
         done = run_specreg(["validate", ref, *args, "--db", db_url])
         assert done.returncode == 2, (args, done.stderr)
         assert message in done.stderr and done.stderr.count("\n") == 1, done.stderr
-    unreachable = run_specreg(["validate", ref, "--engine", "vllm", "--engine-url", "http://127.0.0.1:9", "--db", db_url])
-    assert unreachable.returncode == 1 and "cannot reach http://127.0.0.1:9" in unreachable.stderr
+        if "--engine" in args:
+            own = run_specreg(["validate-engine", ref, *args, "--db", db_url])
+            assert (own.returncode, own.stdout, own.stderr) == (done.returncode, done.stdout, done.stderr)
+    for command in ("validate", "validate-engine"):
+        unreachable = run_specreg([command, ref, "--engine", "vllm", "--engine-url", "http://127.0.0.1:9", "--db", db_url])
+        assert unreachable.returncode == 1 and "cannot reach http://127.0.0.1:9" in unreachable.stderr
     assert registry.engine_baselines(ref) == []
 
 

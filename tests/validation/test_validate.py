@@ -240,7 +240,7 @@ def test_batched_validation_counts_what_one_prompt_at_a_time_counts(registry, mo
     """`validate` decodes the golden prompts batched (--runtime-batch) on the engines' schedule:
     the same tokens and counts as one at a time, the batch size recorded with the speed figures,
     and each prompt's greedy decode kept for `validate --engine llamacpp` (reused_rows)."""
-    from specreg.engine_validation import golden_prompts, reused_rows
+    from specreg.engine_validation.runtime_rows import golden_prompts, reused_rows
     from specreg.golden_prompts.loader import load_golden_set
     from specreg.runtime.loading import load_tokenizer
 
@@ -270,7 +270,7 @@ def test_batched_validation_counts_what_one_prompt_at_a_time_counts(registry, mo
     assert [row["record"] for row in rows] == ["chat-1", "raw-1", "sampled-1"]
     assert rows[0]["token_ids"] == three.evidence["greedy_rows"][0]["token_ids"]
     # the very rows the engine comparison's own runtime pass decodes when there is no such run
-    from specreg.engine_validation import runtime_pass
+    from specreg.engine_validation.runtime_rows import runtime_pass
     from specreg.runtime.methods import load_pair
 
     pair = load_pair(models["target"], models["draft"], device="cpu")

@@ -191,8 +191,9 @@ def test_real_pair_draft_model_in_vllm_decodes_and_counts_as_our_runtime_does(in
     from realpair import real_pair
 
     from specreg.api import Registry
-    from specreg.engine_validation import COUNTED, drive, golden_prompts, runtime_pass
+    from specreg.engine_validation.runtime_rows import COUNTED, golden_prompts, runtime_pass
     from specreg.golden_prompts.loader import load_golden_set
+    from specreg.registry.deploy.engine_passes import drive
     from specreg.registry.deploy.engines import vllm_server
     from specreg.registry.store.engine_artifacts import ArtifactRecords
     from specreg.runtime.methods import load_pair
