@@ -77,7 +77,14 @@ class HeadMismatchError(SpecregError):
     message names the field."""
 
 
-class ReadBackError(SpecregError):
+class EngineRefusal(SpecregError):
+    """A serving engine that does not serve this pair as it was registered and validated: a method,
+    head variant or setting it lacks or would run otherwise (engines/<engine>.py ``refusal``), said
+    in one line with the engine source that decides it. Not a usage error: the pair is what it is,
+    so it exits 1, as every export that cannot be written does."""
+
+
+class ReadBackError(EngineRefusal):
     """An export whose files, read back as its engine reads them, name another method, k, aux
     layers, vocabulary map or target than were registered: nothing is written or signed. The
     message names the file and key, the value read and the registered one."""

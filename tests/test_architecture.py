@@ -429,6 +429,20 @@ def test_engine_modules_are_reached_through_their_interface_only():
     assert probes == []
 
 
+def test_only_the_engine_modules_know_an_export_format_by_name():
+    """What a format is (whose measured baseline it carries, whether a lock is written, what it
+    refuses) its engine module says: the export path names no format, so a new format is its
+    module and its line in engines.FORMATS (the CLI's choice of formats is that table)."""
+    from specreg.registry.deploy.engines import FORMATS
+
+    files = [ROOT / "registry" / "deploy" / "exports.py", ROOT / "specreg" / "usecases" / "export.py",
+             ROOT / "specreg" / "api.py"]
+    named = [f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}" for path in files
+             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+             if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in FORMATS]
+    assert named == []
+
+
 def test_every_engine_module_satisfies_the_engine_interface():
     """Each module of engines.FORMATS has every member of engines.EngineModule, each function taking
     the parameters the interface names, each constant of the type it says."""

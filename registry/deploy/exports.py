@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from specreg.errors import PolicyViolation, SpecregError, UsageError
+from specreg.errors import EngineRefusal, PolicyViolation, SpecregError, UsageError
 from specreg.core.baselines import drift_floor, in_engine_terms, legacy_tau_note
 from specreg.core.methods import METHODS
 from specreg.core.types import ModelRef
@@ -77,11 +77,18 @@ def plan_export(pair_version: PairVersion, baselines: dict[str, Any] | None, fmt
     """The one place an export is judged and resolved: the format's engine module, whether the
     version may be exported (check_exportable) and every input resolved after every refusal
     (resolve_export). What an export writes (files, head layout, the lock's engine) is read from
-    the Export this returns. UsageError for an unknown format or a pair the format cannot have,
-    PolicyViolation for an unapproved version without ``force``."""
+    the Export this returns. UsageError for an unknown format or a bad option, EngineRefusal for a
+    pair the format's engine does not serve, PolicyViolation for an unapproved version without
+    ``force``."""
     engine = format_module(fmt)
     exportable = check_exportable(pair_version, baselines, approved, force, unapproved_reason)
     return resolve_export(engine, fmt, pair_version, baselines, exportable, options)
+
+
+def baseline_engine(fmt: str, options: dict[str, Any] | None) -> str | None:
+    """The engine whose measured baseline an export of format ``fmt`` with ``options`` carries (its
+    engine module's baseline_engine)."""
+    return format_module(fmt).baseline_engine(merge_options(options))
 
 
 def render_export(
@@ -103,7 +110,7 @@ def render_export(
     ones), options overriding OPTION_DEFAULTS and the pair lock (registry.deploy.lock) when one is
     written beside the files (the k8s manifest verifies it in an initContainer).
     Out: a list of (relative file name, text). Raises PolicyViolation for an unapproved
-    version without force, UsageError for a format the pair cannot have (TGI + draft model).
+    version without force, EngineRefusal for a pair the format's engine does not serve (TGI + draft model).
     ``audit_head``: the registry's audit chain head, carried in the header comments so the
     export anchors the chain outside the database (`specreg audit verify --expect-head`).
     """
@@ -278,8 +285,9 @@ def resolve_export(engine: EngineModule, fmt: str, pair_version: PairVersion, ba
 
 
 def refuse_pair(engine: EngineModule, fmt: str, pair_version: PairVersion, opts: dict[str, Any]) -> None:
-    """UsageError when format ``fmt`` cannot serve the pair: an engine version it is not written
-    for, a pair kind no format writes, or the engine module's own refusal."""
+    """Refuse a pair format ``fmt`` cannot serve: UsageError for an engine version it is not written
+    for (an option), EngineRefusal (exit 1) with the engine module's own refusal, else the method's
+    line (core.methods) for a method no format writes."""
     engine_version = opts["engine_version"] or engine.VERSIONS[0]
     if str(engine_version) not in engine.VERSIONS:
         raise UsageError(
@@ -288,21 +296,23 @@ def refuse_pair(engine: EngineModule, fmt: str, pair_version: PairVersion, opts:
         )
     config = pair_version.config
     descriptor = config.method.descriptor
-    if not descriptor.exported:
-        if descriptor.export_refusal is not None:  # an engine module may say it its own way
-            reason = engine.METHOD_REFUSALS.get(descriptor.name, descriptor.export_refusal)
-            raise UsageError(f"{pair_version.label} is {descriptor.article} {descriptor.name} pair and cannot be "
-                             f"exported: {reason}")
-        # Writing a draft_model or ngram config for a head pair would serve something else.
-        exported = [m.name for m in METHODS.values() if m.exported]
-        raise UsageError(f"{pair_version.label} is {descriptor.article} {descriptor.name} pair: no export format "
-                         f"writes {descriptor.name} yet (exported methods: {', '.join(exported)})")
-    refusal = engine.refusal(pair_version)
-    if refusal:
-        raise UsageError(f"{pair_version.label} is {descriptor.article} {config.method.value} pair and cannot be "
-                         f"exported to {fmt}: {refusal}")
+    reason = engine.refusal(pair_version) or unwritten_method(descriptor)
+    if reason:
+        raise EngineRefusal(f"{pair_version.label} is {descriptor.article} {descriptor.name} pair and cannot be "
+                            f"exported to {fmt}: {reason}")
     if descriptor.takes_draft and pair_version.draft is None:
         raise SpecregError(f"{pair_version.label} is a {config.method.value} pair without its draft directory")
+
+
+def unwritten_method(descriptor) -> str | None:
+    """Why no format writes the method (core.methods export_refusal), for the formats whose engine
+    module has no words of its own for it; None for an exported method."""
+    if descriptor.exported:
+        return None
+    # Writing a draft_model or ngram config for a head pair would serve something else.
+    exported = [m.name for m in METHODS.values() if m.exported]
+    return descriptor.export_refusal or (f"no export format writes {descriptor.name} yet (exported methods: "
+                                         f"{', '.join(exported)})")
 
 
 def build_context(export: Export) -> dict[str, Any]:

@@ -32,8 +32,8 @@ class MethodDescriptor:
     demo_builder: str | None = None  # the builders/ module whose build_demo(...) makes a demo drafter
     real_builder: str | None = None  # the builders/ module whose build_real(...) trains one for the real pair
     # exports: False when no export format writes the method; export_refusal says why no engine
-    # specreg targets can serve it (None: not written yet); an engine module may say it its own
-    # way in <NAME>_REFUSAL
+    # specreg targets can serve it (None: not written yet), for a format whose engine module's
+    # refusal has no words of its own for the method (exports.refuse_pair)
     # a block drafter (DFlash, DSpark) drafts a fixed number of tokens a step, read from its head:
     # k defaults to it and a k that disagrees is refused (dflash_checkpoint.block_draft_length)
     draft_length_from_head: bool = False

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from specreg.engine_validation.request import EngineValidationRequest
-from specreg.errors import SpecregError, UsageError
+from specreg.errors import EngineRefusal, SpecregError
 from specreg.registry.deploy.engine_passes import Progress, drive, outputs_of, target_only_top, tier_figures
 from specreg.registry.store.entities import PairVersion
 from specreg.registry.store.store import Store
@@ -40,7 +40,7 @@ def llamacpp_ggufs(version: PairVersion, dtype: str, records) -> dict[str, Any]:
 
     why = llamacpp.refusal(version)
     if why:
-        raise UsageError(f"validate --engine llamacpp: {why}")
+        raise EngineRefusal(f"validate --engine llamacpp: {why}")
     changes = fingerprint_changes(version)
     if changes:
         raise SpecregError(f"{version.label}: the models changed since registration ({'; '.join(changes)}); "

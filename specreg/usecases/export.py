@@ -9,14 +9,12 @@ from specreg.errors import PolicyViolation, UsageError
 from specreg.registry.store.entities import PairVersion
 from specreg.usecases.inputs import pair_ref
 
-RULES_FORMAT = "prometheus-rules"  # the rules load no model: nothing to lock
-
 
 def export(registry, ref, fmt: str, *, out_dir: str | None = None, force: bool = False, overwrite: bool = False,
            template: str | None = None, options: dict | None = None, signing_key: str | None = None):
     """Render (and write under ``out_dir``) the files of format ``fmt`` for a version, with its pair
     lock (see Registry.export) -> [(file name, text)]."""
-    from specreg.registry.deploy.exports import plan_export
+    from specreg.registry.deploy.exports import baseline_engine, plan_export
     from specreg.registry.deploy.lock import LOCK_FILE
     from specreg.registry.deploy.export_files import write_export
     from specreg.registry.governance.approvals import approval_standing
@@ -29,11 +27,11 @@ def export(registry, ref, fmt: str, *, out_dir: str | None = None, force: bool =
         raise PolicyViolation(f"export of {version.label} refused: {audited.reason}")
     env = registry.policy().environment(ref.environment) if ref.environment else None
     standing = approval_standing(registry.store, registry.policy(), version.name, version.version, env)
-    baselines = export_baselines(registry, version, fmt, options)
+    baselines = export_baselines(registry, version, baseline_engine(fmt, options))
     plan = plan_export(version, baselines, fmt, approved=standing.passed and audited.passed, force=force,
                        options=options, unapproved_reason=standing.reason)
     read_back(plan)
-    lock = None if fmt == RULES_FORMAT else pair_lock(registry, plan, baselines, env, out_dir, overwrite)
+    lock = pair_lock(registry, plan, baselines, env, out_dir, overwrite) if plan.engine.WRITES_LOCK else None
     audit_head = audited.details.get("audit_head") or registry.store.audit_head()
     files = render(plan, lock, template, signing_key, audit_head)
     if out_dir is not None:
@@ -56,10 +54,11 @@ def read_back(plan) -> None:
     checks.check(plan, plan.engine.read_back(plan, files))
 
 
-def export_baselines(registry, version: PairVersion, fmt: str, options: dict | None) -> dict | None:
+def export_baselines(registry, version: PairVersion, engine: str | None) -> dict | None:
     """What an export carries of the version's newest passed validation (its baselines, golden
     set, when, and the memory check's estimate, which sizes the Kubernetes resource requests), in
-    the terms of the engine whose baseline the format uses (export_engine)."""
+    the terms of ``engine``, the engine whose measured baseline the format carries
+    (exports.baseline_engine)."""
     from specreg.registry.store.validations import ValidationStore
     from specreg.usecases.engine_baselines import in_engine_terms
 
@@ -71,21 +70,7 @@ def export_baselines(registry, version: PairVersion, fmt: str, options: dict | N
                      "validated_at": run.finished_at.isoformat(timespec="seconds") + "Z",
                      "dtype": (run.environment or {}).get("dtype"),
                      **({"memory": memory} if memory else {})}
-    return in_engine_terms(registry, version, export_engine(fmt, options), baselines)
-
-
-def export_engine(fmt: str, options: dict | None) -> str | None:
-    """The engine whose baseline an export of format ``fmt`` uses: the format's engine (k8s-vllm:
-    vllm), prometheus-rules: its rules_engine option when that names one engine, argo-analysis:
-    its analysis_engine option (the engine whose metrics the canary's analysis reads)."""
-    if fmt == RULES_FORMAT:
-        chosen = (options or {}).get("rules_engine")
-        return chosen if chosen in ("vllm", "sglang") else None
-    if fmt == "argo-analysis":
-        from specreg.registry.deploy.engines import argo
-
-        return (options or {}).get("analysis_engine") or argo.OPTIONS["analysis_engine"]
-    return {"k8s-vllm": "vllm"}.get(fmt, fmt)
+    return in_engine_terms(registry, version, engine, baselines)
 
 
 def pair_lock(registry, plan, baselines: dict | None, environment, out_dir: str | None, overwrite: bool) -> dict:

@@ -33,17 +33,17 @@ def local_vllm_argv(registry, version) -> list[str]:
     carrying an earlier engine baseline writes the per-batch schedule it measured, which switches
     speculation off where that run found it slower, and the engine would then be measured without
     the speculation being validated; the registered configuration is what is measured."""
-    from specreg.errors import UsageError
+    from specreg.errors import EngineRefusal
     from specreg.registry.deploy.engines.vllm_server import cpu_refusal, export_argv
     from specreg.registry.deploy.exports import plan_export
 
     try:
         plan = plan_export(version, None, "vllm", approved=False, force=True, options=LOCAL_VLLM_OPTIONS)
-    except UsageError as exc:
-        raise UsageError(f"validate --engine vllm: {exc}") from None
+    except EngineRefusal as exc:
+        raise EngineRefusal(f"validate --engine vllm: {exc}") from None
     why = cpu_refusal(version)
     if why:
-        raise UsageError(f"validate --engine vllm: {version.label} cannot run on vLLM for the CPU: {why}")
+        raise EngineRefusal(f"validate --engine vllm: {version.label} cannot run on vLLM for the CPU: {why}")
     return export_argv(plan)
 
 

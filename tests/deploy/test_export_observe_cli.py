@@ -79,6 +79,14 @@ def test_export_writes_engine_configs_with_identity(approved_pair, tmp_path, tin
     assert again.returncode == 1 and "exists" in again.stderr and again.stderr.count("\n") == 1
 
 
+def test_alert_rules_are_written_without_a_lock(approved_pair, tmp_path):
+    """The rules load no model (engines/prometheus.py WRITES_LOCK): no lock, so no unsigned-lock warning."""
+    rules = run("export", "deploy@staging", "--format", "prometheus-rules", "-o", tmp_path / "rules", "--db",
+                approved_pair)
+    assert rules.returncode == 0 and rules.stderr == "", rules.stderr
+    assert sorted(p.name for p in (tmp_path / "rules").iterdir()) == ["prometheus-rules.yaml"]
+
+
 def test_unapproved_export_refused_unless_forced(approved_pair, tmp_path):
     refused = run("export", "deploy@2", "--format", "sglang", "--db", approved_pair)
     assert refused.returncode == 100 and refused.stderr.count("\n") == 1
@@ -87,7 +95,7 @@ def test_unapproved_export_refused_unless_forced(approved_pair, tmp_path):
     assert forced.returncode == 0, forced.stderr
     assert "UNAPPROVED" in (tmp_path / "forced" / "sglang-launch.sh").read_text()
     tgi = run("export", "deploy@1", "--format", "tgi", "--db", approved_pair)
-    assert tgi.returncode == 2 and "TGI" in tgi.stderr
+    assert tgi.returncode == 1 and tgi.stderr.count("\n") == 1 and "TGI 3.3 has no separate-draft mode" in tgi.stderr
 
 
 @pytest.mark.parametrize("accepted_per_pos,verdict,code", [

@@ -107,65 +107,24 @@ def prepare_engine(engine: str, log=say) -> dict[str, object]:
     return {"code": unpacked, "deps": deps}
 
 
-ARCTIC_RELEASE = "0.3.0"  # the Arctic Inference vLLM 0.33.0's `method: suffix` runs (suffix_decoding.py)
-
-
 def prepare_arctic(log=say) -> Path:
-    """Arctic Inference's suffix decoding cache built from its source archive on this CPU: the
-    sdist (pip download, metadata read without build isolation, which would fetch torch), its
-    csrc/suffix_decoding compiled with cmake and nanobind (arctic-build-deps.txt), and the
-    package's suffix_decoding Python files beside the built _C -> the folder to put on
-    PYTHONPATH (it imports as arctic_inference). Cached under the engine cache root; built once.
-    EngineUnavailable without the package index, or without cmake or a C++ compiler."""
+    """Arctic Inference's suffix decoding cache built from its source archive on this CPU for this
+    Python, as `specreg vllm-install` builds it into the vLLM venv (vllm_install.build_arctic) -> the
+    folder to put on PYTHONPATH (it imports as arctic_inference). Cached under the engine cache
+    root; built once. EngineUnavailable without the package index, or without cmake or a C++ compiler."""
     import shutil
-    import tarfile
-    import tempfile
 
-    root = cache_root()
-    built = root / f"arctic-inference-{ARCTIC_RELEASE}"
+    from specreg.registry.deploy.engines.vllm_install import ARCTIC, build_arctic
+
+    built = cache_root() / f"arctic-inference-{ARCTIC[1]}"
     if (built / ".complete").exists():
         return built
-    started = time.monotonic()
     missing = [tool for tool in ("cmake", "c++") if shutil.which(tool) is None]
     if missing:
         raise EngineUnavailable(f"building Arctic Inference's suffix tree needs {' and '.join(missing)}")
-    requirements = ENGINES_DIR / "arctic-build-deps.txt"
-    tools = root / f"deps-arctic-build-{_digest(requirements)}"
-    if not (tools / ".complete").exists():
-        log(f"[engines] arctic-inference: pip install {requirements.name} into {tools}")
-        offline_as_unavailable(run_pip, ["install", "--no-deps", "--target", str(tools), "-r", str(requirements)],
-                               "pip install arctic build deps")
-        (tools / ".complete").write_text(requirements.read_text())
-    env = dict(os.environ, PYTHONPATH=str(tools))
-    wheels = root / "wheels"
-    sdist = wheels / f"arctic_inference-{ARCTIC_RELEASE}.tar.gz"
-    if not sdist.exists():
-        log(f"[engines] arctic-inference: pip download {ARCTIC_RELEASE} (source archive) into {wheels}")
-        offline_as_unavailable(run_pip, ["download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation",
-                                         f"arctic-inference=={ARCTIC_RELEASE}", "-d", str(wheels)],
-                               f"pip download arctic-inference=={ARCTIC_RELEASE}", env=env)
-    log(f"[engines] arctic-inference: building csrc/suffix_decoding into {built}")
-    with tempfile.TemporaryDirectory() as scratch:
-        with tarfile.open(sdist) as archive:
-            archive.extractall(scratch, filter="data")
-        source = Path(scratch) / f"arctic_inference-{ARCTIC_RELEASE}"
-        build = Path(scratch) / "build"
-        build.mkdir()
-        generator = ["-GNinja"] if shutil.which("ninja") else []
-        for command in (["cmake", str(source / "csrc" / "suffix_decoding"), *generator,
-                         f"-DPython_EXECUTABLE={sys.executable}", "-DCMAKE_BUILD_TYPE=Release"],
-                        ["cmake", "--build", ".", "-j", "2"]):
-            completed = subprocess.run(command, cwd=build, env=env, capture_output=True, text=True)
-            if completed.returncode != 0:
-                raise AssertionError(f"{' '.join(command[:2])} failed:\n{(completed.stdout + completed.stderr)[-3000:]}")
-        package = built / "arctic_inference"
-        shutil.rmtree(built, ignore_errors=True)
-        shutil.copytree(source / "arctic_inference" / "suffix_decoding", package / "suffix_decoding",
-                        ignore=shutil.ignore_patterns("simulator.py"))
-        (package / "__init__.py").write_text("")
-        for library in build.glob("_C*.so"):
-            shutil.copy2(library, package / "suffix_decoding" / library.name)
-    (built / ".complete").write_text(sdist.name)
+    started = time.monotonic()
+    offline_as_unavailable(build_arctic, Path(sys.executable), built, lambda line: log(f"[engines] {line}"))
+    (built / ".complete").write_text(ARCTIC[1])
     log(f"[engines] arctic-inference: built in {time.monotonic() - started:.0f} s")
     return built
 

@@ -20,7 +20,7 @@ from engine_exports import (BLOCK_LAYER_INPUTS, CUTOFF, EXPORTED_BASELINES, HUB_
                             llama_with_nextn_layers, mtp_target, ok, peagle_head, tiny_pair)
 from exportcase import BASELINES
 
-from specreg.errors import UsageError
+from specreg.errors import EngineRefusal
 from specreg.registry.deploy.exports import engine_schema, render_export, templates_dir
 from specreg.registry.store.entities import SpecMethod
 
@@ -181,7 +181,7 @@ def test_mtp_on_a_target_no_engine_drafts_for_is_refused(fmt, tiny_models):
     (engines.common.head_refusal) and writes nothing; test_vllm_refuses_mtp_on_llama shows vLLM refuses it too."""
     pair = tiny_pair(tiny_models, SpecMethod.MTP, None, target=llama_with_nextn_layers(tiny_models))
     options = {"model_volume": "pvc:models"} if fmt == "k8s-vllm" else None
-    with pytest.raises(UsageError) as info:
+    with pytest.raises(EngineRefusal) as info:
         render_export(pair, BASELINES, fmt, approved=True, options=options)
     assert str(info.value) == (
         f"tiny-pair@1 is a mtp pair and cannot be exported to {fmt}: no engine builds an MTP drafter for model_type "

@@ -191,7 +191,7 @@ def test_medusa_and_a_tree_are_refused_at_export_naming_llama_cpp(tmp_path):
     from headfiles import write_eagle3, write_medusa, write_target
 
     from specreg.api import Registry
-    from specreg.errors import UsageError
+    from specreg.errors import EngineRefusal
 
     registry = Registry(f"sqlite:///{tmp_path / 'registry.db'}", user="alice")
     write_target(tmp_path / "models" / "target")
@@ -203,7 +203,7 @@ def test_medusa_and_a_tree_are_refused_at_export_naming_llama_cpp(tmp_path):
     registry.register("tree", target=target, draft=str(tmp_path / "models" / "head"), method="eagle3",
                       tree=[[0], [1], [0, 0]], allow_verifier_mismatch=True)
     for ref, source in (("medusa@1", "common/speculative.cpp:33-45"), ("tree@1", "common/speculative.cpp:808")):
-        with pytest.raises(UsageError, match=source.replace(".", r"\.")):
+        with pytest.raises(EngineRefusal, match=source.replace(".", r"\.")):
             registry.export(ref, "llamacpp", out_dir=str(tmp_path / ref), force=True)
 
 

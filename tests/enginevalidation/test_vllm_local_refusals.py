@@ -66,7 +66,7 @@ def test_the_server_runs_the_exports_command_with_this_builds_changes_only(regis
     ("tree", "vllm/config/speculative.py:407"),
 ])
 def test_a_pair_the_vllm_export_refuses_is_refused_before_anything_runs(registry, folders, kind, source):
-    from specreg.errors import UsageError
+    from specreg.errors import EngineRefusal
 
     if kind == "medusa":
         registry.register("p", target=str(folders["target"]), draft=str(folders["medusa"]), method="medusa",
@@ -75,20 +75,20 @@ def test_a_pair_the_vllm_export_refuses_is_refused_before_anything_runs(registry
         registry.register("p", target=str(folders["target"]), draft=str(folders["head"]), method="eagle3",
                           tree=[[0], [1], [0, 0]], allow_verifier_mismatch=True)
     # no vLLM installed in this test's engine cache: the refusal comes first, in vLLM's words
-    with pytest.raises(UsageError, match=r"^validate --engine vllm: p@1 is .*" + source.replace(".", r"\.")):
+    with pytest.raises(EngineRefusal, match=r"^validate --engine vllm: p@1 is .*" + source.replace(".", r"\.")):
         registry.validate_engine("p@1", EngineValidationRequest(engine="vllm"), golden="smoke")
 
 
 def test_mtp_on_a_target_without_mtp_layers_vllm_builds_is_refused(registry, tiny_models, tmp_path):
-    from specreg.errors import UsageError
+    from specreg.errors import EngineRefusal
     from specreg.runtime.loading import load_model
     from specreg.runtime.methods.mtp import new_mtp_head, save_target_with_mtp
 
     small = load_model(tiny_models["target"])
     target = save_target_with_mtp(new_mtp_head(small, seed=4), tiny_models["target"], tmp_path / "mtp")
     registry.register("mtp", target=str(target), method="mtp", num_speculative_tokens=2)
-    with pytest.raises(UsageError, match=r"validate --engine vllm: mtp@1 is an? mtp pair .*no engine builds an MTP "
-                                         r"drafter for model_type 'llama'.*config/speculative\.py"):
+    with pytest.raises(EngineRefusal, match=r"validate --engine vllm: mtp@1 is an? mtp pair .*no engine builds an MTP "
+                                            r"drafter for model_type 'llama'.*config/speculative\.py"):
         registry.validate_engine("mtp@1", EngineValidationRequest(engine="vllm"), golden="smoke")
 
 
@@ -98,7 +98,7 @@ def test_a_dspark_pair_is_refused_with_the_line_that_keeps_it_off_the_cpu_build(
     its proposer, the CPU attention backend is non-causal capable)."""
     from headfiles import write_block_drafter
 
-    from specreg.errors import UsageError
+    from specreg.errors import EngineRefusal
     from specreg.registry.store.entities import SpecMethod
     from specreg.usecases.validate_engine import local_vllm_argv
 
@@ -109,7 +109,7 @@ def test_a_dspark_pair_is_refused_with_the_line_that_keeps_it_off_the_cpu_build(
                       allow_verifier_mismatch=True)
     registry.register("flash", target=str(folders["target"]), draft=str(heads / "dflash"), method="dflash",
                       allow_verifier_mismatch=True)
-    with pytest.raises(UsageError) as caught:
+    with pytest.raises(EngineRefusal) as caught:
         registry.validate_engine("spark@1", EngineValidationRequest(engine="vllm"), golden="smoke")
     assert str(caught.value) == (
         "validate --engine vllm: spark@1 cannot run on vLLM for the CPU: vLLM builds DSpark for its V2 model runner "

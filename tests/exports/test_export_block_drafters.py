@@ -18,7 +18,7 @@ from headfiles import write_block_drafter, write_target
 from specreg.core.heads import read_head
 from specreg.core.heads.fit import check_head_fits
 from specreg.core.types import ModelRef
-from specreg.errors import UsageError
+from specreg.errors import EngineRefusal
 from specreg.registry.deploy.exports import engine_schema, render_export
 from specreg.registry.store.entities import SpecConfig, SpecMethod
 
@@ -90,7 +90,7 @@ def test_vllm_refuses_a_head_with_d2t_over_the_targets_whole_vocabulary(tmp_path
 
     pair = block_pair(tmp_path, kind, "speculators", tensor_extra={"d2t": np.zeros(40, np.int64)})
     assert pair.config.head["has_vocab_map"] is True
-    with pytest.raises(UsageError) as caught:
+    with pytest.raises(EngineRefusal) as caught:
         render_export(pair, BASELINES, "vllm", approved=True)
     assert "the head carries a d2t tensor while its draft vocabulary is the target's (40 ids)" in str(caught.value)
     assert "qwen3_dflash.py:769-775" in str(caught.value) and "\n" not in str(caught.value)
@@ -101,7 +101,7 @@ def test_sglang_refuses_a_dspark_head_that_names_no_markov_head_type(tmp_path):
     raises without one (tests/engines/test_sglang_exports.py runs it), so the export refuses it."""
     pair = block_pair(tmp_path, "dspark", "native")
     assert pair.config.head["block"]["markov_head_type"] == "vanilla"
-    with pytest.raises(UsageError) as caught:
+    with pytest.raises(EngineRefusal) as caught:
         render_export(pair, BASELINES, "sglang", approved=True)
     assert "the head's config names no markov_head_type" in str(caught.value)
     assert "dspark_config.py:253-268" in str(caught.value) and "\n" not in str(caught.value)
@@ -122,7 +122,7 @@ REFUSED = {
 @pytest.mark.parametrize("fmt, layout", sorted(REFUSED))
 def test_engines_that_do_not_serve_it_as_validated_refuse_in_one_line(tmp_path, fmt, layout):
     pair = block_pair(tmp_path, "dflash", layout)
-    with pytest.raises(UsageError) as caught:
+    with pytest.raises(EngineRefusal) as caught:
         render_export(pair, BASELINES, fmt, approved=True)
     assert "is a dflash pair and cannot be exported to" in str(caught.value)
     assert REFUSED[(fmt, layout)] in str(caught.value) and "\n" not in str(caught.value)
@@ -136,5 +136,5 @@ def test_llamacpp_drafts_the_block_of_the_registered_k(tmp_path):
     assert "--spec-draft-n-max 3 " in script
     assert "(the head's block_size 4) from the target's layer inputs\n# 2, 4 (dflash.target_layers in its GGUF)" in script
     dspark = block_pair(tmp_path / "dspark", "dspark", "native")
-    with pytest.raises(UsageError, match=r"previous slot's argmax, not on the token it drafted \(src/models/dflash"):
+    with pytest.raises(EngineRefusal, match=r"previous slot's argmax, not on the token it drafted \(src/models/dflash"):
         render_export(dspark, BASELINES, "llamacpp", approved=True)

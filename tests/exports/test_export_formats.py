@@ -11,7 +11,7 @@ import pytest
 import yaml
 from exportcase import BASELINES, DRAFT_REFERENCE, TARGET_REFERENCE, check_command, k8s_engine, make_pair
 
-from specreg.errors import UsageError
+from specreg.errors import EngineRefusal, UsageError
 from specreg.registry.store.entities import SpecMethod
 from specreg.registry.deploy.exports import FORMATS, engine_schema, render_export
 
@@ -83,7 +83,7 @@ def test_sglang_arguments(baselines, run_script):
 
 
 def test_sglang_refuses_ngram_pair_with_reason(ngram_pair, baselines):
-    with pytest.raises(UsageError, match="prompt_lookup_min/max have no counterpart"):
+    with pytest.raises(EngineRefusal, match="prompt_lookup_min/max have no counterpart"):
         render_export(ngram_pair, baselines, "sglang", approved=True)
 
 
@@ -128,7 +128,7 @@ def test_unknown_engine_version_is_refused(fmt, version, draft_pair, ngram_pair,
 def test_tgi_refuses_ngram_with_its_source(ngram_pair, baselines):
     """TGI's --speculate n-gram seeds on one token, first occurrence, and drafts even without a match:
     not the prompt lookup (prompt_lookup_min/max) the pair was validated with."""
-    with pytest.raises(UsageError) as info:
+    with pytest.raises(EngineRefusal) as info:
         render_export(ngram_pair, baselines, "tgi", approved=True)
     assert "server/text_generation_server/utils/tokens.py:209-229" in str(info.value)
     assert "first occurrence" in str(info.value) and "\n" not in str(info.value)
@@ -136,12 +136,12 @@ def test_tgi_refuses_ngram_with_its_source(ngram_pair, baselines):
 
 def test_trtllm_refuses_a_minimum_ngram_it_cannot_keep(baselines):
     """prompt_lookup_min = 2 was validated; TensorRT-LLM's pool also matches 1-token patterns."""
-    with pytest.raises(UsageError, match=r"prompt_lookup_min = 2 .*ngram.py NGramPoolManager.get_draft_tokens"):
+    with pytest.raises(EngineRefusal, match=r"prompt_lookup_min = 2 .*ngram.py NGramPoolManager.get_draft_tokens"):
         render_export(make_pair(SpecMethod.NGRAM), baselines, "trtllm", approved=True)
 
 
 def test_tgi_refuses_draft_model_pair(draft_pair, baselines):
-    with pytest.raises(UsageError, match="no separate-draft mode"):
+    with pytest.raises(EngineRefusal, match="no separate-draft mode"):
         render_export(draft_pair, baselines, "tgi", approved=True)
 
 
@@ -270,6 +270,25 @@ def test_checker_rejects_unknown_names():
     for key in ("speculative_model", "speculative_model_dir"):
         jsonschema.validate({"speculative_config": {"decoding_type": "DraftTarget", "max_draft_len": 4, key: "d"}},
                             engine_schema("trtllm")["config"])
+
+
+@pytest.mark.parametrize("fmt, options, engine", [
+    ("vllm", None, "vllm"), ("k8s-vllm", None, "vllm"), ("sglang", None, "sglang"), ("llamacpp", None, "llamacpp"),
+    ("prometheus-rules", None, None), ("prometheus-rules", {"rules_engine": "sglang"}, "sglang"),
+    ("argo-analysis", None, "vllm"), ("argo-analysis", {"analysis_engine": "llamacpp"}, "llamacpp"),
+])
+def test_each_format_says_whose_measured_baseline_it_carries(fmt, options, engine):
+    """The engine whose `validate --engine` baseline the export merges (usecases/export.py reads it
+    through exports.baseline_engine): rules on every engine compare with the validation's own."""
+    from specreg.registry.deploy.exports import baseline_engine
+
+    assert baseline_engine(fmt, options) == engine
+
+
+def test_only_the_alert_rules_are_written_without_a_lock():
+    from specreg.registry.deploy.exports import ENGINE_FORMATS
+
+    assert [fmt for fmt, module in ENGINE_FORMATS.items() if not module.WRITES_LOCK] == ["prometheus-rules"]
 
 
 def test_unknown_format_and_option(draft_pair, baselines):

@@ -14,7 +14,7 @@ import yaml
 from exportcase import BASELINES, fingerprint, k8s_engine, make_pair
 
 from specreg.core.types import ModelRef
-from specreg.errors import UsageError
+from specreg.errors import EngineRefusal
 from specreg.registry.deploy.exports import engine_schema, render_export
 from specreg.registry.store.entities import SpecConfig, SpecMethod
 
@@ -108,6 +108,6 @@ def test_trtllm_mtp_reuses_a_one_layer_target_for_k_tokens():
      "DeepSeek-family targets only"),
 ])
 def test_what_an_engine_cannot_serve_is_refused_in_one_line(pair, fmt, reason):
-    with pytest.raises(UsageError, match=reason) as info:
+    with pytest.raises(EngineRefusal, match=reason) as info:
         files_of(pair, fmt, **({"model_volume": "pvc:m"} if fmt == "k8s-vllm" else {}))
     assert "\n" not in str(info.value)

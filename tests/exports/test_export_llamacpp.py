@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from exportcase import check_command, make_pair
 
-from specreg.errors import UsageError
+from specreg.errors import EngineRefusal, UsageError
 from specreg.registry.deploy.exports import engine_schema, render_export
 from specreg.registry.store.entities import SpecMethod
 
@@ -38,8 +38,8 @@ def test_bf16_gguf_and_bad_options(draft_pair, baselines, run_script):
 
 def test_other_methods_are_refused(baselines):
     # EAGLE-3 heads are exported (tests/engines/test_llamacpp_heads.py), n-gram drafting is not
-    with pytest.raises(UsageError, match=r"cannot be exported to llamacpp: this export writes llama-server's separate "
-                                         r"draft model \(--spec-type draft-simple\) and EAGLE-3 heads"):
+    with pytest.raises(EngineRefusal, match=r"cannot be exported to llamacpp: this export writes llama-server's "
+                                            r"separate draft model \(--spec-type draft-simple\) and EAGLE-3 heads"):
         render_export(make_pair(SpecMethod.NGRAM), baselines, "llamacpp", approved=True)
 
 
@@ -103,23 +103,31 @@ def test_vllm_per_batch_schedule_comes_from_the_measured_tiers(draft_pair, basel
 def test_a_suffix_pairs_measured_schedule_is_refused_where_vllm_would_drop_it(baselines):
     """vLLM runs suffix decoding on its V1 runner, which drops num_speculative_tokens_per_batch_size
     for it: tiers that turn speculation off are refused with that reason, tiers that keep k write
-    the static k alone."""
+    the static k alone. The refusal is vLLM's own (its module's check), so it holds for k8s-vllm too,
+    and alert rules on the vLLM baseline are written whatever vLLM would do with the schedule."""
     import dataclasses
     import json
 
     from exportcase import make_pair
 
     from specreg.core.suffix_settings import SuffixSettings
-    from specreg.errors import SpecregError
 
     pair = make_pair(SpecMethod.NGRAM, max_batch=None)
     pair = dataclasses.replace(pair, config=dataclasses.replace(pair.config, method=SpecMethod.SUFFIX, prompt_lookup_min=None,
                                                                 prompt_lookup_max=None, suffix=SuffixSettings()))
-    with pytest.raises(SpecregError, match=r"turn speculation off at batch sizes 3-4 .*_maybe_disable_dynamic_sd_for_v1"):
-        render_export(pair, with_measured_tiers(baselines, {1: 1.6, 2: 1.1, 4: 0.8}), "vllm", approved=True)
+    slower = with_measured_tiers(baselines, {1: 1.6, 2: 1.1, 4: 0.8})
+    for fmt in ("vllm", "k8s-vllm"):
+        with pytest.raises(EngineRefusal) as refused:
+            render_export(pair, slower, fmt, approved=True,
+                          options={"model_volume": "pvc:m"} if fmt == "k8s-vllm" else None)
+        assert str(refused.value).startswith("chat-pair@3 is a suffix pair: the engine baseline's concurrency tiers "
+                                             "turn speculation off at batch sizes 3-4 (the draft slowed them down)")
+        assert "(vllm/config/vllm.py:1088-1108 _maybe_disable_dynamic_sd_for_v1)" in str(refused.value)
+    rules = dict(render_export(pair, slower, "prometheus-rules", approved=True, options={"rules_engine": "vllm"}))
+    assert "SpecDecodeAcceptanceRateBelowBaseline" in rules["prometheus-rules.yaml"]
     # served at 2 sequences at most, the slower tier is never reached
-    speculative = json.loads(dict(render_export(pair, with_measured_tiers(baselines, {1: 1.6, 2: 1.1, 4: 0.8}), "vllm",
-                                                approved=True, options={"max_num_seqs": 2}))["vllm-speculative-config.json"])
+    speculative = json.loads(dict(render_export(pair, slower, "vllm", approved=True,
+                                                options={"max_num_seqs": 2}))["vllm-speculative-config.json"])
     assert "num_speculative_tokens_per_batch_size" not in speculative and speculative["num_speculative_tokens"] == 4
     speculative = json.loads(dict(render_export(pair, with_measured_tiers(baselines, {1: 1.6, 4: 1.2}), "vllm",
                                                 approved=True))["vllm-speculative-config.json"])

@@ -17,7 +17,7 @@ from headfiles import write_peagle, write_target
 from specreg.core.heads import read_head
 from specreg.core.heads.fit import check_head_fits
 from specreg.core.types import ModelRef
-from specreg.errors import ReadBackError, UsageError
+from specreg.errors import EngineRefusal, ReadBackError
 from specreg.registry.deploy.exports import engine_schema, render_export
 from specreg.registry.store.entities import SpecConfig, SpecMethod
 
@@ -81,7 +81,7 @@ REFUSED = {
 
 @pytest.mark.parametrize("fmt", sorted(REFUSED))
 def test_engines_that_do_not_serve_it_as_validated_refuse_in_one_line(tmp_path, fmt):
-    with pytest.raises(UsageError) as caught:
+    with pytest.raises(EngineRefusal) as caught:
         render_export(peagle_pair(tmp_path), BASELINES, fmt, approved=True)
     assert "is a peagle pair and cannot be exported to" in str(caught.value)
     assert REFUSED[fmt] in str(caught.value) and "\n" not in str(caught.value)

@@ -14,7 +14,7 @@ import pytest
 from exportcase import BASELINES, fingerprint, make_pair, record_argv
 
 from specreg.core.types import ModelRef
-from specreg.errors import SpecregError, UsageError
+from specreg.errors import EngineRefusal, SpecregError
 from specreg.registry.deploy.exports import draft_layout, plan_export, render_export, render_files
 from specreg.registry.deploy.lock import build_lock, lock_text
 from specreg.registry.deploy.verify import verify_lock
@@ -105,7 +105,7 @@ def test_what_sglang_cannot_capture_or_load_is_refused(aux, architecture, extra,
     from headfiles import write_eagle3
 
     pair = make_eagle3_pair(tmp_path, write_eagle3, aux=aux, architecture=architecture, config_extra=extra)
-    with pytest.raises(UsageError, match=reason) as info:
+    with pytest.raises(EngineRefusal, match=reason) as info:
         render_export(pair, BASELINES, "sglang", approved=True)
     assert "\n" not in str(info.value)
 

@@ -8,7 +8,7 @@ import pytest
 from exportcase import BASELINES
 from test_export_sglang_layout import make_eagle3_pair
 
-from specreg.errors import UsageError
+from specreg.errors import EngineRefusal
 from specreg.registry.deploy.exports import render_export
 
 MODEL = "tensorrt_llm/_torch/models/modeling_speculative.py"
@@ -39,7 +39,7 @@ def trtllm(tmp_path, **config_extra):
      "the head has 2 decoder layers; TensorRT-LLM 1.2 norms the input of every layer with its hidden_norm"),
 ])
 def test_a_variant_tensorrt_llm_would_run_otherwise_is_refused_naming_its_source(tmp_path, extra, words):
-    with pytest.raises(UsageError) as info:
+    with pytest.raises(EngineRefusal) as info:
         trtllm(tmp_path, **extra)
     assert words in str(info.value) and "\n" not in str(info.value)
 

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from specreg.errors import UsageError
+from specreg.errors import EngineRefusal, UsageError
 from specreg.registry.store.entities import PairState, SpecMethod
 
 SETTINGS = {"max_tree_depth": 16, "max_cached_requests": 0, "max_spec_factor": 2.0, "min_token_prob": 0.05}
@@ -41,7 +41,7 @@ def test_suffix_pair_registers_validates_and_exports_to_vllm(registry, models, g
     for fmt, source in (("sglang", "sglang/srt/speculative/spec_info.py:39-47"),
                         ("trtllm", "tensorrt_llm/llmapi/llm_args.py"), ("tgi", "launcher/src/main.rs:622-627"),
                         ("llamacpp", "common/speculative.cpp:33-45")):
-        with pytest.raises(UsageError, match="suffix pair and cannot be exported to " + fmt) as refused:
+        with pytest.raises(EngineRefusal, match="suffix pair and cannot be exported to " + fmt) as refused:
             registry.export("suffix@1", fmt, force=True, out_dir=str(tmp_path / fmt))  # llamacpp writes files
         assert source in str(refused.value)
 
@@ -50,7 +50,7 @@ def test_a_batch_cutoff_is_refused_for_vllm(registry, models):
     """vLLM 0.33 drops the per-batch-size ranges of a suffix pair (test_engine_exports.py shows it)."""
     registry.register("cutoff", target=str(models["target"]), method="suffix", num_speculative_tokens=3,
                       max_batch_size_for_speculation=8)
-    with pytest.raises(UsageError, match="config/vllm.py:1088-1108 _maybe_disable_dynamic_sd_for_v1"):
+    with pytest.raises(EngineRefusal, match="config/vllm.py:1088-1108 _maybe_disable_dynamic_sd_for_v1"):
         registry.export("cutoff@1", "vllm", force=True)
 
 

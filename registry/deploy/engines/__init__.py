@@ -2,17 +2,21 @@
 
 Every module satisfies ``EngineModule`` (tests/test_architecture.py holds each to it): the engine and
 the versions it targets, its schema file in templates/engines/, the files it writes (each rendered
-from templates/exports/<name>.j2), its own export options, why it cannot serve a pair, any further
-precondition, where its engine finds the models, a head layout it loads, the model files it makes,
-the translation of the pair into the engine's terms as template keys, and what the engine reads back
-from the written files (``read_back``, registry/deploy/read_back.py). What most engines do not
-need has one shared default in common.py, which a module names instead of writing its own. Where
-the engine has Prometheus metrics, the module also has their PromQL (``alert_expressions``) and
-reader (``read_metrics``, used by observe); those are reached through the tables that list them.
+from templates/exports/<name>.j2), whether the pair lock is written beside them, its own export
+options, the engine whose measured baseline its export carries, why it cannot serve a pair
+(``refusal``; one that depends on the export's baselines or options is its ``check``'s, raised as
+the same EngineRefusal), any further precondition, where its engine finds the models, a head layout
+it loads, the model files it makes, the translation of the pair into the engine's terms as template
+keys, and what the engine reads back from the written files (``read_back``,
+registry/deploy/read_back.py). What most engines do not need has one shared default
+in common.py, which a module names instead of writing its own. Where the engine has Prometheus
+metrics, the module also has their PromQL (``alert_expressions``) and reader (``read_metrics``, used
+by observe); those are reached through the tables that list them.
 
-A new engine: its module here and one line in ``FORMATS``; exports.py and the templates' common
-context need no change. Every engine's ``context`` runs for every export, so a user template can
-combine them; a ``context`` therefore returns None values, not errors, for pairs it refuses.
+A new engine: its module here and one line in ``FORMATS``; exports.py, the export use case, the
+CLI's list of formats and the templates' common context need no change. Every engine's ``context``
+runs for every export, so a user template can combine them; a ``context`` therefore returns None
+values, not errors, for pairs it refuses.
 """
 
 from __future__ import annotations
@@ -44,17 +48,24 @@ class EngineModule(Protocol):
     SCHEMA: str | None  # its schema file in templates/engines/ (None: no engine of its own)
     FILES: tuple[str, ...]  # the files it writes
     OPTIONS: dict[str, Any]  # its own export options with their defaults
-    METHOD_REFUSALS: dict[str, str]  # method -> why it serves no such pair, where it says so itself (else core.methods' line)
     WRITES_MODELS: bool  # whether the export makes the model files the engine loads (needs -o DIR)
+    WRITES_LOCK: bool  # whether the pair lock is written beside its files (False: they load no model to bind)
 
     def check_options(self, opts: dict[str, Any]) -> None:
         """Refuse (UsageError) a bad value of its own options; may normalise them in place."""
 
+    def baseline_engine(self, opts: dict[str, Any]) -> str | None:
+        """The engine whose measured baseline (`specreg validate --engine`) the export carries, given
+        the merged options; None: the validation's own figures only."""
+
     def refusal(self, pair_version) -> str | None:
-        """Why it cannot serve this pair, in one line, or None."""
+        """Why its engine cannot serve this pair as registered, in one line naming the engine source
+        that decides it, or None (exports.refuse_pair raises it as EngineRefusal, exit 1)."""
 
     def check(self, pair_version, baselines: dict[str, Any] | None, opts: dict[str, Any]) -> None:
-        """Any further precondition of an export (raises SpecregError)."""
+        """Any further precondition of an export on its baselines and options: EngineRefusal where
+        the engine would not serve what the export carries, UsageError for a missing option,
+        SpecregError otherwise."""
 
     def sources(self, pair_version, opts: dict[str, Any]) -> tuple[str, str | None]:
         """(target, draft) as the engine is given them."""

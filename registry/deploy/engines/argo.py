@@ -24,8 +24,8 @@ ENGINE = "argo-rollouts"
 VERSIONS = ("1.9",)
 SCHEMA = "argo-rollouts-1.9.json"
 FILES = ("argo-analysis.yaml",)
-METHOD_REFUSALS: dict[str, str] = {}  # none in its own words: each method's common line (core.methods)
 WRITES_MODELS = False
+WRITES_LOCK = True
 # what it needs nothing of its own for: the shared defaults (engines.EngineModule)
 sources, head_layout, write_models = registered_sources, no_head_layout, no_model_files
 read_back = nothing_read_back
@@ -73,6 +73,11 @@ def check_options(opts: dict[str, Any]) -> None:
     if opts["count"] < max(opts["failure_limit"], opts["inconclusive_limit"]):
         raise UsageError(f"export option count={opts['count']} must be at least failure_limit="
                          f"{opts['failure_limit']} and inconclusive_limit={opts['inconclusive_limit']}")
+
+
+def baseline_engine(opts: dict[str, Any]) -> str | None:
+    """The engine whose metrics the canary's analysis reads."""
+    return opts["analysis_engine"]
 
 
 def refusal(pair_version: PairVersion) -> str | None:

@@ -20,10 +20,12 @@ VERSIONS = vllm.VERSIONS
 SCHEMA = vllm.SCHEMA
 # vllm-config.yaml is also the ConfigMap file the engine reads; the lock binds its sha256 (exported)
 FILES = ("k8s-vllm.yaml", "vllm-config.yaml")
-METHOD_REFUSALS: dict[str, str] = {}  # none in its own words: each method's common line (core.methods)
 WRITES_MODELS = False
+WRITES_LOCK = True
 # what it needs nothing of its own for: the shared defaults (engines.EngineModule)
 head_layout, write_models = no_head_layout, no_model_files
+# vLLM runs in the pod: its baseline, its refusals
+baseline_engine, refusal = vllm.baseline_engine, vllm.refusal
 
 ENGINE_CONFIG = "vllm-config.yaml"
 ENGINE_CONFIG_MOUNT = "/etc/specreg/engine"
@@ -64,10 +66,6 @@ def check_options(opts: dict[str, Any]) -> None:
             raise UsageError(f"export option {key}={opts[key]!r} must be a relative path inside the volume")
 
 
-def refusal(pair_version: PairVersion) -> str | None:
-    return vllm.refusal(pair_version)
-
-
 def check(pair_version: PairVersion, baselines: dict[str, Any] | None, opts: dict[str, Any]) -> None:
     if not opts["model_volume"]:
         raise UsageError(
@@ -75,6 +73,7 @@ def check(pair_version: PairVersion, baselines: dict[str, Any] | None, opts: dic
             "or --option model_volume=hostPath:/DIR (mounted at model_mount_path, default /models; the target in "
             "its target_subpath folder, default 'target', the draft in draft_subpath, default 'draft')"
         )
+    vllm.check(pair_version, baselines, opts)
 
 
 def sources(pair_version: PairVersion, opts: dict[str, Any]) -> tuple[str, str | None]:

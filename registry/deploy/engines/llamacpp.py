@@ -39,6 +39,7 @@ VERSIONS = (llamacpp_build.VERSION,)
 SCHEMA = f"llamacpp-{llamacpp_build.VERSION}.json"
 FILES = ("llama-server.sh",)
 WRITES_MODELS = True  # GGUF files, made from the registered folders
+WRITES_LOCK = True
 # what it needs nothing of its own for: the shared defaults (engines.EngineModule)
 check, head_layout = no_check, no_head_layout
 
@@ -59,6 +60,10 @@ def alert_expressions(selector: str, window: str) -> dict[str, str]:
     return vllm.alert_expressions(selector, window, (DRAFTS, DRAFT_TOKENS, ACCEPTED))
 
 
+def baseline_engine(opts: dict[str, Any]) -> str | None:
+    return ENGINE
+
+
 def check_options(opts: dict[str, Any]) -> None:
     try:
         opts["parallel"] = int(opts["parallel"])
@@ -77,7 +82,6 @@ def check_options(opts: dict[str, Any]) -> None:
 # llama.cpp source (llamacpp_build.source(): the llama-cpp-python 0.3.36 sdist) that decides it.
 MEDUSA_REFUSAL = ("llama-server has no Medusa drafting: its --spec-type values are none, draft-simple, draft-eagle3, "
                   "draft-mtp, draft-dflash, draft-dspark and ngram-* (common/speculative.cpp:33-45)")
-METHOD_REFUSALS = {"medusa": MEDUSA_REFUSAL}  # said in llama.cpp's own terms (exports.refuse_pair)
 SUFFIX_REFUSAL = ("llama-server has no suffix decoding: its --spec-type values are none, draft-simple, draft-eagle3, "
                   "draft-mtp, draft-dflash, draft-dspark and ngram-* (common/speculative.cpp:33-45); its ngram-cache "
                   "and ngram-map-* keep n-gram tables, not suffix trees with their counts")

@@ -19,8 +19,8 @@ ENGINE = "vllm/sglang"
 VERSIONS = (f"{vllm.VERSIONS[0]}/{sglang.VERSIONS[0]}",)
 SCHEMA = None
 FILES = ("prometheus-rules.yaml",)
-METHOD_REFUSALS: dict[str, str] = {}  # none in its own words: each method's common line (core.methods)
 WRITES_MODELS = False
+WRITES_LOCK = False  # the rules load no model: nothing for a lock to bind
 # what it needs nothing of its own for: the shared defaults (engines.EngineModule)
 sources, head_layout, write_models = registered_sources, no_head_layout, no_model_files
 read_back = nothing_read_back
@@ -42,6 +42,12 @@ def check_options(opts: dict[str, Any]) -> None:
     for key in ("for", "rate_window"):
         if not PROMETHEUS_DURATION.fullmatch(str(opts[key])):  # fullmatch: "$" lets "10m\n" through
             raise UsageError(f"export option {key}={opts[key]!r} is not a Prometheus duration (e.g. 10m)")
+
+
+def baseline_engine(opts: dict[str, Any]) -> str | None:
+    """The engine whose measured baseline the rules compare with: the one rules_engine names; for
+    rules on every engine, the validation's own figures."""
+    return opts["rules_engine"] if opts["rules_engine"] in RULE_ENGINES else None
 
 
 def refusal(pair_version: PairVersion) -> str | None:

@@ -20,8 +20,8 @@ ENGINE = "sglang"
 VERSIONS = ("0.5.23",)
 SCHEMA = "sglang-0.5.23.json"
 FILES = ("sglang-launch.sh",)
-METHOD_REFUSALS: dict[str, str] = {}  # none in its own words: each method's common line (core.methods)
 WRITES_MODELS = False
+WRITES_LOCK = True
 # what it needs nothing of its own for: the shared defaults (engines.EngineModule)
 check_options, check, sources, write_models = accept_options, no_check, registered_sources, no_model_files
 
@@ -30,6 +30,13 @@ OPTIONS: dict[str, Any] = {}
 ACCEPT_LENGTH = "sglang:spec_accept_length"
 ACCEPT_RATE = "sglang:spec_accept_rate"
 
+
+def baseline_engine(opts: dict[str, Any]) -> str | None:
+    return ENGINE
+
+
+MEDUSA_REFUSAL = ("SGLang 0.5.23 has no Medusa algorithm (sglang/srt/speculative/spec_info.py:39-47 "
+                  "SpeculativeAlgorithm)")
 NGRAM_REFUSAL = (
     "SGLang 0.5.23's NGRAM drafts a token tree (--speculative-num-draft-tokens nodes, BFS breadth 1-10) from one "
     "corpus shared by all requests (sglang/srt/speculative/ngram_worker.py:114-123 builds a single NgramCorpus "
@@ -54,6 +61,8 @@ PEAGLE_REFUSAL = ("SGLang 0.5.23 has no parallel drafting of an EAGLE-3 head: it
 
 def refusal(pair_version: PairVersion) -> str | None:
     config = pair_version.config
+    if config.method is SpecMethod.MEDUSA:
+        return MEDUSA_REFUSAL
     if config.method is SpecMethod.PEAGLE:
         return PEAGLE_REFUSAL
     if config.method is SpecMethod.NGRAM:

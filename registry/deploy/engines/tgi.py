@@ -16,8 +16,8 @@ ENGINE = "tgi"
 VERSIONS = ("3.3",)
 SCHEMA = "tgi-3.3.json"
 FILES = ("tgi-launch.sh",)
-METHOD_REFUSALS: dict[str, str] = {}  # none in its own words: each method's common line (core.methods)
 WRITES_MODELS = False
+WRITES_LOCK = True
 # what it needs nothing of its own for: the shared defaults (engines.EngineModule)
 check_options, check, sources, head_layout, write_models = accept_options, no_check, registered_sources, no_head_layout, no_model_files
 # no pair kind is written for it today (refusal): nothing to read back
@@ -26,10 +26,16 @@ read_back = nothing_read_back
 OPTIONS: dict[str, Any] = {}
 
 
+def baseline_engine(opts: dict[str, Any]) -> str | None:
+    return ENGINE
+
+
 SPECULATE = "launcher/src/main.rs:622-627: --speculate is Medusa heads of the model itself, else n-gram"
 NGRAM = ("server/text_generation_server/utils/tokens.py:209-229 create_n_gram_speculation seeds on the last "
          "accepted token alone, takes its first occurrence in the sequence and proposes the k tokens after it, "
          "and when nothing matches still proposes the tokens at positions 1..k")
+MEDUSA = ("TGI 3.3 reads Medusa heads only from a combined model repository "
+          "(server/text_generation_server/models/__init__.py:522-551)")
 
 
 def refusal(pair_version: PairVersion) -> str | None:
@@ -43,6 +49,8 @@ def refusal(pair_version: PairVersion) -> str | None:
     if method is SpecMethod.NGRAM:
         return (f"TGI 3.3's n-gram is not the prompt lookup that was validated ({NGRAM}); no option sets "
                 f"prompt_lookup_min/max; use vllm or trtllm")
+    if method is SpecMethod.MEDUSA:
+        return f"the heads are registered apart from their base model; {MEDUSA}"
     return None
 
 

@@ -21,8 +21,8 @@ ENGINE = "trtllm"
 VERSIONS = ("1.2",)
 SCHEMA = "trtllm-1.2.json"
 FILES = ("trtllm-serve.sh", "trtllm-config.yaml")
-METHOD_REFUSALS: dict[str, str] = {}  # none in its own words: each method's common line (core.methods)
 WRITES_MODELS = False
+WRITES_LOCK = True
 # what it needs nothing of its own for: the shared defaults (engines.EngineModule)
 check, sources, head_layout, write_models = no_check, registered_sources, no_head_layout, no_model_files
 
@@ -34,6 +34,10 @@ def check_options(opts: dict[str, Any]) -> None:
         opts["acceptance_window"] = int(opts["acceptance_window"])
     except (TypeError, ValueError) as exc:
         raise UsageError(f"export option has a bad value: {exc}") from None
+
+
+def baseline_engine(opts: dict[str, Any]) -> str | None:
+    return ENGINE
 
 
 # Where TensorRT-LLM 1.2 says what each refusal and key below relies on (its source, the 1.2 line's
@@ -52,6 +56,10 @@ MTP_LAYERS = ("tensorrt_llm/llmapi/llm_args.py MTPDecodingConfig.spec_dec_mode: 
 EAGLE3_MODEL = "tensorrt_llm/_torch/models/modeling_speculative.py"
 NGRAM_MATCH = ("tensorrt_llm/_torch/speculative/ngram.py NGramPoolManager.get_draft_tokens tries pattern sizes "
                "from max_matching_ngram_size down to 1 (range(..., 0, -1)); there is no minimum")
+
+
+MEDUSA_REFUSAL = ("TensorRT-LLM 1.2's Medusa runs only on its TensorRT engine flow (tensorrt_llm/llmapi/llm_args.py "
+                  "MedusaDecodingConfig.supports_backend refuses pytorch, trtllm-serve's backend)")
 
 
 SUFFIX_REFUSAL = ("TensorRT-LLM 1.2 has no suffix decoding: its speculative_config decoding_type is one of MTP, "
@@ -74,6 +82,8 @@ PEAGLE_REFUSAL = ("TensorRT-LLM 1.2 has no parallel drafting of an EAGLE-3 head:
 
 def refusal(pair_version: PairVersion) -> str | None:
     config = pair_version.config
+    if config.method is SpecMethod.MEDUSA:
+        return MEDUSA_REFUSAL
     if config.method is SpecMethod.SUFFIX:
         return SUFFIX_REFUSAL
     if config.method is SpecMethod.PEAGLE:

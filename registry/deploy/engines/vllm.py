@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from specreg.errors import SpecregError, UsageError
-from specreg.registry.deploy.engines.common import (Export, mtp_refusal, no_check, no_head_layout, no_model_files,
+from specreg.errors import EngineRefusal, SpecregError, UsageError
+from specreg.registry.deploy.engines.common import (Export, mtp_refusal, no_head_layout, no_model_files,
                                                     registered_sources, served_dtype)
 from specreg.registry.store.entities import PairVersion, SpecMethod
 
@@ -18,10 +18,10 @@ ENGINE = "vllm"
 VERSIONS = ("0.33",)
 SCHEMA = "vllm-0.33.json"
 FILES = ("vllm-serve.sh", "vllm-speculative-config.json")
-METHOD_REFUSALS: dict[str, str] = {}  # none in its own words: each method's common line (core.methods)
 WRITES_MODELS = False
+WRITES_LOCK = True
 # what it needs nothing of its own for: the shared defaults (engines.EngineModule)
-check, sources, head_layout, write_models = no_check, registered_sources, no_head_layout, no_model_files
+sources, head_layout, write_models = registered_sources, no_head_layout, no_model_files
 
 # --max-num-seqs; also the end of the k=0 range of a batch cutoff
 OPTIONS: dict[str, Any] = {"max_num_seqs": None}
@@ -43,6 +43,11 @@ def check_options(opts: dict[str, Any]) -> None:
             raise UsageError(f"export option max_num_seqs={opts['max_num_seqs']} must be >= 1")
 
 
+def baseline_engine(opts: dict[str, Any]) -> str | None:
+    return ENGINE
+
+
+MEDUSA_REFUSAL = "vLLM 0.33 has no medusa method (vllm/config/speculative.py:74-82 SpeculativeMethod)"
 # vllm/config/speculative.py:407 SpeculativeConfig has no token-tree field: eagle3 and mtp draft a chain
 TREE_REFUSAL = ("the registered candidate tree is static; vLLM 0.33's eagle3 and mtp draft a chain "
                 "(vllm/config/speculative.py:407 SpeculativeConfig has no token-tree field)")
@@ -71,6 +76,8 @@ BLOCK_D2T_REFUSAL = (
 
 
 def refusal(pair_version: PairVersion) -> str | None:
+    if pair_version.config.method is SpecMethod.MEDUSA:
+        return MEDUSA_REFUSAL
     if pair_version.config.method is SpecMethod.SUFFIX and pair_version.config.max_batch_size_for_speculation:
         return SUFFIX_CUTOFF_REFUSAL
     head = pair_version.config.head or {}
@@ -80,6 +87,19 @@ def refusal(pair_version: PairVersion) -> str | None:
     if pair_version.config.tree is not None and pair_version.config.method.has_head:
         return TREE_REFUSAL
     return mtp_refusal(pair_version)
+
+
+def check(pair_version: PairVersion, baselines: dict[str, Any] | None, opts: dict[str, Any]) -> None:
+    """A suffix pair whose engine baseline measured speculation off at some batch size is refused: V1
+    would speculate there anyway (SUFFIX_SCHEDULE_REFUSAL), unless max_num_seqs keeps them away."""
+    measured = ((baselines or {}).get("engine_baseline") or {}).get("speculation_schedule")
+    if pair_version.config.method is not SpecMethod.SUFFIX or not measured:
+        return
+    ceiling = opts["max_num_seqs"]
+    off = [f"{start}-{end}" for start, end, depth in measured if depth == 0 and (ceiling is None or start <= ceiling)]
+    if off:
+        raise EngineRefusal(f"{pair_version.label} is a suffix pair: "
+                            + SUFFIX_SCHEDULE_REFUSAL.format(off=", ".join(off)))
 
 
 def context(export: Export) -> dict[str, Any]:
@@ -132,12 +152,9 @@ def speculative_config(pair_version: PairVersion, draft_source: str | None, opts
             speculative["prompt_lookup_max"] = config.prompt_lookup_max
     cutoff = config.max_batch_size_for_speculation
     measured = ((baselines or {}).get("engine_baseline") or {}).get("speculation_schedule")
-    if measured and config.method is SpecMethod.SUFFIX:
-        # V1 falls back to the static k for suffix: a schedule is written only where k is all it says
-        ceiling = opts["max_num_seqs"]
-        off = [f"{start}-{end}" for start, end, depth in measured if depth == 0 and (ceiling is None or start <= ceiling)]
-        if off:
-            raise SpecregError(SUFFIX_SCHEDULE_REFUSAL.format(off=", ".join(off)))
+    if config.method is SpecMethod.SUFFIX:
+        # V1 falls back to the static k for suffix: no schedule is written (check refuses one that turns
+        # speculation off)
         measured = None
     if measured:
         # what the engine baseline's tiers measured: off where the draft slowed a tier down, and

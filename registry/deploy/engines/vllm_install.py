@@ -130,7 +130,9 @@ def install(log=None) -> dict:
         say(f"vllm 4/5: removing the CUDA builds pip pulled in: {', '.join(CUDA_ONLY)}")
         venv_pip(["uninstall", "-y", *CUDA_ONLY], "pip uninstall the CUDA-only packages")
         say(f"vllm 5/5: Arctic Inference {ARCTIC[1]}'s suffix tree, compiled from its source archive")
-        build_arctic(folder)
+        package = build_arctic(python(), site_packages(), say)
+        # bytecode now, inside the digest: the servers never write any (PYTHONDONTWRITEBYTECODE)
+        checked([str(python()), "-m", "compileall", "-q", str(package)], "compiling arctic_inference")
         check_imports()
         digest, files, size = tree_digest(venv())
         stamp = {"package": f"{PACKAGE}=={VERSION}", "wheel_sha256": WHEEL_SHA256, "upstream": UPSTREAM,
@@ -164,44 +166,49 @@ def site_packages() -> Path:
                         "reading the venv's site-packages").strip())
 
 
-def build_arctic(folder: Path) -> None:
+def build_arctic(interpreter: Path, destination: Path, log=None) -> Path:
     """csrc/suffix_decoding of the Arctic Inference sdist compiled with cmake and nanobind for the
-    venv's Python; the package's suffix_decoding files and the built _C go into its site-packages
-    as arctic_inference.suffix_decoding (what vllm/v1/spec_decode/suffix_decoding.py imports)."""
+    Python ``interpreter``; the package's suffix_decoding files and the built _C go into
+    ``destination``/arctic_inference (replaced), importable from ``destination`` as
+    arctic_inference.suffix_decoding (what vllm/v1/spec_decode/suffix_decoding.py imports) -> that
+    package folder. The venv's install builds it into the venv's site-packages, tests/engines into a
+    folder of the engine cache for the test's Python. SpecregError naming the failing step;
+    PackageUnavailable without the package index."""
+    say = log or (lambda line: None)
     missing = [tool for tool in ("cmake", "c++") if shutil.which(tool) is None]
     if missing:
         raise SpecregError(f"building Arctic Inference's suffix tree needs {' and '.join(missing)}, not on PATH")
     name, version = ARCTIC
-    tools = folder / "arctic-build-tools"
-    shutil.rmtree(tools, ignore_errors=True)
-    run_pip(["install", "--no-deps", "--target", str(tools), *ARCTIC_BUILD], "pip install arctic build tools")
-    wheels = cache_dir(cache_root() / "wheels")
-    sdist = wheels / f"{name.replace('-', '_')}-{version}.tar.gz"
-    if not sdist.exists():
-        run_pip(["download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation", f"{name}=={version}",
-                 "-d", str(wheels)], f"pip download {name}=={version}", env=dict(os.environ, PYTHONPATH=str(tools)))
-    target = site_packages() / "arctic_inference"
-    with tempfile.TemporaryDirectory(dir=folder) as scratch:
+    package = destination / "arctic_inference"
+    with tempfile.TemporaryDirectory(dir=cache_root()) as scratch:
+        tools = Path(scratch) / "build-tools"
+        say(f"arctic-inference: pip install {' '.join(ARCTIC_BUILD)} into {tools}")
+        run_pip(["install", "--no-deps", "--target", str(tools), *ARCTIC_BUILD], "pip install arctic build tools")
+        env = dict(os.environ, PYTHONPATH=str(tools))
+        wheels = cache_dir(cache_root() / "wheels")
+        sdist = wheels / f"{name.replace('-', '_')}-{version}.tar.gz"
+        if not sdist.exists():
+            say(f"arctic-inference: pip download {version} (source archive) into {wheels}")
+            run_pip(["download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation", f"{name}=={version}",
+                     "-d", str(wheels)], f"pip download {name}=={version}", env=env)
         with tarfile.open(sdist) as archive:
             archive.extractall(scratch, filter="data")
         source = Path(scratch) / f"{name.replace('-', '_')}-{version}"
         build = Path(scratch) / "build"
         build.mkdir()
         generator = ["-GNinja"] if shutil.which("ninja") else []
-        env = dict(os.environ, PYTHONPATH=str(tools))
-        checked(["cmake", str(source / "csrc" / "suffix_decoding"), *generator, f"-DPython_EXECUTABLE={python()}",
+        say(f"arctic-inference: building csrc/suffix_decoding for {interpreter} into {package}")
+        checked(["cmake", str(source / "csrc" / "suffix_decoding"), *generator, f"-DPython_EXECUTABLE={interpreter}",
                  "-DCMAKE_BUILD_TYPE=Release"], "cmake configure of Arctic Inference's suffix tree", cwd=build, env=env)
         checked(["cmake", "--build", ".", "-j", str(os.cpu_count() or 2)],
                 "cmake build of Arctic Inference's suffix tree", cwd=build, env=env)
-        shutil.rmtree(target, ignore_errors=True)
-        shutil.copytree(source / "arctic_inference" / "suffix_decoding", target / "suffix_decoding",
+        shutil.rmtree(package, ignore_errors=True)
+        shutil.copytree(source / "arctic_inference" / "suffix_decoding", package / "suffix_decoding",
                         ignore=shutil.ignore_patterns("simulator.py"))
-        (target / "__init__.py").write_text("")
+        (package / "__init__.py").write_text("")
         for library in build.glob("_C*.so"):
-            shutil.copy2(library, target / "suffix_decoding" / library.name)
-    shutil.rmtree(tools, ignore_errors=True)
-    # bytecode now, inside the digest: the servers never write any (PYTHONDONTWRITEBYTECODE)
-    checked([str(python()), "-m", "compileall", "-q", str(target)], "compiling arctic_inference")
+            shutil.copy2(library, package / "suffix_decoding" / library.name)
+    return package
 
 
 def check_imports() -> None:
