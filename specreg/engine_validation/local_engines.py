@@ -38,9 +38,6 @@ def llamacpp_ggufs(version: PairVersion, dtype: str, records) -> dict[str, Any]:
     from specreg.registry.deploy.engines import llamacpp
     from specreg.registry.governance.queries import fingerprint_changes
 
-    why = llamacpp.refusal(version)
-    if why:
-        raise EngineRefusal(f"validate --engine llamacpp: {why}")
     changes = fingerprint_changes(version)
     if changes:
         raise SpecregError(f"{version.label}: the models changed since registration ({'; '.join(changes)}); "
@@ -67,10 +64,13 @@ def local_llamacpp(store: Store, version: PairVersion, golden, request: EngineVa
                    progress: Progress | None, *, actor: str):
     """llama-server started here on the pair's GGUF files -> (report, baselines, checks, identity)."""
     from specreg.registry.deploy.engines import llamacpp_build
-    from specreg.registry.deploy.engines.llamacpp import spec_type
+    from specreg.registry.deploy.engines.llamacpp import refusal, spec_type
     from specreg.registry.deploy.engines.llamacpp_server import start_server
     from specreg.registry.store.engine_artifacts import ArtifactRecords
 
+    why = refusal(version)
+    if why:  # as the llamacpp export refuses it, before anything is checked, converted or started
+        raise EngineRefusal(f"validate --engine llamacpp: {why}")
     records = ArtifactRecords(store, actor)
     # the binary first: an unknown one is refused before minutes of conversion and decoding
     llamacpp_build.trusted_server(records)

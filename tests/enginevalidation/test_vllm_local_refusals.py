@@ -185,3 +185,17 @@ def test_the_server_binds_its_threads_to_the_cpus_this_process_may_use():
 
     mine = sorted(os.sched_getaffinity(0))
     assert cpu_list(None) == ",".join(map(str, mine)) and cpu_list(1) == str(mine[0])
+
+
+def test_a_pair_llama_cpp_does_not_serve_is_refused_as_the_export_refuses_it(registry, folders):
+    """The same refusal type and exit code as `export --format llamacpp` (EngineRefusal, exit 1),
+    before any model is converted or llama-server started."""
+    from specreg.errors import EngineRefusal
+    from specreg.registry.deploy.engines.llamacpp import MEDUSA_REFUSAL
+
+    registry.register("heads", target=str(folders["target"]), draft=str(folders["medusa"]), method="medusa",
+                      num_speculative_tokens=2, allow_verifier_mismatch=True)
+    with pytest.raises(EngineRefusal) as caught:
+        registry.validate_engine("heads@1", EngineValidationRequest(engine="llamacpp"), golden="smoke")
+    assert str(caught.value) == f"validate --engine llamacpp: {MEDUSA_REFUSAL}"
+    assert caught.value.exit_code == 1
