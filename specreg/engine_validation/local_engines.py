@@ -2,11 +2,13 @@
 ``llamacpp`` export: its GGUF files, with the draft and the same command without it) and vLLM for
 the CPU (`make vllm`: the pair's ``vllm`` export verbatim, with and without its speculative
 config; registry/deploy/engines/vllm_server.py). Each server is stopped when its pass ends (a
-vLLM by its process group), also on Ctrl-C, SIGTERM and errors. The golden set goes through each
-server at every concurrency tier, against our runtime's greedy decodes of the same token ids."""
+vLLM by its process group), also on Ctrl-C, SIGTERM and errors; two vLLM servers that fit in
+memory start together and stop together. The golden set goes through each server at every
+concurrency tier, against our runtime's greedy decodes of the same token ids."""
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -29,6 +31,9 @@ class LocalEngine:
     identity: Callable[[Any], dict[str, Any]]  # a running server -> {"version", "build", ...}
     model: str | None  # the served model name requests carry (vLLM's metrics label), None: llama.cpp's own
     report: dict[str, Any]  # what only this engine reports (its files, its config)
+    # both servers started together -> a context manager of (with the draft, without it), or None
+    # where they are started one after the other (serve)
+    serve_both: Callable[[], Any] | None = None
 
 
 def llamacpp_ggufs(version: PairVersion, dtype: str, records) -> dict[str, Any]:
@@ -98,7 +103,7 @@ def local_vllm(store: Store, version: PairVersion, golden, request: EngineValida
 
     records = ArtifactRecords(store, actor)
     # a missing install is refused before our runtime's pass; its tree digest (56k files, seconds)
-    # is checked against the registry before each of the two starts
+    # is checked against the registry before the servers start
     vllm_install.require_installed()
     changes = fingerprint_changes(version)
     if changes:
@@ -109,9 +114,15 @@ def local_vllm(store: Store, version: PairVersion, golden, request: EngineValida
         return vllm_server.start(export_argv, records=records, speculative=speculative, dtype=request.dtype,
                                  threads=request.threads)
 
+    def serve_both():
+        folders = [version.target.path] + ([version.draft.path] if version.draft is not None else [])
+        if not vllm_server.fit_side_by_side(folders):
+            return None
+        return vllm_server.start_both(export_argv, records=records, dtype=request.dtype, threads=request.threads)
+
     engine = LocalEngine("vllm", "vLLM", serve, vllm_server.identity, vllm_server.served_name(export_argv),
                          {"export_argv": export_argv,
-                          "speculative_config": vllm_server.speculative_config(export_argv)})
+                          "speculative_config": vllm_server.speculative_config(export_argv)}, serve_both)
     return run_local(version, golden, request, progress, engine, store)
 
 
@@ -151,30 +162,34 @@ def run_local(version: PairVersion, golden, request: EngineValidationRequest, pr
                        f"alone) and {counted_as}"
                        + (f": the decodes of validation run {latest_run.id}" if reused else ": decoded here"))}
     spec, plain, commands = {}, {}, {}
-    with engine.serve(True) as server:
-        identity = engine.identity(server)
-        commands["with_draft"] = " ".join(server.argv)
-        for tier in request.tiers:
-            spec[tier] = drive(engine.name, server.url, prompts, concurrency=tier, model=engine.model,
-                               counters=tier == 1, progress=progress,
-                               what=f"{engine.label} with the draft, concurrency {tier}", deadline_s=request.deadline_s)
-    with engine.serve(False) as server:
-        commands["without_draft"] = " ".join(server.argv)
-        for tier in request.tiers:
-            plain[tier] = drive(engine.name, server.url, prompts, concurrency=tier, model=engine.model,
-                                counters=False, progress=progress,
-                                what=f"{engine.label} without the draft, concurrency {tier}",
-                                deadline_s=request.deadline_s)
-        engine_baselines = baselines_of(spec[1].rows, k)
-        tiers = tier_figures(request.tiers, spec, plain)
-        # while the target-only server runs: the equivalence check asks it for its top-2
-        checks = run_engine_checks(EngineCheckContext(
-            engine.label, spec[1].rows, engine_baselines, ours, tiers, request.parity_tolerance,
-            outputs=outputs_of(prompts, spec[1], plain[1]),
-            near_tie_tolerance=request.near_tie_tolerance if request.near_tie_tolerance is not None
-            else default_near_tie_tolerance(request.dtype),
-            top_of=target_only_top(engine.name, server.url, engine.model, request.deadline_s),
-            our_margin=runtime_margin(pair)))
+    together = engine.serve_both() if engine.serve_both is not None else None
+    with ExitStack() as servers:
+        with_draft, without_draft = servers.enter_context(together) if together is not None else (None, None)
+        with run_pass(with_draft, engine, True) as server:
+            identity = engine.identity(server)
+            commands["with_draft"] = " ".join(server.argv)
+            for tier in request.tiers:
+                spec[tier] = drive(engine.name, server.url, prompts, concurrency=tier, model=engine.model,
+                                   counters=tier == 1, progress=progress,
+                                   what=f"{engine.label} with the draft, concurrency {tier}",
+                                   deadline_s=request.deadline_s)
+        with run_pass(without_draft, engine, False) as server:
+            commands["without_draft"] = " ".join(server.argv)
+            for tier in request.tiers:
+                plain[tier] = drive(engine.name, server.url, prompts, concurrency=tier, model=engine.model,
+                                    counters=False, progress=progress,
+                                    what=f"{engine.label} without the draft, concurrency {tier}",
+                                    deadline_s=request.deadline_s)
+            engine_baselines = baselines_of(spec[1].rows, k)
+            tiers = tier_figures(request.tiers, spec, plain)
+            # while the target-only server runs: the equivalence check asks it for its top-2
+            checks = run_engine_checks(EngineCheckContext(
+                engine.label, spec[1].rows, engine_baselines, ours, tiers, request.parity_tolerance,
+                outputs=outputs_of(prompts, spec[1], plain[1]),
+                near_tie_tolerance=request.near_tie_tolerance if request.near_tie_tolerance is not None
+                else default_near_tie_tolerance(request.dtype),
+                top_of=target_only_top(engine.name, server.url, engine.model, request.deadline_s),
+                our_margin=runtime_margin(pair)))
     report = {"engine": engine.name, "identity": identity, "command": commands["with_draft"],
               "command_without_draft": commands["without_draft"], **engine.report,
               "options": request.to_dict(), "prompts": len(prompts), "skipped": skipped, "ours": ours,
@@ -183,3 +198,9 @@ def run_local(version: PairVersion, golden, request: EngineValidationRequest, pr
               "per_prompt_runtime": [{key: value for key, value in row.items() if key != "token_ids"}
                                      for row in ours_rows]}
     return report, engine_baselines, checks, identity
+
+
+def run_pass(started, engine: LocalEngine, speculative: bool):
+    """The server a pass runs on, stopped when the pass ends: one started with the other, else its
+    own, started now."""
+    return started if started is not None else engine.serve(speculative)

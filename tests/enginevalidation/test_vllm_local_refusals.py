@@ -199,3 +199,20 @@ def test_a_pair_llama_cpp_does_not_serve_is_refused_as_the_export_refuses_it(reg
         registry.validate_engine("heads@1", EngineValidationRequest(engine="llamacpp"), golden="smoke")
     assert str(caught.value) == f"validate --engine llamacpp: {MEDUSA_REFUSAL}"
     assert caught.value.exit_code == 1
+
+
+def test_the_two_servers_start_together_only_where_both_fit_in_memory(tmp_path):
+    """Each server holds the target, its KV cache and its interpreters; the export's server the
+    draft too: side by side where that is at most 80 % of the available memory."""
+    from specreg.registry.deploy.engines.vllm_server import KV_CACHE_GIB, PROCESS_OVERHEAD_BYTES, fit_side_by_side
+
+    target, draft = tmp_path / "target", tmp_path / "draft"
+    for folder, size in ((target, 3 << 30), (draft, 1 << 30)):
+        folder.mkdir()
+        with open(folder / "model.safetensors", "wb") as handle:
+            handle.truncate(size)  # sparse: the size is what counts
+        (folder / "config.json").write_text("{}")
+    need = 2 * ((KV_CACHE_GIB << 30) + PROCESS_OVERHEAD_BYTES) + 2 * (3 << 30) + (1 << 30)
+    assert fit_side_by_side([target, draft], available=int(need / 0.8) + 1)
+    assert not fit_side_by_side([target, draft], available=int(need / 0.8) - (1 << 20))
+    assert fit_side_by_side([target], available=int((need - (1 << 30)) / 0.8) + 1)  # no draft (n-gram, suffix)

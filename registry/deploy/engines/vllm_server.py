@@ -32,6 +32,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,9 @@ from specreg.registry.deploy.engines.llamacpp_server import die_with_parent, fre
 API_SERVER = "vllm.entrypoints.openai.api_server"
 KV_CACHE_GIB = 1
 START_TIMEOUT_S = 900.0  # 30-40 CPU-seconds on an idle machine; minutes on a loaded 2-core one
+# what one server holds beside its weights and KV cache: its three interpreters (API server,
+# EngineCore, worker) with torch and vLLM imported, about 1.3 GiB resident measured on the demo pair
+PROCESS_OVERHEAD_BYTES = 2 << 30
 
 
 @dataclass
@@ -55,7 +59,8 @@ class VllmServer:
     log_path: Path
     scratch: Path
     served_name: str
-    started_s: float = 0.0
+    launched: float = 0.0  # time.monotonic() when the process started
+    started_s: float = 0.0  # seconds from launch to the first healthy answer
     info: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -149,7 +154,63 @@ def start(export_argv: list[str], *, records, speculative: bool = True, dtype: s
     the registry of ``records`` recorded (vllm_install.trusted_python) and wait until /health
     answers 200. Raises SpecregError with the end of the server's log if it exits or is not
     healthy within ``timeout`` seconds (the process group is stopped then)."""
-    python, digest = vllm_install.trusted_python(records, log=log)
+    trusted = vllm_install.trusted_python(records, log=log)
+    server = launch(export_argv, trusted, speculative=speculative, dtype=dtype, threads=threads, port=port)
+    ready(server, timeout)
+    return server
+
+
+@contextmanager
+def start_both(export_argv: list[str], *, records, dtype: str = "float32", threads: int | None = None,
+               timeout: float = START_TIMEOUT_S, log=None):
+    """The export's server and the target-only one, launched together -> (with the draft, without
+    it), both stopped on leaving. A start is mostly one core's work (three interpreters importing
+    torch and vLLM one after the other, then the model load): on two cores the pair starts in the
+    time of one. The venv's digest is checked once for both. Take it where both fit in memory
+    (fit_side_by_side); an idle server costs nothing the other's figures would see (0.28 CPU-s in
+    20 s, measured on the demo pair's target)."""
+    trusted = vllm_install.trusted_python(records, log=log)
+    with ExitStack() as stack:
+        servers = [stack.enter_context(launch(export_argv, trusted, speculative=speculative, dtype=dtype,
+                                              threads=threads)) for speculative in (True, False)]
+        for server in servers:
+            ready(server, timeout)
+        yield tuple(servers)
+
+
+def fit_side_by_side(model_folders: list[Path], available: int | None = None) -> bool:
+    """Whether the two servers of start_both fit in this machine's available memory with room to
+    spare: each holds the target (the first of ``model_folders``; the export's server the draft
+    too), its KV cache and its processes. ``available``: bytes, default /proc/meminfo's MemAvailable
+    (False where it cannot be read: one server at a time)."""
+    if available is None:
+        available = mem_available()
+    if available is None:
+        return False
+
+    def weights(folder: Path) -> int:
+        return sum(path.stat().st_size for path in Path(folder).glob("*.safetensors"))
+
+    per_server = (KV_CACHE_GIB << 30) + PROCESS_OVERHEAD_BYTES
+    need = 2 * per_server + 2 * weights(model_folders[0]) + sum(weights(folder) for folder in model_folders[1:])
+    return need <= 0.8 * available
+
+
+def mem_available() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def launch(export_argv: list[str], trusted: tuple[Path, str], *, speculative: bool, dtype: str,
+           threads: int | None, port: int | None = None) -> VllmServer:
+    """The server process group started (not yet serving: ready() waits for it) with the venv's
+    (python, tree digest) that vllm_install.trusted_python returned."""
+    python, digest = trusted
     port = port or free_port()
     argv = server_argv(export_argv, str(python), speculative=speculative, port=port, dtype=dtype)
     # the engine's ZeroMQ sockets are files in TMPDIR, whose path may be 107 bytes at most: a short one
@@ -159,18 +220,22 @@ def start(export_argv: list[str], *, records, speculative: bool = True, dtype: s
         "VLLM_CACHE_ROOT": str(scratch / "cache"), "VLLM_CONFIG_ROOT": str(scratch / "config"),
         "XDG_CACHE_HOME": str(scratch / "xdg"), "TMPDIR": str(scratch)})
     log_path = vllm_install.cache_dir(vllm_install.home() / "run") / f"vllm-{port}.log"
-    started = time.monotonic()
+    launched = time.monotonic()
     with open(log_path, "w") as output:
         process = subprocess.Popen(argv, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                    cwd=scratch, start_new_session=True, preexec_fn=die_with_parent)
-    server = VllmServer(process=process, port=port, argv=argv, log_path=log_path, scratch=scratch,
-                        served_name=served_name(export_argv))
-    wait_healthy(server, "vLLM", started, timeout, poll_s=0.5)
-    server.started_s = round(time.monotonic() - started, 2)
     stamp = vllm_install.installed() or {}
-    server.info = {"python": str(python), "tree_sha256": digest, "package": stamp.get("package"),
-                   "upstream": stamp.get("upstream"), "wheel_sha256": stamp.get("wheel_sha256")}
-    return server
+    return VllmServer(process=process, port=port, argv=argv, log_path=log_path, scratch=scratch,
+                      served_name=served_name(export_argv), launched=launched,
+                      info={"python": str(python), "tree_sha256": digest, "package": stamp.get("package"),
+                            "upstream": stamp.get("upstream"), "wheel_sha256": stamp.get("wheel_sha256")})
+
+
+def ready(server: VllmServer, timeout: float = START_TIMEOUT_S) -> None:
+    """Wait until a launched server answers /health with 200 (llamacpp_server.wait_healthy: stopped
+    on failure, Ctrl-C or SIGTERM) and record how long its start took."""
+    wait_healthy(server, "vLLM", server.launched, timeout, poll_s=0.5)
+    server.started_s = round(time.monotonic() - server.launched, 2)
 
 
 def identity(server: VllmServer) -> dict[str, Any]:
