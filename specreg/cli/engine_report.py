@@ -19,7 +19,7 @@ def _positions(values) -> str:
     return "-" if not values else " ".join(f"{v:.2f}" for v in values)
 
 
-def run_engine_validation(registry, ref: str, *, engine: str, golden: str, engine_url, reference_url, model_name,
+def run_engine_validation(registry, ref: str, *, engine: str, golden: str | None, engine_url, reference_url, model_name,
                           tiers, parity_tolerance, near_tie_tolerance, dtype, threads=None, deadline_s: float = 600.0,
                           as_json: bool = False) -> None:
     from specreg.errors import PolicyViolation

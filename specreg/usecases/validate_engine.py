@@ -14,7 +14,6 @@ def validate_engine(registry, ref, *, engine: str, golden: str | None = None, en
     Registry.validate_engine) -> engine_validation.EngineOutcome."""
     from specreg.engine_validation import EngineOptions, check_options, validate_in_engine
     from specreg.golden_prompts.loader import load_golden_set
-    from specreg.usecases.validate import validation_settings
 
     options = check_options(EngineOptions(
         engine=engine, engine_url=engine_url, reference_url=reference_url, model_name=model_name,
@@ -22,7 +21,9 @@ def validate_engine(registry, ref, *, engine: str, golden: str | None = None, en
         dtype=dtype, threads=threads, deadline_s=deadline_s))
     version = registry.get(ref)
     export_argv = local_vllm_argv(registry, version) if engine == "vllm" and not engine_url else None
-    golden_set = load_golden_set(validation_settings(registry, golden, 0.0)["golden_set"])
+    # resolved once, here: the set named, else the policy's (its validation environment's)
+    golden_set = load_golden_set(golden if golden is not None else
+                                 registry.policy().validation_environment().golden_set)
     return validate_in_engine(registry.store, version, golden_set, options, actor=registry.user, progress=progress,
                               export_argv=export_argv)
 
