@@ -1,8 +1,10 @@
 """Load and check golden prompt sets (format: FORMAT.md, schema: schema.json).
 
 ``load_golden_set("default")`` loads a set shipped in this folder; ``load_golden_set(path)``
-loads a user's ``.yaml``/``.yml``/``.json``/``.jsonl`` file. Every problem is a one-line
-``GoldenSetError`` naming the file, the record (index and id) and the field.
+loads a user's ``.yaml``/``.yml``/``.json``/``.jsonl`` file. It is the one place where a name is
+told from a path: a command calls it once, where it starts, and passes the loaded set (or its
+``reference``: name, source, content hash) down. Every problem is a one-line ``GoldenSetError``
+naming the file, the record (index and id) and the field.
 
 Only pyyaml and jsonschema are imported here: no torch, no transformers. The loaded set and its
 records are records.py's (``GoldenRecord.render`` and ``.encode`` take an already loaded
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -38,7 +41,8 @@ def shipped_set_names() -> list[str]:
 def load_golden_set(name_or_path: str | Path) -> GoldenSet:
     """Load a shipped set by name ("default", "smoke") or a golden file by path.
 
-    Returns a GoldenSet; raises GoldenSetError (one line: file, record, field) on any problem.
+    Returns a GoldenSet (``shipped`` set for a shipped one); raises GoldenSetError (one line:
+    file, record, field) on any problem.
     """
     path = Path(name_or_path)
     text = str(name_or_path)
@@ -48,7 +52,7 @@ def load_golden_set(name_or_path: str | Path) -> GoldenSet:
         for suffix in (".yaml", ".jsonl"):
             shipped = SHIPPED_DIR / f"{text}{suffix}"
             if shipped.is_file():
-                return load_golden_file(shipped)
+                return replace(load_golden_file(shipped), shipped=True)
         raise GoldenSetError(
             f"unknown golden set '{text}': shipped sets are {', '.join(shipped_set_names())}; "
             "or pass the path of a .yaml or .jsonl file"

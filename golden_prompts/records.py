@@ -88,9 +88,28 @@ class GoldenRecord:
         return out
 
 
+SHIPPED = "shipped"  # a GoldenRef's source for a set shipped with specreg (named by its name)
+
+
+@dataclass(frozen=True)
+class GoldenRef:
+    """Which golden set a command uses, as resolved once where the command starts
+    (loader.load_golden_set): the set's own name (what a validation run records), where it came
+    from (``SHIPPED``, or the path of the file) and its content hash, by which the gate matches
+    validation runs."""
+
+    name: str
+    source: str
+    sha256: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"name": self.name, "source": self.source, "sha256": self.sha256}
+
+
 @dataclass(frozen=True)
 class GoldenSet:
-    """A loaded golden set; ``content_sha256`` hashes name, version and records canonically."""
+    """A loaded golden set; ``content_sha256`` hashes name, version and records canonically.
+    ``shipped``: one of specreg's own sets, loaded by its name."""
 
     name: str
     version: str
@@ -98,6 +117,13 @@ class GoldenSet:
     content_sha256: str
     records: tuple[GoldenRecord, ...]
     description: str = ""
+    shipped: bool = False
+
+    @property
+    def reference(self) -> GoldenRef:
+        """This set as a GoldenRef: the hash of the very records loaded here."""
+        where = SHIPPED if self.shipped else str(self.source) if self.source is not None else "<golden set>"
+        return GoldenRef(self.name, where, self.content_sha256)
 
     def __len__(self) -> int:
         return len(self.records)

@@ -131,37 +131,37 @@ class Registry:
     def enrol_key(self, person: str, public_key: str):
         return approve.enrol_key(self, person, public_key)
 
-    def keyring(self):
-        return approve.keyring(self)
+    def keyring(self, policy=None):
+        return approve.keyring(self, policy)
 
     def revoke_key(self, key: str, reason: str):
         return approve.revoke_key(self, key, reason)
 
-    def promote(self, ref: Ref, environment: str, *, reason: str | None = None,
-                expected_holder: int | None | str = "current", allow_slower: str | None = None):
+    def promote(self, ref: Ref, environment: str, **options):
         """Make the version hold ``environment`` under the policy of record -> pointer_moves.PointerMove.
-        ``expected_holder``: the version you saw holding it (None: none; default: read now), else
-        ConcurrentUpdateError; ``allow_slower``: why a version below min_speedup may hold it."""
-        return promote.promote(self, ref, environment, reason=reason, expected_holder=expected_holder,
-                               allow_slower=allow_slower)
+        Options: ``reason``; ``expected_holder``: the version you saw holding it (None: none; default: read
+        now), else ConcurrentUpdateError; ``allow_slower``: why a version below min_speedup may hold it;
+        ``policy``: the policy of record as the command read it (default: read now)."""
+        return promote.promote(self, ref, environment, **options)
 
     def rollback(self, name: str, environment: str, *, reason: str | None = None):
         return promote.rollback(self, name, environment, reason=reason)
 
-    def gate(self, ref: Ref, environment: str, *, policy_path: str | None = None, rerun: bool = False, progress=None):
-        """Whether the version may hold ``environment`` now -> decisions.GateResult (``policy_path``:
-        also judged under that file as a preview; ``rerun``: validate again first)."""
-        return promote.gate(self, ref, environment, policy_path=policy_path, rerun=rerun, progress=progress)
+    def gate(self, ref: Ref, environment: str, **options):
+        """Whether the version may hold ``environment`` now -> decisions.GateResult (usecases.promote.gate)."""
+        return promote.gate(self, ref, environment, **options)
 
     # --- validation ---------------------------------------------------------------------
 
-    def validation_settings(self, golden: str | None = None, acceptance_tolerance: float | None = None) -> dict:
-        return validate.validation_settings(self, golden, acceptance_tolerance)
+    def validation_request(self, ref: Ref, **settings):  # what the CLI builds, then runs (run_validation)
+        return validate.validation_request(self, ref, **settings)
 
     def validate(self, ref: Ref, **options):
-        """Validate a version on a golden set and record the run; the version moves to validated
-        or failed -> ValidationOutcome. Options: usecases.validate.validate's keywords."""
+        """Validate on a golden set, record the run; validated or failed -> ValidationOutcome (usecases.validate)."""
         return validate.validate(self, ref, **options)
+
+    def run_validation(self, request, *, progress=None, hooks: dict | None = None):
+        return validate.run_validation(self, request, progress=progress, hooks=hooks)
 
     def validate_engine(self, ref: Ref, request, *, golden: str | None = None, progress=None):
         """Validate a version as ``request`` (EngineValidationRequest) asks, record its engine baseline."""

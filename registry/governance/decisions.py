@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specreg.core.baselines import drift_floor, schedule_note
 from specreg.core.statuses import GateVerdict, RunStatus
@@ -15,11 +15,15 @@ from specreg.registry.governance.approvals import approval_condition
 from specreg.registry.governance.engine_gate import engine_baseline_conditions
 from specreg.registry.governance.floors import floor_conditions
 from specreg.registry.governance.policy import EnvironmentPolicy, Policy
-from specreg.registry.governance.queries import (Condition, finished_runs, fingerprint_changes, golden_set_sha256,
-                                                 overall_figures, pointer_problem)
+from specreg.registry.governance.queries import (Condition, finished_runs, fingerprint_changes, overall_figures,
+                                                 pointer_problem)
 from specreg.registry.store import pointers
 from specreg.registry.store.entities import AuditEvent, PairState, PairVersion, ValidationRun
 from specreg.registry.store.store import Session, Store, utcnow, verified_chain
+
+if TYPE_CHECKING:
+    from specreg.golden_prompts.records import GoldenRef
+
 
 @dataclass(frozen=True)
 class GateResult:
@@ -106,14 +110,14 @@ def audit_condition(row: PairVersion, chain: list[AuditEvent], problem: str | No
                      {"audit_head": head})
 
 
-def evaluate(session: Session, row: PairVersion, env: EnvironmentPolicy, policy: Policy, *, golden_sha256: str,
+def evaluate(session: Session, row: PairVersion, env: EnvironmentPolicy, policy: Policy, *, golden: GoldenRef,
              changes: list[str] | None, holder: PairVersion | None, now: datetime) -> tuple[list[Condition], ValidationRun | None]:
     """Every condition for ``row`` to hold environment ``env``, read inside ``session``.
 
-    ``golden_sha256``: the policy's golden set hash now; ``changes``: fingerprint_changes() (None:
-    the files were not re-hashed, for a summary that must not read every weight file again);
-    ``holder``: the version holding the environment now (its baseline is a reference).
-    Returns (conditions, the validation run they are based on)."""
+    ``golden``: the policy's golden set as the command resolved it (queries.golden_reference);
+    ``changes``: fingerprint_changes() (None: the files were not re-hashed, for a summary that
+    must not read every weight file again); ``holder``: the version holding the environment now
+    (its baseline is a reference). Returns (conditions, the validation run they are based on)."""
     label = row.label
     conditions: list[Condition] = []
     chain, problem = verified_chain(session)
@@ -123,33 +127,38 @@ def evaluate(session: Session, row: PairVersion, env: EnvironmentPolicy, policy:
                                 else f"{label} is {row.state.value}"))
 
     runs = finished_runs(session, row, chain)
-    relevant = [r for r in runs if r.golden_set == env.golden_set or r.golden_sha256 == golden_sha256]
-    run = relevant[0] if relevant else None
-    if run is None:
+    # a run counts when it validated the very content resolved now (the hash covers the set's name,
+    # version and records); one recorded under the set's name with another hash counts for nothing
+    # and only says why: the set changed since
+    run = next((r for r in runs if r.golden_sha256 == golden.sha256), None)
+    stale = next((r for r in runs if r.golden_set == golden.name), None) if run is None else None
+    shown = run or stale  # the run the validation condition reports
+    if shown is None:
         if runs:
             reason = (f"run {runs[0].id} used golden set {runs[0].golden_set}; the policy asks for "
                       f"{env.golden_set}")
         else:
             reason = f"{label} is not validated on golden set {env.golden_set} (no validation run yet)"
         conditions.append(Condition("validation", False, reason, {"golden_set": env.golden_set}))
-    elif run.status != RunStatus.PASSED:
+    elif shown.status != RunStatus.PASSED:
         conditions.append(Condition("validation", False,
-                                    f"the latest validation of {label} on {env.golden_set} (run {run.id}) {run.status}",
-                                    {"run": run.id, "status": run.status, "golden_set": env.golden_set}))
+                                    f"the latest validation of {label} on {env.golden_set} (run {shown.id}) {shown.status}",
+                                    {"run": shown.id, "status": shown.status, "golden_set": env.golden_set}))
     else:
-        conditions.append(Condition("validation", True, f"run {run.id} passed on {env.golden_set}",
-                                    {"run": run.id, "finished_at": run.finished_at.isoformat() if run.finished_at else None}))
+        conditions.append(Condition("validation", True, f"run {shown.id} passed on {env.golden_set}",
+                                    {"run": shown.id,
+                                     "finished_at": shown.finished_at.isoformat() if shown.finished_at else None}))
 
-    if run is None:
-        conditions.append(not_judged("golden_set", env.golden_set))
-    elif run.golden_sha256 != golden_sha256:
+    if stale is not None:
         conditions.append(Condition("golden_set", False,
-                                    f"golden set {env.golden_set} changed since run {run.id} "
-                                    f"({run.golden_sha256[:12]} -> {golden_sha256[:12]}): validate again",
-                                    {"validated": run.golden_sha256, "now": golden_sha256}))
+                                    f"golden set {env.golden_set} changed since run {stale.id} "
+                                    f"({stale.golden_sha256[:12]} -> {golden.sha256[:12]}): validate again",
+                                    {"validated": stale.golden_sha256, "now": golden.sha256}))
+    elif run is None:
+        conditions.append(not_judged("golden_set", env.golden_set))
     else:
-        conditions.append(Condition("golden_set", True, f"same golden set hash {golden_sha256[:12]}",
-                                    {"sha256": golden_sha256}))
+        conditions.append(Condition("golden_set", True, f"same golden set hash {golden.sha256[:12]}",
+                                    {"sha256": golden.sha256}))
 
     if changes:
         conditions.append(Condition("fingerprints", False, "models changed since registration: " + ", ".join(changes),
@@ -196,14 +205,14 @@ def evaluate(session: Session, row: PairVersion, env: EnvironmentPolicy, policy:
                                     f"run {run.id} recorded acceptance baselines" if figures
                                     else f"no acceptance baselines recorded in run {run.id}",
                                     {"overall": figures} if figures else {}))
-    conditions.append(acceptance_condition(session, row, run, figures, env, golden_sha256, holder, chain))
-    conditions.extend(engine_baseline_conditions(session, row, env, golden_sha256=golden_sha256, now=now, policy=policy,
+    conditions.append(acceptance_condition(session, row, run, figures, env, golden.sha256, holder, chain))
+    conditions.extend(engine_baseline_conditions(session, row, env, golden_sha256=golden.sha256, now=now, policy=policy,
                                                  chain=chain))
     events = [e for e in chain if e.pair_name == row.name and e.version == row.version]
     floors = floor_conditions(run, env, overall_figures(run) if run is not None else None, events)
     conditions += [not_judged(c.name, env.golden_set) if run is None and not c.passed else c for c in floors]
     conditions.append(approval_condition(session, row, env, policy, chain))
-    return conditions, run
+    return conditions, shown
 
 
 def acceptance_condition(session: Session, row: PairVersion, run: ValidationRun | None,
@@ -266,13 +275,14 @@ def audit_check(store: Store, version: PairVersion) -> Condition:
         return audit_condition(row, chain, problem)
 
 
-def gate(store: Store, policy: Policy, version: PairVersion, environment: str, *, rehash: bool = True) -> GateResult:
-    """Evaluate every condition for ``version`` to hold ``environment`` (read only). ``rehash``
+def gate(store: Store, policy: Policy, version: PairVersion, environment: str, *, golden: GoldenRef,
+         rehash: bool = True) -> GateResult:
+    """Evaluate every condition for ``version`` to hold ``environment`` (read only). ``golden``:
+    the environment's golden set as the command resolved it (queries.golden_reference). ``rehash``
     False: the model files are not fingerprinted again (the MLflow mirror's summary, written on
     every change, says so in its fingerprints condition); the gate and promote always re-hash."""
     env = policy.environment(environment)
     changes = fingerprint_changes(version) if rehash else None
-    golden_sha256 = golden_set_sha256(env.golden_set)
     with store.session() as session:
         row = store.pair_version(session, version.name, version.version)
         pointer = pointers.pointer(session, version.name, environment)
@@ -281,8 +291,8 @@ def gate(store: Store, policy: Policy, version: PairVersion, environment: str, *
             pointer = None  # a pointer row the chain does not vouch for is no reference
         holder = store.pair_version(session, version.name, pointer.version) \
             if pointer and pointer.version is not None else None
-        conditions, run = evaluate(session, row, env, policy, golden_sha256=golden_sha256, changes=changes,
-                                   holder=holder, now=utcnow())
+        conditions, run = evaluate(session, row, env, policy, golden=golden, changes=changes, holder=holder,
+                                   now=utcnow())
         head = next((c.details.get("audit_head") for c in conditions if c.name == "audit"), None)
         return GateResult(version.name, version.version, environment, policy.source, tuple(conditions),
                           run.id if run is not None else None, head, policy.version, policy.sha256,

@@ -6,13 +6,14 @@ locked first (SELECT ... FOR UPDATE on PostgreSQL; BEGIN IMMEDIATE already seria
 on SQLite), then the environment pointer, so two promotes of one pair queue; a promote also
 carries the holder it saw when it started (compare-and-set), so of two racing promotes
 exactly one wins and the other gets ConcurrentUpdateError with nothing changed. Slow work
-(re-fingerprinting the models, loading the golden set) happens before the transaction.
+(re-fingerprinting the models; loading the golden set, which the calling command resolves)
+happens before the transaction.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specreg.errors import ConcurrentUpdateError, IllegalTransitionError, NotFoundError, PolicyViolation
 from specreg.registry.governance.approvals import export_environment, rejected_by, standing
@@ -20,10 +21,13 @@ from specreg.registry.governance.decisions import evaluate, unmet
 from specreg.registry.governance.environment_history import new_holder
 from specreg.registry.governance.floors import SPEEDUP_EXCEPTION
 from specreg.registry.governance.policy import Policy
-from specreg.registry.governance.queries import fingerprint_changes, golden_set_sha256, pointer_problem
+from specreg.registry.governance.queries import fingerprint_changes, pointer_problem
 from specreg.registry.store import pointers
 from specreg.registry.store.entities import PairState, PairVersion
 from specreg.registry.store.store import Session, Store, utcnow, verified_chain
+
+if TYPE_CHECKING:
+    from specreg.golden_prompts.records import GoldenRef
 
 UNCHANGED = "unchanged"
 
@@ -58,9 +62,11 @@ def release(store: Store, policy: Policy, session: Session, row: PairVersion, *,
                      details={"environment": environment, "replaced_by": replaced_by}, session=session)
 
 
-def promote(store: Store, policy: Policy, name: str, version: int, environment: str, *, actor: str,
-            expected_holder: int | None, reason: str | None = None, allow_slower: str | None = None) -> PointerMove:
-    """Make ``name@version`` the holder of ``environment`` if the policy allows it.
+def promote(store: Store, policy: Policy, name: str, version: int, environment: str, *, golden: GoldenRef,
+            actor: str, expected_holder: int | None, reason: str | None = None,
+            allow_slower: str | None = None) -> PointerMove:
+    """Make ``name@version`` the holder of ``environment`` if the policy allows it; ``golden``: the
+    environment's golden set as the command resolved it (queries.golden_reference).
 
     ``expected_holder``: the version number (None: nobody) the caller saw holding the
     environment; if another promote moved the pointer since, ConcurrentUpdateError and nothing
@@ -71,7 +77,6 @@ def promote(store: Store, policy: Policy, name: str, version: int, environment: 
     env = policy.environment(environment)
     version_entity = store.get_version(name, version)
     changes = fingerprint_changes(version_entity)
-    golden_sha256 = golden_set_sha256(env.golden_set)
     label = f"{name}@{version}"
     with store.session(write=True) as session:
         store.lock_pair(session, name)
@@ -88,8 +93,8 @@ def promote(store: Store, policy: Policy, name: str, version: int, environment: 
             # a pipeline's re-run of a promotion that is done: nothing to change, nothing to record
             return PointerMove(name, environment, version, holder_version, UNCHANGED)
         stale_policy(session, policy)
-        conditions, run = evaluate(session, row, env, policy, golden_sha256=golden_sha256, changes=changes,
-                                   holder=holder, now=utcnow())
+        conditions, run = evaluate(session, row, env, policy, golden=golden, changes=changes, holder=holder,
+                                   now=utcnow())
         # an exception waives a measured speedup below the floor, never a speedup not measured
         excepted = next((c for c in conditions if c.name == SPEEDUP_EXCEPTION and not c.passed
                          and "speedup" in c.details), None) if allow_slower else None

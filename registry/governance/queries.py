@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specreg.core.baselines import in_engine_terms
 from specreg.core.fingerprint import compare_fingerprints, fingerprint_model
@@ -15,6 +15,9 @@ from specreg.registry.store import pointers
 from specreg.registry.store.entities import AuditEvent, EnvironmentPointer, PairVersion, ValidationRun
 from specreg.registry.store.store import Session, Store, verified_chain
 from specreg.registry.store.validations import counted_finished_runs
+
+if TYPE_CHECKING:
+    from specreg.golden_prompts.records import GoldenRef
 
 
 @dataclass(frozen=True)
@@ -43,11 +46,12 @@ def fingerprint_changes(version: PairVersion) -> list[str]:
     return changes
 
 
-def golden_set_sha256(name_or_path: str) -> str:
-    """The content hash of the policy's golden set as it is now."""
+def golden_reference(name_or_path: str) -> GoldenRef:
+    """A policy's golden set (a shipped set's name or a file's path) resolved as it is now: what a
+    command that judges runs against it resolves once, where it starts, and passes down."""
     from specreg.golden_prompts.loader import load_golden_set
 
-    return load_golden_set(name_or_path).content_sha256
+    return load_golden_set(name_or_path).reference
 
 
 def chained_holder(pair_name: str, environment: str, chain: list[AuditEvent]) -> int | None:

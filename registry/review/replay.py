@@ -94,12 +94,16 @@ class Review:
         version's description and tags show it (the model files are not re-hashed on each sync)."""
         from specreg.registry.governance.decisions import gate
         from specreg.registry.governance.policy_record import policy_of_record
+        from specreg.registry.governance.queries import golden_reference
 
         policy = policy_of_record(self.store).policy
-        results = []
-        for environment in policy.environments:
+        results, golden = [], {}  # environments naming one golden set resolve it once
+        for environment, env in policy.environments.items():
             try:
-                results.append(gate(self.store, policy, version, environment, rehash=False))
+                if env.golden_set not in golden:
+                    golden[env.golden_set] = golden_reference(env.golden_set)
+                results.append(gate(self.store, policy, version, environment, golden=golden[env.golden_set],
+                                    rehash=False))
             except SpecregError:  # e.g. a golden set this machine lacks: `specreg gate` says why
                 continue
         return results

@@ -87,14 +87,14 @@ def promote(ref, environment, reason, expected, allow_slower, policy_path, db_ur
     from specreg.cli.progress import Progress
 
     registry = open_registry(db_url, user)
+    policy = registry.policy()  # one snapshot: what judges the promote also explains a refusal
     try:
         with Progress(enabled=not as_json, title=f"promote {ref} to {environment}"):  # judging and mirroring take seconds
-            move = registry.promote(ref, environment, reason=reason,
-                                    expected_holder=parse_expected_holder(expected), allow_slower=allow_slower)
+            move = registry.promote(ref, environment, reason=reason, expected_holder=parse_expected_holder(expected),
+                                    allow_slower=allow_slower, policy=policy)
     except PolicyViolation as exc:
         if not exc.reasons:
             raise
-        policy = registry.policy()
         known = known_values(registry, ref, environment, policy)
         if as_json:
             print_json({"pair": known.label.split("@")[0], "version": int(known.label.split("@")[1]),
@@ -168,11 +168,13 @@ def gate(ref, environment, rerun, junit_path, markdown_path, policy_path, db_url
     from specreg.cli.progress import Progress
     from specreg.errors import PolicyViolation
 
-    result, error, code, registry = None, None, 0, None
+    result, error, code, registry, policy = None, None, 0, None, None
     progress = Progress(enabled=not as_json)
     try:
         registry = open_registry(db_url, user)
-        result = registry.gate(ref, environment, policy_path=policy_path, rerun=rerun, progress=progress)
+        policy = registry.policy()  # one snapshot: what judges the gate also explains a refusal
+        result = registry.gate(ref, environment, policy_path=policy_path, rerun=rerun, progress=progress,
+                               policy=policy)
         code = 0 if result.passed else PolicyViolation.exit_code
     except SpecregError as exc:
         error, code = str(exc), exc.exit_code
@@ -200,7 +202,7 @@ def gate(ref, environment, rerun, junit_path, markdown_path, policy_path, db_url
 
         failed = [(c.name, c.reason) for c in unmet(result.conditions)]
         label = f"{result.pair}@{result.version}"
-        known = known_values(registry, label, environment, registry.policy())
+        known = known_values(registry, label, environment, policy)
         raise Refusal(refusal_lines(f"gate refused {label} for {environment}", failed, known), failed)
 
 

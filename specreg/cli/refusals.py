@@ -48,7 +48,7 @@ def known_values(registry, label: str, environment: str, policy) -> Known:
     people = list(env.approvers)
     if not people:
         try:
-            people = [entry.person for entry in registry.keyring()[0]]
+            people = [entry.person for entry in registry.keyring(policy)[0]]
         except Exception:  # noqa: BLE001 - a fix hint never hides the refusal it belongs to
             people = []
     approvers = tuple(dict.fromkeys(p for p in people if not same_user(p, version.registered_by)))

@@ -10,21 +10,22 @@ from specreg.cli.root import (cli, db_option, golden_option, json_option, near_t
                               print_json, print_table, say, user_option)
 from specreg.cli.validate_engine import (ENGINE_CHOICES, ENGINE_HELP, engine_options, engine_request,
                                          run_engine_validation)
-from specreg.validators.equivalence import DEFAULT_BATCH_SIZE
+from specreg.validators.suite import ValidationOptions as Defaults  # the one home of validate's defaults
 
 
 @cli.command()
 @click.argument("ref", metavar="NAME@VERSION")
 @golden_option
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda", "mps"]), default="auto", show_default=True)
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda", "mps"]), default=Defaults.device, show_default=True)
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=Defaults.dtype, show_default=True)
 @click.option("--checks", default=None, metavar="LIST", help="Comma-separated subset: integrity,tokenizer,chat_template,memory,equivalence,distribution,acceptance,performance.")
 @click.option("--gpu-memory", default=None, metavar="SIZE", help="Device memory budget, e.g. 80GiB (default: the CUDA device's).")
 @click.option("--acceptance-tolerance", type=float, default=None,
               help="Relative acceptance drop vs the previous validated version that fails (default: the policy's).")
 @near_tie_option
-@click.option("--distribution-samples", type=int, default=4000, show_default=True, help="Draws per prefix for the distribution check.")
-@click.option("--runtime-batch", type=int, default=DEFAULT_BATCH_SIZE, show_default=True, metavar="N", help="Golden prompts our runtime decodes at once (speed figures say the batch size; latency is measured at batch 1 too).")
+@click.option("--distribution-samples", type=int, default=Defaults.distribution_samples, show_default=True,
+              help="Draws per prefix for the distribution check.")
+@click.option("--runtime-batch", type=int, default=Defaults.runtime_batch_size, show_default=True, metavar="N", help="Golden prompts our runtime decodes at once (speed figures say the batch size; latency is measured at batch 1 too).")
 @click.option("--report", "report_path", default=None, metavar="FILE", help="Write the HTML report.")
 @click.option("--markdown", "markdown_path", default=None, metavar="FILE", help="Write a Markdown summary (e.g. $GITHUB_STEP_SUMMARY).")
 @click.option("--junit", "junit_path", default=None, metavar="FILE", help="Write JUnit XML: one testcase per check.")
@@ -56,23 +57,20 @@ def validate(ref, golden, device, dtype, checks, gpu_memory, acceptance_toleranc
         return
     if engine_only["engine_url"] or engine_only["reference_url"] or engine_only["model_name"]:
         raise UsageError("--engine-url / --engine-reference-url / --engine-model need --engine")
-    # the policy in effect decides what the run is judged on, unless told otherwise (said at the end)
-    settings = registry.validation_settings(golden, acceptance_tolerance)
-    golden, acceptance_tolerance = settings["golden_set"], settings["acceptance_tolerance"]
-
     # a report path that cannot be written fails now, not after the run was recorded
     for option, path in (("--report", report_path), ("--markdown", markdown_path), ("--junit", junit_path)):
         if path:
             reports.check_writable(path, option)
     from specreg.cli.progress import Progress
 
+    # the policy in effect decides what the run is judged on, unless told otherwise (said at the end)
+    request = registry.validation_request(ref, golden=golden, device=device, dtype=dtype, checks=checks,
+                                          gpu_memory=gpu_memory, acceptance_tolerance=acceptance_tolerance,
+                                          near_tie_tolerance=near_tie_tolerance,
+                                          distribution_samples=distribution_samples, runtime_batch=runtime_batch)
     progress = Progress(enabled=not as_json, title=f"validate {ref}")
     try:
-        outcome = registry.validate(ref, golden=golden, device=device, dtype=dtype, checks=checks,
-                                    gpu_memory=gpu_memory, acceptance_tolerance=acceptance_tolerance,
-                                    near_tie_tolerance=near_tie_tolerance,
-                                    distribution_samples=distribution_samples, runtime_batch=runtime_batch,
-                                    progress=progress)
+        outcome = registry.run_validation(request, progress=progress)
     except ValidationInterrupted as exc:
         say(f"specreg: validation aborted by {exc.signal_name}; the pair's state is unchanged", err=True)
         sys.exit(128 + exc.signal_number)
@@ -85,15 +83,15 @@ def validate(ref, golden, device, dtype, checks, gpu_memory, acceptance_toleranc
         if path:
             reports.write_text(path, render(), option)
     if as_json:
-        print_json({**run.to_dict(), "state": version.state.value, "policy": settings["policy"],
-                    "acceptance_tolerance": acceptance_tolerance})
+        print_json({**run.to_dict(), "state": version.state.value, "policy": request.policy_source,
+                    "acceptance_tolerance": request.options.acceptance_tolerance})
     else:
         print_table(["CHECK", "STATUS", "SUMMARY"], [[c.name, c.status, c.summary] for c in run.checks])
         say(f"{run.label}: validation run {run.id} {run.status} on golden set {run.golden_set}; "
                    f"state {version.state.value}")
-        if settings["policy"] is not None:
-            say(f"golden set and acceptance tolerance ({acceptance_tolerance:.0%}) from {settings['policy']}, "
-                f"environment {settings['environment']}")
+        if request.policy_source is not None:
+            say(f"golden set and acceptance tolerance ({request.options.acceptance_tolerance:.0%}) from "
+                f"{request.policy_source}, environment {request.environment}")
     if run.status == ERROR:  # a check could not run: no verdict on the pair, exit 1 (not 100)
         raise SpecregError(f"{run.label}: validation run {run.id} could not judge the pair: {run.error}")
     if not outcome.passed:

@@ -41,11 +41,12 @@ def enrol_key(registry, person: str, public_key: str):
                  actor=registry.user)
 
 
-def keyring(registry):
-    """(the enrolled keys that count, one line per keyring row that does not, the revoked keys)."""
+def keyring(registry, policy=None):
+    """(the enrolled keys that count, one line per keyring row that does not, the revoked keys)
+    under ``policy``: the policy of record as the command read it (default: read here)."""
     from specreg.registry.governance.keyring import list_keys
 
-    return list_keys(registry.store, registry.policy())
+    return list_keys(registry.store, registry.policy() if policy is None else policy)
 
 
 def revoke_key(registry, key: str, reason: str):

@@ -41,21 +41,24 @@ def accept(registry, ref, baseline_id: int, *, key: str | None = None, note: str
                            actor=actor, key=key, note=note).to_dict()
 
 
-def counted(registry, version: PairVersion, engine: str):
+def counted(registry, version: PairVersion, engine: str, policy=None):
     """The newest baseline of ``engine`` for ``version`` that counts, or None (also for an engine
-    that records no baselines)."""
+    that records no baselines); ``policy``: the policy of record as the command read it (default:
+    read here)."""
     from specreg.registry.governance.engine_baseline_standing import newest_counted
     from specreg.registry.store.engine_baselines import ENGINES
 
     if engine not in ENGINES:
         return None
-    return newest_counted(registry.store, registry.policy(), version.name, version.version, engine)
+    return newest_counted(registry.store, registry.policy() if policy is None else policy, version.name,
+                          version.version, engine)
 
 
-def in_engine_terms(registry, version: PairVersion, engine: str | None, baselines: dict | None) -> dict | None:
+def in_engine_terms(registry, version: PairVersion, engine: str | None, baselines: dict | None,
+                    policy=None) -> dict | None:
     """``baselines`` (ours) with the acceptance figures of ``engine``'s counted baseline where one
-    exists (registry.store.engine_baselines.with_engine_baseline)."""
+    exists (registry.store.engine_baselines.with_engine_baseline); ``policy`` as for counted."""
     from specreg.registry.store.engine_baselines import with_engine_baseline
 
-    found = counted(registry, version, engine) if engine else None
+    found = counted(registry, version, engine, policy) if engine else None
     return with_engine_baseline(baselines, found) if baselines is not None else baselines

@@ -25,13 +25,14 @@ def export(registry, ref, fmt: str, *, out_dir: str | None = None, force: bool =
     audited = audit_check(registry.store, version)
     if not audited.passed and not force:
         raise PolicyViolation(f"export of {version.label} refused: {audited.reason}")
-    env = registry.policy().environment(ref.environment) if ref.environment else None
-    standing = approval_standing(registry.store, registry.policy(), version.name, version.version, env)
-    baselines = export_baselines(registry, version, baseline_engine(fmt, options))
+    policy = registry.policy()  # one snapshot judges the approval, the engine baseline and the lock
+    env = policy.environment(ref.environment) if ref.environment else None
+    standing = approval_standing(registry.store, policy, version.name, version.version, env)
+    baselines = export_baselines(registry, version, baseline_engine(fmt, options), policy)
     plan = plan_export(version, baselines, fmt, approved=standing.passed and audited.passed, force=force,
                        options=options, unapproved_reason=standing.reason)
     read_back(plan)
-    lock = pair_lock(registry, plan, baselines, env, out_dir, overwrite) if plan.engine.WRITES_LOCK else None
+    lock = pair_lock(registry, plan, baselines, env, out_dir, overwrite, policy) if plan.engine.WRITES_LOCK else None
     audit_head = audited.details.get("audit_head") or registry.store.audit_head()
     files = render(plan, lock, template, signing_key, audit_head)
     if out_dir is not None:
@@ -54,7 +55,7 @@ def read_back(plan) -> None:
     checks.check(plan, plan.engine.read_back(plan, files))
 
 
-def export_baselines(registry, version: PairVersion, engine: str | None) -> dict | None:
+def export_baselines(registry, version: PairVersion, engine: str | None, policy) -> dict | None:
     """What an export carries of the version's newest passed validation (its baselines, golden
     set, when, and the memory check's estimate, which sizes the Kubernetes resource requests), in
     the terms of ``engine``, the engine whose measured baseline the format carries
@@ -70,10 +71,11 @@ def export_baselines(registry, version: PairVersion, engine: str | None) -> dict
                      "validated_at": run.finished_at.isoformat(timespec="seconds") + "Z",
                      "dtype": (run.environment or {}).get("dtype"),
                      **({"memory": memory} if memory else {})}
-    return in_engine_terms(registry, version, engine, baselines)
+    return in_engine_terms(registry, version, engine, baselines, policy)
 
 
-def pair_lock(registry, plan, baselines: dict | None, environment, out_dir: str | None, overwrite: bool) -> dict:
+def pair_lock(registry, plan, baselines: dict | None, environment, out_dir: str | None, overwrite: bool,
+              policy) -> dict:
     """The unsigned lock of a planned export (lock_for) with the ``baselines`` as recorded, binding the head layout it writes and the
     model files its engine loads where the export makes them (llamacpp's GGUF files: -o DIR)."""
     from specreg.registry.deploy.exports import draft_layout, lock_engine
@@ -89,7 +91,7 @@ def pair_lock(registry, plan, baselines: dict | None, environment, out_dir: str 
                                                           overwrite=overwrite, records=records)
     return lock_for(registry, plan.pair_version, engine=lock_engine(plan), baselines=baselines,
                     approved=plan.approved, environment=environment, draft_layout=draft_layout(plan),
-                    engine_layouts=engine_layouts)
+                    engine_layouts=engine_layouts, policy=policy)
 
 
 def render(plan, lock: dict | None, template: str | None, signing_key: str | None, audit_head: str):
@@ -112,9 +114,10 @@ def render(plan, lock: dict | None, template: str | None, signing_key: str | Non
 
 def lock_for(registry, version: PairVersion, *, engine: dict | None, baselines: dict | None, approved: bool,
              environment=None, draft_layout: tuple | None = None, engine_layouts=None,
-             signing_key: str | None = None) -> dict:
+             signing_key: str | None = None, policy=None) -> dict:
     """The lock of ``version`` (registry.deploy.lock.build_lock), signed when ``signing_key`` is
-    given (see Registry.pair_lock)."""
+    given (see Registry.pair_lock); ``policy``: the policy of record as the command read it
+    (default: read here)."""
     from specreg.registry.deploy.lock import build_lock, file_set_changes, sign_lock
     from specreg.registry.governance import approvals
     from specreg.registry.governance.queries import fingerprint_changes
@@ -123,7 +126,7 @@ def lock_for(registry, version: PairVersion, *, engine: dict | None, baselines: 
     if changes:
         raise PolicyViolation(f"{version.label}: the models changed since registration ({'; '.join(changes)}); "
                               f"no lock is written for files that were not validated")
-    policy = registry.policy()
+    policy = registry.policy() if policy is None else policy
     env = environment or approvals.export_environment(policy)
     # the signed decisions that count now, each with its signature: verify checks them again
     # against the keyring the platform mounts, without the registry

@@ -22,10 +22,11 @@ def observe(registry, ref, metrics_url: str, *, engine: str = "vllm", interval: 
 
     ref = pair_ref(ref)
     version = registry.get(ref)
+    policy = registry.policy()  # one snapshot: the tolerance (unless a file's) and which engine baseline counts
     if tolerance is None:
-        tolerance = (registry.policy(policy_path).environment(ref.environment).acceptance_tolerance
-                     if ref.environment else DEFAULT_TOLERANCE)
-    baselines = in_engine_terms(registry, version, engine, recorded(registry, version.label))
+        governing = registry.policy(policy_path) if policy_path is not None else policy
+        tolerance = governing.environment(ref.environment).acceptance_tolerance if ref.environment else DEFAULT_TOLERANCE
+    baselines = in_engine_terms(registry, version, engine, recorded(registry, version.label), policy)
     live = scrape(metrics_url, engine=engine, interval=interval, model_name=model_name,
                   sleep=sleep or time.sleep, deadline_s=SCRAPE_DEADLINE_S if deadline_s is None else deadline_s)
     verdict = compare_with_baseline(live, baselines, tolerance)

@@ -1,60 +1,106 @@
 """Validate: run the checks on our runtime over a golden set, record the run with its per-check
 results and acceptance baselines, and move the version to validated or failed
-(specreg.runtime_validation does the run; this reads the settings and the policy around it)."""
+(specreg.runtime_validation does the run; this resolves its request, once, around it)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from specreg.errors import SpecregError, UsageError
 from specreg.usecases import mirror
 from specreg.usecases.inputs import check_range
-from specreg.validators.equivalence import DEFAULT_BATCH_SIZE
+from specreg.validators.suite import ValidationOptions
+
+if TYPE_CHECKING:
+    from specreg.golden_prompts.records import GoldenSet
+    from specreg.registry.governance.policy import Policy
+    from specreg.registry.store.entities import PairVersion
 
 MAX_DISTRIBUTION_SAMPLES = 1_000_000
 MAX_RUNTIME_BATCH = 256
 
 
-def validation_settings(registry, golden: str | None = None, acceptance_tolerance: float | None = None) -> dict:
-    """The golden set and acceptance tolerance a validation uses: those given, else those of the
-    policy in effect (its validation environment: Policy.validation_environment) ->
-    {"golden_set", "acceptance_tolerance", "policy", "environment"} ("environment": None when both
-    were given)."""
-    if golden is not None and acceptance_tolerance is not None:
-        return {"golden_set": golden, "acceptance_tolerance": acceptance_tolerance, "policy": None,
-                "environment": None}
-    policy = registry.policy()
-    env = policy.validation_environment()
-    return {"golden_set": golden if golden is not None else env.golden_set,
-            "acceptance_tolerance": (acceptance_tolerance if acceptance_tolerance is not None
-                                     else env.acceptance_tolerance),
-            "policy": policy.source, "environment": env.name}
+@dataclass(frozen=True)
+class ValidationRequest:
+    """One validation of our runtime as the command that asks for it resolved it where it starts
+    (the CLI, or Registry.validate), each value read once: the version, the golden set (its
+    ``reference`` is what the run records and what the gate matches runs by), the checked options
+    with the acceptance tolerance, and the policy snapshot they were taken from."""
+
+    version: PairVersion
+    golden: GoldenSet
+    options: ValidationOptions
+    policy: Policy | None  # the policy of record as this command read it (None: unreadable, and not needed)
+    environment: str | None  # the policy environment that set the golden set or tolerance (None: both given)
+
+    @property
+    def policy_source(self) -> str | None:
+        """The policy that chose the golden set or tolerance (None: both were given)."""
+        return self.policy.source if self.environment is not None else None
 
 
-def validate(registry, ref, *, golden: str | None = None, device: str = "auto", dtype: str = "float32",
-             checks: str | list[str] | None = None, gpu_memory: str | None = None,
-             acceptance_tolerance: float | None = None, near_tie_tolerance: float | None = None,
-             distribution_samples: int = 4000, seed: int = 0, runtime_batch: int = DEFAULT_BATCH_SIZE, progress=None,
-             hooks: dict | None = None):
-    """Validate a pair version and record the run (see Registry.validate) ->
-    registry.validations.ValidationOutcome."""
+def validation_request(registry, ref, *, golden: str | None = None, acceptance_tolerance: float | None = None,
+                       device: str = ValidationOptions.device, dtype: str = ValidationOptions.dtype,
+                       checks: str | list[str] | None = None, gpu_memory: str | None = None,
+                       near_tie_tolerance: float | None = None,
+                       distribution_samples: int = ValidationOptions.distribution_samples,
+                       seed: int = ValidationOptions.seed, runtime_batch: int = ValidationOptions.runtime_batch_size,
+                       policy: Policy | None = None) -> ValidationRequest:
+    """The request of one validation (see Registry.validate), its settings checked (UsageError
+    naming the one): the golden set (a shipped set's name or a file's path) and acceptance
+    tolerance given, else those of the policy's validation environment
+    (Policy.validation_environment); ``policy``: the policy of record this command read already
+    (default: read here, once). The other defaults are ValidationOptions'."""
     from specreg.golden_prompts.loader import load_golden_set
+
+    from_policy = golden is None or acceptance_tolerance is None
+    if policy is None:
+        policy = read_policy(registry, needed=from_policy)
+    env = policy.validation_environment() if from_policy else None
+    tolerance = env.acceptance_tolerance if acceptance_tolerance is None else acceptance_tolerance
+    options = validation_options(tolerance, device=device, dtype=dtype, checks=checks, gpu_memory=gpu_memory,
+                                 near_tie_tolerance=near_tie_tolerance, distribution_samples=distribution_samples,
+                                 seed=seed, runtime_batch=runtime_batch)
+    version = registry.get(ref)
+    golden_set = load_golden_set(env.golden_set if golden is None else golden)
+    return ValidationRequest(version, golden_set, options, policy, env.name if env is not None else None)
+
+
+def read_policy(registry, *, needed: bool) -> Policy | None:
+    """The policy of record, read once for a validation; when ``needed`` is False (golden set and
+    tolerance given, the policy only warns about low baselines) an unreadable one is None: the
+    commands that apply it report it."""
+    if needed:
+        return registry.policy()
+    try:
+        return registry.policy()
+    except SpecregError:
+        return None
+
+
+def validate(registry, ref, *, progress=None, hooks: dict | None = None, **settings):
+    """Validate a version and record the run (see Registry.validate): the request built here, at
+    the Python API's edge, from ``settings`` (validation_request's keywords) ->
+    registry.validations.ValidationOutcome."""
+    return run_validation(registry, validation_request(registry, ref, **settings), progress=progress, hooks=hooks)
+
+
+def run_validation(registry, request: ValidationRequest, *, progress=None, hooks: dict | None = None):
+    """Run the validation ``request`` asks for and record the run ->
+    registry.validations.ValidationOutcome."""
     from specreg.runtime_validation import validate_version
 
-    chosen = validation_settings(registry, golden, acceptance_tolerance)
-    options = validation_options(chosen["acceptance_tolerance"], device=device, dtype=dtype, checks=checks,
-                                 gpu_memory=gpu_memory, near_tie_tolerance=near_tie_tolerance,
-                                 distribution_samples=distribution_samples, seed=seed, runtime_batch=runtime_batch)
-    version = registry.get(ref)
-    golden_set = load_golden_set(chosen["golden_set"])
     helper = mirror.start_helper(registry)  # opens MLflow while the checks run
     try:
-        outcome = validate_version(registry.store, version, golden_set, options, actor=registry.user,
-                                   progress=progress, hooks=hooks)
+        outcome = validate_version(registry.store, request.version, request.golden, request.options,
+                                   actor=registry.user, progress=progress, hooks=hooks)
     except BaseException:
         if helper is not None:
             helper.cancel()
         raise
-    registry.warnings += low_baseline_warnings(registry, outcome.run)
-    mirror.mirror(registry, version.label, helper)
+    registry.warnings += low_baseline_warnings(request.policy, outcome.run)
+    mirror.mirror(registry, request.version.label, helper)
     return outcome
 
 
@@ -62,7 +108,7 @@ def validation_options(acceptance_tolerance: float, *, device: str, dtype: str, 
                        near_tie_tolerance: float | None, distribution_samples: int, seed: int, runtime_batch: int):
     """The options of one validation, each checked (UsageError naming it) ->
     validators.suite.ValidationOptions."""
-    from specreg.validators.suite import ValidationOptions, parse_checks
+    from specreg.validators.suite import parse_checks
 
     if not 0 <= acceptance_tolerance < 1:
         raise UsageError(f"invalid acceptance tolerance {acceptance_tolerance!r}: use a fraction in [0, 1)")
@@ -79,16 +125,11 @@ def validation_options(acceptance_tolerance: float, *, device: str, dtype: str, 
                              distribution_samples=distribution_samples, seed=seed, runtime_batch_size=runtime_batch)
 
 
-def low_baseline_warnings(registry, run) -> list[str]:
-    """The policy's warnings about a run's low baselines (none when the policy cannot be read: a
-    broken policy file is reported by the commands that apply it)."""
+def low_baseline_warnings(policy: Policy | None, run) -> list[str]:
+    """The policy's warnings about a run's low baselines (none without a readable policy)."""
     from specreg.registry.governance.floors import low_baseline_warnings as warnings_of
 
-    try:
-        policy = registry.policy()
-    except SpecregError:
-        return []
-    return warnings_of(run, policy)
+    return warnings_of(run, policy) if policy is not None else []
 
 
 def validation_runs(registry, ref) -> list:

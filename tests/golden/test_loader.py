@@ -16,6 +16,7 @@ from specreg.golden_prompts.loader import (
     load_golden_set,
     shipped_set_names,
 )
+from specreg.golden_prompts.records import SHIPPED, GoldenRef
 
 WORKLOADS = {"support", "summarization", "code", "business_mail", "creative"}
 
@@ -78,6 +79,19 @@ def test_shipped_sets_validate_against_the_schema_and_cover_the_workloads():
     assert all(16 <= r.max_new_tokens <= 24 for r in smoke.records)
     assert all(1 <= n <= 2 for n in map(len, smoke.by_category().values()))
     assert default.source == SHIPPED_DIR / "default.yaml"
+
+
+def test_a_set_resolves_to_one_reference_its_runs_are_matched_by(tmp_path, monkeypatch):
+    # the gate matches validation runs by this hash alone: a change to how it is computed would
+    # leave every recorded run counting for nothing
+    smoke = load_golden_set("smoke")
+    assert smoke.reference == GoldenRef("smoke", SHIPPED,
+                                        "4e41f1a77a7b86734f49a2caa86fbf26464d997d2c1b257f06311a4008c55997")
+    # the same content in a file named by its path: the same set by content, from somewhere else
+    (tmp_path / "smoke.yaml").write_text((SHIPPED_DIR / "smoke.yaml").read_text())
+    monkeypatch.chdir(tmp_path)
+    assert load_golden_set("./smoke.yaml").reference == GoldenRef("smoke", "smoke.yaml", smoke.content_sha256)
+    assert load_golden_set("smoke").reference.source == SHIPPED  # a bare name is never the file beside it
 
 
 def test_a_user_file_loads_by_path_in_yaml_json_and_jsonl_with_the_same_hash(tmp_path):
