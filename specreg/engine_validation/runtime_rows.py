@@ -30,23 +30,6 @@ def golden_prompts(golden, tokenizer) -> tuple[list[dict[str, Any]], list[dict[s
                         "max_new_tokens": record.max_new_tokens, "sampled_in_record": not record.is_greedy,
                         "golden": record})
     return prompts, skipped
-def golden_prompts(golden, tokenizer) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Encode each record as our runtime does (the engine gets the same ids) -> (prompts, skipped)."""
-    import jinja2
-
-    from specreg.errors import ModelReferenceError
-
-    prompts, skipped = [], []
-    for record in golden:
-        try:
-            ids = record.encode(tokenizer)
-        except (ModelReferenceError, jinja2.TemplateError) as exc:
-            skipped.append({"record": record.id, "reason": " ".join(str(exc).split())[:200]})
-            continue
-        prompts.append({"record": record.id, "category": record.category, "prompt_ids": list(ids),
-                        "max_new_tokens": record.max_new_tokens, "sampled_in_record": not record.is_greedy,
-                        "golden": record})
-    return prompts, skipped
 
 
 def runtime_pass(pair, prompts, version: PairVersion, progress: Progress | None = None,

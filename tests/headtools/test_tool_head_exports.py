@@ -24,20 +24,21 @@ OPTIONS = {"k8s-vllm": ["--option", "model_volume=pvc:models"]}
 K = 3
 
 # (head, format) -> None: written and read back as registered; else (exit code, what the one line says):
-# 2 where the engine module refuses the pair (exports.plan_export: the format cannot serve it), 1 where
-# the written files read back otherwise than registered (read_back.ReadBackError)
+# exit 1 both where the engine module refuses the pair (exports.refuse_pair: the format cannot serve it)
+# and where the written files read back otherwise than registered (read_back.ReadBackError), both an
+# EngineRefusal
 VLLM_V2 = (1, "aux layers as vLLM's V2 model runner (GPU default) reads them reads back [2, 4, 5], "
               "registered [1, 3, 4]")  # ModelOpt's and SpecForge's ids sit in eagle_config only
-SGLANG_RESIDUAL = (2, "the head was trained with norm_before_residual; SGLang's first EAGLE-3 layer keeps the "
+SGLANG_RESIDUAL = (1, "the head was trained with norm_before_residual; SGLang's first EAGLE-3 layer keeps the "
                       "un-normed hidden state as the residual (sglang/srt/models/llama_eagle3.py:96-99)")
-SGLANG_QWEN3 = (2, "the head's layer is 'qwen3'; SGLang 0.5.23's EAGLE-3 head is LlamaForCausalLMEagle3")
-TRTLLM_NORMS = (2, "the head sets norm_before_fc and norm_output; TensorRT-LLM 1.2's Eagle3DraftModel reads only "
+SGLANG_QWEN3 = (1, "the head's layer is 'qwen3'; SGLang 0.5.23's EAGLE-3 head is LlamaForCausalLMEagle3")
+TRTLLM_NORMS = (1, "the head sets norm_before_fc and norm_output; TensorRT-LLM 1.2's Eagle3DraftModel reads only "
                    "eh_proj_before_attn and return_hidden_post_norm of its norms")
-TRTLLM_QWEN3 = (2, "the head's layer is qwen3 (Eagle3Qwen3ForCausalLM); TensorRT-LLM 1.2 builds its EAGLE-3 layer "
+TRTLLM_QWEN3 = (1, "the head's layer is qwen3 (Eagle3Qwen3ForCausalLM); TensorRT-LLM 1.2 builds its EAGLE-3 layer "
                    "with Eagle3Attention, Llama attention without q_norm/k_norm")
-LLAMACPP_NORM = (2, "the head sets norm_output; llama.cpp's EAGLE-3 reads norm_before_residual and norm_before_fc "
+LLAMACPP_NORM = (1, "the head sets norm_output; llama.cpp's EAGLE-3 reads norm_before_residual and norm_before_fc "
                     "only (src/models/eagle3.cpp:24-33)")
-LLAMACPP_LAYERS = (2, "the head has 2 decoder layers; llama.cpp's converter takes an EAGLE-3 head for one with "
+LLAMACPP_LAYERS = (1, "the head has 2 decoder layers; llama.cpp's converter takes an EAGLE-3 head for one with "
                       "num_hidden_layers 1 only (conversion/llama.py:50, 216)")
 OUTCOMES: dict[tuple[str, str], tuple[int, str] | None] = {
     ("speculators-defaults", "vllm"): None,
