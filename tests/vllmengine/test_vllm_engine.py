@@ -138,7 +138,7 @@ def test_peagle_pair_in_vllm_same_tokens_and_counts_as_our_runtime(demo, golden,
 
     from specreg.api import Registry
     from specreg.builders.demo_peagle import build_demo_peagle
-    from specreg.engine_validation import COUNTED
+    from specreg.engine_validation.runtime_rows import COUNTED
 
     head = build_demo_peagle(demo["target"].parent / "peagle", demo["target"])
     db_url = f"sqlite:///{tmp_path / 'registry.db'}"
