@@ -37,10 +37,14 @@ def test_bf16_gguf_and_bad_options(draft_pair, baselines, run_script):
 
 
 def test_other_methods_are_refused(baselines):
-    # EAGLE-3 heads are exported (tests/engines/test_llamacpp_heads.py), n-gram drafting is not
-    with pytest.raises(EngineRefusal, match=r"cannot be exported to llamacpp: this export writes llama-server's "
-                                            r"separate draft model \(--spec-type draft-simple\) and EAGLE-3 heads"):
+    # EAGLE-3 and DFlash heads are exported (tests/engines/test_llamacpp_heads.py, test_llamacpp_dflash.py),
+    # n-gram drafting is not
+    with pytest.raises(EngineRefusal) as refused:
         render_export(make_pair(SpecMethod.NGRAM), baselines, "llamacpp", approved=True)
+    assert str(refused.value) == (
+        "chat-pair@3 is an ngram pair and cannot be exported to llamacpp: this export writes llama-server's separate "
+        "draft model (--spec-type draft-simple), EAGLE-3 heads (draft-eagle3) and DFlash heads (draft-dflash) only; "
+        "its ngram drafting (ngram-*) reads other files and options that were not checked against our runtime")
 
 
 def with_measured_tiers(baselines: dict, speedups: dict[int, float]) -> dict:

@@ -124,9 +124,10 @@ def refusal(pair_version: PairVersion) -> str | None:
             return (f"llama.cpp builds MTP layers only for DeepSeek, GLM-4-MoE, MiMo and Qwen3-Next/3.5 targets; on "
                     f"this one ({family or 'no MTP layers'}) llama-server's draft-mtp stops with \"context type MTP "
                     f"requested but model doesn't contain MTP layers\" (src/llama-context.cpp:3881-3884)")
-    return (f"this export writes llama-server's separate draft model (--spec-type draft-simple) and EAGLE-3 heads "
-            f"(draft-eagle3) only; its {method.value} drafting (draft-mtp, ngram-*) reads other files and options "
-            f"that were not checked against our runtime")
+    spec_type = "draft-mtp" if method is SpecMethod.MTP else "ngram-*"
+    return (f"this export writes llama-server's separate draft model (--spec-type draft-simple), EAGLE-3 heads "
+            f"(draft-eagle3) and DFlash heads (draft-dflash) only; its {method.value} drafting ({spec_type}) reads "
+            f"other files and options that were not checked against our runtime")
 
 
 def variant_refusal(head_path: str) -> str | None:
