@@ -162,10 +162,7 @@ class HeadDrafter:
         none, or with no target states yet (before the target's first forward), gets none."""
         from specreg.runtime.methods.base import Proposal
 
-        device = requests[0].tokens.device
-        drafting = [request.k > 0 and self.features[r] is not None for r, request in enumerate(requests)]
-        self.last_forwards = [0] * len(requests)
-        proposals = [Proposal(torch.empty(0, dtype=torch.long, device=device))] * len(requests)
+        drafting, proposals = self.start_proposals(requests)
         if not any(drafting):
             return proposals
         requests = [request if drafting[r] else replace(request, k=0, tree=None) for r, request in enumerate(requests)]
@@ -175,6 +172,16 @@ class HeadDrafter:
         for r, proposal in drafted.items():
             proposals[r] = Proposal(*proposal)
         return proposals
+
+    def start_proposals(self, requests) -> tuple[list[bool], list]:
+        """(which rows draft this step: asked for some and holding the target's states, an empty
+        Proposal per row to fill); this step's head forwards counted from zero."""
+        from specreg.runtime.methods.base import Proposal
+
+        drafting = [request.k > 0 and self.features[r] is not None for r, request in enumerate(requests)]
+        self.last_forwards = [0] * len(requests)
+        empty = Proposal(torch.empty(0, dtype=torch.long, device=requests[0].tokens.device))
+        return drafting, [empty] * len(requests)
 
     def propose_chains(self, requests, output) -> dict:
         """Each drafting row's chain of request.k -> {row: (draft_token_ids # [k], draft_probs

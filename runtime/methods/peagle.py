@@ -75,9 +75,7 @@ class ParallelHeadDrafter(HeadDrafter):
         from specreg.runtime.row_cache import RowCache
 
         device = requests[0].tokens.device
-        drafting = [request.k > 0 and self.features[r] is not None for r, request in enumerate(requests)]
-        self.last_forwards = [0] * len(requests)
-        proposals = [Proposal(torch.empty(0, dtype=torch.long, device=device))] * len(requests)
+        drafting, proposals = self.start_proposals(requests)
         if not any(drafting):
             return proposals
         if self.cache is None:
