@@ -160,3 +160,19 @@ def test_a_saved_deepseek_head_drafts_exactly_batch_as_batch_one(tiny_dir, targe
         assert result.metrics.drafted > 0
     together = generate_batch(pair, prompts[:3], [config] * 3)
     assert [(r.token_ids, r.metrics.accepted) for r in together] == [(r.token_ids, r.metrics.accepted) for r in alone]
+
+
+def test_compacting_a_head_cache_keeps_keys_and_values_of_different_widths(target):
+    """An MLA layer caches keys of qk_nope + qk_rope and values of v_head_dim: the row cache gathers
+    each row's valid columns of both (row_cache.RowCache.compact)."""
+    from specreg.runtime.row_cache import RowCache
+
+    head = mla_head(target, "no_q_lora_fc_norm")
+    cache = RowCache(head.config, 2, torch.device("cpu"))
+    keys, values = torch.randn(2, 4, 5, 16), torch.randn(2, 4, 5, 12)  # [b, heads, columns, width]
+    cache.cache.update(keys, values, 0)
+    cache.valid = torch.tensor([[True, False, True, True, False], [False, True, True, False, True]])
+    cache.lengths = cache.valid.sum(dim=1)
+    cache.compact()
+    layer = cache.cache.layers[0]
+    assert torch.equal(layer.keys[0], keys[0][:, [0, 2, 3]]) and torch.equal(layer.values[1], values[1][:, [1, 2, 4]])
