@@ -139,9 +139,11 @@ class RowCache:
         for layer in self.cache.layers:
             if layer.keys is None or layer.keys.numel() == 0:
                 continue
-            index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
-            layer.keys = layer.keys.gather(2, index)
-            layer.values = layer.values.gather(2, index)
+            # each by its own shape: an MLA layer's keys (nope + rope) and values (v_head_dim) differ in width
+            for name in ("keys", "values"):
+                entries = getattr(layer, name)
+                setattr(layer, name, entries.gather(2, order[:, None, :, None].expand(-1, entries.shape[1], -1,
+                                                                                      entries.shape[-1])))
         self.valid = self.valid.gather(1, order)
 
 

@@ -213,3 +213,32 @@ def eagle_config_layout(speculators_head: Path, directory: Path, *, weights_pref
     save_file({(weights_prefix + name[len("layers.0."):] if name.startswith("layers.0.") else name): value
                for name, value in tensors.items()}, str(directory / "model.safetensors"))
     return directory
+
+
+DEEPSEEK_FIELDS = {"model_type": "deepseek_v3", "q_lora_rank": 24, "kv_lora_rank": 16, "qk_nope_head_dim": 8,
+                   "qk_rope_head_dim": 8, "v_head_dim": 12}
+
+
+def deepseek_layout(speculators_head: Path, directory: Path, **fields) -> Path:
+    """A speculators EAGLE-3 head rewritten as an original-layout head with DeepSeek (MLA) layers, as
+    runtime.eagle3.save_eagle3_head writes one (architectures Eagle3DeepseekV3ForCausalLM, the aux ids
+    at the top level): its fc, norm, lm_head and vocabulary map, and the MLA layer tensors vLLM 0.33
+    loads for the config (specreg.core.heads.eagle3_mla.layer_shapes), zeros and norms of ones."""
+    from safetensors.numpy import load_file
+
+    from specreg.core.heads.eagle3_mla import layer_shapes
+
+    directory.mkdir(parents=True, exist_ok=True)
+    source = json.loads((speculators_head / "config.json").read_text())
+    config = {**source["transformer_layer_config"], **DEEPSEEK_FIELDS, **fields,
+              "architectures": ["Eagle3DeepseekV3ForCausalLM"], "draft_vocab_size": source["draft_vocab_size"],
+              "eagle_aux_hidden_state_layer_ids": source["eagle_aux_hidden_state_layer_ids"]}
+    (directory / "config.json").write_text(json.dumps(config))
+    tensors = {name: value for name, value in load_file(str(speculators_head / "model.safetensors")).items()
+               if not name.startswith("layers.")}
+    hidden = config["hidden_size"]
+    for layer in range(config["num_hidden_layers"]):
+        for name, shape in layer_shapes(config, layer, 2 * hidden if layer == 0 else hidden).items():
+            tensors[f"layers.{layer}.{name}"] = (np.ones if name.endswith("norm.weight") else np.zeros)(shape, np.float32)
+    save_file(tensors, str(directory / "model.safetensors"))
+    return directory

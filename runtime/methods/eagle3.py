@@ -1,5 +1,6 @@
 """EAGLE-3: a draft head reading the target's own hidden states, in each variant vLLM 0.33 serves
-with Llama or Qwen3 decoder layers (specreg.core.heads.eagle3_variants says which a directory holds).
+with Llama, Qwen3 or DeepSeek (MLA) decoder layers (specreg.core.heads.eagle3_variants says which a
+directory holds; runtime.methods.mla_layers holds the MLA layers).
 
 What we followed:
 - vllm-project/speculators src/speculators/models/eagle3/{core,model_definitions,config}.py:
@@ -17,7 +18,8 @@ What we followed:
   after the first feeds the layers' pre-norm output (hidden_prenorm) back in, or the normed one with
   norm_output (aux_output, llama_eagle3.py:252-286); layers after the first are plain decoder
   layers over the hidden state; input_norm (norm_before_fc) or one RMSNorm per aux state (fc_norm)
-  before fc; qwen3_eagle3.py: the same with Qwen3 layers (q_norm / k_norm).
+  before fc; qwen3_eagle3.py: the same with Qwen3 layers (q_norm / k_norm); deepseek_eagle3.py: the
+  same with MLA layers and dense MLPs, no input_norm (norm_before_fc is not read: lines 152-226).
 - vLLM vllm/model_executor/models/llama.py: the aux states are `hidden_states + residual`
   entering layer idx (transformers' hidden_states[idx]); default (2, N // 2, N - 3).
 
@@ -36,15 +38,18 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer, Qwen3RMSNorm, Qwen3RotaryEmbedding
 
 from specreg.core.heads.eagle3_checkpoint import default_aux_layer_ids  # vLLM's get_eagle3_aux_hidden_state_layers
+from specreg.runtime.methods.mla_layers import DEEPSEEK_CONFIGS, MLAAttention, MLADecoderLayer, MLARotaryEmbedding
 from specreg.errors import ModelReferenceError, RuntimeConfigError, RuntimeUnsupportedError
 from specreg.runtime.forward import LAST_LAYER_OUTPUT, cache_keyword
 from specreg.runtime.head_drafter import HeadDrafter, head_inputs
 from specreg.runtime.methods.base import Method
 
 
-# the decoder layers vLLM 0.33 builds for a head (specreg.core.heads.eagle3_variants), as transformers has them
+# the decoder layers vLLM 0.33 builds for a head (specreg.core.heads.eagle3_variants): (its config class,
+# by model_type for DeepSeek's; the layer after the first; the RMSNorm; the rotary embedding)
 LAYER_CLASSES = {"llama": (LlamaConfig, LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding),
-                 "qwen3": (Qwen3Config, Qwen3DecoderLayer, Qwen3RMSNorm, Qwen3RotaryEmbedding)}
+                 "qwen3": (Qwen3Config, Qwen3DecoderLayer, Qwen3RMSNorm, Qwen3RotaryEmbedding),
+                 "deepseek_v2": (DEEPSEEK_CONFIGS, MLADecoderLayer, LlamaRMSNorm, MLARotaryEmbedding)}
 
 
 @dataclass
@@ -68,26 +73,27 @@ def layer_config(kind: str, fields: dict):
     """The config of a head's decoder layers of `kind` from its config fields. Layers named
     sliding_attention are built as full attention: the runtime's own masks cover every entry of
     the head's cache, and Eagle3Head refuses a position at or past the window instead."""
+    config_class = LAYER_CLASSES[kind][0]
+    if isinstance(config_class, dict):  # DeepSeek: eagle3_variants admits only the model types it names
+        config_class = config_class[fields.get("model_type")]
     fields = {key: value for key, value in fields.items()
               if key not in ("model_type", "architectures", "draft_vocab_size", "eagle_config", "layer_types",
                              "sliding_window", "use_sliding_window", "max_window_layers")}
-    return LAYER_CLASSES[kind][0](**fields)
+    return config_class(**fields)
 
 
 def read_eagle3_config(path, method: str = "eagle3") -> Eagle3Spec:
     """A head directory -> Eagle3Spec. What registration reads (layout, draft vocabulary, aux layer
     ids, target hidden size, tensor shapes) comes from specreg.core.heads.read_head, the one reader of
     the layouts (ModelReferenceError naming the file and field); the layers and flags as vLLM 0.33
-    builds them from specreg.core.heads.eagle3_variants.read_eagle3_variant. A variant vLLM serves
-    and this runtime does not raises RuntimeUnsupportedError (registration refuses it first)."""
+    builds them from specreg.core.heads.eagle3_variants.read_eagle3_variant, its layer tensors checked
+    as registration checks them."""
     from specreg.core.heads import read_head
     from specreg.core.heads.eagle3_variants import read_eagle3_variant
 
     head = read_head(path, method=method)
     variant = read_eagle3_variant(path)
-    gap = variant.runtime_gap()
-    if gap:
-        raise RuntimeUnsupportedError(f"{path}: {gap}")
+    variant.check_tensors(head)
     return Eagle3Spec(layer_config=layer_config(variant.layer_kind, variant.layer_fields),
                       draft_vocab_size=head.draft_vocab_size, aux_layer_ids=head.aux_layer_ids,
                       target_hidden_size=head.target_hidden_size, norm_before_residual=variant.norm_before_residual,
@@ -100,12 +106,16 @@ class Eagle3FirstLayerMixin:
 
     def __init__(self, config, norm_before_residual: bool = False):
         super().__init__(config, layer_idx=0)
+        self.widen_attention(config)
+        self.hidden_norm = type(self.input_layernorm)(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm_before_residual = norm_before_residual
+
+    def widen_attention(self, config):
+        """q/k/v over 2H inputs (Llama's and Qwen3's attention)."""
         hidden, head_dim, bias = config.hidden_size, config.head_dim, config.attention_bias
         self.self_attn.q_proj = torch.nn.Linear(2 * hidden, config.num_attention_heads * head_dim, bias=bias)
         self.self_attn.k_proj = torch.nn.Linear(2 * hidden, config.num_key_value_heads * head_dim, bias=bias)
         self.self_attn.v_proj = torch.nn.Linear(2 * hidden, config.num_key_value_heads * head_dim, bias=bias)
-        self.hidden_norm = type(self.input_layernorm)(hidden, eps=config.rms_norm_eps)
-        self.norm_before_residual = norm_before_residual
 
     def forward(self, embeds, hidden, attention_mask, position_embeddings, cache):
         """embeds, hidden # [1, n, H] -> the layer's output (pre-norm) # [1, n, H]."""
@@ -128,7 +138,14 @@ class Eagle3Qwen3FirstLayer(Eagle3FirstLayerMixin, Qwen3DecoderLayer):
     """The first layer of a head with Qwen3 layers (q_norm / k_norm over each attention head)."""
 
 
-FIRST_LAYERS = {"llama": Eagle3FirstLayer, "qwen3": Eagle3Qwen3FirstLayer}
+class Eagle3MLAFirstLayer(Eagle3FirstLayerMixin, MLADecoderLayer):
+    """The first layer of a head with DeepSeek layers: MLA over 2H inputs (deepseek_eagle3.py:82)."""
+
+    def widen_attention(self, config):
+        self.self_attn = MLAAttention(config, 0, input_size=2 * config.hidden_size)
+
+
+FIRST_LAYERS = {"llama": Eagle3FirstLayer, "qwen3": Eagle3Qwen3FirstLayer, "deepseek_v2": Eagle3MLAFirstLayer}
 
 
 class Eagle3Head(torch.nn.Module):
@@ -157,6 +174,7 @@ class Eagle3Head(torch.nn.Module):
         self.layers = torch.nn.ModuleList([FIRST_LAYERS[spec.layer_kind](config, spec.norm_before_residual), *later])
         self.norm = norm_class(hidden, eps=config.rms_norm_eps)
         self.norm_output = spec.norm_output
+        self.layer_kind = spec.layer_kind
         self.sliding_window = spec.sliding_window
         self.lm_head = torch.nn.Linear(hidden, spec.draft_vocab_size, bias=False)
         self.rotary_emb = rotary_class(config)
@@ -278,6 +296,9 @@ def load_eagle3_head(path, target, device=None, dtype=None, *, method: str = "ea
     head = (head_class or Eagle3Head)(spec, ids, target_vocab, target.config.hidden_size, embed_tokens=embed,
                                       target_layers=target.config.num_hidden_layers)
     weights = head.file_weights(weights)
+    if spec.layer_kind == "deepseek_v2":  # vLLM builds a hidden_norm in every DeepSeek layer and reads the first's
+        weights = {key: value for key, value in weights.items()
+                   if not (key.endswith(".hidden_norm.weight") and not key.startswith("layers.0."))}
     weights["d2t"] = weights.get("d2t", torch.zeros(spec.draft_vocab_size, dtype=torch.long)).long()
     if "t2d" not in weights:  # drafting never reads it (vLLM skips it); kept for a faithful round trip
         weights["t2d"] = torch.zeros(target_vocab, dtype=torch.bool)
@@ -295,10 +316,13 @@ def load_eagle3_head(path, target, device=None, dtype=None, *, method: str = "ea
 def new_eagle3_head(target, draft_token_ids=None, aux_layer_ids=None, seed: int = 0,
                     intermediate_size: int | None = None, *, layer_kind: str = "llama", num_layers: int = 1,
                     norm_before_fc: bool = False, fc_norm: bool = False, norm_output: bool = False,
-                    norm_before_residual: bool = False, head_class=None, **head_options) -> Eagle3Head:
+                    norm_before_residual: bool = False, layer_fields: dict | None = None, head_class=None,
+                    **head_options) -> Eagle3Head:
     """A freshly initialised head for `target` (its shape, `num_layers` decoder layers of
     `layer_kind`, its embeddings shared), with the norm flags given; head_class (a subclass) built
-    with head_options for a method drafting with such heads.
+    with head_options for a method drafting with such heads. layer_fields: config fields of the
+    layers beside the target's shape (DeepSeek's: model_type, q_lora_rank, kv_lora_rank, the head dims,
+    rope_parameters).
 
     draft_token_ids: the target ids of the draft vocabulary (any order; stored sorted, so d2t >= 0
     as in EAGLE-3's frequency-selected vocabularies); None drafts over the whole vocabulary.
@@ -313,7 +337,9 @@ def new_eagle3_head(target, draft_token_ids=None, aux_layer_ids=None, seed: int 
                   max_position_embeddings=config.max_position_embeddings,
                   rope_parameters=dict(config.rope_parameters),
                   bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
-                  pad_token_id=config.pad_token_id, tie_word_embeddings=False)
+                  pad_token_id=config.pad_token_id, tie_word_embeddings=False,
+                  **({"model_type": "deepseek_v3"} if layer_kind == "deepseek_v2" else {}))
+    fields.update(layer_fields or {})
     spec = Eagle3Spec(layer_config=layer_config(layer_kind, fields), draft_vocab_size=len(ids), aux_layer_ids=None,
                       layer_kind=layer_kind, norm_before_fc=norm_before_fc, fc_norm=fc_norm, norm_output=norm_output,
                       norm_before_residual=norm_before_residual)
@@ -334,7 +360,11 @@ def new_eagle3_head(target, draft_token_ids=None, aux_layer_ids=None, seed: int 
 def save_eagle3_head(head: Eagle3Head, directory, verifier_name_or_path: str, verifier_architectures=(),
                      speculative_tokens: int = 3) -> Path:
     """Write `head` as a speculators-format EAGLE-3 directory (config.json + model.safetensors;
-    the target's embeddings are not saved: vLLM shares them when embed_tokens is absent)."""
+    the target's embeddings are not saved: vLLM shares them when embed_tokens is absent). A head
+    with DeepSeek layers is written in the original layout (the layers' config at the top level,
+    architectures Eagle3DeepseekV3ForCausalLM, the ids at the top level as layer inputs): vLLM 0.33
+    reads speculators heads with llama or qwen3 layers only (transformers_utils/configs/speculators/
+    algos.py update_eagle3)."""
     from safetensors.torch import save_file
 
     directory = Path(directory)
@@ -346,6 +376,14 @@ def save_eagle3_head(head: Eagle3Head, directory, verifier_name_or_path: str, ve
     for key in ("_attn_implementation", "_attn_implementation_internal", "architectures", "dtype", "torch_dtype",
                 "transformers_version", "output_attentions", "output_hidden_states", "return_dict"):
         layer.pop(key, None)
+    flags = {"norm_before_residual": bool(head.layers[0].norm_before_residual), "fc_norm": head.fc_norm is not None,
+             "norm_output": bool(head.norm_output)}
+    if head.layer_kind == "deepseek_v2":
+        config = {**layer, "architectures": ["Eagle3DeepseekV3ForCausalLM"], **flags,
+                  "draft_vocab_size": int(head.lm_head.weight.shape[0]),
+                  "eagle_aux_hidden_state_layer_ids": list(head.aux_layer_ids)}
+        (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        return directory
     config = {
         "architectures": ["Eagle3Speculator"],
         "speculators_model_type": "eagle3",

@@ -135,7 +135,8 @@ def test_the_layers_each_engine_feeds_are_said_in_one_line_and_a_shift_is_warned
     assert result.returncode == 0, result.stderr
     line = ("layers fed (as layer inputs): written by ModelOpt (layer outputs), trained on the inputs of layers "
             "[1, 2, 3]; vLLM 0.33 feeds [0, 1, 2]; llama.cpp's converter reads [2, 2, 1] from this directory; "
-            "SGLang 0.5.23 reads [1, 2, 3] from it; specreg's runtime feeds [0, 1, 2] (as vLLM)")
+            "SGLang 0.5.23 reads [1, 2, 3] from it; specreg's runtime feeds [0, 1, 2] (as vLLM); the head's 1 llama "
+            "decoder layer (LlamaForCausalLMEagle3 in vLLM 0.33)")
     assert f"  {line}\n" in result.stdout, result.stdout
     warnings = result.stderr.splitlines()
     assert warnings[0] == ("specreg: warning: layer numbering: ModelOpt numbers the layers it names by their output, "
@@ -148,6 +149,7 @@ def test_the_layers_each_engine_feeds_are_said_in_one_line_and_a_shift_is_warned
     shown = json.loads(run("show", "modelopt@1", "--json", "--db", db_url).stdout)
     assert shown["config"]["head"]["fit"]["layers_fed"] == {
         "writer": "ModelOpt", "numbering": "layer outputs", "trained_on": [1, 2, 3], "vllm": [0, 1, 2],
+        "layers": {"kind": "llama", "count": 1, "architecture": "LlamaForCausalLMEagle3"},
         "llamacpp": [2, 2, 1], "sglang": [1, 2, 3], "runtime": [0, 1, 2]}
     assert len(warnings) == 2  # SGLang reads eagle_config's ids as layer outputs, as ModelOpt wrote them
     assert f"layers          {line}" in run("show", "modelopt@1", "--db", db_url).stdout
@@ -159,7 +161,8 @@ def test_the_layers_each_engine_feeds_are_said_in_one_line_and_a_shift_is_warned
         "layers fed (as layer inputs): written by speculators (layer inputs), trained on the inputs of layers "
         "[1, 2, 3]; vLLM 0.33 feeds [1, 2, 3]; llama.cpp's converter reads [1, 2, 3] from this directory; "
         "SGLang 0.5.23 is fed [1, 2, 3] through specreg's sglang export (it cannot load this layout); "
-        "specreg's runtime feeds [1, 2, 3] (as vLLM)")
+        "specreg's runtime feeds [1, 2, 3] (as vLLM); the head's 1 llama decoder layer (Eagle3LlamaForCausalLM in "
+        "vLLM 0.33)")
 
 
 def test_sglang_reading_other_layers_than_the_head_was_trained_on_is_warned(shallow, db_url, tmp_path):
@@ -179,24 +182,105 @@ def test_sglang_reading_other_layers_than_the_head_was_trained_on_is_warned(shal
             "models/llama.py:929-941)") in result.stderr.splitlines(), result.stderr
 
 
-def test_a_head_whose_layers_the_runtime_cannot_build_is_refused_at_registration(shallow, db_url, tmp_path):
-    """vLLM 0.33 serves an EAGLE-3 head with DeepSeek (MLA) layers; specreg's runtime builds Llama
-    and Qwen3 layers: refused at register (exit 1), never registered to be failed at validate. A
-    layer vLLM has no class for is refused naming vLLM's registry."""
-    deepseek = original_layout(shallow["named"], tmp_path / "deepseek", architectures=("Eagle3DeepseekV3ForCausalLM",),
-                               extra={"eagle_aux_hidden_state_layer_ids": [1, 2, 3]})
-    one_line(register("deepseek", shallow["target"], deepseek, db_url), 1,
-             f"{deepseek / 'config.json'}: vLLM 0.33 serves this head as Eagle3DeepseekV3ForCausalLM (deepseek_v2 "
-             "decoder layers, model_executor/models/registry.py:712-713), but specreg's runtime builds llama and "
-             "qwen3 layers only, so validate could not judge the pair")
+MLA_FIELDS = dict(model_type="deepseek_v3", q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8,
+                  v_head_dim=12)
+
+
+@pytest.fixture(scope="module")
+def deepseek(shallow, tmp_path_factory) -> Path:
+    """An EAGLE-3 head with one DeepSeek (MLA) layer for the shallow target, reading layers [1, 2, 3],
+    as runtime.eagle3.save_eagle3_head writes it (the original layout, Eagle3DeepseekV3ForCausalLM)."""
+    from specreg.runtime.loading import load_model
+    from specreg.runtime.methods.eagle3 import new_eagle3_head, save_eagle3_head
+
+    target = load_model(shallow["target"])
+    head = new_eagle3_head(target, aux_layer_ids=(1, 2, 3), seed=5, layer_kind="deepseek_v2", layer_fields=MLA_FIELDS)
+    return save_eagle3_head(head, tmp_path_factory.mktemp("deepseek") / "head", str(shallow["target"]),
+                            ["LlamaForCausalLM"])
+
+
+def test_a_head_with_deepseek_layers_registers_and_validates_exactly(shallow, deepseek, db_url):
+    """vLLM 0.33 serves it (deepseek_eagle3.py); specreg's runtime runs the same MLA layers: the
+    layers line names them, and speculative greedy equals target-only on the golden prompts, decoded
+    16 at once and one at a time."""
+    result = register("deepseek", shallow["target"], deepseek, db_url)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert ("specreg's runtime feeds [1, 2, 3] (as vLLM); the head's 1 deepseek_v2 decoder layer "
+            "(Eagle3DeepseekV3ForCausalLM in vLLM 0.33)\n") in result.stdout, result.stdout
+    for batch in ("16", "1"):
+        result = run("validate", "deepseek@1", "--golden", "smoke", "--device", "cpu", "--json", "--db", db_url,
+                     "--checks", "integrity,tokenizer,equivalence", "--runtime-batch", batch)
+        assert result.returncode == 0, (result.stdout[-2000:], result.stderr)
+        checks = {c["name"]: c["status"] for c in json.loads(result.stdout)["checks"]}
+        assert checks == {"integrity": "pass", "tokenizer": "pass", "equivalence": "pass"}
+
+
+def edited(head: Path, directory: Path, config: dict | None = None, tensors: dict | None = None,
+           dropped: tuple[str, ...] = ()) -> Path:
+    """A copy of `head` with config fields set (None: removed) and tensors set or dropped."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(head, directory)
+    fields = json.loads((directory / "config.json").read_text())
+    for key, value in (config or {}).items():
+        fields.pop(key, None) if value is None else fields.__setitem__(key, value)
+    (directory / "config.json").write_text(json.dumps(fields))
+    weights = {name: value for name, value in load_file(directory / "model.safetensors").items() if name not in dropped}
+    save_file({**weights, **(tensors or {})}, str(directory / "model.safetensors"))
+    return directory
+
+
+def test_a_deepseek_head_vllm_cannot_run_as_registered_is_refused_in_one_line(shallow, deepseek, db_url, tmp_path):
+    """What vLLM 0.33's Eagle3DeepseekV2ForCausalLM would build otherwise, leave unset or refuse to
+    load is refused at register (exit 1); a flag its class never reads is warned. A layer vLLM has
+    no class for is refused naming vLLM's registry."""
+    import torch
+
+    llama = original_layout(shallow["named"], tmp_path / "llama", architectures=("Eagle3DeepseekV3ForCausalLM",),
+                            extra={"eagle_aux_hidden_state_layer_ids": [1, 2, 3]})
+    one_line(register("llama", shallow["target"], llama, db_url), 1,
+             f"{llama / 'config.json'}: model_type 'llama': vLLM 0.33 builds Eagle3DeepseekV3ForCausalLM's MLA "
+             "layers from a DeepSeek config's kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim "
+             "(model_executor/models/deepseek_eagle3.py:64-77), read by model_type: deepseek_v2 or deepseek_v3")
+    sparse = edited(deepseek, tmp_path / "sparse", {"index_topk": 64})
+    one_line(register("sparse", shallow["target"], sparse, db_url), 1,
+             f"{sparse / 'config.json'}: index_topk (DeepSeek sparse attention): vLLM 0.33 builds an Indexer",
+             "so it cannot run this head")
+    gelu = edited(deepseek, tmp_path / "gelu", {"hidden_act": "gelu"})
+    one_line(register("gelu", shallow["target"], gelu, db_url), 1, "hidden_act 'gelu': vLLM 0.33's DeepSeek EAGLE-3 "
+             "MLP runs silu only (model_executor/models/deepseek_v2.py:279-282 raises on another)")
+    narrow = edited(deepseek, tmp_path / "narrow", {"kv_lora_rank": 8})
+    one_line(register("narrow", shallow["target"], narrow, db_url), 1,
+             f"{narrow / 'model.safetensors'}: tensor layers.0.self_attn.kv_a_proj_with_mqa.weight has shape [24, 128], "
+             "expected [16, 128] (from the config's hidden_size")
+    no_lora = edited(deepseek, tmp_path / "no-lora", {"q_lora_rank": None})  # the default 1536 then
+    one_line(register("no-lora", shallow["target"], no_lora, db_url), 1,
+             f"{no_lora / 'model.safetensors'}: tensor layers.0.self_attn.q_a_proj.weight has shape [24, 128], "
+             "expected [1536, 128]")
+    missing = edited(deepseek, tmp_path / "missing", dropped=("layers.0.self_attn.kv_a_layernorm.weight",))
+    one_line(register("missing", shallow["target"], missing, db_url), 1,
+             f"{missing}: no tensor layers.0.self_attn.kv_a_layernorm.weight: vLLM 0.33 builds it for the head's "
+             "DeepSeek layer 0 (model_executor/models/deepseek_eagle3.py:38-99) and would leave it unset")
+    normed = edited(deepseek, tmp_path / "input-norm", {"norm_before_fc": True}, {"input_norm.weight": torch.ones(192)})
+    one_line(register("input-norm", shallow["target"], normed, db_url), 1,
+             f"{normed / 'model.safetensors'}: tensor input_norm.weight: vLLM 0.33's Eagle3DeepseekV2ForCausalLM has "
+             "no such parameter and refuses to load it (model_executor/models/utils.py:443")
     mistral = original_layout(shallow["named"], tmp_path / "mistral", architectures=("MistralForCausalLM",),
                               extra={"eagle_aux_hidden_state_layer_ids": [1, 2, 3]})
     one_line(register("mistral", shallow["target"], mistral, db_url), 1,
              f"{mistral / 'config.json'}: architectures ['MistralForCausalLM']: vLLM 0.33 serves it as "
              "Eagle3MistralForCausalLM (transformers_utils/configs/eagle.py), which its model registry does not have")
     assert "no pairs registered" in run("list", "--db", db_url).stdout
-    # such a head registered before this refusal: validate's head check records an error, not a fail
+    # the flag alone: vLLM runs fc on the un-normed states, and so does the runtime; registered with the warning
+    flagged = edited(deepseek, tmp_path / "flagged", {"norm_before_fc": True})
+    result = register("flagged", shallow["target"], flagged, db_url)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [
+        "specreg: warning: norm_before_fc: the head's config sets it, but vLLM 0.33's Eagle3DeepseekV2ForCausalLM has "
+        "no input_norm and never reads the flag (model_executor/models/deepseek_eagle3.py:152-226): vLLM, and "
+        "specreg's runtime as it, run fc on the un-normed aux states"]
+    # such a head registered before these checks: validate's head check says why in one line
     from specreg.validators.head_vocabulary import check_head_vocabulary
 
-    result = check_head_vocabulary("eagle3", str(deepseek), str(shallow["target"]))
-    assert result.status == "error" and "specreg's runtime builds llama and qwen3 layers only" in result.summary
+    result = check_head_vocabulary("eagle3", str(sparse), str(shallow["target"]))
+    assert result.status != "pass" and "index_topk" in result.summary and "\n" not in result.summary

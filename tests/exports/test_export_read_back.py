@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from headfiles import DRAFT_IDS, eagle_config_layout, write_eagle3, write_target
+from headfiles import DRAFT_IDS, deepseek_layout, eagle_config_layout, write_eagle3, write_target
 
 from specreg.errors import ReadBackError
 from specreg.registry.deploy.engines import llamacpp, sglang, trtllm, vllm
@@ -31,7 +31,8 @@ def heads(tmp_path):
     target = write_target(tmp_path / "models" / "target")
     write_eagle3(tmp_path / "models" / "head", aux=AUX, verifier=str(target))
     eagle_config_layout(tmp_path / "models" / "head", tmp_path / "models" / "modelopt-head")
-    for name, head in (("eagle", "head"), ("modelopt", "modelopt-head")):
+    deepseek_layout(tmp_path / "models" / "head", tmp_path / "models" / "deepseek-head")
+    for name, head in (("eagle", "head"), ("modelopt", "modelopt-head"), ("deepseek", "deepseek-head")):
         registry.register(name, target=str(target), draft=str(tmp_path / "models" / head), method="eagle3",
                           num_speculative_tokens=K, allow_verifier_mismatch=True)
     return SimpleNamespace(root=tmp_path, registry=registry)
@@ -57,6 +58,35 @@ def test_each_format_reads_back_the_registered_head(heads, fmt):
     out = heads.root / fmt
     heads.registry.export("eagle@1", fmt, out_dir=str(out), force=True, options=OPTIONS.get(fmt))
     assert (out / "specreg.lock.json").is_file()
+
+
+@pytest.mark.parametrize("fmt", ["vllm", "k8s-vllm", "sglang"])
+def test_a_head_with_deepseek_layers_reads_back_as_registered(heads, fmt):
+    """vLLM 0.33 serves it as Eagle3DeepseekV3ForCausalLM from the registered folder; SGLang 0.5.23
+    as Eagle3DeepseekV2ForCausalLM (sglang/srt/models/kimi_k25_eagle3.py) from the layout written."""
+    values = read(heads, "deepseek@1", fmt)
+    assert set(values["method"]) == {"eagle3"} and set(values["k"]) == {K}
+    assert all(layers == AUX for layers in values["aux_layers"]) and values["vocab_map"] == [DRAFT_IDS] * len(
+        values["vocab_map"])
+    if fmt == "sglang":
+        plan = plan_export(heads.registry.get("deepseek@1"), None, fmt, approved=True, force=True)
+        config = json.loads(dict(render_files(plan))["sglang-eagle3-head/config.json"])
+        assert (config["architectures"], config["model_type"], config["q_lora_rank"], config["kv_lora_rank"]) == (
+            ["Eagle3DeepseekV2ForCausalLM"], "deepseek_v3", 24, 16)
+
+
+@pytest.mark.parametrize("fmt, words", [
+    ("trtllm", "the head's layer is deepseek_v2 (Eagle3DeepseekV3ForCausalLM); TensorRT-LLM 1.2 builds its EAGLE-3 "
+               "layer with Eagle3Attention, Llama attention without q_norm/k_norm or multi-head latent attention"),
+    ("llamacpp", "the head's layer is deepseek_v2 (Eagle3DeepseekV3ForCausalLM, MLA); llama.cpp's converter knows no "
+                 "such architecture (conversion/__init__.py:163-166"),
+])
+def test_engines_without_a_deepseek_layer_head_refuse_it_in_one_line(heads, fmt, words):
+    from specreg.errors import EngineRefusal
+
+    with pytest.raises(EngineRefusal) as info:
+        plan_export(heads.registry.get("deepseek@1"), None, fmt, approved=True, force=True)
+    assert words in str(info.value) and "\n" not in str(info.value)
 
 
 def with_value(function, **changes):

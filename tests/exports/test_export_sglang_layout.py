@@ -145,3 +145,31 @@ def test_a_head_in_the_original_layout_keeps_its_layer_fields(tmp_path):
             config["rms_norm_eps"]) == (32, 64, 2, 64, 1e-6)
     assert config["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [1, 7, 12], "use_aux_hidden_state": True}
     assert "eagle_aux_hidden_state_layer_ids" not in config and config["draft_vocab_size"] == 64
+
+
+@pytest.mark.parametrize("fields, reason", [
+    ({"q_lora_rank": None}, r"no q_lora_rank \(q_proj\); SGLang 0.5.23's Eagle3DeepseekV2ForCausalLM requires one "
+                            r"\(\"Eagle3 MLA layer requires q_lora_rank\", sglang/srt/models/kimi_k25_eagle3.py:114-117\)"),
+    ({"num_hidden_layers": 2}, r"2 decoder layers; .*kimi_k25_eagle3.py:243-244"),
+    ({"norm_before_residual": True}, r"keeps the un-normed hidden state as the residual .*kimi_k25_eagle3.py:159"),
+    ({"rope_interleave": False}, r"rope_interleave false; SGLang 0.5.23 then rotates .*deepseek_v2.py:2166"),
+    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "attention_factor": 1.0,
+                          "original_max_position_embeddings": 16}}, r"deepseek_llama_scaling.*deepseek_v2.py:1115-1136"),
+])
+def test_a_deepseek_layer_head_sglang_would_run_otherwise_is_refused(tmp_path, fields, reason):
+    """SGLang 0.5.23's Eagle3DeepseekV2ForCausalLM against vLLM 0.33's deepseek_eagle3.py, which the
+    runtime validated: what it would build or compute otherwise is refused in one line."""
+    from headfiles import deepseek_layout, write_eagle3
+
+    pair = make_eagle3_pair(tmp_path, write_eagle3, aux=(2, 8, 13))
+    speculators = Path(pair.draft.path)
+    head = deepseek_layout(speculators, tmp_path / "deepseek-head", **fields)
+    pair = dataclasses.replace(pair, draft=dataclasses.replace(pair.draft, path=str(head), reference=str(head)))
+    with pytest.raises(EngineRefusal, match=reason) as info:
+        render_export(pair, BASELINES, "sglang", approved=True)
+    assert "\n" not in str(info.value)
+    written = deepseek_layout(speculators, tmp_path / "plain")  # the same head without the field
+    pair = dataclasses.replace(pair, draft=dataclasses.replace(pair.draft, path=str(written), reference=str(written)))
+    config = json.loads(dict(render_export(pair, BASELINES, "sglang", approved=True))["sglang-eagle3-head/config.json"])
+    assert config["architectures"] == ["Eagle3DeepseekV2ForCausalLM"] and config["eagle_config"][
+        "eagle_aux_hidden_state_layer_ids"] == [1, 7, 12]

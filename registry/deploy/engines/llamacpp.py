@@ -138,6 +138,11 @@ def variant_refusal(head_path: str) -> str | None:
     if variant.num_layers != 1:
         return (f"the head has {variant.num_layers} decoder layers; llama.cpp's converter takes an EAGLE-3 head for "
                 f"one with num_hidden_layers 1 only (conversion/llama.py:50, 216)")
+    if variant.layer_kind == "deepseek_v2":
+        return (f"the head's layer is deepseek_v2 ({variant.architecture}, MLA); llama.cpp's converter knows no such "
+                f"architecture (conversion/__init__.py:163-166 maps its EAGLE-3 names to llama; "
+                f"convert_hf_to_gguf.py:250-253 \"is not supported\") and its EAGLE-3 graph builds a Llama layer "
+                f"(src/models/eagle3.cpp:78-97)")
     if variant.layer_kind != "llama":
         return (f"the head's layer is {variant.layer_kind} ({variant.architecture}); llama.cpp's EAGLE-3 graph builds "
                 f"a Llama layer, no q_norm/k_norm (src/models/eagle3.cpp:78-97)")

@@ -135,7 +135,10 @@ def command(pair_version: PairVersion, target_source: str, draft_source: str | d
 # model_type llama, the transformer fields at the top level, the aux ids in eagle_config
 # (model_runner_components/spec_aux_hidden_state.py:184-196 reads eagle_config only). Its weight
 # loader takes the speculators tensor names as they are (llama_eagle3.py:325-384: layers.0.*, fc,
-# norm, lm_head, d2t), so the layout is a new config.json beside links to the head's own files.
+# norm, lm_head, d2t), so the layout is a new config.json beside links to the head's own files. A
+# head with DeepSeek (MLA) layers is Eagle3DeepseekV2ForCausalLM (kimi_k25_eagle3.py:315, EntryClass
+# at 523) with the head's DeepSeek model_type; its loader maps layers.0.* to midlayer.* and fuses
+# q_a_proj with kv_a_proj_with_mqa (kimi_k25_eagle3.py:428-500).
 
 HEAD_DIR = "sglang-eagle3-head"
 # Targets whose SGLang class captures aux id v at the input of layer v + 1 (i.e. layer v's output), the
@@ -175,9 +178,12 @@ def eagle3_refusal(pair_version: PairVersion) -> str | None:
     from specreg.core.heads.eagle3_variants import read_eagle3_variant
 
     variant = read_eagle3_variant(pair_version.draft.path)  # either layout: speculators' or the original
-    if variant.layer_kind != "llama":
-        return (f"the head's layer is {variant.model_type!r}; SGLang 0.5.23's EAGLE-3 head is "
-                f"LlamaForCausalLMEagle3 (sglang/srt/models/llama_eagle3.py:272)")
+    if variant.layer_kind not in HEAD_CLASSES:
+        return (f"the head's layer is {variant.model_type!r}; SGLang 0.5.23's EAGLE-3 heads are "
+                f"LlamaForCausalLMEagle3 (sglang/srt/models/llama_eagle3.py:272) and, with DeepSeek MLA layers, "
+                f"Eagle3DeepseekV2ForCausalLM ({MLA_MODEL}:315)")
+    if variant.layer_kind == "deepseek_v2":
+        return mla_refusal(variant)
     if variant.num_layers != 1:
         return (f"the head has {variant.num_layers} decoder layers; SGLang 0.5.23 norms each layer "
                 f"after the first with a hidden_norm (sglang/srt/models/llama_eagle3.py:104-105) where vLLM and the "
@@ -185,6 +191,38 @@ def eagle3_refusal(pair_version: PairVersion) -> str | None:
     if variant.norm_before_residual:
         return ("the head was trained with norm_before_residual; SGLang's first EAGLE-3 layer keeps the un-normed "
                 "hidden state as the residual (sglang/srt/models/llama_eagle3.py:96-99)")
+    return None
+
+
+# SGLang 0.5.23's EAGLE-3 head classes by the layers vLLM builds (specreg.core.heads.eagle3_variants)
+MLA_MODEL = "sglang/srt/models/kimi_k25_eagle3.py"
+HEAD_CLASSES = {"llama": "LlamaForCausalLMEagle3", "deepseek_v2": "Eagle3DeepseekV2ForCausalLM"}
+
+
+def mla_refusal(variant) -> str | None:
+    """Why SGLang 0.5.23's Eagle3DeepseekV2ForCausalLM (kimi_k25_eagle3.py) would run a DeepSeek-layer
+    head otherwise than vLLM 0.33's deepseek_eagle3.py, which the runtime validated (None: it runs it
+    the same: MLA over cat([input_layernorm(embeds), hidden_norm(hidden)]), dense MLP, fc_norm,
+    norm_output, the residual the un-normed hidden, no input_norm)."""
+    fields = variant.layer_fields
+    rope = fields.get("rope_parameters") or fields.get("rope_scaling") or {}
+    if variant.num_layers != 1:
+        return (f"the head has {variant.num_layers} decoder layers; SGLang 0.5.23's Eagle3DeepseekV2ForCausalLM builds "
+                f"one (\"EAGLE3 currently only supports 1 layer\", {MLA_MODEL}:243-244)")
+    if "q_lora_rank" in fields and fields["q_lora_rank"] is None:
+        return (f"the head's attention has no q_lora_rank (q_proj); SGLang 0.5.23's Eagle3DeepseekV2ForCausalLM "
+                f"requires one (\"Eagle3 MLA layer requires q_lora_rank\", {MLA_MODEL}:114-117)")
+    if variant.norm_before_residual:
+        return (f"the head was trained with norm_before_residual; SGLang's Eagle3DeepseekV2ForCausalLM keeps the "
+                f"un-normed hidden state as the residual ({MLA_MODEL}:159)")
+    if fields.get("rope_interleave") is False:
+        return ("the head's config sets rope_interleave false; SGLang 0.5.23 then rotates its rope dimensions in "
+                "halves (sglang/srt/models/deepseek_v2.py:2166), vLLM 0.33 always in interleaved pairs "
+                "(model_executor/models/deepseek_v2.py:1122-1127, is_neox_style=False)")
+    if (rope.get("rope_type") or rope.get("type") or "default") != "default" and rope.get("attention_factor") == 1.0:
+        return ("the head's rope sets attention_factor 1.0: vLLM 0.33 runs it as deepseek_llama_scaling, without the "
+                "softmax mscale (model_executor/models/deepseek_v2.py:1115-1136), SGLang 0.5.23 as deepseek_yarn "
+                "with it (sglang/srt/models/deepseek_v2.py:2065-2066, 2177-2178)")
     return None
 
 
@@ -254,10 +292,12 @@ def head_layout(export: Export) -> dict[str, str | Link] | None:
     variant = read_eagle3_variant(pair_version.draft.path)
     # the decoder layer's fields: a speculators head's transformer_layer_config, or (the original layout
     # ModelOpt and SpecForge write) the head's own config, its eagle_config rewritten below
-    config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", **variant.layer_fields}
+    architecture = HEAD_CLASSES[variant.layer_kind]
+    model_type = variant.layer_fields["model_type"] if variant.layer_kind == "deepseek_v2" else "llama"
+    config = {**variant.layer_fields}
     config.pop("eagle_aux_hidden_state_layer_ids", None)  # SGLang reads eagle_config's only
     config.update({
-        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "num_hidden_layers": 1,
+        "architectures": [architecture], "model_type": model_type, "num_hidden_layers": 1,
         "draft_vocab_size": speculators.get("draft_vocab_size"), "tie_word_embeddings": False,
         "eagle_config": {"use_aux_hidden_state": True,
                          "eagle_aux_hidden_state_layer_ids": sglang_aux_ids(trained_aux_layers(pair_version))},

@@ -127,8 +127,8 @@ def variant_refusal(head_path: str) -> str | None:
     variant = read_eagle3_variant(head_path)
     if variant.layer_kind != "llama":
         return (f"the head's layer is {variant.layer_kind} ({variant.architecture}); TensorRT-LLM 1.2 builds its "
-                f"EAGLE-3 layer with Eagle3Attention, Llama attention without q_norm/k_norm ({EAGLE3_MODEL} "
-                f"Eagle3DecoderLayer)")
+                f"EAGLE-3 layer with Eagle3Attention, Llama attention without q_norm/k_norm or multi-head latent "
+                f"attention ({EAGLE3_MODEL} Eagle3DecoderLayer)")
     if variant.num_layers != 1:
         return (f"the head has {variant.num_layers} decoder layers; TensorRT-LLM 1.2 norms the input of every layer "
                 f"with its hidden_norm and adds the previous layer's residual ({EAGLE3_MODEL} Eagle3DecoderLayer."

@@ -8,7 +8,8 @@ What we followed (vLLM is the released 0.33.0 wheel):
   update_peagle for P-EAGLE, whose norm flags differ: eagle3_checkpoint.SPECULATORS_KINDS); an
   original-layout head by its architecture, prefixed "Eagle3" unless it starts or ends with it
   (transformers_utils/configs/eagle.py), looked up in model_executor/models/registry.py:698-713:
-  llama_eagle3 (Llama layers), qwen3_eagle3 (Qwen3 layers: q_norm/k_norm), deepseek_eagle3 (MLA).
+  llama_eagle3 (Llama layers), qwen3_eagle3 (Qwen3 layers: q_norm/k_norm), deepseek_eagle3 (MLA:
+  specreg.core.heads.eagle3_mla says which DeepSeek configs it runs and what it reads of the flags).
 - The flags: norm_before_fc (top level, or eagle_config in the original layout), fc_norm,
   norm_output, norm_before_residual (absent: true for the speculators layout, algos.py; false for
   the original layout, getattr default); llama_eagle3.py:173-286 runs them; layers after the
@@ -38,6 +39,7 @@ from typing import Any
 from specreg.core.files import read_json_file
 # default_aux_layer_ids: vLLM's, llama.cpp's and EAGLE's default
 from specreg.core.heads.eagle3_checkpoint import SPECULATORS_KINDS, default_aux_layer_ids
+from specreg.core.heads.eagle3_mla import check_mla_tensors, mla_config_refusal, mla_ignored_flags
 from specreg.core.heads.spec import optional_str, positive_int, read_layer_ids, str_list
 from specreg.errors import ModelReferenceError
 
@@ -50,7 +52,6 @@ VLLM_EAGLE3_LAYERS = {
     "Eagle3Qwen3ForCausalLM": "qwen3",
     "Eagle3DeepseekV2ForCausalLM": "deepseek_v2", "Eagle3DeepseekV3ForCausalLM": "deepseek_v2",
 }
-RUNTIME_LAYERS = ("llama", "qwen3")  # the decoder layers specreg's runtime builds (runtime/methods/eagle3.py)
 # keys ModelOpt's export template writes into eagle_config beside the ids (hf_spec_configs.py)
 MODELOPT_KEYS = ("use_input_layernorm_in_first_layer", "use_last_layernorm", "use_mtp_layernorm",
                  "next_layer_regular", "parallel_draft_step", "parallel_draft_heads_num_layers")
@@ -75,21 +76,19 @@ class Eagle3Variant:
     numbering: str  # INPUTS or OUTPUTS: how the writer numbers the ids it names
     top_level_ids: tuple[int, ...] | None  # eagle_aux_hidden_state_layer_ids at the top level
     eagle_config_ids: tuple[int, ...] | None  # ... inside eagle_config
+    warnings: tuple[str, ...] = ()  # what the config asks for and vLLM's class for these layers ignores
 
     @property
     def declared_ids(self) -> tuple[int, ...] | None:
         """The ids vLLM reads: the top level first, then eagle_config (gpu_model_runner.py:5207-5219)."""
         return self.top_level_ids or self.eagle_config_ids
 
-    def runtime_gap(self) -> str | None:
-        """Why specreg's runtime cannot run this head (None: it can): the reason, in one line with
-        the engine's facts, for a refusal at registration."""
-        if self.layer_kind not in RUNTIME_LAYERS:
-            return (f"vLLM 0.33 serves this head as {self.architecture} ({self.layer_kind} decoder layers, "
-                    f"model_executor/models/registry.py:712-713), but specreg's runtime builds "
-                    f"{' and '.join(RUNTIME_LAYERS)} layers only, so validate could not judge the pair")
-        return None
-
+    def check_tensors(self, head) -> None:
+        """Raise ModelReferenceError naming the file and tensor when `head` (its HeadSpec) does not
+        hold the tensors vLLM loads for DeepSeek layers (eagle3_mla.check_mla_tensors); the other
+        kinds' layer tensors are checked by name when the runtime loads them."""
+        if self.layer_kind == "deepseek_v2":
+            check_mla_tensors(head, self.layer_fields, self.num_layers)
 
 def _flag(config: dict, key: str, default: bool, where: str) -> bool:
     value = config.get(key, default)
@@ -148,13 +147,21 @@ def read_eagle3_variant(directory: str | Path) -> Eagle3Variant:
             writer, numbering = "EAGLE", INPUTS
         residual_default = False
     layer_kind = VLLM_EAGLE3_LAYERS[architecture]
+    warnings: list[str] = []
+    norm_before_fc = _flag(eagle_config, "norm_before_fc", _flag(top_level, "norm_before_fc", False, where), where)
+    if layer_kind == "deepseek_v2":
+        refusal = mla_config_refusal(layer, architecture)
+        if refusal:
+            raise ModelReferenceError(f"{where}: {refusal}")
+        warnings = mla_ignored_flags({"norm_before_fc": norm_before_fc})
+        norm_before_fc = False  # deepseek_eagle3.py has no input_norm
     layers = positive_int(layer.get("num_hidden_layers") or 1, f"{where}: num_hidden_layers")
     types = layer.get("layer_types") if isinstance(layer.get("layer_types"), list) else []
     window = layer.get("sliding_window") if "sliding_attention" in types else None
     return Eagle3Variant(
         architecture=architecture, layer_kind=layer_kind, model_type=model_type, layer_fields=dict(layer),
         num_layers=int(layers),
-        norm_before_fc=_flag(eagle_config, "norm_before_fc", _flag(top_level, "norm_before_fc", False, where), where),
+        norm_before_fc=norm_before_fc,
         fc_norm=_flag(top_level, "fc_norm", False, where), norm_output=_flag(top_level, "norm_output", False, where),
         norm_before_residual=_flag(top_level, "norm_before_residual", residual_default, where),
         sliding_window=window if isinstance(window, int) and not isinstance(window, bool) else None,
@@ -162,13 +169,15 @@ def read_eagle3_variant(directory: str | Path) -> Eagle3Variant:
         top_level_ids=read_layer_ids(config.get("eagle_aux_hidden_state_layer_ids"),
                                      f"{where}: eagle_aux_hidden_state_layer_ids"),
         eagle_config_ids=read_layer_ids(eagle_config.get("eagle_aux_hidden_state_layer_ids"),
-                                        f"{where}: eagle_config.eagle_aux_hidden_state_layer_ids"))
+                                        f"{where}: eagle_config.eagle_aux_hidden_state_layer_ids"),
+        warnings=tuple(warnings))
 
 
 def layers_fed(variant: Eagle3Variant, num_layers: int) -> dict[str, Any]:
     """Which target layers (as layer inputs: 0 = the embeddings) the head was trained on and each
     engine will feed it on a num_layers target -> {"writer", "numbering", "trained_on", "vllm",
-    "llamacpp", "sglang", "runtime"} (lists in layer order, as vLLM and SGLang collect them, but
+    "layers" (the head's decoder layers: kind, count, vLLM's architecture), "llamacpp", "sglang",
+    "runtime"} (lists in layer order, as vLLM and SGLang collect them, but
     llama.cpp's as its converter writes them; trained_on None when the writer's layers are unknown).
     SGLang's are what it reads from this directory, except for the speculators layout, which it cannot
     load (no model_type: its get_config raises) and is given by specreg's sglang export in its own
@@ -181,6 +190,7 @@ def layers_fed(variant: Eagle3Variant, num_layers: int) -> dict[str, Any]:
         trained = list(default_aux_layer_ids(num_layers)) if variant.writer in ("EAGLE", "speculators") else None
     vllm = sorted(set(declared or default_aux_layer_ids(num_layers)))
     return {"writer": variant.writer, "numbering": variant.numbering, "trained_on": trained, "vllm": vllm,
+            "layers": {"kind": variant.layer_kind, "count": variant.num_layers, "architecture": variant.architecture},
             # the converter writes the ids as it finds them, unsorted, a repeat kept (conversion/llama.py:74-81)
             "llamacpp": list(variant.top_level_ids or default_aux_layer_ids(num_layers)),
             "sglang": vllm if variant.writer == "speculators" else sglang_reads(variant, num_layers),
@@ -203,7 +213,16 @@ def layers_fed_line(fed: dict[str, Any]) -> str:
     return (f"layers fed (as layer inputs): written by {fed['writer']} ({fed['numbering']}), {trained}; vLLM 0.33 "
             f"feeds {fed['vllm']}; llama.cpp's converter reads {fed['llamacpp']} from this directory; "
             + (sglang_words(fed) if "sglang" in fed else "")
-            + f"specreg's runtime feeds {fed['runtime']} (as vLLM)")
+            + f"specreg's runtime feeds {fed['runtime']} (as vLLM)" + layers_words(fed))
+
+
+def layers_words(fed: dict[str, Any]) -> str:
+    """The head's decoder layers as vLLM builds them (registrations made before they were named have none)."""
+    layers = fed.get("layers")
+    if not layers:
+        return ""
+    return (f"; the head's {layers['count']} {layers['kind']} decoder layer{'s' if layers['count'] != 1 else ''} "
+            f"({layers['architecture']} in vLLM 0.33)")
 
 
 def sglang_words(fed: dict[str, Any]) -> str:

@@ -14,7 +14,7 @@ from specreg.core.heads.eagle3_variants import layers_fed, numbering_warnings, r
 from specreg.core.heads.spec import HeadSpec, TargetShape, read_target_shape
 from specreg.core.heads.vocabulary import TokenStrings, check_token_strings, check_vocab_map, read_vocab_map
 from specreg.core.methods import HEAD_FORMATS
-from specreg.errors import HeadMismatchError, RuntimeUnsupportedError
+from specreg.errors import HeadMismatchError
 
 
 @dataclass(frozen=True)
@@ -151,14 +151,13 @@ def check_head_fits(head: HeadSpec, target_directory: str | Path, *, target_refe
 
 
 def _eagle3_layers_fed(head: HeadSpec, target: TargetShape, warnings: list[str]) -> dict:
-    """The EAGLE-3 variant as vLLM 0.33 builds it: refused (RuntimeUnsupportedError) when
-    specreg's runtime cannot run it, since validate could then judge nothing; else the layers each
-    engine feeds it, with a warning (appended to `warnings`) for each engine that reads the head's
-    ids otherwise than the tool that trained it."""
+    """The EAGLE-3 variant as vLLM 0.33 builds it, its layer tensors checked against its config
+    (ModelReferenceError); the layers each engine feeds it, with a warning (appended to `warnings`)
+    for each engine that reads the head's ids otherwise than the tool that trained it and for each
+    flag of the config vLLM's class for its layers does not read."""
     variant = read_eagle3_variant(head.path)
-    gap = variant.runtime_gap()
-    if gap:
-        raise RuntimeUnsupportedError(f"{Path(head.path) / 'config.json'}: {gap}")
+    variant.check_tensors(head)
     fed = layers_fed(variant, target.num_hidden_layers)
+    warnings.extend(variant.warnings)
     warnings.extend(numbering_warnings(fed))
     return fed
