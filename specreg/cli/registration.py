@@ -64,6 +64,28 @@ def register(name, target, draft, num_speculative_tokens, method, tree, allow_ve
         say(f"already registered as {version.label}: same fingerprints and config, nothing new recorded")
 
 
+@cli.command(name="convert-weights")
+@click.argument("source", metavar="SOURCE")
+@click.argument("output", metavar="OUTPUT")
+@json_option
+def convert_weights(source, output, as_json):
+    """Copy the model or head folder SOURCE into the new folder OUTPUT with its pickle weights
+    (pytorch_model.bin, shards, *.pt) as safetensors, read with torch.load(weights_only=True) and
+    checked bit for bit; register OUTPUT."""
+    from specreg.runtime.convert_weights import convert_weights as convert
+
+    result = convert(source, output)
+    if as_json:
+        print_json(result.to_dict())
+        return
+    print_table(["PICKLE", "SAFETENSORS", "TENSORS", "MiB"],
+                [[item.source, item.written, item.tensors, f"{item.bytes / 2**20:.1f}"] for item in result.converted])
+    echo_lines([f"copied as they are: {', '.join(result.copied) or 'nothing'}"]
+               + ([f"left out (pickle files that are not weights): {', '.join(result.left_out)}"]
+                  if result.left_out else [])
+               + [f"converted into {result.output}: register that folder (no --allow-pickle needed)"])
+
+
 @cli.command(name="list")
 @db_option
 @json_option

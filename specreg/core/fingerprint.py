@@ -249,7 +249,9 @@ def fingerprint_model(directory: Path, allow_pickle: bool = False, require_token
         if not allow_pickle:
             raise ModelReferenceError(
                 f"{directory}: weights are only pickle files ({', '.join(p.name for p in pickle_files)}), "
-                f"which can run code when loaded; convert to safetensors or pass --allow-pickle"
+                f"which can run code when loaded; convert them (specreg convert-weights {directory} NEW_FOLDER)"
+                # a head is read from safetensors only (core/heads/tensors.py): --allow-pickle would not help
+                + (" or pass --allow-pickle" if require_tokenizer else "")
             )
         weight_files, weight_format = pickle_files, "pickle"
     else:

@@ -20,7 +20,8 @@ def list_weight_files(directory: Path) -> list[Path]:
     pickles = sorted(p.name for p in directory.iterdir() if p.is_file() and p.suffix in PICKLE_SUFFIXES)
     if pickles:
         raise ModelReferenceError(f"{directory}: weights are only pickle files ({', '.join(pickles)}), which "
-                                  "specreg does not open; convert them to safetensors")
+                                  f"specreg does not open for a head; convert them: specreg convert-weights "
+                                  f"{directory} NEW_FOLDER")
     raise ModelReferenceError(f"{directory}: no weight files (*.safetensors)")
 
 
