@@ -20,6 +20,10 @@ What we followed:
   layers over the hidden state; input_norm (norm_before_fc) or one RMSNorm per aux state (fc_norm)
   before fc; qwen3_eagle3.py: the same with Qwen3 layers (q_norm / k_norm); deepseek_eagle3.py: the
   same with MLA layers and dense MLPs, no input_norm (norm_before_fc is not read: lines 152-226).
+  compute_logits multiplies the draft logits by the config's logit_scale before scattering them
+  (LogitsProcessor(scale=logit_scale): llama_eagle3.py:328-336, layers/logits_processor.py:118-119);
+  the proposer argmaxes them, or samples softmax(logits / temperature) (v1/spec_decode/
+  llm_base_proposer.py:449-506, 1824-1855): the scale comes before the temperature.
 - vLLM vllm/model_executor/models/llama.py: the aux states are `hidden_states + residual`
   entering layer idx (transformers' hidden_states[idx]); default (2, N // 2, N - 3).
 
@@ -67,6 +71,7 @@ class Eagle3Spec:
     fc_norm: bool = False  # one RMSNorm per aux state before fc
     norm_output: bool = False  # the next draft step reads the normed output (Eagle 3.1)
     sliding_window: int | None = None  # the layers attend within this many positions
+    logit_scale: float = 1.0  # the draft logits are multiplied by it (vLLM's LogitsProcessor scale)
 
 
 def layer_config(kind: str, fields: dict):
@@ -78,7 +83,7 @@ def layer_config(kind: str, fields: dict):
         config_class = config_class[fields.get("model_type")]
     fields = {key: value for key, value in fields.items()
               if key not in ("model_type", "architectures", "draft_vocab_size", "eagle_config", "layer_types",
-                             "sliding_window", "use_sliding_window", "max_window_layers")}
+                             "sliding_window", "use_sliding_window", "max_window_layers", "logit_scale")}
     return config_class(**fields)
 
 
@@ -98,7 +103,8 @@ def read_eagle3_config(path, method: str = "eagle3") -> Eagle3Spec:
                       draft_vocab_size=head.draft_vocab_size, aux_layer_ids=head.aux_layer_ids,
                       target_hidden_size=head.target_hidden_size, norm_before_residual=variant.norm_before_residual,
                       norm_before_fc=variant.norm_before_fc, head=head, layer_kind=variant.layer_kind,
-                      fc_norm=variant.fc_norm, norm_output=variant.norm_output, sliding_window=variant.sliding_window)
+                      fc_norm=variant.fc_norm, norm_output=variant.norm_output, sliding_window=variant.sliding_window,
+                      logit_scale=variant.logit_scale)
 
 
 class Eagle3FirstLayerMixin:
@@ -177,6 +183,7 @@ class Eagle3Head(torch.nn.Module):
         self.layer_kind = spec.layer_kind
         self.sliding_window = spec.sliding_window
         self.lm_head = torch.nn.Linear(hidden, spec.draft_vocab_size, bias=False)
+        self.logit_scale = spec.logit_scale
         self.rotary_emb = rotary_class(config)
         self.embed_tokens = embed_tokens if embed_tokens is not None else torch.nn.Embedding(target_vocab_size, hidden)
         self.register_buffer("d2t", torch.zeros(spec.draft_vocab_size, dtype=torch.long))
@@ -234,9 +241,11 @@ class Eagle3Head(torch.nn.Module):
         return self.norm(output) if self.norm_output else output
 
     def draft_logits(self, hidden):
-        """Pre-norm hidden # [n, H] -> logits over the target vocabulary # [n, V_target], -inf off the
-        draft vocabulary (target id = i + d2t[i])."""
+        """Pre-norm hidden # [n, H] -> logits over the target vocabulary # [n, V_target], scaled by
+        logit_scale, -inf off the draft vocabulary (target id = i + d2t[i]), as vLLM's compute_logits."""
         logits = self.lm_head(self.norm(hidden))  # [n, V_draft]
+        if self.logit_scale != 1.0:
+            logits = logits * self.logit_scale
         full = logits.new_full((logits.shape[0], self.target_vocab_size), float("-inf"))
         full[:, torch.arange(logits.shape[1], device=logits.device) + self.d2t] = logits
         return full
@@ -263,6 +272,11 @@ def check_head_fits(spec: Eagle3Spec, target_config, target_vocab_size: int, nam
     if not ids or bad:
         raise RuntimeConfigError(f"{name}: eagle_aux_hidden_state_layer_ids {list(ids)} out of range on a "
                                  f"{num_layers}-layer target (each must be in 0..{num_layers})")
+    # fc reads as many states as fc.weight is wide (read_head checked it against the ids fed here), even
+    # where vLLM 0.33 sizes fc for another count (eagle3_variants.Eagle3Variant.fc_width_refusal): vLLM
+    # never serves such a head otherwise, its weight loader stops at fc (layers/linear.py:404-412), so
+    # the tensors' reading is the only one an engine runs (SGLang and TensorRT-LLM size fc from the ids
+    # their exports give them); registration warns and the vLLM exports refuse it
     declared = spec.target_hidden_size or spec.layer_config.hidden_size
     if declared != target_hidden:
         raise RuntimeConfigError(f"{name}: head is for hidden size {declared} (fc reads {len(ids)} aux states of "
@@ -317,9 +331,9 @@ def new_eagle3_head(target, draft_token_ids=None, aux_layer_ids=None, seed: int 
                     intermediate_size: int | None = None, *, layer_kind: str = "llama", num_layers: int = 1,
                     norm_before_fc: bool = False, fc_norm: bool = False, norm_output: bool = False,
                     norm_before_residual: bool = False, layer_fields: dict | None = None, head_class=None,
-                    **head_options) -> Eagle3Head:
+                    logit_scale: float = 1.0, **head_options) -> Eagle3Head:
     """A freshly initialised head for `target` (its shape, `num_layers` decoder layers of
-    `layer_kind`, its embeddings shared), with the norm flags given; head_class (a subclass) built
+    `layer_kind`, its embeddings shared), with the norm flags and logit_scale given; head_class (a subclass) built
     with head_options for a method drafting with such heads. layer_fields: config fields of the
     layers beside the target's shape (DeepSeek's: model_type, q_lora_rank, kv_lora_rank, the head dims,
     rope_parameters).
@@ -342,7 +356,7 @@ def new_eagle3_head(target, draft_token_ids=None, aux_layer_ids=None, seed: int 
     fields.update(layer_fields or {})
     spec = Eagle3Spec(layer_config=layer_config(layer_kind, fields), draft_vocab_size=len(ids), aux_layer_ids=None,
                       layer_kind=layer_kind, norm_before_fc=norm_before_fc, fc_norm=fc_norm, norm_output=norm_output,
-                      norm_before_residual=norm_before_residual)
+                      norm_before_residual=norm_before_residual, logit_scale=logit_scale)
     aux = tuple(aux_layer_ids) if aux_layer_ids is not None else default_aux_layer_ids(config.num_hidden_layers)
     aux = tuple(sorted(set(aux)))  # the order vLLM collects them in (check_head_fits)
     torch.manual_seed(seed)
@@ -378,6 +392,8 @@ def save_eagle3_head(head: Eagle3Head, directory, verifier_name_or_path: str, ve
         layer.pop(key, None)
     flags = {"norm_before_residual": bool(head.layers[0].norm_before_residual), "fc_norm": head.fc_norm is not None,
              "norm_output": bool(head.norm_output)}
+    if head.logit_scale != 1.0:  # vLLM reads it with the layers' fields (a speculators head's transformer_layer_config)
+        layer["logit_scale"] = head.logit_scale
     if head.layer_kind == "deepseek_v2":
         config = {**layer, "architectures": ["Eagle3DeepseekV3ForCausalLM"], **flags,
                   "draft_vocab_size": int(head.lm_head.weight.shape[0]),

@@ -284,3 +284,63 @@ def test_a_deepseek_head_vllm_cannot_run_as_registered_is_refused_in_one_line(sh
 
     result = check_head_vocabulary("eagle3", str(sparse), str(shallow["target"]))
     assert result.status != "pass" and "index_topk" in result.summary and "\n" not in result.summary
+
+
+def test_a_head_whose_fc_vllm_sizes_otherwise_is_registered_with_one_warning(shallow, db_url, tmp_path):
+    """vLLM 0.33 sizes fc for num_aux_hidden_states, else eagle_config's ids, else 3 states, never the
+    top-level ids a speculators head names (llama_eagle3.py:209-221): a 4-id or a 2-id speculators
+    head cannot be loaded by it, but the tensors agree with the ids, so another engine may serve it."""
+    from specreg.runtime.loading import load_model
+    from specreg.runtime.methods.eagle3 import new_eagle3_head, save_eagle3_head
+
+    target = load_model(shallow["target"])
+    heads = {name: save_eagle3_head(new_eagle3_head(target, aux_layer_ids=aux, seed=3), tmp_path / name,
+                                    str(shallow["target"]), ["LlamaForCausalLM"])
+             for name, aux in (("four", (1, 2, 3, 4)), ("two", (1, 3)))}
+    for name, states in (("four", 4), ("two", 2)):
+        result = register(name, shallow["target"], heads[name], db_url)
+        assert result.returncode == 0, result.stderr
+        width = [line for line in result.stderr.splitlines() if "fc width" in line]
+        assert width == [
+            f"specreg: warning: fc width: vLLM 0.33 sizes the head's fc for 3 target states (192 wide, the default 3: "
+            f"its config names no num_aux_hidden_states or eagle_config ids: model_executor/models/llama_eagle3.py:"
+            f"209-221), but fc.weight [64, {64 * states}] reads {states} ({64 * states} wide, the layers "
+            f"v1/worker/gpu_model_runner.py:5207-5219 feeds it), so its weight loader stops at fc "
+            f"(model_executor/layers/linear.py:404-412); num_aux_hidden_states {states} in the head's "
+            f"transformer_layer_config sizes it so; vLLM 0.33 cannot serve this head (its exports refuse it), "
+            f"another engine may"], result.stderr
+    # sized as its fc reads: no warning
+    config = json.loads((heads["four"] / "config.json").read_text())
+    config["transformer_layer_config"]["num_aux_hidden_states"] = 4
+    (heads["four"] / "config.json").write_text(json.dumps(config))
+    result = register("four-sized", shallow["target"], heads["four"], db_url)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    # the original layout with the 4 ids in eagle_config: vLLM sizes fc by them (the numbering warnings
+    # of a SpecForge-style head are the other test's)
+    speculators = json.loads((heads["four"] / "config.json").read_text())
+    del speculators["transformer_layer_config"]["num_aux_hidden_states"]
+    (heads["four"] / "config.json").write_text(json.dumps(speculators))
+    original = original_layout(heads["four"], tmp_path / "original",
+                               eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 2, 3, 4]})
+    result = register("original", shallow["target"], original, db_url)
+    assert result.returncode == 0 and "fc width" not in result.stderr, result.stderr
+
+
+def test_a_logit_scale_vllm_does_not_read_is_warned(shallow, db_url, tmp_path):
+    """A speculators head's config is its transformer_layer_config for vLLM (speculators/base.py:59), and
+    update_eagle3 copies no logit_scale from the top level: the runtime and vLLM scale by 1 there."""
+    config = json.loads((shallow["named"] / "config.json").read_text())
+    head = tmp_path / "top-scale"
+    shutil.copytree(shallow["named"], head)
+    (head / "config.json").write_text(json.dumps({**config, "logit_scale": 0.5}))
+    result = register("top-scale", shallow["target"], head, db_url)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [
+        "specreg: warning: logit_scale 0.5 at the top level is not read: vLLM 0.33 builds a speculators head's config "
+        "from transformer_layer_config and copies no logit_scale into it (transformers_utils/configs/speculators/"
+        "base.py:59, algos.py:16-50), so it scales the draft logits by 1, as specreg's runtime does"]
+    (head / "config.json").write_text(json.dumps({**config, "transformer_layer_config": {
+        **config["transformer_layer_config"], "logit_scale": None}}))
+    one_line(register("null-scale", shallow["target"], head, db_url), 1,
+             "transformer_layer_config.logit_scale must be a finite number (vLLM multiplies the draft logits by it), "
+             "got None")

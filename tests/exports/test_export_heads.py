@@ -37,12 +37,17 @@ def files_of(pair, fmt: str, **options) -> dict[str, str]:
     return dict(render_export(pair, BASELINES, fmt, approved=True, options=options or None))
 
 
-def test_eagle3_to_vllm_names_the_head_as_the_speculative_model():
-    script = files_of(head_pair(SpecMethod.EAGLE3), "vllm")["vllm-serve.sh"]
+def test_eagle3_to_vllm_names_the_head_as_the_speculative_model(tmp_path):
+    from headfiles import write_eagle3
+
+    # vLLM's refusal reads the head's fc width against its config (vllm.fc_width_refusal): a head folder that exists
+    head = write_eagle3(tmp_path / "eagle3-head", aux=[2, 8, 13])
+    pair = dataclasses.replace(head_pair(SpecMethod.EAGLE3), draft=dataclasses.replace(HEAD, path=str(head)))
+    script = files_of(pair, "vllm")["vllm-serve.sh"]
     words = shlex.split(script.split("vllm serve", 1)[1].replace("\\\n", " "), comments=True)
     speculative = json.loads(words[words.index("--speculative-config") + 1])
     # a local folder is served by the path registration resolved (the folder as typed may be a link)
-    assert speculative == {"method": "eagle3", "num_speculative_tokens": 3, "model": "/cache/eagle3-head",
+    assert speculative == {"method": "eagle3", "num_speculative_tokens": 3, "model": str(head),
                            "draft_tensor_parallel_size": 1}
 
 
@@ -60,7 +65,7 @@ def test_eagle3_to_trtllm_and_k8s(tmp_path):
     # the head's trained states entering layers 2, 8, 13 are TensorRT-LLM's outputs of layers 1, 7, 12
     assert spec["eagle3_layers_to_capture"] == [1, 7, 12]
     jsonschema.validate(config, engine_schema("trtllm")["config"])
-    manifest = files_of(head_pair(SpecMethod.EAGLE3), "k8s-vllm", model_volume="pvc:models")["k8s-vllm.yaml"]
+    manifest = files_of(pair, "k8s-vllm", model_volume="pvc:models")["k8s-vllm.yaml"]
     args = k8s_engine(manifest)[1]
     speculative = json.loads(args[args.index("--speculative-config") + 1])
     assert speculative["method"] == "eagle3" and speculative["model"] == "/models/draft"  # the in-container path

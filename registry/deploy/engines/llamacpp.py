@@ -135,6 +135,12 @@ def variant_refusal(head_path: str) -> str | None:
     from specreg.core.heads.eagle3_variants import read_eagle3_variant
 
     variant = read_eagle3_variant(head_path)
+    if variant.logit_scale <= 0:
+        # a positive scale leaves the top candidate it drafts where vLLM's scaled logits have it
+        return (f"the head's logit_scale is {variant.logit_scale:g}: vLLM drafts from its logits scaled by it; "
+                f"llama.cpp's converter writes no logit_scale for an EAGLE-3 head (conversion/llama.py:74-104), its "
+                f"graph applies lm_head alone (src/models/eagle3.cpp:295-304) and draft-eagle3 drafts the top "
+                f"candidate (common/speculative.cpp:808), which a scale of 0 or below changes")
     if variant.num_layers != 1:
         return (f"the head has {variant.num_layers} decoder layers; llama.cpp's converter takes an EAGLE-3 head for "
                 f"one with num_hidden_layers 1 only (conversion/llama.py:50, 216)")

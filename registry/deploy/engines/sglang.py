@@ -178,6 +178,8 @@ def eagle3_refusal(pair_version: PairVersion) -> str | None:
     from specreg.core.heads.eagle3_variants import read_eagle3_variant
 
     variant = read_eagle3_variant(pair_version.draft.path)  # either layout: speculators' or the original
+    if variant.logit_scale <= 0:
+        return LOGIT_SCALE_REFUSAL.format(scale=variant.logit_scale)
     if variant.layer_kind not in HEAD_CLASSES:
         return (f"the head's layer is {variant.model_type!r}; SGLang 0.5.23's EAGLE-3 heads are "
                 f"LlamaForCausalLMEagle3 (sglang/srt/models/llama_eagle3.py:272) and, with DeepSeek MLA layers, "
@@ -194,6 +196,13 @@ def eagle3_refusal(pair_version: PairVersion) -> str | None:
     return None
 
 
+# SGLang computes the head's logits without its logit_scale; with --speculative-eagle-topk 1 and no rejection
+# sampling (this export) it drafts their argmax, which a positive scale leaves as vLLM's scaled logits have it
+LOGIT_SCALE_REFUSAL = ("the head's logit_scale is {scale:g}: vLLM drafts from its logits scaled by it, SGLang 0.5.23 "
+                       "computes them unscaled (sglang/srt/models/llama_eagle3.py:320 and kimi_k25_eagle3.py:369 give "
+                       "LogitsProcessor no logit_scale, layers/logits_processor.py:462, 1008-1009) and drafts their "
+                       "argmax (sglang/srt/speculative/eagle_worker_v2.py:866-879), which a scale of 0 or below "
+                       "changes")
 # SGLang 0.5.23's EAGLE-3 head classes by the layers vLLM builds (specreg.core.heads.eagle3_variants)
 MLA_MODEL = "sglang/srt/models/kimi_k25_eagle3.py"
 HEAD_CLASSES = {"llama": "LlamaForCausalLMEagle3", "deepseek_v2": "Eagle3DeepseekV2ForCausalLM"}
@@ -296,6 +305,9 @@ def head_layout(export: Export) -> dict[str, str | Link] | None:
     model_type = variant.layer_fields["model_type"] if variant.layer_kind == "deepseek_v2" else "llama"
     config = {**variant.layer_fields}
     config.pop("eagle_aux_hidden_state_layer_ids", None)  # SGLang reads eagle_config's only
+    # SGLang's Llama class sizes fc by num_aux_hidden_states before eagle_config's ids (llama_eagle3.py:156-161;
+    # kimi_k25_eagle3.py:49-60 by the ids only): without it, by the registered ids below, as fc.weight reads them
+    config.pop("num_aux_hidden_states", None)
     config.update({
         "architectures": [architecture], "model_type": model_type, "num_hidden_layers": 1,
         "draft_vocab_size": speculators.get("draft_vocab_size"), "tie_word_embeddings": False,

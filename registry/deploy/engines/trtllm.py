@@ -125,6 +125,13 @@ def variant_refusal(head_path: str) -> str | None:
     from specreg.core.heads.eagle3_variants import read_eagle3_variant
 
     variant = read_eagle3_variant(head_path)
+    if variant.logit_scale <= 0:
+        # a positive scale leaves the argmax it drafts where vLLM's scaled logits have it
+        return (f"the head's logit_scale is {variant.logit_scale:g}: vLLM drafts from its logits scaled by it, "
+                f"TensorRT-LLM 1.2 computes them unscaled ({EAGLE3_MODEL} Eagle3ForCausalLM.forward hands the layer "
+                f"output to tensorrt_llm/_torch/modules/logits_processor.py LogitsProcessor, lm_head alone) and drafts "
+                f"their argmax (tensorrt_llm/_torch/speculative/eagle3.py Eagle3OneModelWorker.draft_decoder), which "
+                f"a scale of 0 or below changes")
     if variant.layer_kind != "llama":
         return (f"the head's layer is {variant.layer_kind} ({variant.architecture}); TensorRT-LLM 1.2 builds its "
                 f"EAGLE-3 layer with Eagle3Attention, Llama attention without q_norm/k_norm or multi-head latent "

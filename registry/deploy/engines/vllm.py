@@ -86,7 +86,20 @@ def refusal(pair_version: PairVersion) -> str | None:
         return BLOCK_D2T_REFUSAL.format(vocab=head.get("target_vocab_size"))
     if pair_version.config.tree is not None and pair_version.config.method.has_head:
         return TREE_REFUSAL
+    if pair_version.config.method in (SpecMethod.EAGLE3, SpecMethod.PEAGLE):
+        return fc_width_refusal(pair_version)
     return mtp_refusal(pair_version)
+
+
+def fc_width_refusal(pair_version: PairVersion) -> str | None:
+    """An EAGLE-3 head whose fc vLLM 0.33 sizes for another number of target states than its
+    fc.weight reads (specreg.core.heads.eagle3_variants: num_aux_hidden_states, else eagle_config's
+    ids, else 3, never the top-level ids), which it cannot load; None when the widths agree."""
+    from specreg.core.heads import read_head
+    from specreg.core.heads.eagle3_variants import read_eagle3_variant
+
+    head = read_head(pair_version.draft.path, method=pair_version.config.method.value)
+    return read_eagle3_variant(pair_version.draft.path).fc_width_refusal(head)
 
 
 def check(pair_version: PairVersion, baselines: dict[str, Any] | None, opts: dict[str, Any]) -> None:

@@ -20,8 +20,8 @@ vllm-project/speculators main at c05b95b, the others their GitHub sources):
   eagle/traineagle3/config.json), weights midlayer.*/fc/norm/lm_head/d2t/t2d; vLLM maps
   LlamaForCausalLMEagle3 to Eagle3LlamaForCausalLM (model_executor/models/registry.py:702),
   reads the aux ids at the top level or in `eagle_config` (v1/worker/gpu_model_runner.py:
-  5207-5219), sizes fc as target_hidden_size x (len(eagle_config ids) or 3)
-  (llama_eagle3.py:209-221), defaults draft_vocab_size to vocab_size (llama_eagle3.py:314-316).
+  5207-5219), sizes fc as target_hidden_size x (num_aux_hidden_states, else len(eagle_config ids),
+  else 3) (llama_eagle3.py:209-221; eagle3_variants.vllm_fc_states), defaults draft_vocab_size to vocab_size (llama_eagle3.py:314-316).
 - Aux layer id L is the residual stream entering layer L: 0 = the embeddings, N = the last
   layer's output before the final norm (vLLM llama.py:428-441 with interfaces.py:1640-1650);
   without ids the target's default is (2, N // 2, N - 3) (interfaces.py:1771,

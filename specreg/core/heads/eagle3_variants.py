@@ -28,10 +28,22 @@ What we followed (vLLM is the released 0.33.0 wheel):
   layer outputs as well (modeling/target/eagle3_target_model.py; default [1, N // 2 - 1, N - 4])
   and writes LlamaForCausalLMEagle3 with draft_vocab_size and the ids in eagle_config; EAGLE's
   own layout (SafeAILab/EAGLE traineagle3) names no ids and reads the inputs of (2, N // 2, N - 3).
+- fc's width: vLLM sizes fc_input_size = target_hidden_size x num_aux_hidden_states, the count read
+  from the head's config: num_aux_hidden_states, else len(eagle_config's ids), else 3, never the
+  top-level ids (llama_eagle3.py:209-221, deepseek_eagle3.py:189-199); qwen3_eagle3.py:202-214 reads
+  num_aux_layers, num_aux_hidden_states, then the top-level ids or eagle_config's. A speculators head's
+  config is its transformer_layer_config with the top-level ids copied in (speculators/base.py:59,
+  algos.py:47-50), so neither count is read from its top level. fc.weight of another width stops vLLM
+  at load (ReplicatedLinear.weight_loader's size assert, model_executor/layers/linear.py:404-412).
+- logit_scale: each class scales the draft logits by the config's logit_scale (default 1.0) before
+  they are scattered into the target vocabulary (llama_eagle3.py:328-336, qwen3_eagle3.py:307-316,
+  deepseek_eagle3.py:298-306; layers/logits_processor.py:118-119), read from the same config: a
+  speculators head's transformer_layer_config, not its top level.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +52,7 @@ from specreg.core.files import read_json_file
 # default_aux_layer_ids: vLLM's, llama.cpp's and EAGLE's default
 from specreg.core.heads.eagle3_checkpoint import SPECULATORS_KINDS, default_aux_layer_ids
 from specreg.core.heads.eagle3_mla import check_mla_tensors, mla_config_refusal, mla_ignored_flags
-from specreg.core.heads.spec import optional_str, positive_int, read_layer_ids, str_list
+from specreg.core.heads.spec import optional_str, positive_int, read_layer_ids, shown, str_list
 from specreg.errors import ModelReferenceError
 
 # vLLM 0.33 model_executor/models/registry.py:698-713: EAGLE-3 architecture -> the layers it builds
@@ -77,11 +89,38 @@ class Eagle3Variant:
     top_level_ids: tuple[int, ...] | None  # eagle_aux_hidden_state_layer_ids at the top level
     eagle_config_ids: tuple[int, ...] | None  # ... inside eagle_config
     warnings: tuple[str, ...] = ()  # what the config asks for and vLLM's class for these layers ignores
+    logit_scale: float = 1.0  # vLLM multiplies the draft logits by it (LogitsProcessor(scale=...))
+    vllm_fc_states: int = 3  # the target states vLLM sizes fc for (fc_input_size = target_hidden_size x this)
+    vllm_fc_source: str = "the default 3"  # where vLLM took that count from
 
     @property
     def declared_ids(self) -> tuple[int, ...] | None:
         """The ids vLLM reads: the top level first, then eagle_config (gpu_model_runner.py:5207-5219)."""
         return self.top_level_ids or self.eagle_config_ids
+
+    def fc_width_refusal(self, head) -> str | None:
+        """Why vLLM 0.33 cannot load `head` (its HeadSpec): its fc.weight reads other than the
+        vllm_fc_states target states vLLM sizes fc for (None: it reads as many, or has no fc)."""
+        fc = next((tensor for tensor in head.tensors if tensor.name == "fc.weight"), None)
+        if fc is None or len(fc.shape) != 2:
+            return None
+        states = fc.shape[1] // head.target_hidden_size
+        if states == self.vllm_fc_states:
+            return None
+        key = "num_aux_layers" if "num_aux_layers" in self.vllm_fc_source else "num_aux_hidden_states"
+        lines = {"llama": "llama_eagle3.py:209-221", "qwen3": "qwen3_eagle3.py:202-214",
+                 "deepseek_v2": "deepseek_eagle3.py:189-199"}[self.layer_kind]
+        return (f"fc width: vLLM 0.33 sizes the head's fc for {self.vllm_fc_states} target states "
+                f"({self.vllm_fc_states * head.target_hidden_size} wide, {self.vllm_fc_source}: "
+                f"model_executor/models/{lines}), but fc.weight {list(fc.shape)} reads {states} "
+                f"({fc.shape[1]} wide, the layers v1/worker/gpu_model_runner.py:5207-5219 feeds it), so its "
+                f"weight loader stops at fc (model_executor/layers/linear.py:404-412); {key} {states} in the "
+                f"head's {self.fields_place} sizes it so")
+
+    @property
+    def fields_place(self) -> str:
+        """Where vLLM reads the head's own config fields (num_aux_hidden_states, logit_scale)."""
+        return "transformer_layer_config" if self.writer == "speculators" else "config.json"
 
     def check_tensors(self, head) -> None:
         """Raise ModelReferenceError naming the file and tensor when `head` (its HeadSpec) does not
@@ -97,6 +136,35 @@ def _flag(config: dict, key: str, default: bool, where: str) -> bool:
     if not isinstance(value, bool):
         raise ModelReferenceError(f"{where}: {key} must be true or false, got {value!r}")
     return value
+
+
+def _logit_scale(fields: dict, where: str) -> float:
+    """The config's logit_scale as vLLM multiplies the logits by it (1.0 when absent); a value it
+    could not multiply by (null, a string, NaN) raises ModelReferenceError."""
+    value = fields.get("logit_scale", 1.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ModelReferenceError(f"{where} must be a finite number (vLLM multiplies the draft logits by it), "
+                                  f"got {shown(value)}")
+    return float(value)
+
+
+def vllm_fc_states(layer_kind: str, hf_config: dict, where: str) -> tuple[int, str]:
+    """(how many target states vLLM 0.33's class for `layer_kind` sizes fc for, the field it took the
+    count from) from the head's config as vLLM loads it (llama_eagle3.py:209-221, deepseek_eagle3.py:
+    189-199; qwen3_eagle3.py:202-214 also reads num_aux_layers and the top-level ids)."""
+    keys = ("num_aux_layers", "num_aux_hidden_states") if layer_kind == "qwen3" else ("num_aux_hidden_states",)
+    for key in keys:
+        if hf_config.get(key) is not None:
+            return positive_int(hf_config[key], f"{where}{key}"), f"its {key}"
+    eagle_config = hf_config.get("eagle_config") if isinstance(hf_config.get("eagle_config"), dict) else {}
+    top = hf_config.get("eagle_aux_hidden_state_layer_ids") if layer_kind == "qwen3" else None
+    if isinstance(top, list) and top:
+        return len(top), f"its {len(top)} eagle_aux_hidden_state_layer_ids"
+    ids = eagle_config.get("eagle_aux_hidden_state_layer_ids")
+    if isinstance(ids, list) and ids:
+        return len(ids), f"its {len(ids)} eagle_config.eagle_aux_hidden_state_layer_ids"
+    named = "num_aux_hidden_states" + (" or top-level" if layer_kind == "qwen3" else "")
+    return 3, f"the default 3: its config names no {named} or eagle_config ids"
 
 
 def read_eagle3_variant(directory: str | Path) -> Eagle3Variant:
@@ -123,12 +191,17 @@ def read_eagle3_variant(directory: str | Path) -> Eagle3Variant:
                                       "(transformers_utils/configs/speculators/algos.py)")
         architecture = kind.architectures[model_type]
         writer, numbering, residual_default = "speculators", INPUTS, kind.norm_before_residual
+        # the config vLLM builds the head from: transformer_layer_config, the top-level ids copied in
+        hf_config = {**layer, **({"eagle_aux_hidden_state_layer_ids": config["eagle_aux_hidden_state_layer_ids"]}
+                                 if config.get("eagle_aux_hidden_state_layer_ids") else {})}
+        prefix = "transformer_layer_config."
         # a flag the kind's updater does not copy is read from transformer_layer_config, its starting point
         top_level = {**{key: value for key, value in layer.items() if key not in kind.top_level_flags},
                      **{key: config[key] for key in kind.top_level_flags if key in config},
                      "norm_before_residual": config.get("norm_before_residual")}
     else:
-        layer = config
+        layer = hf_config = config
+        prefix = ""
         model_type = optional_str(config.get("model_type"), f"{where}: model_type") or "llama"
         names = list(str_list(config.get("architectures"), f"{where}: architectures")) or ["LlamaForCausalLM"]
         architecture = names[0] if names[0].startswith("Eagle3") or names[0].endswith("Eagle3") \
@@ -155,6 +228,13 @@ def read_eagle3_variant(directory: str | Path) -> Eagle3Variant:
             raise ModelReferenceError(f"{where}: {refusal}")
         warnings = mla_ignored_flags({"norm_before_fc": norm_before_fc})
         norm_before_fc = False  # deepseek_eagle3.py has no input_norm
+    logit_scale = _logit_scale(layer, f"{where}: {prefix}logit_scale")
+    if writer == "speculators" and "logit_scale" in config and config["logit_scale"] != logit_scale:
+        warnings.append(f"logit_scale {shown(config['logit_scale'])} at the top level is not read: vLLM 0.33 builds a "
+                        f"speculators head's config from transformer_layer_config and copies no logit_scale into it "
+                        f"(transformers_utils/configs/speculators/base.py:59, algos.py:16-50), so it scales the draft "
+                        f"logits by {logit_scale:g}, as specreg's runtime does")
+    fc_states, fc_source = vllm_fc_states(layer_kind, hf_config, f"{where}: {prefix}")
     layers = positive_int(layer.get("num_hidden_layers") or 1, f"{where}: num_hidden_layers")
     types = layer.get("layer_types") if isinstance(layer.get("layer_types"), list) else []
     window = layer.get("sliding_window") if "sliding_attention" in types else None
@@ -170,7 +250,7 @@ def read_eagle3_variant(directory: str | Path) -> Eagle3Variant:
                                      f"{where}: eagle_aux_hidden_state_layer_ids"),
         eagle_config_ids=read_layer_ids(eagle_config.get("eagle_aux_hidden_state_layer_ids"),
                                         f"{where}: eagle_config.eagle_aux_hidden_state_layer_ids"),
-        warnings=tuple(warnings))
+        warnings=tuple(warnings), logit_scale=logit_scale, vllm_fc_states=fc_states, vllm_fc_source=fc_source)
 
 
 def layers_fed(variant: Eagle3Variant, num_layers: int) -> dict[str, Any]:

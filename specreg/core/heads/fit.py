@@ -153,11 +153,15 @@ def check_head_fits(head: HeadSpec, target_directory: str | Path, *, target_refe
 def _eagle3_layers_fed(head: HeadSpec, target: TargetShape, warnings: list[str]) -> dict:
     """The EAGLE-3 variant as vLLM 0.33 builds it, its layer tensors checked against its config
     (ModelReferenceError); the layers each engine feeds it, with a warning (appended to `warnings`)
-    for each engine that reads the head's ids otherwise than the tool that trained it and for each
-    flag of the config vLLM's class for its layers does not read."""
+    for each engine that reads the head's ids otherwise than the tool that trained it, for each
+    flag of the config vLLM's class for its layers does not read, and when vLLM sizes its fc for
+    another number of target states than its fc.weight reads."""
     variant = read_eagle3_variant(head.path)
     variant.check_tensors(head)
     fed = layers_fed(variant, target.num_hidden_layers)
     warnings.extend(variant.warnings)
+    fc_width = variant.fc_width_refusal(head)
+    if fc_width:  # registered all the same: SGLang and TensorRT-LLM size fc from the ids they are given
+        warnings.append(f"{fc_width}; vLLM 0.33 cannot serve this head (its exports refuse it), another engine may")
     warnings.extend(numbering_warnings(fed))
     return fed
