@@ -13,7 +13,8 @@ its validate(), AsyncEngineArgs.from_cli_args, maybe_override_with_speculators (
 first step), create_engine_config() (which builds the target ModelConfig and SpeculativeConfig,
 whose __post_init__ builds the draft ModelConfig), the EAGLE-3 aux layers as its V2 and V1 model
 runners read them, and the scheduler's batch-size lookup build_dynamic_sd_schedule_lookup with the
-engine's max_num_seqs.
+engine's max_num_seqs; for a case with "load_draft", the draft model built and its weights loaded
+as the proposer loads them, on the CPU (load_draft).
 SGLang: the launch parser, the alias step, the whole argument resolution (with --device cpu), the
 target and draft ModelConfig and the aux layers an EAGLE-3 target captures (check_sglang).
 """

@@ -110,7 +110,8 @@ def eagle3_head_variant(models: dict[str, Path], kind: str) -> Path:
     if kind == "modelopt":
         return eagle_config_layout(eagle3_head(models), head)
     if kind in ("deepseek", "deepseek-v3"):
-        return deepseek_layout(eagle3_head(models), head, model_type="deepseek_v3" if kind == "deepseek-v3" else "deepseek_v2")
+        return deepseek_layout(eagle3_head(models), head,
+                               model_type="deepseek_v3" if kind == "deepseek-v3" else "deepseek_v2")
     config = json.loads((eagle3_target(models) / "config.json").read_text())
     return write_eagle3(head, hidden=config["hidden_size"], vocab=config["vocab_size"],
                         draft_vocab=config["vocab_size"], vocab_map=False, aux=TRAINED_AUX, verifier=HUB_VERIFIER)

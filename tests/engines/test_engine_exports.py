@@ -351,8 +351,9 @@ def test_vllm_builds_and_loads_the_deepseek_layer_head_as_registered(vllm_run, t
     assert (spec["method"], spec["num_speculative_tokens"], Path(spec["draft_model"])) == ("eagle3", K, head)
     assert spec["draft_architectures"] == [layers["architecture"]]
     assert spec["draft_class"] == "Eagle3DeepseekV2ForCausalLM"
-    assert spec["eagle3_aux_layers"] == spec["eagle3_aux_layers_v1"] == registered.head["fit"]["aux_layer_ids"] == TRAINED_AUX
-    assert spec["draft_config_vocab_size"] == spec["target_vocab_size"]  # no d2t: the draft shares the target's vocabulary
+    assert spec["eagle3_aux_layers"] == spec["eagle3_aux_layers_v1"] == registered.head["fit"]["aux_layer_ids"]
+    assert spec["eagle3_aux_layers"] == TRAINED_AUX
+    assert spec["draft_config_vocab_size"] == spec["target_vocab_size"]  # no d2t: the target's vocabulary
     assert spec["draft_unloaded"] == ["model.embed_tokens.weight"]
     fields = json.loads((head / "config.json").read_text())
     stacked = {"self_attn.q_a_proj.weight": "self_attn.fused_qkv_a_proj.weight",

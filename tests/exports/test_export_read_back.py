@@ -81,7 +81,8 @@ def test_vllm_refuses_a_deepseek_layer_head_of_model_type_deepseek_v3(heads, fmt
     then gets (tests/engines/test_engine_exports.py runs it); SGLang 0.5.23 takes it."""
     from specreg.errors import EngineRefusal
 
-    deepseek_layout(heads.root / "models" / "head", heads.root / "models" / "deepseek-v3-head", model_type="deepseek_v3")
+    models = heads.root / "models"
+    deepseek_layout(models / "head", models / "deepseek-v3-head", model_type="deepseek_v3")
     heads.registry.register("deepseek-v3", target=str(heads.root / "models" / "target"),
                             draft=str(heads.root / "models" / "deepseek-v3-head"), method="eagle3",
                             num_speculative_tokens=K, allow_verifier_mismatch=True)
