@@ -215,7 +215,9 @@ def eagle_config_layout(speculators_head: Path, directory: Path, *, weights_pref
     return directory
 
 
-DEEPSEEK_FIELDS = {"model_type": "deepseek_v3", "q_lora_rank": 24, "kv_lora_rank": 16, "qk_nope_head_dim": 8,
+# model_type deepseek_v2: vLLM 0.33 rewrites a deepseek_v3 draft config into its MTP drafter
+# (specreg.core.heads.eagle3_mla.MTP_REWRITTEN_MODEL_TYPES)
+DEEPSEEK_FIELDS = {"model_type": "deepseek_v2", "q_lora_rank": 24, "kv_lora_rank": 16, "qk_nope_head_dim": 8,
                    "qk_rope_head_dim": 8, "v_head_dim": 12}
 
 

@@ -13,7 +13,8 @@ its validate(), AsyncEngineArgs.from_cli_args, maybe_override_with_speculators (
 first step), create_engine_config() (which builds the target ModelConfig and SpeculativeConfig,
 whose __post_init__ builds the draft ModelConfig), the EAGLE-3 aux layers as its V2 and V1 model
 runners read them, and the scheduler's batch-size lookup build_dynamic_sd_schedule_lookup with the
-engine's max_num_seqs.
+engine's max_num_seqs; for a case with "load_draft", the draft model built and its weights loaded
+as the proposer loads them, on the CPU (load_draft).
 SGLang: the launch parser, the alias step, the whole argument resolution (with --device cpu), the
 target and draft ModelConfig and the aux layers an EAGLE-3 target captures (check_sglang).
 """
@@ -133,6 +134,8 @@ def check_vllm(cases: list[dict]) -> list[dict]:
                     "draft_config_vocab_size": (getattr(spec.draft_model_config.hf_config, "draft_vocab_size", None)
                                                 if spec.method == "eagle3" else None),
                 }
+                if case.get("load_draft"):
+                    result["speculative"].update(load_draft(config))
                 if spec.method in ("dflash", "dspark") or spec.parallel_drafting:
                     result["speculative"].update(block_drafter(spec))
                     # what keeps the GPU's default V2 model runner from it (P-EAGLE: vLLM then runs V1)
@@ -160,6 +163,60 @@ def check_vllm(cases: list[dict]) -> list[dict]:
 
 
 HEADS_ON_TARGET_STATES = ("eagle3", "dflash", "dspark")
+
+
+def load_draft(config) -> dict:
+    """The draft model as vLLM's proposer loads it (llm_base_proposer._get_model, on the CPU): the
+    proposer's draft config and load config, then the loader's steps (base_loader.load_model):
+    initialize_model (create_model's step that builds the class vLLM's registry resolves for the
+    draft architecture, in the engine's dtype; create_model's other step only logs online
+    quantization) and load_weights (the safetensors iterator over the head's files into the class's
+    own load_weights, which raises on a tensor no module has and asserts each shape). The
+    kernel-format step after it (process_weights_after_loading) is left out: it reads no file. Every
+    parameter is filled with NaN before the load: those still NaN after are what the head's files
+    left unset."""
+    from types import SimpleNamespace
+
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader import get_model_loader
+    from vllm.model_executor.model_loader.utils import get_draft_load_config, initialize_model
+    from vllm.utils.torch_utils import set_default_torch_dtype
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+
+    single_process_groups(config)
+    spec = config.speculative_config
+    draft_config = SpecDecodeBaseProposer._create_draft_vllm_config(
+        SimpleNamespace(speculative_config=spec, vllm_config=config))
+    loader = get_model_loader(get_draft_load_config(draft_config))
+    # the worker loads its models under the engine's config (the loader reads it: _init_ep_weight_filter)
+    with set_current_vllm_config(draft_config), set_default_torch_dtype(spec.draft_model_config.dtype):
+        with torch.device("cpu"):
+            model = initialize_model(vllm_config=draft_config, model_config=spec.draft_model_config)
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.fill_(float("nan"))
+        loader.load_weights(model, spec.draft_model_config)
+    parameters = dict(model.named_parameters())
+    return {"draft_class": type(model).__name__,
+            "draft_parameters": {name: list(parameter.shape) for name, parameter in parameters.items()},
+            "draft_unloaded": sorted(name for name, parameter in parameters.items() if parameter.isnan().any())}
+
+
+def single_process_groups(config) -> None:
+    """vLLM's distributed state for one process (world size 1, gloo), which its parallel layers read
+    while they are built; once per process (the groups are sized from ``config``)."""
+    import tempfile
+
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import parallel_state
+
+    if parallel_state.model_parallel_is_initialized():
+        return
+    with set_current_vllm_config(config):
+        parallel_state.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                                    distributed_init_method=f"file://{tempfile.mktemp()}")
+        parallel_state.ensure_model_parallel_initialized(1, 1)
 
 
 def block_drafter(spec) -> dict:

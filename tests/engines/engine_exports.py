@@ -98,15 +98,20 @@ HUB_VERIFIER = "meta-llama/Llama-3.1-8B-Instruct"  # a hub id the head names as 
 
 def eagle3_head_variant(models: dict[str, Path], kind: str) -> Path:
     """The eagle3_head with its verifier.name_or_path a hub id (``kind`` "hub-verifier": what
-    `vllm serve HEAD` would serve instead of the target), or laid out as ModelOpt and SpecForge
-    write it, the ids inside eagle_config only ("modelopt", tests/headfiles.py)."""
-    from headfiles import eagle_config_layout, write_eagle3
+    `vllm serve HEAD` would serve instead of the target), laid out as ModelOpt and SpecForge
+    write it, the ids inside eagle_config only ("modelopt"), or with a DeepSeek (MLA) decoder layer
+    in the original layout, Eagle3DeepseekV3ForCausalLM ("deepseek": model_type deepseek_v2, the one
+    vLLM 0.33 builds it from; "deepseek-v3": model_type deepseek_v3; tests/headfiles.py)."""
+    from headfiles import deepseek_layout, eagle_config_layout, write_eagle3
 
     head = models["target"].parent / f"eagle3-head-{kind}"
     if head.exists():
         return head
     if kind == "modelopt":
         return eagle_config_layout(eagle3_head(models), head)
+    if kind in ("deepseek", "deepseek-v3"):
+        return deepseek_layout(eagle3_head(models), head,
+                               model_type="deepseek_v3" if kind == "deepseek-v3" else "deepseek_v2")
     config = json.loads((eagle3_target(models) / "config.json").read_text())
     return write_eagle3(head, hidden=config["hidden_size"], vocab=config["vocab_size"],
                         draft_vocab=config["vocab_size"], vocab_map=False, aux=TRAINED_AUX, verifier=HUB_VERIFIER)

@@ -59,12 +59,20 @@ def vllm_run(tiny_models, tmp_path_factory, engine_runner):
     cases.append({"id": "suffix-with-ranges", "argv": ["vllm", "serve", str(tiny_models["target"]),
                                                         "--speculative-config", json.dumps(config)]})
     # EAGLE-3 heads as other tools write them: a verifier named by a hub id, the ids inside eagle_config
-    # only (ModelOpt, SpecForge); and what our export never writes: the head folder served as the model
-    for kind in ("hub-verifier", "modelopt"):
+    # only (ModelOpt, SpecForge), a DeepSeek (MLA) decoder layer; and what our export never writes: the
+    # head folder served as the model
+    for kind in ("hub-verifier", "modelopt", "deepseek"):
         case = (f"vllm-eagle3-{kind}", "vllm", SpecMethod.EAGLE3, None, {})
         argv, files = export_argv(case, tiny_models, workdir, head=eagle3_head_variant(tiny_models, kind))
-        cases.append({"id": case[0], "argv": argv})
+        # the DeepSeek head's weights go through vLLM's own model class and loader (engine_check.load_draft)
+        cases.append({"id": case[0], "argv": argv, **({"load_draft": True} if kind == "deepseek" else {})})
         exported[case[0]] = (argv, files)
+    # What our export refuses (test_vllm_refuses_a_deepseek_layer_head_of_model_type_deepseek_v3, tests/exports),
+    # written by hand: the DeepSeek-layer head with model_type deepseek_v3
+    argv = list(exported["vllm-eagle3-deepseek"][0])
+    at = argv.index("--speculative-config") + 1
+    argv[at] = json.dumps(json.loads(argv[at]) | {"model": str(eagle3_head_variant(tiny_models, "deepseek-v3"))})
+    cases.append({"id": "deepseek-v3-head", "argv": argv})
     cases.append({"id": "serve-head-folder",
                   "argv": ["vllm", "serve", str(eagle3_head_variant(tiny_models, "hub-verifier"))]})
     # DSpark runs on vLLM's V2 model runner only (vllm/config/vllm.py:3111-3113); V2 is its default
@@ -229,7 +237,7 @@ def test_vllm_serves_the_registered_target_whatever_the_heads_verifier_names(vll
 
 
 @pytest.mark.parametrize("case_id, kind", [("vllm-eagle3-cutoff", None), ("vllm-eagle3-hub-verifier", "hub-verifier"),
-                                           ("vllm-eagle3-modelopt", "modelopt")])
+                                           ("vllm-eagle3-modelopt", "modelopt"), ("vllm-eagle3-deepseek", "deepseek")])
 def test_our_read_back_is_what_vllm_builds_from_the_same_files(vllm_run, tiny_models, case_id, kind):
     """engines/vllm.py read_back (what the export checks before the lock binds it) against vLLM's own
     code on the same files: target, method, k, the layers each model runner feeds the head (an empty
@@ -320,3 +328,49 @@ def test_vllm_reads_the_peagle_head_as_registered(vllm_run, tiny_models):
         ours.setdefault(item.field, []).append(item.value)
     assert set(ours["method"]) == {"peagle"} and set(ours["k"]) == {spec["num_speculative_tokens"]}
     assert ours["aux_layers"][:2] == [spec["eagle3_aux_layers"], spec["eagle3_aux_layers_v1"]]
+
+
+def test_vllm_builds_and_loads_the_deepseek_layer_head_as_registered(vllm_run, tiny_models):
+    """An EAGLE-3 head with a DeepSeek (MLA) layer, exported by specreg, through vLLM 0.33.0's
+    create_engine_config and then its proposer's model loading on the CPU (engine_check.load_draft):
+    the architecture registration recorded, the class vLLM's registry builds for it
+    (Eagle3DeepseekV2ForCausalLM, models/registry.py:712-713), method, k, the layers its runners feed
+    the head, no vocabulary map; its loader takes every tensor of the head's file (a tensor no module
+    has raises, models/utils.py:443; a wrong shape fails the weight loader's assert) and leaves only
+    embed_tokens unset, which the proposer shares from the target (llm_base_proposer.py:1418-1450).
+    vLLM's layer parameters are the tensors registration requires (eagle3_mla.layer_shapes), stacked
+    as its loader stacks them (q_a_proj + kv_a_proj_with_mqa, gate + up: deepseek_eagle3.py:259-267)."""
+    from specreg.core.heads.eagle3_mla import layer_shapes
+
+    results, _, _ = vllm_run
+    spec = ok(results["vllm-eagle3-deepseek"])["speculative"]
+    head = eagle3_head_variant(tiny_models, "deepseek")
+    registered = tiny_pair(tiny_models, SpecMethod.EAGLE3, None, head=head).config
+    layers = registered.head["fit"]["layers_fed"]["layers"]
+    assert layers == {"kind": "deepseek_v2", "count": 1, "architecture": "Eagle3DeepseekV3ForCausalLM"}
+    assert (spec["method"], spec["num_speculative_tokens"], Path(spec["draft_model"])) == ("eagle3", K, head)
+    assert spec["draft_architectures"] == [layers["architecture"]]
+    assert spec["draft_class"] == "Eagle3DeepseekV2ForCausalLM"
+    assert spec["eagle3_aux_layers"] == spec["eagle3_aux_layers_v1"] == registered.head["fit"]["aux_layer_ids"]
+    assert spec["eagle3_aux_layers"] == TRAINED_AUX
+    assert spec["draft_config_vocab_size"] == spec["target_vocab_size"]  # no d2t: the target's vocabulary
+    assert spec["draft_unloaded"] == ["model.embed_tokens.weight"]
+    fields = json.loads((head / "config.json").read_text())
+    stacked = {"self_attn.q_a_proj.weight": "self_attn.fused_qkv_a_proj.weight",
+               "self_attn.kv_a_proj_with_mqa.weight": "self_attn.fused_qkv_a_proj.weight",
+               "mlp.gate_proj.weight": "mlp.gate_up_proj.weight", "mlp.up_proj.weight": "mlp.gate_up_proj.weight"}
+    required: dict[str, list[int]] = {}
+    for name, shape in layer_shapes(fields, 0, 2 * fields["hidden_size"]).items():
+        vllm_name = f"model.layers.0.{stacked.get(name, name)}"
+        required[vllm_name] = [required.get(vllm_name, [0])[0] + shape[0], *shape[1:]]
+    built = {name: shape for name, shape in spec["draft_parameters"].items() if name.startswith("model.layers.0.")}
+    assert built == required
+
+
+def test_vllm_refuses_a_deepseek_layer_head_of_model_type_deepseek_v3(vllm_run):
+    """Why the vLLM export refuses such a head (eagle3_mla.vllm_model_type_refusal): vLLM rewrites the
+    draft config into DeepSeek's MTP drafter, then finds no EAGLE-3 class for it."""
+    results, _, _ = vllm_run
+    assert results["deepseek-v3-head"].get("error", "").startswith(
+        "ValidationError: 1 validation error for SpeculativeConfig | Value error, Model architectures "
+        "['Eagle3DeepSeekMTPModel'] are not supported for now."), results["deepseek-v3-head"]

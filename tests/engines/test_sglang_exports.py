@@ -48,10 +48,12 @@ def sglang_run(tiny_models, tmp_path_factory, engine_runner):
     argv[argv.index("--speculative-draft-model-path") + 1] = str(unnamed)
     cases.append({"id": "dspark-no-markov-head-type", "argv": argv, "device": "cuda"})
     # a head in the original layout ModelOpt and SpecForge write: its layer fields at its config's top level
-    modelopt = ("sglang-eagle3-modelopt", "sglang", SpecMethod.EAGLE3, None, {})
-    argv, files = export_argv(modelopt, tiny_models, workdir, head=eagle3_head_variant(tiny_models, "modelopt"))
-    cases.append({"id": modelopt[0], "argv": argv})
-    exported[modelopt[0]] = (argv, files)
+    # and heads with a DeepSeek (MLA) layer, model_type deepseek_v2 (what vLLM builds) and deepseek_v3
+    for kind in ("modelopt", "deepseek", "deepseek-v3"):
+        case = (f"sglang-eagle3-{kind}", "sglang", SpecMethod.EAGLE3, None, {})
+        argv, files = export_argv(case, tiny_models, workdir, head=eagle3_head_variant(tiny_models, kind))
+        cases.append({"id": case[0], "argv": argv})
+        exported[case[0]] = (argv, files)
     output = engine_runner("sglang", cases, workdir)
     return {result["id"]: result for result in output["results"]}, exported, output
 
@@ -255,3 +257,35 @@ def test_sglang_refuses_a_dspark_head_without_markov_head_type(sglang_run):
     results, _, _ = sglang_run
     assert results["dspark-no-markov-head-type"].get("error") == (
         "ValueError: DSpark requires markov_head_type when markov_rank > 0, got None."), results["dspark-no-markov-head-type"]
+
+
+@pytest.mark.parametrize("kind", ["deepseek", "deepseek-v3"])
+def test_sglang_builds_the_deepseek_layer_head_layout_the_export_writes(sglang_run, tiny_models, kind):
+    """A head with a DeepSeek (MLA) layer: SGLang 0.5.23 resolves the export and reads the layout written
+    for it as Eagle3DeepseekV2ForCausalLM (its registry's class, sglang/srt/models/kimi_k25_eagle3.py),
+    with the head's model_type (either DeepSeek type: SGLang does not rewrite an EAGLE-3 draft's config
+    as vLLM does a deepseek_v3 one), one layer at the head's width; k as exported; the target captures
+    the layers the head was trained on. Our read-back of the same files reads what SGLang resolved."""
+    from engine_exports import EXPORTED_BASELINES, tiny_pair
+
+    from specreg.registry.deploy.engines import sglang
+    from specreg.registry.deploy.exports import plan_export
+
+    results, exported, _ = sglang_run
+    result = ok(results[f"sglang-eagle3-{kind}"])
+    resolved = result["resolved"]
+    hidden = json.loads((eagle3_target(tiny_models) / "config.json").read_text())["hidden_size"]
+    assert result["draft"] == {"architectures": ["Eagle3DeepseekV2ForCausalLM"],
+                               "model_type": {"deepseek": "deepseek_v2", "deepseek-v3": "deepseek_v3"}[kind],
+                               "class": "Eagle3DeepseekV2ForCausalLM", "num_hidden_layers": 1, "hidden_size": hidden}
+    assert (resolved["speculative_algorithm"], resolved["speculative_num_steps"], resolved["speculative_eagle_topk"],
+            resolved["speculative_num_draft_tokens"]) == ("EAGLE3", K, 1, K + 1)
+    assert result["layers_to_capture"] == TRAINED_AUX
+    pair = tiny_pair(tiny_models, SpecMethod.EAGLE3, None, head=eagle3_head_variant(tiny_models, kind))
+    plan = plan_export(pair, EXPORTED_BASELINES, "sglang", approved=True)
+    ours: dict[str, list] = {}
+    for item in sglang.read_back(plan, exported[f"sglang-eagle3-{kind}"][1]):
+        ours.setdefault(item.field, []).append(item.value)
+    assert ours["method"] == [sglang.ALGORITHMS[resolved["speculative_algorithm"]]] == ["eagle3"]
+    assert set(ours["k"]) == {resolved["speculative_num_steps"], resolved["speculative_num_draft_tokens"] - 1}
+    assert ours["aux_layers"] == [result["layers_to_capture"]]

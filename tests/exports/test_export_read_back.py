@@ -72,7 +72,27 @@ def test_a_head_with_deepseek_layers_reads_back_as_registered(heads, fmt):
         plan = plan_export(heads.registry.get("deepseek@1"), None, fmt, approved=True, force=True)
         config = json.loads(dict(render_files(plan))["sglang-eagle3-head/config.json"])
         assert (config["architectures"], config["model_type"], config["q_lora_rank"], config["kv_lora_rank"]) == (
-            ["Eagle3DeepseekV2ForCausalLM"], "deepseek_v3", 24, 16)
+            ["Eagle3DeepseekV2ForCausalLM"], "deepseek_v2", 24, 16)
+
+
+@pytest.mark.parametrize("fmt", ["vllm", "k8s-vllm"])
+def test_vllm_refuses_a_deepseek_layer_head_of_model_type_deepseek_v3(heads, fmt):
+    """vLLM 0.33 turns a deepseek_v3 draft config into its MTP drafter and refuses the EAGLE-3 name it
+    then gets (tests/engines/test_engine_exports.py runs it); SGLang 0.5.23 takes it."""
+    from specreg.errors import EngineRefusal
+
+    models = heads.root / "models"
+    deepseek_layout(models / "head", models / "deepseek-v3-head", model_type="deepseek_v3")
+    heads.registry.register("deepseek-v3", target=str(heads.root / "models" / "target"),
+                            draft=str(heads.root / "models" / "deepseek-v3-head"), method="eagle3",
+                            num_speculative_tokens=K, allow_verifier_mismatch=True)
+    with pytest.raises(EngineRefusal) as info:
+        plan_export(heads.registry.get("deepseek-v3@1"), None, fmt, approved=True, force=True,
+                    options=OPTIONS.get(fmt))
+    assert ("the head's config has model_type 'deepseek_v3': vLLM 0.33 rewrites every draft config of that "
+            "model_type into DeepSeek's MTP drafter (config/speculative.py:749-763") in str(info.value)
+    assert "\n" not in str(info.value)
+    assert read(heads, "deepseek-v3@1", "sglang")["aux_layers"] == [AUX]
 
 
 @pytest.mark.parametrize("fmt, words", [

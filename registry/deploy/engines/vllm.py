@@ -86,6 +86,10 @@ def refusal(pair_version: PairVersion) -> str | None:
         return BLOCK_D2T_REFUSAL.format(vocab=head.get("target_vocab_size"))
     if pair_version.config.tree is not None and pair_version.config.method.has_head:
         return TREE_REFUSAL
+    if pair_version.config.method is SpecMethod.EAGLE3:
+        reason = mla_refusal(pair_version)
+        if reason is not None:
+            return reason
     if pair_version.config.method in (SpecMethod.EAGLE3, SpecMethod.PEAGLE):
         return fc_width_refusal(pair_version)
     return mtp_refusal(pair_version)
@@ -100,6 +104,19 @@ def fc_width_refusal(pair_version: PairVersion) -> str | None:
 
     head = read_head(pair_version.draft.path, method=pair_version.config.method.value)
     return read_eagle3_variant(pair_version.draft.path).fc_width_refusal(head)
+
+
+def mla_refusal(pair_version: PairVersion) -> str | None:
+    """Why vLLM 0.33 cannot build this EAGLE-3 head with DeepSeek (MLA) layers from its registered
+    folder (None: it can, or the head has other layers), read from the head's config."""
+    layers = (((pair_version.config.head or {}).get("fit") or {}).get("layers_fed") or {}).get("layers") or {}
+    if layers.get("kind") != "deepseek_v2":
+        return None
+    from specreg.core.heads.eagle3_mla import vllm_model_type_refusal
+    from specreg.core.heads.eagle3_variants import read_eagle3_variant
+
+    variant = read_eagle3_variant(pair_version.draft.path)
+    return vllm_model_type_refusal(variant.model_type, variant.architecture)
 
 
 def check(pair_version: PairVersion, baselines: dict[str, Any] | None, opts: dict[str, Any]) -> None:

@@ -58,6 +58,23 @@ def mla_config_refusal(fields: dict, architecture: str) -> str | None:
     return None
 
 
+# vLLM 0.33 builds every draft's ModelConfig through SpeculativeConfig.hf_config_override
+# (config/speculative.py:1403-1428), which turns model_type deepseek_v3 into DeepSeek's MTP drafter
+# (lines 749-763, architectures DeepSeekMTPModel) whatever the method; EAGLEConfig then names it
+# Eagle3DeepSeekMTPModel (transformers_utils/configs/eagle.py:55-64), which its registry lacks.
+MTP_REWRITTEN_MODEL_TYPES = ("deepseek_v3",)
+
+
+def vllm_model_type_refusal(model_type: str | None, architecture: str) -> str | None:
+    """Why vLLM 0.33 cannot build a DeepSeek-layer head whose config has ``model_type`` (None: it can)."""
+    if model_type not in MTP_REWRITTEN_MODEL_TYPES:
+        return None
+    return (f"the head's config has model_type {model_type!r}: vLLM 0.33 rewrites every draft config of that "
+            f"model_type into DeepSeek's MTP drafter (config/speculative.py:749-763, applied to drafts at 1403-1428) "
+            f"and refuses it (\"Model architectures ['Eagle3DeepSeekMTPModel'] are not supported\"); it builds "
+            f"{architecture} from model_type deepseek_v2 only")
+
+
 def mla_ignored_flags(flags: dict) -> list[str]:
     """A warning for each norm flag the head's config sets that vLLM's DeepSeek class never reads."""
     if not flags.get("norm_before_fc"):
