@@ -352,7 +352,7 @@ def new_eagle3_head(target, draft_token_ids=None, aux_layer_ids=None, seed: int 
                   rope_parameters=dict(config.rope_parameters),
                   bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
                   pad_token_id=config.pad_token_id, tie_word_embeddings=False,
-                  **({"model_type": "deepseek_v3"} if layer_kind == "deepseek_v2" else {}))
+                  **({"model_type": "deepseek_v2"} if layer_kind == "deepseek_v2" else {}))
     fields.update(layer_fields or {})
     spec = Eagle3Spec(layer_config=layer_config(layer_kind, fields), draft_vocab_size=len(ids), aux_layer_ids=None,
                       layer_kind=layer_kind, norm_before_fc=norm_before_fc, fc_norm=fc_norm, norm_output=norm_output,

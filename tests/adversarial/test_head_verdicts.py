@@ -182,7 +182,7 @@ def test_sglang_reading_other_layers_than_the_head_was_trained_on_is_warned(shal
             "models/llama.py:929-941)") in result.stderr.splitlines(), result.stderr
 
 
-MLA_FIELDS = dict(model_type="deepseek_v3", q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8,
+MLA_FIELDS = dict(model_type="deepseek_v2", q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8,
                   v_head_dim=12)
 
 
@@ -279,6 +279,17 @@ def test_a_deepseek_head_vllm_cannot_run_as_registered_is_refused_in_one_line(sh
         "specreg: warning: norm_before_fc: the head's config sets it, but vLLM 0.33's Eagle3DeepseekV2ForCausalLM has "
         "no input_norm and never reads the flag (model_executor/models/deepseek_eagle3.py:152-226): vLLM, and "
         "specreg's runtime as it, run fc on the un-normed aux states"]
+    # model_type deepseek_v3: vLLM rewrites such a draft into DeepSeek's MTP drafter; registered (SGLang and
+    # the runtime build it) with the warning, and its vllm export refused
+    v3 = edited(deepseek, tmp_path / "v3", {"model_type": "deepseek_v3"})
+    result = register("v3", shallow["target"], v3, db_url)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [
+        "specreg: warning: vLLM cannot serve this head: the head's config has model_type 'deepseek_v3': vLLM 0.33 "
+        "rewrites every draft config of that model_type into DeepSeek's MTP drafter (config/speculative.py:749-763, "
+        "applied to drafts at 1403-1428) and refuses it (\"Model architectures ['Eagle3DeepSeekMTPModel'] are not "
+        "supported\"); it builds Eagle3DeepseekV3ForCausalLM from model_type deepseek_v2 only; its vllm exports are "
+        "refused"]
     # such a head registered before these checks: validate's head check says why in one line
     from specreg.validators.head_vocabulary import check_head_vocabulary
 

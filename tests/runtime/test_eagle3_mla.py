@@ -151,7 +151,7 @@ def test_a_saved_deepseek_head_drafts_exactly_batch_as_batch_one(tiny_dir, targe
     directory = save_eagle3_head(mla_head(target, name), tmp_path / name, str(tiny_dir / "target"),
                                  ["LlamaForCausalLM"])
     spec = read_eagle3_config(directory)
-    assert (spec.layer_kind, type(spec.layer_config).__name__) == ("deepseek_v2", "DeepseekV3Config")
+    assert (spec.layer_kind, type(spec.layer_config).__name__) == ("deepseek_v2", "DeepseekV2Config")
     pair = load_pair(tiny_dir / "target", directory, method="eagle3")
     config = DecodeConfig(method="eagle3", k=3, max_new_tokens=12, eos_token_ids=())
     alone = [speculative_generate(pair, prompt, config) for prompt in prompts[:3]]

@@ -51,7 +51,8 @@ from typing import Any
 from specreg.core.files import read_json_file
 # default_aux_layer_ids: vLLM's, llama.cpp's and EAGLE's default
 from specreg.core.heads.eagle3_checkpoint import SPECULATORS_KINDS, default_aux_layer_ids
-from specreg.core.heads.eagle3_mla import check_mla_tensors, mla_config_refusal, mla_ignored_flags
+from specreg.core.heads.eagle3_mla import (check_mla_tensors, mla_config_refusal, mla_ignored_flags,
+                                          vllm_model_type_refusal)
 from specreg.core.heads.spec import optional_str, positive_int, read_layer_ids, shown, str_list
 from specreg.errors import ModelReferenceError
 
@@ -227,6 +228,10 @@ def read_eagle3_variant(directory: str | Path) -> Eagle3Variant:
         if refusal:
             raise ModelReferenceError(f"{where}: {refusal}")
         warnings = mla_ignored_flags({"norm_before_fc": norm_before_fc})
+        # SGLang and specreg's runtime build it; vLLM's exports refuse it (engines/vllm.py mla_refusal)
+        unserved = vllm_model_type_refusal(layer.get("model_type"), architecture)
+        if unserved:
+            warnings.append(f"vLLM cannot serve this head: {unserved}; its vllm exports are refused")
         norm_before_fc = False  # deepseek_eagle3.py has no input_norm
     logit_scale = _logit_scale(layer, f"{where}: {prefix}logit_scale")
     if writer == "speculators" and "logit_scale" in config and config["logit_scale"] != logit_scale:
