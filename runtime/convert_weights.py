@@ -120,8 +120,8 @@ def convert_weights(source: str | Path, output: str | Path) -> Conversion:
     written_names = {name: safetensors_name(name, sharded) for name in names}
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:
-        converted = [write_safetensors(load_pickle_weights(source / name, source / name), staging, name,
-                                       written_names[name]) for name in names]
+        converted = [write_safetensors(load_pickle_weights(pickle_source(source / name), source / name), staging,
+                                       name, written_names[name]) for name in names]
         if sharded:
             index = {"metadata": {"total_size": sum(item.bytes for item in converted)},
                      "weight_map": {tensor: written_names[name] for tensor, name in weight_map.items()}}
@@ -133,6 +133,14 @@ def convert_weights(source: str | Path, output: str | Path) -> Conversion:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return Conversion(source=source, output=output, converted=converted, copied=copied, left_out=left_out)
+
+
+def pickle_source(path: Path):
+    """What load_pickle_weights reads: the path of a zip-format file (memory-mapped), else the
+    bytes of a file torch.save wrote in its legacy format, which cannot be memory-mapped."""
+    import zipfile
+
+    return path if zipfile.is_zipfile(path) else path.read_bytes()
 
 
 def write_safetensors(state: dict, folder: Path, source_name: str, name: str) -> ConvertedFile:

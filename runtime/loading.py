@@ -217,12 +217,23 @@ def load_pickle_weights(source, where: Path) -> dict:
         else:
             state = torch.load(io.BytesIO(source), map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - UnpicklingError, RuntimeError, EOFError ... for a bad file
-        reason = " ".join(str(exc).split())[:200] or type(exc).__name__
+        reason = " ".join(" ".join(unpickler_detail(str(exc))).split())[:200] or type(exc).__name__
         raise ModelReferenceError(f"{where}: cannot load with torch.load(weights_only=True): {reason}") from None
     if not isinstance(state, dict) or not all(isinstance(key, str) and isinstance(value, torch.Tensor)
                                               for key, value in state.items()):
         raise ModelReferenceError(f"{where}: not a state dict of named tensors")
     return state
+
+
+def unpickler_detail(message: str) -> list[str]:
+    """torch's weights-only refusal without its advice (re-running with weights_only=False, which
+    is the code execution this load refuses; filing an issue; the docs link): what it refused."""
+    boilerplate = ("Weights only load failed", "Please file an issue", "Check the documentation")
+    paragraphs = [part.strip() for part in message.split("\n\n") if part.strip()]
+    kept = [part for part in paragraphs if not part.startswith(boilerplate)]
+    if len(kept) < len(paragraphs):  # the refusal of the restricted unpickler itself
+        kept = [part.removeprefix("WeightsUnpickler error:").strip() for part in kept]
+    return kept or paragraphs
 
 
 # Files a tokenizer (and AutoTokenizer's choice of class) may read: copied, then checked.

@@ -134,6 +134,26 @@ def test_tied_tensors_are_written_once_each(tmp_path):
     assert torch.equal(written["lm_head.weight"], embed) and torch.equal(written["row"], embed[1])
 
 
+def test_a_legacy_format_pickle_converts_and_a_file_that_is_no_pickle_is_refused(tmp_path):
+    """torch.save's format before 1.6 (not a zip, so not memory-mappable) is still read."""
+    import torch
+    from safetensors.torch import load_file
+
+    source = tmp_path / "legacy"
+    source.mkdir()
+    (source / "config.json").write_text("{}")
+    weights = {"w": torch.arange(6, dtype=torch.float16).view(2, 3), "flags": torch.tensor([True, False])}
+    torch.save(weights, source / "pytorch_model.bin", _use_new_zipfile_serialization=False)
+    assert run("convert-weights", source, tmp_path / "out").returncode == 0
+    written = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert all(torch.equal(written[name], value) and written[name].dtype == value.dtype
+               for name, value in weights.items())
+    (source / "pytorch_model.bin").write_text("not a pickle")
+    one_line(run("convert-weights", source, tmp_path / "out2"), 1,
+             f"{source / 'pytorch_model.bin'}: cannot load with torch.load(weights_only=True)")
+    assert not (tmp_path / "out2").exists()
+
+
 class RunsCode:
     def __reduce__(self):
         import os
@@ -150,8 +170,11 @@ def test_a_pickle_that_would_run_code_is_refused_and_nothing_is_written(tmp_path
     payload = RunsCode()
     payload.marker = tmp_path / "ran"
     torch.save({"weight": payload}, source / "pytorch_model.bin")
-    one_line(run("convert-weights", source, tmp_path / "out"), 1,
-             f"{source / 'pytorch_model.bin'}: cannot load with torch.load(weights_only=True)")
+    result = run("convert-weights", source, tmp_path / "out")
+    # what the restricted unpickler refused, without torch's advice to load with weights_only=False
+    one_line(result, 1, f"{source / 'pytorch_model.bin'}: cannot load with torch.load(weights_only=True): Trying "
+                        "to load unsupported GLOBAL posix.system whose module posix is blocked.")
+    assert "weights_only` set to `False`" not in result.stderr
     assert not (tmp_path / "ran").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["evil"]  # no output, no staging folder left
 
