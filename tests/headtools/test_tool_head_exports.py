@@ -31,7 +31,8 @@ VLLM_V2 = (1, "aux layers as vLLM's V2 model runner (GPU default) reads them rea
               "registered [1, 3, 4]")  # ModelOpt's and SpecForge's ids sit in eagle_config only
 SGLANG_RESIDUAL = (1, "the head was trained with norm_before_residual; SGLang's first EAGLE-3 layer keeps the "
                       "un-normed hidden state as the residual (sglang/srt/models/llama_eagle3.py:96-99)")
-SGLANG_QWEN3 = (1, "the head's layer is 'qwen3'; SGLang 0.5.23's EAGLE-3 head is LlamaForCausalLMEagle3")
+SGLANG_QWEN3 = (1, "the head's layer is 'qwen3'; SGLang 0.5.23's EAGLE-3 heads are LlamaForCausalLMEagle3 "
+                   "(sglang/srt/models/llama_eagle3.py:272) and, with DeepSeek MLA layers, Eagle3DeepseekV2ForCausalLM")
 TRTLLM_NORMS = (1, "the head sets norm_before_fc and norm_output; TensorRT-LLM 1.2's Eagle3DraftModel reads only "
                    "eh_proj_before_attn and return_hidden_post_norm of its norms")
 TRTLLM_QWEN3 = (1, "the head's layer is qwen3 (Eagle3Qwen3ForCausalLM); TensorRT-LLM 1.2 builds its EAGLE-3 layer "
