@@ -102,3 +102,13 @@ def schedule_of(baselines: dict[str, Any] | None) -> str:
     if isinstance(baselines, dict) and baselines.get("schedule"):
         return str(baselines["schedule"])
     return LEGACY_SCHEDULE
+
+
+def draft_sampling_of(baselines: dict[str, Any] | None) -> str | None:
+    """How the sampled golden records behind ``baselines`` drafted (runtime DecodeConfig.draft_sampling:
+    "greedy", the engines' default, or "probabilistic"), recorded as "draft_sampling"; None when no
+    sampled record was measured (both ways draft the argmax of a greedy record) or for baselines
+    recorded before the setting (whose sampled records drafted from q: validate again to record it)."""
+    if isinstance(baselines, dict) and baselines.get("draft_sampling"):
+        return str(baselines["draft_sampling"])
+    return None

@@ -168,12 +168,16 @@ def test_the_tree_draws_go_through_the_rule_as_one_call_per_draw_would(monkeypat
     assert set(node_token_ids[1:].tolist()) <= set(batched.tolist()) < set(target_probs.nonzero().view(-1).tolist())
 
 
-def test_correct_rule_passes_distribution(runtime):
+@pytest.mark.parametrize("draft_sampling", ["greedy", "probabilistic"])
+def test_correct_rule_passes_distribution(runtime, draft_sampling):
     from specreg.validators.distribution import check_distribution
 
     pair, golden, decodes = runtime
-    result = check_distribution(pair, golden, decodes, samples=4000)
+    result = check_distribution(pair, golden, decodes, samples=4000, draft_sampling=draft_sampling)
     assert result.status == "pass", result.summary
+    assert result.evidence["draft_law"] == {"greedy": "a point mass on the argmax of the draft model's distribution "
+                                                      "(greedy draft sampling)",
+                                            "probabilistic": "the draft model's distribution"}[draft_sampling]
     assert result.figures["prefixes"] == 3 and result.figures["zero_probability_emitted"] == 0
 
 
