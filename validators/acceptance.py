@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from specreg.core.baselines import (ENGINE_SCHEDULE, ENGINE_TAU, drift_floor, in_engine_terms, legacy_tau_note,
-                                    relative_change, schedule_note)
+from specreg.core.baselines import (ENGINE_SCHEDULE, ENGINE_TAU, draft_sampling_note, drift_floor, in_engine_terms,
+                                    legacy_tau_note, relative_change, schedule_note)
 from specreg.core.types import FAIL, PASS, SKIP, CheckResult
 from specreg.validators.context import Check, CheckContext
 
@@ -129,9 +129,10 @@ def check_acceptance(decodes, *, previous: tuple[int, dict[str, Any]] | None = N
     comparison = compare_baselines(baselines, previous_baselines, tolerance)
     evidence["comparison"] = comparison
     evidence["not_compared"] = comparable_metrics(baselines, previous_baselines)[1]
-    note = schedule_note(previous_baselines, f"v{version}'s baseline")
-    evidence["notes"] = [note] if note else []
-    flagged = f"; {note}" if note else ""
+    notes = [note for note in (schedule_note(previous_baselines, f"v{version}'s baseline"),
+                               draft_sampling_note(baselines, previous_baselines, f"v{version}'s baseline")) if note]
+    evidence["notes"] = notes
+    flagged = "".join(f"; {note}" for note in notes)
     drops = [row for row in comparison if not row["ok"]]
     if drops:
         worst = min(drops, key=lambda row: row["relative_change"])

@@ -343,3 +343,22 @@ def test_an_unknown_draft_sampling_is_a_usage_error(registry, models, golden_pat
     assert "Invalid value for '--draft-sampling': 'top1' is not one of 'greedy', 'probabilistic'." in result.stderr
     with pytest.raises(UsageError, match="invalid draft sampling 'top1': use one of greedy, probabilistic"):
         registry.validate("any@1", golden=str(golden_path), device="cpu", draft_sampling="top1")
+
+
+def test_a_baseline_drafted_the_other_way_is_flagged_when_compared(registry, models, golden_path):
+    from specreg.core.baselines import draft_sampling_note
+
+    for k in (3, 2):
+        registry.register("other-way", target=str(models["target"]), draft=str(models["draft"]),
+                          num_speculative_tokens=k)
+    registry.validate("other-way@1", golden=str(golden_path), device="cpu", checks="acceptance",
+                      draft_sampling="probabilistic", acceptance_tolerance=0.9)
+    second = registry.validate("other-way@2", golden=str(golden_path), device="cpu", checks="acceptance",
+                               acceptance_tolerance=0.9)
+    acceptance = second.checks[0]
+    note = ("v1's baseline's sampled records drafted probabilistic, this run's greedy: the sampled categories' "
+            "figures moved with the draft sampling too; validate both the same way to compare them")
+    assert acceptance.evidence["notes"] == [note] and acceptance.summary.endswith(note)
+    # recorded the same way, or not recorded on one side: nothing to flag
+    assert draft_sampling_note({"draft_sampling": "greedy"}, {"draft_sampling": "greedy"}) is None
+    assert draft_sampling_note({"draft_sampling": "greedy"}, {}) is None
