@@ -40,8 +40,8 @@ from specreg.validators.suite import ValidationOptions as Defaults  # the one ho
 @user_option
 @json_option
 def validate(ref, golden, device, dtype, checks, gpu_memory, acceptance_tolerance, near_tie_tolerance,
-             distribution_samples, draft_sampling, runtime_batch, report_path, markdown_path, junit_path, engine, db_url, user, as_json,
-             **engine_only):
+             distribution_samples, draft_sampling, runtime_batch, report_path, markdown_path, junit_path, engine, db_url,
+             user, as_json, **engine_only):
     """Validate a pair version on golden prompts; exit 0 pass, 100 a check failed, 1 error.
 
     With --engine: run the golden prompts through a serving engine and record the pair's engine

@@ -19,17 +19,17 @@ from specreg.runtime.methods import drafting_method, load_pair
 from specreg.runtime.methods.base import DraftRequest
 from specreg.runtime.pair import ModelPair
 
-from .test_block_drafters import HEADS
+from .test_block_drafters import block_heads  # noqa: F401 - the fixture: random block heads, the target's own lm_head untouched
 from .test_peagle import scaled_up
 
 K = 3
 
 
 @pytest.fixture(scope="module")
-def chain_pairs(tiny_dir, target, tokenizer, drafts, tmp_path_factory):
+def chain_pairs(tiny_dir, target, tokenizer, drafts, block_heads, tmp_path_factory):  # noqa: F811
     """method -> a pair of the tiny target and a random drafter of that method (random weights:
-    only which token is drafted and the q handed over are checked here)."""
-    from specreg.runtime.methods.dflash import new_block_head
+    only which token is drafted and the q handed over are checked here). The heads' own weights are
+    scaled up so that their drafts vary; never the target's embeddings or lm_head they share."""
     from specreg.runtime.methods.eagle3 import new_eagle3_head
     from specreg.runtime.methods.mtp import new_mtp_head, save_target_with_mtp
     from specreg.runtime.methods.peagle import new_peagle_head
@@ -39,7 +39,6 @@ def chain_pairs(tiny_dir, target, tokenizer, drafts, tmp_path_factory):
     def pair_of(head) -> ModelPair:
         return ModelPair(target, tokenizer, head, vocab)
 
-    method, options = HEADS["dflash"]
     mtp_dir = save_target_with_mtp(new_mtp_head(target, seed=4), tiny_dir / "target",
                                    tmp_path_factory.mktemp("draft-sampling") / "mtp")
     return {
@@ -47,7 +46,7 @@ def chain_pairs(tiny_dir, target, tokenizer, drafts, tmp_path_factory):
         "eagle3": pair_of(new_eagle3_head(target, range(1, vocab, 2), seed=4)),
         "mtp": load_pair(mtp_dir, method="mtp"),
         "peagle": pair_of(scaled_up(new_peagle_head(target, mask_token_id=vocab - 1, seed=9), 9)),
-        "dflash": pair_of(scaled_up(new_block_head(target, mask_token_id=vocab - 1, seed=0, **options), 0)),
+        "dflash": pair_of(block_heads["dflash"][1]),
     }
 
 
