@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from specreg.core.suffix_settings import SuffixSettings
 from specreg.errors import RuntimeConfigError
+from specreg.runtime.sampling import DRAFT_SAMPLING
 from specreg.runtime.tree import CandidateTree, parse_tree
 
 
@@ -22,6 +23,10 @@ class DecodeConfig:
     temperature: float = 0.0
     top_k: int | None = None
     top_p: float | None = None
+    # a sampled row's chain drafts (sampling.DRAFT_SAMPLING): "greedy", the argmax with a point-mass
+    # q (what vLLM 0.33, SGLang 0.5.23 and llama.cpp run by default), or "probabilistic", a draw from
+    # q (vLLM's draft_sample_method="probabilistic"); a greedy row drafts the argmax either way
+    draft_sampling: str = "greedy"
     seed: int = 0
     eos_token_ids: tuple[int, ...] | None = None  # None: the target's generation config
     stop_strings: tuple[str, ...] = ()
@@ -77,6 +82,8 @@ def check_config(config: DecodeConfig) -> None:
         raise RuntimeConfigError(f"temperature = {config.temperature}: must be >= 0")
     if config.top_p is not None and not 0 < config.top_p <= 1:
         raise RuntimeConfigError(f"top_p = {config.top_p}: must be in (0, 1]")
+    if config.draft_sampling not in DRAFT_SAMPLING:
+        raise RuntimeConfigError(f"draft_sampling = {config.draft_sampling!r}: use one of {', '.join(DRAFT_SAMPLING)}")
     if not 1 <= config.prompt_lookup_min <= config.prompt_lookup_max:
         raise RuntimeConfigError(f"prompt_lookup_min/max = {config.prompt_lookup_min}/"
                                  f"{config.prompt_lookup_max}: need 1 <= min <= max")

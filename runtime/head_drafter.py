@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from specreg.runtime.sampling import draft_token
+from specreg.runtime.sampling import DraftSampler, draft_token
 
 
 def head_inputs(rotary_emb, hidden, cache, start_position: int, length: int, attention_mask=None,
@@ -111,11 +111,11 @@ class HeadDrafter:
     settings, and draws from its own random generator in the order it would alone."""
 
     def __init__(self, head, vocab_size: int, rows: list[tuple]):
-        """rows: per row (temperature, top_k, top_p, generator)."""
+        """rows: per row a sampling.DraftSampler (or its fields)."""
         self.head = head
         self.hidden_state_ids = tuple(head.hidden_state_ids)  # what the decode loop asks the target for
         self.vocab_size = vocab_size
-        self.rows = list(rows)
+        self.rows = [DraftSampler(*row) for row in rows]
         self.cache = None  # RowCache, made at the first seed
         self.seeded = [0] * len(self.rows)  # per row: entries of x_1 .. x_seeded hold target-seeded states
         self.features = [None] * len(self.rows)  # per row: [1, m, A*H] target states not fed yet
@@ -195,8 +195,7 @@ class HeadDrafter:
             logits = self.head.draft_logits(output[:, 0])[:, : self.vocab_size]  # [b, vocab]
             for r in draft_ids:
                 if index < ks[r]:
-                    temperature, top_k, top_p, generator = self.rows[r]
-                    token, probs = draft_token(logits[r:r + 1], temperature, top_k, top_p, generator)  # [1]
+                    token, probs = draft_token(logits[r:r + 1], self.rows[r])  # [1]
                     draft_ids[r].append(token)
                     if probs is not None:
                         draft_probs[r].append(probs)
@@ -280,7 +279,7 @@ class HeadDrafter:
             self.cache.cache.crop(-tree_columns)
         drafted = {}
         for r in rows:
-            sampling = self.rows[r][0] > 0
+            sampling = self.rows[r].temperature > 0
             drafted[r] = (node_ids[r], torch.nn.functional.one_hot(node_ids[r], self.vocab_size).to(output.dtype)
                           if sampling else None)
         return drafted

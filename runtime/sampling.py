@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 
 def logits_to_probs(logits, temperature: float = 1.0, top_k: int | None = None,
                     top_p: float | None = None):
@@ -47,10 +49,41 @@ def sample(probs, generator=None):
     return torch.minimum(ids, (cdf < total).sum(-1))
 
 
-def draft_token(logits, temperature: float, top_k=None, top_p=None, generator=None):
-    """One drafted token from logits # [1, vocab] -> (token # [1], probs # [1, vocab] or None when
-    greedy): what every drafter does per step, sampled under the same warping as the target."""
-    if temperature > 0:
-        probs = logits_to_probs(logits, temperature, top_k, top_p)  # [1, vocab]
-        return sample(probs, generator), probs
-    return logits.argmax(dim=-1), None
+# How a chain drafter draws its token when the row is sampled (DecodeConfig.draft_sampling):
+# "greedy" drafts the argmax and hands the rule a point mass on it (vLLM 0.33's default,
+# SpeculativeConfig.draft_sample_method, vllm/config/speculative.py:634-640; SGLang 0.5.23's EAGLE
+# top-1 with target-only verification and llama.cpp's argmax draft run the same rule);
+# "probabilistic" samples the draft from q and hands the rule q itself (vLLM's opt-in).
+DRAFT_SAMPLING = ("greedy", "probabilistic")
+
+
+class DraftSampler(NamedTuple):
+    """How one row draws its drafts: the target's warping (temperature 0: greedy row), its random
+    generator (None when greedy) and the draft sampling of a sampled row (DRAFT_SAMPLING)."""
+
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    generator: Any = None
+    draft_sampling: str = "greedy"
+
+    @classmethod
+    def of(cls, config, generator) -> "DraftSampler":
+        """A row's DecodeConfig and random generator -> its DraftSampler."""
+        return cls(config.temperature, config.top_k, config.top_p, generator, config.draft_sampling)
+
+
+def draft_token(logits, sampler: DraftSampler):
+    """One drafted token from logits # [1, vocab] -> (token # [1], draft_probs # [1, vocab] or None
+    for a greedy row): what every chain drafter does per step. A sampled row drafts the argmax with
+    a point-mass q under "greedy" draft sampling, or a draw from q (the target's warping applied to
+    the draft's logits, so the rule compares like with like) under "probabilistic"."""
+    import torch
+
+    if sampler.temperature <= 0:
+        return logits.argmax(dim=-1), None
+    if sampler.draft_sampling == "greedy":
+        token = logits.argmax(dim=-1)  # [1]; the warping keeps the top-1, so this is q's mode too
+        return token, torch.nn.functional.one_hot(token, logits.shape[-1]).float()  # point mass q
+    probs = logits_to_probs(logits, sampler.temperature, sampler.top_k, sampler.top_p)  # [1, vocab]
+    return sample(probs, sampler.generator), probs

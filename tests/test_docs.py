@@ -31,6 +31,7 @@ def tables() -> dict[str, tuple[str, ...]]:
     """The code's tables, and the parts of them the docs may list on their own, by what they are."""
     from specreg.core.methods import METHODS
     from specreg.registry.deploy.engines import FORMATS, format_modules
+    from specreg.registry.deploy.engines.common import DRAFT_LAW_METHODS
     from specreg.registry.store.engine_baselines import ENGINES
 
     modules = format_modules()
@@ -46,6 +47,8 @@ def tables() -> dict[str, tuple[str, ...]]:
         "methods": tuple(METHODS),
         "head methods": tuple(name for name, m in METHODS.items() if m.has_head),
         "methods without a head": tuple(name for name, m in METHODS.items() if not m.has_head),
+        # the chain drafters whose sampled drafts depend on the draft sampling (validate --draft-sampling)
+        "methods with a draft law": tuple(method.value for method in DRAFT_LAW_METHODS),
     }
 
 

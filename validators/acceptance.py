@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from specreg.core.baselines import (ENGINE_SCHEDULE, ENGINE_TAU, drift_floor, in_engine_terms, legacy_tau_note,
-                                    relative_change, schedule_note)
+from specreg.core.baselines import (ENGINE_SCHEDULE, ENGINE_TAU, draft_sampling_note, drift_floor, in_engine_terms,
+                                    legacy_tau_note, relative_change, schedule_note)
 from specreg.core.types import FAIL, PASS, SKIP, CheckResult
 from specreg.validators.context import Check, CheckContext
 
@@ -27,9 +27,10 @@ BASELINE_KEYS = ("acceptance_rate", "mean_acceptance_length", "per_position_acce
                  "generations", "tokens_per_target_forward", "per_position_acceptance_conditional")
 
 
-def acceptance_baselines(decodes, k: int | None = None) -> dict[str, Any]:
+def acceptance_baselines(decodes, k: int | None = None, draft_sampling: str | None = None) -> dict[str, Any]:
     """GoldenDecodes -> {"k": k, "tau_definition": "engines", "schedule": "prefill_alone" (the
-    decodes' schedule: core.baselines.schedule_of), "overall": figures, "per_category":
+    decodes' schedule: core.baselines.schedule_of), "draft_sampling": how the sampled records
+    drafted (None when none was sampled: core.baselines.draft_sampling_of), "overall": figures, "per_category":
     {category: figures}} with the names and definitions vLLM uses (acceptance_rate,
     mean_acceptance_length, per_position_acceptance ...) and ours under their own names
     (tokens_per_target_forward, per_position_acceptance_conditional); k is the speculative depth
@@ -43,7 +44,9 @@ def acceptance_baselines(decodes, k: int | None = None) -> dict[str, Any]:
     categories: dict[str, list] = {}
     for run in decodes.runs:
         categories.setdefault(run.category, []).append(run)
-    return {"k": k, "tau_definition": ENGINE_TAU, "schedule": ENGINE_SCHEDULE, "overall": figures(decodes.runs),
+    sampled = any(run.temperature > 0 for run in decodes.runs)
+    return {"k": k, "tau_definition": ENGINE_TAU, "schedule": ENGINE_SCHEDULE,
+            "draft_sampling": draft_sampling if sampled else None, "overall": figures(decodes.runs),
             "per_category": {category: figures(runs) for category, runs in categories.items()}}
 
 
@@ -97,14 +100,15 @@ def compare_baselines(current: dict[str, Any], previous: dict[str, Any], toleran
 
 
 def check_acceptance(decodes, *, previous: tuple[int, dict[str, Any]] | None = None,
-                     tolerance: float = DEFAULT_TOLERANCE, k: int | None = None) -> CheckResult:
+                     tolerance: float = DEFAULT_TOLERANCE, k: int | None = None,
+                     draft_sampling: str | None = None) -> CheckResult:
     """Acceptance figures of this run, checked against the previous version's baselines.
 
     decodes: GoldenDecodes; previous: (version, baselines) of the previous validated version
     of the same pair name, or None; tolerance: relative drop allowed. Returns a CheckResult
     "acceptance" whose evidence holds the would-be baselines ("baselines") and the comparison.
     """
-    baselines = acceptance_baselines(decodes, k=k)
+    baselines = acceptance_baselines(decodes, k=k, draft_sampling=draft_sampling)
     overall = baselines["overall"]
     evidence: dict[str, Any] = {"baselines": baselines, "tolerance": tolerance, "k": k,
                                 "greedy_rows": greedy_rows(decodes),
@@ -125,9 +129,10 @@ def check_acceptance(decodes, *, previous: tuple[int, dict[str, Any]] | None = N
     comparison = compare_baselines(baselines, previous_baselines, tolerance)
     evidence["comparison"] = comparison
     evidence["not_compared"] = comparable_metrics(baselines, previous_baselines)[1]
-    note = schedule_note(previous_baselines, f"v{version}'s baseline")
-    evidence["notes"] = [note] if note else []
-    flagged = f"; {note}" if note else ""
+    notes = [note for note in (schedule_note(previous_baselines, f"v{version}'s baseline"),
+                               draft_sampling_note(baselines, previous_baselines, f"v{version}'s baseline")) if note]
+    evidence["notes"] = notes
+    flagged = "".join(f"; {note}" for note in notes)
     drops = [row for row in comparison if not row["ok"]]
     if drops:
         worst = min(drops, key=lambda row: row["relative_change"])
@@ -144,7 +149,7 @@ def run(context: CheckContext) -> CheckResult:
     """The acceptance check of a validation, over the runtime's golden decodes."""
     _, decodes = context.runtime()
     return check_acceptance(decodes, previous=context.previous_baselines, tolerance=context.options.acceptance_tolerance,
-                            k=context.settings.k)
+                            k=context.settings.k, draft_sampling=context.settings.draft_sampling)
 
 
 CHECK = Check(CHECK_NAME, run, runtime=True)

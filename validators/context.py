@@ -88,10 +88,12 @@ class CheckContext:
     @cached_property
     def settings(self):
         """The pair's runtime DecodeConfig (DecodeConfig.from_spec): method, k, prompt lookup and the
-        candidate tree, parsed once for every check."""
+        candidate tree, parsed once for every check, with the validation's draft sampling."""
+        import dataclasses
+
         from specreg.runtime.decode_config import DecodeConfig
 
-        return DecodeConfig.from_spec(self.config)
+        return dataclasses.replace(DecodeConfig.from_spec(self.config), draft_sampling=self.options.draft_sampling)
 
     def report(self, what: str, done: int, total: int, detail: str = "") -> None:
         self.totals[what] = total

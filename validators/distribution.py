@@ -104,9 +104,9 @@ def next_token_probs(model, token_ids: list[int], vocab_size: int, record):
     return logits_to_probs(logits.float(), record.temperature, record.top_k, record.top_p)[0]
 
 
-def drafter_proposal(pair, method: str, token_ids: list[int], record, tree=None):
+def drafter_proposal(pair, method: str, token_ids: list[int], record, tree=None, draft_sampling: str = "greedy"):
     """What the pair's own drafter proposes first at the prefix token_ids, with the record's
-    sampling settings: (node_token_ids # [nodes+1] or None for a chain, draft_probs # [vocab] for a
+    sampling settings and ``draft_sampling`` (DecodeConfig's): (node_token_ids # [nodes+1] or None for a chain, draft_probs # [vocab] for a
     chain, [nodes+1, vocab] over the tree's first depth for a tree method). token_ids: >= 2 tokens."""
     import torch
     from transformers import DynamicCache
@@ -119,7 +119,7 @@ def drafter_proposal(pair, method: str, token_ids: list[int], record, tree=None)
     device = pair.device
     first_depth = tree.pruned(1) if tree is not None else None  # tree: a runtime.tree.CandidateTree
     config = DecodeConfig(method=method, k=1, tree=first_depth, temperature=record.temperature, top_k=record.top_k,
-                          top_p=record.top_p)
+                          top_p=record.top_p, draft_sampling=draft_sampling)
     drafter = drafting_method(method).drafter(pair, [config], [torch.Generator(device=device).manual_seed(0)])
     tokens = torch.tensor([token_ids], dtype=torch.long, device=device)  # [1, n]
     with torch.inference_mode():
@@ -226,13 +226,14 @@ def sample_one_step(draft_probs, target_probs, samples: int, seed: int, acceptan
 def check_distribution(pair, golden, decodes, *, method: str = "draft_model", samples: int = DEFAULT_SAMPLES,
                        alpha: float = DEFAULT_ALPHA, seed: int = 0, acceptance_rule: Callable | None = None,
                        max_records: int = MAX_RECORDS, tree=None,
-                       tree_acceptance_rule: Callable | None = None,
+                       tree_acceptance_rule: Callable | None = None, draft_sampling: str = "greedy",
                        progress: Callable[[int, int], None] | None = None) -> CheckResult:
     """Statistical check that speculative sampling preserves the target's distribution.
 
     pair: runtime ModelPair; golden: the GoldenSet; decodes: GoldenDecodes of decode_golden
     (their greedy continuations give the fixed prefixes); method and tree: the pair's (q comes from
-    its own drafter, drafter_proposal; ngram: one-hot on the target's top token);
+    its own drafter, drafter_proposal, drafting as ``draft_sampling`` says; ngram: one-hot on the
+    target's top token);
     acceptance_rule / tree_acceptance_rule: the runtime's rules (defaults in
     runtime/acceptance_rule.py; tests inject broken ones); progress(done, total) after each prefix. Returns a CheckResult
     "distribution"; skip when no prompt samples.
@@ -252,7 +253,7 @@ def check_distribution(pair, golden, decodes, *, method: str = "draft_model", sa
     for index, (run, offset, token_ids) in enumerate(prefixes):
         record = records[run.record_id]
         target_probs = next_token_probs(pair.target, token_ids, pair.vocab_size, record)  # [vocab]
-        node_token_ids, draft_probs = draft_law(pair, method, token_ids, record, tree, target_probs)
+        node_token_ids, draft_probs = draft_law(pair, method, token_ids, record, tree, target_probs, draft_sampling)
         result = test_prefix(node_token_ids, draft_probs, target_probs, samples, seed + 1000 * index, rules)
         results.append({"record": run.record_id, "category": run.category, "prefix_tokens": len(token_ids),
                         "continuation_offset": offset, **result,
@@ -262,7 +263,7 @@ def check_distribution(pair, golden, decodes, *, method: str = "draft_model", sa
             progress(index + 1, len(prefixes))
     evidence = {"prefixes": results, "alpha": alpha, "tests": tests,
                 "method": "single-step draws through the acceptance rule vs target sampling, chi-square",
-                "draft_law": draft_law_description(pair, method, tree)}
+                "draft_law": draft_law_description(pair, method, tree, draft_sampling)}
     return verdict(results, evidence, samples, threshold)
 
 
@@ -278,37 +279,40 @@ def golden_prefixes(sampled: list) -> list[tuple]:
     return prefixes
 
 
-def draft_law(pair, method: str, token_ids: list[int], record, tree, target_probs):
+def draft_law(pair, method: str, token_ids: list[int], record, tree, target_probs, draft_sampling: str = "greedy"):
     """q at the prefix as the pair's drafter proposes it -> (node_token_ids # [nodes+1] or None for
     a chain, draft_probs # [vocab] or [nodes+1, vocab]). A model-free method looks its proposals
     up, deterministically: a point mass on the target's top token, as for a head before it has the
-    target's state before the last token."""
+    target's state before the last token. A chain drafter under "greedy" draft sampling proposes
+    a point mass on its argmax (runtime.sampling.draft_token)."""
     import torch
 
     from specreg.core.methods import method_descriptor
 
     descriptor = method_descriptor(method)
     if not descriptor.model_free and not descriptor.has_head and pair.draft is not None:
-        return None, next_token_probs(pair.draft, token_ids, pair.vocab_size, record)
+        law = next_token_probs(pair.draft, token_ids, pair.vocab_size, record)  # [vocab]
+        if draft_sampling == "greedy":
+            law = torch.nn.functional.one_hot(law.argmax(), law.shape[-1]).to(law.dtype)
+        return None, law
     if descriptor.model_free or pair.draft is None or len(token_ids) < 2:
         draft_probs = torch.zeros_like(target_probs)
         draft_probs[target_probs.argmax()] = 1.0
         return None, draft_probs
-    return drafter_proposal(pair, method, token_ids, record, tree)
+    return drafter_proposal(pair, method, token_ids, record, tree, draft_sampling)
 
 
-def draft_law_description(pair, method: str, tree) -> str:
+def draft_law_description(pair, method: str, tree, draft_sampling: str = "greedy") -> str:
     """What q was, in words, for the evidence."""
     from specreg.core.methods import method_descriptor
 
     descriptor = method_descriptor(method)
     if descriptor.model_free or pair.draft is None:
         return f"a point mass on the target's top token ({descriptor.name if descriptor.model_free else 'ngram'})"
-    if not descriptor.has_head:
-        return "the draft model's distribution"
     if tree is not None:
         return "the tree's first-depth candidates (point masses), tree rule"
-    return f"the {descriptor.name} head's distribution from the target's hidden states"
+    law = descriptor.draft_law + (" from the target's hidden states" if descriptor.has_head else "")
+    return f"a point mass on the argmax of {law} (greedy draft sampling)" if draft_sampling == "greedy" else law
 
 
 def test_prefix(node_token_ids, draft_probs, target_probs, samples: int, seed: int, rules: tuple) -> dict:
@@ -370,7 +374,7 @@ def run(context: CheckContext) -> CheckResult:
     return check_distribution(
         pair, context.golden, decodes, method=settings.method, samples=options.distribution_samples,
         seed=options.seed, acceptance_rule=hooks.get("acceptance_rule"), tree=settings.tree,
-        tree_acceptance_rule=hooks.get("tree_acceptance_rule"),
+        tree_acceptance_rule=hooks.get("tree_acceptance_rule"), draft_sampling=settings.draft_sampling,
         progress=lambda done, total: context.report(f"check {CHECK_NAME}", done, total + 1, "prefixes sampled"))
 
 

@@ -37,6 +37,9 @@ class ValidationOptions:
     near_tie_tolerance: float | None = None
     distribution_samples: int = 4000
     seed: int = 0
+    # how sampled golden records draft (runtime DecodeConfig.draft_sampling): the engines' default,
+    # which the baselines then describe and the vLLM exports write as draft_sample_method
+    draft_sampling: str = "greedy"
 
     @property
     def selected(self) -> tuple[str, ...]:
@@ -209,7 +212,7 @@ def build_summary(result: SuiteResult, golden, options: ValidationOptions, devic
         "golden_set": {"name": golden.name, "version": golden.version, "sha256": golden.content_sha256,
                        "prompts": len(golden)},
         "settings": {"device": device, "dtype": options.dtype, "seed": options.seed,
-                     "acceptance_tolerance": options.acceptance_tolerance},
+                     "acceptance_tolerance": options.acceptance_tolerance, "draft_sampling": options.draft_sampling},
     }
     if result.baselines:
         overall = result.baselines["overall"]

@@ -22,7 +22,7 @@ from specreg.core.methods import HEAD_FORMATS
 from specreg.errors import ReadBackError
 from specreg.registry.store.entities import PairVersion
 
-FIELDS = ("method", "k", "aux_layers", "vocab_map", "target", "target_revision", "dtype")
+FIELDS = ("method", "k", "aux_layers", "vocab_map", "target", "target_revision", "dtype", "draft_sampling")
 
 
 @dataclass(frozen=True)
@@ -74,17 +74,18 @@ def vocab_map(draft_to_target) -> list[int] | None:
 
 def check(export, read: list[ReadValue]) -> None:
     """ReadBackError (one line) at the first value of an export's files read back that differs from
-    the registered one, or from the dtype its baselines were measured in (common.served_dtype)."""
-    from specreg.registry.deploy.engines.common import served_dtype
+    the registered one, or from the dtype and draft sampling its baselines were measured with
+    (common.served_dtype, common.served_draft_sampling)."""
+    from specreg.registry.deploy.engines.common import served_draft_sampling, served_dtype
 
     check_values(f"{export.fmt} export", export.pair_version, read, export.target_source,
-                 served={"dtype": served_dtype(export)})
+                 served={"dtype": served_dtype(export), "draft_sampling": served_draft_sampling(export.baselines)})
 
 
 def check_values(what: str, pair_version: PairVersion, read: list[ReadValue], target_source: str | None = None,
                  served: dict[str, Any] | None = None) -> None:
     """ReadBackError naming ``what`` (e.g. "vllm export") at the first value read back that differs
-    from the registered one (registered()) or from how it is to be ``served`` (the dtype)."""
+    from the registered one (registered()) or from how it is to be ``served`` (the dtype, the draft sampling)."""
     expected = {**registered(pair_version, target_source), **(served or {})}
     for item in read:
         if item.field not in expected or item.value == expected[item.field]:

@@ -31,7 +31,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3Config, Qwen3MLP, Qwen
 
 from specreg.errors import ModelReferenceError, RuntimeConfigError, RuntimeUnsupportedError
 from specreg.runtime.methods.base import Method, Proposal
-from specreg.runtime.sampling import draft_token
+from specreg.runtime.sampling import DraftSampler, draft_token
 
 
 def rotate_half(x):
@@ -162,8 +162,8 @@ class BlockDrafter:
     per step serves every drafting row."""
 
     def __init__(self, head: BlockDrafterHead, vocab_size: int, rows: list[tuple]):
-        """rows: per row (temperature, top_k, top_p, generator)."""
-        self.head, self.vocab_size, self.rows = head, vocab_size, list(rows)
+        """rows: per row a sampling.DraftSampler (or its fields)."""
+        self.head, self.vocab_size, self.rows = head, vocab_size, [DraftSampler(*row) for row in rows]
         self.hidden_state_ids = head.aux_layer_ids
         self.context = [None] * len(self.rows)  # per row: per layer (keys, values) # [1, kv, C, d]
         self.pending = [None] * len(self.rows)  # per row: target states # [1, m, A*H] not projected yet
@@ -230,8 +230,7 @@ class BlockDrafter:
             for row, r in enumerate(drafting):
                 if index >= requests[r].k:  # drawing more would move the row's random stream
                     continue
-                temperature, top_k, top_p, generator = self.rows[r]
-                token, probs = draft_token(logits[row:row + 1], temperature, top_k, top_p, generator)  # [1]
+                token, probs = draft_token(logits[row:row + 1], self.rows[r])  # [1]
                 drafted[r][0].append(token)
                 if probs is not None:
                     drafted[r][1].append(probs)
@@ -409,7 +408,7 @@ def block_drafter(pair, configs, generators):
     for config in configs:
         if config.k > pair.draft.draft_length:
             raise RuntimeConfigError(f"k {config.k} exceeds the head's {pair.draft.draft_length} drafts a block")
-    return BlockDrafter(pair.draft, pair.vocab_size, [(c.temperature, c.top_k, c.top_p, generator)
+    return BlockDrafter(pair.draft, pair.vocab_size, [DraftSampler.of(c, generator)
                                                       for c, generator in zip(configs, generators)])
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from specreg.errors import RuntimeConfigError
 from specreg.runtime.methods.base import DraftRequest, Method, Proposal
-from specreg.runtime.sampling import draft_token
+from specreg.runtime.sampling import DraftSampler, draft_token
 
 
 class DraftModelDrafter:
@@ -17,12 +17,14 @@ class DraftModelDrafter:
 
     def __init__(self, model, vocab_size: int, temperature: float = 0.0, top_k=None, top_p=None,
                  generator=None, *, rows: list[tuple] | None = None):
-        """rows: (temperature, top_k, top_p, generator) per row; default one row of the arguments."""
+        """rows: a sampling.DraftSampler (or its fields) per row; default one row of the arguments,
+        with the default draft sampling."""
         self.model = model
         # a draft step feeds one position past the verified sequence per draft
         self.position_limit = getattr(model.config, "max_position_embeddings", None)
         self.vocab_size = vocab_size
-        self.rows = list(rows) if rows is not None else [(temperature, top_k, top_p, generator)]
+        self.rows = [DraftSampler(*row) for row in rows] if rows is not None else [
+            DraftSampler(temperature, top_k, top_p, generator)]
         self.cache = None
         self.cached_lengths = [0] * len(self.rows)  # per row: verified tokens whose keys/values are cached
         self.forwards = 0
@@ -59,10 +61,10 @@ class DraftModelDrafter:
             logits = self.cache.forward(self.model, input_ids, query_valid, offsets)[:, -1, : self.vocab_size]  # [b, vocab]
             self.cache.keep(query_valid)
             self.forwards += 1
-            for r, (temperature, top_k, top_p, generator) in enumerate(self.rows):
+            for r, sampler in enumerate(self.rows):
                 if index < ks[r]:
                     self.last_forwards[r] += 1
-                    token, probs = draft_token(logits[r:r + 1], temperature, top_k, top_p, generator)  # [1]
+                    token, probs = draft_token(logits[r:r + 1], sampler)  # [1]
                     draft_ids[r].append(token)
                     if probs is not None:
                         draft_probs[r].append(probs)
@@ -169,7 +171,7 @@ def drafter(pair, configs, generators) -> DraftModelDrafter:
     if pair.draft is None or not hasattr(pair.draft, "get_output_embeddings"):
         raise RuntimeConfigError(f"method {configs[0].method!r} needs a draft model; none was given")
     return DraftModelDrafter(pair.draft, pair.vocab_size, rows=[
-        (c.temperature, c.top_k, c.top_p, generator) for c, generator in zip(configs, generators)])
+        DraftSampler.of(c, generator) for c, generator in zip(configs, generators)])
 
 
 METHOD = Method(name="draft_model", load=load, drafter=drafter)

@@ -47,6 +47,7 @@ from specreg.errors import ModelReferenceError, RuntimeConfigError, RuntimeUnsup
 from specreg.runtime.forward import LAST_LAYER_OUTPUT, cache_keyword
 from specreg.runtime.head_drafter import HeadDrafter, head_inputs
 from specreg.runtime.methods.base import Method
+from specreg.runtime.sampling import DraftSampler
 
 
 # the decoder layers vLLM 0.33 builds for a head (specreg.core.heads.eagle3_variants): (its config class,
@@ -441,7 +442,7 @@ def drafter(pair, configs, generators):
     """One HeadDrafter for the batch: each head forward serves every row."""
     if not isinstance(pair.draft, Eagle3Head):
         raise RuntimeConfigError("method 'eagle3' needs an EAGLE-3 head (load_pair(..., method='eagle3'))")
-    return HeadDrafter(pair.draft, pair.vocab_size, [(c.temperature, c.top_k, c.top_p, generator)
+    return HeadDrafter(pair.draft, pair.vocab_size, [DraftSampler.of(c, generator)
                                                      for c, generator in zip(configs, generators)])
 
 

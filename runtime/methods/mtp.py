@@ -49,6 +49,7 @@ from specreg.errors import RuntimeConfigError, RuntimeUnsupportedError
 from specreg.runtime.forward import cache_keyword
 from specreg.runtime.head_drafter import HeadDrafter, head_inputs
 from specreg.runtime.methods.base import Method
+from specreg.runtime.sampling import DraftSampler
 
 # the module's own names under model.layers.{N+i}. (deepseek_mtp.py _rewrite_spec_layer_name);
 # the rest belongs to the decoder block
@@ -303,7 +304,7 @@ def drafter(pair, configs, generators):
     """One HeadDrafter for the batch: each head forward serves every row."""
     if not isinstance(pair.draft, MtpHead):
         raise RuntimeConfigError("method 'mtp' needs the target's MTP layers (load_pair(..., method='mtp'))")
-    return HeadDrafter(pair.draft, pair.vocab_size, [(c.temperature, c.top_k, c.top_p, generator)
+    return HeadDrafter(pair.draft, pair.vocab_size, [DraftSampler.of(c, generator)
                                                      for c, generator in zip(configs, generators)])
 
 

@@ -37,7 +37,7 @@ from specreg.errors import RuntimeConfigError
 from specreg.runtime.head_drafter import HeadDrafter
 from specreg.runtime.methods.base import Method, Proposal
 from specreg.runtime.methods.eagle3 import Eagle3Head, load_eagle3_head, new_eagle3_head, save_eagle3_head
-from specreg.runtime.sampling import draft_token
+from specreg.runtime.sampling import DraftSampler, draft_token
 
 
 class PEagleHead(Eagle3Head):
@@ -101,11 +101,10 @@ class ParallelHeadDrafter(HeadDrafter):
         for r in rows:
             request = requests[r]
             logits = self.head.draft_logits(output[r, -request.k:])[:, : self.vocab_size]  # [k, vocab]
-            temperature, top_k, top_p, generator = self.rows[r]
-            drawn = [draft_token(logits[slot:slot + 1], temperature, top_k, top_p, generator)
+            drawn = [draft_token(logits[slot:slot + 1], self.rows[r])
                      for slot in range(request.k)]  # each slot on its own, in order
             proposals[r] = Proposal(torch.cat([token for token, _ in drawn]),
-                                    torch.cat([probs for _, probs in drawn]) if temperature > 0 else None)
+                                    torch.cat([probs for _, probs in drawn]) if self.rows[r].temperature > 0 else None)
             self.seeded[r], self.features[r] = request.tokens.shape[1] - 1, None
             self.last_forwards[r] = 1
         return proposals
@@ -154,7 +153,7 @@ def drafter(pair, configs, generators):
     """One ParallelHeadDrafter for the batch: each step's one head forward serves every row."""
     if not isinstance(pair.draft, PEagleHead):
         raise RuntimeConfigError("method 'peagle' needs a P-EAGLE head (load_pair(..., method='peagle'))")
-    return ParallelHeadDrafter(pair.draft, pair.vocab_size, [(c.temperature, c.top_k, c.top_p, generator)
+    return ParallelHeadDrafter(pair.draft, pair.vocab_size, [DraftSampler.of(c, generator)
                                                              for c, generator in zip(configs, generators)])
 
 

@@ -10,6 +10,7 @@ from specreg.cli.root import (cli, db_option, golden_option, json_option, near_t
                               print_json, print_table, say, user_option)
 from specreg.cli.validate_engine import (ENGINE_CHOICES, ENGINE_HELP, engine_options, engine_request,
                                          run_engine_validation)
+from specreg.runtime.sampling import DRAFT_SAMPLING
 from specreg.validators.suite import ValidationOptions as Defaults  # the one home of validate's defaults
 
 
@@ -25,6 +26,9 @@ from specreg.validators.suite import ValidationOptions as Defaults  # the one ho
 @near_tie_option
 @click.option("--distribution-samples", type=int, default=Defaults.distribution_samples, show_default=True,
               help="Draws per prefix for the distribution check.")
+@click.option("--draft-sampling", type=click.Choice(DRAFT_SAMPLING), default=Defaults.draft_sampling,
+              show_default=True, help="How sampled golden records draft: greedy (argmax draft, point-mass q: vLLM's, "
+              "SGLang's and llama.cpp's default) or probabilistic (drafts drawn from q: vLLM's draft_sample_method).")
 @click.option("--runtime-batch", type=int, default=Defaults.runtime_batch_size, show_default=True, metavar="N", help="Golden prompts our runtime decodes at once (speed figures say the batch size; latency is measured at batch 1 too).")
 @click.option("--report", "report_path", default=None, metavar="FILE", help="Write the HTML report.")
 @click.option("--markdown", "markdown_path", default=None, metavar="FILE", help="Write a Markdown summary (e.g. $GITHUB_STEP_SUMMARY).")
@@ -36,8 +40,8 @@ from specreg.validators.suite import ValidationOptions as Defaults  # the one ho
 @user_option
 @json_option
 def validate(ref, golden, device, dtype, checks, gpu_memory, acceptance_tolerance, near_tie_tolerance,
-             distribution_samples, runtime_batch, report_path, markdown_path, junit_path, engine, db_url, user, as_json,
-             **engine_only):
+             distribution_samples, draft_sampling, runtime_batch, report_path, markdown_path, junit_path, engine, db_url,
+             user, as_json, **engine_only):
     """Validate a pair version on golden prompts; exit 0 pass, 100 a check failed, 1 error.
 
     With --engine: run the golden prompts through a serving engine and record the pair's engine
@@ -67,7 +71,8 @@ def validate(ref, golden, device, dtype, checks, gpu_memory, acceptance_toleranc
     request = registry.validation_request(ref, golden=golden, device=device, dtype=dtype, checks=checks,
                                           gpu_memory=gpu_memory, acceptance_tolerance=acceptance_tolerance,
                                           near_tie_tolerance=near_tie_tolerance,
-                                          distribution_samples=distribution_samples, runtime_batch=runtime_batch)
+                                          distribution_samples=distribution_samples, runtime_batch=runtime_batch,
+                                          draft_sampling=draft_sampling)
     progress = Progress(enabled=not as_json, title=f"validate {ref}")
     try:
         outcome = registry.run_validation(request, progress=progress)

@@ -102,3 +102,25 @@ def schedule_of(baselines: dict[str, Any] | None) -> str:
     if isinstance(baselines, dict) and baselines.get("schedule"):
         return str(baselines["schedule"])
     return LEGACY_SCHEDULE
+
+
+def draft_sampling_of(baselines: dict[str, Any] | None) -> str | None:
+    """How the sampled golden records behind ``baselines`` drafted (runtime DecodeConfig.draft_sampling:
+    "greedy", the engines' default, or "probabilistic"), recorded as "draft_sampling"; None when no
+    sampled record was measured (both ways draft the argmax of a greedy record) or for baselines
+    recorded before the setting (whose sampled records drafted from q: validate again to record it)."""
+    if isinstance(baselines, dict) and baselines.get("draft_sampling"):
+        return str(baselines["draft_sampling"])
+    return None
+
+
+def draft_sampling_note(current: dict[str, Any] | None, previous: dict[str, Any] | None,
+                        whose: str = "the baseline") -> str | None:
+    """One line flagging two baselines whose sampled records drafted differently (both recorded, and
+    not the same; None otherwise): the sampled categories' figures moved with the draft sampling
+    alone, so a drop or gain there may not be the pair's."""
+    now, before = draft_sampling_of(current), draft_sampling_of(previous)
+    if now is None or before is None or now == before:
+        return None
+    return (f"{whose}'s sampled records drafted {before}, this run's {now}: the sampled categories' figures "
+            f"moved with the draft sampling too; validate both the same way to compare them")

@@ -46,6 +46,7 @@ def validation_request(registry, ref, *, golden: str | None = None, acceptance_t
                        near_tie_tolerance: float | None = None,
                        distribution_samples: int = ValidationOptions.distribution_samples,
                        seed: int = ValidationOptions.seed, runtime_batch: int = ValidationOptions.runtime_batch_size,
+                       draft_sampling: str = ValidationOptions.draft_sampling,
                        policy: Policy | None = None) -> ValidationRequest:
     """The request of one validation (see Registry.validate), its settings checked (UsageError
     naming the one): the golden set (a shipped set's name or a file's path) and acceptance
@@ -61,7 +62,7 @@ def validation_request(registry, ref, *, golden: str | None = None, acceptance_t
     tolerance = env.acceptance_tolerance if acceptance_tolerance is None else acceptance_tolerance
     options = validation_options(tolerance, device=device, dtype=dtype, checks=checks, gpu_memory=gpu_memory,
                                  near_tie_tolerance=near_tie_tolerance, distribution_samples=distribution_samples,
-                                 seed=seed, runtime_batch=runtime_batch)
+                                 seed=seed, runtime_batch=runtime_batch, draft_sampling=draft_sampling)
     version = registry.get(ref)
     golden_set = load_golden_set(env.golden_set if golden is None else golden)
     return ValidationRequest(version, golden_set, options, policy, env.name if env is not None else None)
@@ -105,9 +106,11 @@ def run_validation(registry, request: ValidationRequest, *, progress=None, hooks
 
 
 def validation_options(acceptance_tolerance: float, *, device: str, dtype: str, checks, gpu_memory: str | None,
-                       near_tie_tolerance: float | None, distribution_samples: int, seed: int, runtime_batch: int):
+                       near_tie_tolerance: float | None, distribution_samples: int, seed: int, runtime_batch: int,
+                       draft_sampling: str = ValidationOptions.draft_sampling):
     """The options of one validation, each checked (UsageError naming it) ->
     validators.suite.ValidationOptions."""
+    from specreg.runtime.sampling import DRAFT_SAMPLING
     from specreg.validators.suite import parse_checks
 
     if not 0 <= acceptance_tolerance < 1:
@@ -119,10 +122,13 @@ def validation_options(acceptance_tolerance: float, *, device: str, dtype: str, 
     if near_tie_tolerance is not None and not 0 <= near_tie_tolerance < float("inf"):
         raise UsageError(f"invalid near-tie tolerance {near_tie_tolerance!r}: use a finite number >= 0")
     check_range("runtime batch", runtime_batch, 1, MAX_RUNTIME_BATCH)
+    if draft_sampling not in DRAFT_SAMPLING:
+        raise UsageError(f"invalid draft sampling {draft_sampling!r}: use one of {', '.join(DRAFT_SAMPLING)}")
     selected = parse_checks(checks if isinstance(checks, str) or checks is None else ",".join(checks))
     return ValidationOptions(device=device, dtype=dtype, checks=selected, gpu_memory=gpu_memory,
                              acceptance_tolerance=acceptance_tolerance, near_tie_tolerance=near_tie_tolerance,
-                             distribution_samples=distribution_samples, seed=seed, runtime_batch_size=runtime_batch)
+                             distribution_samples=distribution_samples, seed=seed, runtime_batch_size=runtime_batch,
+                             draft_sampling=draft_sampling)
 
 
 def low_baseline_warnings(policy: Policy | None, run) -> list[str]:

@@ -102,6 +102,7 @@ def check_vllm(cases: list[dict]) -> list[dict]:
                     "revision": spec.revision,
                     "prompt_lookup_min": spec.prompt_lookup_min,
                     "prompt_lookup_max": spec.prompt_lookup_max,
+                    "draft_sample_method": spec.draft_sample_method,
                     # what SpeculativeConfig kept of a suffix export (its _validate_suffix_decoding passed)
                     **{name: getattr(spec, name) for name in (
                         "suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests",

@@ -216,7 +216,13 @@ VLLM_CASES = [
     ("vllm-dflash", "vllm", SpecMethod.DFLASH, None, {}),
     ("vllm-dspark", "vllm", SpecMethod.DSPARK, None, {}),
     ("vllm-peagle", "vllm", SpecMethod.PEAGLE, None, {}),
+    ("vllm-draft-probabilistic", "vllm", SpecMethod.DRAFT_MODEL, None, {}),
+    ("vllm-eagle3-probabilistic", "vllm", SpecMethod.EAGLE3, None, {}),
+    ("k8s-mtp-probabilistic", "k8s-vllm", SpecMethod.MTP, None, {}),
 ]
+# the baselines a case exports past EXPORTED_BASELINES: sampled records drafted from q
+CASE_BASELINES = {case_id: {"draft_sampling": "probabilistic"} for case_id in (
+    "vllm-draft-probabilistic", "vllm-eagle3-probabilistic", "k8s-mtp-probabilistic")}
 # a suffix pair's settings, none of them vLLM's defaults: the check reads each back from SpeculativeConfig
 SUFFIX = {"max_tree_depth": 16, "max_cached_requests": 0, "max_spec_factor": 2.0, "min_token_prob": 0.05}
 SGLANG_CASES = [
@@ -239,7 +245,8 @@ def export_argv(case: tuple, models: dict[str, Path], workdir: Path, head: Path 
         # The manifest names in-container paths; mount "the volume" where the models lie here.
         options.update(model_volume="pvc:models", model_mount_path=str(models["target"].parent),
                        target_subpath=Path(pair.target.reference).name)
-    files = dict(render_export(pair, EXPORTED_BASELINES, fmt, approved=True, options=options))
+    baselines = {**EXPORTED_BASELINES, **CASE_BASELINES.get(case_id, {})}
+    files = dict(render_export(pair, baselines, fmt, approved=True, options=options))
     if fmt == "k8s-vllm":
         # The engine container runs `vllm serve --config FILE`, FILE the engine ConfigMap's file:
         # written here from the manifest's ConfigMap, so vLLM's own parser reads what the pod mounts.

@@ -15,9 +15,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-from engine_exports import (BLOCK_LAYER_INPUTS, CUTOFF, EXPORTED_BASELINES, HUB_VERIFIER, K, SUFFIX, TRAINED_AUX,
-                            VLLM_CASES, block_head, eagle3_head, eagle3_head_variant, eagle3_target, export_argv, export_cases,
-                            llama_with_nextn_layers, mtp_target, ok, peagle_head, tiny_pair)
+from engine_exports import (BLOCK_LAYER_INPUTS, CASE_BASELINES, CUTOFF, EXPORTED_BASELINES, HUB_VERIFIER, K, SUFFIX,
+                            TRAINED_AUX, VLLM_CASES, block_head, eagle3_head, eagle3_head_variant, eagle3_target, export_argv,
+                            export_cases, llama_with_nextn_layers, mtp_target, ok, peagle_head, tiny_pair)
 from exportcase import BASELINES
 
 from specreg.errors import EngineRefusal
@@ -134,6 +134,13 @@ def test_vllm_builds_its_config_from_the_export(case, vllm_run, tiny_models):
     else:
         assert (spec["prompt_lookup_min"], spec["prompt_lookup_max"]) == (2, 5)
     assert spec["num_speculative_tokens_per_batch_size"] == exported_config.get("num_speculative_tokens_per_batch_size")
+    # how the baselines' sampled records drafted, written for the methods whose proposers read it and
+    # taken by vLLM's SpeculativeConfig as written; n-gram and suffix get vLLM's default, never written
+    if case[2] in (SpecMethod.NGRAM, SpecMethod.SUFFIX):
+        assert "draft_sample_method" not in exported_config and spec["draft_sample_method"] == "greedy"
+    else:
+        measured = CASE_BASELINES.get(case[0], {}).get("draft_sampling", "greedy")
+        assert exported_config["draft_sample_method"] == spec["draft_sample_method"] == measured
     if "vllm-speculative-config.json" in files:
         assert json.loads(files["vllm-speculative-config.json"]) == exported_config
 

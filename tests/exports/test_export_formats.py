@@ -32,6 +32,8 @@ def test_vllm_draft_model_command_and_config(draft_pair, baselines, run_script):
     assert speculative == {
         "method": "draft_model", "model": DRAFT_REFERENCE, "num_speculative_tokens": 4,
         "draft_tensor_parallel_size": 1, "revision": "d1e2f3",
+        # the baselines record no sampled record's draft sampling: vLLM's default, written explicitly
+        "draft_sample_method": "greedy",
         # k = 4 up to batch 16, then k = 0, which vLLM carries to every larger batch size
         # (tests/engines runs this through vLLM's own lookup).
         "num_speculative_tokens_per_batch_size": [[1, 16, 4], [17, 17, 0]],

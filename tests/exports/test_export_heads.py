@@ -48,7 +48,7 @@ def test_eagle3_to_vllm_names_the_head_as_the_speculative_model(tmp_path):
     speculative = json.loads(words[words.index("--speculative-config") + 1])
     # a local folder is served by the path registration resolved (the folder as typed may be a link)
     assert speculative == {"method": "eagle3", "num_speculative_tokens": 3, "model": str(head),
-                           "draft_tensor_parallel_size": 1}
+                           "draft_tensor_parallel_size": 1, "draft_sample_method": "greedy"}
 
 
 def test_eagle3_to_trtllm_and_k8s(tmp_path):
@@ -77,7 +77,7 @@ def test_mtp_on_a_deepseek_target_exports_without_a_draft():
     words = shlex.split(script.split("vllm serve", 1)[1].replace("\\\n", " "), comments=True)
     # no `model`; the draft (the target's own MTP layers) pinned to the target's revision
     assert json.loads(words[words.index("--speculative-config") + 1]) == \
-        {"method": "mtp", "num_speculative_tokens": 1, "revision": "abc123"}
+        {"method": "mtp", "num_speculative_tokens": 1, "revision": "abc123", "draft_sample_method": "greedy"}
     assert words[words.index("--revision") + 1] == "abc123"
     sglang = files_of(pair, "sglang")["sglang-launch.sh"]
     assert "--speculative-algorithm NEXTN" in sglang and "--speculative-draft-model-path" not in sglang

@@ -43,7 +43,8 @@ def test_vllm_gets_eagle3_with_parallel_drafting_the_head_and_k(tmp_path):
     speculative = json.loads(files["vllm-speculative-config.json"])
     jsonschema.validate(speculative, engine_schema("vllm")["speculative_config"])
     assert speculative == {"method": "eagle3", "parallel_drafting": True, "num_speculative_tokens": 5,
-                           "model": str(tmp_path / "head"), "draft_tensor_parallel_size": 1}
+                           "model": str(tmp_path / "head"), "draft_tensor_parallel_size": 1,
+                           "draft_sample_method": "greedy"}
     assert json.dumps(speculative) in files["vllm-serve.sh"]
 
 

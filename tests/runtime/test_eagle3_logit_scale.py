@@ -69,7 +69,7 @@ def test_sampled_drafts_follow_the_scaled_logits_before_the_temperature(scaled, 
 
     def drafted_probs(pair, temperature):  # [vocab]: what the pair's drafter samples its first draft from
         record = SimpleNamespace(temperature=temperature, top_k=None, top_p=None)
-        return drafter_proposal(pair, "eagle3", prefix, record)[1]
+        return drafter_proposal(pair, "eagle3", prefix, record, draft_sampling="probabilistic")[1]
 
     # softmax(0.5 * logits / 0.8) = softmax(logits / 1.6): scale first, then the temperature
     assert torch.allclose(drafted_probs(half, 0.8), drafted_probs(plain, 1.6), atol=1e-6)

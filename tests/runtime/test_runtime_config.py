@@ -96,7 +96,9 @@ def test_embedding_sizes_differing_beyond_padding_are_refused(target, tokenizer,
 
 def test_sampling_with_draft_equal_to_target_accepts_all_and_repeats(target, tokenizer, drafts, prompts):
     pair = make_pair(target, tokenizer, target, tokenizer)
-    config = DecodeConfig(k=3, max_new_tokens=17, temperature=0.8, top_k=50, top_p=0.95, seed=11, eos_token_ids=())
+    # drawn from q = p, every draft is accepted (u x q < p); greedy drafting would accept p(argmax) of them
+    config = DecodeConfig(k=3, max_new_tokens=17, temperature=0.8, top_k=50, top_p=0.95, seed=11, eos_token_ids=(),
+                          draft_sampling="probabilistic")
     first = speculative_generate(pair, prompts[0], config)
     assert first.metrics.acceptance_rate == 1.0
     assert speculative_generate(pair, prompts[0], config).token_ids == first.token_ids

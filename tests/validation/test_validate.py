@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from specreg.errors import GoldenSetError, NotFoundError
+from specreg.errors import GoldenSetError, NotFoundError, UsageError
 from specreg.registry.store.entities import PairState
 
 from helpers import copy_model  # tests/ is on sys.path (tests/conftest.py)
@@ -102,7 +102,9 @@ def test_each_tokenizer_is_built_once_per_validation(registry, models, golden_pa
 
 def test_self_draft_accepts_everything_then_random_draft_drops_against_its_baseline(registry, models, golden_path):
     registry.register("drop", target=str(models["target"]), draft=str(models["self"]), num_speculative_tokens=3)
-    first = registry.validate("drop@1", golden=str(golden_path), device="cpu", checks="equivalence,acceptance")
+    # the sampled record's drafts drawn from q = p are all accepted (greedy drafting: p(argmax) of them)
+    first = registry.validate("drop@1", golden=str(golden_path), device="cpu", checks="equivalence,acceptance",
+                              draft_sampling="probabilistic")
     overall = registry.baselines("drop@1")["overall"]
     assert first.passed and overall["acceptance_rate"] == pytest.approx(1.0)
     assert overall["mean_acceptance_length"] > 2.5  # k + 1 = 4 except where max_new_tokens cuts a step short
@@ -114,7 +116,8 @@ def test_self_draft_accepts_everything_then_random_draft_drops_against_its_basel
     assert overall["tokens_per_target_forward"] <= overall["mean_acceptance_length"]
 
     registry.register("drop", target=str(models["target"]), draft=str(models["draft"]), num_speculative_tokens=3)
-    second = registry.validate("drop@2", golden=str(golden_path), device="cpu", checks="equivalence,acceptance")
+    second = registry.validate("drop@2", golden=str(golden_path), device="cpu", checks="equivalence,acceptance",
+                               draft_sampling="probabilistic")
     acceptance = next(c for c in second.checks if c.name == "acceptance")
     assert acceptance.status == "fail" and "below v1's" in acceptance.summary
     assert acceptance.evidence["compared_with_version"] == 1
@@ -310,3 +313,55 @@ def test_validate_takes_golden_set_and_tolerance_from_the_policy_and_says_which(
     runs = {run.id: run for run in Registry(db).validation_runs("pol@1")}
     assert runs[1].golden_set == "tiny" and runs[1].options["acceptance_tolerance"] == 0.2
     assert runs[2].golden_set == "smoke" and runs[2].options["acceptance_tolerance"] == 0.3
+
+
+def test_validate_records_how_sampled_records_drafted(registry, models, golden_path, tmp_path):
+    """`validate --draft-sampling`: sampled records draft the argmax with a point-mass q (greedy, the
+    engines' default and validate's) or from q (probabilistic); the run's options and baselines
+    record which, and the greedy records' figures are the same either way."""
+    registry.register("drafting", target=str(models["target"]), draft=str(models["draft"]), num_speculative_tokens=3)
+    runs = {mode: registry.validate("drafting@1", golden=str(golden_path), device="cpu", checks="acceptance",
+                                    **({"draft_sampling": mode} if mode else {})).run
+            for mode in (None, "greedy", "probabilistic")}
+    for mode, run in runs.items():
+        assert run.options["draft_sampling"] == run.baselines["draft_sampling"] == (mode or "greedy")
+        assert run.summary["settings"]["draft_sampling"] == (mode or "greedy")
+    greedy, probabilistic = (runs[mode].baselines["per_category"] for mode in ("greedy", "probabilistic"))
+    assert greedy["support"] == probabilistic["support"] and greedy["code"] == probabilistic["code"]
+    assert runs[None].baselines == runs["greedy"].baselines
+    # a golden set of greedy records only: both ways draft the argmax, nothing to record
+    greedy_only = tmp_path / "greedy.yaml"
+    greedy_only.write_text(golden_path.read_text().split("  - id: sampled-1")[0])
+    run = registry.validate("drafting@1", golden=str(greedy_only), device="cpu", checks="acceptance",
+                            draft_sampling="probabilistic").run
+    assert run.options["draft_sampling"] == "probabilistic" and run.baselines["draft_sampling"] is None
+
+
+def test_an_unknown_draft_sampling_is_a_usage_error(registry, models, golden_path, tmp_path):
+    from clirun import run
+
+    result = run("validate", "any@1", "--golden", str(golden_path), "--draft-sampling", "top1",
+                 "--db", f"sqlite:///{tmp_path / 'registry.db'}")
+    assert result.returncode == 2
+    assert "Invalid value for '--draft-sampling': 'top1' is not one of 'greedy', 'probabilistic'." in result.stderr
+    with pytest.raises(UsageError, match="invalid draft sampling 'top1': use one of greedy, probabilistic"):
+        registry.validate("any@1", golden=str(golden_path), device="cpu", draft_sampling="top1")
+
+
+def test_a_baseline_drafted_the_other_way_is_flagged_when_compared(registry, models, golden_path):
+    from specreg.core.baselines import draft_sampling_note
+
+    for k in (3, 2):
+        registry.register("other-way", target=str(models["target"]), draft=str(models["draft"]),
+                          num_speculative_tokens=k)
+    registry.validate("other-way@1", golden=str(golden_path), device="cpu", checks="acceptance",
+                      draft_sampling="probabilistic", acceptance_tolerance=0.9)
+    second = registry.validate("other-way@2", golden=str(golden_path), device="cpu", checks="acceptance",
+                               acceptance_tolerance=0.9)
+    acceptance = second.checks[0]
+    note = ("v1's baseline's sampled records drafted probabilistic, this run's greedy: the sampled categories' "
+            "figures moved with the draft sampling too; validate both the same way to compare them")
+    assert acceptance.evidence["notes"] == [note] and acceptance.summary.endswith(note)
+    # recorded the same way, or not recorded on one side: nothing to flag
+    assert draft_sampling_note({"draft_sampling": "greedy"}, {"draft_sampling": "greedy"}) is None
+    assert draft_sampling_note({"draft_sampling": "greedy"}, {}) is None

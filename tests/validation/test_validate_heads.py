@@ -58,7 +58,9 @@ def test_dspark_pair_validates_with_k_from_its_block(registry, models, heads, go
     found = {check.name: check for check in outcome.checks}
     for name in ("integrity", "tokenizer", "equivalence", "distribution", "acceptance"):
         assert found[name].status == "pass", (name, found[name].summary)
-    assert found["distribution"].evidence["draft_law"] == "the dspark head's distribution from the target's hidden states"
+    assert found["distribution"].evidence["draft_law"] == (
+        "a point mass on the argmax of the dspark head's distribution from the target's hidden states "
+        "(greedy draft sampling)")
     performance = found["performance"]
     # one block forward a step: the k to recommend is the block's, no other
     assert performance.figures["recommended_k"] == performance.figures["extrapolated_k"] == 4
@@ -72,8 +74,9 @@ def test_peagle_pair_validates_drawing_each_slot_from_the_heads_law(registry, mo
     version = registry.register("peag", target=str(models["target"]), draft=str(heads["peagle"]), method="peagle",
                                 num_speculative_tokens=3).version
     assert version.config.head["parallel"] == {"mask_token_id": version.target.fingerprint.vocab_size - 1}
+    # drafts drawn from the head's law (vLLM's draft_sample_method="probabilistic")
     outcome = registry.validate("peag@1", golden=str(golden_path), device="cpu", gpu_memory="1GiB",
-                                distribution_samples=2000,
+                                distribution_samples=2000, draft_sampling="probabilistic",
                                 checks="integrity,tokenizer,equivalence,distribution,acceptance,performance")
     found = {check.name: check for check in outcome.checks}
     for name in ("integrity", "tokenizer", "equivalence", "distribution", "acceptance"):
@@ -109,8 +112,10 @@ def test_medusa_pair_validates_on_the_tree_runtime(registry, models, heads, gold
 def test_eagle3_pair_distribution_draws_from_the_heads_own_law(registry, models, heads, golden_path):
     registry.register("eag", target=str(models["target"]), draft=str(heads["eagle3"]), method="eagle3",
                       num_speculative_tokens=3)
+    # drafts drawn from the head's law (vLLM's draft_sample_method="probabilistic")
     outcome = registry.validate("eag@1", golden=str(golden_path), device="cpu", gpu_memory="1GiB",
-                                distribution_samples=2000, checks="integrity,equivalence,distribution,acceptance")
+                                distribution_samples=2000, checks="integrity,equivalence,distribution,acceptance",
+                                draft_sampling="probabilistic")
     found = {check.name: check for check in outcome.checks}
     assert found["equivalence"].status == "pass", found["equivalence"].summary
     distribution = found["distribution"]
@@ -187,7 +192,8 @@ def test_mtp_pair_registers_and_validates_through_the_cli(registry, mtp_target, 
         assert found[name]["status"] == "pass", (name, found[name]["summary"])
     assert found["equivalence"]["figures"]["exact"] == 3
     assert found["distribution"]["evidence"]["draft_law"] == \
-        "the mtp head's distribution from the target's hidden states"
+        ("a point mass on the argmax of the mtp head's distribution from the target's hidden states "
+         "(greedy draft sampling)")
     assert found["performance"]["status"] in ("pass", "warn") and found["performance"]["figures"]["cost_ratio"] > 0
     assert len(registry.baselines("mtp@1")["overall"]["per_position_acceptance"]) <= 2
     assert code == 0 and data["state"] == "validated", err

@@ -75,6 +75,42 @@ def served_dtype(export: Export) -> str | None:
     return (export.baselines or {}).get("dtype")
 
 
+# The methods whose runtime drafters draw a chain from a draft law q (runtime/sampling.py draft_token):
+# only their sampled drafts depend on the draft sampling. n-gram and suffix look their drafts up and
+# Medusa and every candidate tree take their top-k: point masses either way.
+DRAFT_LAW_METHODS = (SpecMethod.DRAFT_MODEL, SpecMethod.EAGLE3, SpecMethod.PEAGLE, SpecMethod.MTP, SpecMethod.DFLASH,
+                     SpecMethod.DSPARK)
+
+
+def drafts_from_a_law(pair_version: PairVersion) -> bool:
+    """Whether the pair's sampled drafts depend on the draft sampling: a chain of DRAFT_LAW_METHODS."""
+    return pair_version.config.method in DRAFT_LAW_METHODS and pair_version.config.tree is None
+
+
+def served_draft_sampling(baselines: dict[str, Any] | None) -> str:
+    """How the export's baselines' sampled records drafted (core.baselines.draft_sampling_of), else the
+    engines' and the runtime's default "greedy" (no sampled record measured, a forced export, or
+    baselines recorded before the setting)."""
+    from specreg.core.baselines import draft_sampling_of
+
+    return draft_sampling_of(baselines) or "greedy"
+
+
+def point_mass_check(engine_drafts: str):
+    """The ``check`` of an engine that drafts only the argmax with a point-mass q (``engine_drafts``
+    says so, citing its source): it refuses baselines whose sampled records drafted from q, which
+    describe an algorithm the engine does not run."""
+    from specreg.errors import EngineRefusal
+
+    def check(pair_version: PairVersion, baselines: dict[str, Any] | None, opts: dict[str, Any]) -> None:
+        if drafts_from_a_law(pair_version) and served_draft_sampling(baselines) == "probabilistic":
+            raise EngineRefusal(f"{pair_version.label}'s baselines were measured with probabilistic draft sampling "
+                                f"(sampled drafts drawn from q), but {engine_drafts}: validate it with "
+                                f"--draft-sampling greedy")
+
+    return check
+
+
 def served_reference(model) -> str:
     """What an export names a model by under model_source=reference: the hub id, or for a local
     folder the resolved path that was fingerprinted at registration. The folder as typed may be a

@@ -30,7 +30,7 @@ from typing import Any
 
 from specreg.errors import SpecregError, UsageError
 from specreg.registry.deploy.engines import llamacpp_build, vllm
-from specreg.registry.deploy.engines.common import (Export, no_check, no_head_layout, schedule_depth,
+from specreg.registry.deploy.engines.common import (Export, no_head_layout, point_mass_check, schedule_depth,
                                                     trained_aux_layers)
 from specreg.registry.store.entities import PairVersion, SpecMethod
 
@@ -41,7 +41,11 @@ FILES = ("llama-server.sh",)
 WRITES_MODELS = True  # GGUF files, made from the registered folders
 WRITES_LOCK = True
 # what it needs nothing of its own for: the shared defaults (engines.EngineModule)
-check, head_layout = no_check, no_head_layout
+head_layout = no_head_layout
+check = point_mass_check(
+    "llama.cpp drafts its draft sampler's top token (common/speculative.cpp:363 cur_p->data[0], a top-k 10 chain "
+    "set up at :232-240) and accepts a draft while the target's sampled token equals it (common/sampling.cpp:696 "
+    "common_sampler_sample_and_accept_n): q is a point mass")
 
 # -np slots; -t threads (None: llama.cpp's own choice); GGUF type of the converted files
 OPTIONS: dict[str, Any] = {"parallel": 1, "threads": None, "gguf_type": "f32"}

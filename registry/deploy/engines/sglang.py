@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from specreg.errors import SpecregError
-from specreg.registry.deploy.engines.common import (Export, accept_options, mtp_family, mtp_refusal, no_check,
-                                                    no_model_files, registered_sources, served_dtype,
+from specreg.registry.deploy.engines.common import (Export, accept_options, mtp_family, mtp_refusal, no_model_files,
+                                                    point_mass_check, registered_sources, served_dtype,
                                                     trained_aux_layers)
 from specreg.registry.deploy.export_files import Link
 from specreg.registry.store.entities import PairVersion, SpecMethod
@@ -23,7 +23,14 @@ FILES = ("sglang-launch.sh",)
 WRITES_MODELS = False
 WRITES_LOCK = True
 # what it needs nothing of its own for: the shared defaults (engines.EngineModule)
-check_options, check, sources, write_models = accept_options, no_check, registered_sources, no_model_files
+check_options, sources, write_models = accept_options, registered_sources, no_model_files
+# SGLang 0.5.23 drafts the top-1 and verifies target-only (q a point mass) unless
+# --speculative-use-rejection-sampling (off by default; EAGLE top-k 1 only), which these exports do not write
+check = point_mass_check(
+    "SGLang 0.5.23 as exported drafts the top-1 (sglang/srt/speculative/eagle_worker_v2.py:1085 fast_topk; DFlash "
+    "greedy tokens, dflash_worker_v2.py:500-505) and verifies target-only with a zero draft law (eagle_utils.py:718, "
+    "745-749 tree_speculative_sampling_target_only): it drafts from q only under --speculative-use-rejection-sampling "
+    "(off by default, sglang/srt/arg_groups/fields/spec.py:117-119), which these exports do not write")
 
 OPTIONS: dict[str, Any] = {}
 

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from specreg.errors import UsageError
-from specreg.registry.deploy.engines.common import (Export, mtp_family, mtp_refusal, no_check, no_head_layout,
-                                                    no_model_files, registered_sources, trained_aux_layers)
+from specreg.registry.deploy.engines.common import (Export, mtp_family, mtp_refusal, no_head_layout, no_model_files,
+                                                    point_mass_check, registered_sources, trained_aux_layers)
 from specreg.registry.store.entities import PairVersion, SpecMethod
 
 ENGINE = "trtllm"
@@ -24,7 +24,7 @@ FILES = ("trtllm-serve.sh", "trtllm-config.yaml")
 WRITES_MODELS = False
 WRITES_LOCK = True
 # what it needs nothing of its own for: the shared defaults (engines.EngineModule)
-check, sources, head_layout, write_models = no_check, registered_sources, no_head_layout, no_model_files
+sources, head_layout, write_models = registered_sources, no_head_layout, no_model_files
 
 OPTIONS: dict[str, Any] = {"acceptance_window": 128}  # rolling window for acceptance_length_threshold
 
@@ -71,6 +71,12 @@ BLOCK_REFUSAL = ("TensorRT-LLM 1.2 has no block drafter: its speculative_config 
                  "Medusa, Eagle, Lookahead, NGram, DraftTarget, SaveState, UserProvided and AUTO "
                  "(tensorrt_llm/llmapi/llm_args.py of the 1.2 line, as templates/engines/trtllm-1.2.json records "
                  "it); DFlashDecodingConfig (mask_token_id, target_layer_ids) came after 1.2")
+
+
+check = point_mass_check(
+    "TensorRT-LLM 1.2's drafters draft the argmax (tensorrt_llm/_torch/speculative/eagle3.py "
+    "Eagle3OneModelWorker.draft_decoder) and its speculative_config has no draft sampling key "
+    "(tensorrt_llm/llmapi/llm_args.py of the 1.2 line, as templates/engines/trtllm-1.2.json records it)")
 
 
 PEAGLE_REFUSAL = ("TensorRT-LLM 1.2 has no parallel drafting of an EAGLE-3 head: its speculative_config "

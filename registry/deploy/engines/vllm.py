@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from specreg.errors import EngineRefusal, SpecregError, UsageError
-from specreg.registry.deploy.engines.common import (Export, mtp_refusal, no_head_layout, no_model_files,
-                                                    registered_sources, served_dtype)
+from specreg.registry.deploy.engines.common import (DRAFT_LAW_METHODS, Export, mtp_refusal, no_head_layout,
+                                                    no_model_files, registered_sources, served_draft_sampling,
+                                                    served_dtype)
 from specreg.registry.store.entities import PairVersion, SpecMethod
 
 ENGINE = "vllm"
@@ -180,6 +181,14 @@ def speculative_config(pair_version: PairVersion, draft_source: str | None, opts
             speculative["prompt_lookup_min"] = config.prompt_lookup_min
         if config.prompt_lookup_max is not None:
             speculative["prompt_lookup_max"] = config.prompt_lookup_max
+    if config.method in DRAFT_LAW_METHODS:
+        # how the baselines' sampled records drafted, written even when it is vLLM's default "greedy" (the
+        # argmax drafted, q one-hot in the rejection sampler: vllm/config/speculative.py:634-640). The
+        # proposers of exactly these methods read it: v1/spec_decode/llm_base_proposer.py:257-260 and 477-506
+        # (draft_model, eagle3 with P-EAGLE's parallel drafting, mtp, dflash) and model runner V2's
+        # speculators (v1/worker/gpu/spec_decode/speculator.py:180-190, dspark/speculator.py builds on
+        # DFlash's); n-gram and suffix decoding propose without a draft law and never read it
+        speculative["draft_sample_method"] = served_draft_sampling(baselines)
     cutoff = config.max_batch_size_for_speculation
     measured = ((baselines or {}).get("engine_baseline") or {}).get("speculation_schedule")
     if config.method is SpecMethod.SUFFIX:
@@ -333,6 +342,10 @@ def speculative_values(export: Export, speculative: dict[str, Any], where: str) 
                                                                     else "")),
             rb.ReadValue("k", rb.as_int(speculative.get("num_speculative_tokens"), where),
                          f"{where} num_speculative_tokens")]
+    if export.config.method in DRAFT_LAW_METHODS:
+        # absent, vLLM drafts with its default (vllm/config/speculative.py:634)
+        read.append(rb.ReadValue("draft_sampling", speculative.get("draft_sample_method", "greedy"),
+                                 f"{where} draft_sample_method"))
     if method == "eagle3" and export.pair_version.draft is not None:
         read += eagle3_head_values(export, speculative.get("model"), f"{where} model")
     return read
