@@ -43,7 +43,7 @@ def test_the_server_runs_the_exports_command_with_this_builds_changes_only(regis
     exported = local_vllm_argv(registry, version)
     target, draft = str(folders["target"].resolve()), str(folders["draft"].resolve())
     config = {"method": "draft_model", "num_speculative_tokens": 3, "model": draft, "draft_tensor_parallel_size": 1,
-              "num_speculative_tokens_per_batch_size": [[1, 8, 3], [9, 9, 0]]}
+              "draft_sample_method": "greedy", "num_speculative_tokens_per_batch_size": [[1, 8, 3], [9, 9, 0]]}
     assert exported == ["vllm", "serve", target, "--speculative-config", json.dumps(config), "--served-model-name",
                         "chat", "--host", "127.0.0.1", "--port", "8000"]
     with_draft = server_argv(exported, "/venv/bin/python", speculative=True, port=4321, dtype="float32")
