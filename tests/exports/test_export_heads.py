@@ -40,7 +40,7 @@ def files_of(pair, fmt: str, **options) -> dict[str, str]:
 def test_eagle3_to_vllm_names_the_head_as_the_speculative_model(tmp_path):
     from headfiles import write_eagle3
 
-    # vLLM's refusal reads the head's fc width against its config (vllm.fc_width_refusal): a head folder that exists
+    # vLLM's refusal reads the head's fc width against its config (vllm.head_refusal): a head folder that exists
     head = write_eagle3(tmp_path / "eagle3-head", aux=[2, 8, 13])
     pair = dataclasses.replace(head_pair(SpecMethod.EAGLE3), draft=dataclasses.replace(HEAD, path=str(head)))
     script = files_of(pair, "vllm")["vllm-serve.sh"]

@@ -87,37 +87,27 @@ def refusal(pair_version: PairVersion) -> str | None:
         return BLOCK_D2T_REFUSAL.format(vocab=head.get("target_vocab_size"))
     if pair_version.config.tree is not None and pair_version.config.method.has_head:
         return TREE_REFUSAL
-    if pair_version.config.method is SpecMethod.EAGLE3:
-        reason = mla_refusal(pair_version)
-        if reason is not None:
-            return reason
     if pair_version.config.method in (SpecMethod.EAGLE3, SpecMethod.PEAGLE):
-        return fc_width_refusal(pair_version)
+        return head_refusal(pair_version)
     return mtp_refusal(pair_version)
 
 
-def fc_width_refusal(pair_version: PairVersion) -> str | None:
-    """An EAGLE-3 head whose fc vLLM 0.33 sizes for another number of target states than its
-    fc.weight reads (specreg.core.heads.eagle3_variants: num_aux_hidden_states, else eagle_config's
-    ids, else 3, never the top-level ids), which it cannot load; None when the widths agree."""
+def head_refusal(pair_version: PairVersion) -> str | None:
+    """Why vLLM 0.33 cannot build or load this EAGLE-3 / P-EAGLE head from its registered folder
+    (None: it can), from the head as vLLM reads it (specreg.core.heads.eagle3_variants): DeepSeek
+    layers of a model_type vLLM rewrites into its MTP drafter (eagle3_mla.vllm_model_type_refusal),
+    or an fc sized for another number of target states than its fc.weight reads (num_aux_hidden_states,
+    else eagle_config's ids, else 3, never the top-level ids)."""
     from specreg.core.heads import read_head
-    from specreg.core.heads.eagle3_variants import read_eagle3_variant
-
-    head = read_head(pair_version.draft.path, method=pair_version.config.method.value)
-    return read_eagle3_variant(pair_version.draft.path).fc_width_refusal(head)
-
-
-def mla_refusal(pair_version: PairVersion) -> str | None:
-    """Why vLLM 0.33 cannot build this EAGLE-3 head with DeepSeek (MLA) layers from its registered
-    folder (None: it can, or the head has other layers), read from the head's config."""
-    layers = (((pair_version.config.head or {}).get("fit") or {}).get("layers_fed") or {}).get("layers") or {}
-    if layers.get("kind") != "deepseek_v2":
-        return None
     from specreg.core.heads.eagle3_mla import vllm_model_type_refusal
     from specreg.core.heads.eagle3_variants import read_eagle3_variant
 
     variant = read_eagle3_variant(pair_version.draft.path)
-    return vllm_model_type_refusal(variant.model_type, variant.architecture)
+    if variant.layer_kind == "deepseek_v2":
+        reason = vllm_model_type_refusal(variant.model_type, variant.architecture)
+        if reason is not None:
+            return reason
+    return variant.fc_width_refusal(read_head(pair_version.draft.path, method=pair_version.config.method.value))
 
 
 def check(pair_version: PairVersion, baselines: dict[str, Any] | None, opts: dict[str, Any]) -> None:

@@ -228,7 +228,7 @@ def read_eagle3_variant(directory: str | Path) -> Eagle3Variant:
         if refusal:
             raise ModelReferenceError(f"{where}: {refusal}")
         warnings = mla_ignored_flags({"norm_before_fc": norm_before_fc})
-        # SGLang and specreg's runtime build it; vLLM's exports refuse it (engines/vllm.py mla_refusal)
+        # SGLang and specreg's runtime build it; vLLM's exports refuse it (engines/vllm.py head_refusal)
         unserved = vllm_model_type_refusal(layer.get("model_type"), architecture)
         if unserved:
             warnings.append(f"vLLM cannot serve this head: {unserved}; its vllm exports are refused")
