@@ -143,11 +143,9 @@ def decode_golden(pair, golden, settings, *, seed: int = 0,
     # the batched passes side by side, so that a change of load during them slows both alike
     passes = ([decoding(rest, greedy=[True] * len(rest), speculate=False)] if rest else []) + \
         ([decoding(together, greedy=[True] * len(rest) + [False] * len(sampled))] if together else [])
-    batched = []
-    if passes:  # with none (a set all decoded alone) no span was timed, so no other-work figure is read
-        reading = read_cpus()
-        batched = generate_interleaved(pair, passes)
-        decodes.other_work_cores = other_work_since(reading)
+    reading = read_cpus()
+    batched = generate_interleaved(pair, passes) if passes else []
+    decodes.other_work_cores = other_work_since(reading) if passes else None  # no pass timed: no figure
     target_only = [plain for plain, _ in single] + (batched[0] if rest else [])
     speculative = batched[-1] if together else []
     by_record = dict(zip((record.id for record, _ in sampled), speculative[len(rest):]))
